@@ -1,0 +1,228 @@
+"""Capped, streaming, UTF-8-safe output capture: the one place every backend collects output.
+
+Two halves:
+
+* :class:`OutputCapture` is fed raw chunks per stream (from host pipes, or from a container's exec
+  stream). It keeps at most ``max_bytes`` per stream, cut on a UTF-8 character boundary, counts and drops
+  the rest, and hands whole lines to ``on_output`` as they complete. Memory stays bounded by the cap no
+  matter how much a program writes.
+* :func:`start_pipe_reader` drains two host pipes concurrently in one thread, in fixed-size chunks, so a
+  writer never blocks on a full pipe even after its stream's cap was reached.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import selectors
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from executor.types import Stream
+
+__all__ = [
+    "CHUNK_SIZE",
+    "CapturedStream",
+    "OutputCapture",
+    "PipeReader",
+    "start_pipe_reader",
+    "utf8_safe_cut",
+]
+
+CHUNK_SIZE = 64 * 1024
+"""Bytes read per system call; also the most a reader holds beyond what it keeps."""
+
+# A partial line longer than this is delivered to on_output without waiting for its newline, so a
+# program printing one endless line still streams.
+_MAX_PENDING_LINE = 64 * 1024
+
+
+def utf8_safe_cut(data: bytes | bytearray, limit: int) -> int:
+    """Return the largest ``n <= limit`` such that ``data[:n]`` does not end inside a UTF-8 character.
+
+    Only a character straddling ``limit`` is dropped whole; invalid input is cut at ``limit`` (at most 3
+    bytes are examined, the longest continuation run of a valid character).
+    """
+    if len(data) <= limit:
+        return len(data)
+    cut = limit
+    # Step back over continuation bytes (0b10xxxxxx) to the lead byte of the straddling character.
+    while cut > 0 and limit - cut < 3 and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    if (data[cut] & 0xC0) == 0x80:
+        return limit  # not valid UTF-8 here anyway: keep every byte the cap allows
+    return cut
+
+
+@dataclass
+class CapturedStream:
+    """The kept part of one stream and whether anything was dropped."""
+
+    data: bytes
+    truncated: bool
+    total_bytes: int
+
+    @property
+    def text(self) -> str:
+        """The kept bytes decoded as UTF-8, invalid sequences replaced (lossy, never raises)."""
+        return self.data.decode("utf-8", errors="replace")
+
+
+class _StreamState:
+    def __init__(self) -> None:
+        self.kept = bytearray()
+        self.full = False
+        self.total = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.pending_line = ""
+
+
+class OutputCapture:
+    """Collects stdout and stderr under a per-stream byte cap. Thread-safe.
+
+    ``on_output(stream, text)`` is called with whole lines (newline included) of the kept output, in
+    order per stream, never concurrently; a final partial line is delivered by :meth:`finish`.
+    """
+
+    def __init__(self, max_bytes: int, on_output: Callable[[Stream, str], None] | None = None) -> None:
+        if max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        self._max_bytes = max_bytes
+        self._on_output = on_output
+        self._lock = threading.Lock()
+        self._streams: dict[Stream, _StreamState] = {"stdout": _StreamState(), "stderr": _StreamState()}
+        self._finished = False
+
+    def feed(self, stream: Stream, chunk: bytes) -> None:
+        """Add a raw chunk of ``stream``; what exceeds the cap is counted and dropped."""
+        if not chunk:
+            return
+        with self._lock:
+            state = self._streams[stream]
+            state.total += len(chunk)
+            if state.full:
+                return
+            room = self._max_bytes - len(state.kept)
+            if len(chunk) > room:
+                chunk = self._cut_at_cap(state, chunk, room)
+                state.full = True
+            state.kept += chunk
+            self._deliver(stream, state, state.decoder.decode(chunk))
+
+    @staticmethod
+    def _cut_at_cap(state: _StreamState, chunk: bytes, room: int) -> bytes:
+        # The character straddling the cap may have started in an earlier chunk, so the cut is computed
+        # over the kept tail plus the new bytes; a partial character already kept is removed again.
+        tail = bytes(state.kept[-3:])
+        keep = utf8_safe_cut(tail + chunk[: room + 1], len(tail) + room) - len(tail)
+        if keep < 0:
+            del state.kept[keep:]
+            state.decoder.reset()  # it was holding exactly those bytes of the incomplete character
+            return b""
+        return chunk[:keep]
+
+    def finish(self) -> dict[Stream, CapturedStream]:
+        """Flush partial lines to ``on_output`` and return both streams. Idempotent."""
+        with self._lock:
+            if not self._finished:
+                self._finished = True
+                for stream, state in self._streams.items():
+                    self._deliver(stream, state, state.decoder.decode(b"", final=True))
+                    if state.pending_line:
+                        self._emit(stream, state.pending_line)
+                        state.pending_line = ""
+            return {
+                stream: CapturedStream(
+                    data=bytes(state.kept), truncated=state.total > len(state.kept), total_bytes=state.total
+                )
+                for stream, state in self._streams.items()
+            }
+
+    def _deliver(self, stream: Stream, state: _StreamState, text: str) -> None:
+        if self._on_output is None or not text:
+            return
+        text = state.pending_line + text
+        last_newline = text.rfind("\n")
+        if last_newline == -1:
+            complete, rest = "", text
+        else:
+            complete, rest = text[: last_newline + 1], text[last_newline + 1 :]
+        if len(rest) > _MAX_PENDING_LINE:
+            complete, rest = complete + rest, ""
+        state.pending_line = rest
+        if complete:
+            for line in complete.splitlines(keepends=True):
+                self._emit(stream, line)
+
+    def _emit(self, stream: Stream, text: str) -> None:
+        assert self._on_output is not None
+        self._on_output(stream, text)
+
+
+class PipeReader:
+    """A background thread draining a process's stdout and stderr pipes into an :class:`OutputCapture`."""
+
+    def __init__(self, pipes: dict[Stream, int], capture: OutputCapture) -> None:
+        self._pipes = pipes
+        self._capture = capture
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="adk-sandbox-output", daemon=True)
+
+    def start(self) -> None:
+        """Start reading."""
+        self._thread.start()
+
+    def finish(self, grace: float) -> bool:
+        """Wait up to ``grace`` seconds for both pipes to reach end-of-file, then stop reading.
+
+        Returns True when both streams ended. False means some process outside the killed tree still holds
+        a pipe open (only possible without an enforcer); whatever it had written is kept, and the reader
+        stops instead of waiting on it forever.
+        """
+        self._thread.join(grace)
+        ended = not self._thread.is_alive()
+        if not ended:
+            self._stop.set()
+            self._thread.join()
+        return ended
+
+    def _run(self) -> None:
+        selector = selectors.DefaultSelector()
+        try:
+            for stream, fd in self._pipes.items():
+                os.set_blocking(fd, False)
+                selector.register(fd, selectors.EVENT_READ, stream)
+            while selector.get_map():
+                stopping = self._stop.is_set()
+                events = selector.select(timeout=0 if stopping else 0.1)
+                if stopping and not events:
+                    break
+                for key, _ in events:
+                    self._read_available(selector, key.fd, key.data)
+        except BaseException as exc:  # surfaced by the backend; a reader thread must never die silently
+            self.error = exc
+        finally:
+            selector.close()
+            for fd in self._pipes.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _read_available(self, selector: selectors.BaseSelector, fd: int, stream: Stream) -> None:
+        try:
+            chunk = os.read(fd, CHUNK_SIZE)
+        except BlockingIOError:
+            return
+        if chunk:
+            self._capture.feed(stream, chunk)
+        else:
+            selector.unregister(fd)
+
+
+def start_pipe_reader(pipes: dict[Stream, int], capture: OutputCapture) -> PipeReader:
+    """Start draining ``pipes`` (raw fds, closed by the reader when done) into ``capture``."""
+    reader = PipeReader(pipes, capture)
+    reader.start()
+    return reader

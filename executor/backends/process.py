@@ -1,0 +1,420 @@
+"""ProcessBackend: runs requests as host processes, optionally wrapped by an OS enforcer (bubblewrap).
+
+Every child leads its own process group; the group is SIGKILLed on timeout, on cancellation and after a
+normal exit, so ``cmd &`` leftovers die with the execution. Without an enforcer a process that leaves the
+group (``setsid``) can outlive it, which is why that configuration reports ``SUBPROCESS_ONLY``; under
+bubblewrap the whole PID namespace dies with bwrap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from executor._env import build_child_env
+from executor._output import OutputCapture, start_pipe_reader
+from executor._proctree import kill_process_group, wait_for_exit_unreaped
+from executor.backend import OutputCallback, SandboxBackend
+from executor.backends.bwrap import is_under
+from executor.backends.enforcer import Enforcer
+from executor.errors import BackendUnavailableError, InvalidRequestError, PolicyNotEnforceableError
+from executor.policy import SandboxPolicy
+from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
+
+__all__ = ["ProcessBackend", "Toolchain", "resolve_program"]
+
+# How long to keep reading after the process tree was killed. Pipes normally reach EOF at once; only a
+# process that escaped the group (possible without an enforcer) can hold them open longer.
+_DRAIN_GRACE_SECONDS = 1.0
+
+_PROGRAMS: dict[Language, str] = {
+    Language.COMMAND: "sh",
+    Language.PYTHON: "python3",
+    Language.JAVASCRIPT: "node",
+    Language.RUST: "rustc",
+}
+_SOURCE_FILES: dict[Language, str] = {
+    Language.PYTHON: "main.py",
+    Language.JAVASCRIPT: "main.js",
+    Language.RUST: "main.rs",
+}
+_INSTALL_HINTS: dict[Language, str] = {
+    Language.COMMAND: "install a POSIX shell (dash or bash)",
+    Language.PYTHON: "install Python 3 (`apt install python3`)",
+    Language.JAVASCRIPT: "install Node.js (`apt install nodejs`)",
+    Language.RUST: "install Rust (`apt install rustc` or rustup)",
+}
+
+
+def resolve_program(name: str, search_path: str | None) -> str | None:
+    """Resolve a bare program name on ``search_path`` (a PATH string) to an absolute path, or None.
+
+    This happens in the caller's environment, *before* the child's environment is cleared, so the child
+    gets an absolute path and needs no PATH of its own to start.
+    """
+    found = shutil.which(name, path=search_path)
+    return os.path.abspath(found) if found else None
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """How to start one language's program here, and which host paths its installation occupies."""
+
+    program: str
+    """Absolute path of the interpreter, compiler or shell."""
+    install_roots: tuple[str, ...]
+    """Host directories the program reads at run time (bound read-only inside an enforcer)."""
+    extra_args: tuple[str, ...] = ()
+    """Arguments the program needs in a cleared environment (e.g. rustc's absolute linker path)."""
+
+
+class ProcessBackend(SandboxBackend):
+    """Runs requests as host processes: ``SUBPROCESS_ONLY``, or ``OS_ENFORCED`` with an enforcer.
+
+    ``workdir`` is the working directory of every command (default: a fresh scratch directory per
+    execution). ``search_path`` is the PATH programs are resolved on (default: the caller's ``PATH`` at
+    execution time).
+    """
+
+    def __init__(
+        self,
+        *,
+        workdir: str | os.PathLike[str] | None = None,
+        search_path: str | None = None,
+        enforcer: Enforcer | None = None,
+        policy: SandboxPolicy | None = None,
+    ) -> None:
+        if enforcer is not None:
+            policy = policy if policy is not None else SandboxPolicy()
+            enforcer.check_policy(policy)
+        elif policy is not None:
+            raise PolicyNotEnforceableError(
+                "a SandboxPolicy needs an enforcer to be applied to host processes; use "
+                "ProcessBackend.with_sandbox(get_enforcer(), policy)"
+            )
+        self._workdir = os.path.abspath(workdir) if workdir is not None else None
+        self._search_path = search_path
+        self._enforcer = enforcer
+        self._policy = policy if policy is not None else SandboxPolicy()
+        self._toolchains: dict[tuple[Language, str], Toolchain] = {}
+        self._toolchains_lock = threading.Lock()
+        self.name = "process" if enforcer is None else f"process+{enforcer.name}"
+
+    @classmethod
+    def with_sandbox(
+        cls,
+        enforcer: Enforcer,
+        policy: SandboxPolicy,
+        *,
+        workdir: str | os.PathLike[str] | None = None,
+        search_path: str | None = None,
+    ) -> ProcessBackend:
+        """A backend whose every child (compile steps included) runs under ``enforcer`` and ``policy``.
+
+        Raises ``PolicyNotEnforceableError`` if the enforcer cannot enforce the policy.
+        """
+        return cls(workdir=workdir, search_path=search_path, enforcer=enforcer, policy=policy)
+
+    @property
+    def policy(self) -> SandboxPolicy:
+        """The policy in force (deny-all and unenforced when there is no enforcer)."""
+        return self._policy
+
+    def capabilities(self) -> Capabilities:
+        """Honest report: without an enforcer only the timeout and the environment are controlled."""
+        languages = tuple(lang for lang in _PROGRAMS if self._find_toolchain(lang) is not None)
+        if self._enforcer is None:
+            return Capabilities(
+                isolation=IsolationClass.SUBPROCESS_ONLY,
+                timeout=True,
+                memory=False,
+                cpu=False,
+                pids=False,
+                network=False,
+                fs_read=False,
+                fs_write=False,
+                env=True,
+                languages=languages,
+            )
+        confined = self._enforcer.confinement(self._policy)
+        return Capabilities(
+            isolation=IsolationClass.OS_ENFORCED,
+            timeout=True,
+            memory=False,
+            cpu=False,
+            pids=confined.pids,
+            network=confined.network,
+            fs_read=confined.fs_read,
+            fs_write=confined.fs_write,
+            env=True,
+            languages=languages,
+        )
+
+    def execute(
+        self,
+        request: ExecRequest,
+        on_output: OutputCallback | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> ExecResult:
+        """Run ``request`` as a host process (see the class docstring for what is enforced)."""
+        started = time.monotonic()
+        deadline = started + request.timeout
+        toolchain = self._require_toolchain(request)
+        self._check_enforceable(request)
+        env = build_child_env(policy_env=self._policy.env, request_env=request.env)
+        capture = OutputCapture(request.output_cap, on_output)
+        stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
+
+        with tempfile.TemporaryDirectory(prefix="adk-sandbox-") as scratch:
+            workdir = self._workdir or scratch
+            runner = _StepRunner(self, toolchain, scratch, workdir, env, capture, deadline, cancel)
+            if request.language is Language.COMMAND:
+                outcome = runner.run([toolchain.program, "-c", request.code], stdin)
+            else:
+                source = os.path.join(scratch, _SOURCE_FILES[request.language])
+                with open(source, "w", encoding="utf-8") as handle:
+                    handle.write(request.code)
+                if request.language is Language.RUST:
+                    binary = os.path.join(scratch, "main")
+                    # Compiling goes through the same runner: same enforcer, limits and deadline as the run.
+                    compile_argv = [toolchain.program, *toolchain.extra_args, "-o", binary, source]
+                    outcome = runner.run(compile_argv, None)
+                    if outcome.exit_code == 0:
+                        outcome = runner.run([binary], stdin)
+                else:
+                    outcome = runner.run([toolchain.program, source], stdin)
+
+        streams = capture.finish()
+        return ExecResult(
+            stdout=streams["stdout"].text,
+            stderr=streams["stderr"].text,
+            exit_code=outcome.exit_code,
+            timed_out=outcome.timed_out,
+            cancelled=outcome.cancelled,
+            stdout_truncated=streams["stdout"].truncated,
+            stderr_truncated=streams["stderr"].truncated,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _check_enforceable(self, request: ExecRequest) -> None:
+        if request.memory_limit_mb is not None:
+            raise PolicyNotEnforceableError(
+                f"backend {self.name!r} cannot enforce memory_limit_mb={request.memory_limit_mb}; "
+                "refusing to run without it. Use a DockerBackend for memory limits."
+            )
+        if self._enforcer is None:
+            return
+        for allowed in self._policy.allowed_paths:
+            if not os.path.exists(allowed.path):
+                raise InvalidRequestError(f"allowed path {allowed.path!r} does not exist")
+        if self._workdir is not None and not is_under(
+            self._workdir, [p.path for p in self._policy.allowed_paths]
+        ):
+            raise PolicyNotEnforceableError(
+                f"workdir {self._workdir!r} is not among the policy's allowed paths, so the sandboxed "
+                "command could not see its own working directory; allow it with allow_read_write()"
+            )
+
+    def _require_toolchain(self, request: ExecRequest) -> Toolchain:
+        if request.language not in _PROGRAMS:
+            supported = ", ".join(lang.value for lang in _PROGRAMS)
+            raise InvalidRequestError(
+                f"language {request.language.value!r} is not supported by backend {self.name!r}; "
+                f"supported: {supported}"
+            )
+        toolchain = self._find_toolchain(request.language)
+        if toolchain is None:
+            program = _PROGRAMS[request.language]
+            raise BackendUnavailableError(
+                f"{program!r} (needed for {request.language.value}) was not found on PATH; "
+                f"{_INSTALL_HINTS[request.language]}"
+            )
+        return toolchain
+
+    def _find_toolchain(self, language: Language) -> Toolchain | None:
+        search_path = self._search_path if self._search_path is not None else os.environ.get("PATH")
+        key = (language, search_path or "")
+        with self._toolchains_lock:
+            if key not in self._toolchains:
+                toolchain = _probe_toolchain(language, search_path)
+                if toolchain is None:
+                    return None
+                self._toolchains[key] = toolchain
+            return self._toolchains[key]
+
+
+def _probe_toolchain(language: Language, search_path: str | None) -> Toolchain | None:
+    program = resolve_program(_PROGRAMS[language], search_path)
+    if program is None:
+        return None
+    if language is Language.PYTHON:
+        return _python_toolchain(program)
+    if language is Language.RUST:
+        return _rust_toolchain(program, search_path)
+    # A shell or node: the installation is the prefix above its bin/ directory (e.g. /usr).
+    real = os.path.realpath(program)
+    return Toolchain(program=program, install_roots=(os.path.dirname(os.path.dirname(real)),))
+
+
+def _ask(argv: Sequence[str]) -> list[str] | None:
+    # Asked once, in the caller's environment: version managers (pyenv, rustup) need it to answer.
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.split("\n") if done.returncode == 0 else None
+
+
+def _python_toolchain(program: str) -> Toolchain | None:
+    # A pyenv shim is a script that needs the caller's environment; the interpreter it selects does not.
+    lines = _ask([program, "-c", "import sys; print(sys.executable); print(sys.prefix); print(sys.base_prefix)"])
+    if lines is None or len(lines) < 3 or not lines[0]:
+        return None
+    return Toolchain(program=lines[0], install_roots=tuple(dict.fromkeys(lines[1:3])))
+
+
+def _rust_toolchain(program: str, search_path: str | None) -> Toolchain | None:
+    # rustup installs a proxy that needs RUSTUP_HOME/HOME; the real compiler lives in the sysroot.
+    lines = _ask([program, "--print", "sysroot"])
+    linker = resolve_program("cc", search_path)
+    if lines is None or not lines[0] or linker is None:
+        return None
+    sysroot = lines[0]
+    real = os.path.join(sysroot, "bin", "rustc")
+    return Toolchain(
+        program=real if os.path.exists(real) else program,
+        install_roots=(sysroot,),
+        # With no PATH in the cleared environment rustc could not find its linker by name.
+        extra_args=("--edition=2021", "-C", f"linker={linker}"),
+    )
+
+
+@dataclass(frozen=True)
+class _StepOutcome:
+    exit_code: int | None
+    timed_out: bool
+    cancelled: bool
+
+
+class _StepRunner:
+    """Runs the steps of one execution (compile, run) with a shared deadline and output capture."""
+
+    def __init__(
+        self,
+        backend: ProcessBackend,
+        toolchain: Toolchain,
+        scratch: str,
+        workdir: str,
+        env: dict[str, str],
+        capture: OutputCapture,
+        deadline: float,
+        cancel: threading.Event | None,
+    ) -> None:
+        self._backend = backend
+        self._toolchain = toolchain
+        self._scratch = scratch
+        self._workdir = workdir
+        self._env = env
+        self._capture = capture
+        self._deadline = deadline
+        self._cancel = cancel
+
+    def run(self, argv: list[str], stdin: bytes | None) -> _StepOutcome:
+        enforcer = self._backend._enforcer
+        if enforcer is not None:
+            argv = enforcer.wrap(
+                argv,
+                policy=self._backend.policy,
+                workdir=self._workdir,
+                scratch_dir=self._scratch,
+                runtime_paths=self._toolchain.install_roots,
+            )
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        in_read, in_write = os.pipe() if stdin is not None else (None, None)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=in_read if in_read is not None else subprocess.DEVNULL,
+                stdout=out_write,
+                stderr=err_write,
+                env=self._env,
+                cwd=self._workdir,
+                start_new_session=True,  # leader of a new process group: the unit we kill
+                close_fds=True,
+            )
+        except OSError:
+            for fd in (out_read, err_read, in_write):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        finally:
+            for fd in (out_write, err_write, in_read):
+                if fd is not None:
+                    os.close(fd)
+
+        reader = start_pipe_reader({"stdout": out_read, "stderr": err_read}, self._capture)
+        writer = _StdinWriter(in_write, stdin) if in_write is not None and stdin is not None else None
+        exited = False
+        try:
+            exited = wait_for_exit_unreaped(proc, self._deadline, self._cancel)
+        finally:
+            # Always, also after a normal exit: leftovers such as `cmd &` die with the execution.
+            kill_process_group(proc.pid)
+            proc.wait()
+            if writer is not None:
+                writer.stop()
+            reader.finish(_DRAIN_GRACE_SECONDS)
+        if reader.error is not None:
+            raise reader.error
+        cancelled = not exited and self._cancel is not None and self._cancel.is_set()
+        if not exited:
+            return _StepOutcome(exit_code=None, timed_out=not cancelled, cancelled=cancelled)
+        code = proc.returncode
+        return _StepOutcome(exit_code=code if code >= 0 else None, timed_out=False, cancelled=False)
+
+
+class _StdinWriter:
+    """Feeds stdin from a thread so that a child that does not read it cannot block the backend."""
+
+    def __init__(self, fd: int, data: bytes) -> None:
+        self._fd = fd
+        self._data = data
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="adk-sandbox-stdin", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import select
+
+        os.set_blocking(self._fd, False)
+        view = memoryview(self._data)
+        try:
+            while view and not self._stopped.is_set():
+                _, writable, _ = select.select([], [self._fd], [], 0.1)
+                if not writable:
+                    continue
+                try:
+                    written = os.write(self._fd, view[:65536])
+                except BlockingIOError:
+                    continue
+                view = view[written:]
+        except (BrokenPipeError, OSError):
+            pass  # the child closed stdin or died: what it did not read is not an error
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
