@@ -1,4 +1,4 @@
-"""adk-sandbox executor: run agent code in sandboxes that report the isolation they really enforce.
+r"""adk-sandbox executor: run agent code in sandboxes that report the isolation they really enforce.
 
 >>> from executor import ExecRequest, Language, ProcessBackend
 >>> with ProcessBackend() as backend:
@@ -40,8 +40,8 @@ __all__ = [
     "BubblewrapEnforcer",
     "Capabilities",
     "Confinement",
-    "EnforcerUnavailableError",
     "Enforcer",
+    "EnforcerUnavailableError",
     "ExecRequest",
     "ExecResult",
     "ExecutorError",

@@ -92,7 +92,10 @@ class OutputCapture:
         self._max_bytes = max_bytes
         self._on_output = on_output
         self._lock = threading.Lock()
-        self._streams: dict[Stream, _StreamState] = {"stdout": _StreamState(), "stderr": _StreamState()}
+        self._streams: dict[Stream, _StreamState] = {
+            "stdout": _StreamState(),
+            "stderr": _StreamState(),
+        }
         self._finished = False
 
     def feed(self, stream: Stream, chunk: bytes) -> None:
@@ -135,7 +138,9 @@ class OutputCapture:
                         state.pending_line = ""
             return {
                 stream: CapturedStream(
-                    data=bytes(state.kept), truncated=state.total > len(state.kept), total_bytes=state.total
+                    data=bytes(state.kept),
+                    truncated=state.total > len(state.kept),
+                    total_bytes=state.total,
                 )
                 for stream, state in self._streams.items()
             }
@@ -157,8 +162,8 @@ class OutputCapture:
                 self._emit(stream, line)
 
     def _emit(self, stream: Stream, text: str) -> None:
-        assert self._on_output is not None
-        self._on_output(stream, text)
+        if self._on_output is not None:
+            self._on_output(stream, text)
 
 
 class PipeReader:

@@ -26,7 +26,7 @@ Stream = Literal["stdout", "stderr"]
 """The name of an output stream, as passed to ``on_output`` callbacks."""
 
 
-class Language(str, enum.Enum):
+class Language(enum.StrEnum):
     """What ``ExecRequest.code`` is: a shell command string or a program in a language."""
 
     COMMAND = "command"
@@ -41,7 +41,7 @@ class Language(str, enum.Enum):
 _ISOLATION_ORDER = ("subprocess_only", "os_enforced", "container", "gvisor", "wasm")
 
 
-class IsolationClass(str, enum.Enum):
+class IsolationClass(enum.StrEnum):
     """How strongly a backend isolates what it runs, ordered weakest to strongest.
 
     Comparisons follow that order (``cls >= IsolationClass.CONTAINER``), not the alphabetical order of the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -174,8 +175,17 @@ class ProcessBackend(SandboxBackend):
         stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
 
         with tempfile.TemporaryDirectory(prefix="adk-sandbox-") as scratch:
-            workdir = self._workdir or scratch
-            runner = _StepRunner(self, toolchain, scratch, workdir, env, capture, deadline, cancel)
+            runner = _StepRunner(
+                enforcer=self._enforcer,
+                policy=self._policy,
+                toolchain=toolchain,
+                scratch=scratch,
+                workdir=self._workdir or scratch,
+                env=env,
+                capture=capture,
+                deadline=deadline,
+                cancel=cancel,
+            )
             if request.language is Language.COMMAND:
                 outcome = runner.run([toolchain.program, "-c", request.code], stdin)
             else:
@@ -277,7 +287,13 @@ def _ask(argv: Sequence[str]) -> list[str] | None:
 
 def _python_toolchain(program: str) -> Toolchain | None:
     # A pyenv shim is a script that needs the caller's environment; the interpreter it selects does not.
-    lines = _ask([program, "-c", "import sys; print(sys.executable); print(sys.prefix); print(sys.base_prefix)"])
+    lines = _ask(
+        [
+            program,
+            "-c",
+            "import sys; print(sys.executable); print(sys.prefix); print(sys.base_prefix)",
+        ]
+    )
     if lines is None or len(lines) < 3 or not lines[0]:
         return None
     return Toolchain(program=lines[0], install_roots=tuple(dict.fromkeys(lines[1:3])))
@@ -306,38 +322,28 @@ class _StepOutcome:
     cancelled: bool
 
 
+@dataclass(frozen=True)
 class _StepRunner:
     """Runs the steps of one execution (compile, run) with a shared deadline and output capture."""
 
-    def __init__(
-        self,
-        backend: ProcessBackend,
-        toolchain: Toolchain,
-        scratch: str,
-        workdir: str,
-        env: dict[str, str],
-        capture: OutputCapture,
-        deadline: float,
-        cancel: threading.Event | None,
-    ) -> None:
-        self._backend = backend
-        self._toolchain = toolchain
-        self._scratch = scratch
-        self._workdir = workdir
-        self._env = env
-        self._capture = capture
-        self._deadline = deadline
-        self._cancel = cancel
+    enforcer: Enforcer | None
+    policy: SandboxPolicy
+    toolchain: Toolchain
+    scratch: str
+    workdir: str
+    env: dict[str, str]
+    capture: OutputCapture
+    deadline: float
+    cancel: threading.Event | None
 
     def run(self, argv: list[str], stdin: bytes | None) -> _StepOutcome:
-        enforcer = self._backend._enforcer
-        if enforcer is not None:
-            argv = enforcer.wrap(
+        if self.enforcer is not None:
+            argv = self.enforcer.wrap(
                 argv,
-                policy=self._backend.policy,
-                workdir=self._workdir,
-                scratch_dir=self._scratch,
-                runtime_paths=self._toolchain.install_roots,
+                policy=self.policy,
+                workdir=self.workdir,
+                scratch_dir=self.scratch,
+                runtime_paths=self.toolchain.install_roots,
             )
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
@@ -348,8 +354,8 @@ class _StepRunner:
                 stdin=in_read if in_read is not None else subprocess.DEVNULL,
                 stdout=out_write,
                 stderr=err_write,
-                env=self._env,
-                cwd=self._workdir,
+                env=self.env,
+                cwd=self.workdir,
                 start_new_session=True,  # leader of a new process group: the unit we kill
                 close_fds=True,
             )
@@ -363,11 +369,11 @@ class _StepRunner:
                 if fd is not None:
                     os.close(fd)
 
-        reader = start_pipe_reader({"stdout": out_read, "stderr": err_read}, self._capture)
+        reader = start_pipe_reader({"stdout": out_read, "stderr": err_read}, self.capture)
         writer = _StdinWriter(in_write, stdin) if in_write is not None and stdin is not None else None
         exited = False
         try:
-            exited = wait_for_exit_unreaped(proc, self._deadline, self._cancel)
+            exited = wait_for_exit_unreaped(proc, self.deadline, self.cancel)
         finally:
             # Always, also after a normal exit: leftovers such as `cmd &` die with the execution.
             kill_process_group(proc.pid)
@@ -377,7 +383,7 @@ class _StepRunner:
             reader.finish(_DRAIN_GRACE_SECONDS)
         if reader.error is not None:
             raise reader.error
-        cancelled = not exited and self._cancel is not None and self._cancel.is_set()
+        cancelled = not exited and self.cancel is not None and self.cancel.is_set()
         if not exited:
             return _StepOutcome(exit_code=None, timed_out=not cancelled, cancelled=cancelled)
         code = proc.returncode
@@ -399,8 +405,6 @@ class _StdinWriter:
         self._thread.join()
 
     def _run(self) -> None:
-        import select
-
         os.set_blocking(self._fd, False)
         view = memoryview(self._data)
         try:
