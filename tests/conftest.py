@@ -7,7 +7,11 @@ green by skipping what it was meant to test.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
+import signal
+import time
 
 import pytest
 
@@ -33,3 +37,44 @@ def bwrap_enforcer() -> BubblewrapEnforcer:
     except EnforcerUnavailableError as exc:
         require(False, f"bubblewrap is not usable here: {exc}")
         raise  # unreachable: require() skipped or failed
+
+
+def unique_sleep_seconds() -> str:
+    """A sleep duration no other process on the machine uses: it marks a test's processes in /proc."""
+    return f"{300 + random.randint(1, 10**6) / 10**7:.7f}"
+
+
+def live_processes_with_args(*args: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose argv contains ``args`` in order, consecutively."""
+    needle = "\0".join(args).encode() + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmdline and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def wait_until_gone(*args: str, timeout: float = 5.0) -> list[int]:
+    """Wait (bounded) for processes matching ``args`` to disappear; return any still alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = live_processes_with_args(*args)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def kill_all(pids: list[int]) -> None:
+    """Clean up after a failed containment test so one failure does not leak into the next."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
