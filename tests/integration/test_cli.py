@@ -1,0 +1,21 @@
+"""The adk-sandbox command, run as a user would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.bwrap
+def test_doctor_lists_each_backend_with_its_isolation(bwrap_enforcer: object) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "executor", "doctor"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    process = next(line for line in lines if line.startswith("process "))
+    bwrap = next(line for line in lines if line.startswith("process+bwrap "))
+    assert "subprocess_only" in process and "enforces: timeout, env" in process
+    assert "os_enforced" in bwrap and "network" in bwrap
