@@ -51,9 +51,20 @@ def utf8_safe_cut(data: bytes | bytearray, limit: int) -> int:
     # Step back over continuation bytes (0b10xxxxxx) to the lead byte of the straddling character.
     while cut > 0 and limit - cut < 3 and (data[cut] & 0xC0) == 0x80:
         cut -= 1
-    if (data[cut] & 0xC0) == 0x80:
-        return limit  # not valid UTF-8 here anyway: keep every byte the cap allows
-    return cut
+    if cut < limit and cut + _sequence_length(data[cut]) > limit:
+        return cut  # a lead byte whose character does not fit: drop the character whole
+    return limit  # a boundary already, or invalid UTF-8 here anyway: keep every byte the cap allows
+
+
+def _sequence_length(lead: int) -> int:
+    """Length of the UTF-8 sequence a lead byte announces; 0 for ASCII and bytes that cannot lead."""
+    if 0xC2 <= lead <= 0xDF:
+        return 2
+    if 0xE0 <= lead <= 0xEF:
+        return 3
+    if 0xF0 <= lead <= 0xF4:
+        return 4
+    return 0
 
 
 @dataclass
@@ -158,8 +169,12 @@ class OutputCapture:
             complete, rest = complete + rest, ""
         state.pending_line = rest
         if complete:
-            for line in complete.splitlines(keepends=True):
-                self._emit(stream, line)
+            # Only "\n" ends a line (str.splitlines would also split at \r, \x0b, \x1c, \u2028, ...).
+            *lines, overlong = complete.split("\n")
+            for line in lines:
+                self._emit(stream, line + "\n")
+            if overlong:  # an over-long partial line, delivered without waiting for its newline
+                self._emit(stream, overlong)
 
     def _emit(self, stream: Stream, text: str) -> None:
         if self._on_output is not None:

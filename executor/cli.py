@@ -49,7 +49,9 @@ def doctor() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``adk-sandbox`` command."""
-    parser = argparse.ArgumentParser(prog="adk-sandbox", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="adk-sandbox", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help="list the backends available here and what each enforces")
     args = parser.parse_args(argv)
