@@ -34,6 +34,9 @@ __all__ = [
 CHUNK_SIZE = 64 * 1024
 """Bytes read per system call; also the most a reader holds beyond what it keeps."""
 
+# After finish()'s grace period, at most this many more reads per stream take what is already buffered.
+_FINAL_DRAIN_ROUNDS = 16
+
 # A partial line longer than this is delivered to on_output without waiting for its newline, so a
 # program printing one endless line still streams.
 _MAX_PENDING_LINE = 64 * 1024
@@ -215,10 +218,15 @@ class PipeReader:
             for stream, fd in self._pipes.items():
                 os.set_blocking(fd, False)
                 selector.register(fd, selectors.EVENT_READ, stream)
+            drain_rounds_left = _FINAL_DRAIN_ROUNDS
             while selector.get_map():
                 stopping = self._stop.is_set()
+                if stopping:
+                    # Bounded: a leftover writer that never stops must not keep the reader (and the
+                    # caller waiting in finish()) busy forever.
+                    drain_rounds_left -= 1
                 events = selector.select(timeout=0 if stopping else 0.1)
-                if stopping and not events:
+                if stopping and (not events or drain_rounds_left <= 0):
                     break
                 for key, _ in events:
                     self._read_available(selector, key.fd, key.data)

@@ -64,28 +64,31 @@ class IsolationClass(enum.StrEnum):
         """Position in the weakest-to-strongest order (0 = weakest)."""
         return _ISOLATION_ORDER.index(self.value)
 
+    # Every comparison is defined here: str's own (alphabetical) ones would otherwise answer for a plain
+    # string operand, and `SUBPROCESS_ONLY >= "container"` would be True -- a check failing open.
     def __lt__(self, other: object) -> bool:
-        if not isinstance(other, IsolationClass):
-            return NotImplemented
-        return self.rank < other.rank
+        return self.rank < _rank_of(other)
 
-    # str's own comparisons would otherwise win for <=, >, >= (they are defined on str, a base class).
     def __le__(self, other: object) -> bool:
-        if not isinstance(other, IsolationClass):
-            return NotImplemented
-        return self.rank <= other.rank
+        return self.rank <= _rank_of(other)
 
     def __gt__(self, other: object) -> bool:
-        if not isinstance(other, IsolationClass):
-            return NotImplemented
-        return self.rank > other.rank
+        return self.rank > _rank_of(other)
 
     def __ge__(self, other: object) -> bool:
-        if not isinstance(other, IsolationClass):
-            return NotImplemented
-        return self.rank >= other.rank
+        return self.rank >= _rank_of(other)
 
     __hash__ = str.__hash__
+
+
+def _rank_of(other: object) -> int:
+    """Rank of an isolation class given as the enum or its string value; TypeError for anything else."""
+    if isinstance(other, str):
+        try:
+            return IsolationClass(other).rank
+        except ValueError:
+            pass
+    raise TypeError(f"cannot order an IsolationClass against {other!r}")
 
 
 def validate_env(env: dict[str, str]) -> dict[str, str]:

@@ -31,6 +31,11 @@ MULTIBYTE_CHARS = [E_ACUTE, EURO, GRIN]
 
 MiB = 1024 * 1024
 
+# Text for property tests: any code point, with newlines and the other characters str.splitlines()
+# treats as line breaks made frequent, so line handling is exercised.
+LINE_BREAKS = "\n\n\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+TEXT = st.text(alphabet=st.one_of(st.characters(codec="utf-8"), st.sampled_from(LINE_BREAKS)), max_size=200)
+
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -41,13 +46,21 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[Stream, str]] = []
+        self.overlapping_calls = 0
         self._lock = threading.Lock()
+        self._in_call = threading.Lock()
 
     def __call__(self, stream: Stream, text: str) -> None:
         assert isinstance(text, str)
         assert text, "on_output must never be called with an empty chunk"
-        with self._lock:
-            self.calls.append((stream, text))
+        if not self._in_call.acquire(blocking=False):
+            self.overlapping_calls += 1  # called concurrently with another call
+            self._in_call.acquire()
+        try:
+            with self._lock:
+                self.calls.append((stream, text))
+        finally:
+            self._in_call.release()
 
     def chunks(self, stream: Stream) -> list[str]:
         with self._lock:
@@ -328,7 +341,7 @@ def test_partial_character_fed_in_earlier_chunks_byte_by_byte_is_removed() -> No
 
 @settings(max_examples=300, deadline=None)
 @given(
-    text=st.text(max_size=200),
+    text=TEXT,
     cap_extra=st.integers(min_value=-50, max_value=20),
     split_points=st.lists(st.integers(min_value=0, max_value=1000), max_size=30),
     use_on_output=st.booleans(),
@@ -356,7 +369,7 @@ def test_kept_output_is_the_largest_valid_prefix(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    text=st.text(max_size=200),
+    text=TEXT,
     cap_extra=st.integers(min_value=-50, max_value=20),
     split_points=st.lists(st.integers(min_value=0, max_value=1000), max_size=30),
 )
@@ -455,6 +468,7 @@ def test_concurrent_feeding_from_two_threads() -> None:
         expected = "".join(f"{s} {i}\n" for i in range(lines))
         assert result[s].text == expected
         assert recorder.text(s) == expected
+    assert recorder.overlapping_calls == 0
 
 
 def test_on_output_never_sees_bytes_past_the_cap() -> None:
