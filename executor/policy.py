@@ -73,6 +73,14 @@ class SandboxPolicy(BaseModel):
         """Paths allowed read-write."""
         return tuple(p.path for p in self.allowed_paths if p.mode == "read_write")
 
+    def covers(self, path: str | os.PathLike[str]) -> bool:
+        """True if ``path`` is an allowed path or lies under one (lexically, after normalisation)."""
+        target = os.path.normpath(os.path.abspath(path))
+        return any(
+            target == allowed.path or target.startswith(allowed.path.rstrip("/") + "/")
+            for allowed in self.allowed_paths
+        )
+
 
 class SandboxPolicyBuilder:
     """Fluent builder: ``SandboxPolicy.builder().allow_read(p).allow_network().build()``."""

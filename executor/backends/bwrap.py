@@ -5,7 +5,6 @@ The argument list is a pure function of the policy (:func:`bwrap_arguments`), te
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -152,9 +151,3 @@ def get_enforcer() -> BubblewrapEnforcer:
             "unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone=1)"
         )
     return enforcer
-
-
-def is_under(path: str, roots: Sequence[str]) -> bool:
-    """True if ``path`` is one of ``roots`` or inside one of them (lexically, after normalisation)."""
-    path = os.path.normpath(path)
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)

@@ -23,8 +23,7 @@ from executor._env import build_child_env
 from executor._output import OutputCapture, start_pipe_reader
 from executor._proctree import kill_process_group, wait_for_exit_unreaped
 from executor.backend import OutputCallback, SandboxBackend
-from executor.backends.bwrap import is_under
-from executor.backends.enforcer import Enforcer
+from executor.backends.enforcer import Confinement, Enforcer
 from executor.errors import BackendUnavailableError, InvalidRequestError, PolicyNotEnforceableError
 from executor.policy import SandboxPolicy
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
@@ -132,29 +131,21 @@ class ProcessBackend(SandboxBackend):
         """Honest report: without an enforcer only the timeout and the environment are controlled."""
         languages = tuple(lang for lang in _PROGRAMS if self._find_toolchain(lang) is not None)
         if self._enforcer is None:
-            return Capabilities(
-                isolation=IsolationClass.SUBPROCESS_ONLY,
-                timeout=True,
-                memory=False,
-                cpu=False,
-                pids=False,
-                network=False,
-                fs_read=False,
-                fs_write=False,
-                env=True,
-                languages=languages,
-            )
-        confined = self._enforcer.confinement(self._policy)
+            isolation = IsolationClass.SUBPROCESS_ONLY
+            confined = Confinement(network=False, fs_read=False, fs_write=False, pids=False)
+        else:
+            isolation = IsolationClass.OS_ENFORCED
+            confined = self._enforcer.confinement(self._policy)
         return Capabilities(
-            isolation=IsolationClass.OS_ENFORCED,
-            timeout=True,
+            isolation=isolation,
+            timeout=True,  # the process group (or bwrap's PID namespace) is killed at the deadline
             memory=False,
             cpu=False,
             pids=confined.pids,
             network=confined.network,
             fs_read=confined.fs_read,
             fs_write=confined.fs_write,
-            env=True,
+            env=True,  # children get only policy and request env, never the host's
             languages=languages,
         )
 
@@ -227,9 +218,7 @@ class ProcessBackend(SandboxBackend):
         for allowed in self._policy.allowed_paths:
             if not os.path.exists(allowed.path):
                 raise InvalidRequestError(f"allowed path {allowed.path!r} does not exist")
-        if self._workdir is not None and not is_under(
-            self._workdir, [p.path for p in self._policy.allowed_paths]
-        ):
+        if self._workdir is not None and not self._policy.covers(self._workdir):
             raise PolicyNotEnforceableError(
                 f"workdir {self._workdir!r} is not among the policy's allowed paths, so the sandboxed "
                 "command could not see its own working directory; allow it with allow_read_write()"

@@ -172,3 +172,18 @@ def test_get_enforcer_with_a_broken_bwrap_says_why(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EnforcerUnavailableError, match="No permissions to create new namespace"):
         get_enforcer()
+
+
+@pytest.mark.parametrize(
+    ("allowed", "path", "covered"),
+    [
+        ("/data", "/data", True),
+        ("/data", "/data/sub/file", True),
+        ("/data", "/database", False),  # a prefix of the name is not a parent directory
+        ("/data", "/", False),
+        ("/", "/anything", True),
+        ("/data", "/data/../etc", False),
+    ],
+)
+def test_policy_covers(allowed: str, path: str, covered: bool) -> None:
+    assert SandboxPolicy.builder().allow_read(allowed).build().covers(path) is covered
