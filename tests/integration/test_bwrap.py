@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,13 @@ from executor import (
     ProcessBackend,
     SandboxPolicy,
 )
-from tests.conftest import kill_all, require, unique_sleep_seconds, wait_until_gone
+from tests.conftest import (
+    kill_all,
+    live_processes_with_args,
+    require,
+    unique_sleep_seconds,
+    wait_until_gone,
+)
 
 pytestmark = pytest.mark.bwrap
 
@@ -239,3 +248,33 @@ def test_workdir_outside_the_policy_is_refused(
     with pytest.raises(PolicyNotEnforceableError, match="workdir"):
         sh(backend, f"touch '{dirs['outside']}/x'")
     assert not (dirs["outside"] / "x").exists()
+
+
+def test_killing_the_owner_process_kills_the_sandbox(bwrap_enforcer: BubblewrapEnforcer) -> None:
+    # The Python process running the sandbox is SIGKILLed mid-command (no finally blocks run): bwrap's
+    # --die-with-parent must still take the sandboxed processes, setsid ones included, down with it.
+    marker = unique_sleep_seconds()
+    owner_code = (
+        "from executor import *\n"
+        "policy = SandboxPolicy(allow_process_spawn=True)\n"
+        "backend = ProcessBackend.with_sandbox(get_enforcer(), policy)\n"
+        f"code = 'setsid sleep {marker} & echo started; sleep {marker}'\n"
+        "backend.execute(ExecRequest(language='command', code=code, timeout=600),\n"
+        "                on_output=lambda stream, line: print(line, end='', flush=True))\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        assert owner.stdout.readline() == "started\n"
+        deadline = time.monotonic() + 10
+        while len(live_processes_with_args("sleep", marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(live_processes_with_args("sleep", marker)) == 2  # both are running now
+        owner.kill()
+        owner.wait(timeout=30)
+        alive = wait_until_gone("sleep", marker)
+        kill_all(alive)
+        assert alive == [], "sandboxed processes outlived their owner"
+    finally:
+        owner.kill()
+        owner.wait(timeout=30)
