@@ -178,7 +178,8 @@ class ProcessBackend(SandboxBackend):
                 cancel=cancel,
             )
             if request.language is Language.COMMAND:
-                outcome = runner.run([toolchain.program, "-c", request.code], stdin)
+                # "--": a command string starting with "-" is the command, not an option of sh.
+                outcome = runner.run([toolchain.program, "-c", "--", request.code], stdin)
             else:
                 source = os.path.join(scratch, _SOURCE_FILES[request.language])
                 with open(source, "w", encoding="utf-8") as handle:

@@ -69,6 +69,11 @@ def test_rust_compile_error_is_a_result_with_the_diagnostic() -> None:
     assert "mismatched types" in result.stderr
 
 
+def test_command_starting_with_a_dash_is_run_not_parsed_as_an_option() -> None:
+    result = run("-definitely-not-a-command")
+    assert result.exit_code == 127 and "not found" in result.stderr
+
+
 def test_no_stdin_means_dev_null() -> None:
     result = run("cat; echo done")
     assert result.stdout == "done\n"
@@ -95,7 +100,7 @@ def test_program_is_resolved_on_the_callers_path_before_the_env_is_cleared(tmp_p
     # A private `sh` on the search path is found and started by absolute path, although the child's own
     # environment has no PATH (dash then uses its built-in default, which does not include tmp_path).
     fake_sh = tmp_path / "sh"
-    fake_sh.write_text('#!/bin/sh\necho "private sh got: $2"; echo "PATH=${PATH-unset}"\n')
+    fake_sh.write_text('#!/bin/sh\necho "private sh got: $3"; echo "PATH=${PATH-unset}"\n')
     fake_sh.chmod(0o755)
     backend = ProcessBackend(search_path=str(tmp_path))
     result = backend.execute(ExecRequest(language=Language.COMMAND, code="hi", timeout=10))
