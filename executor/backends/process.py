@@ -24,7 +24,12 @@ from executor._output import OutputCapture, start_pipe_reader
 from executor._proctree import kill_process_group, wait_for_exit_unreaped
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.enforcer import Confinement, Enforcer
-from executor.errors import BackendUnavailableError, InvalidRequestError, PolicyNotEnforceableError
+from executor.errors import (
+    BackendUnavailableError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
 from executor.policy import SandboxPolicy
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
 
@@ -349,11 +354,12 @@ class _StepRunner:
                 start_new_session=True,  # leader of a new process group: the unit we kill
                 close_fds=True,
             )
-        except OSError:
+        except OSError as exc:
             for fd in (out_read, err_read, in_write):
                 if fd is not None:
                     os.close(fd)
-            raise
+            # The program was resolved before; failing to start it now is the sandbox's failure.
+            raise SandboxFailedError(f"could not start {argv[0]!r}: {exc}") from exc
         finally:
             for fd in (out_write, err_write, in_read):
                 if fd is not None:

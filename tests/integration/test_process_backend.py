@@ -14,12 +14,14 @@ from pydantic import ValidationError
 
 from executor import (
     BackendUnavailableError,
+    BubblewrapEnforcer,
     ExecRequest,
     InvalidRequestError,
     IsolationClass,
     Language,
     PolicyNotEnforceableError,
     ProcessBackend,
+    SandboxFailedError,
     SandboxPolicy,
 )
 from executor.backends.process import resolve_program
@@ -75,8 +77,28 @@ def test_command_starting_with_a_dash_is_run_not_parsed_as_an_option() -> None:
 
 
 def test_no_stdin_means_dev_null() -> None:
-    result = run("cat; echo done")
-    assert result.stdout == "done\n"
+    # The test process's own fd 0 is replaced by a pipe holding data: a child that inherited it instead
+    # of getting /dev/null would show a pipe and read that data.
+    saved = os.dup(0)
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"inherited stdin\n")
+    os.close(write_end)
+    os.dup2(read_end, 0)
+    try:
+        result = run("readlink /proc/self/fd/0; cat; echo done")
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(read_end)
+    assert result.stdout == "/dev/null\ndone\n"
+
+
+def test_a_program_that_cannot_be_started_is_a_sandbox_failure() -> None:
+    broken = ProcessBackend.with_sandbox(
+        BubblewrapEnforcer("/nonexistent/bwrap"), SandboxPolicy(allow_process_spawn=True)
+    )
+    with pytest.raises(SandboxFailedError, match="/nonexistent/bwrap"):
+        broken.execute(ExecRequest(language=Language.COMMAND, code="true", timeout=5))
 
 
 def test_large_stdin_is_fed_and_unread_stdin_does_not_block() -> None:
