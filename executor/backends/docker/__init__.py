@@ -1,0 +1,7 @@
+"""The Docker backend: hardened per-session containers (SPEC §4)."""
+
+from executor.backends.docker.backend import DockerBackend
+from executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE
+from executor.backends.docker.session import DockerSession
+
+__all__ = ["BASE_IMAGE", "RUST_IMAGE", "DockerBackend", "DockerSession"]

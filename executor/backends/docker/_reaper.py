@@ -1,0 +1,109 @@
+"""Leak protection: who owns a sandbox container, and removing the ones whose owner is gone.
+
+Each container is labelled with its owner process (pid, the process's start time so a reused pid is not
+mistaken for the owner, and the machine's boot id) and an expiry time. A container is leaked when its
+expiry has passed, or when it was made on this machine in this boot and its owner process no longer
+exists. Containers without the owner labels (for example a compose service) are never touched.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+
+from executor.backends.docker._daemon import idempotent, remove_container
+from executor.backends.docker._spec import LABEL_PREFIX, PROJECT_LABEL
+
+__all__ = ["LeakedContainer", "find_leaked", "owner_labels", "reap_leaked"]
+
+OWNER_PID = LABEL_PREFIX + "owner-pid"
+OWNER_START = LABEL_PREFIX + "owner-start"
+OWNER_BOOT = LABEL_PREFIX + "owner-boot"
+EXPIRES = LABEL_PREFIX + "expires"
+SESSION = LABEL_PREFIX + "session"
+
+
+@functools.cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:  # pragma: no cover - every Linux has it
+        return "unknown"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[19].decode()
+
+
+def owner_labels(session_id: str, lifetime_seconds: int) -> dict[str, str]:
+    """The labels that tie a new container to this process and bound its life."""
+    pid = os.getpid()
+    return {
+        PROJECT_LABEL: "adk-sandbox",
+        SESSION: session_id,
+        OWNER_PID: str(pid),
+        OWNER_START: _start_time(pid) or "",
+        OWNER_BOOT: _boot_id(),
+        EXPIRES: str(int(time.time()) + lifetime_seconds),
+    }
+
+
+@dataclass(frozen=True)
+class LeakedContainer:
+    """A container of this project that nobody owns any more."""
+
+    id: str
+    name: str
+    reason: str
+
+
+def leak_reason(labels: Mapping[str, str], now: float) -> str | None:
+    """Why a container with these labels is leaked, or None when its owner may still need it."""
+    expires = labels.get(EXPIRES, "")
+    if expires.isdigit() and int(expires) < now:
+        return "its expiry time has passed"
+    pid, start = labels.get(OWNER_PID, ""), labels.get(OWNER_START)
+    if not pid.isdigit() or labels.get(OWNER_BOOT) != _boot_id():
+        return None  # not owned by a process of this machine's current boot: only expiry applies
+    if int(pid) == os.getpid():
+        return None
+    if _start_time(int(pid)) != start:
+        return f"its owner process {pid} is gone"
+    return None
+
+
+def find_leaked(client: docker.DockerClient) -> list[LeakedContainer]:
+    """Containers of this project (selected by label, never by name) whose owner is gone or expired."""
+    listed: list[dict[str, Any]] = idempotent(
+        lambda: client.api.containers(all=True, filters={"label": PROJECT_LABEL})
+    )
+    now = time.time()
+    leaked = []
+    for entry in listed:
+        reason = leak_reason(entry.get("Labels") or {}, now)
+        if reason is not None:
+            names = entry.get("Names") or [""]
+            leaked.append(LeakedContainer(id=entry["Id"], name=names[0].lstrip("/"), reason=reason))
+    return leaked
+
+
+def reap_leaked(client: docker.DockerClient) -> list[LeakedContainer]:
+    """Remove leaked containers; return what was removed."""
+    removed = []
+    for container in find_leaked(client):
+        remove_container(client, container.id)
+        removed.append(container)
+    return removed

@@ -1,0 +1,424 @@
+"""A session: one hardened container, reused by every command, removed at close."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import docker
+import docker.errors
+
+from executor._env import build_child_env
+from executor._output import OutputCapture
+from executor.backend import OutputCallback, SandboxBackend
+from executor.backends.docker._daemon import daemon_socket_path, idempotent, remove_container
+from executor.backends.docker._reaper import owner_labels
+from executor.backends.docker._spec import (
+    GVISOR_RUNTIME,
+    HOME_DIR,
+    ContainerSpec,
+    capabilities_from_inspect,
+    hardening_violations,
+    host_config_arguments,
+)
+from executor.backends.docker._transport import (
+    CommandOutcome,
+    CommandTransport,
+    ContainerGoneError,
+    DockerExecTransport,
+    PreparedCommand,
+)
+from executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
+from executor.types import Capabilities, ExecRequest, ExecResult, Language
+
+__all__ = ["DockerSession", "SessionConfig"]
+
+log = logging.getLogger(__name__)
+
+#: Linux refuses a single exec argument longer than this (MAX_ARG_STRLEN).
+MAX_ARGUMENT_BYTES = 128 * 1024 - 1
+NOBODY = "65534:65534"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Compile to the session's tmpfs, run, and remove the build; compiler messages go to stderr.
+_RUST_SCRIPT = (
+    'd=$(mktemp -d) || exit 1; printf %s "$1" > "$d/main.rs" && '
+    'rustc --edition 2021 -o "$d/main" "$d/main.rs" && "$d/main"; rc=$?; rm -rf "$d"; exit $rc'
+)
+_PROBE_LANGUAGES = "for p in python3 node rustc; do command -v $p >/dev/null 2>&1 && echo $p; done"
+_PROGRAM_LANGUAGES = {"python3": Language.PYTHON, "node": Language.JAVASCRIPT, "rustc": Language.RUST}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """What a :class:`DockerBackend` hands each of its sessions."""
+
+    spec: ContainerSpec
+    """How to create the container (ignored when attaching)."""
+    user: str | None
+    """uid:gid for commands; None: the owner of the workspace root (nobody without a workspace)."""
+    policy_env: Mapping[str, str]
+    attach_to: str | None = None
+    """Name or id of an existing container to use instead of creating one."""
+
+
+def argv_for(request: ExecRequest) -> tuple[str, ...]:
+    """The program and arguments that run ``request`` inside the container."""
+    code = request.code
+    if len(code.encode()) > MAX_ARGUMENT_BYTES:
+        raise InvalidRequestError(
+            f"code is {len(code.encode())} bytes; a container command takes at most {MAX_ARGUMENT_BYTES} "
+            "bytes per argument: write it to a file in the workspace and run the file"
+        )
+    match request.language:
+        case Language.COMMAND:
+            return ("/bin/sh", "-c", "--", code)
+        case Language.PYTHON:
+            return ("python3", "-c", code)
+        case Language.JAVASCRIPT:
+            return ("node", "-e", code)
+        case Language.RUST:
+            return ("/bin/sh", "-c", _RUST_SCRIPT, "rust", code)
+        case _:
+            raise InvalidRequestError(f"the Docker backend cannot run {request.language.value!r} code")
+
+
+class DockerSession(SandboxBackend):
+    """One container for the whole session: created at entry (or first use), reused, removed at close.
+
+    Every command runs with a cleared environment (the image's own variables, then policy, then request
+    env), as the uid:gid owning the workspace root, with the workspace root as cwd. A timeout or a cancel
+    kills the command's whole process tree inside the container and keeps the output so far. After a
+    fork bomb, OOM or timeout the session keeps working; when the container itself died or could not be
+    cleaned, the next command gets a fresh container (logged, and counted in :attr:`restarts`).
+    """
+
+    name = "docker"
+
+    def __init__(self, client: docker.DockerClient, config: SessionConfig) -> None:
+        self._client = client
+        self._config = config
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._container_id: str | None = None
+        self._inspect: Mapping[str, Any] = {}
+        self._transport: CommandTransport | None = None
+        self._base_env: dict[str, str] = {}
+        self._user = config.user or NOBODY
+        self._workdir = config.spec.workdir
+        self._languages: tuple[Language, ...] | None = None
+        self._oom_counter: _OomCounter | None = None
+        self._closed = False
+        #: How many times the container was replaced by a fresh one during this session.
+        self.restarts = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    @property
+    def container_id(self) -> str:
+        """The id of the session's container (started on demand)."""
+        self.start()
+        if self._container_id is None:  # closed concurrently
+            raise SandboxFailedError("this Docker session is closed")
+        return self._container_id
+
+    @property
+    def attached(self) -> bool:
+        """True when this session uses an existing container it did not create (and will not remove)."""
+        return self._config.attach_to is not None
+
+    def start(self) -> None:
+        """Create (or attach to) the container and verify its hardening; idempotent."""
+        with self._lock:
+            if self._closed:
+                raise SandboxFailedError("this Docker session is closed")
+            if self._container_id is None:
+                self._open_container()
+
+    def __enter__(self) -> DockerSession:
+        self.start()
+        return self
+
+    def close(self) -> None:
+        """Remove the container (unless attached). Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._discard_container()
+
+    def _open_container(self) -> None:
+        attach_to = self._config.attach_to
+        if attach_to is not None:
+            inspect = idempotent(lambda: self._client.api.inspect_container(attach_to))
+            self._adopt(inspect, verify_limits=False)
+            return
+        spec = self._config.spec
+        session_id = uuid.uuid4().hex[:12]
+        spec = replace(spec, labels={**spec.labels, **owner_labels(session_id, spec.lifetime_seconds)})
+        container_id = self._create(spec, f"adk-sandbox-{session_id}")
+        try:
+            idempotent(lambda: self._client.api.start(container_id))
+            self._container_id = container_id
+            self._adopt(
+                idempotent(lambda: self._client.api.inspect_container(container_id)), verify_limits=True
+            )
+        except BaseException:
+            # Never leave a half-started container behind.
+            self._discard_container(container_id)
+            raise
+
+    def _create(self, spec: ContainerSpec, name: str) -> str:
+        api = self._client.api
+        host_config = api.create_host_config(**host_config_arguments(spec))
+
+        def create() -> str:
+            try:
+                created = api.create_container(
+                    spec.image,
+                    entrypoint=["sleep"],
+                    command=[str(spec.lifetime_seconds)],
+                    user="0:0",  # the keeper; commands run as the workspace owner
+                    working_dir=spec.workdir,
+                    environment={"HOME": HOME_DIR},
+                    labels=dict(spec.labels),
+                    host_config=host_config,
+                    name=name,
+                    hostname="sandbox",
+                )
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:  # a retried create whose first attempt went through
+                    return str(api.inspect_container(name)["Id"])
+                if "runtime" in str(exc).lower() and spec.runtime:
+                    raise PolicyNotEnforceableError(
+                        f"the Docker daemon cannot run runtime {spec.runtime!r} ({exc.explanation}); "
+                        + _runtime_hint(spec.runtime)
+                    ) from exc
+                raise
+            return str(created["Id"])
+
+        return idempotent(create)
+
+    def _adopt(self, inspect: Mapping[str, Any], *, verify_limits: bool) -> None:
+        """Take a running container into use after checking that its hardening is really in force."""
+        spec = self._config.spec
+        container_id = str(inspect["Id"])
+        self._container_id = container_id
+        mounts = [spec.workspace] if spec.workspace else []
+        mounts += [allowed.path for allowed in spec.extra_mounts] + list(spec.read_only_mounts)
+        if self.attached:
+            mounts = [m.get("Source", "") for m in inspect.get("Mounts") or [] if m.get("Type") == "bind"]
+            self._workdir = spec.workspace or inspect.get("Config", {}).get("WorkingDir") or "/"
+            if spec.workspace and not _is_mounted(inspect, spec.workspace):
+                raise PolicyNotEnforceableError(
+                    f"container {self._config.attach_to!r} does not mount the workspace {spec.workspace} "
+                    "at the same path; mount it there (see compose.yaml) or attach without a workspace"
+                )
+        problems = hardening_violations(
+            inspect,
+            network=spec.network,
+            runtime=spec.runtime,
+            limits=spec.limits if verify_limits else None,
+            mounts=mounts,
+        )
+        if problems:
+            raise PolicyNotEnforceableError(
+                f"container {inspect.get('Name', container_id)!r} is not hardened as required: "
+                + "; ".join(problems)
+            )
+        self._inspect = inspect
+        self._base_env = _image_env(inspect)
+        if self._config.user is None and spec.workspace:
+            status = os.stat(spec.workspace)
+            self._user = f"{status.st_uid}:{status.st_gid}"
+        self._transport = DockerExecTransport(self._client, container_id, daemon_socket_path())
+        self._oom_counter = _OomCounter.for_container(inspect)
+
+    def _discard_container(self, container_id: str | None = None) -> None:
+        container_id = container_id or self._container_id
+        self._container_id = None
+        self._transport = None
+        if container_id is None or self.attached:
+            return
+        remove_container(self._client, container_id)
+
+    def _replace_container(self, why: str) -> None:
+        """Swap in a fresh container (the old one died or could not be cleaned); said in the log."""
+        log.warning("sandbox container %s replaced by a fresh one: %s", self._container_id, why)
+        if self.attached:
+            raise SandboxFailedError(f"the attached container {self._config.attach_to!r} {why}")
+        self._discard_container()
+        self._open_container()
+        self.restarts += 1
+
+    # -- what is enforced ----------------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        """What the running container enforces, read from ``docker inspect`` (starts the session)."""
+        self.start()
+        if self._languages is None:
+            probe = self.execute(ExecRequest(language=Language.COMMAND, code=_PROBE_LANGUAGES, timeout=30))
+            found = [_PROGRAM_LANGUAGES[word] for word in probe.stdout.split() if word in _PROGRAM_LANGUAGES]
+            self._languages = (Language.COMMAND, *found)
+        return capabilities_from_inspect(self._inspect, self._languages)
+
+    # -- commands ------------------------------------------------------------------------------------
+    def execute(
+        self,
+        request: ExecRequest,
+        on_output: OutputCallback | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> ExecResult:
+        """Run ``request`` in the session's container (see the class docstring)."""
+        argv = argv_for(request)
+        limit = self._config.spec.limits.memory_mb
+        if request.memory_limit_mb is not None and request.memory_limit_mb < limit and not self.attached:
+            raise PolicyNotEnforceableError(
+                f"memory_limit_mb={request.memory_limit_mb} is below the session container's limit "
+                f"({limit} MiB), which is the only one enforced; create the backend with "
+                f"ResourceLimits(memory_mb={request.memory_limit_mb})"
+            )
+        self.start()
+        started = time.monotonic()
+        capture = OutputCapture(request.output_cap, on_output)
+        with self._lock:
+            if self._container_id is None:
+                self._open_container()
+            self._inflight += 1
+        try:
+            outcome, oom_killed = self._run(request, argv, capture, started, cancel)
+        finally:
+            with self._lock:
+                self._inflight -= 1
+        streams = capture.finish()
+        killed = outcome.timed_out or outcome.cancelled or oom_killed
+        return ExecResult(
+            stdout=streams["stdout"].text,
+            stderr=streams["stderr"].text,
+            exit_code=None if killed else outcome.exit_code,
+            timed_out=outcome.timed_out,
+            oom_killed=oom_killed,
+            cancelled=outcome.cancelled,
+            stdout_truncated=streams["stdout"].truncated,
+            stderr_truncated=streams["stderr"].truncated,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
+
+    def _run(
+        self,
+        request: ExecRequest,
+        argv: tuple[str, ...],
+        capture: OutputCapture,
+        started: float,
+        cancel: threading.Event | None,
+    ) -> tuple[CommandOutcome, bool]:
+        env = build_child_env(self._base_env, self._config.policy_env, request.env)
+        command = PreparedCommand(
+            argv=argv,
+            env=env,
+            user=self._user,
+            workdir=self._workdir,
+            stdin=request.stdin.encode() if request.stdin is not None else None,
+            marker=uuid.uuid4().hex,
+        )
+        for attempt in (1, 2):
+            transport, oom_counter = self._transport, self._oom_counter
+            if transport is None:
+                with self._lock:
+                    self._replace_container("it was gone")
+                continue
+            ooms_before = oom_counter.read() if oom_counter else None
+            with self._lock:
+                kill_everything = self._inflight == 1 and not self._user.startswith("0:")
+            try:
+                outcome = transport.run(
+                    command,
+                    capture,
+                    deadline=started + request.timeout,
+                    cancel=cancel,
+                    kill_everything=kill_everything,
+                )
+            except ContainerGoneError as exc:
+                # Nothing of the command ran, so starting it in a fresh container is not a re-run.
+                if attempt == 2:
+                    raise
+                with self._lock:
+                    self._replace_container(f"could not run commands any more ({exc})")
+                continue
+            ooms_after = oom_counter.read() if oom_counter else None
+            oom_killed = ooms_before is not None and ooms_after is not None and ooms_after > ooms_before
+            if outcome.kill_failed:
+                with self._lock:
+                    self._replace_container("the timed-out command's processes could not be killed inside it")
+            return outcome, oom_killed
+        raise SandboxFailedError("the sandbox container could not be started")  # pragma: no cover
+
+
+class _OomCounter:
+    """Reads the container cgroup's OOM-kill counter on the host (cgroup v1 or v2)."""
+
+    def __init__(self, path: str, v2: bool) -> None:
+        self._path = path
+        self._key = "oom_kill"
+        self._v2 = v2
+
+    @classmethod
+    def for_container(cls, inspect: Mapping[str, Any]) -> _OomCounter | None:
+        pid = inspect.get("State", {}).get("Pid")
+        try:
+            with open(f"/proc/{pid}/cgroup") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                counter = cls(f"/sys/fs/cgroup/memory{path}/memory.oom_control", v2=False)
+                return counter if counter.read() is not None else None
+        for line in lines:
+            if line.startswith("0::"):
+                counter = cls(f"/sys/fs/cgroup{line[3:]}/memory.events", v2=True)
+                return counter if counter.read() is not None else None
+        return None
+
+    def read(self) -> int | None:
+        try:
+            with open(self._path) as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == self._key:
+                        return int(value)
+        except (OSError, ValueError):
+            return None
+        return None
+
+
+def _image_env(inspect: Mapping[str, Any]) -> dict[str, str]:
+    """The container's own defaults (from its image): the base of every command's cleared environment."""
+    env = {"PATH": DEFAULT_PATH}
+    for entry in inspect.get("Config", {}).get("Env") or []:
+        name, _, value = entry.partition("=")
+        env[name] = value
+    env["HOME"] = HOME_DIR
+    return env
+
+
+def _is_mounted(inspect: Mapping[str, Any], path: str) -> bool:
+    for mount in inspect.get("Mounts") or []:
+        target = mount.get("Destination", "")
+        if mount.get("Source") == target and (path == target or path.startswith(target.rstrip("/") + "/")):
+            return True
+    return False
+
+
+def _runtime_hint(runtime: str) -> str:
+    if runtime == GVISOR_RUNTIME:
+        return (
+            "install gVisor (`apt install runsc`) and register it in /etc/docker/daemon.json as "
+            '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}}, '
+            "then reload dockerd (scripts/setup does this)"
+        )
+    return f"register the runtime {runtime!r} with the Docker daemon"
