@@ -12,10 +12,14 @@ import os
 import random
 import signal
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import docker
 import pytest
 
-from executor import BubblewrapEnforcer, EnforcerUnavailableError, get_enforcer
+from executor import BackendUnavailableError, BubblewrapEnforcer, EnforcerUnavailableError, get_enforcer
+from executor.backends.docker import BASE_IMAGE, DockerBackend
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -78,3 +82,30 @@ def kill_all(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def docker_backend() -> Iterator[DockerBackend]:
+    """A DockerBackend on the real local engine with the base image (fails in CI when missing)."""
+    try:
+        backend = DockerBackend()
+    except BackendUnavailableError as exc:
+        require(False, f"the Docker engine is not usable here: {exc}")
+        raise  # unreachable
+    images = {tag for image in backend._client.images.list() for tag in image.tags}
+    require(BASE_IMAGE in images, f"{BASE_IMAGE} is missing: run `adk-sandbox images build`")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def owned_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A workspace directory owned by uid:gid 1000:1000, as a developer's checkout would be."""
+    root = tmp_path_factory.mktemp("ws")
+    os.chown(root, 1000, 1000)
+    return root
+
+
+def project_containers(client: docker.DockerClient) -> list[str]:
+    """Ids of every container (running or not) carrying this project's label."""
+    return [c.id for c in client.containers.list(all=True, filters={"label": "io.adk-sandbox.project"})]
