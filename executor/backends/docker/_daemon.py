@@ -94,9 +94,9 @@ def daemon_errors() -> Iterator[None]:
     """Re-raise docker-py and requests exceptions as :mod:`executor.errors` exceptions."""
     try:
         yield
-    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
-        if isinstance(exc, OSError) and not isinstance(exc, ConnectionError | FileNotFoundError):
-            raise
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise map_docker_error(exc) from exc
+    except (ConnectionError, FileNotFoundError) as exc:  # the socket itself: refused or missing
         raise map_docker_error(exc) from exc
 
 

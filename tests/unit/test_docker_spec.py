@@ -1,0 +1,229 @@
+"""Pure parts of the Docker backend: the create arguments, the reading of inspect, leaks, the demux."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+import time
+from typing import Any
+
+import docker.errors
+import pytest
+import requests
+
+from executor._output import OutputCapture
+from executor.backends.docker import _daemon
+from executor.backends.docker._reaper import (
+    EXPIRES,
+    OWNER_BOOT,
+    OWNER_PID,
+    OWNER_START,
+    leak_reason,
+    owner_labels,
+)
+from executor.backends.docker._spec import (
+    ContainerSpec,
+    capabilities_from_inspect,
+    hardening_violations,
+    host_config_arguments,
+)
+from executor.backends.docker._transport import FrameDemultiplexer
+from executor.errors import BackendUnavailableError, ExecutorError, SandboxFailedError
+from executor.types import IsolationClass, Language, ResourceLimits
+
+MIB = 1024 * 1024
+LIMITS = ResourceLimits(memory_mb=256, cpus=1.5, pids=100, tmpfs_mb=64, file_size_mb=10, nofile=1024)
+
+
+def test_host_config_is_hardened_by_default() -> None:
+    arguments = host_config_arguments(ContainerSpec(image="img", limits=LIMITS, workspace="/w"))
+    assert arguments["network_mode"] == "none"
+    assert arguments["cap_drop"] == ["ALL"]
+    assert arguments["security_opt"] == ["no-new-privileges"]
+    assert arguments["read_only"] is True and arguments["init"] is True
+    assert arguments["mem_limit"] == arguments["memswap_limit"] == 256 * MIB
+    assert arguments["nano_cpus"] == 1_500_000_000
+    assert arguments["pids_limit"] == 100
+    assert arguments["tmpfs"] == {
+        "/tmp": "rw,exec,nosuid,nodev,size=64m,mode=1777",
+        "/home/sandbox": "rw,exec,nosuid,nodev,size=64m,mode=1777",
+    }
+    assert {(u["Name"], u["Soft"], u["Hard"]) for u in arguments["ulimits"]} == {
+        ("nofile", 1024, 1024),
+        ("core", 0, 0),
+        ("fsize", 10 * MIB, 10 * MIB),
+    }
+    assert arguments["log_config"]["Type"] == "none"
+    assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in arguments["mounts"]] == [("/w", "/w", False)]
+
+
+def test_git_protection_mounts_go_read_only_over_the_workspace() -> None:
+    spec = ContainerSpec(image="i", limits=LIMITS, workspace="/w", read_only_mounts=("/w/.git/hooks",))
+    mounts = [(m["Target"], m["ReadOnly"]) for m in host_config_arguments(spec)["mounts"]]
+    assert mounts == [("/w", False), ("/w/.git/hooks", True)]
+
+
+def test_network_is_only_on_when_asked() -> None:
+    assert (
+        host_config_arguments(ContainerSpec(image="i", limits=LIMITS, network=True))["network_mode"]
+        == "bridge"
+    )
+
+
+def hardened_inspect(**host: Any) -> dict[str, Any]:
+    config = {
+        "NetworkMode": "none",
+        "CapDrop": ["ALL"],
+        "SecurityOpt": ["no-new-privileges"],
+        "ReadonlyRootfs": True,
+        "Memory": 256 * MIB,
+        "MemorySwap": 256 * MIB,
+        "PidsLimit": 100,
+        "NanoCpus": 1_500_000_000,
+        "Runtime": "runc",
+    }
+    config.update(host)
+    return {"State": {"Running": True}, "HostConfig": config, "Mounts": []}
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({}, None),
+        ({"NetworkMode": "bridge"}, "network is 'bridge'"),
+        ({"CapDrop": None}, "capabilities are not all dropped"),
+        ({"CapAdd": ["NET_ADMIN"]}, "capabilities are added"),
+        ({"Privileged": True}, "privileged"),
+        ({"SecurityOpt": []}, "no-new-privileges is not set"),
+        ({"SecurityOpt": ["no-new-privileges:true"]}, None),
+        ({"SecurityOpt": ["no-new-privileges", "seccomp=unconfined"]}, "seccomp profile is disabled"),
+        ({"SecurityOpt": ["no-new-privileges", "seccomp:unconfined"]}, "seccomp profile is disabled"),
+        ({"ReadonlyRootfs": False}, "root filesystem is writable"),
+        ({"PidMode": "host"}, "PidMode shares the host"),
+        ({"IpcMode": "host"}, "IpcMode shares the host"),
+        ({"Devices": [{"PathOnHost": "/dev/kvm"}]}, "host devices"),
+        ({"Memory": 0}, "memory limit is 0"),
+        ({"MemorySwap": -1}, "memory+swap is -1"),
+        ({"PidsLimit": None}, "pids limit is None"),
+        ({"NanoCpus": 0}, "cpu limit is 0"),
+    ],
+)
+def test_hardening_violations_table(change: dict[str, Any], problem: str | None) -> None:
+    found = hardening_violations(hardened_inspect(**change), limits=LIMITS)
+    if problem is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and problem in found[0], found
+
+
+def test_a_stopped_container_an_unexpected_mount_or_runtime_are_violations() -> None:
+    inspect = hardened_inspect()
+    inspect["State"]["Running"] = False
+    inspect["Mounts"] = [{"Type": "bind", "Source": "/etc", "Destination": "/etc"}]
+    found = hardening_violations(inspect, limits=LIMITS, runtime="runsc", mounts=["/w"])
+    assert found == [
+        "the container is not running",
+        "runtime is 'runc', not 'runsc'",
+        "unexpected host mount /etc -> /etc",
+    ]
+
+
+def test_attach_mode_wants_some_limits_not_exact_ones() -> None:
+    assert hardening_violations(hardened_inspect(Memory=1, PidsLimit=5), limits=None) == []
+    assert hardening_violations(hardened_inspect(Memory=0, PidsLimit=0), limits=None) == [
+        "no memory limit",
+        "no pids limit",
+    ]
+
+
+def test_capabilities_come_from_the_inspected_container() -> None:
+    languages = (Language.COMMAND,)
+    runc = capabilities_from_inspect(hardened_inspect(), languages)
+    assert runc.isolation is IsolationClass.CONTAINER
+    assert runc.network and runc.memory and runc.cpu and runc.pids and runc.fs_write and runc.env
+    gvisor = capabilities_from_inspect(hardened_inspect(Runtime="runsc"), languages)
+    assert gvisor.isolation is IsolationClass.GVISOR
+    open_net = capabilities_from_inspect(hardened_inspect(NetworkMode="bridge", Memory=0), languages)
+    assert not open_net.network and not open_net.memory
+
+
+def test_leak_reasons() -> None:
+    mine = owner_labels("s1", 3600)
+    assert leak_reason(mine, time.time()) is None  # this very process owns it
+    assert leak_reason(mine, time.time() + 7200) == "its expiry time has passed"
+    dead = {**mine, OWNER_PID: "999999999", OWNER_START: "1"}
+    assert leak_reason(dead, time.time()) == "its owner process 999999999 is gone"
+    reused_pid = {**mine, OWNER_PID: "1", OWNER_START: "not-init's-start-time"}
+    assert leak_reason(reused_pid, time.time()) == "its owner process 1 is gone"
+    other_machine = {**dead, OWNER_BOOT: "another-boot"}
+    assert leak_reason(other_machine, time.time()) is None
+    assert leak_reason({EXPIRES: "1"}, time.time()) == "its expiry time has passed"
+    assert leak_reason({}, time.time()) is None  # e.g. a compose service: never ours to remove
+    assert mine[OWNER_PID] == str(os.getpid())
+
+
+def frames(*parts: tuple[int, bytes]) -> bytes:
+    return b"".join(struct.pack(">BxxxL", kind, len(data)) + data for kind, data in parts)
+
+
+def test_demultiplexer_survives_every_split_point() -> None:
+    stream = frames((1, b"hello "), (2, b"oops\n"), (1, b"world\n"), (1, b""), (2, "é\n".encode()))
+    for cut_a, cut_b in itertools.combinations(range(len(stream) + 1), 2):
+        capture = OutputCapture(1024)
+        demux = FrameDemultiplexer(capture)
+        for piece in (stream[:cut_a], stream[cut_a:cut_b], stream[cut_b:]):
+            demux.feed(piece)
+        result = capture.finish()
+        assert (result["stdout"].text, result["stderr"].text) == ("hello world\n", "oops\né\n")
+
+
+def every_docker_exception() -> list[BaseException]:
+    response = requests.Response()
+    response.status_code = 500
+    return [
+        docker.errors.ImageNotFound("no image"),
+        docker.errors.NotFound("no container"),
+        docker.errors.APIError("boom", response=response),
+        docker.errors.DockerException("Error while fetching server API version: Connection refused"),
+        docker.errors.DockerException("something else"),
+        docker.errors.InvalidArgument("bad"),
+        requests.exceptions.ConnectionError("refused"),
+        requests.exceptions.ReadTimeout("slow"),
+        requests.exceptions.ChunkedEncodingError("cut"),
+        ConnectionRefusedError("refused"),
+        FileNotFoundError("no socket"),
+    ]
+
+
+@pytest.mark.parametrize("error", every_docker_exception(), ids=lambda e: type(e).__name__)
+def test_every_daemon_error_maps_into_the_tree(error: BaseException) -> None:
+    with pytest.raises(ExecutorError) as mapped, _daemon.daemon_errors():
+        raise error
+    assert mapped.value.__cause__ is error
+
+
+def test_unreachable_daemon_errors_say_how_to_start_it() -> None:
+    for error in (requests.exceptions.ConnectionError("refused"), FileNotFoundError("no socket")):
+        mapped = _daemon.map_docker_error(error)
+        assert isinstance(mapped, BackendUnavailableError) and "dockerd" in str(mapped)
+    assert isinstance(_daemon.map_docker_error(docker.errors.NotFound("x")), SandboxFailedError)
+    assert "images build" in str(_daemon.map_docker_error(docker.errors.ImageNotFound("x")))
+
+
+def test_every_docker_exception_class_is_covered_by_a_mapping_test() -> None:
+    """Fails when docker-py grows an exception class this module has not been checked against."""
+    tested = {type(e) for e in every_docker_exception()}
+    known_irrelevant = {  # raised only by APIs the backend does not use (contexts, TLS, builds, loads)
+        "ContextAlreadyExists", "ContextException", "ContextNotFound", "MissingContextParameter",
+        "TLSParameterError", "BuildError", "ImageLoadError", "ContainerError", "InvalidVersion",
+        "InvalidRepository", "InvalidConfigFile", "DeprecatedMethod", "NullResource", "StreamParseError",
+    }  # fmt: skip
+    for name in dir(docker.errors):
+        candidate = getattr(docker.errors, name)
+        if (
+            isinstance(candidate, type)
+            and issubclass(candidate, Exception)
+            and candidate.__module__ == "docker.errors"
+        ):
+            assert candidate in tested or name in known_irrelevant, f"docker.errors.{name} is not covered"
