@@ -81,7 +81,11 @@ _OUTDATED: State = "outdated"
 
 
 class ImageBuildError(ExecutorError):
-    """An image could not be built; the message has the failing step's output."""
+    """An image could not be built. The message is one line; ``output`` has the last lines of the build."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 @dataclass(frozen=True)
@@ -223,7 +227,7 @@ def _pull(client: docker.DockerClient, name: str, progress: Progress) -> bool:
     """Try to pull ``name`` from a registry within bounded time; False when no registry answers."""
     repository, tag = docker.utils.parse_repository_tag(name)
     api = docker.from_env(timeout=int(PULL_TIMEOUT_SECONDS)).api
-    progress(f"registry: trying `docker pull {name}`")
+    progress(f"==> registry: trying `docker pull {name}`")
     try:
         for event in api.pull(repository, tag=tag or "latest", stream=True, decode=True):
             if "error" in event:
@@ -242,7 +246,7 @@ def _pull(client: docker.DockerClient, name: str, progress: Progress) -> bool:
 
 def _bootstrap(root: Path, progress: Progress) -> None:
     script = root / "bootstrap" / "bootstrap.sh"
-    progress(f"bootstrap: no registry; making {BOOTSTRAP_IMAGE} with {script}")
+    progress(f"==> bootstrap: no registry; making {BOOTSTRAP_IMAGE} with {script}")
     with subprocess.Popen(
         ["bash", str(script), BOOTSTRAP_IMAGE],
         stdin=subprocess.DEVNULL,
@@ -260,7 +264,8 @@ def _bootstrap(root: Path, progress: Progress) -> None:
     if code != 0:
         raise ImageBuildError(
             f"bootstrapping {BOOTSTRAP_IMAGE} failed (exit {code}): {tail[-1] if tail else 'no output'}; "
-            f"pass --base-image IMAGE to build on an image you have"
+            f"pass --base-image IMAGE to build on an image you have",
+            output="\n".join(tail),
         )
 
 
@@ -308,9 +313,8 @@ def _build(
         )
         for event in stream:
             if "error" in event:
-                detail = str(event["error"]).strip()
-                shown = "\n".join(tail[-15:])
-                raise ImageBuildError(f"building {spec.tag} failed: {detail}\n{shown}".rstrip())
+                detail = " ".join(str(event["error"]).split())
+                raise ImageBuildError(f"building {spec.tag} failed: {detail}", output="\n".join(tail[-20:]))
             if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
                 image_id = str(event["aux"]["ID"])
             text = str(event.get("stream") or event.get("status") or "")
@@ -337,7 +341,8 @@ def build_images(
     """Build the images that are missing or outdated (all of them with ``force``), in order.
 
     ``base_image`` is the Debian image ``images/base`` is built on (default: see the module docstring).
-    ``progress`` gets every output line, prefixed by the image name (``base: Step 2/5 : RUN ...``).
+    ``progress`` gets every output line, prefixed by the image name (``base: Step 2/5 : RUN ...``);
+    milestones (building, built, up to date, bootstrapping) start with ``==> ``.
     ``root`` and ``tag_prefix`` (e.g. ``adk-sandbox-test`` instead of ``adk-sandbox``) exist for tests.
     Raises :class:`ImageBuildError` (with the failing output) or ``BackendUnavailableError`` (no daemon).
     """
@@ -359,10 +364,10 @@ def build_images(
             attrs = _image_attrs(client, spec.tag)
             if not force and attrs is not None and _labels(attrs).get(CONTEXT_HASH_LABEL) == wanted:
                 image_id, action = str(attrs["Id"]), _UP_TO_DATE
-                progress(f"{spec.name}: {spec.tag} is up to date")
+                progress(f"==> {spec.name}: {spec.tag} is up to date")
             else:
                 why = "forced" if force and attrs else ("missing" if attrs is None else "outdated")
-                progress(f"{spec.name}: building {spec.tag} on {parent} ({why})")
+                progress(f"==> {spec.name}: building {spec.tag} on {parent} ({why})")
                 labels = {CONTEXT_HASH_LABEL: wanted, BASE_IMAGE_LABEL: parent, VERSION_LABEL: _version()}
                 image_id, action = _build(client, spec, build_args, labels, progress, nocache=force), _BUILT
             version_attrs = _image_attrs(client, spec.version_tag)
@@ -372,7 +377,7 @@ def build_images(
             seconds = time.monotonic() - started
             results.append(ImageResult(spec.name, spec.tag, action, image_id, seconds, parent))
             if action == "built":
-                progress(f"{spec.name}: built {spec.tag} ({image_id[7:19]}) in {seconds:.1f} s")
+                progress(f"==> {spec.name}: built {spec.tag} ({image_id[7:19]}) in {seconds:.1f} s")
             parent = spec.tag
         return results
     finally:
