@@ -103,7 +103,10 @@ class _LiveDisplay:
         prefix, _, rest = text.partition(": ")
         if step:
             self._finish()
-            self.current, self.label = step.group(1) + step.group(2), f"  {step.group(1)} {step.group(2)}"
+            instruction = " ".join(step.group(2).split())
+            if len(instruction) > 48:
+                instruction = instruction[:47] + "\u2026"
+            self.current, self.label = step.group(1) + step.group(2), f"  {step.group(1)} {instruction}"
             self._show(self.label)
         else:
             if not self.current.startswith(prefix):
