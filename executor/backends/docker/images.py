@@ -41,11 +41,13 @@ from executor.errors import BackendUnavailableError, ExecutorError
 
 __all__ = [
     "BASE_IMAGE",
+    "BASE_IMAGE_LABEL",
     "BOOTSTRAP_IMAGE",
     "CONTEXT_HASH_LABEL",
     "REGISTRY_BASE_IMAGE",
     "RUST_DEPS_DIR",
     "RUST_IMAGE",
+    "VERSION_LABEL",
     "ImageBuildError",
     "ImageResult",
     "ImageSpec",
@@ -330,6 +332,18 @@ def _build(
     return image_id or str(attrs["Id"])
 
 
+def _remove_replaced(client: docker.DockerClient, name: str, image_id: str, progress: Progress) -> None:
+    """Remove the image a rebuild replaced when nothing uses it any more (the rust image is ~1 GB)."""
+    attrs = _image_attrs(client, image_id)
+    if attrs is None or attrs.get("RepoTags") or not _labels(attrs).get(CONTEXT_HASH_LABEL):
+        return  # gone, still tagged elsewhere, or not one of ours
+    try:
+        client.api.remove_image(image_id, noprune=False)
+    except docker.errors.APIError:
+        return  # a container (or a child image) still uses it; `docker image prune` can take it later
+    progress(f"==> {name}: removed the image it replaced ({image_id[7:19]})")
+
+
 def build_images(
     *,
     base_image: str | None = None,
@@ -374,6 +388,8 @@ def build_images(
             if version_attrs is None or version_attrs["Id"] != image_id:
                 repository, _, tag = spec.version_tag.rpartition(":")
                 client.api.tag(image_id, repository, tag)
+            if attrs is not None and attrs["Id"] != image_id:
+                _remove_replaced(client, spec.name, str(attrs["Id"]), progress)
             seconds = time.monotonic() - started
             results.append(ImageResult(spec.name, spec.tag, action, image_id, seconds, parent))
             if action == "built":
