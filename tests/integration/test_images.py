@@ -6,6 +6,8 @@ no capabilities).
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -218,4 +220,32 @@ def test_build_images_rebuilds_exactly_what_changed(client: Any, tmp_path: Path)
             for tag in ("latest", __version__):
                 with contextlib.suppress(docker.errors.APIError):
                     client.images.remove(f"{prefix}/{name}:{tag}")
+    assert not client.images.list(name=f"{prefix}/*")
+
+
+@pytest.mark.slow
+def test_without_a_registry_the_debian_base_is_bootstrapped(client: Any, tmp_path: Path) -> None:
+    """The air-gapped path end to end: no base image given, none present -> debootstrap + docker import."""
+    require(os.geteuid() == 0, "bootstrapping with debootstrap needs root")
+    prefix = f"adk-sandbox-test-{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "images"
+    write_context(root, "RUN test -f /etc/debian_version && grep -q trixie /etc/os-release", "LABEL ok=1")
+    (root / "bootstrap").mkdir()
+    shutil.copy(images.images_dir() / "bootstrap" / "bootstrap.sh", root / "bootstrap" / "bootstrap.sh")
+    log: list[str] = []
+    try:
+        results = images.build_images(root=root, tag_prefix=prefix, progress=log.append)
+        assert [(r.name, r.action) for r in results] == [("base", "built"), ("rust", "built")]
+        if results[0].built_on != images.REGISTRY_BASE_IMAGE:  # a machine with a registry pulls instead
+            assert results[0].built_on == f"{prefix}/debian:trixie"
+            assert any(line.startswith("bootstrap: ") for line in log)
+            again = images.build_images(root=root, tag_prefix=prefix)
+            assert [r.action for r in again] == ["up to date", "up to date"]
+    finally:
+        for ref in (
+            *(f"{prefix}/{n}:{t}" for n in ("rust", "base") for t in ("latest", __version__)),
+            f"{prefix}/debian:trixie",
+        ):
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(ref)
     assert not client.images.list(name=f"{prefix}/*")

@@ -246,11 +246,11 @@ def _pull(client: docker.DockerClient, name: str, progress: Progress) -> bool:
     return _image_attrs(client, name) is not None
 
 
-def _bootstrap(root: Path, progress: Progress) -> None:
+def _bootstrap(root: Path, tag: str, progress: Progress) -> None:
     script = root / "bootstrap" / "bootstrap.sh"
-    progress(f"==> bootstrap: no registry; making {BOOTSTRAP_IMAGE} with {script}")
+    progress(f"==> bootstrap: no registry; making {tag} with {script}")
     with subprocess.Popen(
-        ["bash", str(script), BOOTSTRAP_IMAGE],
+        ["bash", str(script), tag],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -265,27 +265,27 @@ def _bootstrap(root: Path, progress: Progress) -> None:
         code = proc.wait()
     if code != 0:
         raise ImageBuildError(
-            f"bootstrapping {BOOTSTRAP_IMAGE} failed (exit {code}): {tail[-1] if tail else 'no output'}; "
+            f"bootstrapping {tag} failed (exit {code}): {tail[-1] if tail else 'no output'}; "
             f"pass --base-image IMAGE to build on an image you have",
             output="\n".join(tail),
         )
 
 
 def _resolve_debian_base(
-    client: docker.DockerClient, base_image: str | None, root: Path, progress: Progress
+    client: docker.DockerClient, base_image: str | None, root: Path, bootstrap_image: str, progress: Progress
 ) -> str:
     """The image ``images/base`` is built on (see the module docstring for the order)."""
     if base_image:
         if _image_attrs(client, base_image) is None and not _pull(client, base_image, progress):
             raise ImageBuildError(f"base image {base_image!r} is not present and cannot be pulled")
         return base_image
-    for candidate in (BOOTSTRAP_IMAGE, REGISTRY_BASE_IMAGE):
+    for candidate in (bootstrap_image, REGISTRY_BASE_IMAGE):
         if _image_attrs(client, candidate) is not None:
             return candidate
     if _pull(client, REGISTRY_BASE_IMAGE, progress):
         return REGISTRY_BASE_IMAGE
-    _bootstrap(root, progress)
-    return BOOTSTRAP_IMAGE
+    _bootstrap(root, bootstrap_image, progress)
+    return bootstrap_image
 
 
 def _build(
@@ -357,7 +357,8 @@ def build_images(
     ``base_image`` is the Debian image ``images/base`` is built on (default: see the module docstring).
     ``progress`` gets every output line, prefixed by the image name (``base: Step 2/5 : RUN ...``);
     milestones (building, built, up to date, bootstrapping) start with ``==> ``.
-    ``root`` and ``tag_prefix`` (e.g. ``adk-sandbox-test`` instead of ``adk-sandbox``) exist for tests.
+    ``root`` and ``tag_prefix`` (e.g. ``adk-sandbox-test`` instead of ``adk-sandbox``, also for the
+    bootstrap image) exist for tests.
     Raises :class:`ImageBuildError` (with the failing output) or ``BackendUnavailableError`` (no daemon).
     """
     root = root or images_dir()
@@ -367,7 +368,8 @@ def build_images(
         if tag_prefix:
             specs = [ImageSpec(s.name, f"{tag_prefix}/{s.name}", s.context) for s in specs]
         results: list[ImageResult] = []
-        parent = _resolve_debian_base(client, base_image, root, progress)
+        bootstrap_image = f"{tag_prefix}/debian:trixie" if tag_prefix else BOOTSTRAP_IMAGE
+        parent = _resolve_debian_base(client, base_image, root, bootstrap_image, progress)
         for spec in specs:
             started = time.monotonic()
             parent_attrs = _image_attrs(client, parent)
