@@ -1,24 +1,34 @@
-"""The ``adk-sandbox`` command (also ``python -m executor``).
+"""The ``adk-sandbox`` command (also ``python -m executor``): run commands in hardened sandboxes.
 
-``doctor`` lists each backend available on this machine with its isolation class and what it enforces;
-``images build`` builds the sandbox images that are missing or outdated.
-(``run`` and ``cleanup`` arrive with the Docker backend.)
+``run`` runs a command in a per-session container with a workspace mounted, streaming its output and
+exiting with its exit code (124 on timeout); ``doctor`` lists each backend available on this machine with
+its isolation class and what it enforces; ``cleanup`` removes leaked sandbox containers; ``images build``
+builds the sandbox images that are missing or outdated.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
+import shlex
 import shutil
 import sys
-from collections.abc import Sequence
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TextIO
 
+from pydantic import ValidationError
+
 from executor.backends.bwrap import get_enforcer
+from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.process import ProcessBackend
-from executor.errors import BackendUnavailableError, ExecutorError
+from executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError, SandboxFailedError
 from executor.policy import SandboxPolicy
-from executor.types import Capabilities
+from executor.types import Capabilities, ExecRequest, ExecResult, Language, ResourceLimits, Stream
 
 __all__ = ["main"]
 
@@ -37,7 +47,7 @@ def _describe(name: str, caps: Capabilities) -> str:
 
 
 def doctor() -> int:
-    """Print every backend usable here; exit 0 when at least the host backend works."""
+    """Print every backend with its isolation and what it enforces; exit 0 when the Docker backend works."""
     print(f"{'backend':<16} {'isolation':<16} details")
     print(_describe("process", ProcessBackend().capabilities()))
     try:
@@ -48,36 +58,150 @@ def doctor() -> int:
         # The policy doctor reports is the strictest one bubblewrap can enforce.
         policy = SandboxPolicy(allow_process_spawn=True)
         print(_describe("process+bwrap", ProcessBackend.with_sandbox(enforcer, policy).capabilities()))
-    _doctor_docker()
-    return 0
+    docker_works = _doctor_docker()
+    _doctor_wasm()
+    return 0 if docker_works else 1
 
 
-def _doctor_docker() -> None:
-    """The Docker engine and the sandbox images (present and current, outdated, or missing)."""
-    import docker  # noqa: PLC0415 - only doctor needs docker-py here
+def _doctor_docker() -> bool:
+    """The engine, each runtime's real container (runc, runsc) and the images; True when runc works."""
+    from executor.backends.docker import DockerBackend, images  # noqa: PLC0415 - docker-py loads lazily
 
-    from executor.backends.docker import images  # noqa: PLC0415
-
-    try:
-        client = docker.from_env(timeout=10)
-        version = client.version()
-        runtimes = sorted(client.info().get("Runtimes") or {})
-        client.close()
-    except Exception as exc:  # any failure means "no usable engine", shown as such
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        print(f"{'docker engine':<16} {'unavailable':<16} {first} (scripts/setup starts one as root)")
-        return
-    print(
-        f"{'docker engine':<16} {'available':<16} {version.get('Version', '?')} "
-        f"(API {version.get('ApiVersion', '?')}), runtimes: {', '.join(runtimes) or 'none'}"
-    )
+    works = False
+    for name, runtime in (("docker/runc", None), ("docker/runsc", "runsc")):
+        try:
+            with DockerBackend(runtime=runtime) as backend:
+                print(_describe(name, backend.capabilities()))
+            works = works or runtime is None
+        except ExecutorError as exc:
+            print(f"{name:<16} {'unavailable':<16} {_first_line(exc)}")
     try:
         statuses = images.check_images()
     except ExecutorError as exc:
-        print(f"{'images':<16} {'unknown':<16} {exc}")
-        return
+        print(f"{'images':<16} {'unknown':<16} {_first_line(exc)}")
+        return False
     for status in statuses:
         print(f"{'image ' + status.name:<16} {status.state:<16} {status.tag} ({status.detail})")
+    return works
+
+
+def _doctor_wasm() -> None:
+    try:
+        from executor.backends.wasm import WasmBackend  # noqa: PLC0415 - optional extra "wasm"
+    except ImportError as exc:
+        print(f"{'wasm':<16} {'unavailable':<16} {exc} (pip install 'adk-sandbox[wasm]')")
+        return
+    try:
+        with WasmBackend() as backend:
+            print(_describe("wasm", backend.capabilities()))
+    except ExecutorError as exc:
+        print(f"{'wasm':<16} {'unavailable':<16} {_first_line(exc)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
+#: Exit status of ``run`` when the command timed out (as GNU timeout), was interrupted, or hit the OOM.
+EXIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130
+EXIT_OOM = 137
+EXAMPLE_WORKSPACE = Path(__file__).parent / "example_workspace"
+EXAMPLE_COMMAND = ("sh", "demo.sh")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``adk-sandbox run``: one command in a per-session container, output streamed live."""
+    from executor.backends.docker import DockerBackend  # noqa: PLC0415 - docker-py loads lazily
+
+    command = list(args.cmd)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    with contextlib.ExitStack() as stack:
+        workspace = args.workspace
+        if workspace is None and args.container is None:
+            workspace = stack.enter_context(_example_workspace())
+            command = command or list(EXAMPLE_COMMAND)
+        if not command:
+            raise InvalidRequestError("no command given: adk-sandbox run [options] -- CMD [ARGS...]")
+        limits_given = {"memory_mb": args.memory, "cpus": args.cpus}
+        limits = ResourceLimits(**{k: v for k, v in limits_given.items() if v is not None})
+        backend = stack.enter_context(
+            DockerBackend(image=args.image, limits=limits, runtime=args.runtime, container=args.container)
+        )
+        session = stack.enter_context(backend.session(workspace=workspace))
+        request = ExecRequest(
+            language=Language.COMMAND,
+            code=shlex.join(command) if len(command) > 1 else command[0],
+            timeout=args.timeout,
+            max_output_bytes=args.max_output_bytes,
+        )
+        cancel = threading.Event()
+        outcome: list[ExecResult] = []
+        worker = threading.Thread(
+            target=lambda: outcome.append(session.execute(request, _stream_to_terminal, cancel=cancel)),
+            daemon=True,
+        )
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(0.2)
+        except KeyboardInterrupt:
+            cancel.set()  # kills the command's whole tree in the container
+            worker.join()
+        if not outcome:
+            raise SandboxFailedError("the command did not produce a result")
+        result = outcome[0]
+        return _report(result)
+    return 1  # pragma: no cover - unreachable
+
+
+def _stream_to_terminal(stream: Stream, chunk: str) -> None:
+    out = sys.stdout if stream == "stdout" else sys.stderr
+    out.write(chunk)
+    out.flush()
+
+
+def _report(result: ExecResult) -> int:
+    for name, truncated in (("stdout", result.stdout_truncated), ("stderr", result.stderr_truncated)):
+        if truncated:
+            print(f"adk-sandbox: {name} truncated (raise --max-output-bytes)", file=sys.stderr)
+    if result.timed_out:
+        print(f"adk-sandbox: timed out after {result.duration_ms / 1000:.1f} s; killed", file=sys.stderr)
+        return EXIT_TIMEOUT
+    if result.cancelled:
+        print("adk-sandbox: interrupted; killed", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if result.oom_killed:
+        print("adk-sandbox: killed: out of memory (raise --memory)", file=sys.stderr)
+        return EXIT_OOM
+    return result.exit_code if result.exit_code is not None else 1
+
+
+@contextlib.contextmanager
+def _example_workspace() -> Iterator[str]:
+    """A fresh copy of the bundled example workspace (the container writes into it), removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="adk-sandbox-example-") as scratch:
+        root = os.path.join(scratch, "workspace")
+        shutil.copytree(EXAMPLE_WORKSPACE, root, ignore=shutil.ignore_patterns("__pycache__"))
+        print(f"adk-sandbox: example workspace {root}", file=sys.stderr)
+        yield root
+
+
+def cleanup() -> int:
+    """``adk-sandbox cleanup``: remove this project's leaked containers (selected by label)."""
+    from executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
+    from executor.backends.docker._reaper import reap_leaked  # noqa: PLC0415
+
+    client = connect()
+    try:
+        removed = reap_leaked(client)
+    finally:
+        client.close()
+    for container in removed:
+        print(f"removed {container.name} ({container.id[:12]}): {container.reason}")
+    print(f"{len(removed)} leaked container(s) removed")
+    return 0
 
 
 class _LiveDisplay:
@@ -167,7 +291,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="adk-sandbox", description=__doc__.splitlines()[0] if __doc__ else None
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser(
+        "run",
+        help="run a command in a per-session hardened container",
+        description="Run CMD in a per-session container (network off, capabilities dropped, read-only root, "
+        "limits) with DIR mounted read-write at the same path and as its cwd, as DIR's owner. Output is "
+        "streamed live; the exit status is the command's (124 on timeout, 137 on OOM, 130 on Ctrl-C). "
+        "Without --workspace and --container, a bundled example workspace is used (and, without CMD, "
+        "its demo).",
+    )
+    run_parser.add_argument("--workspace", metavar="DIR", help="directory to mount (default: the example)")
+    run_parser.add_argument("--image", default=BASE_IMAGE, metavar="IMG", help="sandbox image")
+    run_parser.add_argument("--runtime", metavar="RUNTIME", help="container runtime, e.g. runsc (gVisor)")
+    run_parser.add_argument("--memory", type=int, metavar="MB", help="memory limit (= memory+swap), MiB")
+    run_parser.add_argument("--cpus", type=float, metavar="N", help="CPU limit in cores")
+    run_parser.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds (default 600)")
+    run_parser.add_argument(
+        "--max-output-bytes", type=int, default=64 * 1024 * 1024, metavar="N", help="per stream cap"
+    )
+    run_parser.add_argument(
+        "--container", metavar="NAME", help="attach to this running container (e.g. the compose sandbox)"
+    )
+    run_parser.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its args"
+    )
     commands.add_parser("doctor", help="list the backends available here and what each enforces")
+    commands.add_parser(
+        "cleanup",
+        help="remove leaked sandbox containers",
+        description="Remove this project's containers (selected by label, never by name) whose owner "
+        "process is gone or whose expiry passed, and print what was removed.",
+    )
     images_parser = commands.add_parser(
         "images", help="the sandbox images (adk-sandbox/base, adk-sandbox/rust)"
     )
@@ -183,10 +337,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("--base-image", metavar="IMG", help="the Debian image to build the base image on")
     build.add_argument("--force", action="store_true", help="rebuild every image, without the layer cache")
     args = parser.parse_args(argv)
-    if args.command == "doctor":
-        return doctor()
-    if args.command == "images":
-        return images_build(base_image=args.base_image, force=args.force)
+    try:
+        if args.command == "run":
+            return run(args)
+        if args.command == "doctor":
+            return doctor()
+        if args.command == "cleanup":
+            return cleanup()
+        if args.command == "images":
+            return images_build(base_image=args.base_image, force=args.force)
+    except (ExecutorError, ValidationError) as exc:
+        print(f"adk-sandbox: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2 if isinstance(exc, InvalidRequestError | ValidationError) else 1
     parser.error(f"unknown command {args.command!r}")
     return 2
 

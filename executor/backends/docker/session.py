@@ -231,8 +231,9 @@ class DockerSession(SandboxBackend):
             )
         self._inspect = inspect
         self._base_env = _image_env(inspect)
-        if self._config.user is None and spec.workspace:
-            status = os.stat(spec.workspace)
+        owner_path = spec.workspace or (_mount_source_of(inspect, self._workdir) if self.attached else None)
+        if self._config.user is None and owner_path:
+            status = os.stat(owner_path)
             self._user = f"{status.st_uid}:{status.st_gid}"
         self._transport = DockerExecTransport(self._client, container_id, daemon_socket_path())
         self._oom_counter = _OomCounter.for_container(inspect)
@@ -412,6 +413,18 @@ def _is_mounted(inspect: Mapping[str, Any], path: str) -> bool:
         if mount.get("Source") == target and (path == target or path.startswith(target.rstrip("/") + "/")):
             return True
     return False
+
+
+def _mount_source_of(inspect: Mapping[str, Any], path: str) -> str | None:
+    """The host directory bind-mounted at ``path`` in the container (its owner runs the commands)."""
+    for mount in inspect.get("Mounts") or []:
+        if (
+            mount.get("Type") == "bind"
+            and mount.get("Destination") == path
+            and os.path.isdir(mount["Source"])
+        ):
+            return str(mount["Source"])
+    return None
 
 
 def _runtime_hint(runtime: str) -> str:
