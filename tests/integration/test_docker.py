@@ -407,3 +407,18 @@ def test_an_unreachable_daemon_says_how_to_start_docker(
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")
     with pytest.raises(BackendUnavailableError, match="dockerd"):
         DockerBackend()
+
+
+def test_a_leaked_container_dies_by_itself_when_its_lifetime_ends(owned_workspace: Path) -> None:
+    backend = DockerBackend(lifetime_seconds=3)
+    session = backend.session(workspace=owned_workspace)
+    container_id = session.container_id  # never closed: as if the owner had crashed
+    client = backend._client
+    deadline = time.monotonic() + 30
+    while container_id in project_containers(client) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert container_id not in project_containers(client)
+    # The session notices and carries on in a fresh container (said in the log and in `restarts`).
+    assert run(session, "echo again").stdout == "again\n"
+    assert session.restarts == 1
+    session.close()

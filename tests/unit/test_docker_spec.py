@@ -227,3 +227,28 @@ def test_every_docker_exception_class_is_covered_by_a_mapping_test() -> None:
             and candidate.__module__ == "docker.errors"
         ):
             assert candidate in tested or name in known_irrelevant, f"docker.errors.{name} is not covered"
+
+
+def test_idempotent_calls_retry_transient_errors_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_daemon, "RETRY_BUDGET_SECONDS", 5.0)
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise requests.exceptions.ConnectionError("daemon restarting")
+        return "ok"
+
+    assert _daemon.idempotent(flaky) == "ok" and len(calls) == 3
+
+    response = requests.Response()
+    response.status_code = 404
+    missing: list[int] = []
+
+    def not_found() -> None:
+        missing.append(1)
+        raise docker.errors.NotFound("gone", response=response)
+
+    with pytest.raises(SandboxFailedError):
+        _daemon.idempotent(not_found)
+    assert len(missing) == 1  # a client error is an answer, not a hiccup: never retried
