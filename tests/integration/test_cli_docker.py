@@ -16,7 +16,7 @@ from executor import ExecRequest, IsolationClass, Language
 from executor.backends.docker import BASE_IMAGE, DockerBackend
 from tests.conftest import project_containers
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -30,7 +30,7 @@ from executor import (
 from executor.backends.docker import DockerBackend, DockerSession
 from tests.conftest import project_containers, require
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
 
 def run(session: DockerSession, code: str, timeout: float = 20, **kwargs: object):  # type: ignore[no-untyped-def]
