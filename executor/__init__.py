@@ -44,7 +44,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     # WasmBackend needs the optional wasmtime: imported on first use so `import executor` works without.
     if name == "WasmBackend":
-        from executor.backends.wasm import WasmBackend
+        from executor.backends.wasm import WasmBackend  # noqa: PLC0415 - lazy on purpose
 
         return WasmBackend
     raise AttributeError(f"module 'executor' has no attribute {name!r}")
