@@ -200,6 +200,11 @@ class RustExecutor:
                     )
 
     @property
+    def backend(self) -> SandboxBackend:
+        """The backend every step runs on."""
+        return self._backend
+
+    @property
     def config(self) -> RustExecutorConfig:
         """The configuration as given."""
         return self._config
