@@ -71,7 +71,9 @@ def host_rust(search_path: str | None = None) -> HostRust | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     fields = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
-    version = fields.get("commit-hash") or f"release-{fields.get('release', 'unknown')}"
+    commit = fields.get("commit-hash", "")
+    # Same rule as scripts/build-rust-deps: builds that do not know their commit are keyed by release.
+    version = commit if commit and commit != "unknown" else f"release-{fields.get('release', 'unknown')}"
     return HostRust(
         rustc=toolchain.program,
         args=args,

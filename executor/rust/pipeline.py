@@ -65,7 +65,7 @@ RustStatus = Literal[
 RustStage = Literal["check", "build", "run"]
 """The pipeline stage a timeout or memory exhaustion happened in."""
 
-_RESULT_PREFIX_NOTE = "adk-sandbox:"
+_PIPELINE_NOTE = "adk-sandbox:"
 # "thread 'main' panicked at main.rs:2:5:\nmessage"; newer rustc adds the thread id: "'main' (1168)".
 _PANIC = re.compile(r"thread '[^']*'(?: \(\d+\))? panicked at ([^\n]*?):\n(.*?)(?:\nnote: |\Z)", re.DOTALL)
 _ALLOCATION_FAILED = re.compile(r"memory allocation of \d+ bytes failed")
@@ -386,7 +386,7 @@ class RustExecutor:
         lines = [
             f"cd {q(run_dir)} 2>/dev/null && [ -x ./main ] || {{ echo "
             + q(
-                f"{_RESULT_PREFIX_NOTE} the compiled program is gone; the backend must keep its "
+                f"{_PIPELINE_NOTE} the compiled program is gone; the backend must keep its "
                 "filesystem between executions (use a session)"
             )
             + " >&2; exit 125; }",
@@ -395,7 +395,7 @@ class RustExecutor:
             kib = self._config.memory_limit_mb * 1024
             # Fail closed: without the limit a memory hog could take the whole host.
             lines.append(
-                f"ulimit -v {kib} || {{ echo {q(_RESULT_PREFIX_NOTE + ' cannot set the memory limit')} >&2;"
+                f"ulimit -v {kib} || {{ echo {q(_PIPELINE_NOTE + ' cannot set the memory limit')} >&2;"
                 " exit 125; }"
             )
         lines += ["./main", "status=$?", f"cd / && rm -rf {q(run_dir)}", 'exit "$status"']
@@ -542,7 +542,7 @@ def _run_outcome(  # noqa: PLR0911 - one return per outcome reads best
             message="the program ran out of memory (its allocation failed or it was killed for it)",
             **common,
         )
-    if result.exit_code == 125 and result.stderr.startswith(_RESULT_PREFIX_NOTE):
+    if result.exit_code == 125 and result.stderr.startswith(_PIPELINE_NOTE):
         return RustResult(status="error", message=result.stderr.strip(), **common)
     if result.exit_code != 0:
         return RustResult(status="runtime_error", message=_runtime_message(result, user_lines), **common)

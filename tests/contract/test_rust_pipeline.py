@@ -130,6 +130,12 @@ def test_missing_or_invalid_input_is_null(target: Target) -> None:
     assert target.executor.run(code, "text", timeout=60).output == {"null": False}
 
 
+def test_run_may_return_any_serializable_value(target: Target) -> None:
+    code = 'fn run(_input: Value) -> Vec<(String, i64)> { vec![("a".to_string(), 1)] }'
+    result = target.executor.run(code, None, timeout=60)
+    assert result.status == "success" and result.output == [["a", 1]]
+
+
 def test_users_own_value_import_and_warnings(target: Target) -> None:
     code = "use serde_json::Value;\nfn run(input: Value) -> Value {\n    let unused = 1;\n    input\n}\n"
     result = target.executor.run(code, [1], timeout=60)
