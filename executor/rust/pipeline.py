@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from types import TracebackType
 from typing import Annotated, Any, Literal, Self
 
@@ -185,6 +186,8 @@ class RustExecutor:
             self._work_dir = os.path.abspath(config.work_dir)
         else:
             self._work_dir = self._owned_work_dir = tempfile.mkdtemp(prefix="adk-rust-")
+            # Safety net for an executor dropped without close(): removed when it is garbage-collected.
+            self._finalizer = weakref.finalize(self, shutil.rmtree, self._work_dir, True)
         policy = getattr(backend, "policy", None)
         if backend.isolation() is IsolationClass.OS_ENFORCED and policy is not None:
             needed = [(self._work_dir, "allow_read_write")]
@@ -223,7 +226,7 @@ class RustExecutor:
         """Remove the host work directory this executor created (if any). Idempotent."""
         owned, self._owned_work_dir = self._owned_work_dir, None
         if owned is not None:
-            shutil.rmtree(owned, ignore_errors=True)
+            self._finalizer()  # removes the directory now, and only once
 
     def __enter__(self) -> Self:
         return self

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import time
 from pathlib import Path
@@ -45,6 +47,16 @@ def test_deps_cache_is_keyed_by_the_rustc_in_use() -> None:
     assert host is not None
     assert host.deps_dir.endswith(os.path.join("adk-sandbox", "rust-deps", host.version))
     assert host.rustc.startswith(host.sysroot)  # the real compiler, not rustup's proxy
+
+
+@pytest.mark.usefixtures("ready_host_rust")
+def test_an_owned_work_dir_is_removed_even_without_close() -> None:
+    executor = RustExecutor(ProcessBackend())
+    work = Path(executor.work_dir)
+    assert work.is_dir()
+    del executor
+    gc.collect()
+    assert not work.exists()
 
 
 @pytest.mark.usefixtures("ready_host_rust")
@@ -115,9 +127,8 @@ def test_code_exec_end_to_end_shape() -> None:
         "hi\n",
         0,
     )
-    timeout = CodeTool(ProcessBackend()).run_sync(
-        {"code": "fn run(_i: Value) -> Value { loop {} }", "timeout_secs": -5}
-    )
+    with contextlib.closing(CodeTool(ProcessBackend())) as looping:
+        timeout = looping.run_sync({"code": "fn run(_i: Value) -> Value { loop {} }", "timeout_secs": -5})
     assert (timeout["status"], timeout["stage"]) == ("timeout", "run")  # -5 was clamped to 1 second
 
 
