@@ -156,6 +156,7 @@ class RustExecutor:
         self._backend = backend
         self._config = config = config if config is not None else RustExecutorConfig()
         self._owned_work_dir: str | None = None
+        self._closed = False
         self._unavailable: str | None = None
         self._check_deps_on_host = False
         if backend.isolation() >= IsolationClass.CONTAINER:
@@ -224,6 +225,7 @@ class RustExecutor:
 
     def close(self) -> None:
         """Remove the host work directory this executor created (if any). Idempotent."""
+        self._closed = True
         owned, self._owned_work_dir = self._owned_work_dir, None
         if owned is not None:
             self._finalizer()  # removes the directory now, and only once
@@ -257,16 +259,15 @@ class RustExecutor:
         :class:`~executor.errors.ExecutorError`.
         """
         started = time.monotonic()
-        rejected = validation_error(code)
-        if rejected is not None:
-            return _finish(RustResult(status="rejected", message=rejected), started)
-        try:
-            stdin_json = json.dumps(input, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            return _finish(RustResult(status="error", message=f"input is not JSON: {exc}"), started)
-        problem = self._unavailable or self._missing_deps()
-        if problem is not None:
-            return _finish(RustResult(status="error", message=problem), started)
+        stdin_json = ""
+        refused = self._refusal(code)
+        if refused is None:
+            try:
+                stdin_json = json.dumps(input, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                refused = RustResult(status="error", message=f"input is not JSON: {exc}")
+        if refused is not None:
+            return _finish(refused, started)
 
         config = self._config
         if timeout is None:
@@ -310,6 +311,16 @@ class RustExecutor:
                 self._remove(run_dir)
 
     # -- steps ---------------------------------------------------------------------------------------
+
+    def _refusal(self, code: str) -> RustResult | None:
+        """Why the snippet cannot be compiled at all (before anything reaches the backend), or None."""
+        rejected = validation_error(code)
+        if rejected is not None:
+            return RustResult(status="rejected", message=rejected)
+        if self._closed:
+            return RustResult(status="error", message="the Rust executor is closed")
+        problem = self._unavailable or self._missing_deps()
+        return RustResult(status="error", message=problem) if problem is not None else None
 
     def _missing_deps(self) -> str | None:
         if not self._check_deps_on_host:

@@ -67,6 +67,9 @@ def test_an_owned_work_dir_is_removed_on_close() -> None:
     assert work.is_dir() and [p.name for p in work.iterdir() if p.name.startswith("run-")] == []
     executor.close()
     assert not work.exists()
+    closed = executor.run("fn run(i: Value) -> Value { i }", 5, timeout=60)
+    assert (closed.status, closed.message) == ("error", "the Rust executor is closed")
+    assert not work.exists()
 
 
 @pytest.mark.usefixtures("ready_host_rust")
