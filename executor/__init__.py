@@ -7,6 +7,8 @@ r"""adk-sandbox executor: run agent code in sandboxes that report the isolation 
 'hi\\n'
 """
 
+from typing import TYPE_CHECKING, Any
+
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.bwrap import BubblewrapEnforcer, bwrap_arguments, get_enforcer
 from executor.backends.enforcer import Confinement, Enforcer
@@ -20,6 +22,8 @@ from executor.errors import (
     SandboxFailedError,
 )
 from executor.policy import AllowedPath, SandboxPolicy, SandboxPolicyBuilder
+from executor.rust import RustExecutor, RustExecutorConfig, RustResult
+from executor.tools import CodeTool, SandboxTool
 from executor.types import (
     DEFAULT_MAX_OUTPUT_BYTES,
     Capabilities,
@@ -31,7 +35,20 @@ from executor.types import (
     Stream,
 )
 
+if TYPE_CHECKING:
+    from executor.backends.wasm import WasmBackend
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # WasmBackend needs the optional wasmtime: imported on first use so `import executor` works without.
+    if name == "WasmBackend":
+        from executor.backends.wasm import WasmBackend  # noqa: PLC0415 - lazy on purpose
+
+        return WasmBackend
+    raise AttributeError(f"module 'executor' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -39,6 +56,7 @@ __all__ = [
     "BackendUnavailableError",
     "BubblewrapEnforcer",
     "Capabilities",
+    "CodeTool",
     "Confinement",
     "Enforcer",
     "EnforcerUnavailableError",
@@ -52,11 +70,16 @@ __all__ = [
     "PolicyNotEnforceableError",
     "ProcessBackend",
     "ResourceLimits",
+    "RustExecutor",
+    "RustExecutorConfig",
+    "RustResult",
     "SandboxBackend",
     "SandboxFailedError",
     "SandboxPolicy",
     "SandboxPolicyBuilder",
+    "SandboxTool",
     "Stream",
+    "WasmBackend",
     "__version__",
     "bwrap_arguments",
     "get_enforcer",

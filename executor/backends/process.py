@@ -33,7 +33,7 @@ from executor.errors import (
 from executor.policy import SandboxPolicy
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
 
-__all__ = ["ProcessBackend", "Toolchain", "resolve_program"]
+__all__ = ["ProcessBackend", "Toolchain", "probe_toolchain", "resolve_program"]
 
 # How long to keep reading after the process tree was killed. Pipes normally reach EOF at once; only a
 # process that escaped the group (possible without an enforcer) can hold them open longer.
@@ -251,14 +251,18 @@ class ProcessBackend(SandboxBackend):
         key = (language, search_path or "")
         with self._toolchains_lock:
             if key not in self._toolchains:
-                toolchain = _probe_toolchain(language, search_path)
+                toolchain = probe_toolchain(language, search_path)
                 if toolchain is None:
                     return None
                 self._toolchains[key] = toolchain
             return self._toolchains[key]
 
 
-def _probe_toolchain(language: Language, search_path: str | None) -> Toolchain | None:
+def probe_toolchain(language: Language, search_path: str | None) -> Toolchain | None:
+    """How to start ``language``'s program found on ``search_path`` in a cleared environment, or None.
+
+    Also used by the Rust pipeline (``executor.rust``), which runs rustc through ``sh`` on host backends.
+    """
     program = resolve_program(_PROGRAMS[language], search_path)
     if program is None:
         return None

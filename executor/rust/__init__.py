@@ -1,0 +1,31 @@
+"""The Rust compile-run pipeline (SPEC §5): ``fn run(input: Value) -> Value`` snippets on any backend."""
+
+from executor.rust.diagnostics import Diagnostic, DiagnosticChild, DiagnosticSpan
+from executor.rust.harness import validation_error, wrap_in_harness
+from executor.rust.host import HostRust, host_rust
+from executor.rust.pipeline import (
+    CONTAINER_DEPS_DIR,
+    CONTAINER_WORK_DIR,
+    RustExecutor,
+    RustExecutorConfig,
+    RustResult,
+    RustStage,
+    RustStatus,
+)
+
+__all__ = [
+    "CONTAINER_DEPS_DIR",
+    "CONTAINER_WORK_DIR",
+    "Diagnostic",
+    "DiagnosticChild",
+    "DiagnosticSpan",
+    "HostRust",
+    "RustExecutor",
+    "RustExecutorConfig",
+    "RustResult",
+    "RustStage",
+    "RustStatus",
+    "host_rust",
+    "validation_error",
+    "wrap_in_harness",
+]

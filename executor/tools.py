@@ -1,0 +1,300 @@
+"""Agent-facing tools: ``code_exec`` (the Rust pipeline) and ``sandbox_exec`` (any language, any backend).
+
+Both follow one contract: **errors are information**. A call never raises (cancellation of the awaiting
+task aside); bad arguments, refused code and broken infrastructure all come back as a JSON-ready dict
+with a ``status`` and a ``message`` written for the model. Arguments are validated by pydantic models, whose
+JSON schemas are the tools' ``parameters``.
+
+``run(arguments)`` is ``async`` and runs the blocking work in a thread, so an agent's event loop stays
+free; cancelling the awaiting task kills what the call started. ``run_sync(arguments)`` is the same call
+for synchronous code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar, Generic, TypeVar, cast
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+
+from executor.backend import SandboxBackend
+from executor.rust.pipeline import RustExecutor, RustExecutorConfig, RustResult
+from executor.types import ExecRequest, ExecResult, Language
+
+__all__ = [
+    "DEFAULT_TIMEOUT_SECS",
+    "MAX_TIMEOUT_SECS",
+    "MIN_TIMEOUT_SECS",
+    "CodeExecArgs",
+    "CodeTool",
+    "SandboxExecArgs",
+    "SandboxTool",
+    "code_result_json",
+]
+
+DEFAULT_TIMEOUT_SECS = 30.0
+"""``timeout_secs`` when the call gives none."""
+MIN_TIMEOUT_SECS = 1.0
+"""Smaller values (zero and negative included) are raised to this."""
+MAX_TIMEOUT_SECS = 300.0
+"""Larger values are lowered to this."""
+
+_TIMEOUT_DESCRIPTION = (
+    f"Wall-clock limit for the whole call in seconds (default {DEFAULT_TIMEOUT_SECS:g}; values are "
+    f"clamped to {MIN_TIMEOUT_SECS:g}..{MAX_TIMEOUT_SECS:g})."
+)
+
+
+def _clamp_timeout(value: float) -> float:
+    # Clamped rather than refused: a model asking for 0 or a day still gets a bounded, useful run.
+    if math.isnan(value):
+        raise ValueError("timeout_secs must be a number")
+    return min(max(value, MIN_TIMEOUT_SECS), MAX_TIMEOUT_SECS)
+
+
+def _code_not_blank(code: str) -> str:
+    if not code.strip():
+        raise ValueError("code must not be empty")
+    return code
+
+
+class CodeExecArgs(BaseModel):
+    """Arguments of ``code_exec``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    code: StrictStr = Field(
+        description=(
+            "Rust source defining `fn run(input: Value) -> Value` (serde_json::Value is imported; the "
+            "serde_json crate is available). Do not define `fn main` or crate attributes `#![...]`."
+        )
+    )
+    input: Any = Field(default=None, description="Any JSON value, passed to run() as its argument.")
+    timeout_secs: float = Field(default=DEFAULT_TIMEOUT_SECS, description=_TIMEOUT_DESCRIPTION)
+
+    _not_blank = field_validator("code")(_code_not_blank)
+    _clamped = field_validator("timeout_secs")(_clamp_timeout)
+
+
+class SandboxExecArgs(BaseModel):
+    """Arguments of ``sandbox_exec``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    language: Language = Field(description="What `code` is: `command` is a `sh -c` string.")
+    code: StrictStr = Field(description="The command string or the program's source text.")
+    stdin: StrictStr | None = Field(default=None, description="Text fed to the program's standard input.")
+    timeout_secs: float = Field(default=DEFAULT_TIMEOUT_SECS, description=_TIMEOUT_DESCRIPTION)
+
+    _not_blank = field_validator("code")(_code_not_blank)
+    _clamped = field_validator("timeout_secs")(_clamp_timeout)
+
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+
+class _Tool(ABC, Generic[ArgsT]):
+    """The shared contract: parse arguments, run off the event loop, turn every failure into a result."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    arguments_model: ClassVar[type[BaseModel]]
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (from the pydantic model)."""
+        return self.arguments_model.model_json_schema()
+
+    def run_sync(
+        self, arguments: Mapping[str, Any] | str, *, cancel: threading.Event | None = None
+    ) -> dict[str, Any]:
+        """Run the tool; ``arguments`` is a dict or its JSON text. Never raises."""
+        try:
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments)
+            if not isinstance(arguments, Mapping):
+                return _error(f"arguments must be a JSON object, got {type(arguments).__name__}")
+            parsed = self.arguments_model.model_validate(dict(arguments))
+        except ValidationError as exc:
+            return _error(f"invalid arguments: {_explain(exc)}")
+        except ValueError as exc:
+            return _error(f"arguments are not valid JSON: {exc}")
+        try:
+            return self._call(cast(ArgsT, parsed), cancel)
+        except Exception as exc:  # infrastructure failures are information for the model, too
+            return _error(f"{type(exc).__name__}: {exc}")
+
+    async def run(self, arguments: Mapping[str, Any] | str) -> dict[str, Any]:
+        """Run the tool in a worker thread; cancelling the awaiting task kills what it started."""
+        cancel = threading.Event()
+        try:
+            return await asyncio.to_thread(self.run_sync, arguments, cancel=cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+
+    @abstractmethod
+    def _call(self, arguments: ArgsT, cancel: threading.Event | None) -> dict[str, Any]: ...
+
+
+class CodeTool(_Tool[CodeExecArgs]):
+    """``code_exec``: compile and run a Rust ``fn run(input: Value) -> Value`` with a JSON input.
+
+    Give it a :class:`RustExecutor` (shared, not closed by the tool) or a backend (the tool then makes and
+    owns its executor; ``close()`` releases it). Results: see :func:`code_result_json`.
+    """
+
+    name: ClassVar[str] = "code_exec"
+    description: ClassVar[str] = (
+        "Compile and run a Rust function `fn run(input: Value) -> Value` in a sandbox. The input is any "
+        "JSON value; the result is the JSON value run() returns, plus what it printed. Compiler errors "
+        "come back as structured diagnostics with line numbers of your code. status is one of success, "
+        "compile_error, runtime_error, timeout (with the stage: check, build or run), memory_exceeded, "
+        "rejected, error."
+    )
+    arguments_model: ClassVar[type[BaseModel]] = CodeExecArgs
+
+    def __init__(
+        self, target: RustExecutor | SandboxBackend, config: RustExecutorConfig | None = None
+    ) -> None:
+        if isinstance(target, RustExecutor):
+            self._executor, self._owned = target, False
+        else:
+            self._executor, self._owned = RustExecutor(target, config), True
+
+    @property
+    def executor(self) -> RustExecutor:
+        """The pipeline this tool runs."""
+        return self._executor
+
+    def close(self) -> None:
+        """Close the executor if the tool created it."""
+        if self._owned:
+            self._executor.close()
+
+    def _call(self, arguments: CodeExecArgs, cancel: threading.Event | None) -> dict[str, Any]:
+        result = self._executor.run(
+            arguments.code, arguments.input, timeout=arguments.timeout_secs, cancel=cancel
+        )
+        return code_result_json(result)
+
+
+class SandboxTool(_Tool[SandboxExecArgs]):
+    """``sandbox_exec``: run a command or program in the backend, whichever backend that is.
+
+    Result: ``{status, exit_code, stdout, stderr, timed_out, truncated, duration_ms, isolation}`` with
+    ``status`` ``success`` (exit 0), ``runtime_error`` (non-zero exit or a signal), ``timeout``,
+    ``memory_exceeded``; or ``{status: "error", message}`` when it could not run.
+    """
+
+    name: ClassVar[str] = "sandbox_exec"
+    description: ClassVar[str] = (
+        "Run a shell command (language `command`) or a program (python, javascript, rust, ...) in a "
+        "sandbox and return its exit code, stdout and stderr. Output is capped per stream; the process "
+        "tree is killed at the timeout."
+    )
+    arguments_model: ClassVar[type[BaseModel]] = SandboxExecArgs
+
+    def __init__(self, backend: SandboxBackend) -> None:
+        self._backend = backend
+        self._isolation: str | None = None
+
+    def _call(self, arguments: SandboxExecArgs, cancel: threading.Event | None) -> dict[str, Any]:
+        request = ExecRequest(
+            language=arguments.language,
+            code=arguments.code,
+            stdin=arguments.stdin,
+            timeout=arguments.timeout_secs,
+        )
+        result = self._backend.execute(request, cancel=cancel)
+        if self._isolation is None:
+            self._isolation = self._backend.isolation().value
+        return _sandbox_result_json(result, self._isolation)
+
+
+def _sandbox_result_json(result: ExecResult, isolation: str) -> dict[str, Any]:
+    if result.cancelled:
+        return _error("cancelled by the caller")
+    if result.timed_out:
+        status = "timeout"
+    elif result.oom_killed:
+        status = "memory_exceeded"
+    elif result.exit_code == 0:
+        status = "success"
+    else:
+        status = "runtime_error"
+    return {
+        "status": status,
+        "exit_code": result.exit_code,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "timed_out": result.timed_out,
+        "truncated": result.stdout_truncated or result.stderr_truncated,
+        "duration_ms": result.duration_ms,
+        "isolation": isolation,
+    }
+
+
+def code_result_json(result: RustResult) -> dict[str, Any]:
+    """The SPEC §5 JSON shape of a pipeline result; which keys appear depends on ``status``.
+
+    * ``success``: status, stdout, stderr, exit_code, duration_ms, output, diagnostics (warnings),
+      truncated
+    * ``compile_error``: status, diagnostics, stderr (rustc's rendered messages)
+    * ``runtime_error``: status, message, stdout, stderr, exit_code, duration_ms, diagnostics, truncated
+    * ``timeout`` / ``memory_exceeded``: status, stage, message, stdout, stderr, duration_ms
+    * ``rejected`` / ``error``: status, message
+    """
+    diagnostics = [d.model_dump(mode="json") for d in result.diagnostics]
+    truncated = result.stdout_truncated or result.stderr_truncated
+    if result.status == "success":
+        return {
+            "status": result.status,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "exit_code": result.exit_code,
+            "duration_ms": result.duration_ms,
+            "output": result.output,
+            "diagnostics": diagnostics,
+            "truncated": truncated,
+        }
+    if result.status == "compile_error":
+        return {"status": result.status, "diagnostics": diagnostics, "stderr": result.stderr}
+    if result.status == "runtime_error":
+        return {
+            "status": result.status,
+            "message": result.message,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "exit_code": result.exit_code,
+            "duration_ms": result.duration_ms,
+            "diagnostics": diagnostics,
+            "truncated": truncated,
+        }
+    if result.status in ("timeout", "memory_exceeded"):
+        return {
+            "status": result.status,
+            "stage": result.stage,
+            "message": result.message,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "duration_ms": result.duration_ms,
+        }
+    return {"status": result.status, "message": result.message}
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"status": "error", "message": message}
+
+
+def _explain(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_url=False):
+        where = ".".join(str(part) for part in item["loc"]) or "arguments"
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)
