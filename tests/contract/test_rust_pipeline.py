@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from executor import CodeTool, ProcessBackend, SandboxPolicy, get_enforcer
-from executor.errors import EnforcerUnavailableError
+from executor.backends.docker import RUST_IMAGE, DockerBackend
+from executor.errors import BackendUnavailableError, EnforcerUnavailableError
 from executor.rust import RustExecutor, RustExecutorConfig, RustResult, host_rust
 from tests.conftest import require
 
@@ -42,6 +43,7 @@ KNOWN_DIFFERENCES: dict[str, set[str]] = {
     # A bare host process sees the whole host filesystem: compile-time file access is not confined.
     "process": {"include_str_reads_host_files"},
     "bwrap": set(),
+    "docker": set(),
 }
 """Per backend: behaviours of the suite that are documented to differ there (docs/RUST_AND_WASM.md)."""
 
@@ -83,9 +85,25 @@ def _bwrap_target(tmp_path: Path) -> Iterator[Target]:
         yield Target("bwrap", executor, work)
 
 
+@contextlib.contextmanager
+def _docker_target(tmp_path: Path) -> Iterator[Target]:
+    try:
+        backend = DockerBackend(image=RUST_IMAGE)
+    except BackendUnavailableError as exc:
+        require(False, f"the Docker engine is not usable here: {exc}")
+        raise
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    os.chown(workspace, 1000, 1000)
+    # Check, build and run all happen in the session's container, against the image's serde_json.
+    with backend, backend.session(workspace=workspace) as session, RustExecutor(session) as executor:
+        yield Target("docker", executor, None)
+
+
 TARGETS: dict[str, Callable[[Path], contextlib.AbstractContextManager[Target]]] = {
     "process": _process_target,
     "bwrap": _bwrap_target,
+    "docker": _docker_target,
 }
 
 
