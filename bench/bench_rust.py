@@ -167,7 +167,7 @@ def open_backend(name: str, scratch: str) -> Iterator[tuple[SandboxBackend, str,
         with ProcessBackend() as backend:
             yield backend, os.path.join(scratch, "cargo-project"), env
     else:
-        from executor.backends.docker import DockerBackend  # type: ignore[import-not-found]  # noqa: PLC0415
+        from executor.backends.docker import DockerBackend  # noqa: PLC0415
 
         with DockerBackend(image="adk-sandbox/rust:latest").session(workspace=scratch) as session:
             yield session, "/tmp/adk-bench/cargo-project", {"CARGO_HOME": "/tmp/adk-bench/cargo-home"}
