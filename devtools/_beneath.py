@@ -164,10 +164,9 @@ class RootDir:
             except OSError as exc:
                 if exc.errno in (errno.ENOSYS, errno.EPERM) and not self._openat2_works():
                     self.use_openat2 = False
-                elif exc.errno not in (errno.EXDEV, errno.ELOOP, errno.EAGAIN):
-                    raise
-                # EXDEV/ELOOP/EAGAIN: an escape, an absolute link inside, a real loop or a concurrent
-                # rename. The walk decides which, with the same descriptor-level guarantees.
+                # Any refusal is rare, and ambiguous: EXDEV may be an escape or an absolute link inside,
+                # ENOENT a missing file or a dangling link, EAGAIN a concurrent rename. The walk gives the
+                # precise answer, with the same descriptor-level guarantees.
         for attempt in range(attempts):
             found = self.locate(rel)
             try:
