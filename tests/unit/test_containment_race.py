@@ -76,7 +76,7 @@ def test_swapping_a_directory_for_an_outside_symlink_never_crosses(tmp_path: Pat
             for i in range(ITERATIONS):
                 for action in (
                     lambda: read_file(ws, ReadFileArgs(path="d/f.txt"))["content"],
-                    lambda: write_file(ws, WriteFileArgs(path=f"d/w{i % 7}.txt", content="written\n")),
+                    lambda i=i: write_file(ws, WriteFileArgs(path=f"d/w{i % 7}.txt", content="written\n")),
                     lambda: write_file(ws, WriteFileArgs(path="d/sub/new.txt", content="deep\n")),
                     lambda: write_file(ws, WriteFileArgs(path="d/f.txt", content="inside\n")),
                     lambda: edit_file(ws, EditFileArgs(path="d/f.txt", old_string="inside", new_string="in")),
