@@ -25,7 +25,7 @@ BINARY_SNIFF_BYTES = 8192
 
 SKIP_DIRS = frozenset(
     {
-        ".git", ".hg", ".svn", ".bzr", "target", "node_modules", ".venv", "venv", "dist", "build",
+        ".git", ".hg", ".svn", ".bzr", "target", "node_modules", ".venv", "dist", "build",
         "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox", ".eggs",
     }
 )  # fmt: skip

@@ -131,32 +131,31 @@ class _Searcher:
         if len(data) > MAX_GREP_FILE_BYTES or is_binary(data):
             return True
         text = data.decode("utf-8", errors="replace")
-        search = self.compiled.search
-        pos = 0
+        pos_limit = self.limit
+        matches = self.matches
         counted_to = 0
         line = 1
-        end = len(text)
-        while pos <= end:
-            try:
-                found = search(text, pos, timeout=REGEX_TIMEOUT_SECONDS)
-            except TimeoutError:
-                raise PatternTimeoutError(
-                    f"the regular expression '{self.pattern}' took longer than {REGEX_TIMEOUT_SECONDS:g} "
-                    f"seconds on '{rel}' and was stopped; simplify it (nested quantifiers such as (a|aa)+ "
-                    "backtrack catastrophically)"
-                ) from None
-            if found is None:
-                break
-            at = found.start()
-            line += text.count("\n", counted_to, at)
-            counted_to = at
-            line_start = text.rfind("\n", 0, at) + 1
-            line_end = text.find("\n", at)
-            if line_end == -1:
-                line_end = end
-            if self.limit is not None and len(self.matches) >= self.limit:
-                self.truncated = True
-                return False
-            self.matches.append(f"{rel}:{line}: {text[line_start:line_end][:MAX_LINE_CHARS]}")
-            pos = line_end + 1  # one entry per line, however many matches it holds
+        next_line = 0  # matches starting before this offset are on a line already reported
+        try:
+            for found in self.compiled.finditer(text, timeout=REGEX_TIMEOUT_SECONDS):
+                at = found.start()
+                if at < next_line:
+                    continue  # one entry per line, however many matches it holds
+                line += text.count("\n", counted_to, at)
+                counted_to = at
+                line_end = text.find("\n", at)
+                if line_end == -1:
+                    line_end = len(text)
+                if pos_limit is not None and len(matches) >= pos_limit:
+                    self.truncated = True
+                    return False
+                line_start = text.rfind("\n", 0, at) + 1
+                matches.append(f"{rel}:{line}: {text[line_start:line_end][:MAX_LINE_CHARS]}")
+                next_line = line_end + 1
+        except TimeoutError:
+            raise PatternTimeoutError(
+                f"the regular expression '{self.pattern}' took longer than {REGEX_TIMEOUT_SECONDS:g} "
+                f"seconds on '{rel}' and was stopped; simplify it (nested quantifiers such as (a|aa)+ "
+                "backtrack catastrophically)"
+            ) from None
         return True
