@@ -51,11 +51,11 @@ def read_all(fd: int, size_hint: int) -> bytes:
     want = max(size_hint, 0) + 1  # one byte more, to see the end without a second large read
     while True:
         chunk = os.read(fd, want)
-        if not chunk:
-            break
         chunks.append(chunk)
+        if len(chunk) < want:  # a short read of a regular file is its end: no extra read(2) per file
+            break
         want = 1 << 20
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def walk_files(

@@ -77,7 +77,7 @@ def grep_lines(
         raise InvalidArgumentsError(f"argument 'pattern' is not a valid regular expression: {exc}") from None
     accept = _name_filter(file_glob)
     fd, info, start_rel = ws.open_entry(path or ".")
-    searcher = _Searcher(compiled, pattern, limit)
+    searcher = _Searcher(compiled, pattern, limit, None if case_insensitive else _literal_bytes(pattern))
     try:
         if stat.S_ISREG(info.st_mode):
             searcher.search_fd(fd, info, start_rel)
@@ -115,8 +115,26 @@ def _name_filter(file_glob: str | None) -> Any:
         raise InvalidArgumentsError(f"argument 'glob' is not a valid glob pattern: {exc}") from None
 
 
+_METACHARACTERS = frozenset(".^$*+?{}[]\\|()#")
+
+
+def _literal_bytes(pattern: str) -> bytes | None:
+    """The UTF-8 bytes of a pattern that is a plain literal, else None.
+
+    A file whose bytes do not contain them cannot match, and ``bytes in`` is several times faster than
+    decoding the file and running the regex engine over it. U+FFFD is excluded: it can match a decoded
+    invalid byte that is not in the raw bytes.
+    """
+    if _METACHARACTERS.intersection(pattern) or "\ufffd" in pattern or pattern.isspace():
+        return None
+    return pattern.encode("utf-8")
+
+
 class _Searcher:
-    def __init__(self, compiled: regex.Pattern[str], pattern: str, limit: int | None) -> None:
+    def __init__(
+        self, compiled: regex.Pattern[str], pattern: str, limit: int | None, literal: bytes | None
+    ) -> None:
+        self.literal = literal
         self.compiled = compiled
         self.pattern = pattern
         self.limit = limit
@@ -129,6 +147,8 @@ class _Searcher:
             return True
         data = read_all(fd, info.st_size)
         if len(data) > MAX_GREP_FILE_BYTES or is_binary(data):
+            return True
+        if self.literal is not None and self.literal not in data:
             return True
         text = data.decode("utf-8", errors="replace")
         pos_limit = self.limit

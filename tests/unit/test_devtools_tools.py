@@ -346,3 +346,15 @@ def test_invalid_arguments_name_the_field_and_reason(ws: Workspace) -> None:
         asyncio.run(toolset.run("glob", ["*"]))  # type: ignore[arg-type]
     with pytest.raises(UnknownToolError, match="unknown tool 'rm'"):
         asyncio.run(toolset.run("rm", {}))
+
+
+def test_grep_literal_patterns_find_non_ascii_text_and_respect_case(ws: Workspace) -> None:
+    # Plain literals take a bytes prefilter; it must agree with the regex over decoded text.
+    (ws.root / "menu.txt").write_text("Café au lait\ncafé noir\n")
+    (ws.root / "bad.txt").write_bytes(b"caf\xe9 latin-1\n")
+    assert run(ws, "grep", pattern="café")["matches"] == ["menu.txt:2: café noir"]
+    assert run(ws, "grep", pattern="CAFÉ", case_insensitive=True)["matches"] == [
+        "menu.txt:1: Café au lait",
+        "menu.txt:2: café noir",
+    ]
+    assert run(ws, "grep", pattern="latin-1")["matches"] == ["bad.txt:1: caf\ufffd latin-1"]
