@@ -71,11 +71,19 @@ async def bash(ws: Workspace, args: BashArgs, on_progress: ProgressCallback | No
         def on_output(stream: Stream, chunk: str) -> None:  # from the backend's reader thread
             loop.call_soon_threadsafe(queue.put_nowait, (stream, chunk))
 
-    def work() -> tuple[ExecResult, IsolationClass]:
-        result = backend.execute(request, on_output, cancel=cancel)
-        return result, backend.isolation()
+    # A thread of its own rather than the loop's default executor: a few long commands must not use up
+    # the executor's workers that the file tools (asyncio.to_thread) need meanwhile.
+    worker: asyncio.Future[tuple[ExecResult, IsolationClass]] = loop.create_future()
 
-    worker = loop.run_in_executor(None, work)
+    def work() -> None:
+        try:
+            outcome = (backend.execute(request, on_output, cancel=cancel), backend.isolation())
+        except BaseException as exc:  # handed to the awaiting task, which re-raises it
+            loop.call_soon_threadsafe(_settle, worker, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, worker, outcome, None)
+
+    threading.Thread(target=work, name="adk-sandbox-bash", daemon=True).start()
     cancelled = False
     while True:
         try:
@@ -104,6 +112,19 @@ async def bash(ws: Workspace, args: BashArgs, on_progress: ProgressCallback | No
         "duration_ms": result.duration_ms,
         "isolation": isolation.value,
     }
+
+
+def _settle(
+    future: asyncio.Future[tuple[ExecResult, IsolationClass]],
+    outcome: tuple[ExecResult, IsolationClass] | None,
+    error: BaseException | None,
+) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    elif outcome is not None:
+        future.set_result(outcome)
 
 
 def _stop_on_failure(task: asyncio.Task[None], cancel: threading.Event) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,48 @@ def test_a_closed_workspace_refuses_every_tool(tmp_path: Path) -> None:
     for name, args in (("bash", {"command": "true"}), ("read_file", {"path": "x"})):
         with pytest.raises(ToolError, match="closed"):
             asyncio.run(DevToolset(ws).run(name, args))
+
+
+def test_long_commands_do_not_starve_the_file_tools(tmp_path: Path) -> None:
+    (tmp_path / "f.txt").write_text("quick\n")
+    marker = unique_sleep_seconds()
+
+    async def main() -> float:
+        with Workspace(tmp_path, bash_timeout=3) as ws:
+            toolset = DevToolset(ws)
+            # More commands than the loop's default executor has workers (min(32, cpus + 4)).
+            commands = [
+                asyncio.create_task(toolset.run("bash", {"command": f"sleep {marker}"}))
+                for _ in range((os.cpu_count() or 1) + 6)
+            ]
+            await asyncio.sleep(0.3)
+            started = time.monotonic()
+            await toolset.run("read_file", {"path": "f.txt"})
+            elapsed = time.monotonic() - started
+            await asyncio.gather(*commands)
+            return elapsed
+
+    try:
+        assert asyncio.run(main()) < 1.0
+    finally:
+        kill_all(live_processes_with_args("sleep", marker))
+
+
+def test_a_failing_progress_callback_stops_the_command_and_is_raised(tmp_path: Path) -> None:
+    marker = unique_sleep_seconds()
+
+    def on_progress(stream: str, chunk: str) -> None:
+        raise RuntimeError("consumer broke")
+
+    async def main() -> None:
+        with Workspace(tmp_path) as ws:
+            await DevToolset(ws).run("bash", {"command": f"echo hi; sleep {marker}"}, on_progress)
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="consumer broke"):
+            asyncio.run(main())
+        assert time.monotonic() - started < 10
+        assert wait_until_gone("sleep", marker) == []
+    finally:
+        kill_all(live_processes_with_args("sleep", marker))
