@@ -106,8 +106,9 @@ class Workspace:
         self.env_allowlist = tuple(env_allowlist)
         self.sandbox = sandbox
         self._backend: SandboxBackend | None = None
-        self._owns_backend = False
         self._backend_in_root = False
+        self._owned = contextlib.ExitStack()  # the default backend or the session this workspace opened
+        self._backend_lock = threading.Lock()  # held while a (possibly slow) session opens
         self._lock = threading.Lock()
         self._stamps: dict[str, FileStamp] = {}
         self._closed = False
@@ -130,11 +131,10 @@ class Workspace:
             if self._closed:
                 return
             self._closed = True
-            backend, owned = self._backend, self._owns_backend
-            self._backend = None
             self._root.close()
-        if backend is not None and owned:
-            backend.close()
+        with self._backend_lock:
+            self._backend = None
+            self._owned.close()
 
     def __enter__(self) -> Self:
         return self
@@ -348,20 +348,29 @@ class Workspace:
         workspace. Any other backend is used as given (the caller owns it); commands then ``cd`` into the
         root first.
         """
-        with self._lock:
+        with self._backend_lock:
             self._check_open()
             if self._backend is None:
                 sandbox = self.sandbox
                 open_session = getattr(sandbox, "session", None)
                 if sandbox is None:
-                    self._backend = ProcessBackend(workdir=self.root)
-                    self._owns_backend = self._backend_in_root = True
+                    self._backend = self._owned.enter_context(ProcessBackend(workdir=self.root))
+                    self._backend_in_root = True
                 elif callable(open_session):
-                    self._backend = open_session(workspace=self.root)
-                    self._owns_backend = self._backend_in_root = True
+                    # Entered like `with backend.session(workspace=root) as s:` (a session may start its
+                    # container at entry) and exited by close().
+                    session = open_session(workspace=self.root)
+                    enter = getattr(session, "__enter__", None)
+                    if callable(enter):
+                        self._backend = enter()
+                        self._owned.push(session)
+                    else:
+                        self._backend = session
+                        self._owned.callback(session.close)
+                    self._backend_in_root = True
                 elif isinstance(sandbox, SandboxBackend):
-                    self._backend = sandbox
-                    self._owns_backend = self._backend_in_root = False
+                    self._backend = sandbox  # the caller's: not closed here
+                    self._backend_in_root = False
                 else:
                     raise TypeError(f"sandbox must be a SandboxBackend or have session(); got {sandbox!r}")
             return self._backend, self._backend_in_root
