@@ -358,3 +358,15 @@ def test_grep_literal_patterns_find_non_ascii_text_and_respect_case(ws: Workspac
         "menu.txt:2: café noir",
     ]
     assert run(ws, "grep", pattern="latin-1")["matches"] == ["bad.txt:1: caf\ufffd latin-1"]
+
+
+def test_glob_and_grep_search_paths_are_contained(ws: Workspace, tmp_path: Path) -> None:
+    (tmp_path / "outside.txt").write_text("needle\n")
+    os.symlink(tmp_path, ws.root / "up")
+    for path in ("..", "up", str(tmp_path)):
+        with pytest.raises(PathEscapeError):
+            run(ws, "glob", pattern="*.txt", path=path)
+        with pytest.raises(PathEscapeError):
+            run(ws, "grep", pattern="needle", path=path)
+    with pytest.raises(PathNotFoundError):
+        run(ws, "grep", pattern="needle", path="missing")
