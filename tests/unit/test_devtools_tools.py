@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -370,3 +371,48 @@ def test_glob_and_grep_search_paths_are_contained(ws: Workspace, tmp_path: Path)
             run(ws, "grep", pattern="needle", path=path)
     with pytest.raises(PathNotFoundError):
         run(ws, "grep", pattern="needle", path="missing")
+
+
+@pytest.mark.parametrize("size", [0, 1, 5, 1024 * 1024 - 1, 1024 * 1024, 1024 * 1024 + 3])
+def test_read_file_streams_in_chunks_with_the_same_answer_as_a_whole_read(ws: Workspace, size: int) -> None:
+    # Lines of varying length (some multi-byte) straddle the 1 MiB read chunks; compare with a simple model.
+    pieces, total = [], 0
+    i = 0
+    while total < size:
+        piece = ("é" * (i % 7)) + "x" * (i % 300) + ("\n" if i % 11 else "")
+        pieces.append(piece)
+        total += len(piece.encode())
+        i += 1
+    text = "".join(pieces)
+    (ws.root / "s.txt").write_text(text)
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    for offset, limit in ((1, 2000), (max(1, len(lines) - 3), 10), (len(lines) // 2 + 1, 5)):
+        result = run(ws, "read_file", path="s.txt", offset=offset, limit=limit)
+        window = lines[offset - 1 : offset - 1 + limit]
+        assert result["total_lines"] == len(lines)
+        assert result["content"] == "".join(
+            f"{n:>6}\t{line[:2000]}\n" for n, line in enumerate(window, offset)
+        )
+
+
+def test_read_file_of_a_huge_file_keeps_memory_flat(ws: Workspace) -> None:
+    with open(ws.root / "huge.log", "wb") as handle:
+        for _ in range(64):
+            handle.write(b"log line\n" * (1024 * 1024 // 9))  # ~64 MiB, ~7.4 million lines
+    tracemalloc.start()
+    try:
+        result = run(ws, "read_file", path="huge.log", offset=3, limit=2)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result["content"] == "     3\tlog line\n     4\tlog line\n"
+    assert result["total_lines"] == 64 * (1024 * 1024 // 9)
+    assert peak < 16 * 1024 * 1024
+
+
+def test_read_file_reports_invalid_utf8_late_in_a_large_file(ws: Workspace) -> None:
+    (ws.root / "late.txt").write_bytes(b"ok\n" * 500_000 + b"\xff\n")
+    with pytest.raises(BinaryFileError, match="offset 1500000"):
+        run(ws, "read_file", path="late.txt")
