@@ -32,7 +32,6 @@ import platform
 import stat
 import threading
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 __all__ = [
@@ -301,12 +300,3 @@ class RootDir:
 
 def _dangling(rel: str) -> OSError:
     return OSError(errno.ENOENT, "dangling symbolic link", rel)
-
-
-@contextlib.contextmanager
-def closing_fd(fd: int) -> Iterator[int]:
-    """Close ``fd`` when the block ends."""
-    try:
-        yield fd
-    finally:
-        os.close(fd)
