@@ -184,7 +184,10 @@ class Workspace:
             raise InvalidPathError("the path is empty; pass a path relative to the workspace root")
         if "\0" in path:
             raise InvalidPathError(f"path {path!r} contains a NUL byte, which no file name can hold")
-        size = len(os.fsencode(path))
+        try:
+            size = len(os.fsencode(path))
+        except UnicodeEncodeError:
+            raise InvalidPathError(f"path {path!r} is not valid Unicode (a lone surrogate)") from None
         if size >= PATH_MAX:
             raise InvalidPathError(f"path is too long ({size} bytes; the limit is {PATH_MAX - 1})")
         for part in path.split("/"):

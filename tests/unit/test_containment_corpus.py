@@ -160,6 +160,7 @@ READ_CASES: list[tuple[str, object]] = [
     ("a" * 256, InvalidPathError),
     ("a/" * 2100, InvalidPathError),
     ("", InvalidPathError),
+    ("bad\ud800name", InvalidPathError),
     ("~/home.txt", "tilde\n"),  # ~ is a literal name
     ("~/missing.txt", PathNotFoundError),
     ("missing.txt", PathNotFoundError),
