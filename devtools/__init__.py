@@ -1,7 +1,58 @@
-"""adk-sandbox devtools: the workspace and the six agent tools on top of :mod:`executor`.
+r"""adk-sandbox devtools: a contained workspace and the six agent tools on top of :mod:`executor`.
 
-The tools (read_file, write_file, edit_file, glob, grep, bash) arrive in a later issue; this package is
-the home they import into.
+>>> import asyncio, tempfile
+>>> from devtools import DevToolset, Workspace
+>>> with Workspace(tempfile.mkdtemp()) as ws:
+...     tools = DevToolset(ws)
+...     _ = asyncio.run(tools.run("write_file", {"path": "a.txt", "content": "hi\n"}))
+...     asyncio.run(tools.run("read_file", {"path": "a.txt"}))["content"]
+'     1\thi\n'
+
+File tools run on the host and open everything through a descriptor of the root (see docs/DEVTOOLS.md);
+``bash`` runs through the workspace's sandbox backend.
 """
 
-__all__: list[str] = []
+from devtools.errors import (
+    AmbiguousMatchError,
+    BashDisabledError,
+    BinaryFileError,
+    InvalidArgumentsError,
+    InvalidPathError,
+    NoMatchError,
+    NotReadError,
+    NotRegularFileError,
+    PathEscapeError,
+    PathNotFoundError,
+    PatternTimeoutError,
+    ReadOnlyError,
+    StaleReadError,
+    ToolError,
+    UnknownToolError,
+)
+from devtools.tools.bash import ProgressCallback
+from devtools.toolset import DevToolset, Tool
+from devtools.workspace import DEFAULT_ENV_ALLOWLIST, SessionFactory, Workspace
+
+__all__ = [
+    "DEFAULT_ENV_ALLOWLIST",
+    "AmbiguousMatchError",
+    "BashDisabledError",
+    "BinaryFileError",
+    "DevToolset",
+    "InvalidArgumentsError",
+    "InvalidPathError",
+    "NoMatchError",
+    "NotReadError",
+    "NotRegularFileError",
+    "PathEscapeError",
+    "PathNotFoundError",
+    "PatternTimeoutError",
+    "ProgressCallback",
+    "ReadOnlyError",
+    "SessionFactory",
+    "StaleReadError",
+    "Tool",
+    "ToolError",
+    "UnknownToolError",
+    "Workspace",
+]

@@ -1,0 +1,144 @@
+"""Errors of the workspace tools. Every message is written to be read by the model that called the tool.
+
+::
+
+    ToolError
+    ├── PathEscapeError        (also PermissionError)  "path 'P' escapes the workspace root"
+    ├── InvalidPathError       (also ValueError)       NUL byte, over-long name, dangling or looping link
+    ├── PathNotFoundError      (also FileNotFoundError)
+    ├── NotRegularFileError                            a directory, FIFO, socket or device, not a file
+    ├── BinaryFileError        (also ValueError)       read_file of binary or non-UTF-8 content
+    ├── ReadOnlyError          (also PermissionError)  "workspace is read-only; 'T' is not permitted"
+    ├── BashDisabledError      (also PermissionError)  "bash execution is disabled for this workspace"
+    ├── NotReadError                                   edit_file before read_file/write_file
+    ├── NoMatchError                                   edit_file: the target string does not occur
+    ├── AmbiguousMatchError                            edit_file: it occurs more than once
+    ├── StaleReadError                                 edit_file: the file changed after it was read
+    ├── PatternTimeoutError    (also TimeoutError)     grep: the regular expression ran too long
+    ├── UnknownToolError       (also LookupError)      no tool of that name
+    └── InvalidArgumentsError  (also ValueError)       arguments that fail validation (field and reason)
+
+Where an error resembles a builtin it subclasses it too, so generic handlers (``except PermissionError``)
+keep working. Adapters for agent frameworks turn any ``ToolError`` into an error result.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AmbiguousMatchError",
+    "BashDisabledError",
+    "BinaryFileError",
+    "InvalidArgumentsError",
+    "InvalidPathError",
+    "NoMatchError",
+    "NotReadError",
+    "NotRegularFileError",
+    "PathEscapeError",
+    "PathNotFoundError",
+    "PatternTimeoutError",
+    "ReadOnlyError",
+    "StaleReadError",
+    "ToolError",
+    "UnknownToolError",
+]
+
+
+class ToolError(Exception):
+    """Base of every error a workspace tool raises; ``str(error)`` is the message for the model."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class PathEscapeError(ToolError, PermissionError):
+    """The path, or a symbolic link on the way, leads outside the workspace root."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"path '{path}' escapes the workspace root")
+        self.path = path
+
+
+class InvalidPathError(ToolError, ValueError):
+    """The path cannot name a file here: NUL byte, over-long name, dangling or looping symbolic link."""
+
+
+class PathNotFoundError(ToolError, FileNotFoundError):
+    """Nothing exists at the path."""
+
+
+class NotRegularFileError(ToolError):
+    """A directory, FIFO, socket or device where a regular file is needed (refused without blocking)."""
+
+
+class BinaryFileError(ToolError, ValueError):
+    """read_file refuses binary content (a NUL byte in the first 8 KiB) and text that is not UTF-8."""
+
+
+class ReadOnlyError(ToolError, PermissionError):
+    """A writing tool was called on a read-only workspace."""
+
+    def __init__(self, tool: str) -> None:
+        super().__init__(f"workspace is read-only; '{tool}' is not permitted")
+        self.tool = tool
+
+
+class BashDisabledError(ToolError, PermissionError):
+    """``bash`` was called on a workspace that does not allow it."""
+
+    def __init__(self) -> None:
+        super().__init__("bash execution is disabled for this workspace")
+
+
+class NotReadError(ToolError):
+    """edit_file on a file that was not read (or written) in this workspace first."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"file '{path}' must be read with read_file before it can be edited")
+        self.path = path
+
+
+class NoMatchError(ToolError):
+    """edit_file: ``old_string`` does not occur in the file."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"no occurrence of the target string was found in '{path}'")
+        self.path = path
+
+
+class AmbiguousMatchError(ToolError):
+    """edit_file: ``old_string`` occurs more than once and ``replace_all`` was not set."""
+
+    def __init__(self, path: str, count: int) -> None:
+        super().__init__(
+            f"the target string occurs {count} times in '{path}'; pass replace_all=true or provide a more "
+            "specific string"
+        )
+        self.path = path
+        self.count = count
+
+
+class StaleReadError(ToolError):
+    """edit_file: the file changed on disk (size, mtime or inode) after it was last read."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"file '{path}' changed on disk after it was last read; read it again with read_file before "
+            "editing it"
+        )
+        self.path = path
+
+
+class PatternTimeoutError(ToolError, TimeoutError):
+    """grep: the regular expression took too long (catastrophic backtracking) and was stopped."""
+
+
+class UnknownToolError(ToolError, LookupError):
+    """No tool of that name exists."""
+
+
+class InvalidArgumentsError(ToolError, ValueError):
+    """The tool's arguments failed validation; the message names the field and the reason."""

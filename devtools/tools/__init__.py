@@ -1,0 +1,1 @@
+"""The six workspace tools: one module each, holding its argument model and its implementation."""
