@@ -24,12 +24,15 @@ from devtools.errors import (
     StaleReadError,
     ToolError,
 )
-from executor import DEFAULT_MAX_OUTPUT_BYTES, ProcessBackend, SandboxBackend
+from executor import DEFAULT_MAX_OUTPUT_BYTES, IsolationClass, ProcessBackend, SandboxBackend
 
 __all__ = ["DEFAULT_ENV_ALLOWLIST", "FileStamp", "SessionFactory", "Workspace"]
 
 DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TERM", "USER", "SHELL")
 """Host variables a ``bash`` command sees when the workspace does not inherit the whole environment."""
+
+HOST_SPECIFIC_VARIABLES = ("PATH", "HOME", "TMPDIR", "SHELL", "USER")
+"""Allowlisted host variables that are not passed into a container: the image provides its own."""
 
 PATH_MAX = 4096
 NAME_MAX = 255
@@ -382,11 +385,22 @@ class Workspace:
         """What a command is prefixed with on a backend that does not start in the root."""
         return f"cd -- {shlex.quote(str(self.root))} || exit 1\n"
 
-    def command_env(self) -> dict[str, str]:
-        """The host variables a ``bash`` command receives."""
-        if self.inherit_env:
-            return dict(os.environ)
-        return {name: os.environ[name] for name in self.env_allowlist if name in os.environ}
+    def command_env(self, backend: SandboxBackend | None = None) -> dict[str, str]:
+        """The host variables a ``bash`` command receives.
+
+        In a container (isolation ``container`` or stronger) the host's paths and identity mean nothing:
+        ``PATH``, ``HOME``, ``TMPDIR``, ``SHELL`` and ``USER`` are left to the image, which knows where its
+        programs are and gives the command a writable HOME. The other allowlisted variables pass.
+        """
+        env = (
+            dict(os.environ)
+            if self.inherit_env
+            else {name: os.environ[name] for name in self.env_allowlist if name in os.environ}
+        )
+        if backend is not None and backend.isolation() >= IsolationClass.CONTAINER:
+            for name in HOST_SPECIFIC_VARIABLES:
+                env.pop(name, None)
+        return env
 
 
 _DANGLING = "dangling symbolic link"

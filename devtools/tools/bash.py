@@ -55,7 +55,7 @@ async def bash(ws: Workspace, args: BashArgs, on_progress: ProgressCallback | No
         language=Language.COMMAND,
         code=args.command if starts_in_root else ws.bash_prefix() + args.command,
         timeout=timeout,
-        env=ws.command_env(),
+        env=ws.command_env(backend),
         max_output_bytes=ws.max_output_bytes,
     )
     loop = asyncio.get_running_loop()

@@ -11,35 +11,42 @@ from typing import Any
 import pytest
 
 from devtools import DevToolset, PathEscapeError, Workspace
+from executor.backends.docker import DockerBackend
+from tests.conftest import project_containers
 
-docker_module = pytest.importorskip("executor.backends.docker", reason="the Docker backend is not built in")
+pytestmark = pytest.mark.docker
 
 
 def test_bash_in_a_docker_session_and_host_tools_on_what_it_wrote(
-    docker_backend: Any, owned_workspace: Path
+    docker_backend: DockerBackend, owned_workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def scenario() -> tuple[dict[str, Any], dict[str, Any], str]:
+    monkeypatch.setenv("HOME", "/root")  # host values of allowlisted variables must not reach a container
+    before = set(project_containers(docker_backend._client))
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], str, set[str]]:
         with Workspace(owned_workspace, sandbox=docker_backend) as ws:
             tools = DevToolset(ws)
             first = await tools.run(
                 "bash",
                 {
-                    "command": "pwd; id -u; hostname; echo made > made.txt; ln -s /etc/passwd esc; "
-                    'ln -s "$(pwd)/made.txt" abs_in'
+                    "command": "pwd; id -u; echo $HOME; echo made > made.txt; echo state > /tmp/state; "
+                    'ln -s /etc/passwd esc; ln -s "$(pwd)/made.txt" abs_in'
                 },
             )
-            second = await tools.run("bash", {"command": "hostname"})
-            read = await tools.run("read_file", {"path": "abs_in"})  # an absolute link the container made
+            second = await tools.run("bash", {"command": "cat /tmp/state"})  # same container: its /tmp
+            read = await tools.run("read_file", {"path": "made.txt"})  # at once, no sync step
+            assert (await tools.run("read_file", {"path": "abs_in"}))["content"] == read["content"]
             with pytest.raises(PathEscapeError):
                 await tools.run("read_file", {"path": "esc"})
-            return first, second, read["content"]
+            during = set(project_containers(docker_backend._client))
+            return first, second, read["content"], during
 
-    first, second, content = asyncio.run(scenario())
-    pwd, uid, hostname = first["stdout"].splitlines()
-    assert pwd == str(owned_workspace.resolve())
-    assert uid == "1000"
-    assert first["isolation"] in ("container", "gvisor")
-    assert second["stdout"].strip() == hostname, "the second command ran in another container"
+    first, second, content, during = asyncio.run(scenario())
+    assert first["stdout"].splitlines() == [str(owned_workspace.resolve()), "1000", "/home/sandbox"]
+    assert first["isolation"] == "container"
+    assert second["stdout"] == "state\n", "the second command ran in another container"
     assert content == "     1\tmade\n"
-    remaining = [c.id for c in docker_backend._client.containers.list(all=True) if c.id.startswith(hostname)]
-    assert remaining == [], "closing the workspace did not remove its session container"
+    made = (owned_workspace / "made.txt").stat()
+    assert (made.st_uid, made.st_gid) == (1000, 1000)
+    assert len(during - before) == 1  # one session container while the workspace was open
+    assert set(project_containers(docker_backend._client)) <= before, "closing the workspace left it"

@@ -26,6 +26,7 @@ from executor.backends.docker._spec import (
     capabilities_from_inspect,
     hardening_violations,
     host_config_arguments,
+    isolation_of,
 )
 from executor.backends.docker._transport import (
     CommandOutcome,
@@ -35,7 +36,7 @@ from executor.backends.docker._transport import (
     PreparedCommand,
 )
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
-from executor.types import Capabilities, ExecRequest, ExecResult, Language
+from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
 
 __all__ = ["DockerSession", "SessionConfig"]
 
@@ -256,6 +257,11 @@ class DockerSession(SandboxBackend):
         self.restarts += 1
 
     # -- what is enforced ----------------------------------------------------------------------------
+    def isolation(self) -> IsolationClass:
+        """The class of the running container (from ``docker inspect``; starts the session)."""
+        self.start()
+        return isolation_of(self._inspect)
+
     def capabilities(self) -> Capabilities:
         """What the running container enforces, read from ``docker inspect`` (starts the session)."""
         self.start()
