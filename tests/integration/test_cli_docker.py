@@ -84,7 +84,10 @@ def test_doctor_lists_every_class_and_exits_zero_when_docker_works(docker_backen
     assert "container" in rows["docker/runc"]
     assert "gvisor" in rows["docker/runsc"]
     assert "subprocess_only" in rows["process"]
-    assert "current" in rows["image"] or "current" in done.stdout
+    assert "os_enforced" in rows["process+bwrap"]
+    assert rows["wasm"].split()[1] == "wasm"
+    images = [line for line in done.stdout.splitlines() if line.startswith("image ")]
+    assert len(images) == 2 and all(line.split()[2] == "current" for line in images), images
 
 
 def test_cleanup_removes_a_deliberately_leaked_container(docker_backend: DockerBackend) -> None:
