@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 from executor.backends.bwrap import get_enforcer
 from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.process import ProcessBackend
-from executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError, SandboxFailedError
+from executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
 from executor.policy import SandboxPolicy
 from executor.types import Capabilities, ExecRequest, ExecResult, Language, ResourceLimits, Stream
 
@@ -102,9 +103,8 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
-#: Exit status of ``run`` when the command timed out (as GNU timeout), was interrupted, or hit the OOM.
+#: Exit status of ``run`` when the command timed out (as GNU timeout) or hit the OOM; 128+N after signal N.
 EXIT_TIMEOUT = 124
-EXIT_INTERRUPTED = 130
 EXIT_OOM = 137
 EXAMPLE_WORKSPACE = Path(__file__).parent / "example_workspace"
 EXAMPLE_COMMAND = ("sh", "demo.sh")
@@ -137,21 +137,22 @@ def run(args: argparse.Namespace) -> int:
             max_output_bytes=args.max_output_bytes,
         )
         cancel = threading.Event()
-        outcome: list[ExecResult] = []
-        worker = threading.Thread(
-            target=lambda: outcome.append(session.execute(request, _stream_to_terminal, cancel=cancel)),
-            daemon=True,
-        )
-        worker.start()
+        received: list[int] = []
+
+        def stop(signum: int, _frame: object) -> None:
+            received.append(signum)
+            cancel.set()  # the session kills the command's whole tree in the container
+
+        # Ctrl-C or a CI job's SIGTERM must not leave the command running in the container.
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            while worker.is_alive():
-                worker.join(0.2)
-        except KeyboardInterrupt:
-            cancel.set()  # kills the command's whole tree in the container
-            worker.join()
-        if not outcome:
-            raise SandboxFailedError("the command did not produce a result")
-        result = outcome[0]
+            result = session.execute(request, _stream_to_terminal, cancel=cancel)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if result.cancelled and received:
+            print("adk-sandbox: interrupted; killed", file=sys.stderr)
+            return 128 + received[0]
         return _report(result)
     return 1  # pragma: no cover - unreachable
 
@@ -169,9 +170,6 @@ def _report(result: ExecResult) -> int:
     if result.timed_out:
         print(f"adk-sandbox: timed out after {result.duration_ms / 1000:.1f} s; killed", file=sys.stderr)
         return EXIT_TIMEOUT
-    if result.cancelled:
-        print("adk-sandbox: interrupted; killed", file=sys.stderr)
-        return EXIT_INTERRUPTED
     if result.oom_killed:
         print("adk-sandbox: killed: out of memory (raise --memory)", file=sys.stderr)
         return EXIT_OOM
@@ -296,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run a command in a per-session hardened container",
         description="Run CMD in a per-session container (network off, capabilities dropped, read-only root, "
         "limits) with DIR mounted read-write at the same path and as its cwd, as DIR's owner. Output is "
-        "streamed live; the exit status is the command's (124 on timeout, 137 on OOM, 130 on Ctrl-C). "
+        "streamed live; the exit status is the command's (124 on timeout, 137 on OOM, 130 on Ctrl-C, 143 on SIGTERM). "
         "Without --workspace and --container, a bundled example workspace is used (and, without CMD, "
         "its demo).",
     )

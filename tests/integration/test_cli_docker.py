@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -145,3 +146,19 @@ def test_compose_sandbox_service_can_be_attached_to(owned_workspace: Path) -> No
         assert docker.from_env().containers.get(container).status == "running"  # attached, never removed
     finally:
         subprocess.run([*compose, "down", "-t", "1"], env=env, capture_output=True, check=False)
+
+
+def test_ctrl_c_kills_the_command_and_removes_the_container(
+    docker_backend: DockerBackend, owned_workspace: Path
+) -> None:
+    before = set(project_containers(docker_backend._client))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "executor", "run", "--workspace", str(owned_workspace), "--",
+         "sh", "-c", "echo started; setsid sleep 301 & sleep 302"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "started\n"  # streamed live, before the command ends
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert set(project_containers(docker_backend._client)) <= before
