@@ -294,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run a command in a per-session hardened container",
         description="Run CMD in a per-session container (network off, capabilities dropped, read-only root, "
         "limits) with DIR mounted read-write at the same path and as its cwd, as DIR's owner. Output is "
-        "streamed live; the exit status is the command's (124 on timeout, 137 on OOM, 130 on Ctrl-C, 143 on SIGTERM). "
+        "streamed live; the exit status is the command's (124 on timeout, 137 on OOM, 130 on Ctrl-C, "
+        "143 on SIGTERM). "
         "Without --workspace and --container, a bundled example workspace is used (and, without CMD, "
         "its demo).",
     )
