@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.bwrap import BubblewrapEnforcer, bwrap_arguments, get_enforcer
+from executor.backends.docker import DockerBackend, DockerSession
 from executor.backends.enforcer import Confinement, Enforcer
 from executor.backends.process import ProcessBackend
 from executor.errors import (
@@ -58,6 +59,8 @@ __all__ = [
     "Capabilities",
     "CodeTool",
     "Confinement",
+    "DockerBackend",
+    "DockerSession",
     "Enforcer",
     "EnforcerUnavailableError",
     "ExecRequest",
