@@ -106,6 +106,11 @@ def owned_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def project_containers(client: docker.DockerClient) -> list[str]:
-    """Ids of every container (running or not) carrying this project's label."""
-    return [c.id for c in client.containers.list(all=True, filters={"label": "io.adk-sandbox.project"})]
+def project_containers(client: docker.DockerClient, owner_pid: int | None = None) -> list[str]:
+    """Ids of every container (running or not) carrying this project's label (and this owner's, if given).
+
+    Filtering by owner keeps a check about this process's containers true while other processes (another
+    test run, a developer's session) create and remove their own.
+    """
+    label = "io.adk-sandbox.project" if owner_pid is None else f"io.adk-sandbox.owner-pid={owner_pid}"
+    return [c.id for c in client.containers.list(all=True, filters={"label": label})]

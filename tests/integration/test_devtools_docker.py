@@ -5,6 +5,7 @@ the host file tools see (and contain) what the container writes. Needs the real 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ def test_bash_in_a_docker_session_and_host_tools_on_what_it_wrote(
     docker_backend: DockerBackend, owned_workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOME", "/root")  # host values of allowlisted variables must not reach a container
-    before = set(project_containers(docker_backend._client))
+    before = set(project_containers(docker_backend._client, os.getpid()))
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any], str, set[str]]:
         with Workspace(owned_workspace, sandbox=docker_backend) as ws:
@@ -38,7 +39,7 @@ def test_bash_in_a_docker_session_and_host_tools_on_what_it_wrote(
             assert (await tools.run("read_file", {"path": "abs_in"}))["content"] == read["content"]
             with pytest.raises(PathEscapeError):
                 await tools.run("read_file", {"path": "esc"})
-            during = set(project_containers(docker_backend._client))
+            during = set(project_containers(docker_backend._client, os.getpid()))
             return first, second, read["content"], during
 
     first, second, content, during = asyncio.run(scenario())
@@ -49,4 +50,5 @@ def test_bash_in_a_docker_session_and_host_tools_on_what_it_wrote(
     made = (owned_workspace / "made.txt").stat()
     assert (made.st_uid, made.st_gid) == (1000, 1000)
     assert len(during - before) == 1  # one session container while the workspace was open
-    assert set(project_containers(docker_backend._client)) <= before, "closing the workspace left it"
+    after = set(project_containers(docker_backend._client, os.getpid()))
+    assert after <= before, "closing the workspace left its container"

@@ -288,10 +288,10 @@ def test_closing_a_session_removes_its_container(
 
 
 def test_throwaway_execute_leaves_nothing(docker_backend: DockerBackend) -> None:
-    before = set(project_containers(docker_backend._client))
+    before = set(project_containers(docker_backend._client, os.getpid()))
     result = docker_backend.execute(ExecRequest(language=Language.COMMAND, code="id -u; pwd", timeout=20))
     assert result.stdout == "65534\n/tmp\n"
-    assert set(project_containers(docker_backend._client)) <= before
+    assert set(project_containers(docker_backend._client, os.getpid())) <= before
 
 
 def test_a_killed_owners_container_is_reaped_by_the_next_backend(owned_workspace: Path) -> None:
