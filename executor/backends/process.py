@@ -132,6 +132,10 @@ class ProcessBackend(SandboxBackend):
         """The policy in force (deny-all and unenforced when there is no enforcer)."""
         return self._policy
 
+    def isolation(self) -> IsolationClass:
+        """OS_ENFORCED under an enforcer, else SUBPROCESS_ONLY (without probing the toolchains)."""
+        return IsolationClass.SUBPROCESS_ONLY if self._enforcer is None else IsolationClass.OS_ENFORCED
+
     def capabilities(self) -> Capabilities:
         """Honest report: without an enforcer only the timeout and the environment are controlled."""
         languages = tuple(lang for lang in _PROGRAMS if self._find_toolchain(lang) is not None)
