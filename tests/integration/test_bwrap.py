@@ -278,3 +278,10 @@ def test_killing_the_owner_process_kills_the_sandbox(bwrap_enforcer: BubblewrapE
     finally:
         owner.kill()
         owner.wait(timeout=30)
+
+
+def test_isolation_agrees_with_capabilities(bwrap_enforcer: BubblewrapEnforcer) -> None:
+    plain = ProcessBackend()
+    sandboxed = ProcessBackend.with_sandbox(bwrap_enforcer, SandboxPolicy(allow_process_spawn=True))
+    assert plain.isolation() is plain.capabilities().isolation is IsolationClass.SUBPROCESS_ONLY
+    assert sandboxed.isolation() is sandboxed.capabilities().isolation is IsolationClass.OS_ENFORCED
