@@ -71,6 +71,26 @@ def test_capabilities_are_all_dropped_and_no_new_privileges(session: DockerSessi
     assert status["Seccomp"] == "2"  # runc applies Docker's default seccomp filter
 
 
+def test_ulimits_init_logging_and_owner_labels_are_in_force(
+    docker_backend: DockerBackend, session: DockerSession
+) -> None:
+    rows = run(session, "cat /proc/self/limits").stdout.splitlines()
+    soft_hard = {row[:26].strip(): row[26:].split()[:2] for row in rows[1:]}
+    limits = ResourceLimits()
+    assert soft_hard["Max open files"] == [str(limits.nofile)] * 2
+    assert soft_hard["Max core file size"] == ["0", "0"]
+    assert soft_hard["Max file size"] == [str(limits.file_size_mb * 1024 * 1024)] * 2  # bytes
+    # PID 1 is the init that reaps orphans, not the keeper.
+    assert run(session, "cat /proc/1/comm").stdout == "docker-init\n"
+    inspect = docker_backend._client.api.inspect_container(session.container_id)
+    assert inspect["HostConfig"]["LogConfig"]["Type"] == "none"
+    labels = inspect["Config"]["Labels"]
+    assert labels["io.adk-sandbox.owner-pid"] == str(os.getpid())
+    assert int(labels["io.adk-sandbox.expires"]) > time.time()
+    assert inspect["Config"]["Entrypoint"] == ["sleep"]  # the keeper's life is bounded (and auto-removed)
+    assert inspect["HostConfig"]["AutoRemove"] is True
+
+
 def test_only_loopback_exists(session: DockerSession) -> None:
     interfaces = [
         line.split(":")[0].strip() for line in run(session, "cat /proc/net/dev").stdout.splitlines()[2:]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import docker
+import docker.errors
 
 from executor._output import OutputCapture
 from executor.backends.docker._daemon import daemon_errors, idempotent
@@ -219,15 +220,16 @@ class DockerExecTransport:
         return False
 
     def _create_exec(self, argv: list[str], user: str, workdir: str, *, attach_stdin: bool) -> str:
-        try:
-            with daemon_errors():
+        with daemon_errors():
+            try:
                 created = self._client.api.exec_create(
                     self._container_id, argv, stdin=attach_stdin, user=user, workdir=workdir
                 )
-        except SandboxFailedError as exc:
-            if "is not running" in str(exc) or "No such container" in str(exc) or "gone" in str(exc):
-                raise ContainerGoneError(str(exc)) from exc
-            raise
+            except docker.errors.APIError as exc:
+                # 404: the container vanished; 409: it is not running. Either way nothing started.
+                if exc.status_code in (404, 409):
+                    raise ContainerGoneError(f"the sandbox container cannot run commands: {exc}") from exc
+                raise
         return str(created["Id"])
 
     def _start_exec(self, exec_id: str) -> tuple[socket.socket, bytes]:

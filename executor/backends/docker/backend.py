@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 
 from executor.backend import OutputCallback, SandboxBackend
@@ -136,8 +135,3 @@ class DockerBackend(SandboxBackend):
         for session in sessions:
             session.close()
         self._client.close()
-
-    @property
-    def policy_env(self) -> Mapping[str, str]:
-        """Environment every command gets on top of the image's (from the policy)."""
-        return self.policy.env

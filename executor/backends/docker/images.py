@@ -201,10 +201,6 @@ def context_hash(context: Path, build_args: Mapping[str, str], base_image_id: st
 # -- the engine -----------------------------------------------------------------------------------------
 
 
-def _client(timeout: float = 600) -> docker.DockerClient:
-    return connect(timeout=timeout)  # BackendUnavailableError saying how to start Docker
-
-
 def _image_attrs(client: docker.DockerClient, name: str) -> dict[str, Any] | None:
     try:
         attrs: dict[str, Any] = client.api.inspect_image(name)  # type: ignore[no-untyped-call]
@@ -355,7 +351,7 @@ def build_images(
     Raises :class:`ImageBuildError` (with the failing output) or ``BackendUnavailableError`` (no daemon).
     """
     root = root or images_dir()
-    client = _client()
+    client = connect(timeout=600)
     try:
         specs = image_specs(root)
         if tag_prefix:
@@ -398,7 +394,7 @@ def build_images(
 def check_images(root: Path | None = None) -> list[ImageStatus]:
     """Each image's state (current / outdated / missing) without building or pulling anything."""
     root = root or images_dir()
-    client = _client(timeout=30)
+    client = connect(timeout=30)
     statuses: list[ImageStatus] = []
     try:
         for spec in image_specs(root):

@@ -292,8 +292,6 @@ class DockerSession(SandboxBackend):
         started = time.monotonic()
         capture = OutputCapture(request.output_cap, on_output)
         with self._lock:
-            if self._container_id is None:
-                self._open_container()
             self._inflight += 1
         try:
             outcome, oom_killed = self._run(request, argv, capture, started, cancel)
