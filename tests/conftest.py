@@ -18,7 +18,15 @@ from pathlib import Path
 import docker
 import pytest
 
-from executor import BackendUnavailableError, BubblewrapEnforcer, EnforcerUnavailableError, get_enforcer
+from executor import (
+    BackendUnavailableError,
+    BubblewrapEnforcer,
+    Capabilities,
+    EnforcerUnavailableError,
+    IsolationClass,
+    Language,
+    get_enforcer,
+)
 from executor.backends.docker import BASE_IMAGE, DockerBackend
 
 IN_CI = bool(os.environ.get("CI"))
@@ -113,4 +121,20 @@ def project_containers(client: docker.DockerClient, owner_pid: int | None = None
     test run, a developer's session) create and remove their own.
     """
     label = "io.adk-sandbox.project" if owner_pid is None else f"io.adk-sandbox.owner-pid={owner_pid}"
-    return [c.id for c in client.containers.list(all=True, filters={"label": label})]
+    return [str(c.id) for c in client.containers.list(all=True, filters={"label": label})]
+
+
+def full_container_capabilities(*languages: Language) -> Capabilities:
+    """What a fully enforcing container backend reports: for fake backends in unit tests of logic."""
+    return Capabilities(
+        isolation=IsolationClass.CONTAINER,
+        timeout=True,
+        memory=True,
+        cpu=True,
+        pids=True,
+        network=True,
+        fs_read=True,
+        fs_write=True,
+        env=True,
+        languages=languages,
+    )

@@ -15,12 +15,12 @@ from executor import (
     Capabilities,
     ExecRequest,
     ExecResult,
-    IsolationClass,
     Language,
     OutputCallback,
     SandboxBackend,
 )
 from executor.rust import CONTAINER_DEPS_DIR, CONTAINER_WORK_DIR, RustExecutor, RustExecutorConfig
+from tests.conftest import full_container_capabilities
 
 METADATA = json.dumps({"$message_type": "artifact", "artifact": "./libmain.rmeta", "emit": "metadata"})
 LINK = json.dumps({"$message_type": "artifact", "artifact": "./main", "emit": "link"})
@@ -40,18 +40,7 @@ class ScriptedContainer(SandboxBackend):
         self.requests: list[ExecRequest] = []
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            isolation=IsolationClass.CONTAINER,
-            timeout=True,
-            memory=True,
-            cpu=True,
-            pids=True,
-            network=True,
-            fs_read=True,
-            fs_write=True,
-            env=True,
-            languages=(Language.COMMAND,),
-        )
+        return full_container_capabilities(Language.COMMAND)
 
     def execute(
         self,

@@ -15,13 +15,13 @@ from executor import (
     ExecRequest,
     ExecResult,
     InvalidRequestError,
-    IsolationClass,
     Language,
     OutputCallback,
     SandboxBackend,
     SandboxTool,
 )
 from executor.tools import CodeExecArgs
+from tests.conftest import full_container_capabilities
 
 
 class RecordingBackend(SandboxBackend):
@@ -36,18 +36,7 @@ class RecordingBackend(SandboxBackend):
         self.error = error
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            isolation=IsolationClass.CONTAINER,
-            timeout=True,
-            memory=True,
-            cpu=True,
-            pids=True,
-            network=True,
-            fs_read=True,
-            fs_write=True,
-            env=True,
-            languages=(Language.COMMAND, Language.PYTHON),
-        )
+        return full_container_capabilities(Language.COMMAND, Language.PYTHON)
 
     def execute(
         self,
