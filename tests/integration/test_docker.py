@@ -28,6 +28,7 @@ from executor import (
     SandboxPolicy,
 )
 from executor.backends.docker import DockerBackend, DockerSession
+from executor.backends.docker._seccomp import profile_option
 from tests.conftest import project_containers, require
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -142,7 +143,7 @@ def test_the_container_is_reused_across_commands(session: DockerSession) -> None
     assert session.container_id == first
 
 
-def test_git_hooks_and_config_are_read_only(docker_backend: DockerBackend, owned_workspace: Path) -> None:
+def test_the_whole_git_directory_is_read_only(docker_backend: DockerBackend, owned_workspace: Path) -> None:
     (owned_workspace / ".git" / "hooks").mkdir(parents=True)
     (owned_workspace / ".git" / "config").write_text("[core]\n")
     for path in (
@@ -157,8 +158,8 @@ def test_git_hooks_and_config_are_read_only(docker_backend: DockerBackend, owned
             "echo evil > .git/hooks/pre-commit; echo '[core] fsmonitor = evil' >> .git/config; "
             "echo ok > .git/HEAD && echo head-written",
         )
-    assert result.stderr.count("Read-only file system") == 2
-    assert "head-written" in result.stdout
+    assert result.stderr.count("Read-only file system") == 3
+    assert "head-written" not in result.stdout
     assert not (owned_workspace / ".git" / "hooks" / "pre-commit").exists()
     assert (owned_workspace / ".git" / "config").read_text() == "[core]\n"
 
@@ -400,9 +401,11 @@ def test_attaching_to_a_hardened_container_works_and_leaves_it(
     client = docker_backend._client
     hardened = client.containers.run(
         "adk-sandbox/base:latest", ["sleep", "120"], detach=True, network_mode="none", cap_drop=["ALL"],
-        security_opt=["no-new-privileges"], read_only=True, mem_limit="256m", pids_limit=64, init=True,
+        security_opt=["no-new-privileges", profile_option()], read_only=True, mem_limit="256m", pids_limit=64,
+        init=True, cgroupns="private",
         tmpfs={"/tmp": "rw,exec,nosuid,nodev,size=16m,mode=1777", "/home/sandbox": "rw,size=16m,mode=1777"},
-        volumes={str(owned_workspace): {"bind": str(owned_workspace), "mode": "rw"}},
+        volumes={str(owned_workspace): {"bind": str(owned_workspace), "mode": "rw"},
+                 str(owned_workspace / ".git"): {"bind": str(owned_workspace / ".git"), "mode": "ro"}},
         auto_remove=True,
     )  # fmt: skip
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import struct
 import time
 from typing import Any
@@ -22,6 +23,7 @@ from executor.backends.docker._reaper import (
     leak_reason,
     owner_labels,
 )
+from executor.backends.docker._seccomp import profile_option
 from executor.backends.docker._spec import (
     ContainerSpec,
     capabilities_from_inspect,
@@ -40,7 +42,8 @@ def test_host_config_is_hardened_by_default() -> None:
     arguments = host_config_arguments(ContainerSpec(image="img", limits=LIMITS, workspace="/w"))
     assert arguments["network_mode"] == "none"
     assert arguments["cap_drop"] == ["ALL"]
-    assert arguments["security_opt"] == ["no-new-privileges"]
+    assert arguments["security_opt"] == ["no-new-privileges", profile_option()]
+    assert arguments["cgroupns"] == "private"
     assert arguments["read_only"] is True and arguments["init"] is True
     assert arguments["mem_limit"] == arguments["memswap_limit"] == 256 * MIB
     assert arguments["nano_cpus"] == 1_500_000_000
@@ -75,7 +78,10 @@ def hardened_inspect(**host: Any) -> dict[str, Any]:
     config = {
         "NetworkMode": "none",
         "CapDrop": ["ALL"],
-        "SecurityOpt": ["no-new-privileges"],
+        "SecurityOpt": ["no-new-privileges", profile_option()],
+        "MaskedPaths": ["/proc/kcore"],
+        "ReadonlyPaths": ["/proc/sys"],
+        "CgroupnsMode": "private",
         "ReadonlyRootfs": True,
         "Memory": 256 * MIB,
         "MemorySwap": 256 * MIB,
@@ -95,10 +101,23 @@ def hardened_inspect(**host: Any) -> dict[str, Any]:
         ({"CapDrop": None}, "capabilities are not all dropped"),
         ({"CapAdd": ["NET_ADMIN"]}, "capabilities are added"),
         ({"Privileged": True}, "privileged"),
-        ({"SecurityOpt": []}, "no-new-privileges is not set"),
-        ({"SecurityOpt": ["no-new-privileges:true"]}, None),
+        ({"SecurityOpt": [profile_option()]}, "no-new-privileges is not set"),
+        ({"SecurityOpt": ["no-new-privileges:true", profile_option()]}, None),
         ({"SecurityOpt": ["no-new-privileges", "seccomp=unconfined"]}, "seccomp profile is disabled"),
         ({"SecurityOpt": ["no-new-privileges", "seccomp:unconfined"]}, "seccomp profile is disabled"),
+        ({"SecurityOpt": ["no-new-privileges"]}, "Docker's default, which lets commands create setuid"),
+        (
+            {"SecurityOpt": ["no-new-privileges", 'seccomp={"defaultAction": "SCMP_ACT_ALLOW"}']},
+            "not the sandbox's",
+        ),
+        ({"SecurityOpt": ["no-new-privileges", "seccomp=/some/path.json"]}, "not the sandbox's"),
+        ({"SecurityOpt": ["no-new-privileges", profile_option(), "apparmor=unconfined"]}, "AppArmor"),
+        ({"SecurityOpt": ["no-new-privileges", profile_option(), "label:disable"]}, "SELinux"),
+        ({"MaskedPaths": []}, "not masked"),
+        ({"ReadonlyPaths": None}, "not masked"),
+        ({"CgroupnsMode": "host"}, "cgroup namespace"),
+        ({"OomKillDisable": True}, "OOM killer is disabled"),
+        ({"PidMode": "container:other"}, "another container's namespace"),
         ({"ReadonlyRootfs": False}, "root filesystem is writable"),
         ({"PidMode": "host"}, "PidMode shares the host"),
         ({"IpcMode": "host"}, "IpcMode shares the host"),
@@ -127,6 +146,49 @@ def test_a_stopped_container_an_unexpected_mount_or_runtime_are_violations() -> 
         "runtime is 'runc', not 'runsc'",
         "unexpected host mount /etc -> /etc",
     ]
+
+
+def test_engine_sockets_are_refused_even_read_only_and_even_attached(tmp_path: Any) -> None:
+    sock_path = tmp_path / "custom-engine.socket"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock_path))
+    try:
+        for source, destination in [
+            ("/var/run/docker.sock", "/var/run/docker.sock"),
+            ("/run", "/host-run"),
+            ("/", "/host"),
+            (str(sock_path), "/engine"),  # any socket file
+            (str(tmp_path), "/x/podman.sock"),  # named like one inside
+            (str(tmp_path / "elsewhere"), "/e"),  # the daemon in use (DOCKER_HOST) lives under it
+        ]:
+            inspect = hardened_inspect()
+            inspect["Mounts"] = [{"Type": "bind", "Source": source, "Destination": destination, "RW": False}]
+            found = hardening_violations(
+                inspect, limits=LIMITS, mounts=[source], attached=True,
+                engine_sockets=[str(tmp_path / "elsewhere" / "d.sock")],
+            )  # fmt: skip
+            assert found and "engine's socket" in found[0], (source, found)
+    finally:
+        server.close()
+
+
+def test_attached_extra_mounts_are_allowed_but_reported_as_not_confined() -> None:
+    inspect = hardened_inspect()
+    inspect["Mounts"] = [
+        {"Type": "bind", "Source": "/w", "Destination": "/w", "RW": True},
+        {"Type": "bind", "Source": "/etc", "Destination": "/host-etc", "RW": False},
+    ]
+    assert hardening_violations(inspect, limits=LIMITS, mounts=["/w"], attached=True) == []
+    assert hardening_violations(inspect, limits=LIMITS, mounts=["/w"]) == [
+        "unexpected host mount /etc -> /host-etc"
+    ]
+    read_only = capabilities_from_inspect(inspect, (Language.COMMAND,), confined=["/w"])
+    assert (read_only.fs_read, read_only.fs_write) == (False, True)
+    inspect["Mounts"][1]["RW"] = True
+    writable = capabilities_from_inspect(inspect, (Language.COMMAND,), confined=["/w"])
+    assert (writable.fs_read, writable.fs_write) == (False, False)
+    only_workspace = capabilities_from_inspect(inspect, (Language.COMMAND,), confined=["/w", "/etc"])
+    assert only_workspace.fs_read and only_workspace.fs_write
 
 
 def test_attach_mode_wants_some_limits_not_exact_ones() -> None:

@@ -8,12 +8,15 @@ the running container really has. Isolation is reported from the second, never f
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from docker.types import LogConfig, Mount, Ulimit
 
+from executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
+from executor.errors import PolicyNotEnforceableError
 from executor.policy import AllowedPath
 from executor.types import Capabilities, IsolationClass, Language, ResourceLimits
 
@@ -23,11 +26,14 @@ __all__ = [
     "LABEL_PREFIX",
     "PROJECT_LABEL",
     "ContainerSpec",
+    "GitProtection",
     "capabilities_from_inspect",
-    "git_protection_mounts",
+    "engine_socket_exposed",
+    "git_protection",
     "hardening_violations",
     "host_config_arguments",
     "isolation_of",
+    "unconfined_mounts",
 ]
 
 GVISOR_RUNTIME = "runsc"
@@ -52,7 +58,9 @@ class ContainerSpec:
     extra_mounts: tuple[AllowedPath, ...] = ()
     """Further host paths (from a policy) mounted at the same path with their mode."""
     read_only_mounts: tuple[str, ...] = ()
-    """Host paths mounted read-only over the workspace mount (``.git/hooks``, ``.git/config``)."""
+    """Host paths mounted read-only over the workspace mount (the workspace's ``.git``)."""
+    git_placeholder: str | None = None
+    """An empty ``.git`` to create before start (the workspace has none), see :class:`GitProtection`."""
     labels: Mapping[str, str] = field(default_factory=dict)
     lifetime_seconds: int = 12 * 3600
 
@@ -62,18 +70,72 @@ class ContainerSpec:
         return self.workspace or "/tmp"
 
 
-def git_protection_mounts(workspace: str) -> tuple[str, ...]:
-    """``.git/hooks`` and ``.git/config`` of ``workspace`` when they exist as real files or directories.
+@dataclass(frozen=True)
+class GitProtection:
+    """How the workspace's ``.git`` is kept out of the sandbox's reach (see docs/DOCKER.md, ``.git``)."""
 
-    Code planted there would later run on the host (a hook, or ``core.fsmonitor`` in the config), so the
-    container sees them read-only. A symlinked entry is left alone: its target is not in the container.
+    read_only_mounts: tuple[str, ...] = ()
+    """Paths mounted read-only at the same place: ``.git`` itself (a directory or a ``gitdir:`` file)."""
+    placeholder: str | None = None
+    """A ``.git`` directory to create (empty) before the container starts and remove after, when the
+    workspace has none: mounted read-only, it keeps the sandbox from planting a repository there."""
+
+
+def git_protection(workspace: str) -> GitProtection:
+    """Protect the workspace's ``.git`` as a whole: its directory (or ``gitdir:`` file) goes read-only.
+
+    Host git run in the workspace honours what ``.git`` holds (hooks, ``core.fsmonitor``, ``commondir``,
+    ``gitdir`` indirections), so nothing in it may be written from the container. A mount point cannot be
+    renamed or removed (EBUSY), so ``mv .git elsewhere`` and rebuilding one fails too. Without a ``.git``,
+    an empty read-only placeholder is mounted so the sandbox cannot create one. A symlinked ``.git`` is
+    refused: the link itself would stay replaceable.
     """
-    found = []
-    for relative in (".git/hooks", ".git/config"):
-        path = os.path.join(workspace, relative)
-        if os.path.lexists(path) and not os.path.islink(path) and not os.path.islink(os.path.dirname(path)):
-            found.append(path)
-    return tuple(found)
+    path = os.path.join(workspace, ".git")
+    if os.path.islink(path):
+        raise PolicyNotEnforceableError(
+            f"{path} is a symbolic link; the sandbox could replace it with a repository of its own that "
+            "host git would then run hooks from. Replace the link with the directory (or a `gitdir:` file)"
+        )
+    if os.path.isdir(path) or os.path.isfile(path):
+        return GitProtection(read_only_mounts=(path,))
+    if os.path.lexists(path):
+        raise PolicyNotEnforceableError(f"{path} is neither a directory nor a file; remove it first")
+    return GitProtection(read_only_mounts=(path,), placeholder=path)
+
+
+#: Where container engines put their API sockets (``/var/run`` is resolved to ``/run`` by realpath).
+ENGINE_SOCKETS = (
+    "/run/docker.sock",
+    "/run/containerd/containerd.sock",
+    "/run/podman/podman.sock",
+    "/run/crio/crio.sock",
+    "/run/dockershim.sock",
+    "/run/buildkit/buildkitd.sock",
+    "/run/docker/containerd/containerd.sock",
+)
+
+
+def _is_within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def engine_socket_exposed(source: str, extra_sockets: Iterable[str] = ()) -> bool:
+    """True when mounting ``source`` would let the container reach a container engine's API socket.
+
+    A socket is reachable through a read-only mount too (``connect`` needs no write access), so any mount
+    that is, or contains, an engine socket is one request away from root on the host: the socket itself,
+    any ``*.sock`` file, or a directory above a known engine socket (``/``, ``/run``, ``/var``...). Reads
+    the filesystem (realpath, stat): not pure, but the answer depends on the host, not the container.
+    """
+    real = os.path.realpath(source)
+    try:
+        if stat.S_ISSOCK(os.stat(real).st_mode) or real.endswith(".sock"):
+            return True
+    except OSError:
+        pass
+    uid = os.getuid()
+    known = [*ENGINE_SOCKETS, f"/run/user/{uid}/docker.sock", f"/run/user/{uid}/podman/podman.sock"]
+    return any(_is_within(os.path.realpath(sock), real) for sock in (*known, *extra_sockets))
 
 
 def tmpfs_options(limits: ResourceLimits) -> str:
@@ -96,7 +158,10 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     return {
         "network_mode": "bridge" if spec.network else "none",
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        # The sandbox seccomp profile: Docker's default minus set-id modes (see _seccomp).
+        "security_opt": ["no-new-privileges", profile_option()],
+        # Its own cgroup namespace (the default is the host's on cgroup v1): no view of the host's tree.
+        "cgroupns": "private",
         "read_only": True,
         "tmpfs": {"/tmp": tmpfs_options(limits), HOME_DIR: tmpfs_options(limits)},
         "init": True,
@@ -123,18 +188,23 @@ def isolation_of(inspect: Mapping[str, Any]) -> IsolationClass:
     return IsolationClass.GVISOR if runtime == GVISOR_RUNTIME else IsolationClass.CONTAINER
 
 
-def hardening_violations(
+def hardening_violations(  # noqa: PLR0915 - one check per line reads best as one function
     inspect: Mapping[str, Any],
     *,
     network: bool = False,
     runtime: str | None = None,
     limits: ResourceLimits | None = None,
     mounts: Sequence[str] = (),
+    attached: bool = False,
+    engine_sockets: Iterable[str] = (),
 ) -> list[str]:
     """What the inspected container lacks of the hardening asked for (empty when all is in force).
 
     ``limits`` None means "any limit, but some limit" (attach mode: the compose file chose the values).
-    ``mounts`` are the host paths allowed as bind-mount sources; any other host mount is a violation.
+    ``mounts`` are the host paths expected as bind-mount sources. Any other host mount is a violation,
+    except when ``attached``: a container someone else made may mount more (it is then reported as not
+    confining the host filesystem, see :func:`capabilities_from_inspect`) — but never a container engine's
+    socket (``engine_sockets`` adds the socket of the daemon in use), which is root on the host.
     """
     host = inspect.get("HostConfig") or {}
     problems: list[str] = []
@@ -149,15 +219,35 @@ def hardening_violations(
     want(not host.get("Privileged"), "the container is privileged")
     want("ALL" in [cap.upper() for cap in host.get("CapDrop") or []], "capabilities are not all dropped")
     want(not host.get("CapAdd"), f"capabilities are added: {host.get('CapAdd')}")
-    options = [option.replace(":", "=") for option in host.get("SecurityOpt") or []]
+    raw_options = list(host.get("SecurityOpt") or [])
+    options = [option.replace(":", "=", 1) for option in raw_options if not option.startswith("seccomp")]
     want(
         any(option in ("no-new-privileges", "no-new-privileges=true") for option in options),
         "no-new-privileges is not set",
     )
-    want("seccomp=unconfined" not in options, "the seccomp profile is disabled")
+    seccomp = seccomp_profile_of(raw_options)
+    if seccomp == "unconfined":
+        problems.append("the seccomp profile is disabled")
+    elif seccomp is None:
+        problems.append(
+            "the seccomp profile is Docker's default, which lets commands create setuid files on the host; "
+            "use the sandbox profile (security_opt seccomp=executor/backends/docker/seccomp/adk-sandbox.json)"
+        )
+    elif seccomp != load_profile():
+        problems.append("the seccomp profile is not the sandbox's (a custom profile cannot be verified)")
+    want("apparmor=unconfined" not in options, "the AppArmor profile is disabled")
+    want("label=disable" not in options, "SELinux labelling is disabled")
+    want(
+        bool(host.get("MaskedPaths")) and bool(host.get("ReadonlyPaths")),
+        "/proc and /sys paths are not masked (systempaths=unconfined)",
+    )
+    want(host.get("CgroupnsMode") != "host", "CgroupnsMode shares the host's cgroup namespace")
+    want(not host.get("OomKillDisable"), "the OOM killer is disabled")
     want(bool(host.get("ReadonlyRootfs")), "the root filesystem is writable")
     for namespace in ("PidMode", "IpcMode", "UTSMode", "UsernsMode"):
-        want(host.get(namespace) != "host", f"{namespace} shares the host's namespace")
+        mode = str(host.get(namespace) or "")
+        want(mode != "host", f"{namespace} shares the host's namespace")
+        want(not mode.startswith("container:"), f"{namespace} shares another container's namespace")
     want(not host.get("Devices"), f"host devices are mapped in: {host.get('Devices')}")
     if runtime is not None:
         want(host.get("Runtime") == runtime, f"runtime is {host.get('Runtime')!r}, not {runtime!r}")
@@ -171,15 +261,40 @@ def hardening_violations(
         want(host.get("PidsLimit") == limits.pids, f"pids limit is {host.get('PidsLimit')}")
         want(host.get("NanoCpus") == int(limits.cpus * 1e9), f"cpu limit is {host.get('NanoCpus')} nanocpus")
     allowed = set(mounts)
+    sockets = tuple(engine_sockets)
     for mount in inspect.get("Mounts") or []:
-        if mount.get("Type") == "bind" and mount.get("Source") not in allowed:
-            problems.append(f"unexpected host mount {mount.get('Source')} -> {mount.get('Destination')}")
+        if mount.get("Type") != "bind":
+            continue
+        source, destination = str(mount.get("Source") or ""), str(mount.get("Destination") or "")
+        if engine_socket_exposed(source, sockets) or destination.endswith(".sock"):
+            problems.append(
+                f"a container engine's socket is reachable through the mount {source} -> {destination}"
+            )
+        elif source not in allowed and not attached:
+            problems.append(f"unexpected host mount {source} -> {destination}")
     return problems
 
 
-def capabilities_from_inspect(inspect: Mapping[str, Any], languages: tuple[Language, ...]) -> Capabilities:
-    """What a running container enforces, read from its inspected configuration."""
+def unconfined_mounts(inspect: Mapping[str, Any], confined: Sequence[str]) -> list[tuple[str, bool]]:
+    """Host bind mounts beyond ``confined`` (workspace, ``.git``, policy paths): (source, writable)."""
+    allowed = set(confined)
+    return [
+        (str(mount.get("Source")), bool(mount.get("RW")))
+        for mount in inspect.get("Mounts") or []
+        if mount.get("Type") == "bind" and mount.get("Source") not in allowed
+    ]
+
+
+def capabilities_from_inspect(
+    inspect: Mapping[str, Any], languages: tuple[Language, ...], confined: Sequence[str] = ()
+) -> Capabilities:
+    """What a running container enforces, read from its inspected configuration.
+
+    ``confined`` are the bind-mount sources the caller asked for; any other host path mounted (an attached
+    container's extra volumes) means host reads are not confined, and writes too when it is writable.
+    """
     host = inspect.get("HostConfig") or {}
+    extra = unconfined_mounts(inspect, confined)
     return Capabilities(
         isolation=isolation_of(inspect),
         timeout=True,
@@ -187,9 +302,9 @@ def capabilities_from_inspect(inspect: Mapping[str, Any], languages: tuple[Langu
         cpu=(host.get("NanoCpus") or 0) > 0 or (host.get("CpuQuota") or 0) > 0,
         pids=(host.get("PidsLimit") or 0) > 0,
         network=host.get("NetworkMode") == "none",
-        # The container sees its image and the mounts checked by hardening_violations, nothing else.
-        fs_read=True,
-        fs_write=bool(host.get("ReadonlyRootfs")),
+        # The container sees its image, the checked mounts and nothing else, unless ``extra`` says more.
+        fs_read=not extra,
+        fs_write=bool(host.get("ReadonlyRootfs")) and not any(writable for _, writable in extra),
         env=True,
         languages=languages,
     )

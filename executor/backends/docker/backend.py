@@ -9,7 +9,7 @@ from pathlib import Path
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import reap_leaked
-from executor.backends.docker._spec import ContainerSpec, git_protection_mounts
+from executor.backends.docker._spec import ContainerSpec, GitProtection, git_protection
 from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.docker.session import DockerSession, SessionConfig
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
@@ -92,6 +92,7 @@ class DockerBackend(SandboxBackend):
         for allowed in self.policy.allowed_paths:
             if not os.path.exists(allowed.path):
                 raise InvalidRequestError(f"policy path {allowed.path!r} does not exist")
+        protection = git_protection(root) if root and self.container is None else GitProtection()
         spec = ContainerSpec(
             image=self.image,
             limits=self.limits,
@@ -99,7 +100,8 @@ class DockerBackend(SandboxBackend):
             network=self.network,
             workspace=root,
             extra_mounts=self.policy.allowed_paths,
-            read_only_mounts=git_protection_mounts(root) if root else (),
+            read_only_mounts=protection.read_only_mounts,
+            git_placeholder=protection.placeholder,
             lifetime_seconds=self.lifetime_seconds,
         )
         config = SessionConfig(

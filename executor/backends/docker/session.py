@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -17,7 +18,7 @@ import docker.errors
 from executor._env import build_child_env
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxBackend
-from executor.backends.docker._daemon import daemon_socket_path, idempotent, remove_container
+from executor.backends.docker._daemon import daemon_errors, daemon_socket_path, idempotent, remove_container
 from executor.backends.docker._reaper import owner_labels
 from executor.backends.docker._spec import (
     GVISOR_RUNTIME,
@@ -115,6 +116,8 @@ class DockerSession(SandboxBackend):
         self._workdir = config.spec.workdir
         self._languages: tuple[Language, ...] | None = None
         self._oom_counter: _OomCounter | None = None
+        self._confined_mounts: tuple[str, ...] = ()
+        self._placeholder_made = False
         self._closed = False
         #: How many times the container was replaced by a fresh one during this session.
         self.restarts = 0
@@ -158,6 +161,7 @@ class DockerSession(SandboxBackend):
             self._adopt(inspect, verify_limits=False)
             return
         spec = self._config.spec
+        self._make_git_placeholder()
         session_id = uuid.uuid4().hex[:12]
         spec = replace(spec, labels={**spec.labels, **owner_labels(session_id, spec.lifetime_seconds)})
         container_id = self._create(spec, f"adk-sandbox-{session_id}")
@@ -193,6 +197,8 @@ class DockerSession(SandboxBackend):
             except docker.errors.APIError as exc:
                 if exc.status_code == 409:  # a retried create whose first attempt went through
                     return str(api.inspect_container(name)["Id"])
+                if "bind source path does not exist" in str(exc.explanation or ""):
+                    raise PolicyNotEnforceableError(_split_brain(spec.workspace, exc.explanation)) from exc
                 if "runtime" in str(exc).lower() and spec.runtime:
                     raise PolicyNotEnforceableError(
                         f"the Docker daemon cannot run runtime {spec.runtime!r} ({exc.explanation}); "
@@ -211,19 +217,18 @@ class DockerSession(SandboxBackend):
         mounts = [spec.workspace] if spec.workspace else []
         mounts += [allowed.path for allowed in spec.extra_mounts] + list(spec.read_only_mounts)
         if self.attached:
-            mounts = [m.get("Source", "") for m in inspect.get("Mounts") or [] if m.get("Type") == "bind"]
             self._workdir = spec.workspace or inspect.get("Config", {}).get("WorkingDir") or "/"
-            if spec.workspace and not _is_mounted(inspect, spec.workspace):
-                raise PolicyNotEnforceableError(
-                    f"container {self._config.attach_to!r} does not mount the workspace {spec.workspace} "
-                    "at the same path; mount it there (see compose.yaml) or attach without a workspace"
-                )
+            if spec.workspace:
+                self._check_attached_workspace(inspect, spec.workspace)
+                mounts.append(os.path.join(spec.workspace, ".git"))
         problems = hardening_violations(
             inspect,
             network=spec.network,
             runtime=spec.runtime,
             limits=spec.limits if verify_limits else None,
             mounts=mounts,
+            attached=self.attached,
+            engine_sockets=(daemon_socket_path(),),
         )
         if problems:
             raise PolicyNotEnforceableError(
@@ -231,13 +236,60 @@ class DockerSession(SandboxBackend):
                 + "; ".join(problems)
             )
         self._inspect = inspect
+        self._confined_mounts = tuple(mounts)
         self._base_env = _image_env(inspect)
         owner_path = spec.workspace or (_mount_source_of(inspect, self._workdir) if self.attached else None)
         if self._config.user is None and owner_path:
             status = os.stat(owner_path)
             self._user = f"{status.st_uid}:{status.st_gid}"
+        self._verify_by_probe(container_id, spec.workspace)
         self._transport = DockerExecTransport(self._client, container_id, daemon_socket_path())
         self._oom_counter = _OomCounter.for_container(inspect)
+
+    def _check_attached_workspace(self, inspect: Mapping[str, Any], workspace: str) -> None:
+        """An attached container must mount the workspace at its path, and its ``.git`` read-only."""
+        name = self._config.attach_to
+        if not _is_mounted(inspect, workspace):
+            raise PolicyNotEnforceableError(
+                f"container {name!r} does not mount the workspace {workspace} "
+                "at the same path; mount it there (see compose.yaml) or attach without a workspace"
+            )
+        git = os.path.join(workspace, ".git")
+        protected = (
+            m.get("Type") == "bind" and m.get("Destination") == m.get("Source") == git and not m.get("RW")
+            for m in inspect.get("Mounts") or []
+        )
+        if not any(protected):
+            raise PolicyNotEnforceableError(
+                f"container {name!r} can write {git}, so it could plant hooks or config that host git "
+                f"would run; mount it read-only at the same path ({git}:{git}:ro, see compose.yaml)"
+            )
+
+    def _verify_by_probe(self, container_id: str, workspace: str | None) -> None:
+        """Confirm from inside what inspect cannot show: the same workspace, and no set-id modes.
+
+        The workspace: a daemon in another mount namespace (rootless Docker, Docker Desktop, a DinD
+        sidecar, a forwarded socket) bind-mounts *its* copy of the path, and commands would silently run
+        against other files. A nonce file written on the host must be visible inside. The seccomp
+        profile: a runtime may ignore it (gVisor without ``--oci-seccomp``), so a ``chmod 4755`` on a
+        scratch file in the container's /tmp must fail.
+        """
+        nonce = _IdentityNonce.create(workspace) if workspace else None
+        try:
+            script = _PROBE_SETID + (' ; cat -- "$1" 2>/dev/null' if nonce else "")
+            argv = ["/bin/sh", "-c", script, "adk-sandbox-probe"] + ([nonce.path] if nonce else [])
+            output = _probe(self._client, container_id, argv, self._user)
+        finally:
+            if nonce:
+                nonce.remove()
+        if "setid-allowed" in output:
+            raise PolicyNotEnforceableError(
+                "commands in this container can create setuid/setgid files (the seccomp profile is not "
+                "enforced by its runtime); for gVisor register runsc with --oci-seccomp (scripts/setup "
+                "does this)"
+            )
+        if nonce and nonce.token not in output:
+            raise PolicyNotEnforceableError(_split_brain(workspace, "a probe file written here is not there"))
 
     def _discard_container(self, container_id: str | None = None) -> None:
         container_id = container_id or self._container_id
@@ -246,6 +298,28 @@ class DockerSession(SandboxBackend):
         if container_id is None or self.attached:
             return
         remove_container(self._client, container_id)
+        self._remove_git_placeholder()
+
+    def _make_git_placeholder(self) -> None:
+        """Create the empty ``.git`` that is mounted read-only when the workspace has none."""
+        path = self._config.spec.git_placeholder
+        if path is None or self.attached:
+            return
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            return  # another session made it, or the user: it is mounted read-only either way
+        self._placeholder_made = True
+        owner = os.stat(os.path.dirname(path))
+        if os.geteuid() == 0 and (owner.st_uid, owner.st_gid) != (0, 0):
+            os.chown(path, owner.st_uid, owner.st_gid)  # the workspace owner can remove it
+
+    def _remove_git_placeholder(self) -> None:
+        path = self._config.spec.git_placeholder
+        if path is not None and self._placeholder_made:
+            self._placeholder_made = False
+            with contextlib.suppress(OSError):  # not empty (the user ran git init meanwhile): keep it
+                os.rmdir(path)
 
     def _replace_container(self, why: str) -> None:
         """Swap in a fresh container (the old one died or could not be cleaned); said in the log."""
@@ -269,7 +343,7 @@ class DockerSession(SandboxBackend):
             probe = self.execute(ExecRequest(language=Language.COMMAND, code=_PROBE_LANGUAGES, timeout=30))
             found = [_PROGRAM_LANGUAGES[word] for word in probe.stdout.split() if word in _PROGRAM_LANGUAGES]
             self._languages = (Language.COMMAND, *found)
-        return capabilities_from_inspect(self._inspect, self._languages)
+        return capabilities_from_inspect(self._inspect, self._languages, self._confined_mounts)
 
     # -- commands ------------------------------------------------------------------------------------
     def execute(
@@ -281,14 +355,17 @@ class DockerSession(SandboxBackend):
     ) -> ExecResult:
         """Run ``request`` in the session's container (see the class docstring)."""
         argv = argv_for(request)
-        limit = self._config.spec.limits.memory_mb
-        if request.memory_limit_mb is not None and request.memory_limit_mb < limit and not self.attached:
+        self.start()
+        # The container's limit is the only one enforced (read from inspect: an attached container's
+        # limit is whatever its compose file chose).
+        limit = int(self._inspect.get("HostConfig", {}).get("Memory") or 0) // (1024 * 1024)
+        if request.memory_limit_mb is not None and (limit == 0 or request.memory_limit_mb < limit):
             raise PolicyNotEnforceableError(
                 f"memory_limit_mb={request.memory_limit_mb} is below the session container's limit "
                 f"({limit} MiB), which is the only one enforced; create the backend with "
                 f"ResourceLimits(memory_mb={request.memory_limit_mb})"
+                + (" or give the attached container that limit" if self.attached else "")
             )
-        self.start()
         started = time.monotonic()
         capture = OutputCapture(request.output_cap, on_output)
         with self._lock:
@@ -431,11 +508,62 @@ def _mount_source_of(inspect: Mapping[str, Any], path: str) -> str | None:
     return None
 
 
+# Prints "setid-allowed" when a set-id mode can be set in the container (it must not: see _seccomp).
+_PROBE_SETID = (
+    'f=$(mktemp) && { chmod 4755 "$f" 2>/dev/null && [ -u "$f" ] && echo setid-allowed; rm -f "$f"; }'
+)
+
+
+@dataclass(frozen=True)
+class _IdentityNonce:
+    """A random file in the workspace root, briefly, to prove the container sees the same directory."""
+
+    path: str
+    token: str
+
+    @classmethod
+    def create(cls, workspace: str) -> _IdentityNonce:
+        token = uuid.uuid4().hex
+        path = os.path.join(workspace, f".adk-sandbox-identity-{token}")
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise PolicyNotEnforceableError(
+                f"cannot write a probe file into the workspace {workspace} ({exc.strerror}) to check that "
+                "the Docker daemon sees the same directory"
+            ) from exc
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(token)
+        return cls(path, token)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _probe(client: docker.DockerClient, container_id: str, argv: list[str], user: str) -> str:
+    """Run a short check in the container; its stdout (bounded in time by the client's timeout)."""
+    with daemon_errors():
+        created = client.api.exec_create(container_id, argv, user=user, stdout=True, stderr=False)
+        output = client.api.exec_start(created["Id"])
+    return output.decode(errors="replace") if isinstance(output, bytes) else str(output)
+
+
+def _split_brain(workspace: str | None, evidence: object) -> str:
+    return (
+        f"the Docker daemon does not see this machine's {workspace} ({evidence}): it mounts a different "
+        "directory at that path (a daemon in another mount namespace: rootless Docker, Docker Desktop, a "
+        "remote or DinD engine). Commands would run against other files; use a daemon that shares this "
+        "machine's filesystem"
+    )
+
+
 def _runtime_hint(runtime: str) -> str:
     if runtime == GVISOR_RUNTIME:
         return (
             "install gVisor (`apt install runsc`) and register it in /etc/docker/daemon.json as "
-            '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}}, '
+            '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", '
+            '"runtimeArgs": ["--network=none", "--oci-seccomp"]}}}, '
             "then reload dockerd (scripts/setup does this)"
         )
     return f"register the runtime {runtime!r} with the Docker daemon"

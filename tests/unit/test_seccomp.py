@@ -1,0 +1,150 @@
+"""The set-id rule: the container profile derived from Docker's default, and the per-command filter."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from executor.backends.docker._seccomp import (
+    INSTALL_FILTER_SOURCE,
+    MODE_ARGUMENTS,
+    SETID_BITS,
+    derive_profile,
+    docker_default_profile,
+    load_profile,
+    native_arch,
+    seccomp_profile_of,
+    setid_filter,
+)
+
+
+def test_the_committed_profile_is_derived_from_the_vendored_default() -> None:
+    assert load_profile() == derive_profile(docker_default_profile())
+
+
+def test_the_profile_allows_mode_calls_only_without_setid_bits() -> None:
+    profile = load_profile()
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    unconditional = {
+        name
+        for rule in profile["syscalls"]
+        if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args")
+        for name in rule["names"]
+    }
+    for name in [*MODE_ARGUMENTS, "openat2", "io_uring_setup", "io_uring_enter", "io_uring_register"]:
+        assert name not in unconditional
+    chmod_rules = [rule for rule in profile["syscalls"] if rule["names"] == ["chmod"]]
+    assert chmod_rules == [
+        {
+            "names": ["chmod"],
+            "action": "SCMP_ACT_ALLOW",
+            "args": [{"index": 1, "value": SETID_BITS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}],
+            "comment": "adk-sandbox: no set-id mode",
+            "includes": {},
+            "excludes": {},
+        }
+    ]
+    # Everything else Docker allows stays allowed: the profile is the default minus the mode calls.
+    default = docker_default_profile()
+    before = {
+        n
+        for r in default["syscalls"]
+        if r["action"] == "SCMP_ACT_ALLOW" and not r.get("args")
+        for n in r["names"]
+    }
+    assert before - unconditional == set(MODE_ARGUMENTS) | {
+        "openat2",
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ([], None),
+        (["no-new-privileges"], None),
+        (["seccomp=unconfined"], "unconfined"),
+        (["seccomp:unconfined"], "unconfined"),
+        (['seccomp={"defaultAction": "SCMP_ACT_ALLOW"}'], {"defaultAction": "SCMP_ACT_ALLOW"}),
+        (["seccomp=/a/path.json"], "/a/path.json"),
+    ],
+)
+def test_reading_the_seccomp_option_of_an_inspected_container(options: list[str], expected: object) -> None:
+    assert seccomp_profile_of(options) == expected
+
+
+def _in_filtered_child(workdir: Path, script: str) -> list[str]:
+    """Run ``script`` (Python, appends to ``results``) in a forked child that installed the filter."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read_end)
+            namespace: dict[str, object] = {}
+            exec(INSTALL_FILTER_SOURCE, namespace)  # noqa: S102 - the library's own source
+            namespace["install_setid_filter"](setid_filter(native_arch()))  # type: ignore[operator]
+            results: list[str] = []
+            os.chdir(workdir)
+            exec(script, {"os": os, "results": results})  # noqa: S102 - the test's own source
+            os.write(write_end, "\n".join(results).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        output = pipe.read()
+    os.waitpid(pid, 0)
+    return output.splitlines()
+
+
+ATTEMPTS = """
+def attempt(name, call):
+    try:
+        call()
+        results.append(name + " allowed")
+    except OSError as exc:
+        results.append(name + " refused " + str(exc.errno))
+open("f", "w").close()
+attempt("chmod 4755", lambda: os.chmod("f", 0o4755))
+attempt("chmod 2755", lambda: os.chmod("f", 0o2755))
+attempt("fchmod 4755", lambda: os.fchmod(os.open("f", os.O_RDONLY), 0o4755))
+attempt("fchmodat 6755", lambda: os.chmod("f", 0o6755, dir_fd=os.open(".", os.O_RDONLY)))
+attempt("open O_CREAT 4755", lambda: os.open("g", os.O_CREAT | os.O_WRONLY, 0o4755))
+attempt("mknod 4755", lambda: os.mknod("h", stat.S_IFREG | 0o4755))
+attempt("chmod 755", lambda: os.chmod("f", 0o755))
+attempt("chmod 1777", lambda: os.chmod("f", 0o1777))
+attempt("open O_CREAT 644", lambda: os.open("i", os.O_CREAT | os.O_WRONLY, 0o644))
+attempt("open read", lambda: os.open("f", os.O_RDONLY))
+"""
+
+
+def test_the_filter_refuses_setid_modes_and_allows_everything_else(tmp_path: Path) -> None:
+    results = _in_filtered_child(tmp_path, "import stat\n" + ATTEMPTS)
+    assert results == [
+        "chmod 4755 refused 1",
+        "chmod 2755 refused 1",
+        "fchmod 4755 refused 1",
+        "fchmodat 6755 refused 1",
+        "open O_CREAT 4755 refused 1",
+        "mknod 4755 refused 1",
+        "chmod 755 allowed",
+        "chmod 1777 allowed",
+        "open O_CREAT 644 allowed",
+        "open read allowed",
+    ]
+    assert not any(path.stat().st_mode & (stat.S_ISUID | stat.S_ISGID) for path in tmp_path.iterdir())
+
+
+def test_the_filter_survives_exec_and_cannot_be_lifted(tmp_path: Path) -> None:
+    script = (
+        "import subprocess\n"
+        "open('f', 'w').close()\n"
+        "done = subprocess.run(['sh', '-c', 'chmod 4755 f; echo $?'], capture_output=True, text=True)\n"
+        "results.append(done.stdout.strip())\n"
+    )
+    assert _in_filtered_child(tmp_path, script) == ["1"]
+    assert not (tmp_path / "f").stat().st_mode & stat.S_ISUID
