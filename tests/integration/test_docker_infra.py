@@ -1,0 +1,53 @@
+"""DockerBackend plumbing against the real engine: what a backend holds, what errors its daemon calls
+raise, which connection they use, and what a container that cannot start reports (issue 10).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from executor import ExecRequest, Language, SandboxFailedError
+from executor.backend import SandboxBackend
+from executor.backends.docker import DockerBackend
+from executor.backends.docker._daemon import connect
+from tests.conftest import project_containers
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
+
+
+def echo(backend: SandboxBackend, text: str = "hi") -> str:
+    return backend.execute(ExecRequest(language=Language.COMMAND, code=f"echo {text}", timeout=30)).stdout
+
+
+# -- a backend holds only its open sessions ----------------------------------------------------------
+
+
+def test_closed_sessions_are_dropped_by_the_backend(owned_workspace: Path) -> None:
+    with DockerBackend() as backend:
+        for _ in range(50):
+            backend.session(workspace=owned_workspace).close()  # never started: no container
+        for _ in range(3):
+            with backend.session(workspace=owned_workspace) as session:
+                assert echo(session) == "hi\n"
+        assert echo(backend) == "hi\n"  # a throw-away session
+        assert len(backend._sessions) == 0
+
+
+def test_backend_close_still_closes_the_sessions_left_open(owned_workspace: Path) -> None:
+    backend = DockerBackend()
+    session = backend.session(workspace=owned_workspace)
+    container_id = session.container_id
+    assert len(backend._sessions) == 1
+    client = connect()
+    try:
+        assert container_id in project_containers(client, os.getpid())
+        backend.close()
+        assert container_id not in project_containers(client, os.getpid())
+    finally:
+        client.close()
+    assert len(backend._sessions) == 0
+    with pytest.raises(SandboxFailedError, match="closed"):
+        session.start()
