@@ -51,3 +51,19 @@ def test_backend_close_still_closes_the_sessions_left_open(owned_workspace: Path
     assert len(backend._sessions) == 0
     with pytest.raises(SandboxFailedError, match="closed"):
         session.start()
+
+
+# -- the daemon connection ignores proxy and CA settings of the environment -------------------------
+
+
+def test_a_backend_works_with_garbage_proxy_and_ca_variables(
+    monkeypatch: pytest.MonkeyPatch, owned_workspace: Path
+) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/nonexistent/ca-bundle.pem")
+    monkeypatch.setenv("CURL_CA_BUNDLE", "/nonexistent/ca-bundle.pem")
+    with DockerBackend() as backend:
+        assert backend._client.api.trust_env is False
+        with backend.session(workspace=owned_workspace) as session:
+            assert echo(session, "through-the-socket") == "through-the-socket\n"
