@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, Language, SandboxFailedError
+from executor import ExecRequest, Language, ResourceLimits, SandboxFailedError
 from executor.backend import SandboxBackend
 from executor.backends.docker import DockerBackend
 from executor.backends.docker._daemon import connect
@@ -67,3 +67,22 @@ def test_a_backend_works_with_garbage_proxy_and_ca_variables(
         assert backend._client.api.trust_env is False
         with backend.session(workspace=owned_workspace) as session:
             assert echo(session, "through-the-socket") == "through-the-socket\n"
+
+
+# -- a container that cannot start says why --------------------------------------------------------
+
+
+def test_a_container_the_runtime_cannot_start_reports_the_daemons_reason(owned_workspace: Path) -> None:
+    # Accepted at create, refused at start: a nofile limit above the kernel's fs.nr_open (runc cannot set
+    # the rlimit). Before, the start was retried on the 500, found the container erased by auto_remove
+    # and said "the sandbox container is gone".
+    with open("/proc/sys/fs/nr_open") as handle:
+        too_many = int(handle.read()) * 2
+    with DockerBackend(limits=ResourceLimits(nofile=too_many)) as backend:
+        before = set(project_containers(backend._client, os.getpid()))
+        with pytest.raises(SandboxFailedError) as failure:
+            backend.execute(ExecRequest(language=Language.COMMAND, code="true", timeout=30))
+        message = str(failure.value)
+        assert "could not start" in message and "rlimit" in message, message
+        assert "is gone" not in message
+        assert set(project_containers(backend._client, os.getpid())) <= before
