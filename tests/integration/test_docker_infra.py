@@ -4,14 +4,21 @@ raise, which connection they use, and what a container that cannot start reports
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import docker
+import docker.errors
 import pytest
 
-from executor import ExecRequest, Language, ResourceLimits, SandboxFailedError
+from executor import ExecRequest, ExecutorError, Language, ResourceLimits, SandboxFailedError
 from executor.backend import SandboxBackend
-from executor.backends.docker import DockerBackend
+from executor.backends.docker import BASE_IMAGE, DockerBackend, images
 from executor.backends.docker._daemon import connect
 from tests.conftest import project_containers
 
@@ -67,6 +74,78 @@ def test_a_backend_works_with_garbage_proxy_and_ca_variables(
         assert backend._client.api.trust_env is False
         with backend.session(workspace=owned_workspace) as session:
             assert echo(session, "through-the-socket") == "through-the-socket\n"
+
+
+# -- image code raises this library's errors ---------------------------------------------------------
+
+
+def test_an_invalid_base_image_reference_is_a_library_error() -> None:
+    # The daemon answers 400 (not 404) to the inspect: docker-py raised a bare APIError here before.
+    with pytest.raises(ExecutorError, match="invalid reference format"):
+        images.build_images(base_image="NOT A VALID REF!!", root=images.images_dir())
+
+
+def test_images_build_with_an_invalid_base_image_fails_in_one_line_without_a_traceback() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "executor", "images", "build", "--base-image", "NOT A VALID REF!!"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("adk-sandbox: error:"), done.stderr
+    assert "invalid reference format" in errors[0]
+
+
+@contextlib.contextmanager
+def scratch_images(tmp_path: Path, base_body: str, rust_body: str) -> Iterator[tuple[Path, str]]:
+    """Two tiny build contexts under a unique test tag prefix; every image they made removed afterwards."""
+    prefix = f"adk-sandbox-test-{uuid.uuid4().hex[:8]}"
+    root = tmp_path / "images"
+    for name, body in (("base", base_body), ("rust", rust_body)):
+        (root / name).mkdir(parents=True)
+        (root / name / "Dockerfile").write_text(f"ARG BASE_IMAGE=none\nFROM ${{BASE_IMAGE}}\n{body}\n")
+    client = docker.from_env()
+    try:
+        yield root, prefix
+    finally:
+        for image in client.images.list(name=f"{prefix}/*"):
+            for tag in image.tags:
+                with contextlib.suppress(docker.errors.APIError):
+                    client.images.remove(tag)
+        remaining = client.images.list(name=f"{prefix}/*")
+        client.close()
+        assert not remaining
+
+
+def test_an_invalid_version_tag_is_a_library_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Checking and making the version tag: before, the daemon's 400 escaped as a bare APIError.
+    monkeypatch.setattr(images, "_version", lambda: "not a valid tag!")
+    with scratch_images(tmp_path, "LABEL step=base", "LABEL step=rust") as (root, prefix):
+        with pytest.raises(ExecutorError, match="invalid reference format") as failure:
+            images.build_images(base_image=BASE_IMAGE, root=root, tag_prefix=prefix)
+        assert "\n" not in str(failure.value)
+
+
+def test_a_refused_tag_is_an_image_build_error() -> None:
+    client = connect()
+    try:
+        image_id = str(client.api.inspect_image(BASE_IMAGE)["Id"])
+        with pytest.raises(images.ImageBuildError, match=r"tagging .* as NOT VALID:x failed: .*invalid"):
+            images._tag(client, image_id, "NOT VALID:x")
+    finally:
+        client.close()
+
+
+def test_a_broken_dockerfile_is_an_image_build_error(tmp_path: Path) -> None:
+    with (
+        scratch_images(tmp_path, "FROMM nothing", "LABEL step=rust") as (root, prefix),
+        pytest.raises(images.ImageBuildError, match=f"building {prefix}/base:latest failed"),
+    ):
+        images.build_images(base_image=BASE_IMAGE, root=root, tag_prefix=prefix)
 
 
 # -- a container that cannot start says why --------------------------------------------------------
