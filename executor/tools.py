@@ -18,7 +18,7 @@ import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar, Generic, TypeVar, cast
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
@@ -173,9 +173,15 @@ class CodeTool(_Tool[CodeExecArgs]):
         return self._executor
 
     def close(self) -> None:
-        """Close the executor if the tool created it."""
+        """Close the executor if the tool created it (and with it the session it opened). Idempotent."""
         if self._owned:
             self._executor.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _call(self, arguments: CodeExecArgs, cancel: threading.Event | None) -> dict[str, Any]:
         result = self._executor.run(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -26,7 +27,7 @@ import time
 import uuid
 import weakref
 from types import TracebackType
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -78,6 +79,15 @@ _INFRASTRUCTURE_ERROR = re.compile(
 )
 _WATCH_INTERVAL = 0.02
 _CLEANUP_TIMEOUT = 10.0
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class _SessionFactory(Protocol):
+    """A backend whose executions do not share a filesystem but which opens sessions that do (Docker)."""
+
+    def session(self) -> SandboxBackend: ...
 
 
 class RustExecutorConfig(BaseModel):
@@ -147,19 +157,32 @@ class RustResult(BaseModel):
 class RustExecutor:
     """Compiles and runs ``fn run(input: Value) -> Value`` snippets on ``backend``. Thread-safe.
 
-    The backend must keep its filesystem between executions (a host backend, or a Docker *session*): the
-    program built by one step is run by the next. The executor does not own the backend; ``close()``
-    removes only the work directory it created itself.
+    The program built by one step is run by the next, so the steps need one filesystem: a host backend,
+    or a Docker *session*. Given a backend that opens sessions (``DockerBackend``, whose ``execute`` uses a
+    throw-away container per call), the executor opens one session (no workspace) and runs every step of
+    every snippet in it; ``close()`` closes that session and removes its container. Otherwise the executor
+    does not own the backend; ``close()`` removes only the work directory it created itself.
     """
 
     def __init__(self, backend: SandboxBackend, config: RustExecutorConfig | None = None) -> None:
-        self._backend = backend
         self._config = config = config if config is not None else RustExecutorConfig()
         self._owned_work_dir: str | None = None
         self._closed = False
         self._unavailable: str | None = None
         self._check_deps_on_host = False
-        if backend.isolation() >= IsolationClass.CONTAINER:
+        self._session_finalizer: weakref.finalize[Any, Any] | None = None
+        if isinstance(backend, _SessionFactory):
+            session = backend.session()
+            # Also closed when the executor is garbage-collected or the interpreter exits without close().
+            self._session_finalizer = weakref.finalize(self, _close_session, session)
+            backend = session
+        self._backend = backend
+        try:
+            isolation = backend.isolation()  # starts an owned session's container
+        except BaseException:
+            self.close()
+            raise
+        if isolation >= IsolationClass.CONTAINER:
             self._rustc = [config.rustc or "rustc"]
             self._deps_dir = config.deps_dir or CONTAINER_DEPS_DIR
             self._work_dir = config.work_dir or CONTAINER_WORK_DIR
@@ -205,7 +228,7 @@ class RustExecutor:
 
     @property
     def backend(self) -> SandboxBackend:
-        """The backend every step runs on."""
+        """The backend every step runs on (the executor's own session when it was given a DockerBackend)."""
         return self._backend
 
     @property
@@ -224,11 +247,13 @@ class RustExecutor:
         return self._deps_dir
 
     def close(self) -> None:
-        """Remove the host work directory this executor created (if any). Idempotent."""
+        """Close the session this executor opened, remove the host work dir it created. Idempotent."""
         self._closed = True
         owned, self._owned_work_dir = self._owned_work_dir, None
         if owned is not None:
             self._finalizer()  # removes the directory now, and only once
+        if self._session_finalizer is not None:
+            self._session_finalizer()  # closes the session now, and only once
 
     def __enter__(self) -> Self:
         return self
@@ -596,6 +621,13 @@ def _timeout(stage: RustStage, **fields: Any) -> RustResult:
     doing = {"check": "type checking", "build": "generating code and linking", "run": "running the program"}
     message = f"time limit reached while {doing[stage]} ({stage} stage)"
     return RustResult(status="timeout", stage=stage, message=message, **fields)
+
+
+def _close_session(session: SandboxBackend) -> None:
+    try:
+        session.close()
+    except Exception:  # also runs from a finalizer, where raising helps nobody
+        log.warning("closing the Rust executor's sandbox session failed", exc_info=True)
 
 
 def _ms_since(start: float) -> int:

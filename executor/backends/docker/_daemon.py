@@ -140,6 +140,9 @@ def connect(timeout: float = 60.0) -> docker.DockerClient:
         raise BackendUnavailableError(f"no Docker daemon socket at {socket_path}; {HOW_TO_START_DOCKER}")
     with daemon_errors():
         client = docker.DockerClient(base_url=f"unix://{socket_path}", version="auto", timeout=int(timeout))
+    # The API client is a requests session: without this it would take proxies (HTTP(S)_PROXY, ALL_PROXY)
+    # and CA bundles (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) from the environment for the daemon's socket.
+    client.api.trust_env = False
     idempotent(client.ping)
     return client
 

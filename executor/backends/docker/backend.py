@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+
+import docker
 
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._daemon import connect
@@ -79,7 +82,8 @@ class DockerBackend(SandboxBackend):
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self._lock = threading.Lock()
-        self._sessions: list[DockerSession] = []
+        self._sessions: set[DockerSession] = set()
+        """Sessions opened and not yet closed (a closed session removes itself, see :meth:`_forget`)."""
         self._capabilities: Capabilities | None = None
 
     def session(self, workspace: str | os.PathLike[str] | None = None) -> DockerSession:
@@ -107,10 +111,15 @@ class DockerBackend(SandboxBackend):
         config = SessionConfig(
             spec=spec, user=self.user, policy_env=self.policy.env, attach_to=self.container
         )
-        session = DockerSession(self._client, config)
+        session = _TrackedSession(self._client, config, self._forget)
         with self._lock:
-            self._sessions.append(session)
+            self._sessions.add(session)
         return session
+
+    def _forget(self, session: DockerSession) -> None:
+        """Called by a session when it closes: a long-lived backend holds only the open ones."""
+        with self._lock:
+            self._sessions.discard(session)
 
     def capabilities(self) -> Capabilities:
         """What a session container of this backend enforces, read from a real one (probed once)."""
@@ -131,9 +140,29 @@ class DockerBackend(SandboxBackend):
             return session.execute(request, on_output, cancel=cancel)
 
     def close(self) -> None:
-        """Close every session this backend opened (their containers are removed)."""
+        """Close every session of this backend still open (their containers are removed)."""
         with self._lock:
-            sessions, self._sessions = self._sessions, []
+            sessions, self._sessions = list(self._sessions), set()
         for session in sessions:
             session.close()
         self._client.close()
+
+
+class _TrackedSession(DockerSession):
+    """A session that tells its backend when it closes, so the backend stops holding it."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        config: SessionConfig,
+        on_close: Callable[[DockerSession], None],
+    ) -> None:
+        super().__init__(client, config)
+        self._on_close = on_close
+
+    def close(self) -> None:
+        """Remove the container (unless attached) and leave the backend's list of open sessions."""
+        try:
+            super().close()
+        finally:
+            self._on_close(self)

@@ -35,10 +35,9 @@ from typing import Any, Literal
 import docker
 import docker.errors
 import docker.utils
-import requests.exceptions
 
-from executor.backends.docker._daemon import connect
-from executor.errors import ExecutorError
+from executor.backends.docker._daemon import connect, daemon_errors, idempotent
+from executor.errors import BackendUnavailableError, ExecutorError
 
 __all__ = [
     "BASE_IMAGE",
@@ -201,12 +200,30 @@ def context_hash(context: Path, build_args: Mapping[str, str], base_image_id: st
 # -- the engine -----------------------------------------------------------------------------------------
 
 
+# Every docker-py call below goes through _daemon's error mapping (idempotent() or daemon_errors()), so
+# only this library's exceptions leave the module (and the CLI prints one line, not a traceback).
+
+
 def _image_attrs(client: docker.DockerClient, name: str) -> dict[str, Any] | None:
+    """``docker image inspect``; None when there is no such image."""
+
+    def inspect() -> dict[str, Any] | None:
+        try:
+            attrs: dict[str, Any] = client.api.inspect_image(name)  # type: ignore[no-untyped-call]
+        except docker.errors.ImageNotFound:
+            return None
+        return attrs
+
+    return idempotent(inspect)
+
+
+def _tag(client: docker.DockerClient, image_id: str, reference: str) -> None:
+    """Tag ``image_id`` as ``reference`` (``repository:tag``); repeating it is harmless."""
+    repository, _, tag = reference.rpartition(":")
     try:
-        attrs: dict[str, Any] = client.api.inspect_image(name)  # type: ignore[no-untyped-call]
-    except docker.errors.ImageNotFound:
-        return None
-    return attrs
+        idempotent(lambda: client.api.tag(image_id, repository, tag))
+    except ExecutorError as exc:
+        raise ImageBuildError(f"tagging {image_id[7:19] or image_id} as {reference} failed: {exc}") from exc
 
 
 def _labels(attrs: Mapping[str, Any]) -> dict[str, str]:
@@ -217,21 +234,24 @@ def _labels(attrs: Mapping[str, Any]) -> dict[str, str]:
 def _pull(client: docker.DockerClient, name: str, progress: Progress) -> bool:
     """Try to pull ``name`` from a registry within bounded time; False when no registry answers."""
     repository, tag = docker.utils.parse_repository_tag(name)
-    api = docker.from_env(timeout=int(PULL_TIMEOUT_SECONDS)).api
+    # The one kind of connection (_daemon.connect: the local socket, no proxy or CA settings from the
+    # environment), with its own shorter timeout for a registry that does not answer.
+    pull_client = connect(timeout=PULL_TIMEOUT_SECONDS)
     progress(f"==> registry: trying `docker pull {name}`")
     try:
-        for event in api.pull(repository, tag=tag or "latest", stream=True, decode=True):
-            if "error" in event:
-                progress(f"registry: {event['error']}")
-                return False
-            status = " ".join(str(event.get(key, "")) for key in ("id", "status", "progress")).strip()
-            if status:
-                progress(f"registry: {status}")
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        progress(f"registry: not reachable ({str(exc).splitlines()[0]})")
+        with daemon_errors():
+            for event in pull_client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
+                if "error" in event:
+                    progress(f"registry: {event['error']}")
+                    return False
+                status = " ".join(str(event.get(key, "")) for key in ("id", "status", "progress")).strip()
+                if status:
+                    progress(f"registry: {status}")
+    except ExecutorError as exc:
+        progress(f"registry: not reachable ({(str(exc).splitlines() or [type(exc).__name__])[0]})")
         return False
     finally:
-        api.close()
+        pull_client.close()
     return _image_attrs(client, name) is not None
 
 
@@ -290,31 +310,37 @@ def _build(
     image_id = ""
     tail: list[str] = []
     try:
-        stream = client.api.build(
-            path=str(spec.context),
-            tag=spec.tag,
-            buildargs=dict(build_args),
-            labels=dict(labels),
-            network_mode="host",
-            decode=True,
-            rm=True,
-            forcerm=True,
-            pull=False,
-            nocache=nocache,
-        )
-        for event in stream:
-            if "error" in event:
-                detail = " ".join(str(event["error"]).split())
-                raise ImageBuildError(f"building {spec.tag} failed: {detail}", output="\n".join(tail[-20:]))
-            if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
-                image_id = str(event["aux"]["ID"])
-            text = str(event.get("stream") or event.get("status") or "")
-            for line in text.splitlines():
-                if line.strip():
-                    tail = [*tail[-30:], line.rstrip()]
-                    progress(f"{spec.name}: {line.rstrip()}")
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        raise ImageBuildError(f"building {spec.tag} failed: {exc}") from exc
+        with daemon_errors():
+            stream = client.api.build(
+                path=str(spec.context),
+                tag=spec.tag,
+                buildargs=dict(build_args),
+                labels=dict(labels),
+                network_mode="host",
+                decode=True,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                nocache=nocache,
+            )
+            for event in stream:
+                if "error" in event:
+                    detail = " ".join(str(event["error"]).split())
+                    raise ImageBuildError(
+                        f"building {spec.tag} failed: {detail}", output="\n".join(tail[-20:])
+                    )
+                if "aux" in event and isinstance(event["aux"], dict) and "ID" in event["aux"]:
+                    image_id = str(event["aux"]["ID"])
+                text = str(event.get("stream") or event.get("status") or "")
+                for line in text.splitlines():
+                    if line.strip():
+                        tail = [*tail[-30:], line.rstrip()]
+                        progress(f"{spec.name}: {line.rstrip()}")
+    except (ImageBuildError, BackendUnavailableError):
+        raise
+    except (ExecutorError, OSError) as exc:  # the daemon refused or broke off; an unreadable context file
+        detail = " ".join(str(exc).split())
+        raise ImageBuildError(f"building {spec.tag} failed: {detail}", output="\n".join(tail[-20:])) from exc
     attrs = _image_attrs(client, spec.tag)
     if attrs is None:
         raise ImageBuildError(f"building {spec.tag} reported success but the image is missing")
@@ -327,8 +353,9 @@ def _remove_replaced(client: docker.DockerClient, name: str, image_id: str, prog
     if attrs is None or attrs.get("RepoTags") or not _labels(attrs).get(CONTEXT_HASH_LABEL):
         return  # gone, still tagged elsewhere, or not one of ours
     try:
-        client.api.remove_image(image_id, noprune=False)
-    except docker.errors.APIError:
+        with daemon_errors():
+            client.api.remove_image(image_id, noprune=False)
+    except ExecutorError:
         return  # a container (or a child image) still uses it; `docker image prune` can take it later
     progress(f"==> {name}: removed the image it replaced ({image_id[7:19]})")
 
@@ -377,8 +404,7 @@ def build_images(
                 image_id, action = _build(client, spec, build_args, labels, progress, nocache=force), _BUILT
             version_attrs = _image_attrs(client, spec.version_tag)
             if version_attrs is None or version_attrs["Id"] != image_id:
-                repository, _, tag = spec.version_tag.rpartition(":")
-                client.api.tag(image_id, repository, tag)
+                _tag(client, image_id, spec.version_tag)
             if attrs is not None and attrs["Id"] != image_id:
                 _remove_replaced(client, spec.name, str(attrs["Id"]), progress)
             seconds = time.monotonic() - started

@@ -165,8 +165,21 @@ class DockerSession(SandboxBackend):
         session_id = uuid.uuid4().hex[:12]
         spec = replace(spec, labels={**spec.labels, **owner_labels(session_id, spec.lifetime_seconds)})
         container_id = self._create(spec, f"adk-sandbox-{session_id}")
+        api = self._client.api
+
+        def start() -> None:
+            # A refused start (the runtime failed: a rejected rlimit, mount, ...) is final: retrying it
+            # would only find the container erased by auto_remove and hide the daemon's reason.
+            try:
+                api.start(container_id)
+            except docker.errors.APIError as exc:
+                gone = " (the container was removed meanwhile)" if exc.status_code == 404 else ""
+                raise SandboxFailedError(
+                    f"the sandbox container could not start{gone}: {exc.explanation or exc}"
+                ) from exc
+
         try:
-            idempotent(lambda: self._client.api.start(container_id))
+            idempotent(start)  # retried only when the daemon was unreachable
             self._container_id = container_id
             self._adopt(
                 idempotent(lambda: self._client.api.inspect_container(container_id)), verify_limits=True

@@ -1,0 +1,40 @@
+"""``_daemon.connect``: the daemon's client does not take proxy or CA settings from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from executor.backends.docker import _daemon
+
+
+def test_the_client_session_ignores_proxy_and_ca_variables(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    socket = tmp_path / "docker.sock"
+    socket.touch()  # connect() only checks that it exists; nothing below talks to it
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{socket}")
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, "http://garbage.invalid:1")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/nonexistent/ca-bundle.pem")
+    real_client = docker.DockerClient
+
+    def offline_client(**kwargs: Any) -> docker.DockerClient:
+        # A fixed API version instead of "auto", which would ask the (absent) daemon for it.
+        return real_client(**{**kwargs, "version": "1.41"})
+
+    monkeypatch.setattr(_daemon.docker, "DockerClient", offline_client)
+    monkeypatch.setattr(real_client, "ping", lambda _self: True)
+
+    client = _daemon.connect()
+    try:
+        assert client.api.trust_env is False
+        url = client.api.base_url + "/_ping"
+        settings = client.api.merge_environment_settings(url, {}, None, None, None)
+        assert settings["proxies"] == {}
+        assert settings["verify"] is True  # not the garbage REQUESTS_CA_BUNDLE
+    finally:
+        client.close()
