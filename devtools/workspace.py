@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from devtools._beneath import EscapeError, Located, RootDir
+from devtools._beneath import NAMES_DIRECTORY, NOT_A_DIRECTORY, EscapeError, Located, RootDir, climbs_out
 from devtools.errors import (
     InvalidPathError,
     NotRegularFileError,
@@ -188,23 +188,31 @@ class Workspace:
         if "\0" in path:
             raise InvalidPathError(f"path {path!r} contains a NUL byte, which no file name can hold")
         try:
-            size = len(os.fsencode(path))
+            # Strict UTF-8, not os.fsencode: its surrogateescape would turn U+DC80..U+DCFF into raw bytes
+            # and create a name that is not UTF-8, while any other lone surrogate is refused.
+            size = len(path.encode("utf-8"))
         except UnicodeEncodeError:
             raise InvalidPathError(f"path {path!r} is not valid Unicode (a lone surrogate)") from None
         if size >= PATH_MAX:
             raise InvalidPathError(f"path is too long ({size} bytes; the limit is {PATH_MAX - 1})")
         for part in path.split("/"):
-            if len(os.fsencode(part)) > NAME_MAX:
+            if len(part.encode("utf-8")) > NAME_MAX:
                 raise InvalidPathError(
-                    f"path component '{part[:32]}...' is too long ({len(os.fsencode(part))} bytes; "
+                    f"path component '{part[:32]}...' is too long ({len(part.encode('utf-8'))} bytes; "
                     f"the limit is {NAME_MAX})"
                 )
         if path.startswith("/"):
             try:
-                return self._root.strip_root(path)
+                rel = self._root.strip_root(path)
             except EscapeError:
                 raise PathEscapeError(path) from None
-        return path
+        else:
+            rel = path
+        if climbs_out(rel):
+            # Refused before anything is looked at or created: 'a/../../x' names a place outside whatever
+            # exists (a missing 'a' must not turn it into "does not exist", a write must not create 'a').
+            raise PathEscapeError(path)
+        return rel
 
     def real_path_of(self, fd: int) -> str:
         """The absolute path of an open descriptor (how files are keyed for read tracking)."""
@@ -280,7 +288,8 @@ class Workspace:
     def locate_file(self, path: str, *, create_dirs: bool) -> Located:
         """Find the entry a write to ``path`` replaces: a directory fd and a name that is not a symlink.
 
-        Refuses directories, special files and dangling links. The caller closes the result.
+        Refuses directories, special files and dangling links; a refusal removes the parent directories
+        ``create_dirs`` made. The caller closes the result (and calls ``rollback()`` when its write fails).
         """
         rel = self.relative_request(path)
         with self.mapped_errors(path):
@@ -293,6 +302,7 @@ class Workspace:
                     raise NotRegularFileError(_not_regular_message(path, located.lstat.st_mode))
                 return located
             except BaseException:
+                located.rollback()
                 located.close()
                 raise
 
@@ -421,6 +431,14 @@ def _not_regular_message(path: str, mode: int) -> str:
 
 def _tool_error(path: str, exc: OSError) -> ToolError:  # noqa: PLR0911 - one case per errno
     code = exc.errno
+    if code == errno.ENOTDIR and exc.strerror == NOT_A_DIRECTORY:
+        return InvalidPathError(
+            f"path '{path}' ends with '/' but names a file, not a directory; remove the trailing '/'"
+        )
+    if code == errno.EISDIR and exc.strerror == NAMES_DIRECTORY:
+        return InvalidPathError(
+            f"path '{path}' ends with '/', so it names a directory; a file path must not end with '/'"
+        )
     if code == errno.ENOENT and exc.strerror == _DANGLING:
         return InvalidPathError(f"path '{path}' is a symbolic link whose target does not exist")
     if code == errno.ENOENT:
