@@ -3,7 +3,10 @@
 Both follow one contract: **errors are information**. A call never raises (cancellation of the awaiting
 task aside); bad arguments, refused code and broken infrastructure all come back as a JSON-ready dict
 with a ``status`` and a ``message`` written for the model. Arguments are validated by pydantic models, whose
-JSON schemas are the tools' ``parameters``.
+JSON schemas are the tools' ``parameters``. Argument text nested deeper than :data:`MAX_ARGUMENT_DEPTH`
+is refused before it is parsed (Python's parser would hit its recursion limit), and ``code_exec``'s
+``input`` must be JSON data nested at most :data:`MAX_INPUT_DEPTH` levels (serde_json's limit in the
+harness; deeper input would silently arrive as ``null``).
 
 ``run(arguments)`` is ``async`` and runs the blocking work in a thread, so an agent's event loop stays
 free; cancelling the awaiting task kills what the call started. ``run_sync(arguments)`` is the same call
