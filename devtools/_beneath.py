@@ -32,13 +32,17 @@ import platform
 import stat
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "MAX_SYMLINK_HOPS",
+    "NAMES_DIRECTORY",
+    "NOT_A_DIRECTORY",
     "EscapeError",
     "Located",
     "RootDir",
+    "climbs_out",
+    "names_directory",
     "openat2_available",
     "split_components",
 ]
@@ -106,9 +110,36 @@ def openat2_available() -> bool:
         return _openat2_state
 
 
+NOT_A_DIRECTORY = "names a file, not a directory (it ends with '/')"
+"""``strerror`` of the ``ENOTDIR`` raised for ``file/`` or ``file/.`` (as the kernel refuses it)."""
+
+NAMES_DIRECTORY = "names a directory (it ends with '/'), not a file"
+"""``strerror`` of the ``EISDIR`` raised when a write would create ``new/`` as a file."""
+
+
 def split_components(path: str) -> list[str]:
     """Components of ``path`` with empty ones and ``.`` dropped (``..`` kept: it is resolved by the walk)."""
     return [part for part in path.split("/") if part not in ("", ".")]
+
+
+def climbs_out(rel: str) -> bool:
+    """Whether the ``..`` components of ``rel`` climb above its start, counted on the text alone.
+
+    Such a path names a place outside the root whatever exists on the way, so it is refused before any
+    lookup (and before a write creates a directory). Symlinks are not considered here; the walk refuses
+    the ones that lead outside.
+    """
+    depth = 0
+    for part in split_components(rel):
+        depth += -1 if part == ".." else 1
+        if depth < 0:
+            return True
+    return False
+
+
+def names_directory(rel: str) -> bool:
+    """Whether ``rel`` ends with ``/`` or ``/.``: the kernel then requires a directory there."""
+    return bool(split_components(rel)) and rel.rsplit("/", maxsplit=1)[-1] in ("", ".")
 
 
 @dataclass
@@ -117,7 +148,9 @@ class Located:
 
     ``dir_fd`` is owned by the caller. ``lstat`` is None when ``name`` does not exist; ``via_link`` says the
     name came from a symlink's target (so creating it would create a dangling link's target). ``missing``
-    holds the components below a missing directory (only with ``missing_ok``).
+    holds the components below a missing directory (only with ``missing_ok``). ``created`` holds the
+    directories the walk made (``create_dirs``), as ``(parent fd, name)``, so a write that fails later can
+    remove them again (:meth:`rollback`).
     """
 
     dir_fd: int
@@ -125,10 +158,18 @@ class Located:
     lstat: os.stat_result | None
     via_link: bool
     missing: list[str]
+    created: list[tuple[int, str]] = field(default_factory=list)
+
+    def rollback(self) -> None:
+        """Remove the directories this walk created, innermost first (only while they are still empty)."""
+        _remove_created(self.created)
 
     def close(self) -> None:
-        """Close the directory descriptor."""
+        """Close the directory descriptor (and those kept for :meth:`rollback`)."""
         os.close(self.dir_fd)
+        for fd, _ in self.created:
+            os.close(fd)
+        self.created = []
 
 
 class RootDir:
@@ -207,13 +248,17 @@ class RootDir:
 
         Symlinks are followed, including at the final component; the result names an entry that is not a
         symlink, or does not exist. ``create_dirs`` creates missing directories on the way (each with
-        ``mkdirat`` relative to its contained parent); ``missing_ok`` stops at the first missing directory
-        instead of raising ``ENOENT``.
+        ``mkdirat`` relative to its contained parent; removed again when the walk then fails, and listed
+        in the result's ``created``); ``missing_ok`` stops at the first missing directory instead of
+        raising ``ENOENT``. A path ending with ``/`` must name a directory, as for the kernel: a file there
+        is ``ENOTDIR`` (:data:`NOT_A_DIRECTORY`), a name to create is ``EISDIR`` (:data:`NAMES_DIRECTORY`).
         """
         # Each pending component remembers whether it came from a symlink's target: a missing one must not
         # be created (that would create a dangling link's target), and a missing final one is "dangling".
         pending: deque[tuple[str, bool]] = deque((part, False) for part in split_components(rel))
         stack: list[int] = []  # descriptors of the directories below the root, innermost last
+        created: list[tuple[int, str]] = []  # directories made here: (dup of the parent fd, name)
+        want_dir = names_directory(rel)
         hops = 0
         try:
             if not pending:
@@ -224,6 +269,9 @@ class RootDir:
                     if not stack:
                         raise EscapeError(rel)
                     os.close(stack.pop())
+                    if not pending:  # the path ends with '..': it names the directory reached
+                        here = stack[-1] if stack else self.fd
+                        return Located(os.dup(here), ".", os.fstat(here), from_link, [], created)
                     continue
                 current = stack[-1] if stack else self.fd
                 last = not pending
@@ -231,15 +279,21 @@ class RootDir:
                     info = os.stat(name, dir_fd=current, follow_symlinks=False)
                 except FileNotFoundError:
                     if last:
-                        return Located(os.dup(current), name, None, from_link, [])
+                        if want_dir and create_dirs:
+                            raise OSError(errno.EISDIR, NAMES_DIRECTORY, rel) from None
+                        return Located(os.dup(current), name, None, from_link, [], created)
                     if from_link:
                         raise _dangling(rel) from None
                     if missing_ok:
                         return Located(os.dup(current), name, None, False, [p for p, _ in pending])
                     if not create_dirs:
                         raise
-                    with contextlib.suppress(FileExistsError):  # created concurrently: look again
+                    try:
                         os.mkdir(name, 0o777, dir_fd=current)
+                    except FileExistsError:
+                        pass  # created concurrently: look again
+                    else:
+                        created.append((os.dup(current), name))
                     pending.appendleft((name, False))
                     continue
                 if stat.S_ISLNK(info.st_mode):
@@ -258,10 +312,12 @@ class RootDir:
                     pending.extendleft((part, True) for part in reversed(parts))
                     if not pending:  # a link to a directory on the stack ("." or the root's own path)
                         here = stack[-1] if stack else self.fd
-                        return Located(os.dup(here), ".", os.fstat(here), True, [])
+                        return Located(os.dup(here), ".", os.fstat(here), True, [], created)
                     continue
                 if last:
-                    return Located(os.dup(current), name, info, from_link, [])
+                    if want_dir and not stat.S_ISDIR(info.st_mode):
+                        raise OSError(errno.ENOTDIR, NOT_A_DIRECTORY, rel)
+                    return Located(os.dup(current), name, info, from_link, [], created)
                 try:
                     stack.append(os.open(name, _DIR_FLAGS, dir_fd=current))
                 except OSError as exc:
@@ -273,6 +329,11 @@ class RootDir:
                         continue
                     raise
             raise AssertionError("unreachable: the loop returns at the last component")  # pragma: no cover
+        except BaseException:
+            _remove_created(created)  # a refused or failed walk leaves the tree as it was
+            for fd, _ in created:
+                os.close(fd)
+            raise
         finally:
             for fd in stack:
                 os.close(fd)
@@ -295,7 +356,14 @@ class RootDir:
         kept = [part for part in parts if part not in ("", ".")]
         if kept[: len(self._root_parts)] != self._root_parts:
             raise EscapeError(path)
-        return "/".join(kept[len(self._root_parts) :])
+        rel = "/".join(kept[len(self._root_parts) :])
+        return f"{rel}/" if rel and names_directory(path) else rel  # a final '/' keeps its meaning
+
+
+def _remove_created(created: list[tuple[int, str]]) -> None:
+    for fd, name in reversed(created):
+        with contextlib.suppress(OSError):  # no longer empty (someone else wrote there): it stays
+            os.rmdir(name, dir_fd=fd)
 
 
 def _dangling(rel: str) -> OSError:

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from devtools._beneath import EscapeError, Located, RootDir
+from devtools._beneath import NAMES_DIRECTORY, NOT_A_DIRECTORY, EscapeError, Located, RootDir, climbs_out
 from devtools.errors import (
     InvalidPathError,
     NotRegularFileError,
@@ -24,7 +24,7 @@ from devtools.errors import (
     StaleReadError,
     ToolError,
 )
-from executor import DEFAULT_MAX_OUTPUT_BYTES, IsolationClass, ProcessBackend, SandboxBackend
+from executor import DEFAULT_MAX_OUTPUT_BYTES, ProcessBackend, SandboxBackend
 
 __all__ = ["DEFAULT_ENV_ALLOWLIST", "FileStamp", "SessionFactory", "Workspace"]
 
@@ -32,7 +32,7 @@ DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TMP
 """Host variables a ``bash`` command sees when the workspace does not inherit the whole environment."""
 
 HOST_SPECIFIC_VARIABLES = ("PATH", "HOME", "TMPDIR", "SHELL", "USER")
-"""Allowlisted host variables that are not passed into a container: the image provides its own."""
+"""Allowlisted host variables not passed to a sandbox with a filesystem of its own: it provides its own."""
 
 PATH_MAX = 4096
 NAME_MAX = 255
@@ -79,7 +79,9 @@ class Workspace:
 
     ``bash_timeout`` is both the default and the ceiling of a ``bash`` call's timeout, in seconds;
     ``max_output_bytes`` caps each output stream; the command's environment holds only the host variables
-    named in ``env_allowlist`` unless ``inherit_env`` is set.
+    named in ``env_allowlist`` unless ``inherit_env`` is set, and ``inherit_env`` applies only where the
+    command sees the host's filesystem anyway (see :meth:`command_env`): a container never receives the
+    host's environment.
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class Workspace:
         self.sandbox = sandbox
         self._backend: SandboxBackend | None = None
         self._backend_in_root = False
+        self._confined: tuple[SandboxBackend, bool] | None = None  # (backend, its capabilities().fs_read)
         self._owned = contextlib.ExitStack()  # the default backend or the session this workspace opened
         self._backend_lock = threading.Lock()  # held while a (possibly slow) session opens
         self._lock = threading.Lock()
@@ -188,23 +191,31 @@ class Workspace:
         if "\0" in path:
             raise InvalidPathError(f"path {path!r} contains a NUL byte, which no file name can hold")
         try:
-            size = len(os.fsencode(path))
+            # Strict UTF-8, not os.fsencode: its surrogateescape would turn U+DC80..U+DCFF into raw bytes
+            # and create a name that is not UTF-8, while any other lone surrogate is refused.
+            size = len(path.encode("utf-8"))
         except UnicodeEncodeError:
             raise InvalidPathError(f"path {path!r} is not valid Unicode (a lone surrogate)") from None
         if size >= PATH_MAX:
             raise InvalidPathError(f"path is too long ({size} bytes; the limit is {PATH_MAX - 1})")
         for part in path.split("/"):
-            if len(os.fsencode(part)) > NAME_MAX:
+            if len(part.encode("utf-8")) > NAME_MAX:
                 raise InvalidPathError(
-                    f"path component '{part[:32]}...' is too long ({len(os.fsencode(part))} bytes; "
+                    f"path component '{part[:32]}...' is too long ({len(part.encode('utf-8'))} bytes; "
                     f"the limit is {NAME_MAX})"
                 )
         if path.startswith("/"):
             try:
-                return self._root.strip_root(path)
+                rel = self._root.strip_root(path)
             except EscapeError:
                 raise PathEscapeError(path) from None
-        return path
+        else:
+            rel = path
+        if climbs_out(rel):
+            # Refused before anything is looked at or created: 'a/../../x' names a place outside whatever
+            # exists (a missing 'a' must not turn it into "does not exist", a write must not create 'a').
+            raise PathEscapeError(path)
+        return rel
 
     def real_path_of(self, fd: int) -> str:
         """The absolute path of an open descriptor (how files are keyed for read tracking)."""
@@ -280,7 +291,8 @@ class Workspace:
     def locate_file(self, path: str, *, create_dirs: bool) -> Located:
         """Find the entry a write to ``path`` replaces: a directory fd and a name that is not a symlink.
 
-        Refuses directories, special files and dangling links. The caller closes the result.
+        Refuses directories, special files and dangling links; a refusal removes the parent directories
+        ``create_dirs`` made. The caller closes the result (and calls ``rollback()`` when its write fails).
         """
         rel = self.relative_request(path)
         with self.mapped_errors(path):
@@ -293,6 +305,7 @@ class Workspace:
                     raise NotRegularFileError(_not_regular_message(path, located.lstat.st_mode))
                 return located
             except BaseException:
+                located.rollback()
                 located.close()
                 raise
 
@@ -386,21 +399,33 @@ class Workspace:
         return f"cd -- {shlex.quote(str(self.root))} || exit 1\n"
 
     def command_env(self, backend: SandboxBackend | None = None) -> dict[str, str]:
-        """The host variables a ``bash`` command receives.
+        """The host variables a ``bash`` command on ``backend`` receives (blocking: may ask the backend).
 
-        In a container (isolation ``container`` or stronger) the host's paths and identity mean nothing:
-        ``PATH``, ``HOME``, ``TMPDIR``, ``SHELL`` and ``USER`` are left to the image, which knows where its
-        programs are and gives the command a writable HOME. The other allowlisted variables pass.
+        Decided by what the backend reports, ``capabilities().fs_read``: when its commands see a
+        filesystem of their own instead of the host's (a container, gVisor, bubblewrap with confined
+        reads), the host's environment is host state the sandbox keeps out, like the host's files:
+
+        * only the variables named in ``env_allowlist`` pass, **also with** ``inherit_env`` (which would
+          otherwise hand every host secret to the sandbox; SPEC §4: they never enter a container);
+        * ``PATH``, ``HOME``, ``TMPDIR``, ``SHELL`` and ``USER`` never pass: the host's paths and identity
+          are wrong there, and the image knows where its programs are and gives a writable HOME.
+
+        A backend whose commands read the host's filesystem (the default host ``ProcessBackend``) gets the
+        allowlisted variables, or all of ``os.environ`` with ``inherit_env``.
         """
-        env = (
-            dict(os.environ)
-            if self.inherit_env
-            else {name: os.environ[name] for name in self.env_allowlist if name in os.environ}
-        )
-        if backend is not None and backend.isolation() >= IsolationClass.CONTAINER:
-            for name in HOST_SPECIFIC_VARIABLES:
-                env.pop(name, None)
-        return env
+        allowlisted = {name: os.environ[name] for name in self.env_allowlist if name in os.environ}
+        if backend is not None and self._has_own_filesystem(backend):
+            return {name: value for name, value in allowlisted.items() if name not in HOST_SPECIFIC_VARIABLES}
+        return dict(os.environ) if self.inherit_env else allowlisted
+
+    def _has_own_filesystem(self, backend: SandboxBackend) -> bool:
+        # Asked once per backend (a Docker session answers from its container's inspect and a probe).
+        cached = self._confined
+        if cached is not None and cached[0] is backend:
+            return cached[1]
+        confined = backend.capabilities().fs_read
+        self._confined = (backend, confined)
+        return confined
 
 
 _DANGLING = "dangling symbolic link"
@@ -421,6 +446,14 @@ def _not_regular_message(path: str, mode: int) -> str:
 
 def _tool_error(path: str, exc: OSError) -> ToolError:  # noqa: PLR0911 - one case per errno
     code = exc.errno
+    if code == errno.ENOTDIR and exc.strerror == NOT_A_DIRECTORY:
+        return InvalidPathError(
+            f"path '{path}' ends with '/' but names a file, not a directory; remove the trailing '/'"
+        )
+    if code == errno.EISDIR and exc.strerror == NAMES_DIRECTORY:
+        return InvalidPathError(
+            f"path '{path}' ends with '/', so it names a directory; a file path must not end with '/'"
+        )
     if code == errno.ENOENT and exc.strerror == _DANGLING:
         return InvalidPathError(f"path '{path}' is a symbolic link whose target does not exist")
     if code == errno.ENOENT:

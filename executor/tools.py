@@ -3,7 +3,10 @@
 Both follow one contract: **errors are information**. A call never raises (cancellation of the awaiting
 task aside); bad arguments, refused code and broken infrastructure all come back as a JSON-ready dict
 with a ``status`` and a ``message`` written for the model. Arguments are validated by pydantic models, whose
-JSON schemas are the tools' ``parameters``.
+JSON schemas are the tools' ``parameters``. Argument text nested deeper than :data:`MAX_ARGUMENT_DEPTH`
+is refused before it is parsed (Python's parser would hit its recursion limit), and ``code_exec``'s
+``input`` must be JSON data nested at most :data:`MAX_INPUT_DEPTH` levels (serde_json's limit in the
+harness; deeper input would silently arrive as ``null``).
 
 ``run(arguments)`` is ``async`` and runs the blocking work in a thread, so an agent's event loop stays
 free; cancelling the awaiting task kills what the call started. ``run_sync(arguments)`` is the same call
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -28,6 +32,8 @@ from executor.types import ExecRequest, ExecResult, Language
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECS",
+    "MAX_ARGUMENT_DEPTH",
+    "MAX_INPUT_DEPTH",
     "MAX_TIMEOUT_SECS",
     "MIN_TIMEOUT_SECS",
     "CodeExecArgs",
@@ -43,6 +49,59 @@ MIN_TIMEOUT_SECS = 1.0
 """Smaller values (zero and negative included) are raised to this."""
 MAX_TIMEOUT_SECS = 300.0
 """Larger values are lowered to this."""
+
+MAX_ARGUMENT_DEPTH = 200
+"""Deepest nesting of arrays and objects accepted in the JSON text of a call's arguments.
+
+Checked on the text before it is parsed: Python's parser (and everything that walks the result) recurses
+once per level, so a few thousand ``[`` would otherwise end in ``RecursionError``.
+"""
+MAX_INPUT_DEPTH = 127
+"""Deepest nesting of arrays and objects in ``code_exec``'s ``input``: serde_json's parser in the harness
+refuses more (its recursion limit), which would silently turn the whole input into ``null``."""
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[{]|[\]}]', re.DOTALL)
+
+
+def _json_text_too_deep(text: str, limit: int) -> bool:
+    """Whether arrays/objects in JSON ``text`` nest deeper than ``limit`` (strings skipped; not recursive)."""
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text):
+        char = token.group()[0]
+        if char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
+
+
+def _check_json_value(value: Any) -> Any:
+    """Refuse values the harness could not receive intact: too deep, not JSON, or NaN/Infinity."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list, tuple)):
+            if depth + 1 > MAX_INPUT_DEPTH:
+                raise ValueError(
+                    f"input is nested more than {MAX_INPUT_DEPTH} levels deep (arrays and objects); "
+                    "serde_json in the harness accepts no deeper nesting"
+                )
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        raise ValueError(f"input has an object key that is not a string: {key!r}")
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(f"input contains {item!r}, which JSON cannot represent")
+        elif item is not None and not isinstance(item, (str, int)):  # bool is an int
+            raise ValueError(f"input must be JSON data; it contains a {type(item).__name__}")
+    return value
+
 
 _TIMEOUT_DESCRIPTION = (
     f"Wall-clock limit for the whole call in seconds (default {DEFAULT_TIMEOUT_SECS:g}; values are "
@@ -79,6 +138,7 @@ class CodeExecArgs(BaseModel):
 
     _not_blank = field_validator("code")(_code_not_blank)
     _clamped = field_validator("timeout_secs")(_clamp_timeout)
+    _json_input = field_validator("input")(_check_json_value)
 
 
 class SandboxExecArgs(BaseModel):
@@ -114,16 +174,9 @@ class _Tool(ABC, Generic[ArgsT]):
         self, arguments: Mapping[str, Any] | str, *, cancel: threading.Event | None = None
     ) -> dict[str, Any]:
         """Run the tool; ``arguments`` is a dict or its JSON text. Never raises."""
-        try:
-            if isinstance(arguments, str):
-                arguments = json.loads(arguments)
-            if not isinstance(arguments, Mapping):
-                return _error(f"arguments must be a JSON object, got {type(arguments).__name__}")
-            parsed = self.arguments_model.model_validate(dict(arguments))
-        except ValidationError as exc:
-            return _error(f"invalid arguments: {_explain(exc)}")
-        except ValueError as exc:
-            return _error(f"arguments are not valid JSON: {exc}")
+        parsed = _parse_arguments(self.arguments_model, arguments)
+        if isinstance(parsed, str):
+            return _error(parsed)
         try:
             return self._call(cast(ArgsT, parsed), cancel)
         except Exception as exc:  # infrastructure failures are information for the model, too
@@ -292,6 +345,31 @@ def code_result_json(result: RustResult) -> dict[str, Any]:
             "duration_ms": result.duration_ms,
         }
     return {"status": result.status, "message": result.message}
+
+
+def _parse_arguments(  # noqa: PLR0911 - one answer per way arguments can be unusable
+    model: type[BaseModel], arguments: Mapping[str, Any] | str
+) -> BaseModel | str:
+    """The validated arguments, or the message for the model saying why they are unusable. Never raises."""
+    try:
+        if isinstance(arguments, str):
+            if _json_text_too_deep(arguments, MAX_ARGUMENT_DEPTH):
+                return (
+                    f"arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep (arrays and objects); "
+                    "pass flatter JSON"
+                )
+            arguments = json.loads(arguments)
+        if not isinstance(arguments, Mapping):
+            return f"arguments must be a JSON object, got {type(arguments).__name__}"
+        return model.model_validate(dict(arguments))
+    except ValidationError as exc:
+        return f"invalid arguments: {_explain(exc)}"
+    except RecursionError:
+        return "arguments are nested too deeply to be read; pass flatter JSON"
+    except ValueError as exc:
+        return f"arguments are not valid JSON: {exc}"
+    except Exception as exc:  # the contract: a call never raises, whatever it was given
+        return f"invalid arguments: {type(exc).__name__}: {exc}"
 
 
 def _error(message: str) -> dict[str, Any]:

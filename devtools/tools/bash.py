@@ -13,7 +13,7 @@ from pydantic import Field
 from devtools.errors import BashDisabledError
 from devtools.tools._common import ToolArgs
 from devtools.workspace import Workspace
-from executor import ExecRequest, ExecResult, IsolationClass, Language, Stream
+from executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxBackend, Stream
 
 __all__ = ["DESCRIPTION", "BashArgs", "ProgressCallback", "bash"]
 
@@ -49,13 +49,14 @@ async def bash(ws: Workspace, args: BashArgs, on_progress: ProgressCallback | No
     """
     if not ws.allow_bash:
         raise BashDisabledError
-    backend, starts_in_root = await asyncio.to_thread(ws.bash_backend)  # a container session may start here
+    # Blocking: a container session may start here, and its capabilities decide the environment.
+    backend, starts_in_root, env = await asyncio.to_thread(_prepare, ws)
     timeout = min(args.timeout_secs or ws.bash_timeout, ws.bash_timeout)
     request = ExecRequest(
         language=Language.COMMAND,
         code=args.command if starts_in_root else ws.bash_prefix() + args.command,
         timeout=timeout,
-        env=ws.command_env(backend),
+        env=env,
         max_output_bytes=ws.max_output_bytes,
     )
     loop = asyncio.get_running_loop()
@@ -112,6 +113,11 @@ async def bash(ws: Workspace, args: BashArgs, on_progress: ProgressCallback | No
         "duration_ms": result.duration_ms,
         "isolation": isolation.value,
     }
+
+
+def _prepare(ws: Workspace) -> tuple[SandboxBackend, bool, dict[str, str]]:
+    backend, starts_in_root = ws.bash_backend()
+    return backend, starts_in_root, ws.command_env(backend)
 
 
 def _settle(

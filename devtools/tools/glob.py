@@ -7,16 +7,30 @@ import stat
 from typing import Any
 
 from pydantic import Field
+from wcmatch import fnmatch as wcfnmatch
 from wcmatch import glob as wcglob
+from wcmatch._wcparse import PatternLimitException  # not re-exported by wcmatch's public modules
 
 from devtools.errors import InvalidArgumentsError, PathEscapeError, PathNotFoundError
 from devtools.tools._common import ToolArgs, walk_files
 from devtools.workspace import Workspace
 
-__all__ = ["DESCRIPTION", "GLOB_FLAGS", "MAX_GLOB_MATCHES", "GlobArgs", "glob", "glob_files"]
+__all__ = [
+    "DESCRIPTION",
+    "GLOB_FLAGS",
+    "GLOB_PATTERN_LIMIT",
+    "MAX_GLOB_MATCHES",
+    "GlobArgs",
+    "compile_glob",
+    "glob",
+    "glob_files",
+]
 
 MAX_GLOB_MATCHES = 1000
 """Most paths one glob call returns."""
+
+GLOB_PATTERN_LIMIT = 1000
+"""Most patterns one glob may expand to (``{a,b}{c,d}`` is four); more is an argument error."""
 
 GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.DOTMATCH | wcglob.BRACE
 """``**`` crosses directories, ``*`` also matches names starting with a dot, ``{a,b}`` alternates."""
@@ -29,6 +43,29 @@ DESCRIPTION = (
 )
 
 _MAGIC = frozenset("*?[{\\")
+
+
+def compile_glob(pattern: str, argument: str, *, fnmatch: bool = False) -> Any:
+    """Compile a glob (``fnmatch``: a file-name pattern) for ``argument``; every failure is an argument error.
+
+    wcmatch raises ``ValueError`` for a bad pattern, ``PatternLimitException`` when ``{a,b}`` groups expand
+    to more than its limit of patterns, and a deeply nested pattern can exhaust Python's recursion limit.
+    """
+    try:
+        if fnmatch:
+            return wcfnmatch.compile(
+                pattern, flags=wcfnmatch.DOTMATCH | wcfnmatch.BRACE, limit=GLOB_PATTERN_LIMIT
+            )
+        return wcglob.compile(pattern, flags=GLOB_FLAGS, limit=GLOB_PATTERN_LIMIT)
+    except PatternLimitException:
+        raise InvalidArgumentsError(
+            f"argument '{argument}' expands to too many patterns (each {{a,b}} group multiplies them; the "
+            f"limit is {GLOB_PATTERN_LIMIT}); use fewer brace groups"
+        ) from None
+    except RecursionError:
+        raise InvalidArgumentsError(f"argument '{argument}' is nested too deeply to compile") from None
+    except ValueError as exc:
+        raise InvalidArgumentsError(f"argument '{argument}' is not a valid glob pattern: {exc}") from None
 
 
 class GlobArgs(ToolArgs):
@@ -44,9 +81,7 @@ def glob(ws: Workspace, args: GlobArgs) -> dict[str, Any]:
     return {"pattern": args.pattern, "matches": matches, "count": len(matches), "truncated": truncated}
 
 
-def glob_files(  # noqa: PLR0912 - validation, start directory, walk: one function reads best
-    ws: Workspace, pattern: str, path: str | None, *, limit: int | None
-) -> tuple[list[str], bool]:
+def glob_files(ws: Workspace, pattern: str, path: str | None, *, limit: int | None) -> tuple[list[str], bool]:
     """Files under ``path`` matching ``pattern``, relative to the root: ``(matches, truncated)``.
 
     ``limit=None`` returns every match (used by the benchmark).
@@ -58,10 +93,7 @@ def glob_files(  # noqa: PLR0912 - validation, start directory, walk: one functi
         raise PathEscapeError(pattern)
     if not parts:
         raise InvalidArgumentsError("argument 'pattern' names no file; use e.g. '*' or '**/*.py'")
-    try:
-        matcher = wcglob.compile("/".join(parts), flags=GLOB_FLAGS)
-    except ValueError as exc:
-        raise InvalidArgumentsError(f"argument 'pattern' is not a valid glob pattern: {exc}") from None
+    matcher = compile_glob("/".join(parts), "pattern")
     # Leading literal components name the directory to start in; the walk then goes only as deep as the
     # rest of the pattern can reach.
     literal = 0

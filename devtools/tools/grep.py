@@ -8,12 +8,10 @@ from typing import Any
 
 import regex
 from pydantic import Field
-from wcmatch import fnmatch as wcfnmatch
-from wcmatch import glob as wcglob
 
 from devtools.errors import InvalidArgumentsError, PatternTimeoutError
 from devtools.tools._common import MAX_LINE_CHARS, ToolArgs, is_binary, read_all, walk_files
-from devtools.tools.glob import GLOB_FLAGS
+from devtools.tools.glob import compile_glob
 from devtools.workspace import Workspace
 
 __all__ = [
@@ -75,6 +73,10 @@ def grep_lines(
         compiled = regex.compile(pattern, flags)
     except regex.error as exc:
         raise InvalidArgumentsError(f"argument 'pattern' is not a valid regular expression: {exc}") from None
+    except RecursionError:  # regex's parser recurses once per nested group
+        raise InvalidArgumentsError(
+            "argument 'pattern' is nested too deeply to compile (too many nested groups); simplify it"
+        ) from None
     accept = _name_filter(file_glob)
     fd, info, start_rel = ws.open_entry(path or ".")
     searcher = _Searcher(compiled, pattern, limit, None if case_insensitive else _literal_bytes(pattern))
@@ -105,14 +107,11 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_C
 def _name_filter(file_glob: str | None) -> Any:
     if file_glob is None:
         return lambda name, rel: True
-    try:
-        if "/" in file_glob:
-            matcher = wcglob.compile(file_glob, flags=GLOB_FLAGS)
-            return lambda name, rel: matcher.match(rel)
-        name_matcher = wcfnmatch.compile(file_glob, flags=wcfnmatch.DOTMATCH | wcfnmatch.BRACE)
-        return lambda name, rel: name_matcher.match(name)
-    except ValueError as exc:
-        raise InvalidArgumentsError(f"argument 'glob' is not a valid glob pattern: {exc}") from None
+    if "/" in file_glob:
+        matcher = compile_glob(file_glob, "glob")
+        return lambda name, rel: matcher.match(rel)
+    name_matcher = compile_glob(file_glob, "glob", fnmatch=True)
+    return lambda name, rel: name_matcher.match(name)
 
 
 _METACHARACTERS = frozenset(".^$*+?{}[]\\|()#")

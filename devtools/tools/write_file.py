@@ -43,6 +43,9 @@ def write_file(ws: Workspace, args: WriteFileArgs) -> dict[str, Any]:
     located = ws.locate_file(args.path, create_dirs=True)
     try:
         real, info = ws.replace_file(located, data, args.path)
+    except BaseException:
+        located.rollback()  # a failed write leaves no parent directories behind either
+        raise
     finally:
         located.close()
     ws.mark_read(real, info)
