@@ -98,11 +98,12 @@ def test_host_git_runs_nothing_the_sandbox_planted(
     ran = Path(f"/tmp/RAN-{repo.name}")
     with docker_backend.session(workspace=repo) as session:
         result = run(session, attack.format(ran=ran))
-        assert "commondir-written" not in result.stdout and "renamed" not in result.stdout, result
-        assert "Read-only file system" in result.stderr or "busy" in result.stderr.lower(), result
+        (repo / "a.txt").write_text("changed on the host\n")
         for args in (("status",), ("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "x")):
             host_git(repo, *args)
         assert not ran.exists(), "host git ran a command planted by the sandbox"
+        assert "commondir-written" not in result.stdout and "renamed" not in result.stdout, result
+        assert "Read-only file system" in result.stderr or "busy" in result.stderr.lower(), result
     assert (repo / ".git" / "HEAD").is_file() and not (repo / ".git" / "commondir").exists()
     assert not (repo / ".git-aside").exists()
 
@@ -178,16 +179,15 @@ def test_commands_cannot_plant_setid_files_on_the_host(
     os.chown(workspace, owner, owner)
     shutil.copy("/bin/sh", workspace / "tool")  # the host's shell, so the host can run it (dash keeps -p)
     os.chown(workspace / "tool", owner, owner)
-    with DockerBackend(runtime=runtime) as backend, backend.session(workspace=workspace) as session:
-        result = run(session, SETID_ATTACK)
+    try:
+        with DockerBackend(runtime=runtime) as backend, backend.session(workspace=workspace) as session:
+            result = run(session, SETID_ATTACK)
+            plain = run(session, "touch p && chmod 640 p && chmod 1755 p && echo plain-modes-work")
+        assert _host_view_of_setid(workspace) == []  # the host honours nothing set-id
+        assert (workspace / "tool").stat().st_uid == owner
         assert result.stdout.count("Operation not permitted") + result.stderr.count("not permitted") >= 3
         assert "-rws" not in result.stdout and "-rwxr-s" not in result.stdout, result
-        assert run(session, "chmod 640 tool && chmod 755 tool && echo plain-modes-work").stdout.strip() == (
-            "plain-modes-work"
-        )
-    try:
-        assert (workspace / "tool").stat().st_uid == owner
-        assert _host_view_of_setid(workspace) == []
+        assert plain.stdout.strip() == "plain-modes-work"
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
 
