@@ -46,6 +46,12 @@ class SandboxBackend(ABC):
         ``on_output`` receives output line by line while it runs (only the part kept under the cap).
         Setting ``cancel`` from another thread kills the execution's whole process tree; the result then
         has ``cancelled=True`` and keeps the output produced so far.
+
+        If ``on_output`` raises, the execution is stopped as by a cancel (its whole process tree is
+        killed, a WASM module interrupted) and the callback's exception propagates to the caller: no
+        result is returned and the callback is not called again. The same holds for any exception that
+        reaches the calling thread while the execution runs (e.g. ``KeyboardInterrupt``): nothing the
+        execution started keeps running behind it. Every backend behaves this way.
         """
 
     def close(self) -> None:  # noqa: B027 - optional hook; backends without resources need no cleanup

@@ -31,7 +31,7 @@ from executor.errors import (
     SandboxFailedError,
 )
 from executor.policy import SandboxPolicy
-from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
+from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream
 
 __all__ = ["ProcessBackend", "Toolchain", "probe_toolchain", "resolve_program"]
 
@@ -171,7 +171,10 @@ class ProcessBackend(SandboxBackend):
         toolchain = self._require_toolchain(request)
         self._check_enforceable(request)
         env = build_child_env(policy_env=self._policy.env, request_env=request.env)
-        capture = OutputCapture(request.output_cap, on_output)
+        # A failing on_output callback (called from the reader thread) must stop the wait at once: the
+        # command is killed and the callback's exception raised, as on every backend.
+        stop = _StopEvent(cancel)
+        capture = OutputCapture(request.output_cap, _stopping_on_error(on_output, stop))
         stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
 
         with tempfile.TemporaryDirectory(prefix="adk-sandbox-") as scratch:
@@ -184,7 +187,7 @@ class ProcessBackend(SandboxBackend):
                 env=env,
                 capture=capture,
                 deadline=deadline,
-                cancel=cancel,
+                cancel=stop,
             )
             if request.language is Language.COMMAND:
                 # "--": a command string starting with "-" is the command, not an option of sh.
@@ -426,3 +429,30 @@ class _StdinWriter:
         finally:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
+
+
+class _StopEvent(threading.Event):
+    """Set by a failing ``on_output`` callback; also reads as set when the caller's ``cancel`` is."""
+
+    def __init__(self, cancel: threading.Event | None) -> None:
+        super().__init__()
+        self._cancel = cancel
+
+    def is_set(self) -> bool:
+        """True once the callback failed or the caller cancelled."""
+        return super().is_set() or (self._cancel is not None and self._cancel.is_set())
+
+
+def _stopping_on_error(on_output: OutputCallback | None, stop: threading.Event) -> OutputCallback | None:
+    if on_output is None:
+        return None
+    callback = on_output
+
+    def guarded(stream: Stream, text: str) -> None:
+        try:
+            callback(stream, text)
+        except BaseException:
+            stop.set()  # the reader thread re-raises it in the caller's thread after the kill
+            raise
+
+    return guarded

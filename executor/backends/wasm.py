@@ -133,8 +133,9 @@ class WasmBackend(SandboxBackend):
         with _stdin_file(request.stdin) as stdin_path:
             wasi = wasmtime.WasiConfig()
             wasi.stdin_file = stdin_path
-            wasi.stdout_custom = _feeder(capture, "stdout")
-            wasi.stderr_custom = _feeder(capture, "stderr")
+            failures: list[BaseException] = []
+            wasi.stdout_custom = _feeder(capture, "stdout", engine, failures)
+            wasi.stderr_custom = _feeder(capture, "stderr", engine, failures)
             store = wasmtime.Store(engine)
             store.set_wasi(wasi)
             store.set_limits(memory_size=memory_mb * 1024 * 1024)
@@ -143,6 +144,9 @@ class WasmBackend(SandboxBackend):
             linker.define_wasi()
             with _Interrupter(engine, started + request.timeout, cancel) as interrupter:
                 outcome = _run(store, linker, module, capture, memory_mb)
+        if failures:
+            # The on_output callback failed: the module was interrupted, the callback's error propagates.
+            raise failures[0]
 
         streams = capture.finish()
         interrupted = outcome == "interrupted"
@@ -243,12 +247,20 @@ def _check_imports(module: wasmtime.Module) -> None:
         )
 
 
-def _feeder(capture: OutputCapture, stream: Stream) -> Callable[[bytes], None]:
+def _feeder(
+    capture: OutputCapture, stream: Stream, engine: wasmtime.Engine, failures: list[BaseException]
+) -> Callable[[bytes], None]:
     def feed(data: bytes) -> None:
         # Runs inside the module's fd_write; an exception here would be printed by wasmtime-py and
-        # turned into EIO, so a failing on_output callback is kept off the module's path.
-        with contextlib.suppress(Exception):
+        # turned into EIO, so a failing on_output callback is kept off the module's path: it is recorded,
+        # the module is interrupted at its next epoch check, and execute() raises it.
+        if failures:
+            return
+        try:
             capture.feed(stream, data)
+        except BaseException as exc:  # KeyboardInterrupt too: the caller gets it once the module stopped
+            failures.append(exc)
+            engine.increment_epoch()
 
     return feed
 

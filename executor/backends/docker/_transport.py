@@ -5,13 +5,19 @@ This is the one small interface between a :class:`DockerSession` and the contain
 capture, kill its whole tree. :class:`DockerExecTransport` implements it with Docker's exec API; a faster
 channel (a long-lived agent in the container) can replace it without touching the session.
 
-Process-tree killing inside the container (Docker's exec API does not do it: killing the client leaves
-the process running). Every command runs under a small POSIX ``sh`` wrapper that starts it with a
-cleared environment carrying a marker, ``ADK_SANDBOX_EXEC=<id>``. Children inherit the marker across
-``setsid``, double forks and ignored signals, so the kill finds them all through ``/proc/*/environ``.
-A process that also clears its environment would escape the marker, so when no other command of the
-session is running and the command's user is not root, the kill also signals every process of that user
-(``kill -9 -1``); the container's keeper process runs as root and survives it.
+Process trees (Docker's exec API does not kill them: killing the client leaves the process running):
+every command runs under the supervisor of :mod:`._supervisor`, which kills the command's descendants
+when it ends, whatever they did to hide, and never touches another command's processes. On a timeout or
+a cancel, or when an exception interrupts the caller's thread while the output is read, a second exec
+(the *killer*) kills that one command's tree. When the exec ends without its supervisor finishing
+normally (status 137: the supervisor itself was SIGKILLed, or no status at all), the killer runs as an
+orphan sweep.
+
+Every call to the daemon made for a command is bounded by the command's deadline plus
+:data:`DAEMON_GRACE_SECONDS`: the transport speaks HTTP to the daemon's Unix socket itself, with a socket
+timeout per call, instead of docker-py (whose read timeout is a fixed minute per call). A daemon that stops
+answering therefore costs a caller at most that grace beyond the timeout; what the killer could not
+confirm is killed first thing before the container's next command.
 """
 
 from __future__ import annotations
@@ -25,21 +31,26 @@ import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import docker
-import docker.errors
 
 from executor._output import OutputCapture
-from executor.backends.docker._daemon import daemon_errors, idempotent
+from executor.backends.docker._daemon import map_docker_error
+from executor.backends.docker._supervisor import (
+    killer_argv,
+    parse_survey,
+    supervisor_argv,
+    survey_argv,
+)
 from executor.errors import SandboxFailedError
 from executor.types import Stream
 
 __all__ = [
-    "MARKER_VARIABLE",
     "CommandOutcome",
     "CommandTransport",
     "ContainerGoneError",
+    "DaemonTimeoutError",
     "DockerExecTransport",
     "FrameDemultiplexer",
     "PreparedCommand",
@@ -47,33 +58,31 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-MARKER_VARIABLE = "ADK_SANDBOX_EXEC"
-
-# Runs the command (argv after the marker), then kills whatever it left behind, as the host backend does
-# after a normal exit. Only shell builtins and one grep run, so it costs about a millisecond.
-_KILL_MARKED = (
-    "for _pass in 1 2 3 4 5 6 7 8 9 10; do _found=; "
-    'for _f in $(grep -lzxF "' + MARKER_VARIABLE + '=$1" /proc/[0-9]*/environ 2>/dev/null); do '
-    '_p=${_f#/proc/}; kill -9 "${_p%/environ}" 2>/dev/null && _found=1; done; '
-    '[ -z "$_found" ] && break; done'
-)
-WRAPPER_SCRIPT = '_m=$1; shift; "$@"; _rc=$?; set -- "$_m"; ' + _KILL_MARKED + "; exit $_rc"
-
-# Kills one command's tree: by marker always; with "all", every process of this user as well.
-KILLER_SCRIPT = (
-    'if [ "$2" = all ]; then _n=0; '
-    "while kill -9 -1 2>/dev/null && [ $_n -lt 100 ]; do _n=$((_n+1)); done; fi; " + _KILL_MARKED
-)
-
 #: After the kill, how long the remaining output may take to drain before the stream is closed.
 DRAIN_AFTER_KILL_SECONDS = 2.0
 #: How often a cancel event is polled while waiting for output.
 CANCEL_POLL_SECONDS = 0.05
+#: Every daemon call made for a command must be answered by the command's deadline plus this.
+DAEMON_GRACE_SECONDS = 5.0
+#: When an exception interrupts the caller, at most this long is spent killing the command.
+KILL_ON_ERROR_SECONDS = 5.0
+#: How often the killer is tried when it cannot start (a fork bomb filling the pids limit).
+KILL_ATTEMPTS = 5
 _READ_SIZE = 65536
+# Exit statuses of an exec whose program could not be started (no room for a process, or no program).
+_NOT_STARTED = (126, 127)
+# 128 + SIGKILL: the supervisor may have been killed by its command; its orphans went to PID 1.
+_KILLED = 137
+
+_KillResult = Literal["done", "no_room", "no_answer"]
 
 
 class ContainerGoneError(SandboxFailedError):
     """The container stopped or vanished before the command could start (nothing ran)."""
+
+
+class DaemonTimeoutError(SandboxFailedError):
+    """The Docker daemon did not answer a call in time (by the command's deadline plus the grace)."""
 
 
 @dataclass(frozen=True)
@@ -109,12 +118,13 @@ class CommandTransport(Protocol):
         *,
         deadline: float,
         cancel: threading.Event | None,
-        kill_everything: bool,
     ) -> CommandOutcome:
         """Run ``command`` until it ends or ``deadline`` (monotonic) passes or ``cancel`` is set.
 
-        On the deadline or cancellation the command's whole tree is killed (``kill_everything``: every
-        process of its user too) and the output produced so far stays in ``capture``.
+        Whenever it returns or raises, the command's whole tree is dead or its kill is pending (done
+        before the next command): on the deadline or cancellation the output produced so far stays in
+        ``capture``; an exception raised while the output is read (by ``capture``'s callback, or a
+        ``KeyboardInterrupt``) propagates after the kill. Other commands' processes are never touched.
         """
         ...
 
@@ -151,14 +161,152 @@ class FrameDemultiplexer:
                 self._remaining = size
 
 
+class DaemonSocket:
+    """Minimal HTTP/1.1 to the daemon's Unix socket, each call bounded by an absolute deadline.
+
+    One connection per call (``Connection: close``: a local connect costs microseconds), so a call that
+    times out leaves nothing half-read behind.
+    """
+
+    def __init__(self, socket_path: str, api_version: str) -> None:
+        self._socket_path = socket_path
+        self._prefix = f"/v{api_version}"
+
+    def request(self, method: str, path: str, body: object, until: float) -> tuple[int, Any]:
+        """Send one request; the status and the decoded JSON body (None when empty or not JSON)."""
+        sock = self._send(method, path, body, until, upgrade=False)
+        try:
+            data = bytearray()
+            while chunk := _recv(sock, until):
+                data += chunk
+        finally:
+            sock.close()
+        head, sep, payload = bytes(data).partition(b"\r\n\r\n")
+        if not sep:
+            raise SandboxFailedError("the Docker daemon closed the connection before answering")
+        status, headers = _parse_head(head)
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            payload = _dechunk(payload)
+        try:
+            return status, json.loads(payload) if payload.strip() else None
+        except ValueError:
+            return status, {"message": payload.decode(errors="replace").strip()}
+
+    def upgrade(self, path: str, body: object, until: float) -> tuple[socket.socket, int, bytes, bytes]:
+        """Send a request that hijacks the connection; the socket, status, head and bytes after it.
+
+        docker-py's socket mode hands out the socket behind a buffered HTTP reader, which may already hold
+        the first output bytes; speaking the two-message HTTP upgrade directly avoids losing them.
+        """
+        sock = self._send("POST", path, body, until, upgrade=True)
+        try:
+            received = bytearray()
+            while b"\r\n\r\n" not in received:
+                chunk = _recv(sock, until)
+                if not chunk:
+                    raise SandboxFailedError("the Docker daemon closed the exec connection before answering")
+                received += chunk
+        except BaseException:
+            sock.close()
+            raise
+        head, _, rest = bytes(received).partition(b"\r\n\r\n")
+        status, _ = _parse_head(head)
+        return sock, status, head, rest
+
+    def _send(self, method: str, path: str, body: object, until: float, *, upgrade: bool) -> socket.socket:
+        payload = json.dumps(body).encode() if body is not None else b""
+        connection = "Upgrade\r\nUpgrade: tcp" if upgrade else "close"
+        request = (
+            f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: docker\r\nConnection: {connection}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(_remaining(until))
+            try:
+                sock.connect(self._socket_path)
+            except (ConnectionError, FileNotFoundError) as exc:
+                raise map_docker_error(exc) from exc
+            sock.settimeout(_remaining(until))
+            sock.sendall(request)
+        except TimeoutError as exc:
+            sock.close()
+            raise _timeout() from exc
+        except OSError as exc:
+            sock.close()
+            raise SandboxFailedError(f"lost the connection to the Docker daemon: {exc}") from exc
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
+def _remaining(until: float) -> float:
+    left = until - time.monotonic()
+    if left <= 0:
+        raise _timeout()
+    return left
+
+
+def _timeout() -> DaemonTimeoutError:
+    return DaemonTimeoutError(
+        f"the Docker daemon did not answer within {DAEMON_GRACE_SECONDS:g} s of the command's deadline "
+        "(is it overloaded or stopped?)"
+    )
+
+
+def _recv(sock: socket.socket, until: float) -> bytes:
+    try:
+        sock.settimeout(_remaining(until))
+        return sock.recv(_READ_SIZE)
+    except TimeoutError as exc:
+        raise _timeout() from exc
+    except OSError as exc:
+        raise SandboxFailedError(f"lost the connection to the Docker daemon: {exc}") from exc
+
+
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        status = int(lines[0].split(" ", 2)[1])
+    except (IndexError, ValueError) as exc:
+        raise SandboxFailedError(f"the Docker daemon sent no HTTP answer: {lines[0]!r}") from exc
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def _dechunk(data: bytes) -> bytes:
+    body = bytearray()
+    while data:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        body += data[:size]
+        data = data[size + 2 :]
+    return bytes(body)
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict) and "message" in body:
+        return str(body["message"])
+    return str(body)
+
+
 class DockerExecTransport:
     """:class:`CommandTransport` over Docker's exec API, streaming straight from the daemon's socket."""
 
     def __init__(self, client: docker.DockerClient, container_id: str, socket_path: str) -> None:
-        self._client = client
         self._container_id = container_id
-        self._socket_path = socket_path
-        self._api_version = client.api.api_version
+        self._daemon = DaemonSocket(socket_path, client.api.api_version)
+        self._lock = threading.Lock()
+        self._survey: tuple[bool, str] | None = None
+        # Markers of commands whose trees may still be alive: the killer could not confirm (the daemon
+        # did not answer); they are killed before the next command of this container starts.
+        self._pending: set[str] = set()
 
     def run(
         self,
@@ -167,118 +315,178 @@ class DockerExecTransport:
         *,
         deadline: float,
         cancel: threading.Event | None,
-        kill_everything: bool,
     ) -> CommandOutcome:
         """See :meth:`CommandTransport.run`."""
-        argv = [
-            "/bin/sh", "-c", WRAPPER_SCRIPT, "adk-sandbox", command.marker,
-            "env", "-i", *(f"{k}={v}" for k, v in command.env.items()),
-            f"{MARKER_VARIABLE}={command.marker}", *command.argv,
-        ]  # fmt: skip
-        exec_id = self._create_exec(
-            argv, command.user, command.workdir, attach_stdin=command.stdin is not None
+        until = deadline + DAEMON_GRACE_SECONDS
+        protected = self._prepare(command.user, until)
+        argv = supervisor_argv(
+            command.marker, protected, max(deadline - time.monotonic(), 0.0), command.env, command.argv
         )
-        sock, early = self._start_exec(exec_id)
+        exec_id = self._create_exec(argv, command.user, command.workdir, command.stdin is not None, until)
+        try:
+            sock, early = self._start_exec(exec_id, until)
+        except ContainerGoneError:
+            raise
+        except BaseException:
+            self._remember(command.marker)  # it may have started after all
+            raise
         stopped: str | None = None
-        kill_failed = False
+        killed: _KillResult = "done"
         try:
             demux = FrameDemultiplexer(capture)
             demux.feed(early)
             stopped = _pump(sock, demux, command.stdin, deadline, cancel)
             if stopped is not None:
-                kill_failed = not self.kill(command, kill_everything=kill_everything)
-                _pump(sock, demux, None, time.monotonic() + DRAIN_AFTER_KILL_SECONDS, None)
+                killed = self._kill(command.marker, command.user, until)
+                if killed == "done":
+                    drain = min(time.monotonic() + DRAIN_AFTER_KILL_SECONDS, until)
+                    _pump(sock, demux, None, drain, None)
+        except BaseException:
+            # The caller's thread was interrupted while reading (a failing on_output callback, a
+            # KeyboardInterrupt): the command must not keep running behind the exception.
+            sock.close()
+            killed = self._kill(command.marker, command.user, time.monotonic() + KILL_ON_ERROR_SECONDS)
+            if killed != "done":
+                self._remember(command.marker)
+            raise
         finally:
             sock.close()
-        exit_code = None if stopped else self._exit_code(exec_id)
-        return CommandOutcome(
-            exit_code=exit_code,
-            timed_out=stopped == "timeout",
-            cancelled=stopped == "cancel",
-            kill_failed=kill_failed,
-        )
+        if stopped is not None:
+            if killed == "no_answer":
+                self._remember(command.marker)
+            return CommandOutcome(
+                exit_code=None,
+                timed_out=stopped == "timeout",
+                cancelled=stopped == "cancel",
+                kill_failed=killed == "no_room",
+            )
+        try:
+            exit_code = self._exit_code(exec_id, until)
+        except BaseException:
+            self._remember(command.marker)
+            raise
+        if exit_code is None or exit_code == _KILLED:
+            # The supervisor itself may have been SIGKILLed by its command: sweep its orphans.
+            killed = self._kill(command.marker, command.user, until)
+            if killed == "no_answer":
+                self._remember(command.marker)
+            return CommandOutcome(exit_code=exit_code, kill_failed=killed == "no_room")
+        return CommandOutcome(exit_code=exit_code)
 
-    def kill(self, command: PreparedCommand, *, kill_everything: bool) -> bool:
-        """Kill ``command``'s tree from inside the container; False when the killer could not run."""
-        argv = ["/bin/sh", "-c", KILLER_SCRIPT, "adk-sandbox-kill", command.marker]
-        if kill_everything:
-            argv.append("all")
-        for attempt in range(5):
+    # -- the supervisor's helpers: survey, killer ----------------------------------------------------
+    def _prepare(self, user: str, until: float) -> str:
+        """Survey the container once; kill what earlier commands may have left. The protected list."""
+        with self._lock:
+            if self._survey is None:
+                code, output = self._small_exec(survey_argv(), user, until)
+                survey = parse_survey(output)
+                if survey is None:
+                    raise SandboxFailedError(
+                        "the session container cannot run the command supervisor (exit status "
+                        f"{code}: {output.strip()[:500]!r}); its image must provide python3 on PATH"
+                    )
+                self._survey = survey
+            pending = sorted(self._pending)
+        for marker in pending:
+            killed = self._kill(marker, user, until)
+            if killed == "no_room":
+                raise ContainerGoneError("the processes of an earlier command could not be killed in it")
+            if killed == "no_answer":
+                raise _timeout()
+            with self._lock:
+                self._pending.discard(marker)
+        return self._survey[1]
+
+    def _remember(self, marker: str) -> None:
+        with self._lock:
+            self._pending.add(marker)
+
+    def _kill(self, marker: str, user: str, until: float) -> _KillResult:
+        """Kill the tree of the command run with ``marker`` and sweep orphans, from inside the container."""
+        assert self._survey is not None  # noqa: S101 - run() surveys before any command starts
+        strict, protected = self._survey
+        argv = killer_argv(marker, protected, strict=strict)
+        for attempt in range(KILL_ATTEMPTS):
             try:
-                with daemon_errors():
-                    result = self._client.api.exec_create(self._container_id, argv, user=command.user)
-                    self._client.api.exec_start(result["Id"])
-                    status = self._client.api.exec_inspect(result["Id"])
+                code, output = self._small_exec(argv, user, until)
+            except ContainerGoneError:
+                return "done"  # no container left, so no process of it either
+            except DaemonTimeoutError:
+                return "no_answer"
             except SandboxFailedError as exc:
                 log.info("killer could not start (attempt %d): %s", attempt + 1, exc)
-                time.sleep(0.05 * (attempt + 1))
-                continue
-            # 126/127: the killer itself could not be started (no room for a process, e.g. a fork bomb).
-            if status.get("ExitCode") not in (126, 127):
-                return True
-            time.sleep(0.05 * (attempt + 1))
-        return False
+            else:
+                if code not in _NOT_STARTED:
+                    return "done"
+                log.info("killer could not start (attempt %d): %s", attempt + 1, output.strip())
+            time.sleep(min(0.05 * (attempt + 1), max(until - time.monotonic(), 0)))
+        return "no_room"
 
-    def _create_exec(self, argv: list[str], user: str, workdir: str, *, attach_stdin: bool) -> str:
-        with daemon_errors():
-            try:
-                created = self._client.api.exec_create(
-                    self._container_id, argv, stdin=attach_stdin, user=user, workdir=workdir
-                )
-            except docker.errors.APIError as exc:
-                # 404: the container vanished; 409: it is not running. Either way nothing started.
-                if exc.status_code in (404, 409):
-                    raise ContainerGoneError(f"the sandbox container cannot run commands: {exc}") from exc
-                raise
-        return str(created["Id"])
-
-    def _start_exec(self, exec_id: str) -> tuple[socket.socket, bytes]:
-        """Start the exec over a raw hijacked connection; return the socket and any bytes already read.
-
-        docker-py's socket mode hands out the socket behind a buffered HTTP reader, which may already hold
-        the first output bytes; speaking the two-message HTTP upgrade directly avoids losing them.
-        """
-        body = json.dumps({"Detach": False, "Tty": False}).encode()
-        request = (
-            f"POST /v{self._api_version}/exec/{exec_id}/start HTTP/1.1\r\n"
-            "Host: docker\r\nContent-Type: application/json\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode() + body
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def _small_exec(self, argv: list[str], user: str, until: float) -> tuple[int | None, str]:
+        """Run a helper exec to its end; its exit status and its output (both streams)."""
+        exec_id = self._create_exec(argv, user, "/", False, until)
+        sock, early = self._start_exec(exec_id, until)
+        capture = OutputCapture(65536)
         try:
-            sock.connect(self._socket_path)
-            sock.sendall(request)
-            received = bytearray()
-            while b"\r\n\r\n" not in received:
-                chunk = sock.recv(_READ_SIZE)
-                if not chunk:
-                    raise SandboxFailedError("the Docker daemon closed the exec connection before answering")
-                received += chunk
-            head, _, rest = bytes(received).partition(b"\r\n\r\n")
-            status = int(head.split(b" ", 2)[1])
-            if status not in (101, 200):
-                message = _read_error_body(sock, head, rest)
-                if status in (404, 409):
-                    raise ContainerGoneError(f"the sandbox container cannot run commands: {message}")
-                raise SandboxFailedError(
-                    f"the Docker daemon refused to start a command ({status}): {message}"
-                )
-        except OSError as exc:
+            demux = FrameDemultiplexer(capture)
+            demux.feed(early)
+            if _pump(sock, demux, None, until, None) is not None:
+                raise _timeout()
+        finally:
             sock.close()
-            raise SandboxFailedError(f"lost the connection to the Docker daemon: {exc}") from exc
-        except BaseException:
-            sock.close()
-            raise
+        streams = capture.finish()
+        return self._exit_code(exec_id, until), streams["stdout"].text + streams["stderr"].text
+
+    # -- exec API ------------------------------------------------------------------------------------
+    def _create_exec(self, argv: list[str], user: str, workdir: str, attach_stdin: bool, until: float) -> str:
+        config = {
+            "User": user,
+            "Privileged": False,
+            "Tty": False,
+            "AttachStdin": attach_stdin,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Cmd": argv,
+            "WorkingDir": workdir,
+        }
+        status, body = self._daemon.request("POST", f"/containers/{self._container_id}/exec", config, until)
+        # 404: the container vanished; 409: it is not running. Either way nothing started.
+        if status in (404, 409):
+            raise ContainerGoneError(f"the sandbox container cannot run commands: {_message(body)}")
+        if status != 201 or not isinstance(body, dict) or "Id" not in body:
+            raise SandboxFailedError(f"the Docker daemon refused a request ({status}): {_message(body)}")
+        return str(body["Id"])
+
+    def _start_exec(self, exec_id: str, until: float) -> tuple[socket.socket, bytes]:
+        """Start the exec over a raw hijacked connection; return the socket and any bytes already read."""
+        body = {"Detach": False, "Tty": False}
+        sock, status, head, rest = self._daemon.upgrade(f"/exec/{exec_id}/start", body, until)
+        if status not in (101, 200):
+            try:
+                message = _read_error_body(sock, head, rest, until)
+            finally:
+                sock.close()
+            if status in (404, 409):
+                raise ContainerGoneError(f"the sandbox container cannot run commands: {message}")
+            raise SandboxFailedError(f"the Docker daemon refused to start a command ({status}): {message}")
         return sock, rest
 
-    def _exit_code(self, exec_id: str) -> int | None:
-        for _ in range(100):
-            status = idempotent(lambda: self._client.api.exec_inspect(exec_id))
-            if not status.get("Running"):
-                code = status.get("ExitCode")
-                return int(code) if code is not None else None
-            time.sleep(0.01)
-        return None
+    def _exit_code(self, exec_id: str, until: float) -> int | None:
+        """The exec's exit status once the daemon marks it ended (None if it does not within 5 s)."""
+        give_up = min(until, time.monotonic() + 5.0)
+        while True:
+            status, body = self._daemon.request("GET", f"/exec/{exec_id}/json", None, until)
+            if status == 200 and isinstance(body, dict):
+                if not body.get("Running"):
+                    code = body.get("ExitCode")
+                    return int(code) if code is not None else None
+            elif status == 404:
+                raise SandboxFailedError(f"the sandbox container is gone: {_message(body)}")
+            elif status < 500:  # a 5xx is transient: asked again
+                raise SandboxFailedError(f"the Docker daemon refused a request ({status}): {_message(body)}")
+            if time.monotonic() > give_up:
+                return None
+            time.sleep(0.005)
 
 
 def _pump(
@@ -331,19 +539,13 @@ def _close_write(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_WR)
 
 
-def _read_error_body(sock: socket.socket, head: bytes, rest: bytes) -> str:
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value.strip() or 0)
+def _read_error_body(sock: socket.socket, head: bytes, rest: bytes, until: float) -> str:
+    _, headers = _parse_head(head)
+    length = int(headers.get("content-length") or 0)
     body = bytearray(rest)
-    sock.settimeout(5)
-    while len(body) < length:
-        chunk = sock.recv(_READ_SIZE)
-        if not chunk:
-            break
-        body += chunk
+    with contextlib.suppress(SandboxFailedError):
+        while len(body) < length and (chunk := _recv(sock, min(until, time.monotonic() + 5))):
+            body += chunk
     try:
         return str(json.loads(bytes(body))["message"])
     except (ValueError, KeyError, TypeError):

@@ -107,7 +107,6 @@ class DockerSession(SandboxBackend):
         self._client = client
         self._config = config
         self._lock = threading.Lock()
-        self._inflight = 0
         self._container_id: str | None = None
         self._inspect: Mapping[str, Any] = {}
         self._transport: CommandTransport | None = None
@@ -335,7 +334,13 @@ class DockerSession(SandboxBackend):
                 os.rmdir(path)
 
     def _replace_container(self, why: str) -> None:
-        """Swap in a fresh container (the old one died or could not be cleaned); said in the log."""
+        """Swap in a fresh container (the old one died or could not be cleaned); said in the log.
+
+        Called with the lock held. A closed session refuses: a container opened now would be removed by
+        nothing (a close from another thread may land while a command is running).
+        """
+        if self._closed:
+            raise SandboxFailedError("this Docker session is closed")
         log.warning("sandbox container %s replaced by a fresh one: %s", self._container_id, why)
         if self.attached:
             raise SandboxFailedError(f"the attached container {self._config.attach_to!r} {why}")
@@ -381,13 +386,7 @@ class DockerSession(SandboxBackend):
             )
         started = time.monotonic()
         capture = OutputCapture(request.output_cap, on_output)
-        with self._lock:
-            self._inflight += 1
-        try:
-            outcome, oom_killed = self._run(request, argv, capture, started, cancel)
-        finally:
-            with self._lock:
-                self._inflight -= 1
+        outcome, oom_killed = self._run(request, argv, capture, started, cancel)
         streams = capture.finish()
         killed = outcome.timed_out or outcome.cancelled or oom_killed
         return ExecResult(
@@ -426,16 +425,8 @@ class DockerSession(SandboxBackend):
                     self._replace_container("it was gone")
                 continue
             ooms_before = oom_counter.read() if oom_counter else None
-            with self._lock:
-                kill_everything = self._inflight == 1 and not self._user.startswith("0:")
             try:
-                outcome = transport.run(
-                    command,
-                    capture,
-                    deadline=started + request.timeout,
-                    cancel=cancel,
-                    kill_everything=kill_everything,
-                )
+                outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
             except ContainerGoneError as exc:
                 # Nothing of the command ran, so starting it in a fresh container is not a re-run.
                 if attempt == 2:
@@ -447,7 +438,8 @@ class DockerSession(SandboxBackend):
             oom_killed = ooms_before is not None and ooms_after is not None and ooms_after > ooms_before
             if outcome.kill_failed:
                 with self._lock:
-                    self._replace_container("the timed-out command's processes could not be killed inside it")
+                    if not self._closed:  # closed meanwhile: the container is gone with the processes
+                        self._replace_container("the command's processes could not be killed inside it")
             return outcome, oom_killed
         raise SandboxFailedError("the sandbox container could not be started")  # pragma: no cover
 

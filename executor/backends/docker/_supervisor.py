@@ -1,0 +1,308 @@
+"""The in-container supervisor: runs one command and kills everything it leaves behind.
+
+Docker's exec API cannot kill a command's process tree, and a process can hide from every marker a
+killer could look for (a cleared environment, ``setsid``, ``PR_SET_DUMPABLE=0`` hiding
+``/proc/PID/environ``, a double fork). What it cannot hide is its parentage. So each command runs under
+:data:`SCRIPT`, started through the exec as ``python3 -I -S -c SCRIPT adk-sandbox run <marker> ...``
+(``python3`` is the only thing a session image must provide; no file is installed in the image):
+
+* ``run``: become a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), so every orphan of the tree is
+  re-parented to the supervisor instead of the container's init; fork the command into its own session
+  with exactly the prepared environment; reap every child as it exits (re-parented orphans included, so
+  zombies never fill the pids limit); when the command exits, SIGSTOP then SIGKILL every descendant
+  (found through the ppid fields of ``/proc/*/stat``, readable even for non-dumpable processes) in
+  passes until none is alive, reap until ``ECHILD`` and exit with the command's status (``128 + signal``
+  when signalled). Any catchable signal, and the command's own deadline (its timeout plus a second, a
+  backstop for when the host cannot reach the daemon) do the same kill and exit.
+* ``kill <marker>``: the host's killer on timeout or cancel. Finds *only* that command's supervisor (an
+  exec root, ppid 0, whose argv carries the marker), kills its descendants, then the supervisor itself
+  (which may have been stopped by the command it runs), then sweeps.
+* ``survey``: run once per container before its first command; prints the container's own processes
+  (PID 1 and what descends from it, e.g. the keeper) as ``pid:starttime``, which every sweep spares.
+
+The **orphan sweep** closes the last hole: a command can SIGKILL its own supervisor (same uid), and then
+its processes are re-parented to PID 1. Any process whose parent is PID 1 and that is not one of the
+surveyed processes is such an escapee; it is killed with its descendants. Processes of other commands
+are never touched: they descend from their own live supervisor (an exec root), never from PID 1.
+
+Without ``PR_SET_CHILD_SUBREAPER`` (gVisor before 2023 answers ``EINVAL``), orphans of *every* command go
+to PID 1. The sweep then spares the orphans it can attribute to another live command (its marker in
+``ADK_SANDBOX_EXEC`` in the environment, or the session of that command's process) and kills the rest:
+on such a kernel a neighbour's orphan that cleared its environment *and* called ``setsid`` is killed by
+the next command that ends.
+
+Signals are sent through a pidfd after re-checking the target's start time, so a pid reused by another
+process between the scan of ``/proc`` and the signal is never hit.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ARGV0",
+    "MARKER_VARIABLE",
+    "SCRIPT",
+    "killer_argv",
+    "parse_survey",
+    "supervisor_argv",
+    "survey_argv",
+]
+
+#: The command's environment carries this variable set to the command's marker (attribution of orphans on
+#: kernels without child subreapers).
+MARKER_VARIABLE = "ADK_SANDBOX_EXEC"
+
+#: The first argument after the script: makes the supervisor recognisable in ``ps`` and in ``/proc``.
+ARGV0 = "adk-sandbox"
+
+#: Extra time the supervisor gives the command beyond its timeout before killing it by itself. The host's
+#: killer normally comes first; this backstop only matters when the host cannot reach the daemon.
+BACKSTOP_SECONDS = 1.0
+
+# Runs as `python3 -I -S -c SCRIPT adk-sandbox MODE ...`: sys.argv[0] is "-c", then ARGV0, MODE, ...
+# Standard library only, no site: starts in a few milliseconds. Kept compatible with Python >= 3.6.
+SCRIPT = r"""# adk-sandbox supervisor (executor/backends/docker/_supervisor.py)
+import os, signal, sys, time
+A = sys.argv
+SELF = os.getpid()
+VAR = b"ADK_SANDBOX_EXEC="
+
+def subreaper():
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+def scan():
+    procs = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/" + name + "/stat", "rb") as f:
+                    data = f.read()
+                f = data[data.rindex(b")") + 2:].split()
+                procs[int(name)] = (int(f[1]), int(f[3]), f[19], f[0])  # ppid, session, start, state
+            except (OSError, ValueError, IndexError):
+                pass
+    return procs
+
+def start_of(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+        return data[data.rindex(b")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+def send(pid, start, sig):
+    fd = None
+    try:
+        fd = os.pidfd_open(pid)
+    except AttributeError:
+        pass
+    except OSError as e:
+        if e.errno != 38:
+            return
+    try:
+        if start_of(pid) != start:
+            return  # gone, or the pid now names another process
+        if fd is None:
+            os.kill(pid, sig)
+        else:
+            signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+def below(roots, procs):
+    kids = {}
+    for p, info in procs.items():
+        kids.setdefault(info[0], []).append(p)
+    found, todo = set(), list(roots)
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return found
+
+def argv_of(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+def supervisors(procs):
+    found = {}
+    for p, info in procs.items():
+        if info[0] == 0 and p not in (1, SELF):
+            argv = argv_of(p)
+            if len(argv) > 7 and argv[5] == b"adk-sandbox" and argv[6] == b"run":
+                found[p] = argv[7]
+    return found
+
+def marker_of(pid):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            for entry in f.read().split(b"\0"):
+                if entry.startswith(VAR):
+                    return entry[len(VAR):]
+    except OSError:
+        pass
+    return None
+
+def escapees(procs, mine, protected, strict):
+    roots = [p for p, i in procs.items() if i[0] == 1 and (p, i[2]) not in protected]
+    if roots and not strict:
+        others = dict((p, m) for p, m in supervisors(procs).items() if m != mine)
+        sessions = set(p for p, i in procs.items() if i[0] in others)
+        markers = set(others.values())
+        roots = [p for p in roots if procs[p][1] not in sessions and marker_of(p) not in markers]
+    return set(roots) | below(roots, procs)
+
+def kill_all(targets, limit=5.0):
+    stopped = set()
+    end = time.monotonic() + limit
+    while True:
+        procs = scan()
+        victims = [p for p in targets(procs) if p != SELF and p in procs and procs[p][3] not in b"ZX"]
+        if not victims or time.monotonic() > end:
+            return procs
+        fresh = [p for p in victims if p not in stopped]
+        # Stop first: a stopped process cannot fork, so a fork bomb cannot refill what a kill frees.
+        for p in fresh or victims:
+            send(p, procs[p][2], signal.SIGSTOP if fresh else signal.SIGKILL)
+        stopped.update(fresh)
+        if not fresh:
+            reap()
+            time.sleep(0.001)
+
+def reap():
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        return True
+    return False
+
+def parse(text):
+    return set((int(p), s.encode()) for p, _, s in (e.partition(":") for e in text.split(",") if e))
+
+def run():
+    marker, protected, timeout, n = A[3].encode(), parse(A[4]), float(A[5]), int(A[6])
+    env = dict(e.split("=", 1) for e in A[7:7 + n])
+    env["ADK_SANDBOX_EXEC"] = A[3]
+    argv = A[7 + n:]
+    strict = subreaper()
+    skip = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, signal.SIGWINCH, signal.SIGURG,
+            signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+    handled = []
+
+    def finish():
+        signal.pthread_sigmask(signal.SIG_BLOCK, handled)
+        mine = lambda procs: below([SELF], procs) | escapees(procs, marker, protected, strict)
+        end = time.monotonic() + 5
+        while True:
+            kill_all(mine)
+            if reap() or not strict or time.monotonic() > end:
+                return
+            time.sleep(0.001)
+
+    def on_signal(sig, frame):
+        finish()
+        os._exit(137 if sig == signal.SIGALRM else 128 + sig)
+
+    for s in signal.valid_signals():
+        if s not in skip:
+            try:
+                signal.signal(s, on_signal)
+                handled.append(s)
+            except (OSError, ValueError, RuntimeError):
+                pass
+    for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):  # a command must not stop its supervisor
+        signal.signal(s, signal.SIG_IGN)
+    child = os.fork()
+    if child == 0:
+        try:
+            for s in handled + [signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU]:
+                try:
+                    signal.signal(s, signal.SIG_DFL)  # Python ignores SIGPIPE and SIGXFSZ: not the command
+                except (OSError, ValueError, RuntimeError):
+                    pass
+            os.setsid()
+            os.execvpe(argv[0], argv, env)
+        except OSError as e:
+            os.write(2, ("%s: %s\n" % (argv[0], e.strerror)).encode())
+            os._exit(127 if e.errno == 2 else 126)
+        finally:
+            os._exit(126)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            break
+    finish()
+    if os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status))
+
+def kill():
+    marker, protected, strict = A[3].encode(), parse(A[4]), A[5] == "strict"
+    procs = scan()
+    sups = [p for p, m in supervisors(procs).items() if m == marker]
+    procs = kill_all(lambda procs: below(sups, procs) | escapees(procs, marker, protected, strict))
+    for p in sups:
+        if p in procs:
+            send(p, procs[p][2], signal.SIGKILL)
+    kill_all(lambda procs: escapees(procs, marker, protected, strict))
+
+def survey():
+    procs = scan()
+    mine = set([1]) | below([1], procs)
+    sys.stdout.write("%s %s\n" % (
+        "strict" if subreaper() else "lenient",
+        ",".join("%d:%s" % (p, procs[p][2].decode()) for p in sorted(mine) if p in procs)))
+
+{"run": run, "kill": kill, "survey": survey}[A[2]]()
+"""
+
+_PREFIX = ("python3", "-I", "-S", "-c", SCRIPT, ARGV0)
+
+
+def supervisor_argv(
+    marker: str, protected: str, timeout: float, env: dict[str, str], argv: tuple[str, ...]
+) -> list[str]:
+    """The exec argv that runs ``argv`` under a supervisor with exactly ``env`` (plus the marker).
+
+    ``protected`` is a :func:`parse_survey` result; the supervisor kills the command by itself
+    :data:`BACKSTOP_SECONDS` after ``timeout``.
+    """
+    return [
+        *_PREFIX, "run", marker, protected, f"{timeout + BACKSTOP_SECONDS:.3f}", str(len(env)),
+        *(f"{name}={value}" for name, value in env.items()), *argv,
+    ]  # fmt: skip
+
+
+def killer_argv(marker: str, protected: str, *, strict: bool) -> list[str]:
+    """The exec argv that kills the tree of the command run with ``marker`` (if any) and sweeps orphans."""
+    return [*_PREFIX, "kill", marker, protected, "strict" if strict else "lenient"]
+
+
+def survey_argv() -> list[str]:
+    """The exec argv that lists the container's own processes (see :func:`parse_survey`)."""
+    return [*_PREFIX, "survey"]
+
+
+def parse_survey(stdout: str) -> tuple[bool, str] | None:
+    """``(strict, protected)`` from a survey's output, or None if it is not one.
+
+    ``strict``: the kernel supports child subreapers, so an orphan at PID 1 never belongs to a live
+    command. ``protected``: the container's own processes as ``pid:starttime,...``.
+    """
+    words = stdout.split()
+    if len(words) != 2 or words[0] not in ("strict", "lenient"):
+        return None
+    return words[0] == "strict", words[1]
