@@ -8,9 +8,10 @@ killer could look for (a cleared environment, ``setsid``, ``PR_SET_DUMPABLE=0`` 
 
 * ``run``: become a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), so every orphan of the tree is
   re-parented to the supervisor instead of the container's init; fork the command into its own session
-  with exactly the prepared environment; reap every child as it exits (re-parented orphans included, so
-  zombies never fill the pids limit); when the command exits, SIGSTOP then SIGKILL every descendant
-  (found through the ppid fields of ``/proc/*/stat``, readable even for non-dumpable processes) in
+  with exactly the prepared environment and the set-id seccomp filter installed (``_seccomp``: gVisor
+  does not apply the container's profile to exec'd processes); reap every child as it exits
+  (re-parented orphans included, so zombies never fill the pids limit); when the command exits, SIGSTOP
+  then SIGKILL every descendant (found through the ppid fields of ``/proc/*/stat``, readable even for non-dumpable processes) in
   passes until none is alive, reap until ``ECHILD`` and exit with the command's status (``128 + signal``
   when signalled). Any catchable signal, and the command's own deadline (its timeout plus a second, a
   backstop for when the host cannot reach the daemon) do the same kill and exit.
@@ -37,6 +38,8 @@ process between the scan of ``/proc`` and the signal is never hit.
 
 from __future__ import annotations
 
+from executor.backends.docker._seccomp import INSTALL_FILTER_SOURCE, native_arch, setid_filter
+
 __all__ = [
     "ARGV0",
     "MARKER_VARIABLE",
@@ -60,8 +63,9 @@ BACKSTOP_SECONDS = 1.0
 
 # Runs as `python3 -I -S -c SCRIPT adk-sandbox MODE ...`: sys.argv[0] is "-c", then ARGV0, MODE, ...
 # Standard library only, no site: starts in a few milliseconds. Kept compatible with Python >= 3.6.
-SCRIPT = r"""# adk-sandbox supervisor (executor/backends/docker/_supervisor.py)
+_SCRIPT_BODY = r"""# adk-sandbox supervisor (executor/backends/docker/_supervisor.py)
 import os, signal, sys, time
+# @SETID-FILTER@
 A = sys.argv
 SELF = os.getpid()
 VAR = b"ADK_SANDBOX_EXEC="
@@ -233,6 +237,9 @@ def run():
                 except (OSError, ValueError, RuntimeError):
                     pass
             os.setsid()
+            if SETID is None:
+                raise OSError(95, "no set-id seccomp filter for this architecture")
+            install_setid_filter(SETID)  # before exec: the command can never lift it
             os.execvpe(argv[0], argv, env)
         except OSError as e:
             os.write(2, ("%s: %s\n" % (argv[0], e.strerror)).encode())
@@ -269,6 +276,17 @@ def survey():
 {"run": run, "kill": kill, "survey": survey}[A[2]]()
 """
 
+
+def _with_setid_filter(body: str) -> str:
+    """The script with the set-id seccomp filter (see :mod:`._seccomp`) it installs on each command."""
+    try:
+        program = 'bytes.fromhex("' + setid_filter(native_arch()).hex() + '")'
+    except OSError:  # an architecture without a filter: commands refuse to start (fail closed)
+        program = "None"
+    return body.replace("# @SETID-FILTER@", INSTALL_FILTER_SOURCE + "SETID = " + program + "\n", 1)
+
+
+SCRIPT = _with_setid_filter(_SCRIPT_BODY)
 _PREFIX = ("python3", "-I", "-S", "-c", SCRIPT, ARGV0)
 
 

@@ -18,7 +18,7 @@ import docker.errors
 from executor._env import build_child_env
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxBackend
-from executor.backends.docker._daemon import daemon_errors, daemon_socket_path, idempotent, remove_container
+from executor.backends.docker._daemon import daemon_socket_path, idempotent, remove_container
 from executor.backends.docker._reaper import owner_labels
 from executor.backends.docker._spec import (
     GVISOR_RUNTIME,
@@ -254,8 +254,8 @@ class DockerSession(SandboxBackend):
         if self._config.user is None and owner_path:
             status = os.stat(owner_path)
             self._user = f"{status.st_uid}:{status.st_gid}"
-        self._verify_by_probe(container_id, spec.workspace)
         self._transport = DockerExecTransport(self._client, container_id, daemon_socket_path())
+        self._verify_by_probe(self._transport, spec.workspace)
         self._oom_counter = _OomCounter.for_container(inspect)
 
     def _check_attached_workspace(self, inspect: Mapping[str, Any], workspace: str) -> None:
@@ -277,23 +277,32 @@ class DockerSession(SandboxBackend):
                 f"would run; mount it read-only at the same path ({git}:{git}:ro, see compose.yaml)"
             )
 
-    def _verify_by_probe(self, container_id: str, workspace: str | None) -> None:
+    def _verify_by_probe(self, transport: CommandTransport, workspace: str | None) -> None:
         """Confirm from inside what inspect cannot show: the same workspace, and no set-id modes.
 
         The workspace: a daemon in another mount namespace (rootless Docker, Docker Desktop, a DinD
         sidecar, a forwarded socket) bind-mounts *its* copy of the path, and commands would silently run
-        against other files. A nonce file written on the host must be visible inside. The seccomp
-        profile: a runtime may ignore it (gVisor without ``--oci-seccomp``), so a ``chmod 4755`` on a
-        scratch file in the container's /tmp must fail.
+        against other files. A nonce file written on the host must be visible inside. Set-id modes: a
+        runtime may not apply the seccomp profile to exec'd processes (gVisor), so a ``chmod 4755`` on a
+        scratch file in the container's /tmp must fail — run exactly as a command runs, under its
+        supervisor and filter.
         """
         nonce = _IdentityNonce.create(workspace) if workspace else None
         try:
             script = _PROBE_SETID + (' ; cat -- "$1" 2>/dev/null' if nonce else "")
-            argv = ["/bin/sh", "-c", script, "adk-sandbox-probe"] + ([nonce.path] if nonce else [])
-            output = _probe(self._client, container_id, argv, self._user)
+            argv = ("/bin/sh", "-c", script, "adk-sandbox-probe") + ((nonce.path,) if nonce else ())
+            probe = PreparedCommand(
+                argv=argv, env=dict(self._base_env), user=self._user, workdir="/", stdin=None,
+                marker=uuid.uuid4().hex,
+            )  # fmt: skip
+            capture = OutputCapture(64 * 1024)
+            outcome = transport.run(probe, capture, deadline=time.monotonic() + _PROBE_SECONDS, cancel=None)
+            output = capture.finish()["stdout"].text
         finally:
             if nonce:
                 nonce.remove()
+        if outcome.exit_code is None:
+            raise SandboxFailedError("the sandbox container did not answer its start-up check in time")
         if "setid-allowed" in output:
             raise PolicyNotEnforceableError(
                 "commands in this container can create setuid/setgid files (the seccomp profile is not "
@@ -513,6 +522,7 @@ def _mount_source_of(inspect: Mapping[str, Any], path: str) -> str | None:
     return None
 
 
+_PROBE_SECONDS = 30.0
 # Prints "setid-allowed" when a set-id mode can be set in the container (it must not: see _seccomp).
 _PROBE_SETID = (
     'f=$(mktemp) && { chmod 4755 "$f" 2>/dev/null && [ -u "$f" ] && echo setid-allowed; rm -f "$f"; }'
@@ -544,14 +554,6 @@ class _IdentityNonce:
     def remove(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-
-
-def _probe(client: docker.DockerClient, container_id: str, argv: list[str], user: str) -> str:
-    """Run a short check in the container; its stdout (bounded in time by the client's timeout)."""
-    with daemon_errors():
-        created = client.api.exec_create(container_id, argv, user=user, stdout=True, stderr=False)
-        output = client.api.exec_start(created["Id"])
-    return output.decode(errors="replace") if isinstance(output, bytes) else str(output)
 
 
 def _split_brain(workspace: str | None, evidence: object) -> str:
