@@ -11,10 +11,11 @@ killer could look for (a cleared environment, ``setsid``, ``PR_SET_DUMPABLE=0`` 
   with exactly the prepared environment and the set-id seccomp filter installed (``_seccomp``: gVisor
   does not apply the container's profile to exec'd processes); reap every child as it exits
   (re-parented orphans included, so zombies never fill the pids limit); when the command exits, SIGSTOP
-  then SIGKILL every descendant (found through the ppid fields of ``/proc/*/stat``, readable even for non-dumpable processes) in
-  passes until none is alive, reap until ``ECHILD`` and exit with the command's status (``128 + signal``
-  when signalled). Any catchable signal, and the command's own deadline (its timeout plus a second, a
-  backstop for when the host cannot reach the daemon) do the same kill and exit.
+  then SIGKILL every descendant (found through the ppid fields of ``/proc/*/stat``, readable even for
+  non-dumpable processes) in passes until none is alive, reap until ``ECHILD`` and exit with the
+  command's status (``128 + signal`` when signalled). Any catchable signal, and the command's own
+  deadline (its timeout plus a second, a backstop for when the host cannot reach the daemon) do the same
+  kill and exit.
 * ``kill <marker>``: the host's killer on timeout or cancel. Finds *only* that command's supervisor (an
   exec root, ppid 0, whose argv carries the marker), kills its descendants, then the supervisor itself
   (which may have been stopped by the command it runs), then sweeps.
