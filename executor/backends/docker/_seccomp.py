@@ -11,10 +11,10 @@ Docker's own default profile (``seccomp/docker-default-20.10.json``, vendored un
 * ``chmod``, ``fchmod``, ``fchmodat`` are allowed only when the mode has neither ``S_ISUID`` nor
   ``S_ISGID``; the other calls that take a creation mode (``open``, ``openat``, ``creat``, ``mknod``,
   ``mknodat``) likewise, and ``open``/``openat`` without ``O_CREAT``/``O_TMPFILE`` are allowed whatever the
-  (then unused) mode argument holds. Refused calls fail with ``EPERM``.
+  (then unused) mode argument holds. Refused calls fail with ``EPERM``. ``fchmodat2`` (Linux 6.6; not in
+  the 20.10 allowlist) is added under the same condition, so ``chmod -h`` works with a newer libc.
 * ``openat2`` (its mode sits in a struct seccomp cannot read) fails with ``ENOSYS``, so libraries fall
   back to ``openat``; ``io_uring_*`` (whose operations bypass seccomp) fail with ``EPERM``.
-  ``fchmodat2`` is not in the 20.10 allowlist, so it is refused like every unlisted call.
 
 The derived profile is committed as ``seccomp/adk-sandbox.json`` (compose files reference it with
 ``security_opt: [seccomp=...]``); a unit test checks it equals :func:`derive_profile` of the vendored
@@ -54,6 +54,7 @@ MODE_ARGUMENTS: dict[str, tuple[int | None, int]] = {
     "chmod": (None, 1),
     "fchmod": (None, 1),
     "fchmodat": (None, 2),
+    "fchmodat2": (None, 2),
     "creat": (None, 1),
     "mknod": (None, 1),
     "mknodat": (None, 2),
