@@ -303,11 +303,15 @@ class DockerSession(SandboxBackend):
                 nonce.remove()
         if outcome.exit_code is None:
             raise SandboxFailedError("the sandbox container did not answer its start-up check in time")
-        if "setid-allowed" in output:
+        if "setid-refused" not in output.split():
+            if "setid-allowed" not in output.split():
+                raise PolicyNotEnforceableError(
+                    "could not check that commands cannot create setuid files: the start-up probe found no "
+                    f"writable /tmp in the container (it printed {output[:200]!r}); give it a /tmp tmpfs"
+                )
             raise PolicyNotEnforceableError(
-                "commands in this container can create setuid/setgid files (the seccomp profile is not "
-                "enforced by its runtime); for gVisor register runsc with --oci-seccomp (scripts/setup "
-                "does this)"
+                "commands in this container can create setuid/setgid files: neither the sandbox seccomp "
+                "profile nor the command's own set-id filter is in force (docs/DOCKER.md, Set-id files)"
             )
         if nonce and nonce.token not in output:
             raise PolicyNotEnforceableError(_split_brain(workspace, "a probe file written here is not there"))
@@ -525,7 +529,8 @@ def _mount_source_of(inspect: Mapping[str, Any], path: str) -> str | None:
 _PROBE_SECONDS = 30.0
 # Prints "setid-allowed" when a set-id mode can be set in the container (it must not: see _seccomp).
 _PROBE_SETID = (
-    'f=$(mktemp) && { chmod 4755 "$f" 2>/dev/null && [ -u "$f" ] && echo setid-allowed; rm -f "$f"; }'
+    'f=$(mktemp) && { if chmod 4755 "$f" 2>/dev/null; then echo setid-allowed; else echo setid-refused; fi; '
+    'rm -f "$f"; }'
 )
 
 
