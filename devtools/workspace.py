@@ -67,8 +67,9 @@ class Workspace:
     ``bash_timeout`` is both the default and the ceiling of a ``bash`` call's timeout, in seconds;
     ``max_output_bytes`` caps each output stream; the command's environment holds only the host variables
     named in ``env_allowlist`` unless ``inherit_env`` is set, and ``inherit_env`` applies only where the
-    command sees the host's filesystem anyway (see :meth:`command_env`): a container never receives the
-    host's environment.
+    backend reports ``host_environment`` (a plain host process, see :meth:`command_env`): a container or
+    another sandbox never receives the host's environment. ``sandbox`` is a backend used as given, or an
+    :class:`~executor.SessionFactory` (``DockerBackend``) from which one session bound to ``root`` is opened.
     """
 
     def __init__(

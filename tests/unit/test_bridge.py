@@ -128,3 +128,22 @@ def test_a_call_failing_after_a_cancel_raises_cancelled_not_its_error() -> None:
             await task
 
     asyncio.run(main())
+
+
+def test_a_timeout_around_the_call_is_a_timeout_error_raised_after_the_call_returned() -> None:
+    returned = threading.Event()
+
+    def stops_slowly(cancel: threading.Event) -> None:
+        cancel.wait(10)
+        time.sleep(0.2)
+        returned.set()
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await run_blocking(stops_slowly)
+        assert returned.is_set()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(run_blocking(stops_slowly), 0.1)
+
+    asyncio.run(main())
