@@ -7,7 +7,7 @@ neither:
 * **A thread of its own per call, not the loop's default executor.** That executor has a handful of
   workers (``min(32, cpus + 4)``: six on a 2-core machine); six long ``bash`` or ``sandbox_exec`` calls
   would hold all of them, and a ``read_file`` issued meanwhile would wait for one of them to end. A
-  thread costs tens of microseconds, a command at least a millisecond.
+  thread start costs about 0.1 ms (docs/DESIGN.md has the numbers), a command at least a millisecond.
 * **Cancellation waits for the kill.** Cancelling the awaiting task sets the call's ``threading.Event``
   (every backend kills the execution's whole process tree when it is set) and then waits, bounded by
   :data:`CANCEL_WAIT_SECONDS`, for the call to return, so when ``CancelledError`` reaches the caller the
