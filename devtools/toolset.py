@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from devtools.tools import write_file as write_tool
 from devtools.tools._common import ToolArgs
 from devtools.tools.bash import ProgressCallback
 from devtools.workspace import Workspace
+from executor._bridge import run_blocking
 
 __all__ = ["DevToolset", "Tool"]
 
@@ -73,8 +73,8 @@ class DevToolset:
     ) -> dict[str, Any]:
         """Validate ``args`` and run tool ``name``; returns its result dict, raises a ``ToolError``.
 
-        Blocking file work runs in a worker thread. ``on_progress(stream, chunk)`` receives bash output
-        while the command runs (other tools ignore it).
+        Blocking work runs in a thread of its own per call (``executor``'s one bridge, ``run_blocking``).
+        ``on_progress(stream, chunk)`` receives bash output while the command runs (other tools ignore it).
         """
         tool = _ALL.get(name)
         if tool is None:
@@ -89,7 +89,11 @@ class DevToolset:
             if not isinstance(parsed, bash_tool.BashArgs):  # pragma: no cover - the model is fixed above
                 raise TypeError(parsed)
             return await bash_tool.bash(self.workspace, parsed, on_progress)
-        return await asyncio.to_thread(_RUNNERS[name], self.workspace, parsed)
+        run = _RUNNERS[name]
+        # The same bridge as bash: a thread of its own, so long commands never delay a file tool. A
+        # cancelled file tool is waited for (it takes no cancel event), so a write has finished or not
+        # started when CancelledError arrives, never half-done behind the caller's back.
+        return await run_blocking(lambda _cancel: run(self.workspace, parsed), name=f"adk-sandbox-{name}")
 
 
 def validate_args(tool: Tool, args: object) -> ToolArgs:

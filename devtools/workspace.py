@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Self
 
 from devtools._beneath import NAMES_DIRECTORY, NOT_A_DIRECTORY, EscapeError, Located, RootDir, climbs_out
 from devtools.errors import (
@@ -24,7 +24,7 @@ from devtools.errors import (
     StaleReadError,
     ToolError,
 )
-from executor import DEFAULT_MAX_OUTPUT_BYTES, ProcessBackend, SandboxBackend
+from executor import DEFAULT_MAX_OUTPUT_BYTES, Capabilities, ProcessBackend, SandboxBackend, SessionFactory
 
 __all__ = ["DEFAULT_ENV_ALLOWLIST", "FileStamp", "SessionFactory", "Workspace"]
 
@@ -32,26 +32,13 @@ DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TMP
 """Host variables a ``bash`` command sees when the workspace does not inherit the whole environment."""
 
 HOST_SPECIFIC_VARIABLES = ("PATH", "HOME", "TMPDIR", "SHELL", "USER")
-"""Allowlisted host variables not passed to a sandbox with a filesystem of its own: it provides its own."""
+"""Allowlisted host variables passed only where commands see the host's filesystem: elsewhere the host's
+paths and identity are wrong, and the sandbox provides its own."""
 
 PATH_MAX = 4096
 NAME_MAX = 255
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY  # O_NONBLOCK: a FIFO must not block the open
-
-
-@runtime_checkable
-class SessionFactory(Protocol):
-    """A sandbox that opens sessions bound to a workspace (the Docker backend's shape).
-
-    ``session(workspace=root)`` returns a backend whose commands run with ``root`` as their working
-    directory (the workspace is mounted at the same absolute path); the workspace opens one lazily on the
-    first ``bash`` call, reuses it, and closes it in :meth:`Workspace.close`.
-    """
-
-    def session(self, *, workspace: Path) -> SandboxBackend:
-        """Open a session whose commands run in ``workspace``."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -80,8 +67,9 @@ class Workspace:
     ``bash_timeout`` is both the default and the ceiling of a ``bash`` call's timeout, in seconds;
     ``max_output_bytes`` caps each output stream; the command's environment holds only the host variables
     named in ``env_allowlist`` unless ``inherit_env`` is set, and ``inherit_env`` applies only where the
-    command sees the host's filesystem anyway (see :meth:`command_env`): a container never receives the
-    host's environment.
+    backend reports ``host_environment`` (a plain host process, see :meth:`command_env`): a container or
+    another sandbox never receives the host's environment. ``sandbox`` is a backend used as given, or an
+    :class:`~executor.SessionFactory` (``DockerBackend``) from which one session bound to ``root`` is opened.
     """
 
     def __init__(
@@ -112,7 +100,7 @@ class Workspace:
         self.sandbox = sandbox
         self._backend: SandboxBackend | None = None
         self._backend_in_root = False
-        self._confined: tuple[SandboxBackend, bool] | None = None  # (backend, its capabilities().fs_read)
+        self._capabilities: tuple[SandboxBackend, Capabilities] | None = None  # asked once per backend
         self._owned = contextlib.ExitStack()  # the default backend or the session this workspace opened
         self._backend_lock = threading.Lock()  # held while a (possibly slow) session opens
         self._lock = threading.Lock()
@@ -371,27 +359,24 @@ class Workspace:
             self._check_open()
             if self._backend is None:
                 sandbox = self.sandbox
-                open_session = getattr(sandbox, "session", None)
                 if sandbox is None:
                     self._backend = self._owned.enter_context(ProcessBackend(workdir=self.root))
                     self._backend_in_root = True
-                elif callable(open_session):
+                elif isinstance(sandbox, SessionFactory):
                     # Entered like `with backend.session(workspace=root) as s:` (a session may start its
                     # container at entry) and exited by close().
-                    session = open_session(workspace=self.root)
-                    enter = getattr(session, "__enter__", None)
-                    if callable(enter):
-                        self._backend = enter()
-                        self._owned.push(session)
-                    else:
-                        self._backend = session
-                        self._owned.callback(session.close)
+                    session = sandbox.session(workspace=self.root)
+                    if not isinstance(session, SandboxBackend):
+                        raise TypeError(f"{sandbox!r}.session() returned {session!r}, not a SandboxBackend")
+                    self._backend = self._owned.enter_context(session)
                     self._backend_in_root = True
                 elif isinstance(sandbox, SandboxBackend):
                     self._backend = sandbox  # the caller's: not closed here
                     self._backend_in_root = False
                 else:
-                    raise TypeError(f"sandbox must be a SandboxBackend or have session(); got {sandbox!r}")
+                    raise TypeError(
+                        f"sandbox must be a SandboxBackend or a SessionFactory (session()), not {sandbox!r}"
+                    )
             return self._backend, self._backend_in_root
 
     def bash_prefix(self) -> str:
@@ -401,31 +386,39 @@ class Workspace:
     def command_env(self, backend: SandboxBackend | None = None) -> dict[str, str]:
         """The host variables a ``bash`` command on ``backend`` receives (blocking: may ask the backend).
 
-        Decided by what the backend reports, ``capabilities().fs_read``: when its commands see a
-        filesystem of their own instead of the host's (a container, gVisor, bubblewrap with confined
-        reads), the host's environment is host state the sandbox keeps out, like the host's files:
+        Decided by two facts the backend reports in its capabilities, not by its isolation class:
 
-        * only the variables named in ``env_allowlist`` pass, **also with** ``inherit_env`` (which would
-          otherwise hand every host secret to the sandbox; SPEC §4: they never enter a container);
-        * ``PATH``, ``HOME``, ``TMPDIR``, ``SHELL`` and ``USER`` never pass: the host's paths and identity
-          are wrong there, and the image knows where its programs are and gives a writable HOME.
+        * ``host_filesystem``: commands see the host's filesystem as it is (the default host
+          ``ProcessBackend``). Otherwise (a container, gVisor, bubblewrap with confined reads) ``PATH``,
+          ``HOME``, ``TMPDIR``, ``SHELL`` and ``USER`` never pass: the host's paths and identity are wrong
+          there, and the sandbox knows where its programs are and gives a writable HOME.
+        * ``host_environment``: commands may be handed the host process's whole environment (only a plain
+          host process). Only then does ``inherit_env`` pass all of ``os.environ``; elsewhere it would hand
+          every host secret to the sandbox (SPEC §4: they never enter a container), so only the variables
+          named in ``env_allowlist`` pass, as without it.
 
-        A backend whose commands read the host's filesystem (the default host ``ProcessBackend``) gets the
-        allowlisted variables, or all of ``os.environ`` with ``inherit_env``.
+        ``backend=None`` means the default host ``ProcessBackend``.
         """
         allowlisted = {name: os.environ[name] for name in self.env_allowlist if name in os.environ}
-        if backend is not None and self._has_own_filesystem(backend):
+        if backend is None:
+            host_filesystem = host_environment = True
+        else:
+            capabilities = self._capabilities_of(backend)
+            host_filesystem, host_environment = capabilities.host_filesystem, capabilities.host_environment
+        if self.inherit_env and host_environment:
+            return dict(os.environ)
+        if not host_filesystem:
             return {name: value for name, value in allowlisted.items() if name not in HOST_SPECIFIC_VARIABLES}
-        return dict(os.environ) if self.inherit_env else allowlisted
+        return allowlisted
 
-    def _has_own_filesystem(self, backend: SandboxBackend) -> bool:
+    def _capabilities_of(self, backend: SandboxBackend) -> Capabilities:
         # Asked once per backend (a Docker session answers from its container's inspect and a probe).
-        cached = self._confined
+        cached = self._capabilities
         if cached is not None and cached[0] is backend:
             return cached[1]
-        confined = backend.capabilities().fs_read
-        self._confined = (backend, confined)
-        return confined
+        capabilities = backend.capabilities()
+        self._capabilities = (backend, capabilities)
+        return capabilities
 
 
 _DANGLING = "dangling symbolic link"

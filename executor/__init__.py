@@ -9,7 +9,7 @@ r"""adk-sandbox executor: run agent code in sandboxes that report the isolation 
 
 from typing import TYPE_CHECKING, Any
 
-from executor.backend import OutputCallback, SandboxBackend
+from executor.backend import OutputCallback, SandboxBackend, SessionFactory
 from executor.backends.bwrap import BubblewrapEnforcer, bwrap_arguments, get_enforcer
 from executor.backends.docker import DockerBackend, DockerSession
 from executor.backends.enforcer import Confinement, Enforcer
@@ -81,6 +81,7 @@ __all__ = [
     "SandboxPolicy",
     "SandboxPolicyBuilder",
     "SandboxTool",
+    "SessionFactory",
     "Stream",
     "WasmBackend",
     "__version__",

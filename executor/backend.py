@@ -1,16 +1,17 @@
-"""The interface every sandbox backend implements."""
+"""The backend interfaces: :class:`SandboxBackend`, and :class:`SessionFactory` (opens sessions)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Stream
 
-__all__ = ["OutputCallback", "SandboxBackend"]
+__all__ = ["OutputCallback", "SandboxBackend", "SessionFactory"]
 
 OutputCallback = Callable[[Stream, str], None]
 """``on_output(stream, chunk)``: called with whole lines as they arrive (from a reader thread)."""
@@ -67,3 +68,31 @@ class SandboxBackend(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@runtime_checkable
+class SessionFactory(Protocol):
+    """A backend that opens sessions: ``with factory.session(workspace=root) as session: ...``.
+
+    A session is itself a :class:`SandboxBackend` (so a context manager): every command it runs shares
+    one sandbox -- one filesystem, one container -- until it is closed, and with ``workspace`` given its
+    commands run with that directory as their working directory, at the same absolute path as on the host.
+    ``workspace=None`` opens a session with no workspace (the Rust pipeline's own scratch session).
+
+    The factory's own ``execute``, where it has one, may run each call in a sandbox of its own (Docker: a
+    throw-away container), which is why callers that need state to carry over from one command to the
+    next (``Workspace``'s bash, ``RustExecutor``'s compile-then-run) open a session instead. ``DockerBackend``
+    is one; ``isinstance(obj, SessionFactory)`` tells whether an object is (it checks that ``session``
+    exists, not its signature).
+    """
+
+    def session(self, workspace: str | os.PathLike[str] | None = None) -> SandboxBackend:
+        """Open a new session, bound to ``workspace`` when given; the caller closes it."""
+        ...
+
+
+if TYPE_CHECKING:  # checked by mypy, never run: the Docker backend is a SessionFactory as it is written
+    from executor.backends.docker.backend import DockerBackend
+
+    def _docker_backend_opens_sessions(backend: DockerBackend) -> SessionFactory:
+        return backend

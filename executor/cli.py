@@ -34,15 +34,18 @@ from executor.types import Capabilities, ExecRequest, ExecResult, Language, Reso
 __all__ = ["main"]
 
 _FLAGS = ("timeout", "memory", "cpu", "pids", "network", "fs_read", "fs_write", "env")
+_FACTS = ("host_filesystem", "host_environment", "host_programs")  # where commands run, not enforcement
 
 
 def _describe(name: str, caps: Capabilities) -> str:
     enforced = [flag for flag in _FLAGS if getattr(caps, flag)]
     missing = [flag for flag in _FLAGS if not getattr(caps, flag)]
+    sees = [fact for fact in _FACTS if getattr(caps, fact)]
     languages = ", ".join(lang.value for lang in caps.languages) or "none"
     return (
         f"{name:<16} {caps.isolation.value:<16} enforces: {', '.join(enforced) or 'nothing'}\n"
         f"{'':<16} {'':<16} not enforced: {', '.join(missing) or 'nothing'}\n"
+        f"{'':<16} {'':<16} commands see: {', '.join(sees) or 'no host state'}\n"
         f"{'':<16} {'':<16} languages: {languages}"
     )
 

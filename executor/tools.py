@@ -8,14 +8,14 @@ is refused before it is parsed (Python's parser would hit its recursion limit), 
 ``input`` must be JSON data nested at most :data:`MAX_INPUT_DEPTH` levels (serde_json's limit in the
 harness; deeper input would silently arrive as ``null``).
 
-``run(arguments)`` is ``async`` and runs the blocking work in a thread, so an agent's event loop stays
-free; cancelling the awaiting task kills what the call started. ``run_sync(arguments)`` is the same call
-for synchronous code.
+``run(arguments)`` is ``async`` and runs the blocking work in a thread of its own (the project's one bridge,
+``executor._bridge.run_blocking``), so an agent's event loop stays free and long calls do not hold the
+loop's default executor; cancelling the awaiting task kills what the call started, and ``CancelledError``
+reaches the caller only once it is dead. ``run_sync(arguments)`` is the same call for synchronous code.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
@@ -26,7 +26,8 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
-from executor.backend import SandboxBackend
+from executor._bridge import run_blocking
+from executor.backend import SandboxBackend, SessionFactory
 from executor.rust.pipeline import RustExecutor, RustExecutorConfig, RustResult
 from executor.types import ExecRequest, ExecResult, Language
 
@@ -183,13 +184,13 @@ class _Tool(ABC, Generic[ArgsT]):
             return _error(f"{type(exc).__name__}: {exc}")
 
     async def run(self, arguments: Mapping[str, Any] | str) -> dict[str, Any]:
-        """Run the tool in a worker thread; cancelling the awaiting task kills what it started."""
-        cancel = threading.Event()
-        try:
-            return await asyncio.to_thread(self.run_sync, arguments, cancel=cancel)
-        except asyncio.CancelledError:
-            cancel.set()
-            raise
+        """Run the tool in a thread of its own; cancelling the awaiting task kills what it started.
+
+        ``CancelledError`` propagates once the execution has been killed (see ``run_blocking``).
+        """
+        return await run_blocking(
+            lambda cancel: self.run_sync(arguments, cancel=cancel), name=f"adk-sandbox-{self.name}"
+        )
 
     @abstractmethod
     def _call(self, arguments: ArgsT, cancel: threading.Event | None) -> dict[str, Any]: ...
@@ -213,7 +214,9 @@ class CodeTool(_Tool[CodeExecArgs]):
     arguments_model: ClassVar[type[BaseModel]] = CodeExecArgs
 
     def __init__(
-        self, target: RustExecutor | SandboxBackend, config: RustExecutorConfig | None = None
+        self,
+        target: RustExecutor | SandboxBackend | SessionFactory,
+        config: RustExecutorConfig | None = None,
     ) -> None:
         if isinstance(target, RustExecutor):
             self._executor, self._owned = target, False

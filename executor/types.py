@@ -200,6 +200,23 @@ class Capabilities(BaseModel):
     languages: tuple[Language, ...]
     """Languages this backend can run here."""
 
+    # Facts about where commands run rather than things enforced: callers decide from these what to hand a
+    # command (host paths, host variables, host programs) instead of guessing from the isolation rank.
+    # Each defaults to False, the answer for a backend with a filesystem of its own (Docker, gVisor):
+    # a backend that does not say is never handed host state.
+    host_filesystem: bool = False
+    """Commands see the host's filesystem as it is: every host path readable at its own path (subject only
+    to the user's permissions). True for a plain host process (and bubblewrap binding ``/``); False where
+    the command sees a filesystem of its own (a container's image, a confining bubblewrap, WASM)."""
+    host_environment: bool = False
+    """Commands may be handed the host process's whole environment: they run as an ordinary host process
+    of the caller, with nothing to keep from them that they could not read anyway. Only a plain host
+    ``ProcessBackend``; a sandbox (bubblewrap, a container, WASM) keeps host variables out."""
+    host_programs: bool = False
+    """Commands run the host's installed programs at their host paths (a bare name such as ``rustc``
+    resolves on the caller's PATH), so host toolchains and caches can be used. True for a host process,
+    with or without bubblewrap; False for a container (the image's programs) and WASM (none)."""
+
 
 class ResourceLimits(BaseModel):
     """Resource limits for a container (used by the Docker backend)."""

@@ -13,7 +13,8 @@ from pydantic import Field
 from devtools.errors import BashDisabledError
 from devtools.tools._common import ToolArgs
 from devtools.workspace import Workspace
-from executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxBackend, Stream
+from executor import ExecRequest, ExecResult, IsolationClass, Language, Stream
+from executor._bridge import run_blocking
 
 __all__ = ["DESCRIPTION", "BashArgs", "ProgressCallback", "bash"]
 
@@ -44,21 +45,13 @@ class BashArgs(ToolArgs):
 async def bash(ws: Workspace, args: BashArgs, on_progress: ProgressCallback | None = None) -> dict[str, Any]:
     """Run bash.
 
-    Cancelling the awaiting task kills the command's process tree, delivers the output so far to
+    The blocking part (opening the workspace's session, asking its capabilities, the command) runs in a
+    thread of its own through ``executor``'s one bridge (``run_blocking``). Cancelling the awaiting task
+    kills the command's process tree, waits until it is dead, delivers the output so far to
     ``on_progress``, and then re-raises ``CancelledError``.
     """
     if not ws.allow_bash:
         raise BashDisabledError
-    # Blocking: a container session may start here, and its capabilities decide the environment.
-    backend, starts_in_root, env = await asyncio.to_thread(_prepare, ws)
-    timeout = min(args.timeout_secs or ws.bash_timeout, ws.bash_timeout)
-    request = ExecRequest(
-        language=Language.COMMAND,
-        code=args.command if starts_in_root else ws.bash_prefix() + args.command,
-        timeout=timeout,
-        env=env,
-        max_output_bytes=ws.max_output_bytes,
-    )
     loop = asyncio.get_running_loop()
     cancel = threading.Event()
     queue: asyncio.Queue[tuple[Stream, str] | None] = asyncio.Queue()
@@ -72,37 +65,26 @@ async def bash(ws: Workspace, args: BashArgs, on_progress: ProgressCallback | No
         def on_output(stream: Stream, chunk: str) -> None:  # from the backend's reader thread
             loop.call_soon_threadsafe(queue.put_nowait, (stream, chunk))
 
-    # A thread of its own rather than the loop's default executor: a few long commands must not use up
-    # the executor's workers that the file tools (asyncio.to_thread) need meanwhile.
-    worker: asyncio.Future[tuple[ExecResult, IsolationClass]] = loop.create_future()
+    def work(stop: threading.Event) -> tuple[ExecResult, IsolationClass]:
+        # All of it blocks: a container session may start here, and its capabilities decide the env.
+        backend, starts_in_root = ws.bash_backend()
+        request = ExecRequest(
+            language=Language.COMMAND,
+            code=args.command if starts_in_root else ws.bash_prefix() + args.command,
+            timeout=min(args.timeout_secs or ws.bash_timeout, ws.bash_timeout),
+            env=ws.command_env(backend),
+            max_output_bytes=ws.max_output_bytes,
+        )
+        return backend.execute(request, on_output, cancel=stop), backend.isolation()
 
-    def work() -> None:
-        try:
-            outcome = (backend.execute(request, on_output, cancel=cancel), backend.isolation())
-        except BaseException as exc:  # handed to the awaiting task, which re-raises it
-            loop.call_soon_threadsafe(_settle, worker, None, exc)
-        else:
-            loop.call_soon_threadsafe(_settle, worker, outcome, None)
-
-    threading.Thread(target=work, name="adk-sandbox-bash", daemon=True).start()
-    cancelled = False
-    while True:
-        try:
-            result, isolation = await asyncio.shield(worker)
-            break
-        except asyncio.CancelledError:
-            if worker.done() and not worker.cancelled():
-                result, isolation = worker.result()
-                cancelled = True
-                break
-            # The awaiting task was cancelled: kill the command, then wait for the backend to return.
-            cancel.set()
-            cancelled = True
-    if pump is not None:
-        queue.put_nowait(None)  # every chunk was queued before the worker's result arrived
-        await pump
-    if cancelled:
-        raise asyncio.CancelledError
+    try:
+        result, isolation = await run_blocking(work, cancel=cancel, name="adk-sandbox-bash")
+    finally:
+        if pump is not None:
+            # Every chunk was queued before the call returned; on cancellation too, the output so far is
+            # delivered before CancelledError goes on.
+            queue.put_nowait(None)
+            await pump
     return {
         "command": args.command,
         "exit_code": result.exit_code,
@@ -113,24 +95,6 @@ async def bash(ws: Workspace, args: BashArgs, on_progress: ProgressCallback | No
         "duration_ms": result.duration_ms,
         "isolation": isolation.value,
     }
-
-
-def _prepare(ws: Workspace) -> tuple[SandboxBackend, bool, dict[str, str]]:
-    backend, starts_in_root = ws.bash_backend()
-    return backend, starts_in_root, ws.command_env(backend)
-
-
-def _settle(
-    future: asyncio.Future[tuple[ExecResult, IsolationClass]],
-    outcome: tuple[ExecResult, IsolationClass] | None,
-    error: BaseException | None,
-) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    elif outcome is not None:
-        future.set_result(outcome)
 
 
 def _stop_on_failure(task: asyncio.Task[None], cancel: threading.Event) -> None:

@@ -156,6 +156,12 @@ class ProcessBackend(SandboxBackend):
             fs_write=confined.fs_write,
             env=True,  # children get only policy and request env, never the host's
             languages=languages,
+            # An enforcer that confines reads shows the command only the bound paths (and its own
+            # scratch dir, /proc, /dev): not the host's filesystem as it is.
+            host_filesystem=not confined.fs_read,
+            # Under an enforcer the host's variables are host state its sandbox keeps out, like the files.
+            host_environment=self._enforcer is None,
+            host_programs=True,  # bare names resolve on the caller's PATH; bwrap binds their runtimes
         )
 
     def execute(

@@ -104,6 +104,9 @@ class WasmBackend(SandboxBackend):
             fs_write=True,
             env=True,
             languages=(Language.WASM,),
+            host_filesystem=False,  # no preopened directories: no filesystem at all
+            host_environment=False,  # no environment at all
+            host_programs=False,  # a module calls WASI functions, never a program
         )
 
     def execute(

@@ -27,11 +27,11 @@ import time
 import uuid
 import weakref
 from types import TracebackType
-from typing import Annotated, Any, Literal, Protocol, Self, runtime_checkable
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.backend import SandboxBackend
+from executor.backend import SandboxBackend, SessionFactory
 from executor.errors import InvalidRequestError
 from executor.rust.diagnostics import (
     CompilerOutput,
@@ -41,7 +41,7 @@ from executor.rust.diagnostics import (
 )
 from executor.rust.harness import SOURCE_FILE, validation_error, wrap_in_harness
 from executor.rust.host import BUILD_DEPS_SCRIPT, host_rust
-from executor.types import ExecRequest, ExecResult, IsolationClass, Language, Stream
+from executor.types import Capabilities, ExecRequest, ExecResult, Language, Stream
 
 __all__ = [
     "CONTAINER_DEPS_DIR",
@@ -81,13 +81,6 @@ _WATCH_INTERVAL = 0.02
 _CLEANUP_TIMEOUT = 10.0
 
 log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class _SessionFactory(Protocol):
-    """A backend whose executions do not share a filesystem but which opens sessions that do (Docker)."""
-
-    def session(self) -> SandboxBackend: ...
 
 
 class RustExecutorConfig(BaseModel):
@@ -158,38 +151,51 @@ class RustExecutor:
     """Compiles and runs ``fn run(input: Value) -> Value`` snippets on ``backend``. Thread-safe.
 
     The program built by one step is run by the next, so the steps need one filesystem: a host backend,
-    or a Docker *session*. Given a backend that opens sessions (``DockerBackend``, whose ``execute`` uses a
-    throw-away container per call), the executor opens one session (no workspace) and runs every step of
-    every snippet in it; ``close()`` closes that session and removes its container. Otherwise the executor
-    does not own the backend; ``close()`` removes only the work directory it created itself.
+    or a Docker *session*. Given a :class:`~executor.SessionFactory` (``DockerBackend``, whose ``execute``
+    uses a throw-away container per call), the executor opens one session (no workspace) and runs every
+    step of every snippet in it; ``close()`` closes that session and removes its container. Otherwise the
+    executor does not own the backend; ``close()`` removes only the work directory it created itself.
+    Where rustc, serde_json and the work directory are follows ``capabilities().host_programs``: the
+    host's toolchain and a host temporary directory, or the image's (``/opt/rust-deps``, ``/tmp/adk-rust``).
     """
 
-    def __init__(self, backend: SandboxBackend, config: RustExecutorConfig | None = None) -> None:
+    def __init__(
+        self, backend: SandboxBackend | SessionFactory, config: RustExecutorConfig | None = None
+    ) -> None:
         self._config = config = config if config is not None else RustExecutorConfig()
         self._owned_work_dir: str | None = None
         self._closed = False
         self._unavailable: str | None = None
         self._check_deps_on_host = False
         self._session_finalizer: weakref.finalize[Any, Any] | None = None
-        if isinstance(backend, _SessionFactory):
+        if isinstance(backend, SessionFactory):
+            # Its own execute() may use a sandbox per call (Docker: a throw-away container), and the
+            # program one step builds must be there for the next: one session for the executor's life.
             session = backend.session()
+            if not isinstance(session, SandboxBackend):
+                raise TypeError(f"{backend!r}.session() returned {session!r}, not a SandboxBackend")
             # Also closed when the executor is garbage-collected or the interpreter exits without close().
             self._session_finalizer = weakref.finalize(self, _close_session, session)
             backend = session
-        self._backend = backend
+        self._backend: SandboxBackend = backend
         try:
-            isolation = backend.isolation()  # starts an owned session's container
+            capabilities = self._backend.capabilities()  # starts an owned session's container
         except BaseException:
             self.close()
             raise
-        if isolation >= IsolationClass.CONTAINER:
+        # Where rustc and serde_json are comes from what the backend runs, not from how strongly it
+        # isolates: the host's toolchain and deps cache (also under bubblewrap, which binds them), or the
+        # image's (a container; anything else that runs no host program is given the image layout too).
+        if not capabilities.host_programs:
             self._rustc = [config.rustc or "rustc"]
             self._deps_dir = config.deps_dir or CONTAINER_DEPS_DIR
             self._work_dir = config.work_dir or CONTAINER_WORK_DIR
         else:
-            self._init_host(backend, config)
+            self._init_host(self._backend, config, capabilities)
 
-    def _init_host(self, backend: SandboxBackend, config: RustExecutorConfig) -> None:
+    def _init_host(
+        self, backend: SandboxBackend, config: RustExecutorConfig, capabilities: Capabilities
+    ) -> None:
         host = host_rust()
         if config.rustc is not None:
             self._rustc = [config.rustc]
@@ -213,7 +219,8 @@ class RustExecutor:
             # Safety net for an executor dropped without close(): removed when it is garbage-collected.
             self._finalizer = weakref.finalize(self, shutil.rmtree, self._work_dir, True)
         policy = getattr(backend, "policy", None)
-        if backend.isolation() is IsolationClass.OS_ENFORCED and policy is not None:
+        # Paths confined by a policy (bubblewrap): the ones the pipeline uses must be in it.
+        if (capabilities.fs_read or capabilities.fs_write) and policy is not None:
             needed = [(self._work_dir, "allow_read_write")]
             readable = (self._deps_dir, host.sysroot if host is not None else None)
             needed += [(path, "allow_read") for path in readable if path is not None]

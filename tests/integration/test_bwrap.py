@@ -65,6 +65,22 @@ def test_isolation_is_reported_as_os_enforced(
     assert caps.network and caps.fs_read and caps.fs_write and caps.env and caps.timeout
     assert not (caps.memory or caps.cpu or caps.pids)
     assert not sandbox(bwrap_enforcer, dirs, allow_network=True).capabilities().network
+    assert (caps.host_filesystem, caps.host_environment, caps.host_programs) == (False, False, True)
+
+
+def test_host_filesystem_is_true_only_when_the_host_root_is_bound(
+    bwrap_enforcer: BubblewrapEnforcer, tmp_path: Path
+) -> None:
+    secret = tmp_path / "outside.txt"
+    secret.write_text("host file\n")
+    spawn = SandboxPolicy.builder().allow_process_spawn()
+    request = ExecRequest(language=Language.COMMAND, code=f"cat {secret}", timeout=30)
+    with ProcessBackend.with_sandbox(bwrap_enforcer, spawn.build()) as confined:
+        assert not confined.capabilities().host_filesystem
+        assert confined.execute(request).exit_code != 0  # the host's file is not there
+    with ProcessBackend.with_sandbox(bwrap_enforcer, spawn.allow_read("/").build()) as whole:
+        assert whole.capabilities().host_filesystem
+        assert whole.execute(request).stdout == "host file\n"
 
 
 def test_writes_outside_allowed_paths_fail_and_leave_the_host_untouched(

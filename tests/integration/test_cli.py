@@ -18,4 +18,6 @@ def test_doctor_lists_each_backend_with_its_isolation(bwrap_enforcer: object) ->
     process = next(line for line in lines if line.startswith("process "))
     bwrap = next(line for line in lines if line.startswith("process+bwrap "))
     assert "subprocess_only" in process and "enforces: timeout, env" in process
+    assert "commands see: host_filesystem, host_environment, host_programs" in done.stdout
+    assert "commands see: no host state" in done.stdout  # docker (or wasm)
     assert "os_enforced" in bwrap and "network" in bwrap

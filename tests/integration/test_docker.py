@@ -351,6 +351,8 @@ def test_isolation_is_read_from_the_running_container(session: DockerSession) ->
     assert capabilities.isolation is IsolationClass.CONTAINER
     assert capabilities.network and capabilities.memory and capabilities.pids and capabilities.cpu
     assert Language.PYTHON in capabilities.languages
+    # The defaults of Capabilities, true for a container: its image's filesystem and programs, no host env.
+    assert not (capabilities.host_filesystem or capabilities.host_environment or capabilities.host_programs)
 
 
 def test_gvisor_session_reports_gvisor(owned_workspace: Path) -> None:

@@ -182,6 +182,16 @@ def test_capabilities_are_honest() -> None:
     assert ProcessBackend().isolation() is IsolationClass.SUBPROCESS_ONLY
     assert caps.timeout and caps.env
     assert not (caps.memory or caps.cpu or caps.pids or caps.network or caps.fs_read or caps.fs_write)
+    assert caps.host_filesystem and caps.host_environment and caps.host_programs
+
+
+def test_host_facts_are_true(tmp_path: Path) -> None:
+    """host_filesystem: a host file outside any workspace is there at its path, as it is."""
+    host_file = tmp_path / "host-only.txt"
+    host_file.write_text("on the host\n")
+    with ProcessBackend() as backend:
+        result = backend.execute(ExecRequest(language=Language.COMMAND, code=f"cat {host_file}", timeout=10))
+    assert result.stdout == "on the host\n"
 
 
 # -- output -----------------------------------------------------------------------------------------------

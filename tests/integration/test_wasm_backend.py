@@ -186,6 +186,7 @@ def test_capabilities_are_honest() -> None:
     assert capabilities.fs_read and capabilities.fs_write and capabilities.env and capabilities.pids
     assert not capabilities.cpu
     assert capabilities.languages == (Language.WASM,)
+    assert not (capabilities.host_filesystem or capabilities.host_environment or capabilities.host_programs)
 
 
 def test_sandbox_tool_on_wasm_reports_a_refusal_as_an_error_result() -> None:

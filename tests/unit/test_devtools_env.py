@@ -4,6 +4,7 @@ backend is a fake that only reports capabilities; the real Docker case is in the
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -45,11 +46,18 @@ class ReportingBackend(SandboxBackend):
         raise AssertionError("not run in this test")
 
 
-CONTAINER = full_container_capabilities(Language.COMMAND)
-# A host process that reads the host's filesystem, reporting isolation "container" to show that the
-# decision follows fs_read, not the isolation class.
-HOST_VIEW = CONTAINER.model_copy(update={"fs_read": False})
+CONTAINER = full_container_capabilities(Language.COMMAND)  # host_filesystem, host_environment: False
+# Reporting isolation "container" while seeing the host's filesystem and environment, to show that the
+# decision follows the two host_* fields, not the isolation class.
+HOST_PROCESS = CONTAINER.model_copy(update={"host_filesystem": True, "host_environment": True})
+# Bubblewrap binding "/": the host's files as they are, but a sandbox that keeps host variables out.
+HOST_FILES_ONLY = CONTAINER.model_copy(
+    update={"isolation": IsolationClass.OS_ENFORCED, "host_filesystem": True, "fs_read": False}
+)
 OWN_VIEW_BELOW_CONTAINER = CONTAINER.model_copy(update={"isolation": IsolationClass.OS_ENFORCED})
+# An attached container with an extra host volume: reads are not confined (fs_read False), yet its
+# commands see the image's filesystem and must not get host paths or, with inherit_env, host secrets.
+CONTAINER_WITH_EXTRA_MOUNT = CONTAINER.model_copy(update={"fs_read": False, "fs_write": False})
 
 
 @pytest.fixture
@@ -84,13 +92,51 @@ def test_a_sandbox_with_its_own_filesystem_gets_only_the_allowlist_minus_host_pa
 
 @pytest.mark.usefixtures("host_env")
 def test_a_backend_on_the_host_filesystem_gets_the_allowlist_or_everything(tmp_path: Path) -> None:
-    backend = ReportingBackend(HOST_VIEW)
+    backend = ReportingBackend(HOST_PROCESS)
     with Workspace(tmp_path, sandbox=backend) as ws:
         env = ws.command_env(backend)
         assert env["PATH"] == "/host/bin" and env["HOME"] == "/home/host"
         assert "ADK_TEST_SECRET" not in env
     with Workspace(tmp_path, inherit_env=True, sandbox=backend) as ws:
         assert ws.command_env(backend).get("ADK_TEST_SECRET") == "hunter2"
+
+
+HOST_PATHS = {"PATH": "/host/bin", "HOME": "/home/host", "TMPDIR": "/host/tmp", "SHELL": "/bin/zsh"}
+SAFE = {"LANG": "C.UTF-8", "TERM": "xterm"}
+
+
+@pytest.mark.usefixtures("host_env")
+@pytest.mark.parametrize(
+    ("capabilities", "inherit", "expected"),
+    [
+        (HOST_PROCESS, False, {**SAFE, **HOST_PATHS, "USER": "host"}),
+        (HOST_PROCESS, True, "everything"),
+        (HOST_FILES_ONLY, False, {**SAFE, **HOST_PATHS, "USER": "host"}),
+        (HOST_FILES_ONLY, True, {**SAFE, **HOST_PATHS, "USER": "host"}),  # inherit_env refused
+        (CONTAINER, True, SAFE),
+        (CONTAINER_WITH_EXTRA_MOUNT, False, SAFE),
+        (CONTAINER_WITH_EXTRA_MOUNT, True, SAFE),
+    ],
+    ids=[
+        "host-process",
+        "host-process-inherit",
+        "bwrap-root-bound",
+        "bwrap-root-bound-inherit",
+        "container-inherit",
+        "extra-mount",
+        "extra-mount-inherit",
+    ],
+)
+def test_the_environment_follows_host_filesystem_and_host_environment(
+    tmp_path: Path, capabilities: Capabilities, inherit: bool, expected: dict[str, str] | str
+) -> None:
+    backend = ReportingBackend(capabilities)
+    with Workspace(tmp_path, inherit_env=inherit, sandbox=backend) as ws:
+        env = ws.command_env(backend)
+    if expected == "everything":
+        assert env == dict(os.environ)
+    else:
+        assert env == expected
 
 
 def test_the_backend_is_asked_once(tmp_path: Path) -> None:
