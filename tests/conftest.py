@@ -124,6 +124,19 @@ def project_containers(client: docker.DockerClient, owner_pid: int | None = None
     return [str(c.id) for c in client.containers.list(all=True, filters={"label": label})]
 
 
+def containers_mounting(client: docker.DockerClient, path: Path) -> list[str]:
+    """Ids of this project's containers that mount ``path`` (a test's own workspace).
+
+    A leak check about one test's workspace stays true while other processes on the machine create and
+    remove containers of their own (another test run, a CLI subprocess's reaper).
+    """
+    return [
+        str(c.id)
+        for c in client.containers.list(all=True, filters={"label": "io.adk-sandbox.project"})
+        if any(m.get("Source") == str(path) for m in c.attrs.get("Mounts") or [])
+    ]
+
+
 def full_container_capabilities(*languages: Language) -> Capabilities:
     """What a fully enforcing container backend reports: for fake backends in unit tests of logic."""
     return Capabilities(
