@@ -239,13 +239,13 @@ def validate_hello(body: dict[str, Any]) -> None:
 def validate_exit(body: dict[str, Any]) -> None:
     """An EXIT body: exit_code and signal integers (0..255, 1..127) or null, booleans, counts >= 0."""
     code, sig = body.get("exit_code"), body.get("signal")
-    if code is not None and not (_is_int(code) and 0 <= code <= 255):
+    if code is not None and not (isinstance(code, int) and _is_int(code) and 0 <= code <= 255):
         raise ProtocolError(f"EXIT exit_code {code!r}")
-    if sig is not None and not (_is_int(sig) and 1 <= sig <= 127):
+    if sig is not None and not (isinstance(sig, int) and _is_int(sig) and 1 <= sig <= 127):
         raise ProtocolError(f"EXIT signal {sig!r}")
     if not isinstance(body.get("timed_out"), bool):
         raise ProtocolError("EXIT timed_out must be a boolean")
     for key in ("stdout_dropped", "stderr_dropped"):
         value = body.get(key)
-        if not (_is_int(value) and value >= 0):
+        if not (isinstance(value, int) and _is_int(value) and value >= 0):
             raise ProtocolError(f"EXIT {key} {value!r}")
