@@ -11,11 +11,29 @@ import uuid
 from pathlib import Path
 
 import docker
+import docker.errors
 import pytest
 
 from executor import ExecRequest, IsolationClass, Language
 from executor.backends.docker import BASE_IMAGE, DockerBackend
 from tests.conftest import project_containers
+
+
+def containers_of(client: docker.DockerClient, workspace: Path) -> set[str]:
+    """This project's containers mounting ``workspace`` (other runs sharing the engine do not count)."""
+    return {
+        cid
+        for cid in project_containers(client)
+        if any(m.get("Source") == str(workspace) for m in _mounts(client, cid))
+    }
+
+
+def _mounts(client: docker.DockerClient, cid: str) -> list[dict[str, str]]:
+    try:
+        return list(client.api.inspect_container(cid).get("Mounts") or [])
+    except docker.errors.NotFound:
+        return []
+
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +59,7 @@ def test_run_streams_output_and_exits_with_the_commands_code(
 def test_run_timeout_exits_124_and_leaves_nothing(
     docker_backend: DockerBackend, owned_workspace: Path
 ) -> None:
-    before = set(project_containers(docker_backend._client))
+    before = containers_of(docker_backend._client, owned_workspace)
     done = adk(
         "run",
         "--workspace",
@@ -55,7 +73,7 @@ def test_run_timeout_exits_124_and_leaves_nothing(
     )
     assert done.returncode == 124
     assert "timed out" in done.stderr
-    assert set(project_containers(docker_backend._client)) <= before  # its container is gone
+    assert containers_of(docker_backend._client, owned_workspace) <= before  # its container is gone
 
 
 def test_run_without_a_workspace_shows_the_bundled_example(docker_backend: DockerBackend) -> None:
@@ -151,7 +169,7 @@ def test_compose_sandbox_service_can_be_attached_to(owned_workspace: Path) -> No
 def test_ctrl_c_kills_the_command_and_removes_the_container(
     docker_backend: DockerBackend, owned_workspace: Path
 ) -> None:
-    before = set(project_containers(docker_backend._client))
+    before = containers_of(docker_backend._client, owned_workspace)
     proc = subprocess.Popen(
         [sys.executable, "-m", "executor", "run", "--workspace", str(owned_workspace), "--",
          "sh", "-c", "echo started; setsid sleep 301 & sleep 302"],
@@ -161,4 +179,4 @@ def test_ctrl_c_kills_the_command_and_removes_the_container(
     assert proc.stdout.readline() == "started\n"  # streamed live, before the command ends
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
-    assert set(project_containers(docker_backend._client)) <= before
+    assert containers_of(docker_backend._client, owned_workspace) <= before

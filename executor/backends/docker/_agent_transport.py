@@ -29,7 +29,8 @@ from typing import Any
 import docker
 
 from executor._output import OutputCapture
-from executor.backends.docker._agent import AGENT_SOURCE, agent_argv
+from executor.backends.docker import _agent
+from executor.backends.docker._agent import agent_argv
 from executor.backends.docker._frames import (
     Frame,
     FrameDecoder,
@@ -258,7 +259,7 @@ class AgentTransport:
         socket_path: str,
         *,
         on_restart: Callable[[str], None] | None = None,
-        source: str = AGENT_SOURCE,
+        source: str | None = None,
     ) -> None:
         self._exec = DockerExecTransport(client, container_id, socket_path)
         self._lock = threading.Lock()
@@ -286,15 +287,13 @@ class AgentTransport:
             agent = self._agent
             if agent is not None and agent.broken is None and agent.user == user:
                 return agent
+            replacing: str | None = None
             if agent is not None:
-                why = agent.broken or f"commands now run as {user}"
-                agent.close(why)
-                log.warning("in-sandbox agent replaced by a new one: %s", why)
-                if self._on_restart is not None:
-                    self._on_restart(why)
+                replacing = agent.broken or f"commands now run as {user}"
+                agent.close(replacing)
             self._agent = None
             start_by = min(until, time.monotonic() + AGENT_START_SECONDS)
-            argv = agent_argv(self._protected, self._source)
+            argv = agent_argv(self._protected, self._source or _agent.AGENT_SOURCE)
             exec_id = self._exec._create_exec(argv, user, "/", True, start_by)
             sock, early = self._exec._start_exec(exec_id, start_by)
             agent = _Agent(sock, early, user)
@@ -307,6 +306,10 @@ class AgentTransport:
                 self._protected = str(hello["protected"])
             self._agent = agent
             self._started += 1
+            if replacing is not None:
+                log.warning("in-sandbox agent replaced by a new one: %s", replacing)
+                if self._on_restart is not None:
+                    self._on_restart(replacing)
             return agent
 
     def run(
