@@ -14,9 +14,12 @@ What it does:
   agents of the container left behind (another agent, or orphans re-parented to PID 1 that are not among
   the ``protected`` survey of the container's own processes); sends HELLO.
 * RUN: forks a **shim** for the command (a copy of the agent, itself a child subreaper, non-dumpable), with
-  the command's pipes on 0, 1, 2 and every other descriptor closed; the shim forks the command into its
-  own session (``setsid``), with exactly the RUN's environment (it travels in the frame, never on an argv),
-  the cwd, and the set-id seccomp filter of :mod:`._seccomp` installed before ``exec``. Orphans of the
+  the command's pipes on 0, 1, 2 and every other descriptor closed; the shim installs the set-id seccomp
+  filter of :mod:`._seccomp` on itself (with no_new_privs: inherited by everything it starts, never
+  lifted), enters the cwd, and spawns the command (``posix_spawn``, no copy of the Python process; fork and
+  exec before Python 3.8) into its own session (``setsid``) with exactly the RUN's environment (it travels
+  in the frame, never on an argv). When the command exits and the shim has no child left, nothing of the
+  command is left either (every orphan comes back to the shim). Orphans of the
   command are re-parented to its shim, so each process is attributed to its command by descent alone. The
   shim reaps everything; when the command exits it SIGSTOPs then SIGKILLs every process below itself (read
   from the ppid fields of ``/proc/*/stat``, which nothing can hide), reports the command's status to the
@@ -134,6 +137,13 @@ def reap_any():
             return out
         out.append((pid, status))
 
+def has_children():
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True
+
 def kill_all(targets, limit=5.0, on_reaped=None):
     # Stop first: a stopped process cannot fork, so a fork bomb cannot refill what a kill frees.
     stopped = set()
@@ -176,6 +186,47 @@ def parse_protected(text):
 def nonblock(fd):
     os.set_blocking(fd, False)
 
+DEFAULT_SIGNALS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGHUP, signal.SIGPIPE)
+
+def resolve(name, env):
+    if "/" in name:
+        return name
+    for d in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
+        path = os.path.join(d or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise OSError(errno.ENOENT, "No such file or directory")
+
+def start_command(argv, env, cwd, status_w):
+    # In the shim: what the command inherits (oom_score_adj, cwd, the set-id filter with no_new_privs) is
+    # set on the shim itself, then the command is spawned into its own session with its exact env.
+    try:
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("500")  # the command before the agent, should the container run out of memory
+        except OSError:
+            pass
+        os.chdir(cwd)
+        if SETID is None:
+            raise OSError(95, "no set-id seccomp filter for this architecture")
+        install_setid_filter(SETID)  # before exec: the command can never lift it
+        if hasattr(os, "posix_spawn"):
+            return os.posix_spawn(resolve(argv[0], env), argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS)
+        child = os.fork()
+        if child == 0:
+            try:
+                for s in DEFAULT_SIGNALS:
+                    signal.signal(s, signal.SIG_DFL)
+                os.setsid()
+                os.execvpe(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        return child
+    except OSError as e:
+        os.write(2, ("%s: %s\n" % (argv[0], e.strerror)).encode())
+        os.write(status_w, ("E %d\n" % (127 if e.errno == errno.ENOENT else 126)).encode())
+        os._exit(0)
+
 # -- the shim: one per command, a forked copy of the agent -------------------------------------------
 def shim(spec, fds, status_w):
     global SELF
@@ -201,33 +252,12 @@ def shim(spec, fds, status_w):
                 except OSError:
                     pass
         argv, env, cwd = spec["argv"], spec["env"], spec["cwd"]
-        child = os.fork()
     except BaseException as e:
         try:
             os.write(2, ("adk-sandbox: cannot start the command: %s\n" % e).encode())
         finally:
             os._exit(126)
-    if child == 0:
-        try:
-            for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGHUP, signal.SIGPIPE):
-                signal.signal(s, signal.SIG_DFL)
-            os.close(status_w)
-            os.setsid()
-            try:
-                with open("/proc/self/oom_score_adj", "w") as f:
-                    f.write("500")  # the command before the agent, should the container run out of memory
-            except OSError:
-                pass
-            os.chdir(cwd)
-            if SETID is None:
-                raise OSError(95, "no set-id seccomp filter for this architecture")
-            install_setid_filter(SETID)  # before exec: the command can never lift it
-            os.execvpe(argv[0], argv, env)
-        except OSError as e:
-            os.write(2, ("%s: %s\n" % (argv[0], e.strerror)).encode())
-            os._exit(127 if e.errno == errno.ENOENT else 126)
-        finally:
-            os._exit(126)
+    child = start_command(argv, env, cwd, status_w)
     for fd in (0, 1, 2):
         os.close(fd)
     status = None
@@ -241,7 +271,8 @@ def shim(spec, fds, status_w):
         if pid == child:
             status = st
             break
-    while True:
+    # No child left means no descendant left: every orphan of the command is re-parented to this shim.
+    while has_children():
         kill_all(lambda procs: below([SELF], procs))
         try:
             while os.waitpid(-1, 0):
@@ -509,8 +540,11 @@ class Agent(object):
             swept = False
             for c in list(self.cmds.values()):
                 if c.shim_done is not None:
-                    if not swept:
-                        self.sweep()  # strays of a killed shim; without subreapers, orphans at PID 1
+                    if c.status_fd is not None:
+                        self.readable(c.status_fd)  # written before the shim exited
+                    if not swept and (not self.strict or not c.status.strip()):
+                        # Strays of a shim its command killed; without subreapers, orphans at PID 1.
+                        self.sweep()
                         swept = True
                     if not c.out and c.status_fd is None or time.monotonic() > c.drain_until:
                         self.finish(c)
