@@ -112,6 +112,17 @@ class OutputCapture:
         }
         self._finished = False
 
+    @property
+    def max_bytes(self) -> int:
+        """The per-stream cap."""
+        return self._max_bytes
+
+    def note_dropped(self, stream: Stream, count: int) -> None:
+        """Count ``count`` bytes of ``stream`` dropped before reaching this capture (a cap at the source)."""
+        if count > 0:
+            with self._lock:
+                self._streams[stream].total += count
+
     def feed(self, stream: Stream, chunk: bytes) -> None:
         """Add a raw chunk of ``stream``; what exceeds the cap is counted and dropped."""
         if not chunk:

@@ -20,7 +20,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pydantic import ValidationError
 
@@ -30,6 +30,9 @@ from executor.backends.process import ProcessBackend
 from executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
 from executor.policy import SandboxPolicy
 from executor.types import Capabilities, ExecRequest, ExecResult, Language, ResourceLimits, Stream
+
+if TYPE_CHECKING:
+    from executor.backends.docker import DockerBackend
 
 __all__ = ["main"]
 
@@ -76,6 +79,7 @@ def _doctor_docker() -> bool:
         try:
             with DockerBackend(runtime=runtime) as backend:
                 print(_describe(name, backend.capabilities()))
+                print(f"{'':<16} {'':<16} channel: {_channel_of(backend)}")
             works = works or runtime is None
         except ExecutorError as exc:
             print(f"{name:<16} {'unavailable':<16} {_first_line(exc)}")
@@ -87,6 +91,13 @@ def _doctor_docker() -> bool:
     for status in statuses:
         print(f"{'image ' + status.name:<16} {status.state:<16} {status.tag} ({status.detail})")
     return works
+
+
+def _channel_of(backend: DockerBackend) -> str:
+    """How commands reach a Docker session's container, as ``doctor`` reports it."""
+    if backend.transport == "agent":
+        return "agent (one long-lived in-sandbox agent per session, protocol 1, over one exec stream)"
+    return "exec (one Docker exec per command)"
 
 
 def _doctor_wasm() -> None:

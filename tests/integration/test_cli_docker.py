@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import docker
+import docker.errors
 import pytest
 
 from executor import ExecRequest, IsolationClass, Language

@@ -25,7 +25,7 @@ import docker
 import pytest
 
 from executor import ExecRequest, ExecResult, Language, PolicyNotEnforceableError
-from executor.backends.docker import DockerBackend, _supervisor
+from executor.backends.docker import DockerBackend, _agent, _supervisor
 from executor.backends.docker._seccomp import load_profile, profile_option
 from tests.conftest import require
 
@@ -192,8 +192,9 @@ def test_commands_cannot_plant_setid_files_on_the_host(
         shutil.rmtree(workspace, ignore_errors=True)
 
 
+@pytest.mark.parametrize("transport", ["agent", "exec"])
 def test_a_session_whose_commands_could_set_setid_bits_is_refused(
-    docker_backend: DockerBackend, monkeypatch: pytest.MonkeyPatch
+    docker_backend: DockerBackend, monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
     """The start-up probe, not an assumption: without the per-command filter, gVisor lets exec'd commands
     set the bits (runsc applies the container's profile to its first process only), and the session
@@ -203,7 +204,17 @@ def test_a_session_whose_commands_could_set_setid_bits_is_refused(
         "# @SETID-FILTER@", "SETID = b''\ndef install_setid_filter(program):\n    pass\n"
     )
     monkeypatch.setattr(_supervisor, "_PREFIX", ("python3", "-I", "-S", "-c", unfiltered, _supervisor.ARGV0))
-    with DockerBackend(runtime="runsc") as backend, pytest.raises(PolicyNotEnforceableError) as refused:
+    monkeypatch.setattr(
+        _agent,
+        "AGENT_SOURCE",
+        _agent._AGENT_BODY.replace(
+            "# @SETID-FILTER@", "SETID = b''\ndef install_setid_filter(program):\n    pass\n"
+        ),
+    )
+    with (
+        DockerBackend(runtime="runsc", transport=transport) as backend,
+        pytest.raises(PolicyNotEnforceableError) as refused,
+    ):
         backend.session().start()
     assert "setuid" in str(refused.value)
 

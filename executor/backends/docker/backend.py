@@ -14,7 +14,7 @@ from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import reap_leaked
 from executor.backends.docker._spec import ContainerSpec, GitProtection, git_protection
 from executor.backends.docker.images import BASE_IMAGE
-from executor.backends.docker.session import DockerSession, SessionConfig
+from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from executor.policy import SandboxPolicy
 from executor.types import Capabilities, ExecRequest, ExecResult, ResourceLimits
@@ -55,14 +55,19 @@ class DockerBackend(SandboxBackend):
         *,
         policy: SandboxPolicy | None = None,
         lifetime_seconds: int = DEFAULT_LIFETIME_SECONDS,
+        transport: str = "agent",
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
         ``user`` ("uid:gid") overrides the default of running commands as the owner of the workspace
         root. ``policy`` adds bind mounts (its ``allowed_paths``, at the same path), environment and
         network permission; like bubblewrap, a container cannot forbid spawning processes, so a policy
-        must say ``allow_process_spawn``.
+        must say ``allow_process_spawn``. ``transport`` chooses how commands reach a session's container:
+        ``"agent"`` (default: one long-lived in-sandbox agent per session, docs/DOCKER.md "The agent
+        channel") or ``"exec"`` (one Docker exec per command).
         """
+        if transport not in TRANSPORTS:
+            raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
         if policy is not None and not policy.allow_process_spawn:
             raise PolicyNotEnforceableError(
                 "a container cannot forbid spawning processes; use a policy built with "
@@ -78,6 +83,8 @@ class DockerBackend(SandboxBackend):
         self.container = container
         self.policy = policy or SandboxPolicy()
         self.lifetime_seconds = lifetime_seconds
+        self.transport = transport
+        """The command channel of this backend's sessions (``"agent"`` or ``"exec"``)."""
         self._client = connect()
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
@@ -109,7 +116,11 @@ class DockerBackend(SandboxBackend):
             lifetime_seconds=self.lifetime_seconds,
         )
         config = SessionConfig(
-            spec=spec, user=self.user, policy_env=self.policy.env, attach_to=self.container
+            spec=spec,
+            user=self.user,
+            policy_env=self.policy.env,
+            attach_to=self.container,
+            transport=self.transport,
         )
         session = _TrackedSession(self._client, config, self._forget)
         with self._lock:

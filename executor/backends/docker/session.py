@@ -18,6 +18,7 @@ import docker.errors
 from executor._env import build_child_env
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxBackend
+from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._daemon import daemon_socket_path, idempotent, remove_container
 from executor.backends.docker._reaper import owner_labels
 from executor.backends.docker._spec import (
@@ -68,6 +69,12 @@ class SessionConfig:
     policy_env: Mapping[str, str]
     attach_to: str | None = None
     """Name or id of an existing container to use instead of creating one."""
+    transport: str = "agent"
+    """How commands reach the container: ``"agent"`` (one long-lived agent) or ``"exec"`` (an exec each)."""
+
+
+#: The command channels a session can use (see docs/DOCKER.md, "The agent channel").
+TRANSPORTS = ("agent", "exec")
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
@@ -118,7 +125,7 @@ class DockerSession(SandboxBackend):
         self._confined_mounts: tuple[str, ...] = ()
         self._placeholder_made = False
         self._closed = False
-        #: How many times the container was replaced by a fresh one during this session.
+        #: How many times the container (or its in-sandbox agent) was replaced by a fresh one.
         self.restarts = 0
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -254,9 +261,24 @@ class DockerSession(SandboxBackend):
         if self._config.user is None and owner_path:
             status = os.stat(owner_path)
             self._user = f"{status.st_uid}:{status.st_gid}"
-        self._transport = DockerExecTransport(self._client, container_id, daemon_socket_path())
+        self._transport = self._make_transport(container_id)
         self._verify_by_probe(self._transport, spec.workspace)
         self._oom_counter = _OomCounter.for_container(inspect)
+
+    def _make_transport(self, container_id: str) -> CommandTransport:
+        if self._config.transport == "exec":
+            return DockerExecTransport(self._client, container_id, daemon_socket_path())
+        return AgentTransport(
+            self._client, container_id, daemon_socket_path(), on_restart=self._agent_restarted
+        )
+
+    def _agent_restarted(self, why: str) -> None:
+        self.restarts += 1
+
+    @property
+    def channel(self) -> str:
+        """How commands reach the container: ``"agent"`` or ``"exec"``."""
+        return self._config.transport
 
     def _check_attached_workspace(self, inspect: Mapping[str, Any], workspace: str) -> None:
         """An attached container must mount the workspace at its path, and its ``.git`` read-only."""
@@ -319,7 +341,9 @@ class DockerSession(SandboxBackend):
     def _discard_container(self, container_id: str | None = None) -> None:
         container_id = container_id or self._container_id
         self._container_id = None
-        self._transport = None
+        transport, self._transport = self._transport, None
+        if isinstance(transport, AgentTransport):
+            transport.close()
         if container_id is None or self.attached:
             return
         remove_container(self._client, container_id)

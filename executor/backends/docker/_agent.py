@@ -1,0 +1,651 @@
+"""The in-sandbox agent: one long-lived process per session that runs every command (protocol version 1).
+
+:data:`AGENT_SOURCE` is a standard-library-only Python program (compatible with Python >= 3.6), started
+through **one** Docker exec per container as ``python3 -I -S -c AGENT_SOURCE adk-sandbox-agent
+[<protected>]`` with stdin attached. Frames (:mod:`._frames`) travel on its stdin and stdout; its stderr
+carries diagnostics only. No file is installed in the image, no port, socket or mount is needed.
+
+What it does:
+
+* At start: ``prctl(PR_SET_DUMPABLE, 0)``, so commands (same uid, no capabilities) cannot open
+  ``/proc/<agent>/fd/*`` nor ptrace it (they can still signal it: the host copes with that); moves its
+  framing pipes to private descriptors (``/dev/null`` on 0 and 1); becomes a child subreaper
+  (``PR_SET_CHILD_SUBREAPER``, refused by older gVisor: the *lenient* mode below); kills processes earlier
+  agents of the container left behind (another agent, or orphans re-parented to PID 1 that are not among
+  the ``protected`` survey of the container's own processes); sends HELLO.
+* RUN: forks a **shim** for the command (a copy of the agent, itself a child subreaper, non-dumpable), with
+  the command's pipes on 0, 1, 2 and every other descriptor closed; the shim installs the set-id seccomp
+  filter of :mod:`._seccomp` on itself (with no_new_privs: inherited by everything it starts, never
+  lifted), enters the cwd, and spawns the command (``posix_spawn``, no copy of the Python process; fork and
+  exec before Python 3.8) into its own session (``setsid``) with exactly the RUN's environment (it travels
+  in the frame, never on an argv). When the command exits and the shim has no child left, nothing of the
+  command is left either (every orphan comes back to the shim). Orphans of the
+  command are re-parented to its shim, so each process is attributed to its command by descent alone. The
+  shim reaps everything; when the command exits it SIGSTOPs then SIGKILLs every process below itself (read
+  from the ppid fields of ``/proc/*/stat``, which nothing can hide), reports the command's status to the
+  agent on a private pipe and exits.
+* Output: read in chunks, at most ``max_output_bytes`` per stream sent as STDOUT/STDERR frames; the rest
+  is read and discarded *inside the container* and only counted in EXIT.
+* Timeout (enforced here too) and KILL: stop then kill the shim and everything below it. A shim killed by
+  its own command (same uid) leaves its processes re-parented to the agent: any child of the agent that is
+  not a live shim is such a stray and is killed with its descendants (a neighbour's orphans go to the
+  neighbour's live shim, never to the agent, so they are never strays).
+* Lenient mode (no child subreapers): orphans go to PID 1. After every command the agent kills children of
+  PID 1 that are not protected and cannot be attributed to a live command (its session id, or its marker
+  ``ADK_SANDBOX_EXEC`` in the environment); a neighbour's orphan that cleared its environment *and* called
+  ``setsid`` is killed too (the weaker mode, as documented for the supervisor).
+* End of its stdin (the host went away): kills every command's tree and exits.
+
+Signals go through a pidfd after re-checking the target's start time (a reused pid is never hit).
+"""
+
+from __future__ import annotations
+
+from executor.backends.docker._seccomp import INSTALL_FILTER_SOURCE, native_arch, setid_filter
+
+__all__ = ["AGENT_ARGV0", "AGENT_SOURCE", "agent_argv"]
+
+#: The argument after the script: names the agent in ``ps`` and in ``/proc/PID/cmdline``.
+AGENT_ARGV0 = "adk-sandbox-agent"
+
+_AGENT_BODY = r"""# adk-sandbox agent, protocol 1 (executor/backends/docker/_agent.py)
+import errno, json, os, select, signal, struct, sys, time
+# @SETID-FILTER@
+HDR = struct.Struct(">BBHII")
+HELLO, RUN, STDIN, STDOUT, STDERR, EXIT, KILL, PING, PONG, ERROR = range(1, 11)
+MAXP = 1 << 20
+SELF = os.getpid()
+MARK = b"ADK_SANDBOX_EXEC="
+try:
+    import ctypes
+    LIBC = ctypes.CDLL(None, use_errno=True)
+except Exception:
+    LIBC = None
+
+def prctl(op, arg):
+    try:
+        return LIBC is not None and LIBC.prctl(op, arg, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+def stat_of(pid):
+    with open("/proc/%d/stat" % pid, "rb") as f:
+        data = f.read()
+    return data[data.rindex(b")") + 2:].split()
+
+def scan():
+    procs = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                f = stat_of(int(name))
+                procs[int(name)] = (int(f[1]), int(f[3]), f[19], f[0])  # ppid, session, start, state
+            except (OSError, ValueError, IndexError):
+                pass
+    return procs
+
+def start_of(pid):
+    try:
+        return stat_of(pid)[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+def send(pid, start, sig):
+    fd = None
+    try:
+        fd = os.pidfd_open(pid)
+    except AttributeError:
+        pass
+    except OSError as e:
+        if e.errno != errno.ENOSYS:
+            return
+    try:
+        if start_of(pid) != start:
+            return
+        if fd is None:
+            os.kill(pid, sig)
+        else:
+            signal.pidfd_send_signal(fd, sig)
+    except OSError:
+        pass
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+def below(roots, procs):
+    kids = {}
+    for p, info in procs.items():
+        kids.setdefault(info[0], []).append(p)
+    found, todo = set(), list(roots)
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return found
+
+def reap_any():
+    out = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return out
+        except InterruptedError:
+            continue
+        if not pid:
+            return out
+        out.append((pid, status))
+
+def has_children():
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True
+
+def kill_all(targets, limit=5.0, on_reaped=None):
+    # Stop first: a stopped process cannot fork, so a fork bomb cannot refill what a kill frees.
+    stopped = set()
+    end = time.monotonic() + limit
+    while True:
+        procs = scan()
+        victims = [p for p in targets(procs) if p != SELF and p in procs and procs[p][3] not in b"ZX"]
+        if not victims or time.monotonic() > end:
+            return
+        fresh = [p for p in victims if p not in stopped]
+        for p in fresh or victims:
+            send(p, procs[p][2], signal.SIGSTOP if fresh else signal.SIGKILL)
+        stopped.update(fresh)
+        if not fresh:
+            for pid, status in reap_any():
+                if on_reaped is not None:
+                    on_reaped(pid, status)
+            time.sleep(0.001)
+
+def argv_of(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+def marker_of(pid):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            for entry in f.read().split(b"\0"):
+                if entry.startswith(MARK):
+                    return entry[len(MARK):]
+    except OSError:
+        pass
+    return None
+
+def parse_protected(text):
+    return set((int(p), s.encode()) for p, _, s in (e.partition(":") for e in text.split(",") if e))
+
+def nonblock(fd):
+    os.set_blocking(fd, False)
+
+DEFAULT_SIGNALS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGHUP, signal.SIGPIPE)
+
+def resolve(name, env):
+    if "/" in name:
+        return name
+    for d in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
+        path = os.path.join(d or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise OSError(errno.ENOENT, "No such file or directory")
+
+def start_command(argv, env, cwd, status_w):
+    # In the shim: what the command inherits (oom_score_adj, cwd, the set-id filter with no_new_privs) is
+    # set on the shim itself, then the command is spawned into its own session with its exact env.
+    try:
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("500")  # the command before the agent, should the container run out of memory
+        except OSError:
+            pass
+        os.chdir(cwd)
+        if SETID is None:
+            raise OSError(95, "no set-id seccomp filter for this architecture")
+        install_setid_filter(SETID)  # before exec: the command can never lift it
+        if hasattr(os, "posix_spawn"):
+            return os.posix_spawn(resolve(argv[0], env), argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS)
+        child = os.fork()
+        if child == 0:
+            try:
+                for s in DEFAULT_SIGNALS:
+                    signal.signal(s, signal.SIG_DFL)
+                os.setsid()
+                os.execvpe(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        return child
+    except OSError as e:
+        os.write(2, ("%s: %s\n" % (argv[0], e.strerror)).encode())
+        os.write(status_w, ("E %d\n" % (127 if e.errno == errno.ENOENT else 126)).encode())
+        os._exit(0)
+
+# -- the shim: one per command, a forked copy of the agent -------------------------------------------
+def shim(spec, fds, status_w):
+    global SELF
+    SELF = os.getpid()
+    try:
+        prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the command's orphans come back here
+        for s in range(1, signal.NSIG):
+            try:
+                signal.signal(s, signal.SIG_DFL)
+            except (OSError, ValueError, RuntimeError):
+                pass
+        for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(s, signal.SIG_IGN)
+        signal.set_wakeup_fd(-1)
+        for i, fd in enumerate(fds):
+            os.dup2(fd, i)
+        keep = set([0, 1, 2, status_w])
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        argv, env, cwd = spec["argv"], spec["env"], spec["cwd"]
+    except BaseException as e:
+        try:
+            os.write(2, ("adk-sandbox: cannot start the command: %s\n" % e).encode())
+        finally:
+            os._exit(126)
+    child = start_command(argv, env, cwd, status_w)
+    for fd in (0, 1, 2):
+        os.close(fd)
+    status = None
+    while True:
+        try:
+            pid, st = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        if pid == child:
+            status = st
+            break
+    # No child left means no descendant left: every orphan of the command is re-parented to this shim.
+    while has_children():
+        kill_all(lambda procs: below([SELF], procs))
+        try:
+            while os.waitpid(-1, 0):
+                pass
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            pass
+    if status is not None:
+        if os.WIFSIGNALED(status):
+            msg = "S %d\n" % os.WTERMSIG(status)
+        else:
+            msg = "E %d\n" % os.WEXITSTATUS(status)
+        os.write(status_w, msg.encode())
+    os._exit(0)
+
+# -- the agent ---------------------------------------------------------------------------------------
+class Cmd(object):
+    pass
+
+class Agent(object):
+    def __init__(self, rfd, wfd, protected, strict):
+        self.rfd, self.wfd = rfd, wfd
+        self.protected, self.strict = protected, strict
+        self.inbuf = bytearray()
+        self.cmds = {}      # channel -> Cmd
+        self.shims = {}     # shim pid -> Cmd
+        self.fds = {}       # fd -> (Cmd, what)
+        self.eof = False
+
+    def out(self, kind, channel, payload=b""):
+        if isinstance(payload, dict):
+            payload = json.dumps(payload, separators=(",", ":")).encode()
+        data = HDR.pack(kind, 0, 0, channel, len(payload)) + payload
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.wfd, view)
+            except InterruptedError:
+                continue
+            view = view[n:]
+
+    # RUN ----------------------------------------------------------------------------------------
+    def run(self, ch, spec):
+        if ch in self.cmds:
+            self.out(ERROR, ch, {"message": "channel %d is in use" % ch})
+            return
+        try:
+            argv = [str(a) for a in spec["argv"]]
+            env = dict((str(k), str(v)) for k, v in spec["env"].items())
+            env["ADK_SANDBOX_EXEC"] = "ch%d-%d" % (ch, SELF)
+            c = Cmd()
+            c.ch, c.cap = ch, max(int(spec.get("max_output_bytes") or 1048576), 1)
+            c.timeout = float(spec.get("timeout", 60))
+            want_stdin = bool(spec.get("stdin"))
+            spec = {"argv": argv, "env": env, "cwd": str(spec.get("cwd") or "/")}
+            if not argv:
+                raise ValueError("empty argv")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            self.out(ERROR, ch, {"message": "bad RUN: %s" % e})
+            return
+        pipes = []
+        try:
+            if want_stdin:
+                r, w = os.pipe()
+                pipes += [r, w]
+                stdin_r, c.stdin = r, w
+            else:
+                stdin_r, c.stdin = os.open("/dev/null", os.O_RDONLY), None
+                pipes.append(stdin_r)
+            or_, ow = os.pipe()
+            er, ew = os.pipe()
+            sr, sw = os.pipe()
+            pipes += [or_, ow, er, ew, sr, sw]
+            pid = None
+            for attempt in range(20):
+                try:
+                    pid = os.fork()
+                    break
+                except BlockingIOError:
+                    time.sleep(0.05)
+            if pid is None:
+                raise OSError(errno.EAGAIN, "no room for a process (pids limit)")
+        except OSError as e:
+            for fd in pipes:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.out(ERROR, ch, {"message": "cannot start the command: %s" % e})
+            return
+        if pid == 0:
+            shim(spec, (stdin_r, ow, ew), sw)
+            os._exit(126)
+        for fd in (stdin_r, ow, ew, sw):
+            os.close(fd)
+        c.shim, c.shim_start = pid, start_of(pid)
+        c.sid = None
+        c.marker = env["ADK_SANDBOX_EXEC"].encode()
+        c.status_fd, c.status = sr, b""
+        c.out = {STDOUT: or_, STDERR: er}
+        c.sent = {STDOUT: 0, STDERR: 0}
+        c.dropped = {STDOUT: 0, STDERR: 0}
+        c.pending = bytearray()
+        c.stdin_eof = False
+        c.deadline = time.monotonic() + c.timeout
+        c.timed_out = c.killed = False
+        c.shim_done = None
+        c.drain_until = None
+        for kind, fd in c.out.items():
+            nonblock(fd)
+            self.fds[fd] = (c, kind)
+        nonblock(sr)
+        self.fds[sr] = (c, "status")
+        if c.stdin is not None:
+            nonblock(c.stdin)
+        self.cmds[ch] = c
+        self.shims[pid] = c
+
+    # killing --------------------------------------------------------------------------------------
+    def tree_of(self, c, procs):
+        found = set()
+        if c.shim in procs and procs[c.shim][2] == c.shim_start:
+            found.add(c.shim)
+            found |= below([c.shim], procs)
+        return found | self.strays(procs)
+
+    def strays(self, procs):
+        # Children of the agent that are not live shims: orphans of a shim its command killed.
+        live = set(p for p, c in self.shims.items() if c.shim_done is None)
+        roots = [p for p, i in procs.items() if i[0] == SELF and p not in live]
+        return set(roots) | below(roots, procs)
+
+    def escapees(self, procs):
+        # Orphans at PID 1 (not the container's own processes): left by a dead agent, or, without child
+        # subreapers, by any command; those attributable to a live command are spared.
+        roots = [p for p, i in procs.items() if i[0] == 1 and (p, i[2]) not in self.protected]
+        if roots and not self.strict:
+            live = [c for c in self.cmds.values() if c.shim_done is None]
+            sessions = set(p for p, i in procs.items() if i[0] in set(c.shim for c in live))
+            markers = set(c.marker for c in live)
+            roots = [p for p in roots if procs[p][1] not in sessions and marker_of(p) not in markers]
+        return set(roots) | below(roots, procs)
+
+    def kill(self, c):
+        kill_all(lambda procs: self.tree_of(c, procs), on_reaped=self.reaped)
+
+    def sweep(self):
+        kill_all(lambda procs: self.strays(procs) | self.escapees(procs), on_reaped=self.reaped)
+
+    def reaped(self, pid, status):
+        c = self.shims.pop(pid, None)
+        if c is not None and c.shim_done is None:
+            c.shim_done = status
+            c.drain_until = time.monotonic() + 2.0
+
+    # output ---------------------------------------------------------------------------------------
+    def readable(self, fd):
+        c, what = self.fds[fd]
+        try:
+            data = os.read(fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close_fd(fd)
+            return
+        if what == "status":
+            c.status += data[:64]
+            return
+        room = c.cap - c.sent[what]
+        if room > 0:
+            part = data[:room]
+            c.sent[what] += len(part)
+            self.out(what, c.ch, part)
+            data = data[len(part):]
+        c.dropped[what] += len(data)
+
+    def close_fd(self, fd):
+        c, what = self.fds.pop(fd)
+        os.close(fd)
+        if what == "status":
+            c.status_fd = None
+        else:
+            del c.out[what]
+
+    def write_stdin(self, c):
+        if c.stdin is None:
+            return
+        try:
+            if c.pending:
+                n = os.write(c.stdin, c.pending[:65536])
+                del c.pending[:n]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # the command stopped reading: drop the rest
+            c.pending = bytearray()
+            c.stdin_eof = True
+        if not c.pending and c.stdin_eof:
+            os.close(c.stdin)
+            c.stdin = None
+
+    def finish(self, c):
+        for fd in list(c.out.values()) + ([c.status_fd] if c.status_fd is not None else []):
+            self.fds.pop(fd, None)
+            os.close(fd)
+        if c.stdin is not None:
+            os.close(c.stdin)
+        del self.cmds[c.ch]
+        code = sig = None
+        words = c.status.split()
+        if c.timed_out or c.killed:
+            pass
+        elif len(words) == 2 and words[0] == b"E":
+            code = int(words[1])
+        elif len(words) == 2 and words[0] == b"S":
+            sig = int(words[1])
+        else:
+            sig = signal.SIGKILL  # the shim itself was killed (by its command): as if SIGKILLed
+        self.out(EXIT, c.ch, {"exit_code": code, "signal": sig, "timed_out": c.timed_out,
+                              "stdout_dropped": c.dropped[STDOUT], "stderr_dropped": c.dropped[STDERR]})
+
+    # frames from the host -------------------------------------------------------------------------
+    def frames(self):
+        while len(self.inbuf) >= HDR.size:
+            kind, flags, res, ch, n = HDR.unpack_from(self.inbuf)
+            if n > MAXP:
+                raise SystemExit("adk-sandbox-agent: oversized frame from the host")
+            if len(self.inbuf) < HDR.size + n:
+                return
+            payload = bytes(self.inbuf[HDR.size:HDR.size + n])
+            del self.inbuf[:HDR.size + n]
+            c = self.cmds.get(ch)
+            if kind == RUN:
+                try:
+                    body = json.loads(payload.decode())
+                except ValueError as e:
+                    self.out(ERROR, ch, {"message": "bad RUN: %s" % e})
+                    continue
+                self.run(ch, body)
+            elif kind == STDIN:
+                if c is not None and c.stdin is not None and not c.stdin_eof:
+                    if payload:
+                        c.pending += payload
+                    else:
+                        c.stdin_eof = True
+                    self.write_stdin(c)
+            elif kind == KILL:
+                if c is not None and c.shim_done is None:
+                    c.killed = True
+                    self.kill(c)
+            elif kind == PING:
+                self.out(PONG, 0, payload or b"{}")
+
+    def loop(self, wake):
+        while True:
+            now = time.monotonic()
+            for c in list(self.cmds.values()):
+                if c.shim_done is None and now >= c.deadline:
+                    c.timed_out = True
+                    self.kill(c)
+            for pid, status in reap_any():
+                self.reaped(pid, status)
+            swept = False
+            for c in list(self.cmds.values()):
+                if c.shim_done is not None:
+                    if c.status_fd is not None:
+                        self.readable(c.status_fd)  # written before the shim exited
+                    if not swept and (not self.strict or not c.status.strip()):
+                        # Strays of a shim its command killed; without subreapers, orphans at PID 1.
+                        self.sweep()
+                        swept = True
+                    if not c.out and c.status_fd is None or time.monotonic() > c.drain_until:
+                        self.finish(c)
+            if self.eof and not self.cmds:
+                return
+            rlist = [wake] + list(self.fds)
+            if not self.eof:
+                rlist.append(self.rfd)
+            wlist = [c.stdin for c in self.cmds.values() if c.stdin is not None and c.pending]
+            waits = [c.deadline for c in self.cmds.values() if c.shim_done is None]
+            waits += [c.drain_until for c in self.cmds.values() if c.drain_until is not None]
+            timeout = max(0.0, min(waits) - time.monotonic()) if waits else None
+            try:
+                r, w, _ = select.select(rlist, wlist, [], timeout)
+            except InterruptedError:
+                continue
+            for fd in w:
+                for c in list(self.cmds.values()):
+                    if c.stdin == fd:
+                        self.write_stdin(c)
+            for fd in r:
+                if fd == wake:
+                    try:
+                        while os.read(wake, 4096):
+                            pass
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                elif fd == self.rfd:
+                    try:
+                        data = os.read(self.rfd, 1 << 20)
+                    except InterruptedError:
+                        continue
+                    if not data:
+                        self.eof = True  # the host went away: every command dies
+                        for c in list(self.cmds.values()):
+                            if c.shim_done is None:
+                                c.killed = True
+                                self.kill(c)
+                        continue
+                    self.inbuf += data
+                    self.frames()
+                elif fd in self.fds:
+                    self.readable(fd)
+
+def other_agents(procs):
+    found = []
+    for p, info in procs.items():
+        if p != SELF and info[0] == 0:
+            a = argv_of(p)
+            if len(a) > 5 and a[1:4] == [b"-I", b"-S", b"-c"] and a[5] == b"adk-sandbox-agent":
+                found.append(p)
+    return found
+
+def main():
+    prctl(4, 0)  # PR_SET_DUMPABLE 0: commands cannot open /proc/<agent>/fd or ptrace the agent
+    rfd, wfd = os.dup(0), os.dup(1)  # private (close-on-exec) copies of the framing pipes
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    strict = prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    for s in (signal.SIGPIPE, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(s, signal.SIG_IGN)
+    wr, ww = os.pipe()
+    nonblock(wr)
+    nonblock(ww)
+    signal.signal(signal.SIGCHLD, lambda s, f: None)
+    signal.set_wakeup_fd(ww)
+    procs = scan()
+    if len(sys.argv) > 2:
+        protected = parse_protected(sys.argv[2])
+    else:
+        mine = set([1]) | below([1], procs)
+        protected = set((p, procs[p][2]) for p in mine if p in procs)
+    agent = Agent(rfd, wfd, protected, strict)
+    # What earlier agents of this container left: another agent (the host gave up on it) and its tree,
+    # and orphans at PID 1.
+    olds = other_agents(procs)
+    kill_all(lambda procs: set(olds) | below(olds, procs) | agent.escapees(procs))
+    agent.out(HELLO, 0, {"protocol": 1, "pid": SELF, "subreaper": strict,
+                         "protected": ",".join("%d:%s" % (p, s.decode()) for p, s in sorted(protected)),
+                         "python": "%d.%d" % sys.version_info[:2]})
+    agent.loop(wr)
+
+main()
+"""
+
+
+def _with_setid_filter(body: str) -> str:
+    """The agent with the set-id seccomp filter (see :mod:`._seccomp`) it installs on each command."""
+    try:
+        program = 'bytes.fromhex("' + setid_filter(native_arch()).hex() + '")'
+    except OSError:  # an architecture without a filter: commands refuse to start (fail closed)
+        program = "None"
+    return body.replace("# @SETID-FILTER@", INSTALL_FILTER_SOURCE + "SETID = " + program + "\n", 1)
+
+
+#: The agent program (run with ``python3 -I -S -c``).
+AGENT_SOURCE = _with_setid_filter(_AGENT_BODY)
+
+
+def agent_argv(protected: str | None = None, source: str = AGENT_SOURCE) -> list[str]:
+    """The exec argv that starts an agent; ``protected`` is the container's own processes from a HELLO."""
+    return ["python3", "-I", "-S", "-c", source, AGENT_ARGV0, *([protected] if protected else [])]

@@ -1,0 +1,251 @@
+"""The framing spoken between the host and the in-sandbox agent: protocol version 1 (pure, no I/O).
+
+A **frame** is a 12-byte header followed by its payload::
+
+    offset  size  field
+    0       1     type      (u8, one of :class:`FrameType`)
+    1       1     flags     (u8, no flag is defined in version 1: must be 0)
+    2       2     reserved  (u16, must be 0)
+    4       4     channel   (u32, big-endian: 0 for the session, one fresh id >= 1 per command)
+    8       4     length    (u32, big-endian: payload bytes, at most :data:`MAX_PAYLOAD`)
+
+``struct`` format ``>BBHII``. *Control* payloads are UTF-8 JSON objects (never pickle, never eval); *data*
+payloads (STDIN, STDOUT, STDERR) are raw bytes. Frames of many commands interleave freely on one stream.
+
+========  =====  ==========  =============================================================================
+type      value  direction   payload
+========  =====  ==========  =============================================================================
+HELLO     1      agent→host  first frame of the agent, channel 0: ``{"protocol": 1, "pid": int,
+                             "subreaper": bool, ...}`` (extra keys allowed)
+RUN       2      host→agent  on a fresh channel: ``{"argv": [str, ...], "env": {str: str}, "cwd": str,
+                             "timeout": float, "max_output_bytes": int, "stdin": bool}``
+STDIN     3      host→agent  raw bytes for the command's stdin; an empty payload is end-of-file
+STDOUT    4      agent→host  raw bytes the command wrote (at most ``max_output_bytes`` in all per stream)
+STDERR    5      agent→host  likewise for stderr
+EXIT      6      agent→host  last frame of a channel: ``{"exit_code": int | null, "signal": int | null,
+                             "timed_out": bool, "stdout_dropped": int, "stderr_dropped": int}``
+KILL      7      host→agent  kill that command's whole tree now (empty or ``{}`` payload)
+PING      8      host→agent  channel 0, any JSON object; answered by PONG with the same object
+PONG      9      agent→host  channel 0
+ERROR     10     agent→host  ``{"message": str}``: the command of that channel could not be started (or,
+                             on channel 0, the agent cannot go on); ends the channel like EXIT
+========  =====  ==========  =============================================================================
+
+Anything else is a **protocol error** (:class:`ProtocolError`): a payload over :data:`MAX_PAYLOAD`, an
+unknown type, a non-zero flags or reserved field, a control payload that is not a JSON object or is not
+valid UTF-8, a field of the wrong type, a second HELLO or any frame before the HELLO. The host treats a
+protocol error as the agent being broken (its commands fail with ``SandboxFailedError``): it never
+trusts what the container sends beyond these checks, and the decoder never holds more than one frame.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "AGENT_TO_HOST",
+    "HEADER",
+    "HOST_TO_AGENT",
+    "MAX_PAYLOAD",
+    "PROTOCOL_VERSION",
+    "Frame",
+    "FrameDecoder",
+    "FrameType",
+    "ProtocolError",
+    "control",
+    "encode",
+    "validate_exit",
+    "validate_hello",
+]
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">BBHII")
+#: The largest payload of a frame (1 MiB); data is sent in far smaller chunks.
+MAX_PAYLOAD = 1024 * 1024
+_MAX_CHANNEL = 2**32 - 1
+
+
+class FrameType(enum.IntEnum):
+    """The frame types of protocol version 1."""
+
+    HELLO = 1
+    RUN = 2
+    STDIN = 3
+    STDOUT = 4
+    STDERR = 5
+    EXIT = 6
+    KILL = 7
+    PING = 8
+    PONG = 9
+    ERROR = 10
+
+
+DATA_TYPES = frozenset({FrameType.STDIN, FrameType.STDOUT, FrameType.STDERR})
+AGENT_TO_HOST = frozenset(
+    {FrameType.HELLO, FrameType.STDOUT, FrameType.STDERR, FrameType.EXIT, FrameType.PONG, FrameType.ERROR}
+)
+HOST_TO_AGENT = frozenset({FrameType.RUN, FrameType.STDIN, FrameType.KILL, FrameType.PING})
+_SESSION_TYPES = frozenset({FrameType.HELLO, FrameType.PING, FrameType.PONG})
+
+
+class ProtocolError(ValueError):
+    """The peer sent something protocol version 1 does not allow."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded frame: control frames carry ``body`` (a dict), data frames ``data``."""
+
+    type: FrameType
+    channel: int
+    data: bytes = b""
+    body: dict[str, Any] | None = None
+
+
+def encode(kind: FrameType, channel: int, payload: bytes | dict[str, Any] = b"") -> bytes:
+    """One frame as bytes (a dict payload is sent as compact JSON)."""
+    if isinstance(payload, dict):
+        payload = control(payload)
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"frame payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+    if not 0 <= channel <= _MAX_CHANNEL:
+        raise ValueError(f"channel {channel} out of range")
+    return HEADER.pack(int(kind), 0, 0, channel, len(payload)) + payload
+
+
+def control(body: dict[str, Any]) -> bytes:
+    """A control payload: a JSON object, UTF-8."""
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _parse_control(payload: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"control payload is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"control payload is a JSON {type(body).__name__}, not an object")
+    return body
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+class FrameDecoder:
+    """Incremental decoder: :meth:`feed` bytes as they arrive, get whole frames back.
+
+    ``accept`` is the set of types this side may receive (:data:`AGENT_TO_HOST` on the host). Holds at most
+    one partial frame (header + up to :data:`MAX_PAYLOAD`); any violation raises :class:`ProtocolError`
+    and leaves the decoder failed (every later :meth:`feed` raises again).
+    """
+
+    def __init__(self, accept: frozenset[FrameType] = AGENT_TO_HOST, *, expect_hello: bool = True) -> None:
+        self._accept = accept
+        self._buffer = bytearray()
+        self._need_hello = expect_hello and FrameType.HELLO in accept
+        self._failed: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for a frame not yet complete."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Consume ``data``; the frames it completed, in order."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            return self._feed(data)
+        except ProtocolError as exc:
+            self._failed = exc
+            self._buffer.clear()
+            raise
+
+    def _feed(self, data: bytes) -> list[Frame]:
+        frames: list[Frame] = []
+        view = memoryview(data)
+        while view:
+            if len(self._buffer) < HEADER.size:
+                take = HEADER.size - len(self._buffer)
+                self._buffer += view[:take]
+                view = view[take:]
+                if len(self._buffer) < HEADER.size:
+                    break
+                self._check_header()
+            length = HEADER.unpack_from(self._buffer)[4]
+            missing = HEADER.size + length - len(self._buffer)
+            self._buffer += view[:missing]
+            view = view[missing:]
+            if len(self._buffer) == HEADER.size + length:
+                frames.append(self._frame())
+                self._buffer.clear()
+        return frames
+
+    def _check_header(self) -> None:
+        kind, flags, reserved, channel, length = HEADER.unpack_from(self._buffer)
+        if kind not in FrameType._value2member_map_:
+            raise ProtocolError(f"unknown frame type {kind}")
+        frame_type = FrameType(kind)
+        if frame_type not in self._accept:
+            raise ProtocolError(f"frame type {frame_type.name} is not allowed in this direction")
+        if flags or reserved:
+            raise ProtocolError(f"frame flags {flags} / reserved {reserved} must be 0 in version 1")
+        if length > MAX_PAYLOAD:
+            raise ProtocolError(f"frame payload of {length} bytes exceeds {MAX_PAYLOAD}")
+        if (channel == 0) != (frame_type in _SESSION_TYPES):
+            raise ProtocolError(f"{frame_type.name} frame on channel {channel}")
+        if frame_type == FrameType.HELLO:
+            if not self._need_hello:
+                raise ProtocolError("a second HELLO")
+        elif self._need_hello:
+            raise ProtocolError(f"{frame_type.name} frame before HELLO")
+
+    def _frame(self) -> Frame:
+        kind, _, _, channel, _ = HEADER.unpack_from(self._buffer)
+        frame_type = FrameType(kind)
+        payload = bytes(self._buffer[HEADER.size :])
+        if frame_type in DATA_TYPES:
+            return Frame(frame_type, channel, data=payload)
+        if frame_type == FrameType.KILL and not payload:
+            return Frame(frame_type, channel, body={})
+        body = _parse_control(payload)
+        if frame_type == FrameType.HELLO:
+            validate_hello(body)
+            self._need_hello = False
+        elif frame_type == FrameType.EXIT:
+            validate_exit(body)
+        elif frame_type == FrameType.ERROR and not isinstance(body.get("message"), str):
+            raise ProtocolError("ERROR without a message string")
+        return Frame(frame_type, channel, body=body)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_hello(body: dict[str, Any]) -> None:
+    """A HELLO body: protocol 1, an integer pid, a boolean subreaper flag."""
+    if body.get("protocol") != PROTOCOL_VERSION or not _is_int(body.get("protocol")):
+        raise ProtocolError(f"agent speaks protocol {body.get('protocol')!r}, not {PROTOCOL_VERSION}")
+    if not _is_int(body.get("pid")) or not isinstance(body.get("subreaper"), bool):
+        raise ProtocolError("HELLO needs an integer pid and a boolean subreaper")
+
+
+def validate_exit(body: dict[str, Any]) -> None:
+    """An EXIT body: exit_code and signal integers (0..255, 1..127) or null, booleans, counts >= 0."""
+    code, sig = body.get("exit_code"), body.get("signal")
+    if code is not None and not (isinstance(code, int) and _is_int(code) and 0 <= code <= 255):
+        raise ProtocolError(f"EXIT exit_code {code!r}")
+    if sig is not None and not (isinstance(sig, int) and _is_int(sig) and 1 <= sig <= 127):
+        raise ProtocolError(f"EXIT signal {sig!r}")
+    if not isinstance(body.get("timed_out"), bool):
+        raise ProtocolError("EXIT timed_out must be a boolean")
+    for key in ("stdout_dropped", "stderr_dropped"):
+        value = body.get(key)
+        if not (isinstance(value, int) and _is_int(value) and value >= 0):
+            raise ProtocolError(f"EXIT {key} {value!r}")
