@@ -192,6 +192,14 @@ def test_commands_cannot_plant_setid_files_on_the_host(
         shutil.rmtree(workspace, ignore_errors=True)
 
 
+def _unfiltered(source: str) -> str:
+    """An in-container program whose set-id filter installs nothing (the test's stand-in for a runtime
+    that would not enforce it)."""
+    head = "def install_setid_filter(program):\n"
+    assert head in source
+    return source.replace(head, head + "    return  # disabled by the test\n", 1)
+
+
 @pytest.mark.parametrize("transport", ["agent", "exec"])
 def test_a_session_whose_commands_could_set_setid_bits_is_refused(
     docker_backend: DockerBackend, monkeypatch: pytest.MonkeyPatch, transport: str
@@ -200,17 +208,12 @@ def test_a_session_whose_commands_could_set_setid_bits_is_refused(
     set the bits (runsc applies the container's profile to its first process only), and the session
     must refuse to run."""
     require("runsc" in docker_backend._client.info().get("Runtimes", {}), "gVisor's runsc is not registered")
-    unfiltered = _supervisor._SCRIPT_BODY.replace(
-        "# @SETID-FILTER@", "SETID = b''\ndef install_setid_filter(program):\n    pass\n"
-    )
-    monkeypatch.setattr(_supervisor, "_PREFIX", ("python3", "-I", "-S", "-c", unfiltered, _supervisor.ARGV0))
     monkeypatch.setattr(
-        _agent,
-        "AGENT_SOURCE",
-        _agent._AGENT_BODY.replace(
-            "# @SETID-FILTER@", "SETID = b''\ndef install_setid_filter(program):\n    pass\n"
-        ),
+        _supervisor,
+        "_PREFIX",
+        ("python3", "-I", "-S", "-c", _unfiltered(_supervisor.SCRIPT), _supervisor.ARGV0),
     )
+    monkeypatch.setattr(_agent, "AGENT_SOURCE", _unfiltered(_agent.AGENT_SOURCE))
     with (
         DockerBackend(runtime="runsc", transport=transport) as backend,
         pytest.raises(PolicyNotEnforceableError) as refused,

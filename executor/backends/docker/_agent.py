@@ -41,7 +41,7 @@ Signals go through a pidfd after re-checking the target's start time (a reused p
 
 from __future__ import annotations
 
-from executor.backends.docker._seccomp import INSTALL_FILTER_SOURCE, native_arch, setid_filter
+from executor.backends.docker._in_container import in_container_program
 
 __all__ = ["AGENT_ARGV0", "AGENT_SOURCE", "agent_argv"]
 
@@ -50,7 +50,7 @@ AGENT_ARGV0 = "adk-sandbox-agent"
 
 _AGENT_BODY = r"""# adk-sandbox agent, protocol 1 (executor/backends/docker/_agent.py)
 import errno, json, os, select, signal, struct, sys, time
-# @SETID-FILTER@
+# @PRELUDE@
 HDR = struct.Struct(">BBHII")
 HELLO, RUN, STDIN, STDOUT, STDERR, EXIT, KILL, PING, PONG, ERROR = range(1, 11)
 MAXP = 1 << 20
@@ -68,120 +68,12 @@ def prctl(op, arg):
     except Exception:
         return False
 
-def stat_of(pid):
-    with open("/proc/%d/stat" % pid, "rb") as f:
-        data = f.read()
-    return data[data.rindex(b")") + 2:].split()
-
-def scan():
-    procs = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                f = stat_of(int(name))
-                procs[int(name)] = (int(f[1]), int(f[3]), f[19], f[0])  # ppid, session, start, state
-            except (OSError, ValueError, IndexError):
-                pass
-    return procs
-
-def start_of(pid):
-    try:
-        return stat_of(pid)[19]
-    except (OSError, ValueError, IndexError):
-        return None
-
-def send(pid, start, sig):
-    fd = None
-    try:
-        fd = os.pidfd_open(pid)
-    except AttributeError:
-        pass
-    except OSError as e:
-        if e.errno != errno.ENOSYS:
-            return
-    try:
-        if start_of(pid) != start:
-            return
-        if fd is None:
-            os.kill(pid, sig)
-        else:
-            signal.pidfd_send_signal(fd, sig)
-    except OSError:
-        pass
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-def below(roots, procs):
-    kids = {}
-    for p, info in procs.items():
-        kids.setdefault(info[0], []).append(p)
-    found, todo = set(), list(roots)
-    while todo:
-        for c in kids.get(todo.pop(), ()):
-            if c not in found:
-                found.add(c)
-                todo.append(c)
-    return found
-
-def reap_any():
-    out = []
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return out
-        except InterruptedError:
-            continue
-        if not pid:
-            return out
-        out.append((pid, status))
-
 def has_children():
     try:
         os.waitpid(-1, os.WNOHANG)
     except ChildProcessError:
         return False
     return True
-
-def kill_all(targets, limit=5.0, on_reaped=None):
-    # Stop first: a stopped process cannot fork, so a fork bomb cannot refill what a kill frees.
-    stopped = set()
-    end = time.monotonic() + limit
-    while True:
-        procs = scan()
-        victims = [p for p in targets(procs) if p != SELF and p in procs and procs[p][3] not in b"ZX"]
-        if not victims or time.monotonic() > end:
-            return
-        fresh = [p for p in victims if p not in stopped]
-        for p in fresh or victims:
-            send(p, procs[p][2], signal.SIGSTOP if fresh else signal.SIGKILL)
-        stopped.update(fresh)
-        if not fresh:
-            for pid, status in reap_any():
-                if on_reaped is not None:
-                    on_reaped(pid, status)
-            time.sleep(0.001)
-
-def argv_of(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
-
-def marker_of(pid):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            for entry in f.read().split(b"\0"):
-                if entry.startswith(MARK):
-                    return entry[len(MARK):]
-    except OSError:
-        pass
-    return None
-
-def parse_protected(text):
-    return set((int(p), s.encode()) for p, _, s in (e.partition(":") for e in text.split(",") if e))
 
 def nonblock(fd):
     os.set_blocking(fd, False)
@@ -633,17 +525,8 @@ main()
 """
 
 
-def _with_setid_filter(body: str) -> str:
-    """The agent with the set-id seccomp filter (see :mod:`._seccomp`) it installs on each command."""
-    try:
-        program = 'bytes.fromhex("' + setid_filter(native_arch()).hex() + '")'
-    except OSError:  # an architecture without a filter: commands refuse to start (fail closed)
-        program = "None"
-    return body.replace("# @SETID-FILTER@", INSTALL_FILTER_SOURCE + "SETID = " + program + "\n", 1)
-
-
 #: The agent program (run with ``python3 -I -S -c``).
-AGENT_SOURCE = _with_setid_filter(_AGENT_BODY)
+AGENT_SOURCE = in_container_program(_AGENT_BODY)
 
 
 def agent_argv(protected: str | None = None, source: str = AGENT_SOURCE) -> list[str]:

@@ -39,7 +39,7 @@ process between the scan of ``/proc`` and the signal is never hit.
 
 from __future__ import annotations
 
-from executor.backends.docker._seccomp import INSTALL_FILTER_SOURCE, native_arch, setid_filter
+from executor.backends.docker._in_container import in_container_program
 
 __all__ = [
     "ARGV0",
@@ -66,10 +66,10 @@ BACKSTOP_SECONDS = 1.0
 # Standard library only, no site: starts in a few milliseconds. Kept compatible with Python >= 3.6.
 _SCRIPT_BODY = r"""# adk-sandbox supervisor (executor/backends/docker/_supervisor.py)
 import os, signal, sys, time
-# @SETID-FILTER@
+# @PRELUDE@
 A = sys.argv
 SELF = os.getpid()
-VAR = b"ADK_SANDBOX_EXEC="
+MARK = b"ADK_SANDBOX_EXEC="
 
 def subreaper():
     try:
@@ -77,68 +77,6 @@ def subreaper():
         return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
     except Exception:
         return False
-
-def scan():
-    procs = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/" + name + "/stat", "rb") as f:
-                    data = f.read()
-                f = data[data.rindex(b")") + 2:].split()
-                procs[int(name)] = (int(f[1]), int(f[3]), f[19], f[0])  # ppid, session, start, state
-            except (OSError, ValueError, IndexError):
-                pass
-    return procs
-
-def start_of(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-        return data[data.rindex(b")") + 2:].split()[19]
-    except (OSError, ValueError, IndexError):
-        return None
-
-def send(pid, start, sig):
-    fd = None
-    try:
-        fd = os.pidfd_open(pid)
-    except AttributeError:
-        pass
-    except OSError as e:
-        if e.errno != 38:
-            return
-    try:
-        if start_of(pid) != start:
-            return  # gone, or the pid now names another process
-        if fd is None:
-            os.kill(pid, sig)
-        else:
-            signal.pidfd_send_signal(fd, sig)
-    except OSError:
-        pass
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-def below(roots, procs):
-    kids = {}
-    for p, info in procs.items():
-        kids.setdefault(info[0], []).append(p)
-    found, todo = set(), list(roots)
-    while todo:
-        for c in kids.get(todo.pop(), ()):
-            if c not in found:
-                found.add(c)
-                todo.append(c)
-    return found
-
-def argv_of(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
 
 def supervisors(procs):
     found = {}
@@ -149,16 +87,6 @@ def supervisors(procs):
                 found[p] = argv[7]
     return found
 
-def marker_of(pid):
-    try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            for entry in f.read().split(b"\0"):
-                if entry.startswith(VAR):
-                    return entry[len(VAR):]
-    except OSError:
-        pass
-    return None
-
 def escapees(procs, mine, protected, strict):
     roots = [p for p, i in procs.items() if i[0] == 1 and (p, i[2]) not in protected]
     if roots and not strict:
@@ -168,23 +96,6 @@ def escapees(procs, mine, protected, strict):
         roots = [p for p in roots if procs[p][1] not in sessions and marker_of(p) not in markers]
     return set(roots) | below(roots, procs)
 
-def kill_all(targets, limit=5.0):
-    stopped = set()
-    end = time.monotonic() + limit
-    while True:
-        procs = scan()
-        victims = [p for p in targets(procs) if p != SELF and p in procs and procs[p][3] not in b"ZX"]
-        if not victims or time.monotonic() > end:
-            return procs
-        fresh = [p for p in victims if p not in stopped]
-        # Stop first: a stopped process cannot fork, so a fork bomb cannot refill what a kill frees.
-        for p in fresh or victims:
-            send(p, procs[p][2], signal.SIGSTOP if fresh else signal.SIGKILL)
-        stopped.update(fresh)
-        if not fresh:
-            reap()
-            time.sleep(0.001)
-
 def reap():
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:
@@ -193,11 +104,8 @@ def reap():
         return True
     return False
 
-def parse(text):
-    return set((int(p), s.encode()) for p, _, s in (e.partition(":") for e in text.split(",") if e))
-
 def run():
-    marker, protected, timeout, n = A[3].encode(), parse(A[4]), float(A[5]), int(A[6])
+    marker, protected, timeout, n = A[3].encode(), parse_protected(A[4]), float(A[5]), int(A[6])
     env = dict(e.split("=", 1) for e in A[7:7 + n])
     env["ADK_SANDBOX_EXEC"] = A[3]
     argv = A[7 + n:]
@@ -258,7 +166,7 @@ def run():
     os._exit(os.WEXITSTATUS(status))
 
 def kill():
-    marker, protected, strict = A[3].encode(), parse(A[4]), A[5] == "strict"
+    marker, protected, strict = A[3].encode(), parse_protected(A[4]), A[5] == "strict"
     procs = scan()
     sups = [p for p, m in supervisors(procs).items() if m == marker]
     procs = kill_all(lambda procs: below(sups, procs) | escapees(procs, marker, protected, strict))
@@ -278,16 +186,7 @@ def survey():
 """
 
 
-def _with_setid_filter(body: str) -> str:
-    """The script with the set-id seccomp filter (see :mod:`._seccomp`) it installs on each command."""
-    try:
-        program = 'bytes.fromhex("' + setid_filter(native_arch()).hex() + '")'
-    except OSError:  # an architecture without a filter: commands refuse to start (fail closed)
-        program = "None"
-    return body.replace("# @SETID-FILTER@", INSTALL_FILTER_SOURCE + "SETID = " + program + "\n", 1)
-
-
-SCRIPT = _with_setid_filter(_SCRIPT_BODY)
+SCRIPT = in_container_program(_SCRIPT_BODY)
 _PREFIX = ("python3", "-I", "-S", "-c", SCRIPT, ARGV0)
 
 

@@ -1,0 +1,26 @@
+"""The programs that run inside a container share one prelude: each compiles, nothing is defined twice."""
+
+from __future__ import annotations
+
+import ast
+import collections
+
+import pytest
+
+from executor.backends.docker import _agent, _supervisor
+from executor.backends.docker._in_container import PRELUDE_LINE, in_container_program
+
+
+@pytest.mark.parametrize("source", [_agent.AGENT_SOURCE, _supervisor.SCRIPT], ids=["agent", "supervisor"])
+def test_each_program_has_the_prelude_once_and_compiles(source: str) -> None:
+    tree = ast.parse(source)
+    names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert [name for name, count in collections.Counter(names).items() if count > 1] == []
+    for shared in ("install_setid_filter", "scan", "send", "below", "kill_all", "marker_of"):
+        assert shared in names
+    assert PRELUDE_LINE not in source
+
+
+def test_a_program_without_a_prelude_line_is_refused() -> None:
+    with pytest.raises(ValueError, match="prelude"):
+        in_container_program("print('no prelude')\n")
