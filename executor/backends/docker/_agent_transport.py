@@ -19,7 +19,6 @@ import contextlib
 import logging
 import queue
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from executor.backends.docker._transport import (
     KILL_ON_ERROR_SECONDS,
     CommandOutcome,
     DockerExecTransport,
+    DockerStreamSplitter,
     PreparedCommand,
 )
 from executor.errors import SandboxFailedError
@@ -67,33 +67,6 @@ _SEND_SECONDS = 10.0
 _Event = tuple[str, Any]
 
 
-class _DockerStream:
-    """Splits Docker's multiplexed attach stream (8-byte headers) into (stream number, bytes) pieces."""
-
-    def __init__(self) -> None:
-        self._header = bytearray()
-        self._stream = 0
-        self._remaining = 0
-
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        out: list[tuple[int, bytes]] = []
-        view = memoryview(data)
-        while view:
-            if self._remaining:
-                part = bytes(view[: self._remaining])
-                self._remaining -= len(part)
-                view = view[len(part) :]
-                out.append((self._stream, part))
-                continue
-            need = 8 - len(self._header)
-            self._header += view[:need]
-            view = view[need:]
-            if len(self._header) == 8:
-                self._stream, self._remaining = struct.unpack(">BxxxL", self._header)
-                self._header.clear()
-        return out
-
-
 @dataclass
 class _Channel:
     events: queue.Queue[_Event]
@@ -114,7 +87,7 @@ class _Agent:
         self._channels: dict[int, _Channel] = {}
         self._next_channel = 1
         self._stderr = bytearray()
-        self._docker = _DockerStream()
+        self._docker = DockerStreamSplitter()
         self._decoder = FrameDecoder()
         self._thread = threading.Thread(
             target=self._read, args=(early,), name="adk-sandbox-agent", daemon=True

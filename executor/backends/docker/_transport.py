@@ -52,6 +52,7 @@ __all__ = [
     "ContainerGoneError",
     "DaemonTimeoutError",
     "DockerExecTransport",
+    "DockerStreamSplitter",
     "FrameDemultiplexer",
     "PreparedCommand",
 ]
@@ -129,36 +130,53 @@ class CommandTransport(Protocol):
         ...
 
 
+class DockerStreamSplitter:
+    """Splits Docker's multiplexed attach stream (8-byte headers: stream, 0, 0, 0, big-endian size).
+
+    The one parser of that framing: the exec transport feeds its pieces to the output capture
+    (:class:`FrameDemultiplexer`), the agent transport to the agent's frame decoder.
+    """
+
+    def __init__(self) -> None:
+        self._header = bytearray()
+        self._stream = 0
+        self._remaining = 0
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """Consume bytes as they arrive; the (stream number, payload) pieces they complete."""
+        out: list[tuple[int, bytes]] = []
+        view = memoryview(data)
+        while view:
+            if self._remaining:
+                part = bytes(view[: self._remaining])
+                self._remaining -= len(part)
+                view = view[len(part) :]
+                out.append((self._stream, part))
+                continue
+            need = 8 - len(self._header)
+            self._header += view[:need]
+            view = view[need:]
+            if len(self._header) == 8:
+                self._stream, self._remaining = struct.unpack(">BxxxL", self._header)
+                self._header.clear()
+        return out
+
+
 class FrameDemultiplexer:
-    """Splits Docker's multiplexed attach stream (8-byte headers: stream, 0, 0, 0, big-endian size)."""
+    """Feeds a Docker attach stream's stdout and stderr pieces to an output capture."""
 
     _STREAMS: ClassVar[dict[int, Stream]] = {1: "stdout", 2: "stderr"}
 
     def __init__(self, capture: OutputCapture) -> None:
         self._capture = capture
-        self._buffer = bytearray()
-        self._stream: Stream | None = None
-        self._remaining = 0
+        self._splitter = DockerStreamSplitter()
 
     def feed(self, data: bytes) -> None:
-        """Consume bytes as they arrive; payloads go to the capture without being copied twice."""
-        view = memoryview(data)
-        while view:
-            if self._remaining:
-                part = view[: self._remaining]
-                self._remaining -= len(part)
-                if self._stream is not None:
-                    self._capture.feed(self._stream, bytes(part))
-                view = view[len(part) :]
-                continue
-            need = 8 - len(self._buffer)
-            self._buffer += view[:need]
-            view = view[need:]
-            if len(self._buffer) == 8:
-                kind, size = struct.unpack(">BxxxL", self._buffer)
-                self._buffer.clear()
-                self._stream = self._STREAMS.get(kind)  # 0 (stdin echo) is not expected; dropped
-                self._remaining = size
+        """Consume bytes as they arrive."""
+        for kind, part in self._splitter.feed(data):
+            stream = self._STREAMS.get(kind)  # 0 (stdin echo) is not expected; dropped
+            if stream is not None:
+                self._capture.feed(stream, part)
 
 
 class DaemonSocket:
