@@ -29,7 +29,54 @@ PING      8      host→agent  channel 0, any JSON object; answered by PONG with
 PONG      9      agent→host  channel 0
 ERROR     10     agent→host  ``{"message": str}``: the command of that channel could not be started (or,
                              on channel 0, the agent cannot go on); ends the channel like EXIT
+FILE      11     host→agent  on a fresh channel: one file operation ``{"op": str, "path": str, ...}``
+                             (below); a ``write`` is followed by its bytes as STDIN frames, then an empty
+                             STDIN (end of data)
+RESULT    12     agent→host  last frame of a FILE channel: the operation's result object, or
+                             ``{"error": {"errno": int, "name": str, "message": str}}``; a ``read`` or
+                             ``list`` sends its bytes as STDOUT frames before it
 ========  =====  ==========  =============================================================================
+
+Optional keys (an agent may omit them; the host then falls back): HELLO ``"agent"`` (``"python"`` or
+``"static"``: which implementation answers) and ``"ops"`` (the FILE operations it performs); EXIT
+``"oom_kills"`` (int >= 0 or null: how many processes the kernel's OOM killer killed in the container's
+memory cgroup while the command ran, read inside the container from ``memory.oom_control`` (cgroup v1) or
+``memory.events`` (v2); null when unreadable).
+
+**File operations** are performed by the agent itself, so as the session's command user with the
+container's own view and permissions (the container is the confinement; nothing on the host is touched
+except through the workspace bind mount, as a command would). ``path`` and ``target`` are absolute paths
+inside the container. Operations and their RESULT on success:
+
+=======  ==================================================================  ================================
+op       request keys (besides ``op``, ``path``)                             RESULT
+=======  ==================================================================  ================================
+read     ``offset`` int >= 0, ``limit`` int >= 0 (bytes at most)            ``{"size": int}`` (whole file);
+                                                                             the bytes as STDOUT frames
+write    ``mode`` int 0..0o777, ``exclusive`` bool (fail if it exists),      ``{"size": int}`` (written)
+         ``append`` bool; data as STDIN frames. Not appending, the data
+         goes to a fresh file in the same directory renamed over ``path``
+         (atomic: a reader never sees half of it; on failure ``path`` is
+         unchanged and the temporary file is gone)
+stat     ``follow`` bool (follow a final symlink)                            ``{"type": "file" | "dir" |
+                                                                             "symlink" | "other", "size":
+                                                                             int, "mode": int, "mtime":
+                                                                             float, "uid": int, "gid": int}``
+list     (none)                                                              ``{"count": int}``; entries as
+                                                                             STDOUT bytes, each a type byte
+                                                                             (``f d l o``), the name's bytes
+                                                                             and a NUL; no ``.`` or ``..``
+mkdir    ``parents`` bool (make missing parents; an existing directory is    ``{}``
+         then no error), ``mode`` int 0..0o777
+remove   ``recursive`` bool (a directory and all it holds); never follows    ``{}``
+         a symlink (the link itself is removed)
+rename   ``target`` str                                                      ``{}``
+=======  ==================================================================  ================================
+
+``mode`` never carries set-id or sticky bits (the host refuses them before sending; the agent refuses them
+with EPERM too). A read of something that is not a regular file fails with EISDIR or EINVAL. Errors are
+``errno`` values of Linux (``name`` the symbolic name, e.g. ``"ENOENT"``); KILL on a FILE channel abandons
+the operation (a write in progress leaves ``path`` unchanged).
 
 Anything else is a **protocol error** (:class:`ProtocolError`): a payload over :data:`MAX_PAYLOAD`, an
 unknown type, a non-zero flags or reserved field, a control payload that is not a JSON object or is not
@@ -82,13 +129,25 @@ class FrameType(enum.IntEnum):
     PING = 8
     PONG = 9
     ERROR = 10
+    FILE = 11
+    RESULT = 12
 
 
 DATA_TYPES = frozenset({FrameType.STDIN, FrameType.STDOUT, FrameType.STDERR})
 AGENT_TO_HOST = frozenset(
-    {FrameType.HELLO, FrameType.STDOUT, FrameType.STDERR, FrameType.EXIT, FrameType.PONG, FrameType.ERROR}
+    {
+        FrameType.HELLO,
+        FrameType.STDOUT,
+        FrameType.STDERR,
+        FrameType.EXIT,
+        FrameType.PONG,
+        FrameType.ERROR,
+        FrameType.RESULT,
+    }
 )
-HOST_TO_AGENT = frozenset({FrameType.RUN, FrameType.STDIN, FrameType.KILL, FrameType.PING})
+HOST_TO_AGENT = frozenset(
+    {FrameType.RUN, FrameType.STDIN, FrameType.KILL, FrameType.PING, FrameType.FILE}
+)
 _SESSION_TYPES = frozenset({FrameType.HELLO, FrameType.PING, FrameType.PONG})
 
 
