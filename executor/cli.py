@@ -20,7 +20,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from pydantic import ValidationError
 
@@ -30,9 +30,6 @@ from executor.backends.process import ProcessBackend
 from executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
 from executor.policy import SandboxPolicy
 from executor.types import Capabilities, ExecRequest, ExecResult, Language, ResourceLimits, Stream
-
-if TYPE_CHECKING:
-    from executor.backends.docker import DockerBackend
 
 __all__ = ["main"]
 
@@ -78,8 +75,9 @@ def _doctor_docker() -> bool:
     for name, runtime in (("docker/runc", None), ("docker/runsc", "runsc")):
         try:
             with DockerBackend(runtime=runtime) as backend:
-                print(_describe(name, backend.capabilities()))
-                print(f"{'':<16} {'':<16} channel: {_channel_of(backend)}")
+                capabilities = backend.capabilities()
+                print(_describe(name, capabilities))
+                print(f"{'':<16} {'':<16} channel: {_channel_of(capabilities.channel)}")
             works = works or runtime is None
         except ExecutorError as exc:
             print(f"{name:<16} {'unavailable':<16} {_first_line(exc)}")
@@ -93,9 +91,9 @@ def _doctor_docker() -> bool:
     return works
 
 
-def _channel_of(backend: DockerBackend) -> str:
-    """How commands reach a Docker session's container, as ``doctor`` reports it."""
-    if backend.transport == "agent":
+def _channel_of(channel: str | None) -> str:
+    """How commands reach a Docker session's container (as its capabilities say), as ``doctor`` reports it."""
+    if channel == "agent":
         return "agent (one long-lived in-sandbox agent per session, protocol 1, over one exec stream)"
     return "exec (one Docker exec per command)"
 

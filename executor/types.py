@@ -216,6 +216,10 @@ class Capabilities(BaseModel):
     """Commands run the host's installed programs at their host paths (a bare name such as ``rustc``
     resolves on the caller's PATH), so host toolchains and caches can be used. True for a host process,
     with or without bubblewrap; False for a container (the image's programs) and WASM (none)."""
+    channel: str | None = None
+    """How commands reach the sandbox, where that is a choice: ``"agent"`` (one long-lived in-sandbox agent
+    per session, Docker's default) or ``"exec"`` (one Docker exec per command); None for backends that
+    start each execution as a host process or in-process (process, bubblewrap, WASM)."""
 
 
 class ResourceLimits(BaseModel):

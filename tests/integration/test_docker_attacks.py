@@ -391,7 +391,7 @@ def test_the_committed_profile_is_the_one_in_force(
     docker_backend: DockerBackend, owned_workspace: Path
 ) -> None:
     with docker_backend.session(workspace=owned_workspace) as session:
-        options = session._inspect["HostConfig"]["SecurityOpt"]
+        options = session._opened().inspect["HostConfig"]["SecurityOpt"]
     assert (
         json.loads(next(o for o in options if o.startswith("seccomp="))[len("seccomp=") :]) == load_profile()
     )

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import docker
 
@@ -223,7 +223,7 @@ class _Agent:
 class AgentTransport:
     """:class:`CommandTransport` over one long-lived agent per container (see the module docstring)."""
 
-    channel = "agent"
+    channel: ClassVar[str] = "agent"
 
     def __init__(
         self,

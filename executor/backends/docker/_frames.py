@@ -145,9 +145,7 @@ AGENT_TO_HOST = frozenset(
         FrameType.RESULT,
     }
 )
-HOST_TO_AGENT = frozenset(
-    {FrameType.RUN, FrameType.STDIN, FrameType.KILL, FrameType.PING, FrameType.FILE}
-)
+HOST_TO_AGENT = frozenset({FrameType.RUN, FrameType.STDIN, FrameType.KILL, FrameType.PING, FrameType.FILE})
 _SESSION_TYPES = frozenset({FrameType.HELLO, FrameType.PING, FrameType.PONG})
 
 

@@ -286,12 +286,17 @@ def unconfined_mounts(inspect: Mapping[str, Any], confined: Sequence[str]) -> li
 
 
 def capabilities_from_inspect(
-    inspect: Mapping[str, Any], languages: tuple[Language, ...], confined: Sequence[str] = ()
+    inspect: Mapping[str, Any],
+    languages: tuple[Language, ...],
+    confined: Sequence[str] = (),
+    *,
+    channel: str | None = None,
 ) -> Capabilities:
     """What a running container enforces, read from its inspected configuration.
 
     ``confined`` are the bind-mount sources the caller asked for; any other host path mounted (an attached
     container's extra volumes) means host reads are not confined, and writes too when it is writable.
+    ``channel`` is how commands reach the container (``"agent"`` or ``"exec"``).
     """
     host = inspect.get("HostConfig") or {}
     extra = unconfined_mounts(inspect, confined)
@@ -307,4 +312,5 @@ def capabilities_from_inspect(
         fs_write=bool(host.get("ReadonlyRootfs")) and not any(writable for _, writable in extra),
         env=True,
         languages=languages,
+        channel=channel,
     )

@@ -112,6 +112,13 @@ class CommandOutcome:
 class CommandTransport(Protocol):
     """Runs commands in one container and kills their process trees."""
 
+    #: The channel's name as reported to users: ``"agent"`` or ``"exec"``.
+    channel: ClassVar[str]
+
+    def close(self) -> None:
+        """Release what the transport holds in the container (an agent); idempotent."""
+        ...
+
     def run(
         self,
         command: PreparedCommand,
@@ -317,6 +324,8 @@ def _message(body: Any) -> str:
 class DockerExecTransport:
     """:class:`CommandTransport` over Docker's exec API, streaming straight from the daemon's socket."""
 
+    channel: ClassVar[str] = "exec"
+
     def __init__(self, client: docker.DockerClient, container_id: str, socket_path: str) -> None:
         self._container_id = container_id
         self._daemon = DaemonSocket(socket_path, client.api.api_version)
@@ -325,6 +334,9 @@ class DockerExecTransport:
         # Markers of commands whose trees may still be alive: the killer could not confirm (the daemon
         # did not answer); they are killed before the next command of this container starts.
         self._pending: set[str] = set()
+
+    def close(self) -> None:
+        """Nothing is held between commands (each is its own exec)."""
 
     def run(
         self,

@@ -1,0 +1,326 @@
+"""The container provider: the engine-specific part of a session.
+
+:class:`ContainerProvider` creates (or adopts) one hardened container, verifies from ``docker inspect``
+that its hardening is really in force, and removes it: nothing about commands. What a session needs to run
+commands in the container it got is an :class:`OpenedContainer`. The session (:mod:`.session`) owns the
+lifecycle and the restarts; the command transport (:mod:`._transport`, :mod:`._agent_transport`) talks to
+the container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import docker
+import docker.errors
+
+from executor.backends.docker._daemon import daemon_socket_path, idempotent, remove_container
+from executor.backends.docker._reaper import owner_labels
+from executor.backends.docker._spec import (
+    GVISOR_RUNTIME,
+    HOME_DIR,
+    ContainerSpec,
+    hardening_violations,
+    host_config_arguments,
+)
+from executor.errors import PolicyNotEnforceableError, SandboxFailedError
+
+__all__ = ["ContainerProvider", "OomCounter", "OpenedContainer", "split_brain_message"]
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class OpenedContainer:
+    """A running container whose hardening was verified, and what commands in it start from."""
+
+    id: str
+    inspect: Mapping[str, Any]
+    """``docker inspect`` of the container when it was verified (isolation is reported from it)."""
+    workdir: str
+    """The commands' default working directory (the workspace root, or the attached container's)."""
+    base_env: dict[str, str]
+    """The image's own variables (plus PATH and HOME): the base of every command's cleared environment."""
+    confined_mounts: tuple[str, ...]
+    """The host paths this library mounted on purpose (any other host mount is reported as unconfined)."""
+    owner: str | None
+    """uid:gid of the workspace root's owner on the host (who commands run as by default), if known."""
+
+    @property
+    def memory_limit_mb(self) -> int:
+        """The container's memory limit in MiB (0: none)."""
+        return int(self.inspect.get("HostConfig", {}).get("Memory") or 0) // (1024 * 1024)
+
+
+class ContainerProvider:
+    """Creates, verifies and removes a session's container (or adopts an existing one, never removed).
+
+    ``attach_to`` names a container this library did not create (a compose service): its hardening is
+    checked the same way, its limits are whatever it was given, and :meth:`remove` leaves it alone.
+    """
+
+    def __init__(self, client: docker.DockerClient, spec: ContainerSpec, attach_to: str | None) -> None:
+        self._client = client
+        self._spec = spec
+        self._attach_to = attach_to
+        self._placeholder_made = False
+
+    @property
+    def attached(self) -> bool:
+        """True when the container is an existing one this provider did not create."""
+        return self._attach_to is not None
+
+    def open(self) -> OpenedContainer:
+        """A running, verified container: created and started, or the attached one inspected."""
+        attach_to = self._attach_to
+        if attach_to is not None:
+            inspect = idempotent(lambda: self._client.api.inspect_container(attach_to))
+            return self._verify(inspect, verify_limits=False)
+        spec = self._spec
+        self._make_git_placeholder()
+        session_id = uuid.uuid4().hex[:12]
+        spec = replace(spec, labels={**spec.labels, **owner_labels(session_id, spec.lifetime_seconds)})
+        container_id = self._create(spec, f"adk-sandbox-{session_id}")
+        api = self._client.api
+
+        def start() -> None:
+            # A refused start (the runtime failed: a rejected rlimit, mount, ...) is final: retrying it
+            # would only find the container erased by auto_remove and hide the daemon's reason.
+            try:
+                api.start(container_id)
+            except docker.errors.APIError as exc:
+                gone = " (the container was removed meanwhile)" if exc.status_code == 404 else ""
+                raise SandboxFailedError(
+                    f"the sandbox container could not start{gone}: {exc.explanation or exc}"
+                ) from exc
+
+        try:
+            idempotent(start)  # retried only when the daemon was unreachable
+            return self._verify(idempotent(lambda: api.inspect_container(container_id)), verify_limits=True)
+        except BaseException:
+            # Never leave a half-started container behind.
+            self.remove(container_id)
+            raise
+
+    def remove(self, container_id: str | None) -> None:
+        """Remove a container this provider created (never an attached one), and the ``.git`` placeholder."""
+        if container_id is None or self.attached:
+            return
+        remove_container(self._client, container_id)
+        self._remove_git_placeholder()
+
+    def _create(self, spec: ContainerSpec, name: str) -> str:
+        api = self._client.api
+        host_config = api.create_host_config(**host_config_arguments(spec))
+
+        def create() -> str:
+            try:
+                created = api.create_container(
+                    spec.image,
+                    entrypoint=["sleep"],
+                    command=[str(spec.lifetime_seconds)],
+                    user="0:0",  # the keeper; commands run as the workspace owner
+                    working_dir=spec.workdir,
+                    environment={"HOME": HOME_DIR},
+                    labels=dict(spec.labels),
+                    host_config=host_config,
+                    name=name,
+                    hostname="sandbox",
+                )
+            except docker.errors.APIError as exc:
+                if exc.status_code == 409:  # a retried create whose first attempt went through
+                    return str(api.inspect_container(name)["Id"])
+                if "bind source path does not exist" in str(exc.explanation or ""):
+                    raise PolicyNotEnforceableError(
+                        split_brain_message(spec.workspace, exc.explanation)
+                    ) from exc
+                if "runtime" in str(exc).lower() and spec.runtime:
+                    raise PolicyNotEnforceableError(
+                        f"the Docker daemon cannot run runtime {spec.runtime!r} ({exc.explanation}); "
+                        + _runtime_hint(spec.runtime)
+                    ) from exc
+                raise
+            return str(created["Id"])
+
+        return idempotent(create)
+
+    def _verify(self, inspect: Mapping[str, Any], *, verify_limits: bool) -> OpenedContainer:
+        """Check that a running container's hardening is really in force; what commands start from."""
+        spec = self._spec
+        container_id = str(inspect["Id"])
+        mounts = [spec.workspace] if spec.workspace else []
+        mounts += [allowed.path for allowed in spec.extra_mounts] + list(spec.read_only_mounts)
+        workdir = spec.workdir
+        if self.attached:
+            workdir = spec.workspace or inspect.get("Config", {}).get("WorkingDir") or "/"
+            if spec.workspace:
+                self._check_attached_workspace(inspect, spec.workspace)
+                mounts.append(os.path.join(spec.workspace, ".git"))
+        problems = hardening_violations(
+            inspect,
+            network=spec.network,
+            runtime=spec.runtime,
+            limits=spec.limits if verify_limits else None,
+            mounts=mounts,
+            attached=self.attached,
+            engine_sockets=(daemon_socket_path(),),
+        )
+        if problems:
+            raise PolicyNotEnforceableError(
+                f"container {inspect.get('Name', container_id)!r} is not hardened as required: "
+                + "; ".join(problems)
+            )
+        owner_path = spec.workspace or (_mount_source_of(inspect, workdir) if self.attached else None)
+        owner = None
+        if owner_path:
+            status = os.stat(owner_path)
+            owner = f"{status.st_uid}:{status.st_gid}"
+        return OpenedContainer(
+            id=container_id,
+            inspect=inspect,
+            workdir=workdir,
+            base_env=_image_env(inspect),
+            confined_mounts=tuple(mounts),
+            owner=owner,
+        )
+
+    def _check_attached_workspace(self, inspect: Mapping[str, Any], workspace: str) -> None:
+        """An attached container must mount the workspace at its path, and its ``.git`` read-only."""
+        name = self._attach_to
+        if not _is_mounted(inspect, workspace):
+            raise PolicyNotEnforceableError(
+                f"container {name!r} does not mount the workspace {workspace} "
+                "at the same path; mount it there (see compose.yaml) or attach without a workspace"
+            )
+        git = os.path.join(workspace, ".git")
+        protected = (
+            m.get("Type") == "bind" and m.get("Destination") == m.get("Source") == git and not m.get("RW")
+            for m in inspect.get("Mounts") or []
+        )
+        if not any(protected):
+            raise PolicyNotEnforceableError(
+                f"container {name!r} can write {git}, so it could plant hooks or config that host git "
+                f"would run; mount it read-only at the same path ({git}:{git}:ro, see compose.yaml)"
+            )
+
+    def _make_git_placeholder(self) -> None:
+        """Create the empty ``.git`` that is mounted read-only when the workspace has none."""
+        path = self._spec.git_placeholder
+        if path is None or self.attached:
+            return
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            return  # another session made it, or the user: it is mounted read-only either way
+        self._placeholder_made = True
+        owner = os.stat(os.path.dirname(path))
+        if os.geteuid() == 0 and (owner.st_uid, owner.st_gid) != (0, 0):
+            os.chown(path, owner.st_uid, owner.st_gid)  # the workspace owner can remove it
+
+    def _remove_git_placeholder(self) -> None:
+        path = self._spec.git_placeholder
+        if path is not None and self._placeholder_made:
+            self._placeholder_made = False
+            with contextlib.suppress(OSError):  # not empty (the user ran git init meanwhile): keep it
+                os.rmdir(path)
+
+
+class OomCounter:
+    """Reads the container cgroup's OOM-kill counter on the host (cgroup v1 or v2).
+
+    Only possible when the engine runs on this machine; the in-sandbox agent reports the same counter
+    from inside the container, which is preferred when it can.
+    """
+
+    def __init__(self, path: str, v2: bool) -> None:
+        self._path = path
+        self._key = "oom_kill"
+        self._v2 = v2
+
+    @classmethod
+    def for_container(cls, inspect: Mapping[str, Any]) -> OomCounter | None:
+        """The counter of the container's memory cgroup, or None when it cannot be read here."""
+        pid = inspect.get("State", {}).get("Pid")
+        try:
+            with open(f"/proc/{pid}/cgroup") as handle:
+                lines = handle.read().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                counter = cls(f"/sys/fs/cgroup/memory{path}/memory.oom_control", v2=False)
+                return counter if counter.read() is not None else None
+        for line in lines:
+            if line.startswith("0::"):
+                counter = cls(f"/sys/fs/cgroup{line[3:]}/memory.events", v2=True)
+                return counter if counter.read() is not None else None
+        return None
+
+    def read(self) -> int | None:
+        """How many processes the OOM killer has killed in the cgroup (None: unreadable)."""
+        try:
+            with open(self._path) as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == self._key:
+                        return int(value)
+        except (OSError, ValueError):
+            return None
+        return None
+
+
+def _image_env(inspect: Mapping[str, Any]) -> dict[str, str]:
+    """The container's own defaults (from its image): the base of every command's cleared environment."""
+    env = {"PATH": DEFAULT_PATH}
+    for entry in inspect.get("Config", {}).get("Env") or []:
+        name, _, value = entry.partition("=")
+        env[name] = value
+    env["HOME"] = HOME_DIR
+    return env
+
+
+def _is_mounted(inspect: Mapping[str, Any], path: str) -> bool:
+    for mount in inspect.get("Mounts") or []:
+        target = mount.get("Destination", "")
+        if mount.get("Source") == target and (path == target or path.startswith(target.rstrip("/") + "/")):
+            return True
+    return False
+
+
+def _mount_source_of(inspect: Mapping[str, Any], path: str) -> str | None:
+    """The host directory bind-mounted at ``path`` in the container (its owner runs the commands)."""
+    for mount in inspect.get("Mounts") or []:
+        if (
+            mount.get("Type") == "bind"
+            and mount.get("Destination") == path
+            and os.path.isdir(mount["Source"])
+        ):
+            return str(mount["Source"])
+    return None
+
+
+def split_brain_message(workspace: str | None, evidence: object) -> str:
+    """The error for a daemon that mounts another machine's (or namespace's) directory at the path."""
+    return (
+        f"the Docker daemon does not see this machine's {workspace} ({evidence}): it mounts a different "
+        "directory at that path (a daemon in another mount namespace: rootless Docker, Docker Desktop, a "
+        "remote or DinD engine). Commands would run against other files; use a daemon that shares this "
+        "machine's filesystem"
+    )
+
+
+def _runtime_hint(runtime: str) -> str:
+    if runtime == GVISOR_RUNTIME:
+        return (
+            "install gVisor (`apt install runsc`) and register it in /etc/docker/daemon.json as "
+            '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", '
+            '"runtimeArgs": ["--network=none", "--oci-seccomp"]}}}, '
+            "then reload dockerd (scripts/setup does this)"
+        )
+    return f"register the runtime {runtime!r} with the Docker daemon"

@@ -1,0 +1,97 @@
+"""The start-up check run inside every new session container, through the command transport.
+
+``docker inspect`` cannot show two things a session relies on, so they are checked from inside, exactly
+as a command runs (under its supervisor or agent shim, with its filter):
+
+* **the same workspace**: a daemon in another mount namespace (rootless Docker, Docker Desktop, a DinD
+  sidecar, a forwarded socket) bind-mounts *its* copy of the path, and commands would silently run against
+  other files. A nonce file written on the host must be visible inside.
+* **no set-id modes**: a runtime may not apply the seccomp profile to exec'd processes (gVisor), so a
+  ``chmod 4755`` on a scratch file in the container's /tmp must fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+from executor._output import OutputCapture
+from executor.backends.docker._container import split_brain_message
+from executor.backends.docker._transport import CommandTransport, PreparedCommand
+from executor.errors import PolicyNotEnforceableError, SandboxFailedError
+
+__all__ = ["PROBE_SECONDS", "verify_from_inside"]
+
+#: How long the start-up check may take.
+PROBE_SECONDS = 30.0
+# Prints "setid-allowed" when a set-id mode can be set in the container (it must not: see _seccomp).
+_PROBE_SETID = (
+    'f=$(mktemp) && { if chmod 4755 "$f" 2>/dev/null; then echo setid-allowed; else echo setid-refused; fi; '
+    'rm -f "$f"; }'
+)
+
+
+def verify_from_inside(
+    transport: CommandTransport, base_env: dict[str, str], user: str, workspace: str | None
+) -> None:
+    """Raise :class:`PolicyNotEnforceableError` unless the container sees ``workspace`` and refuses set-id."""
+    nonce = _IdentityNonce.create(workspace) if workspace else None
+    try:
+        script = _PROBE_SETID + (' ; cat -- "$1" 2>/dev/null' if nonce else "")
+        argv = ("/bin/sh", "-c", script, "adk-sandbox-probe") + ((nonce.path,) if nonce else ())
+        probe = PreparedCommand(
+            argv=argv, env=dict(base_env), user=user, workdir="/", stdin=None, marker=uuid.uuid4().hex
+        )
+        capture = OutputCapture(64 * 1024)
+        outcome = transport.run(probe, capture, deadline=time.monotonic() + PROBE_SECONDS, cancel=None)
+        output = capture.finish()["stdout"].text
+    finally:
+        if nonce:
+            nonce.remove()
+    if outcome.exit_code is None:
+        raise SandboxFailedError("the sandbox container did not answer its start-up check in time")
+    words = output.split()
+    if "setid-refused" not in words:
+        if "setid-allowed" not in words:
+            raise PolicyNotEnforceableError(
+                "could not check that commands cannot create setuid files: the start-up probe found no "
+                f"writable /tmp in the container (it printed {output[:200]!r}); give it a /tmp tmpfs"
+            )
+        raise PolicyNotEnforceableError(
+            "commands in this container can create setuid/setgid files: neither the sandbox seccomp "
+            "profile nor the command's own set-id filter is in force (docs/DOCKER.md, Set-id files)"
+        )
+    if nonce and nonce.token not in output:
+        raise PolicyNotEnforceableError(
+            split_brain_message(workspace, "a probe file written here is not there")
+        )
+
+
+@dataclass(frozen=True)
+class _IdentityNonce:
+    """A random file in the workspace root, briefly, to prove the container sees the same directory."""
+
+    path: str
+    token: str
+
+    @classmethod
+    def create(cls, workspace: str) -> _IdentityNonce:
+        token = uuid.uuid4().hex
+        path = os.path.join(workspace, f".adk-sandbox-identity-{token}")
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise PolicyNotEnforceableError(
+                f"cannot write a probe file into the workspace {workspace} ({exc.strerror}) to check that "
+                "the Docker daemon sees the same directory"
+            ) from exc
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(token)
+        return cls(path, token)
+
+    def remove(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
