@@ -1,0 +1,120 @@
+"""The session's seams against the real engine: the transport is injectable, and the channel in use is
+reported by ``capabilities()`` (issue 11, "The seam").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import pytest
+
+from executor import ExecRequest, Language, PolicyNotEnforceableError
+from executor._output import OutputCapture
+from executor.backends.docker import DockerBackend
+from executor.backends.docker._transport import (
+    CommandOutcome,
+    CommandTransport,
+    DockerExecTransport,
+    PreparedCommand,
+)
+from executor.backends.docker.session import TRANSPORTS, DockerSession
+from tests.conftest import containers_mounting
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
+
+
+@pytest.mark.parametrize("transport", ["agent", "exec"])
+def test_capabilities_report_the_channel_in_use(transport: str, owned_workspace: Path) -> None:
+    with DockerBackend(transport=transport) as backend:
+        assert backend.capabilities().channel == transport
+        with backend.session(workspace=owned_workspace) as session:
+            assert session.capabilities().channel == transport == session.channel
+
+
+class _CountingTransport:
+    """Wraps a real transport and counts what goes through it: proves the session uses the injected one."""
+
+    def __init__(self, inner: CommandTransport) -> None:
+        self.inner = inner
+        self.argvs: list[tuple[str, ...]] = []
+        self.closed = False
+
+    channel = "exec"
+
+    def run(
+        self,
+        command: PreparedCommand,
+        capture: OutputCapture,
+        *,
+        deadline: float,
+        cancel: threading.Event | None,
+    ) -> CommandOutcome:
+        self.argvs.append(command.argv)
+        return self.inner.run(command, capture, deadline=deadline, cancel=cancel)
+
+    def close(self) -> None:
+        self.closed = True
+        self.inner.close()
+
+
+def test_an_injected_transport_carries_every_command_including_the_start_up_check(
+    docker_backend: DockerBackend, owned_workspace: Path
+) -> None:
+    made: list[_CountingTransport] = []
+
+    def factory(
+        client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
+    ) -> CommandTransport:
+        made.append(_CountingTransport(TRANSPORTS["exec"](client, container_id, on_restart)))
+        return made[-1]
+
+    config = docker_backend.session(workspace=owned_workspace)._config
+    session = DockerSession(docker_backend._client, config, transport=factory)
+    try:
+        result = session.execute(ExecRequest(language=Language.COMMAND, code="echo via-injected", timeout=30))
+        assert result.stdout == "via-injected\n"
+        (transport,) = made
+        assert isinstance(transport.inner, DockerExecTransport)
+        assert "adk-sandbox-probe" in transport.argvs[0]  # the start-up check went through it too
+        assert any("echo via-injected" in argv for argv in transport.argvs)
+        assert session.capabilities().channel == "exec"
+    finally:
+        session.close()
+    assert transport.closed
+    assert containers_mounting(docker_backend._client, owned_workspace) == []
+
+
+def test_a_transport_that_lets_set_id_modes_through_is_refused_at_start(
+    docker_backend: DockerBackend, owned_workspace: Path
+) -> None:
+    """The start-up check goes through the injected transport: one that does not install the set-id
+    filter (here: one that fakes the probe's answer) cannot slip past it, and the container is removed."""
+
+    class _Lying(_CountingTransport):
+        def run(
+            self,
+            command: PreparedCommand,
+            capture: OutputCapture,
+            *,
+            deadline: float,
+            cancel: threading.Event | None,
+        ) -> CommandOutcome:
+            if "adk-sandbox-probe" in command.argv:
+                capture.feed("stdout", b"setid-allowed\n")
+                return CommandOutcome(exit_code=0)
+            return super().run(command, capture, deadline=deadline, cancel=cancel)
+
+    def factory(
+        client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
+    ) -> CommandTransport:
+        return _Lying(TRANSPORTS["exec"](client, container_id, on_restart))
+
+    config = docker_backend.session(workspace=owned_workspace)._config
+    session = DockerSession(docker_backend._client, config, transport=factory)
+    with pytest.raises(PolicyNotEnforceableError, match="setuid"):
+        session.start()
+    session.close()
+    assert containers_mounting(docker_backend._client, owned_workspace) == []
