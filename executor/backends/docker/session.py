@@ -37,6 +37,7 @@ from executor.backends.docker._transport import (
     DockerExecTransport,
     PreparedCommand,
 )
+from executor.backends.docker.files import SandboxFiles
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
 
@@ -276,6 +277,11 @@ class DockerSession(SandboxBackend):
         self.restarts += 1
 
     @property
+    def files(self) -> SandboxFiles:
+        """File operations inside the container, as the command user (:mod:`.files`; agent channel only)."""
+        return SandboxFiles(self)
+
+    @property
     def channel(self) -> str:
         """How commands reach the container: ``"agent"`` or ``"exec"``."""
         return self._config.transport
@@ -473,6 +479,8 @@ class DockerSession(SandboxBackend):
                 continue
             ooms_after = oom_counter.read() if oom_counter else None
             oom_killed = ooms_before is not None and ooms_after is not None and ooms_after > ooms_before
+            if outcome.oom_kills is not None:  # counted inside the container: true on a remote engine too
+                oom_killed = outcome.oom_kills > 0
             if outcome.kill_failed:
                 with self._lock:
                     if not self._closed:  # closed meanwhile: the container is gone with the processes
