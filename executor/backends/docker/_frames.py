@@ -38,7 +38,8 @@ RESULT    12     agent→host  last frame of a FILE channel: the operation's res
 ========  =====  ==========  =============================================================================
 
 Optional keys (an agent may omit them; the host then falls back): HELLO ``"agent"`` (``"python"`` or
-``"static"``: which implementation answers) and ``"ops"`` (the FILE operations it performs); EXIT
+``"static"``: which implementation answers) and ``"ops"`` (the FILE operations it performs; the host
+sends no FILE for an op it does not list, so without ``"ops"`` there are no file operations); EXIT
 ``"oom_kills"`` (int >= 0 or null: how many processes the kernel's OOM killer killed in the container's
 memory cgroup while the command ran, read inside the container from ``memory.oom_control`` (cgroup v1) or
 ``memory.events`` (v2); null when unreadable).
@@ -74,9 +75,11 @@ rename   ``target`` str                                                      ``{
 =======  ==================================================================  ================================
 
 ``mode`` never carries set-id or sticky bits (the host refuses them before sending; the agent refuses them
-with EPERM too). A read of something that is not a regular file fails with EISDIR or EINVAL. Errors are
-``errno`` values of Linux (``name`` the symbolic name, e.g. ``"ENOENT"``); KILL on a FILE channel abandons
-the operation (a write in progress leaves ``path`` unchanged).
+with EPERM too); stat's ``mode`` is ``st_mode & 0o7777``. A read of something that is not a regular file
+fails with EISDIR or EINVAL. Errors are ``errno`` values of Linux (``name`` the symbolic name, e.g.
+``"ENOENT"``); KILL on a FILE channel abandons the operation (a write in progress leaves ``path``
+unchanged) and the channel still ends with a RESULT: ECANCELED, or the operation's own result if it had
+already completed.
 
 Anything else is a **protocol error** (:class:`ProtocolError`): a payload over :data:`MAX_PAYLOAD`, an
 unknown type, a non-zero flags or reserved field, a control payload that is not a JSON object or is not
