@@ -22,6 +22,7 @@ from executor.backends.docker import session as session_module
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._frames import FrameType, encode
 from executor.backends.docker.files import DirEntry
+from tests.conftest import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -337,3 +338,18 @@ def test_oom_kills_are_counted_inside_the_container(
         assert result.oom_killed
         assert result.exit_code is None
         assert not run(session, "true").oom_killed
+
+
+def test_file_operations_work_under_gvisor(docker_backend: DockerBackend, owned_workspace: Path) -> None:
+    """The worker forks, installs its filter and streams under runsc too (no subreapers, no cgroup files)."""
+    require("runsc" in docker_backend._client.info().get("Runtimes", {}), "gVisor's runsc is not registered")
+    with DockerBackend(runtime="runsc") as backend, backend.session(workspace=owned_workspace) as session:
+        data = os.urandom(1024 * 1024) + b"\0tail"
+        path = str(owned_workspace / "g.bin")
+        assert session.files.write_bytes(path, data) == len(data)
+        assert (owned_workspace / "g.bin").stat().st_uid == 1000
+        assert session.files.read_bytes(path, offset=1024 * 1024) == b"\0tail"
+        assert DirEntry(b"g.bin", "file") in session.files.list_dir(str(owned_workspace))
+        with pytest.raises(OSError):
+            session.files.write_bytes("/etc/planted", b"x")
+        assert run(session, "echo hi").stdout == "hi\n"
