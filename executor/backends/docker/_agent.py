@@ -35,6 +35,14 @@ What it does:
   ``ADK_SANDBOX_EXEC`` in the environment); a neighbour's orphan that cleared its environment *and* called
   ``setsid`` is killed too (the weaker mode, as documented for the supervisor).
 * End of its stdin (the host went away): kills every command's tree and exits.
+* FILE: forks a **worker** per operation (non-dumpable, other descriptors closed, umask 0, the set-id
+  filter installed) that performs it as the agent's user and streams bytes over pipes, so the loop never
+  waits on a file. A write's data reaches the worker as (u32 length, bytes) chunks ending with a 0 length:
+  a pipe ending without that mark is an abandoned write. The temporary file of a write is named by the
+  agent, which removes it when the worker dies or is KILLed. Reads open with ``O_NONBLOCK`` and refuse
+  non-regular files. Workers are not strays. See docs/DOCKER.md, "File operations".
+* EXIT carries ``oom_kills``: the difference of the memory cgroup's ``oom_kill`` counter, read inside the
+  container before and after the command (null when unreadable).
 
 Signals go through a pidfd after re-checking the target's start time (a reused pid is never hit).
 """
