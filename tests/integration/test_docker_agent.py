@@ -22,8 +22,9 @@ from executor._output import OutputCapture
 from executor.backends.docker import DockerBackend, DockerSession
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._daemon import daemon_socket_path
-from executor.backends.docker._frames import FrameType, encode
+from executor.backends.docker._frames import FILE_OPS, FrameType, encode
 from executor.backends.docker._transport import PreparedCommand
+from executor.backends.docker.files import SandboxFiles
 from tests.conftest import project_containers, unique_sleep_seconds
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -257,3 +258,107 @@ def test_closing_a_session_leaves_no_container(docker_backend: DockerBackend, ow
     run(session, "true")
     session.close()
     assert container_id not in project_containers(docker_backend._client)
+
+
+# -- a lying agent answering file operations ---------------------------------------------------------
+FILE_LIAR = """import os, sys, time
+os.write(1, bytes.fromhex(HELLO_HEX))
+got = b""
+while len(got) < 12:
+    got += os.read(0, 65536)
+os.write(1, bytes.fromhex(OUTPUT_HEX))
+time.sleep(30)
+"""
+HELLO_OPS = encode(FrameType.HELLO, 0, {"protocol": 1, "pid": 1, "subreaper": True, "ops": list(FILE_OPS)})
+BAD_ERROR = {"error": {"errno": "2", "name": "ENOENT", "message": "x"}}
+
+
+def file_liar(
+    session: DockerSession, workspace: Path, op: dict[str, object], output: bytes, hello: bytes
+) -> None:
+    """One file operation through a transport whose 'agent' reads the request, then writes ``output``."""
+    source = FILE_LIAR.replace("HELLO_HEX", repr(hello.hex())).replace("OUTPUT_HEX", repr(output.hex()))
+    transport = AgentTransport(session._client, session.container_id, daemon_socket_path(), source=source)
+    request = {"path": str(workspace / "target"), **op}
+    data = b"new" if op["op"] == "write" else None
+    try:
+        transport.file_op("1000:1000", request, data, deadline=time.monotonic() + 2, max_output=10)
+    finally:
+        transport.close()
+
+
+READ = {"op": "read", "offset": 0, "limit": 10}
+STAT = {"op": "stat", "follow": True}
+WRITE = {"op": "write", "mode": 0o644, "exclusive": False, "append": False}
+
+
+@pytest.mark.parametrize(
+    ("op", "output", "message"),
+    [
+        (READ, encode(FrameType.RESULT, 1, BAD_ERROR), "protocol"),  # a malformed error
+        (READ, encode(FrameType.RESULT, 1, {"size": "ten"}), "protocol"),  # does not fit the op
+        (
+            READ,
+            encode(FrameType.STDOUT, 1, b"x" * 2048) + encode(FrameType.RESULT, 1, {"size": 2048}),
+            "protocol",
+        ),
+        (READ, b"".join(encode(FrameType.STDOUT, 1, b"y" * 65536) for _ in range(64)), "protocol"),  # a flood
+        (STAT, encode(FrameType.STDOUT, 1, b"z") + encode(FrameType.RESULT, 1, {}), "protocol"),
+        (
+            STAT,
+            encode(
+                FrameType.EXIT,
+                1,
+                {
+                    "exit_code": 0,
+                    "signal": None,
+                    "timed_out": False,
+                    "stdout_dropped": 0,
+                    "stderr_dropped": 0,
+                },
+            ),
+            "protocol",
+        ),
+        (WRITE, encode(FrameType.RESULT, 1, {"size": -3}), "protocol"),
+        (WRITE, encode(FrameType.STDOUT, 7, b"?"), "never opened"),
+        (WRITE, b"", "did not answer"),  # silence
+        (READ, b"\xff" * 40, "protocol"),  # garbage, no frame at all
+    ],
+)
+def test_a_lying_agent_fails_a_file_operation_within_the_bound(
+    plain_session: DockerSession, owned_workspace: Path, op: dict[str, object], output: bytes, message: str
+) -> None:
+    (owned_workspace / "target").write_bytes(b"old")
+    started = time.monotonic()
+    with pytest.raises(SandboxFailedError, match=message):
+        file_liar(plain_session, owned_workspace, op, output, HELLO_OPS)
+    assert time.monotonic() - started < QUICK
+    assert (owned_workspace / "target").read_bytes() == b"old"
+    assert sorted(os.listdir(owned_workspace)) == [".git", "target"]
+    # The real session's agent is untouched.
+    assert plain_session.files.read_bytes(str(owned_workspace / "target")) == b"old"
+
+
+def test_an_agent_without_file_operations_is_refused_clearly(
+    plain_session: DockerSession, owned_workspace: Path
+) -> None:
+    with pytest.raises(SandboxFailedError, match="does not perform the file operation"):
+        file_liar(plain_session, owned_workspace, READ, encode(FrameType.RESULT, 1, {"size": 0}), HELLO)
+
+
+def test_a_stopped_agent_cannot_hold_a_file_operation(
+    plain_session: DockerSession, owned_workspace: Path
+) -> None:
+    files = SandboxFiles(plain_session, timeout=2)
+    files.write_bytes(str(owned_workspace / "target"), b"old")
+    pid = agent_pid(plain_session)
+    api = plain_session._client.api  # a separate exec as the agent's user: stopping it from outside
+    stop = api.exec_create(plain_session.container_id, ["kill", "-STOP", str(pid)], user=plain_session._user)
+    api.exec_start(stop["Id"])
+    started = time.monotonic()
+    with pytest.raises(SandboxFailedError, match="did not answer"):
+        files.write_bytes(str(owned_workspace / "target"), b"new" * 100_000)
+    assert time.monotonic() - started < 2 + QUICK
+    assert (owned_workspace / "target").read_bytes() == b"old"
+    assert plain_session.files.read_bytes(str(owned_workspace / "target")) == b"old"  # a new agent
+    assert plain_session.restarts == 1

@@ -18,6 +18,8 @@ from executor.backends.docker._frames import (
     FrameType,
     ProtocolError,
     encode,
+    split_entries,
+    validate_result_for,
 )
 
 HELLO = encode(FrameType.HELLO, 0, {"protocol": 1, "pid": 7, "subreaper": True})
@@ -77,6 +79,21 @@ def test_a_session_decodes_in_order_whatever_the_chunking() -> None:
         (raw(1, 0, b'{"protocol": 2, "pid": 1, "subreaper": true}'), "protocol"),
         (raw(1, 0, b'{"protocol": 1, "pid": "1", "subreaper": true}'), "pid"),
         (HELLO + raw(6, 1, b"[" * 100_000), "not valid JSON"),
+        (HELLO + raw(6, 1, json.dumps({**EXIT, "oom_kills": -1}).encode()), "oom_kills"),
+        (HELLO + raw(6, 1, json.dumps({**EXIT, "oom_kills": True}).encode()), "oom_kills"),
+        (HELLO + raw(6, 1, json.dumps({**EXIT, "oom_kills": "1"}).encode()), "oom_kills"),
+        (HELLO + raw(12, 1, b"[]"), "not an object"),
+        (HELLO + raw(12, 1, b'{"error": "ENOENT"}'), "RESULT error"),
+        (HELLO + raw(12, 1, b'{"error": {"errno": "2", "name": "ENOENT", "message": ""}}'), "RESULT error"),
+        (HELLO + raw(12, 1, b'{"error": {"errno": true, "name": "ENOENT", "message": ""}}'), "RESULT error"),
+        (HELLO + raw(12, 1, b'{"error": {"errno": 2, "name": 2, "message": ""}}'), "RESULT error"),
+        (HELLO + raw(12, 1, b'{"error": {"errno": 2, "name": "ENOENT"}}'), "RESULT error"),
+        (HELLO + raw(12, 1, b'{"error": null}'), "RESULT error"),
+        (HELLO + raw(12, 0, b"{}"), "on channel 0"),
+        (HELLO + raw(11, 1, b"{}"), "not allowed in this direction"),  # FILE: host to agent only
+        (raw(1, 0, b'{"protocol": 1, "pid": 1, "subreaper": true, "agent": 1}'), "agent"),
+        (raw(1, 0, b'{"protocol": 1, "pid": 1, "subreaper": true, "ops": "read"}'), "ops"),
+        (raw(1, 0, b'{"protocol": 1, "pid": 1, "subreaper": true, "ops": ["read", 2]}'), "ops"),
     ],
 )
 def test_protocol_errors(stream: bytes, message: str) -> None:
@@ -85,6 +102,81 @@ def test_protocol_errors(stream: bytes, message: str) -> None:
         decoder.feed(stream)
     with pytest.raises(ProtocolError):  # failed for good
         decoder.feed(HELLO)
+
+
+def test_the_optional_keys_are_accepted_and_may_be_absent() -> None:
+    hello = {"protocol": 1, "pid": 7, "subreaper": False, "agent": "static", "ops": ["read", "stat"]}
+    stream = (
+        encode(FrameType.HELLO, 0, hello)
+        + encode(FrameType.EXIT, 1, {**EXIT, "oom_kills": 2})
+        + encode(FrameType.EXIT, 2, {**EXIT, "oom_kills": None})
+        + encode(FrameType.EXIT, 3, EXIT)
+        + encode(FrameType.STDOUT, 4, b"data")
+        + encode(FrameType.RESULT, 4, {"size": 4})
+        + encode(FrameType.RESULT, 5, {"error": {"errno": 2, "name": "ENOENT", "message": "No such file"}})
+    )
+    frames = FrameDecoder().feed(stream)
+    assert frames[0].body == hello
+    assert [f.body.get("oom_kills") for f in frames[1:4] if f.body is not None] == [2, None, None]
+    assert frames[5].body == {"size": 4}
+    assert frames[6].body is not None and frames[6].body["error"]["name"] == "ENOENT"
+
+
+STAT = {"type": "file", "size": 3, "mode": 0o644, "mtime": 1.5, "uid": 1000, "gid": 1000}
+ERROR_RESULT = {"error": {"errno": 13, "name": "EACCES", "message": "Permission denied"}}
+
+
+@pytest.mark.parametrize(
+    ("op", "body", "data"),
+    [
+        ("read", {"size": 10}, b"0123"),
+        ("read", ERROR_RESULT, b""),
+        ("write", {"size": 0}, b""),
+        ("stat", STAT, b""),
+        ("stat", {**STAT, "type": "symlink", "mtime": 2}, b""),
+        ("list", {"count": 0}, b""),
+        ("list", {"count": 3}, b"fa\0d\xff\xfe\0l.x\0"),
+        ("mkdir", {}, b""),
+        ("remove", ERROR_RESULT, b""),
+        ("rename", {}, b""),
+    ],
+)
+def test_results_that_fit_their_op(op: str, body: dict[str, object], data: bytes) -> None:
+    validate_result_for(op, body, data)
+
+
+@pytest.mark.parametrize(
+    ("op", "body", "data", "message"),
+    [
+        ("read", {}, b"", "size"),
+        ("read", {"size": -1}, b"", "size"),
+        ("write", {"size": "3"}, b"", "size"),
+        ("write", {"size": 3}, b"x", "sent data"),
+        ("stat", {**STAT, "type": "fifo"}, b"", "type"),
+        ("stat", {**STAT, "uid": None}, b"", "uid"),
+        ("stat", {**STAT, "mtime": True}, b"", "mtime"),
+        ("list", {"count": 2}, b"fa\0", "count"),
+        ("list", {"count": 1}, b"fa", "NUL"),
+        ("list", {"count": 1}, b"xa\0", "entry"),
+        ("list", {"count": 1}, b"f\0", "entry"),
+        ("list", {"count": 1}, b"d..\0", "entry"),
+        ("list", {"count": 1}, b"fa/b\0", "entry"),
+        ("mkdir", ERROR_RESULT, b"junk", "sent data"),
+    ],
+)
+def test_results_that_do_not_fit_their_op(
+    op: str, body: dict[str, object], data: bytes, message: str
+) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        validate_result_for(op, body, data)
+
+
+def test_list_entries_keep_non_utf8_names() -> None:
+    assert split_entries(b"f\xff\xfename\0ll\n\0o.x\0") == [
+        ("f", b"\xff\xfename"),
+        ("l", b"l\n"),
+        ("o", b".x"),
+    ]
 
 
 def test_the_agent_side_accepts_host_frames() -> None:
@@ -120,6 +212,24 @@ frame_strategy = st.one_of(
     ),
     st.tuples(st.just(FrameType.EXIT), st.integers(1, 9), st.just(EXIT)),
     st.tuples(st.just(FrameType.PONG), st.just(0), st.dictionaries(st.text(max_size=5), st.integers())),
+    st.tuples(
+        st.just(FrameType.EXIT),
+        st.integers(1, 9),
+        st.builds(lambda n: {**EXIT, "oom_kills": n}, st.none() | st.integers(0, 2**40)),
+    ),
+    st.tuples(
+        st.just(FrameType.RESULT),
+        st.integers(1, 9),
+        st.one_of(
+            st.dictionaries(st.text(max_size=5).filter(lambda k: k != "error"), st.integers(), max_size=3),
+            st.builds(
+                lambda n, name, msg: {"error": {"errno": n, "name": name, "message": msg}},
+                st.integers(0, 4095),
+                st.text(max_size=10),
+                st.text(max_size=30),
+            ),
+        ),
+    ),
 )
 
 
@@ -140,3 +250,48 @@ def test_valid_streams_round_trip_and_a_corrupted_tail_never_crashes(
     with contextlib.suppress(ProtocolError):
         decoder.feed(garbage)
     assert decoder.buffered <= HEADER.size + MAX_PAYLOAD
+
+
+result_like = st.one_of(
+    st.dictionaries(st.text(max_size=6), st.none() | st.booleans() | st.integers() | st.text(max_size=5)),
+    st.fixed_dictionaries(
+        {
+            "error": st.one_of(
+                st.none(),
+                st.integers(),
+                st.dictionaries(
+                    st.sampled_from(["errno", "name", "message", "x"]),
+                    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                ),
+            )
+        }
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    result_like,
+    st.sampled_from(["read", "write", "stat", "list", "mkdir", "remove", "rename"]),
+    st.binary(max_size=40),
+)
+def test_fuzzed_results_are_accepted_only_when_well_formed(
+    body: dict[str, object], op: str, data: bytes
+) -> None:
+    """A RESULT decodes only when its error is well formed; checking it against an op never crashes."""
+    decoder = FrameDecoder()
+    decoder.feed(HELLO)
+    try:
+        frames = decoder.feed(encode(FrameType.RESULT, 1, body))
+    except ProtocolError:
+        error = body.get("error")
+        assert "error" in body and not (
+            isinstance(error, dict)
+            and type(error.get("errno")) is int
+            and isinstance(error.get("name"), str)
+            and isinstance(error.get("message"), str)
+        )
+        return
+    assert frames[0].body == body
+    with contextlib.suppress(ProtocolError):
+        validate_result_for(op, body, data)

@@ -35,6 +35,14 @@ What it does:
   ``ADK_SANDBOX_EXEC`` in the environment); a neighbour's orphan that cleared its environment *and* called
   ``setsid`` is killed too (the weaker mode, as documented for the supervisor).
 * End of its stdin (the host went away): kills every command's tree and exits.
+* FILE: forks a **worker** per operation (non-dumpable, other descriptors closed, umask 0, the set-id
+  filter installed) that performs it as the agent's user and streams bytes over pipes, so the loop never
+  waits on a file. A write's data reaches the worker as (u32 length, bytes) chunks ending with a 0 length:
+  a pipe ending without that mark is an abandoned write. The temporary file of a write is named by the
+  agent, which removes it when the worker dies or is KILLed. Reads open with ``O_NONBLOCK`` and refuse
+  non-regular files. Workers are not strays. See docs/DOCKER.md, "File operations".
+* EXIT carries ``oom_kills``: the difference of the memory cgroup's ``oom_kill`` counter, read inside the
+  container before and after the command (null when unreadable).
 
 Signals go through a pidfd after re-checking the target's start time (a reused pid is never hit).
 """
@@ -52,7 +60,8 @@ _AGENT_BODY = r"""# adk-sandbox agent, protocol 1 (executor/backends/docker/_age
 import errno, json, os, select, signal, struct, sys, time
 # @PRELUDE@
 HDR = struct.Struct(">BBHII")
-HELLO, RUN, STDIN, STDOUT, STDERR, EXIT, KILL, PING, PONG, ERROR = range(1, 11)
+HELLO, RUN, STDIN, STDOUT, STDERR, EXIT, KILL, PING, PONG, ERROR, FILE, RESULT = range(1, 13)
+OPS = ["read", "write", "stat", "list", "mkdir", "remove", "rename"]
 MAXP = 1 << 20
 SELF = os.getpid()
 MARK = b"ADK_SANDBOX_EXEC="
@@ -181,6 +190,248 @@ def shim(spec, fds, status_w):
         os.write(status_w, msg.encode())
     os._exit(0)
 
+# -- memory cgroup OOM-kill counter, read inside the container ----------------------------------------
+OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")  # v1, v2
+
+def oom_kills():
+    for path in OOM_FILES:
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    key, _, value = line.partition(b" ")
+                    if key == b"oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            pass
+    return None
+
+# -- file operations: each in a forked worker, so nothing it waits for holds the agent's loop ----------
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            pass
+
+def read_exact(fd, n):
+    out = bytearray()
+    while len(out) < n:
+        try:
+            part = os.read(fd, n - len(out))
+        except InterruptedError:
+            continue
+        if not part:
+            return None
+        out += part
+    return bytes(out)
+
+def copy_in(src, dst):
+    # The agent frames the write's data as (u32 length, bytes) chunks ending with a 0 length: a pipe that
+    # ends without that end mark (the agent died, the host gave up) is an abandoned write, never a short one.
+    size = 0
+    while True:
+        head = read_exact(src, 4)
+        if head is None:
+            raise OSError(errno.ECANCELED, "the data of this write did not arrive in full")
+        n = struct.unpack(">I", head)[0]
+        if n == 0:
+            return size
+        chunk = read_exact(src, n)
+        if chunk is None:
+            raise OSError(errno.ECANCELED, "the data of this write did not arrive in full")
+        write_all(dst, chunk)
+        size += n
+
+def want_int(req, key, default=None):
+    value = req.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("%s must be an integer >= 0" % key)
+    return value
+
+def want_mode(req, default):
+    mode = want_int(req, "mode", default)
+    if mode > 0o7777:
+        raise ValueError("mode %o is out of range" % mode)
+    if mode & ~0o777:
+        raise OSError(errno.EPERM, "set-id and sticky bits are not allowed")
+    return mode
+
+def want_path(value):
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
+        raise ValueError("a path must be an absolute string without NUL")
+    return os.fsencode(value)
+
+def kind_of(mode):
+    import stat as S
+    if S.S_ISREG(mode):
+        return "file"
+    if S.S_ISDIR(mode):
+        return "dir"
+    return "symlink" if S.S_ISLNK(mode) else "other"
+
+def open_regular(path, flags, mode=0):
+    # O_NONBLOCK: opening a FIFO (or a device) must not wait for a peer; only regular files are used.
+    import stat as S
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, mode)
+    st = os.fstat(fd)
+    if not S.S_ISREG(st.st_mode):
+        os.close(fd)
+        if S.S_ISDIR(st.st_mode):
+            raise OSError(errno.EISDIR, "Is a directory")
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd, st
+
+def make_dirs(path, mode):
+    todo = [path]
+    while todo:
+        p = todo[-1]
+        try:
+            os.mkdir(p, mode)
+        except FileNotFoundError:
+            parent = os.path.dirname(p)
+            if parent == p:
+                raise
+            todo.append(parent)
+            continue
+        except FileExistsError:
+            if not os.path.isdir(p):
+                raise
+        todo.pop()
+
+def file_op(req, out, data_in, tmp):
+    op, path = req["op"], want_path(req["path"])
+    if op == "read":
+        offset, limit = want_int(req, "offset", 0), want_int(req, "limit")
+        fd, st = open_regular(path, os.O_RDONLY)
+        try:
+            while limit > 0:
+                chunk = os.pread(fd, min(limit, 65536), offset)
+                if not chunk:
+                    break
+                write_all(out, chunk)
+                offset += len(chunk)
+                limit -= len(chunk)
+        finally:
+            os.close(fd)
+        return {"size": st.st_size}
+    if op == "write":
+        mode, exclusive, append = want_mode(req, 0o644), bool(req.get("exclusive")), bool(req.get("append"))
+        if append:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_EXCL if exclusive else 0)
+            fd, _ = open_regular(path, flags, mode)
+            try:
+                return {"size": copy_in(data_in, fd)}
+            finally:
+                os.close(fd)
+        import stat as S
+        try:
+            if S.S_ISDIR(os.lstat(path).st_mode):
+                raise OSError(errno.EISDIR, "Is a directory")
+            if exclusive:
+                raise OSError(errno.EEXIST, "File exists")
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            try:
+                size = copy_in(data_in, fd)
+            finally:
+                os.close(fd)
+            if exclusive:
+                os.link(tmp, path)  # fails if path appeared meanwhile: exclusive without a race
+                os.unlink(tmp)
+            else:
+                os.rename(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return {"size": size}
+    if op == "stat":
+        st = os.stat(path) if req.get("follow", True) else os.lstat(path)
+        return {"type": kind_of(st.st_mode), "size": st.st_size, "mode": st.st_mode & 0o7777,
+                "mtime": st.st_mtime, "uid": st.st_uid, "gid": st.st_gid}
+    if op == "list":
+        count, buf = 0, bytearray()
+        it = os.scandir(path)
+        try:
+            for e in it:
+                if e.is_symlink():
+                    t = b"l"
+                elif e.is_dir(follow_symlinks=False):
+                    t = b"d"
+                elif e.is_file(follow_symlinks=False):
+                    t = b"f"
+                else:
+                    t = b"o"
+                buf += t + e.name + b"\0"
+                count += 1
+                if len(buf) >= 65536:
+                    write_all(out, buf)
+                    buf = bytearray()
+        finally:
+            it.close()
+        write_all(out, buf)
+        return {"count": count}
+    if op == "mkdir":
+        mode = want_mode(req, 0o755)
+        if req.get("parents"):
+            make_dirs(path, mode)
+        else:
+            os.mkdir(path, mode)
+        return {}
+    if op == "remove":
+        import stat as S
+        if S.S_ISDIR(os.lstat(path).st_mode):  # lstat: a symlink is removed itself, never followed
+            if req.get("recursive"):
+                import shutil
+                shutil.rmtree(path)  # the fd-based walk: never follows a symlink inside the tree
+            else:
+                os.rmdir(path)
+        else:
+            os.unlink(path)
+        return {}
+    if op == "rename":
+        os.rename(path, want_path(req["target"]))
+        return {}
+    raise ValueError("unknown op %r" % (op,))
+
+def op_error(code, message):
+    return {"error": {"errno": code, "name": errno.errorcode.get(code, "EIO"), "message": message}}
+
+def worker(req, out, status_w, data_in, tmp):
+    # In the forked worker: as the command user, with the set-id filter, modes exact (umask 0).
+    global SELF
+    SELF = os.getpid()
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        keep = set([0, 1, 2, out, status_w] + ([data_in] if data_in is not None else []))
+        for name in os.listdir("/proc/self/fd"):
+            if int(name) not in keep:
+                try:
+                    os.close(int(name))
+                except OSError:
+                    pass
+        os.umask(0)
+        if SETID is not None:
+            install_setid_filter(SETID)
+        result = file_op(req, out, data_in, tmp)
+    except OSError as e:
+        result = op_error(e.errno or errno.EIO, e.strerror or str(e))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        result = op_error(errno.EINVAL, "bad FILE request: %s" % e)
+    except BaseException as e:
+        result = op_error(errno.EIO, "the file operation failed: %r" % (e,))
+    try:
+        os.close(out)
+        write_all(status_w, json.dumps(result, separators=(",", ":")).encode())
+    finally:
+        os._exit(0)
+
 # -- the agent ---------------------------------------------------------------------------------------
 class Cmd(object):
     pass
@@ -192,7 +443,9 @@ class Agent(object):
         self.inbuf = bytearray()
         self.cmds = {}      # channel -> Cmd
         self.shims = {}     # shim pid -> Cmd
-        self.fds = {}       # fd -> (Cmd, what)
+        self.fds = {}       # fd -> (Cmd or Op, what)
+        self.ops = {}       # channel -> Op (a file operation)
+        self.workers = {}   # worker pid -> Op
         self.eof = False
 
     def out(self, kind, channel, payload=b""):
@@ -264,7 +517,8 @@ class Agent(object):
         c.shim, c.shim_start = pid, start_of(pid)
         c.sid = None
         c.marker = env["ADK_SANDBOX_EXEC"].encode()
-        c.status_fd, c.status = sr, b""
+        c.status_fd, c.status, c.status_cap = sr, b"", 64
+        c.oom_before = oom_kills()
         c.out = {STDOUT: or_, STDERR: er}
         c.sent = {STDOUT: 0, STDERR: 0}
         c.dropped = {STDOUT: 0, STDERR: 0}
@@ -294,7 +548,7 @@ class Agent(object):
 
     def strays(self, procs):
         # Children of the agent that are not live shims: orphans of a shim its command killed.
-        live = set(p for p, c in self.shims.items() if c.shim_done is None)
+        live = set(p for p, c in self.shims.items() if c.shim_done is None) | set(self.workers)
         roots = [p for p, i in procs.items() if i[0] == SELF and p not in live]
         return set(roots) | below(roots, procs)
 
@@ -316,6 +570,11 @@ class Agent(object):
         kill_all(lambda procs: self.strays(procs) | self.escapees(procs), on_reaped=self.reaped)
 
     def reaped(self, pid, status):
+        o = self.workers.pop(pid, None)
+        if o is not None:
+            o.done = status
+            o.drain_until = time.monotonic() + 2.0
+            return
         c = self.shims.pop(pid, None)
         if c is not None and c.shim_done is None:
             c.shim_done = status
@@ -334,7 +593,7 @@ class Agent(object):
             self.close_fd(fd)
             return
         if what == "status":
-            c.status += data[:64]
+            c.status += data[:c.status_cap]
             return
         room = c.cap - c.sent[what]
         if room > 0:
@@ -376,6 +635,8 @@ class Agent(object):
             os.close(c.stdin)
         del self.cmds[c.ch]
         code = sig = None
+        after = oom_kills()
+        ooms = after - c.oom_before if after is not None and c.oom_before is not None else None
         words = c.status.split()
         if c.timed_out or c.killed:
             pass
@@ -386,7 +647,111 @@ class Agent(object):
         else:
             sig = signal.SIGKILL  # the shim itself was killed (by its command): as if SIGKILLed
         self.out(EXIT, c.ch, {"exit_code": code, "signal": sig, "timed_out": c.timed_out,
-                              "stdout_dropped": c.dropped[STDOUT], "stderr_dropped": c.dropped[STDERR]})
+                              "stdout_dropped": c.dropped[STDOUT], "stderr_dropped": c.dropped[STDERR],
+                              "oom_kills": ooms})
+
+    # FILE ---------------------------------------------------------------------------------------
+    def start_op(self, ch, req):
+        if ch in self.cmds or ch in self.ops:
+            self.out(RESULT, ch, op_error(errno.EBUSY, "channel %d is in use" % ch))
+            return
+        o = Cmd()
+        o.ch, o.tmp = ch, None
+        try:
+            op = req["op"]
+            if op not in OPS:
+                raise ValueError("unknown op %r" % (op,))
+            o.cap = want_int(req, "limit") if op == "read" else 1 << 62
+            if op == "write" and not req.get("append"):
+                # Chosen here, so the agent can remove it if the worker is killed mid-write.
+                directory = os.path.dirname(want_path(req["path"]))
+                o.tmp = os.path.join(directory, b".adk-sandbox-write-" + os.urandom(8).hex().encode())
+        except (KeyError, TypeError, ValueError) as e:
+            self.out(RESULT, ch, op_error(errno.EINVAL, "bad FILE request: %s" % e))
+            return
+        pipes = []
+        try:
+            dr, dw = os.pipe()
+            sr, sw = os.pipe()
+            pipes += [dr, dw, sr, sw]
+            in_r = o.stdin = None
+            if op == "write":
+                in_r, o.stdin = os.pipe()
+                pipes += [in_r, o.stdin]
+            pid = None
+            for attempt in range(20):
+                try:
+                    pid = os.fork()
+                    break
+                except BlockingIOError:
+                    time.sleep(0.05)
+            if pid is None:
+                raise OSError(errno.EAGAIN, "no room for a process (pids limit)")
+        except OSError as e:
+            for fd in pipes:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.out(RESULT, ch, op_error(e.errno or errno.EIO, "cannot start the file operation: %s" % e))
+            return
+        if pid == 0:
+            worker(req, dw, sw, in_r, o.tmp)
+            os._exit(0)
+        for fd in [dw, sw] + ([in_r] if in_r is not None else []):
+            os.close(fd)
+        o.pid, o.start = pid, start_of(pid)
+        o.out, o.sent, o.dropped = {STDOUT: dr}, {STDOUT: 0}, {STDOUT: 0}
+        o.status_fd, o.status, o.status_cap = sr, b"", 65536
+        o.pending, o.stdin_eof = bytearray(), False
+        o.done = o.drain_until = None
+        o.killed = False
+        for fd, what in ((dr, STDOUT), (sr, "status")):
+            nonblock(fd)
+            self.fds[fd] = (o, what)
+        if o.stdin is not None:
+            nonblock(o.stdin)
+        self.ops[ch] = o
+        self.workers[pid] = o
+
+    def op_input(self, o, payload):
+        if o.stdin is None or o.stdin_eof:
+            return
+        o.pending += struct.pack(">I", len(payload)) + payload  # framed: see copy_in
+        o.stdin_eof = not payload
+        self.write_stdin(o)
+
+    def kill_op(self, o):
+        o.killed = True
+        if o.stdin is not None:
+            os.close(o.stdin)
+            o.stdin, o.pending = None, bytearray()
+        if o.done is None:
+            send(o.pid, o.start, signal.SIGKILL)
+
+    def finish_op(self, o):
+        for fd in list(o.out.values()) + ([o.status_fd] if o.status_fd is not None else []):
+            self.fds.pop(fd, None)
+            os.close(fd)
+        if o.stdin is not None:
+            os.close(o.stdin)
+        del self.ops[o.ch]
+        result = None
+        try:
+            result = json.loads(o.status.decode())  # a worker that finished before a KILL: its result
+        except ValueError:
+            pass
+        if not isinstance(result, dict):
+            if o.killed:
+                result = op_error(errno.ECANCELED, "the file operation was cancelled")
+            else:
+                result = op_error(errno.EIO, "the file operation's worker ended without a result")
+        if "error" in result and o.tmp is not None:
+            try:
+                os.unlink(o.tmp)  # a write that did not finish: its temporary file goes
+            except OSError:
+                pass
+        self.out(RESULT, o.ch, result)
 
     # frames from the host -------------------------------------------------------------------------
     def frames(self):
@@ -406,6 +771,19 @@ class Agent(object):
                     self.out(ERROR, ch, {"message": "bad RUN: %s" % e})
                     continue
                 self.run(ch, body)
+            elif kind == FILE:
+                try:
+                    body = json.loads(payload.decode())
+                    if not isinstance(body, dict):
+                        raise ValueError("not an object")
+                except ValueError as e:
+                    self.out(RESULT, ch, op_error(errno.EINVAL, "bad FILE request: %s" % e))
+                    continue
+                self.start_op(ch, body)
+            elif kind == STDIN and ch in self.ops:
+                self.op_input(self.ops[ch], payload)
+            elif kind == KILL and ch in self.ops:
+                self.kill_op(self.ops[ch])
             elif kind == STDIN:
                 if c is not None and c.stdin is not None and not c.stdin_eof:
                     if payload:
@@ -440,21 +818,27 @@ class Agent(object):
                         swept = True
                     if not c.out and c.status_fd is None or time.monotonic() > c.drain_until:
                         self.finish(c)
-            if self.eof and not self.cmds:
+            for o in list(self.ops.values()):
+                if o.done is not None and (not o.out and o.status_fd is None or now > o.drain_until):
+                    if o.status_fd is not None:
+                        self.readable(o.status_fd)
+                    self.finish_op(o)
+            if self.eof and not self.cmds and not self.ops:
                 return
             rlist = [wake] + list(self.fds)
             if not self.eof:
                 rlist.append(self.rfd)
-            wlist = [c.stdin for c in self.cmds.values() if c.stdin is not None and c.pending]
+            pipes = list(self.cmds.values()) + list(self.ops.values())
+            wlist = [c.stdin for c in pipes if c.stdin is not None and c.pending]
             waits = [c.deadline for c in self.cmds.values() if c.shim_done is None]
-            waits += [c.drain_until for c in self.cmds.values() if c.drain_until is not None]
+            waits += [c.drain_until for c in pipes if c.drain_until is not None]
             timeout = max(0.0, min(waits) - time.monotonic()) if waits else None
             try:
                 r, w, _ = select.select(rlist, wlist, [], timeout)
             except InterruptedError:
                 continue
             for fd in w:
-                for c in list(self.cmds.values()):
+                for c in pipes:
                     if c.stdin == fd:
                         self.write_stdin(c)
             for fd in r:
@@ -475,6 +859,8 @@ class Agent(object):
                             if c.shim_done is None:
                                 c.killed = True
                                 self.kill(c)
+                        for o in list(self.ops.values()):
+                            self.kill_op(o)
                         continue
                     self.inbuf += data
                     self.frames()
@@ -518,7 +904,7 @@ def main():
     kill_all(lambda procs: set(olds) | below(olds, procs) | agent.escapees(procs))
     agent.out(HELLO, 0, {"protocol": 1, "pid": SELF, "subreaper": strict,
                          "protected": ",".join("%d:%s" % (p, s.decode()) for p, s in sorted(protected)),
-                         "python": "%d.%d" % sys.version_info[:2]})
+                         "python": "%d.%d" % sys.version_info[:2], "agent": "python", "ops": OPS})
     agent.loop(wr)
 
 main()

@@ -16,6 +16,7 @@ stream ending, no answer in time — marks the agent broken: its in-flight comma
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import queue
 import socket
@@ -36,6 +37,7 @@ from executor.backends.docker._frames import (
     FrameType,
     ProtocolError,
     encode,
+    validate_result_for,
 )
 from executor.backends.docker._transport import (
     CANCEL_POLL_SECONDS,
@@ -48,7 +50,7 @@ from executor.backends.docker._transport import (
 from executor.errors import SandboxFailedError
 from executor.types import Stream
 
-__all__ = ["AGENT_GRACE_SECONDS", "AgentTransport"]
+__all__ = ["AGENT_GRACE_SECONDS", "AgentTransport", "FileOpCancelledError"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ _STDERR_KEPT = 4096
 #: Frames queued for one command before the reader waits for the caller to catch up.
 _QUEUE_FRAMES = 256
 _SEND_SECONDS = 10.0
+#: Bytes of a write's data sent under one hold of the write lock (a concurrent command's frames go between).
+_SEND_SLICE = 4 * STDIN_CHUNK
 
 _Event = tuple[str, Any]
 
@@ -143,6 +147,8 @@ class _Agent:
             event: _Event = ("stdout" if frame.type == FrameType.STDOUT else "stderr", frame.data)
         elif frame.type == FrameType.EXIT:
             event = ("exit", frame.body)
+        elif frame.type == FrameType.RESULT:
+            event = ("result", frame.body)
         else:
             event = ("error", (frame.body or {}).get("message", ""))
         while channel.open and self.broken is None:
@@ -385,7 +391,7 @@ class AgentTransport:
                     kind, _ = channel.events.get(timeout=max(until - time.monotonic(), 0.001))
                 except queue.Empty:
                     break
-                if kind in ("exit", "error", "broken"):
+                if kind in ("exit", "error", "broken", "result"):
                     return
         except SandboxFailedError:
             pass
@@ -402,9 +408,140 @@ class AgentTransport:
             if dropped:
                 capture.note_dropped("stdout" if stream == "stdout" else "stderr", int(dropped))
         timed_out = bool(body["timed_out"]) or stopped == "timeout"
+        oom_kills = body.get("oom_kills")  # optional (validated by the decoder): None when unknown
         if timed_out or stopped == "cancel":
-            return CommandOutcome(exit_code=None, timed_out=timed_out, cancelled=not timed_out)
+            return CommandOutcome(
+                exit_code=None, timed_out=timed_out, cancelled=not timed_out, oom_kills=oom_kills
+            )
         code, sig = body["exit_code"], body["signal"]
         if code is not None:
-            return CommandOutcome(exit_code=int(code))
-        return CommandOutcome(exit_code=128 + int(sig) if sig is not None else None)
+            return CommandOutcome(exit_code=int(code), oom_kills=oom_kills)
+        return CommandOutcome(exit_code=128 + int(sig) if sig is not None else None, oom_kills=oom_kills)
+
+    # -- file operations -----------------------------------------------------------------------------
+    def file_op(
+        self,
+        user: str,
+        request: dict[str, Any],
+        data: bytes | None = None,
+        *,
+        deadline: float,
+        max_output: int = 0,
+    ) -> tuple[dict[str, Any], bytes]:
+        """Perform one FILE operation as ``user``: its RESULT body and the STDOUT bytes sent before it.
+
+        ``request`` is the FILE body (``{"op", "path", ...}``, already validated); ``data`` the bytes of a
+        ``write``. At ``deadline`` the operation is KILLed (a write then leaves its path unchanged) and
+        :class:`FileOpCancelledError` raised; an agent that sends more than ``max_output`` bytes, anything
+        but STDOUT and RESULT, a RESULT that does not fit the op, or nothing by the deadline plus
+        :data:`AGENT_GRACE_SECONDS` is given up (:class:`SandboxFailedError`). An operation is never
+        retried once sent: its effect is unknown.
+        """
+        agent = self._agent_for(user, deadline + AGENT_GRACE_SECONDS)
+        ops = (agent.hello or {}).get("ops")
+        if not isinstance(ops, list) or request["op"] not in ops:
+            raise SandboxFailedError(
+                f"the in-sandbox agent does not perform the file operation {request['op']!r} "
+                f"(it offers {ops!r})"
+            )
+        number, channel = agent.open_channel()
+        try:
+            return self._file_op(agent, number, channel, request, data, deadline, max_output)
+        except BaseException as exc:
+            if not isinstance(exc, (SandboxFailedError, FileOpCancelledError)):
+                self._kill_after_error(agent, number, channel)  # interrupted: do not leave it running
+            raise
+        finally:
+            agent.close_channel(number)
+
+    def _file_op(  # noqa: PLR0912, PLR0917 - one loop: every way an operation's wait can end
+        self,
+        agent: _Agent,
+        number: int,
+        channel: _Channel,
+        request: dict[str, Any],
+        data: bytes | None,
+        deadline: float,
+        max_output: int,
+    ) -> tuple[dict[str, Any], bytes]:
+        op = str(request["op"])
+        agent.send(encode(FrameType.FILE, number, request), deadline + AGENT_GRACE_SECONDS)
+        killed = False
+
+        def kill() -> float:
+            agent.send(encode(FrameType.KILL, number), time.monotonic() + AGENT_GRACE_SECONDS)
+            return time.monotonic() + AGENT_GRACE_SECONDS
+
+        give_up = deadline + AGENT_GRACE_SECONDS
+        if data is not None:
+            # In slices, so a concurrent command's frames are not held up by a big write; stops early when
+            # the agent already answered (an error before the data, e.g. the file exists).
+            view = memoryview(data)
+            for start in range(0, len(data), _SEND_SLICE):
+                if not channel.events.empty():
+                    break
+                if time.monotonic() >= deadline:
+                    killed, give_up = True, kill()
+                    break
+                piece = view[start : start + _SEND_SLICE]
+                frames = [encode(FrameType.STDIN, number, bytes(piece[i : i + STDIN_CHUNK]))
+                          for i in range(0, len(piece), STDIN_CHUNK)]  # fmt: skip
+                agent.send(b"".join(frames), deadline + AGENT_GRACE_SECONDS)
+            else:
+                agent.send(encode(FrameType.STDIN, number), deadline + AGENT_GRACE_SECONDS)
+        received = bytearray()
+        while True:
+            now = time.monotonic()
+            if not killed and now >= deadline:
+                killed, give_up = True, kill()
+            if now >= give_up:
+                self._abandon(agent, "it did not answer a file operation in time")
+                raise SandboxFailedError(
+                    f"the in-sandbox agent did not answer the file operation {op} on {request['path']!r} "
+                    f"within {AGENT_GRACE_SECONDS:g} s of its deadline; it was replaced (the operation is "
+                    "not retried)"
+                )
+            wait = (give_up if killed else deadline) - now
+            try:
+                kind, value = channel.events.get(timeout=max(wait, 0.001))
+            except queue.Empty:
+                if agent.broken is not None and channel.events.empty():
+                    raise SandboxFailedError(
+                        f"{agent.broken}; the file operation's effect is unknown"
+                    ) from None
+                continue
+            if kind == "broken":
+                raise SandboxFailedError(f"{value}; the file operation's effect is unknown")
+            if kind == "error":
+                raise SandboxFailedError(
+                    f"the in-sandbox agent could not perform the file operation: {value}"
+                )
+            try:
+                if kind == "stdout":
+                    received += value
+                    if len(received) > max_output:
+                        raise ProtocolError(f"{op} sent over {max_output} bytes")
+                    continue
+                if kind != "result":
+                    raise ProtocolError(f"{kind} on the channel of a file operation")
+                validate_result_for(op, value, bytes(received))
+            except ProtocolError as exc:
+                self._abandon(agent, f"it broke protocol version 1: {exc}")
+                raise SandboxFailedError(
+                    f"the in-sandbox agent broke protocol version 1 ({exc}); it was replaced"
+                ) from None
+            if killed and "error" in value:
+                raise FileOpCancelledError(op, str(request["path"]))
+            return value, bytes(received)
+
+
+class FileOpCancelledError(TimeoutError):
+    """A file operation did not finish by its deadline and was cancelled inside the container."""
+
+    def __init__(self, op: str, path: str) -> None:
+        super().__init__(
+            errno.ETIMEDOUT,
+            f"the file operation {op} did not finish in time and was cancelled (a write leaves the file "
+            "unchanged)",
+            path,
+        )

@@ -38,7 +38,8 @@ RESULT    12     agent→host  last frame of a FILE channel: the operation's res
 ========  =====  ==========  =============================================================================
 
 Optional keys (an agent may omit them; the host then falls back): HELLO ``"agent"`` (``"python"`` or
-``"static"``: which implementation answers) and ``"ops"`` (the FILE operations it performs); EXIT
+``"static"``: which implementation answers) and ``"ops"`` (the FILE operations it performs; the host
+sends no FILE for an op it does not list, so without ``"ops"`` there are no file operations); EXIT
 ``"oom_kills"`` (int >= 0 or null: how many processes the kernel's OOM killer killed in the container's
 memory cgroup while the command ran, read inside the container from ``memory.oom_control`` (cgroup v1) or
 ``memory.events`` (v2); null when unreadable).
@@ -74,9 +75,11 @@ rename   ``target`` str                                                      ``{
 =======  ==================================================================  ================================
 
 ``mode`` never carries set-id or sticky bits (the host refuses them before sending; the agent refuses them
-with EPERM too). A read of something that is not a regular file fails with EISDIR or EINVAL. Errors are
-``errno`` values of Linux (``name`` the symbolic name, e.g. ``"ENOENT"``); KILL on a FILE channel abandons
-the operation (a write in progress leaves ``path`` unchanged).
+with EPERM too); stat's ``mode`` is ``st_mode & 0o7777``. A read of something that is not a regular file
+fails with EISDIR or EINVAL. Errors are ``errno`` values of Linux (``name`` the symbolic name, e.g.
+``"ENOENT"``); KILL on a FILE channel abandons the operation (a write in progress leaves ``path``
+unchanged) and the channel still ends with a RESULT: ECANCELED, or the operation's own result if it had
+already completed.
 
 Anything else is a **protocol error** (:class:`ProtocolError`): a payload over :data:`MAX_PAYLOAD`, an
 unknown type, a non-zero flags or reserved field, a control payload that is not a JSON object or is not
@@ -95,6 +98,7 @@ from typing import Any
 
 __all__ = [
     "AGENT_TO_HOST",
+    "FILE_OPS",
     "HEADER",
     "HOST_TO_AGENT",
     "MAX_PAYLOAD",
@@ -105,8 +109,11 @@ __all__ = [
     "ProtocolError",
     "control",
     "encode",
+    "split_entries",
     "validate_exit",
     "validate_hello",
+    "validate_result",
+    "validate_result_for",
 ]
 
 PROTOCOL_VERSION = 1
@@ -114,6 +121,10 @@ HEADER = struct.Struct(">BBHII")
 #: The largest payload of a frame (1 MiB); data is sent in far smaller chunks.
 MAX_PAYLOAD = 1024 * 1024
 _MAX_CHANNEL = 2**32 - 1
+#: The FILE operations of version 1, in the order of the table above.
+FILE_OPS = ("read", "write", "stat", "list", "mkdir", "remove", "rename")
+_STAT_TYPES = frozenset({"file", "dir", "symlink", "other"})
+_ENTRY_TYPES = frozenset("fdlo")
 
 
 class FrameType(enum.IntEnum):
@@ -276,6 +287,8 @@ class FrameDecoder:
             self._need_hello = False
         elif frame_type == FrameType.EXIT:
             validate_exit(body)
+        elif frame_type == FrameType.RESULT:
+            validate_result(body)
         elif frame_type == FrameType.ERROR and not isinstance(body.get("message"), str):
             raise ProtocolError("ERROR without a message string")
         return Frame(frame_type, channel, body=body)
@@ -291,10 +304,18 @@ def validate_hello(body: dict[str, Any]) -> None:
         raise ProtocolError(f"agent speaks protocol {body.get('protocol')!r}, not {PROTOCOL_VERSION}")
     if not _is_int(body.get("pid")) or not isinstance(body.get("subreaper"), bool):
         raise ProtocolError("HELLO needs an integer pid and a boolean subreaper")
+    if "agent" in body and not isinstance(body["agent"], str):
+        raise ProtocolError(f"HELLO agent {body['agent']!r} is not a string")
+    ops = body.get("ops", [])
+    if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
+        raise ProtocolError(f"HELLO ops {ops!r} is not a list of strings")
 
 
 def validate_exit(body: dict[str, Any]) -> None:
-    """An EXIT body: exit_code and signal integers (0..255, 1..127) or null, booleans, counts >= 0."""
+    """An EXIT body: exit_code and signal integers (0..255, 1..127) or null, booleans, counts >= 0.
+
+    The optional ``oom_kills`` is an integer >= 0 or null.
+    """
     code, sig = body.get("exit_code"), body.get("signal")
     if code is not None and not (isinstance(code, int) and _is_int(code) and 0 <= code <= 255):
         raise ProtocolError(f"EXIT exit_code {code!r}")
@@ -306,3 +327,66 @@ def validate_exit(body: dict[str, Any]) -> None:
         value = body.get(key)
         if not (isinstance(value, int) and _is_int(value) and value >= 0):
             raise ProtocolError(f"EXIT {key} {value!r}")
+    oom = body.get("oom_kills")
+    if oom is not None and not (isinstance(oom, int) and _is_int(oom) and oom >= 0):
+        raise ProtocolError(f"EXIT oom_kills {oom!r}")
+
+
+def validate_result(body: dict[str, Any]) -> None:
+    """A RESULT body: any object, but an ``error`` must be ``{"errno": int, "name": str, "message": str}``."""
+    if "error" not in body:
+        return
+    error = body["error"]
+    if not (
+        isinstance(error, dict)
+        and _is_int(error.get("errno"))
+        and isinstance(error.get("name"), str)
+        and isinstance(error.get("message"), str)
+    ):
+        raise ProtocolError(f"RESULT error {error!r} is not {{errno: int, name: str, message: str}}")
+
+
+def validate_result_for(op: str, body: dict[str, Any], data: bytes = b"") -> None:
+    """A RESULT of ``op`` (and the STDOUT bytes before it) as the table above says (once the op is known)."""
+    if "error" in body:
+        if data and op not in ("read", "list"):
+            raise ProtocolError(f"{op} sent data")
+        return
+    if op in ("read", "write"):
+        _need_count(body, "size", op)
+    elif op == "list":
+        _need_count(body, "count", op)
+        found = len(split_entries(data))
+        if found != body["count"]:
+            raise ProtocolError(f"RESULT of list: count {body['count']} but {found} entries")
+    elif op == "stat":
+        if body.get("type") not in _STAT_TYPES:
+            raise ProtocolError(f"RESULT of stat: type {body.get('type')!r}")
+        for key in ("size", "mode", "uid", "gid"):
+            _need_count(body, key, op)
+        mtime = body.get("mtime")
+        if not (isinstance(mtime, (int, float)) and not isinstance(mtime, bool)):
+            raise ProtocolError(f"RESULT of stat: mtime {mtime!r}")
+    if data and op not in ("read", "list"):
+        raise ProtocolError(f"{op} sent data")
+
+
+def split_entries(data: bytes) -> list[tuple[str, bytes]]:
+    """The entries of a ``list``: (type letter, name bytes) each; a malformed listing is a protocol error."""
+    if not data:
+        return []
+    if not data.endswith(b"\0"):
+        raise ProtocolError("a list entry without its NUL")
+    entries = []
+    for item in data[:-1].split(b"\0"):
+        kind, name = item[:1].decode("latin-1"), item[1:]
+        if kind not in _ENTRY_TYPES or name in (b"", b".", b"..") or b"/" in name:
+            raise ProtocolError(f"list entry {item[:100]!r}")
+        entries.append((kind, name))
+    return entries
+
+
+def _need_count(body: dict[str, Any], key: str, op: str) -> None:
+    value = body.get(key)
+    if not (isinstance(value, int) and _is_int(value) and value >= 0):
+        raise ProtocolError(f"RESULT of {op}: {key} {value!r}")

@@ -107,6 +107,9 @@ class CommandOutcome:
     cancelled: bool = False
     kill_failed: bool = False
     """The tree could not be killed from inside (e.g. a fork bomb left no room for the killer)."""
+    oom_kills: int | None = None
+    """Processes the OOM killer killed in the container while the command ran, as counted inside it (the
+    agent's EXIT); None when the transport cannot tell (the host's own counter is then the fallback)."""
 
 
 class CommandTransport(Protocol):

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import docker
 
@@ -33,6 +34,7 @@ from executor.backends.docker._transport import (
     DockerExecTransport,
     PreparedCommand,
 )
+from executor.backends.docker.files import SandboxFiles
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
 
@@ -158,6 +160,30 @@ class DockerSession(SandboxBackend):
     def attached(self) -> bool:
         """True when this session uses an existing container it did not create (and will not remove)."""
         return self._provider.attached
+
+    @property
+    def files(self) -> SandboxFiles:
+        """File operations inside the container, as the command user (:mod:`.files`; agent channel only)."""
+        return SandboxFiles(self)
+
+    def file_operation(
+        self, request: dict[str, Any], data: bytes | None, *, deadline: float, max_output: int
+    ) -> tuple[dict[str, Any], bytes]:
+        """One FILE operation of the agent protocol, as the command user: the low level of :attr:`files`.
+
+        Returns the RESULT body and the bytes sent before it. :class:`InvalidRequestError` on the exec
+        transport (file operations need the agent channel).
+        """
+        self.start()
+        transport = self._transport
+        if transport is None:
+            raise SandboxFailedError("the sandbox container is gone; run a command to get a fresh one")
+        if not isinstance(transport, AgentTransport):
+            raise InvalidRequestError(
+                "file operations need the agent channel; this session uses the exec transport "
+                "(create the backend with DockerBackend(transport='agent'), the default)"
+            )
+        return transport.file_op(self._user, request, data, deadline=deadline, max_output=max_output)
 
     @property
     def channel(self) -> str:
@@ -321,6 +347,8 @@ class DockerSession(SandboxBackend):
                 continue
             ooms_after = oom_counter.read() if oom_counter else None
             oom_killed = ooms_before is not None and ooms_after is not None and ooms_after > ooms_before
+            if outcome.oom_kills is not None:  # counted inside the container: true on a remote engine too
+                oom_killed = outcome.oom_kills > 0
             if outcome.kill_failed:
                 with self._lock:
                     if not self._closed:  # closed meanwhile: the container is gone with the processes
