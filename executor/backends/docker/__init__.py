@@ -1,7 +1,16 @@
 """The Docker backend: hardened per-session containers (SPEC §4)."""
 
 from executor.backends.docker.backend import DockerBackend
+from executor.backends.docker.files import DirEntry, FileStat, SandboxFiles
 from executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE
 from executor.backends.docker.session import DockerSession
 
-__all__ = ["BASE_IMAGE", "RUST_IMAGE", "DockerBackend", "DockerSession"]
+__all__ = [
+    "BASE_IMAGE",
+    "RUST_IMAGE",
+    "DirEntry",
+    "DockerBackend",
+    "DockerSession",
+    "FileStat",
+    "SandboxFiles",
+]
