@@ -112,9 +112,8 @@ def test_the_image_has_no_python_and_the_python_agent_cannot_start_there(
     monkeypatch.setenv("ADK_SANDBOX_AGENT", "python")
     backend = DockerBackend(image=busybox_image)
     try:
-        with pytest.raises(SandboxFailedError, match="python3"):
-            with backend.session(workspace=owned_workspace):
-                pass
+        with pytest.raises(SandboxFailedError, match="python3"), backend.session(workspace=owned_workspace):
+            pass
     finally:
         backend.close()
 
@@ -140,7 +139,9 @@ def test_commands_run_with_the_same_semantics(session: DockerSession, workspace:
     assert "5000000" in run(session, "yes | head -c 5000000 | wc -c").stdout
 
 
-def test_the_start_up_probe_passed_and_set_id_modes_are_refused(session: DockerSession, workspace: Path) -> None:
+def test_the_start_up_probe_passed_and_set_id_modes_are_refused(
+    session: DockerSession, workspace: Path
+) -> None:
     result = run(session, "cp /bin/busybox sh4; chmod 4755 sh4; chmod 2755 sh4; echo $?; chmod 755 sh4")
     assert result.stdout.strip().endswith("1")
     mode = (workspace / "sh4").stat().st_mode
@@ -222,7 +223,9 @@ def test_a_command_cannot_reach_the_agents_descriptors_or_its_binary(session: Do
     assert session.restarts == 0
 
 
-def _raw_channel(session: DockerSession, payload: bytes, kind: FrameType = FrameType.RUN) -> tuple[str, object]:
+def _raw_channel(
+    session: DockerSession, payload: bytes, kind: FrameType = FrameType.RUN
+) -> tuple[str, object]:
     transport = transport_of(session)
     agent = transport._agent
     assert agent is not None
@@ -327,4 +330,3 @@ def test_the_static_agent_under_gvisor(
             assert alive(backend, session, *marks) == []
     finally:
         backend.close()
-
