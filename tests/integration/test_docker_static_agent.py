@@ -330,3 +330,12 @@ def test_the_static_agent_under_gvisor(
             assert alive(backend, session, *marks) == []
     finally:
         backend.close()
+
+
+def test_an_idle_session_keeps_its_agent(session: DockerSession) -> None:
+    # A send sets the socket's timeout (here about 6 s); the reader's wait on the same socket must not
+    # take it for a broken stream while the session is idle.
+    run(session, "true", timeout=1)
+    time.sleep(8)
+    assert run(session, "echo still").stdout == "still\n"
+    assert session.restarts == 0
