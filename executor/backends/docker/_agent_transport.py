@@ -277,7 +277,12 @@ class AgentTransport:
             agent = _Agent(sock, early, user)
             try:
                 if launch.preamble:
-                    agent.send(launch.preamble, start_by)
+                    try:
+                        agent.send(launch.preamble, start_by)
+                    except SandboxFailedError as exc:
+                        raise SandboxFailedError(
+                            f"the in-sandbox agent could not start ({exc}); {launch.requirement}"
+                        ) from exc
                 hello = agent.wait_hello(start_by, launch.requirement)
             except BaseException:
                 agent.close()

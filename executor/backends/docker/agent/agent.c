@@ -1136,7 +1136,7 @@ static void loop(void) {
         int timeout_ms = -1;
         if (wait_until >= 0) {
             double left = wait_until - now();
-            timeout_ms = left <= 0 ? 0 : (int)(left * 1000) + 1;
+            timeout_ms = left <= 0 ? 0 : left > 3600 ? 3600000 : (int)(left * 1000) + 1;
         }
         int r = poll(pfd, (nfds_t)np, timeout_ms);
         if (r < 0) continue; /* EINTR: SIGCHLD */
