@@ -29,8 +29,6 @@ from typing import Any, ClassVar
 import docker
 
 from executor._output import OutputCapture
-from executor.backends.docker import _agent
-from executor.backends.docker._agent import agent_argv
 from executor.backends.docker._frames import (
     Frame,
     FrameDecoder,
@@ -38,6 +36,12 @@ from executor.backends.docker._frames import (
     ProtocolError,
     encode,
     validate_result_for,
+)
+from executor.backends.docker._static_agent import (
+    AgentFlavour,
+    AgentLaunch,
+    StaticAgentUnavailableError,
+    agent_launch,
 )
 from executor.backends.docker._transport import (
     CANCEL_POLL_SECONDS,
@@ -106,6 +110,8 @@ class _Agent:
             while self.broken is None:
                 try:
                     data = self.sock.recv(1 << 20)
+                except TimeoutError:
+                    continue  # the timeout a writer set for its send, not a broken stream: idle is fine
                 except OSError as exc:
                     self._fail(f"the connection to the in-sandbox agent broke: {exc}")
                     return
@@ -179,15 +185,12 @@ class _Agent:
         self._fail(why)
         self.sock.close()
 
-    def wait_hello(self, until: float) -> dict[str, Any]:
+    def wait_hello(self, until: float, requirement: str) -> dict[str, Any]:
         self._hello_seen.wait(max(until - time.monotonic(), 0))
         if self.hello is not None:
             return self.hello
         if self.broken is not None:
-            raise SandboxFailedError(
-                f"the in-sandbox agent could not start ({self.broken}); the session image must provide "
-                "python3 on PATH"
-            )
+            raise SandboxFailedError(f"the in-sandbox agent could not start ({self.broken}); {requirement}")
         self.close("no HELLO")
         raise SandboxFailedError("the in-sandbox agent did not answer when it started")
 
@@ -239,6 +242,7 @@ class AgentTransport:
         *,
         on_restart: Callable[[str], None] | None = None,
         source: str | None = None,
+        agent: AgentFlavour | None = None,
     ) -> None:
         self._exec = DockerExecTransport(client, container_id, socket_path)
         self._lock = threading.Lock()
@@ -247,6 +251,7 @@ class AgentTransport:
         self._started = 0
         self._on_restart = on_restart
         self._source = source
+        self._flavour = agent
 
     @property
     def agent_pid(self) -> int | None:
@@ -272,12 +277,19 @@ class AgentTransport:
                 agent.close(replacing)
             self._agent = None
             start_by = min(until, time.monotonic() + AGENT_START_SECONDS)
-            argv = agent_argv(self._protected, self._source or _agent.AGENT_SOURCE)
-            exec_id = self._exec._create_exec(argv, user, "/", True, start_by)
+            launch = self._launch()
+            exec_id = self._exec._create_exec(launch.argv, user, "/", True, start_by)
             sock, early = self._exec._start_exec(exec_id, start_by)
             agent = _Agent(sock, early, user)
             try:
-                hello = agent.wait_hello(start_by)
+                if launch.preamble:
+                    try:
+                        agent.send(launch.preamble, start_by)
+                    except SandboxFailedError as exc:
+                        raise SandboxFailedError(
+                            f"the in-sandbox agent could not start ({exc}); {launch.requirement}"
+                        ) from exc
+                hello = agent.wait_hello(start_by, launch.requirement)
             except BaseException:
                 agent.close()
                 raise
@@ -290,6 +302,21 @@ class AgentTransport:
                 if self._on_restart is not None:
                     self._on_restart(replacing)
             return agent
+
+    def _launch(self) -> AgentLaunch:
+        """How the next agent starts (its flavour: :mod:`._static_agent`)."""
+        try:
+            return agent_launch(self._flavour, self._protected, self._source)
+        except StaticAgentUnavailableError as exc:
+            raise SandboxFailedError(f"the static in-sandbox agent is not available: {exc}") from exc
+
+    @property
+    def agent_flavour(self) -> str | None:
+        """``"python"`` or ``"static"``: which agent answers (None before the first command)."""
+        agent = self._agent
+        if agent is None or not agent.hello:
+            return None
+        return "static" if agent.hello.get("agent") == "static" else "python"
 
     def run(
         self,

@@ -1,0 +1,1267 @@
+/* adk-sandbox static agent, protocol version 1: the C twin of the Python agent (_agent.py).
+ *
+ * For images without python3. Built fully static (gcc -static, glibc's libc.a; no name service is ever
+ * used) by executor/backends/docker/_static_agent.py, delivered into the container over the exec's stdin
+ * by loader.c (a memfd, no file), started as  adk-sandbox-agent [<protected>]  with frames on stdin and
+ * stdout (framing: the docstring of _frames.py). The process-tree model is the Python agent's, rule for
+ * rule (docs/DOCKER.md, "The agent channel"):
+ *   - the agent: non-dumpable, child subreaper (lenient mode when refused), framing pipes on private
+ *     close-on-exec descriptors, /dev/null on 0 and 1; kills what earlier agents left; HELLO;
+ *   - per RUN a shim (fork of the agent): subreaper, the command's pipes on 0/1/2 and nothing else,
+ *     oom_score_adj 500, cwd, the set-id seccomp filter (SETID_FILTER, generated from _seccomp.py at build
+ *     time) with no_new_privs, then the command in its own session with exactly the RUN's environment plus
+ *     ADK_SANDBOX_EXEC; when the command exits the shim stops then kills everything below itself;
+ *   - output capped at the source, the excess read and counted; timeout, KILL and end of stdin kill the
+ *     shim's tree; strays (children of the agent that are not live shims) and, without subreapers,
+ *     unattributable orphans at PID 1 are killed.
+ * The host is not trusted either: every frame is checked (type, flags, reserved, length, channel), a RUN
+ * body is read by a small strict JSON reader (an object of strings, numbers, booleans, null, arrays of
+ * strings and objects of strings), and anything else is answered with ERROR or ends the agent.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "setid_filter.h" /* generated: SETID_FILTER[] (struct sock_filter bytes), SETID_FILTER_LEN */
+
+enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, ERROR_F, FILE_F, RESULT };
+#define HDR 12
+#define MAXP (1u << 20)
+#define MAX_COMMANDS 4096
+#define MAX_STDIN_PENDING (256u << 20)
+
+static pid_t SELF;
+static int rfd = -1, wfd = -1, wake_r = -1, wake_w = -1, strict_mode = 0, host_eof = 0;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void *xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) {
+        static const char m[] = "adk-sandbox-agent: out of memory\n";
+        (void)!write(2, m, sizeof m - 1);
+        _exit(70);
+    }
+    return q;
+}
+
+/* -- growable byte buffer ------------------------------------------------------------------------------ */
+typedef struct { char *p; size_t len, cap; } buf_t;
+
+static void buf_add(buf_t *b, const void *data, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        b->p = xrealloc(b->p, cap);
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+static void buf_str(buf_t *b, const char *s) { buf_add(b, s, strlen(s)); }
+static void buf_fmt(buf_t *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0) buf_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+static void buf_free(buf_t *b) { free(b->p); b->p = NULL; b->len = b->cap = 0; }
+
+/* A JSON string literal of s (bytes that are not valid UTF-8 are replaced: the host decodes strictly). */
+static void buf_json_str(buf_t *b, const char *s) {
+    buf_add(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        unsigned char c = *p;
+        if (c == '"' || c == '\\') { buf_add(b, "\\", 1); buf_add(b, p, 1); }
+        else if (c < 0x20) buf_fmt(b, "\\u%04x", c);
+        else if (c < 0x80) buf_add(b, p, 1);
+        else buf_add(b, "?", 1); /* messages are ASCII; never emit invalid UTF-8 */
+    }
+    buf_add(b, "\"", 1);
+}
+
+/* -- frames to the host ------------------------------------------------------------------------------- */
+static void kill_everything_and_exit(int code);
+
+static void out(int kind, uint32_t ch, const void *payload, size_t n) {
+    unsigned char h[HDR] = {(unsigned char)kind, 0, 0, 0,
+                            (unsigned char)(ch >> 24), (unsigned char)(ch >> 16), (unsigned char)(ch >> 8),
+                            (unsigned char)ch,
+                            (unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8),
+                            (unsigned char)n};
+    const unsigned char *parts[2] = {h, payload};
+    size_t lens[2] = {HDR, n};
+    for (int i = 0; i < 2; i++) {
+        size_t done = 0;
+        while (done < lens[i]) {
+            ssize_t w = write(wfd, parts[i] + done, lens[i] - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) kill_everything_and_exit(3); /* the host went away */
+            done += (size_t)w;
+        }
+    }
+}
+static void out_json(int kind, uint32_t ch, buf_t *b) { out(kind, ch, b->p, b->len); buf_free(b); }
+static void out_error(uint32_t ch, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    buf_t b = {0};
+    buf_str(&b, "{\"message\":");
+    buf_json_str(&b, msg);
+    buf_str(&b, "}");
+    out_json(ERROR_F, ch, &b);
+}
+
+/* -- /proc ------------------------------------------------------------------------------------------ */
+typedef struct { int pid, ppid, sid; char state; unsigned long long start; } proc_t;
+typedef struct { proc_t *v; int n; } procs_t;
+
+static int stat_of(int pid, proc_t *out_p) {
+    char path[64], data[2048];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, data, sizeof data - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    data[n] = 0;
+    char *p = strrchr(data, ')');
+    if (!p || p[1] != ' ' || !p[2]) return -1;
+    p += 2;
+    out_p->pid = pid;
+    out_p->state = *p;
+    /* fields after ")": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+     * cutime cstime priority nice threads itrealvalue starttime */
+    char *save = NULL, *tok = strtok_r(p, " ", &save);
+    for (int i = 0; tok; i++, tok = strtok_r(NULL, " ", &save)) {
+        if (i == 1) out_p->ppid = atoi(tok);
+        else if (i == 3) out_p->sid = atoi(tok);
+        else if (i == 19) { out_p->start = strtoull(tok, NULL, 10); return 0; }
+    }
+    return -1;
+}
+
+static procs_t scan(void) {
+    procs_t ps = {0};
+    int cap = 0;
+    DIR *d = opendir("/proc");
+    if (!d) return ps;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *s = e->d_name;
+        if (!*s || strspn(s, "0123456789") != strlen(s)) continue;
+        proc_t p;
+        if (stat_of(atoi(s), &p) != 0) continue;
+        if (ps.n == cap) { cap = cap ? cap * 2 : 64; ps.v = xrealloc(ps.v, (size_t)cap * sizeof *ps.v); }
+        ps.v[ps.n++] = p;
+    }
+    closedir(d);
+    return ps;
+}
+
+static int find(const procs_t *ps, int pid) {
+    for (int i = 0; i < ps->n; i++)
+        if (ps->v[i].pid == pid) return i;
+    return -1;
+}
+
+/* Marks (mark[i] = 1) every process descending from a process already marked or listed in roots. */
+static void mark_below(const procs_t *ps, char *mark, const int *roots, int nroots) {
+    char *in = xrealloc(NULL, (size_t)ps->n + 1);
+    memset(in, 0, (size_t)ps->n + 1);
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < ps->n; i++) {
+            if (in[i]) continue;
+            int parent = ps->v[i].ppid, hit = 0;
+            for (int r = 0; r < nroots && !hit; r++) hit = roots[r] == parent;
+            if (!hit) {
+                int j = find(ps, parent);
+                hit = j >= 0 && in[j];
+            }
+            if (hit) { in[i] = 1; mark[i] = 1; changed = 1; }
+        }
+    }
+    free(in);
+}
+
+static unsigned long long start_of(int pid) {
+    proc_t p;
+    return stat_of(pid, &p) == 0 ? p.start : 0;
+}
+
+/* A signal through a pidfd after re-checking the start time: a reused pid is never hit. */
+static void send_sig(int pid, unsigned long long start, int sig) {
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (fd < 0 && errno != ENOSYS) return;
+    if (start_of(pid) == start) {
+        if (fd < 0) kill(pid, sig);
+        else syscall(SYS_pidfd_send_signal, fd, sig, NULL, 0);
+    }
+    if (fd >= 0) close(fd);
+}
+
+typedef void (*reaped_fn)(int pid, int status);
+typedef void (*targets_fn)(const procs_t *ps, char *mark, void *ctx);
+
+static void reap_any(reaped_fn on_reaped) {
+    for (;;) {
+        int st;
+        pid_t p = waitpid(-1, &st, WNOHANG);
+        if (p < 0 && errno == EINTR) continue;
+        if (p <= 0) return;
+        if (on_reaped) on_reaped(p, st);
+    }
+}
+
+/* SIGSTOP then SIGKILL in passes until nothing targeted is left: a stopped process cannot fork, so a fork
+ * bomb cannot refill what a kill frees. */
+static void kill_all(targets_fn targets, void *ctx, double limit, reaped_fn on_reaped) {
+    int *stopped = NULL, nstopped = 0, capstopped = 0;
+    double end = now() + limit;
+    for (;;) {
+        procs_t ps = scan();
+        char *mark = xrealloc(NULL, (size_t)ps.n + 1);
+        memset(mark, 0, (size_t)ps.n + 1);
+        targets(&ps, mark, ctx);
+        int victims = 0, fresh = 0;
+        for (int i = 0; i < ps.n; i++) {
+            if (!mark[i] || ps.v[i].pid == SELF || ps.v[i].state == 'Z' || ps.v[i].state == 'X') {
+                mark[i] = 0;
+                continue;
+            }
+            victims++;
+            int seen = 0;
+            for (int s = 0; s < nstopped && !seen; s++) seen = stopped[s] == ps.v[i].pid;
+            if (!seen) { fresh++; mark[i] = 2; }
+        }
+        if (!victims || now() > end) { free(mark); free(ps.v); free(stopped); return; }
+        for (int i = 0; i < ps.n; i++) {
+            if (fresh ? mark[i] == 2 : mark[i] == 1) {
+                send_sig(ps.v[i].pid, ps.v[i].start, fresh ? SIGSTOP : SIGKILL);
+                if (fresh) {
+                    if (nstopped == capstopped) {
+                        capstopped = capstopped ? capstopped * 2 : 64;
+                        stopped = xrealloc(stopped, (size_t)capstopped * sizeof *stopped);
+                    }
+                    stopped[nstopped++] = ps.v[i].pid;
+                }
+            }
+        }
+        free(mark);
+        free(ps.v);
+        if (!fresh) {
+            reap_any(on_reaped);
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
+    }
+}
+
+/* /proc/PID/cmdline or environ as one buffer of NUL-separated entries. */
+static size_t read_proc_file(int pid, const char *what, char *data, size_t cap) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", pid, what);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    size_t len = 0;
+    while (len < cap - 1) {
+        ssize_t n = read(fd, data + len, cap - 1 - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        len += (size_t)n;
+    }
+    close(fd);
+    data[len] = 0;
+    return len;
+}
+
+static int marker_is(int pid, char **markers, int nmarkers) {
+    static char data[1 << 17];
+    size_t len = read_proc_file(pid, "environ", data, sizeof data);
+    for (size_t at = 0; at < len; at += strlen(data + at) + 1) {
+        const char *entry = data + at;
+        if (strncmp(entry, "ADK_SANDBOX_EXEC=", 17) == 0) {
+            for (int m = 0; m < nmarkers; m++)
+                if (strcmp(entry + 17, markers[m]) == 0) return 1;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* -- the set-id filter --------------------------------------------------------------------------------- */
+static int install_setid_filter(void) {
+    struct sock_fprog prog = {(unsigned short)(SETID_FILTER_LEN / 8), (struct sock_filter *)SETID_FILTER};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+}
+
+/* -- the strict JSON reader (RUN bodies) --------------------------------------------------------------- */
+enum { J_STR, J_NUM, J_BOOL, J_NULL, J_ARR, J_OBJ };
+typedef struct {
+    int type;
+    char *s;      /* J_STR */
+    double num;   /* J_NUM */
+    int b;        /* J_BOOL */
+    char **items; /* J_ARR: strings; J_OBJ: keys */
+    char **vals;  /* J_OBJ: values */
+    int n;
+} jval_t;
+typedef struct { char *key; jval_t v; } jmember_t;
+typedef struct { const unsigned char *p, *end; const char *err; } jreader_t;
+
+static void jskip(jreader_t *r) {
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r')) r->p++;
+}
+static int jfail(jreader_t *r, const char *why) { if (!r->err) r->err = why; return -1; }
+
+static int hex4(jreader_t *r, unsigned *out_v) {
+    if (r->end - r->p < 4) return jfail(r, "truncated \\u escape");
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char c = *r->p++;
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= c - '0';
+        else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+        else return jfail(r, "bad \\u escape");
+    }
+    *out_v = v;
+    return 0;
+}
+
+static void put_utf8(buf_t *b, unsigned cp) {
+    unsigned char u[4];
+    size_t n;
+    if (cp < 0x80) { u[0] = (unsigned char)cp; n = 1; }
+    else if (cp < 0x800) { u[0] = (unsigned char)(0xC0 | cp >> 6); u[1] = (unsigned char)(0x80 | (cp & 63)); n = 2; }
+    else if (cp < 0x10000) {
+        u[0] = (unsigned char)(0xE0 | cp >> 12); u[1] = (unsigned char)(0x80 | (cp >> 6 & 63));
+        u[2] = (unsigned char)(0x80 | (cp & 63)); n = 3;
+    } else {
+        u[0] = (unsigned char)(0xF0 | cp >> 18); u[1] = (unsigned char)(0x80 | (cp >> 12 & 63));
+        u[2] = (unsigned char)(0x80 | (cp >> 6 & 63)); u[3] = (unsigned char)(0x80 | (cp & 63)); n = 4;
+    }
+    buf_add(b, u, n);
+}
+
+/* Length of a valid UTF-8 sequence at p (no overlongs, no surrogates, <= U+10FFFF), or 0. */
+static int utf8_len(const unsigned char *p, const unsigned char *end) {
+    unsigned char c = p[0];
+    int n;
+    unsigned cp;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) { n = 2; cp = c & 0x1F; }
+    else if (c >= 0xE0 && c <= 0xEF) { n = 3; cp = c & 0x0F; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 4; cp = c & 0x07; }
+    else return 0;
+    if (end - p < n) return 0;
+    for (int i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        cp = cp << 6 | (p[i] & 0x3F);
+    }
+    if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+        return 0;
+    return n;
+}
+
+/* A JSON string; NUL (\u0000) is refused: nothing in a RUN can carry it to the kernel. */
+static int jstring(jreader_t *r, char **out_s) {
+    if (r->p >= r->end || *r->p != '"') return jfail(r, "expected a string");
+    r->p++;
+    buf_t b = {0};
+    buf_add(&b, "", 0);
+    for (;;) {
+        if (r->p >= r->end) { buf_free(&b); return jfail(r, "unterminated string"); }
+        unsigned char c = *r->p;
+        if (c == '"') { r->p++; break; }
+        if (c < 0x20) { buf_free(&b); return jfail(r, "control character in a string"); }
+        if (c == '\\') {
+            r->p++;
+            if (r->p >= r->end) { buf_free(&b); return jfail(r, "unterminated string"); }
+            unsigned char e = *r->p++;
+            const char *simple = strchr("\"\\/bfnrt", e);
+            if (e && simple) {
+                static const char map[] = "\"\\/\b\f\n\r\t";
+                buf_add(&b, &map[simple - "\"\\/bfnrt"], 1);
+            } else if (e == 'u') {
+                unsigned cp, lo;
+                if (hex4(r, &cp)) { buf_free(&b); return -1; }
+                if (cp >= 0xD800 && cp <= 0xDBFF) {
+                    if (r->end - r->p < 2 || r->p[0] != '\\' || r->p[1] != 'u') { buf_free(&b); return jfail(r, "lone surrogate"); }
+                    r->p += 2;
+                    if (hex4(r, &lo)) { buf_free(&b); return -1; }
+                    if (lo < 0xDC00 || lo > 0xDFFF) { buf_free(&b); return jfail(r, "lone surrogate"); }
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                    buf_free(&b);
+                    return jfail(r, "lone surrogate");
+                }
+                if (cp == 0) { buf_free(&b); return jfail(r, "NUL character in a string"); }
+                put_utf8(&b, cp);
+            } else {
+                buf_free(&b);
+                return jfail(r, "bad escape");
+            }
+            continue;
+        }
+        int n = utf8_len(r->p, r->end);
+        if (!n) { buf_free(&b); return jfail(r, "invalid UTF-8"); }
+        buf_add(&b, r->p, (size_t)n);
+        r->p += n;
+    }
+    *out_s = b.p;
+    return 0;
+}
+
+static int jnumber(jreader_t *r, double *out_d) {
+    const unsigned char *s = r->p;
+    if (r->p < r->end && *r->p == '-') r->p++;
+    if (r->p >= r->end) return jfail(r, "bad number");
+    if (*r->p == '0') r->p++;
+    else if (*r->p >= '1' && *r->p <= '9') while (r->p < r->end && *r->p >= '0' && *r->p <= '9') r->p++;
+    else return jfail(r, "bad number");
+    if (r->p < r->end && *r->p == '.') {
+        r->p++;
+        if (r->p >= r->end || *r->p < '0' || *r->p > '9') return jfail(r, "bad number");
+        while (r->p < r->end && *r->p >= '0' && *r->p <= '9') r->p++;
+    }
+    if (r->p < r->end && (*r->p == 'e' || *r->p == 'E')) {
+        r->p++;
+        if (r->p < r->end && (*r->p == '+' || *r->p == '-')) r->p++;
+        if (r->p >= r->end || *r->p < '0' || *r->p > '9') return jfail(r, "bad number");
+        while (r->p < r->end && *r->p >= '0' && *r->p <= '9') r->p++;
+    }
+    char tmp[64];
+    size_t n = (size_t)(r->p - s);
+    if (n >= sizeof tmp) return jfail(r, "number too long");
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    *out_d = strtod(tmp, NULL);
+    return 0;
+}
+
+static int jword(jreader_t *r, const char *w) {
+    size_t n = strlen(w);
+    if ((size_t)(r->end - r->p) < n || memcmp(r->p, w, n) != 0) return jfail(r, "unexpected character");
+    r->p += n;
+    return 0;
+}
+
+static void jval_free(jval_t *v) {
+    free(v->s);
+    for (int i = 0; i < v->n; i++) {
+        free(v->items[i]);
+        if (v->vals) free(v->vals[i]);
+    }
+    free(v->items);
+    free(v->vals);
+    memset(v, 0, sizeof *v);
+}
+
+/* A value of a RUN member: string, number, boolean, null, array of strings, object of strings. */
+static int jvalue(jreader_t *r, jval_t *v) {
+    memset(v, 0, sizeof *v);
+    jskip(r);
+    if (r->p >= r->end) return jfail(r, "truncated");
+    unsigned char c = *r->p;
+    if (c == '"') { v->type = J_STR; return jstring(r, &v->s); }
+    if (c == 't') { v->type = J_BOOL; v->b = 1; return jword(r, "true"); }
+    if (c == 'f') { v->type = J_BOOL; return jword(r, "false"); }
+    if (c == 'n') { v->type = J_NULL; return jword(r, "null"); }
+    if (c == '-' || (c >= '0' && c <= '9')) { v->type = J_NUM; return jnumber(r, &v->num); }
+    if (c != '[' && c != '{') return jfail(r, "unexpected character");
+    int obj = c == '{';
+    v->type = obj ? J_OBJ : J_ARR;
+    r->p++;
+    jskip(r);
+    if (r->p < r->end && *r->p == (obj ? '}' : ']')) { r->p++; return 0; }
+    for (int cap = 0;;) {
+        char *key = NULL, *s = NULL;
+        jskip(r);
+        if (obj) {
+            if (jstring(r, &key)) return -1;
+            jskip(r);
+            if (r->p >= r->end || *r->p != ':') { free(key); return jfail(r, "expected ':'"); }
+            r->p++;
+            jskip(r);
+        }
+        if (r->p >= r->end || *r->p != '"') { free(key); return jfail(r, obj ? "object values must be strings" : "array items must be strings"); }
+        if (jstring(r, &s)) { free(key); return -1; }
+        if (v->n == cap) {
+            cap = cap ? cap * 2 : 8;
+            v->items = xrealloc(v->items, (size_t)cap * sizeof *v->items);
+            if (obj) v->vals = xrealloc(v->vals, (size_t)cap * sizeof *v->vals);
+        }
+        if (obj) { v->items[v->n] = key; v->vals[v->n] = s; }
+        else v->items[v->n] = s;
+        v->n++;
+        jskip(r);
+        if (r->p < r->end && *r->p == ',') { r->p++; continue; }
+        if (r->p < r->end && *r->p == (obj ? '}' : ']')) { r->p++; return 0; }
+        return jfail(r, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+    }
+}
+
+/* The top-level object: members in *members (the caller frees them). */
+static int jobject(const unsigned char *data, size_t n, jmember_t **members, int *count, const char **err) {
+    jreader_t r = {data, data + n, NULL};
+    int cap = 0;
+    *members = NULL;
+    *count = 0;
+    jskip(&r);
+    if (r.p >= r.end || *r.p != '{') { *err = "not a JSON object"; return -1; }
+    r.p++;
+    jskip(&r);
+    if (r.p < r.end && *r.p == '}') r.p++;
+    else {
+        for (;;) {
+            jskip(&r);
+            char *key = NULL;
+            if (jstring(&r, &key)) break;
+            jskip(&r);
+            if (r.p >= r.end || *r.p != ':') { free(key); jfail(&r, "expected ':'"); break; }
+            r.p++;
+            jval_t v;
+            if (jvalue(&r, &v)) { free(key); jval_free(&v); break; }
+            if (*count == cap) { cap = cap ? cap * 2 : 8; *members = xrealloc(*members, (size_t)cap * sizeof **members); }
+            (*members)[*count].key = key;
+            (*members)[*count].v = v;
+            (*count)++;
+            jskip(&r);
+            if (r.p < r.end && *r.p == ',') { r.p++; continue; }
+            if (r.p < r.end && *r.p == '}') { r.p++; break; }
+            jfail(&r, "expected ',' or '}'");
+            break;
+        }
+    }
+    jskip(&r);
+    if (!r.err && r.p != r.end) jfail(&r, "extra data after the object");
+    *err = r.err;
+    return r.err ? -1 : 0;
+}
+
+static void jmembers_free(jmember_t *m, int n) {
+    for (int i = 0; i < n; i++) { free(m[i].key); jval_free(&m[i].v); }
+    free(m);
+}
+
+/* The last member named key (duplicate keys: the last wins, as in Python's json). */
+static jval_t *jget(jmember_t *m, int n, const char *key) {
+    for (int i = n - 1; i >= 0; i--)
+        if (strcmp(m[i].key, key) == 0) return &m[i].v;
+    return NULL;
+}
+
+/* -- commands ----------------------------------------------------------------------------------------- */
+typedef struct {
+    uint32_t ch;
+    pid_t shim;
+    unsigned long long shim_start;
+    int out_fd[2]; /* stdout, stderr read ends (-1: closed) */
+    int status_fd;
+    char status[65];
+    size_t status_len;
+    int stdin_fd, stdin_eof;
+    buf_t pending;
+    size_t pending_at;
+    long long cap, sent[2], dropped[2];
+    double deadline, drain_until;
+    int timed_out, killed, shim_done;
+    char marker[64];
+} cmd_t;
+
+static cmd_t *cmds[MAX_COMMANDS];
+static int ncmds;
+
+typedef struct { int pid; unsigned long long start; } protected_t;
+static protected_t *protected_v;
+static int nprotected;
+
+static cmd_t *cmd_of(uint32_t ch) {
+    for (int i = 0; i < ncmds; i++)
+        if (cmds[i]->ch == ch) return cmds[i];
+    return NULL;
+}
+
+static int is_live_shim(int pid) {
+    for (int i = 0; i < ncmds; i++)
+        if (cmds[i]->shim == pid && !cmds[i]->shim_done) return 1;
+    return 0;
+}
+
+/* Children of the agent that are not live shims: orphans of a shim its command killed. */
+static void mark_strays(const procs_t *ps, char *mark) {
+    int *roots = xrealloc(NULL, (size_t)ps->n * sizeof *roots + sizeof *roots);
+    int nroots = 0;
+    for (int i = 0; i < ps->n; i++)
+        if (ps->v[i].ppid == SELF && !is_live_shim(ps->v[i].pid)) { mark[i] = 1; roots[nroots++] = ps->v[i].pid; }
+    mark_below(ps, mark, roots, nroots);
+    free(roots);
+}
+
+static int is_protected(int pid, unsigned long long start) {
+    for (int i = 0; i < nprotected; i++)
+        if (protected_v[i].pid == pid && protected_v[i].start == start) return 1;
+    return 0;
+}
+
+/* Orphans at PID 1 that are not the container's own processes; without subreapers those attributable to a
+ * live command (its session, or its marker) are spared. */
+static void mark_escapees(const procs_t *ps, char *mark) {
+    int *roots = xrealloc(NULL, (size_t)ps->n * sizeof *roots + sizeof *roots);
+    int nroots = 0;
+    char **markers = NULL;
+    int nmarkers = 0;
+    if (!strict_mode) {
+        markers = xrealloc(NULL, (size_t)ncmds * sizeof *markers + sizeof *markers);
+        for (int c = 0; c < ncmds; c++)
+            if (!cmds[c]->shim_done) markers[nmarkers++] = cmds[c]->marker;
+    }
+    for (int i = 0; i < ps->n; i++) {
+        const proc_t *p = &ps->v[i];
+        if (p->ppid != 1 || is_protected(p->pid, p->start)) continue;
+        if (!strict_mode) {
+            int spared = 0;
+            for (int j = 0; j < ps->n && !spared; j++) /* its session is a live command's */
+                spared = ps->v[j].pid == p->sid && is_live_shim(ps->v[j].ppid);
+            if (spared || marker_is(p->pid, markers, nmarkers)) continue;
+        }
+        mark[i] = 1;
+        roots[nroots++] = p->pid;
+    }
+    mark_below(ps, mark, roots, nroots);
+    free(roots);
+    free(markers);
+}
+
+static void tree_targets(const procs_t *ps, char *mark, void *ctx) {
+    cmd_t *c = ctx;
+    int i = find(ps, c->shim);
+    if (i >= 0 && ps->v[i].start == c->shim_start) {
+        mark[i] = 1;
+        int root = c->shim;
+        mark_below(ps, mark, &root, 1);
+    }
+    mark_strays(ps, mark);
+}
+
+static void sweep_targets(const procs_t *ps, char *mark, void *ctx) {
+    (void)ctx;
+    mark_strays(ps, mark);
+    mark_escapees(ps, mark);
+}
+
+static void reaped(int pid, int status) {
+    (void)status;
+    for (int i = 0; i < ncmds; i++) {
+        cmd_t *c = cmds[i];
+        if (c->shim == pid && !c->shim_done) {
+            c->shim_done = 1;
+            c->drain_until = now() + 2.0;
+        }
+    }
+}
+
+static void kill_cmd(cmd_t *c) { kill_all(tree_targets, c, 5.0, reaped); }
+static void sweep(void) { kill_all(sweep_targets, NULL, 5.0, reaped); }
+
+static void kill_everything_and_exit(int code) {
+    for (int i = 0; i < ncmds; i++)
+        if (!cmds[i]->shim_done) kill_cmd(cmds[i]);
+    _exit(code);
+}
+
+static void protocol_error(const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    dprintf(2, "adk-sandbox-agent: protocol error from the host: %s\n", msg);
+    kill_everything_and_exit(2);
+}
+
+/* -- the shim ------------------------------------------------------------------------------------------ */
+static void close_all_but(int keep) {
+    if (syscall(SYS_close_range, 3, keep > 3 ? keep - 1 : 2, 0) == 0 &&
+        syscall(SYS_close_range, keep + 1, ~0U, 0) == 0)
+        return;
+    DIR *d = opendir("/proc/self/fd");
+    int fds[4096], n = 0, dfd = d ? dirfd(d) : -1;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < 4096) {
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] != '.' && fd > 2 && fd != keep && fd != dfd) fds[n++] = fd;
+    }
+    if (d) closedir(d);
+    for (int i = 0; i < n; i++) close(fds[i]);
+}
+
+static void below_self_targets(const procs_t *ps, char *mark, void *ctx) {
+    (void)ctx;
+    int root = SELF;
+    mark_below(ps, mark, &root, 1);
+}
+
+static const int DEFAULT_SIGNALS[] = {SIGTSTP, SIGTTIN, SIGTTOU, SIGHUP, SIGPIPE};
+
+/* A command that could not start: said on its stderr, status E 127 (not found) or E 126, as a shell. */
+static void __attribute__((noreturn)) start_failed(const char *argv0, int err, const char *why, int status_w) {
+    dprintf(2, "%s: %s\n", argv0, why ? why : strerror(err));
+    dprintf(status_w, "E %d\n", err == ENOENT ? 127 : 126);
+    _exit(0);
+}
+
+/* argv[0] found on the command's own PATH, as Python's agent resolves it. */
+static char *resolve(const char *name, char **envp, int *err) {
+    if (strchr(name, '/')) return strdup(name);
+    const char *path = "/usr/local/bin:/usr/bin:/bin";
+    for (char **e = envp; *e; e++)
+        if (strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
+    const char *p = path;
+    for (;;) {
+        const char *colon = strchr(p, ':');
+        size_t n = colon ? (size_t)(colon - p) : strlen(p);
+        buf_t b = {0};
+        if (n == 0) buf_str(&b, ".");
+        else buf_add(&b, p, n);
+        if (b.p[b.len - 1] != '/') buf_str(&b, "/");
+        buf_str(&b, name);
+        struct stat st;
+        if (stat(b.p, &st) == 0 && S_ISREG(st.st_mode) && access(b.p, X_OK) == 0) return b.p;
+        buf_free(&b);
+        if (!colon) break;
+        p = colon + 1;
+    }
+    *err = ENOENT;
+    return NULL;
+}
+
+static void __attribute__((noreturn)) shim(char **argv, char **envp, const char *cwd, int in, int o, int e, int status_w) {
+    SELF = getpid();
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    struct sigaction dfl = {0};
+    dfl.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);
+    struct sigaction ign = {0};
+    ign.sa_handler = SIG_IGN;
+    for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &ign, NULL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (dup2(in, 0) < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(126);
+    close_all_but(status_w);
+
+    /* What the command inherits is set on the shim itself, then the command is started in its own
+     * session with its exact environment. */
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) { (void)!write(fd, "500", 3); close(fd); }
+    if (chdir(cwd) != 0) start_failed(argv[0], errno, NULL, status_w);
+    if (SETID_FILTER_LEN == 0) start_failed(argv[0], EOPNOTSUPP, "no set-id seccomp filter for this architecture", status_w);
+    if (install_setid_filter() != 0) start_failed(argv[0], errno, "cannot install the set-id seccomp filter", status_w);
+    int err = 0;
+    char *path = resolve(argv[0], envp, &err);
+    if (!path) start_failed(argv[0], err, NULL, status_w);
+    int ep[2];
+    if (pipe2(ep, O_CLOEXEC) != 0) start_failed(argv[0], errno, NULL, status_w);
+    pid_t child = -1;
+    for (int attempt = 0; attempt < 20 && child < 0; attempt++) {
+        child = fork();
+        if (child < 0 && errno == EAGAIN) { struct timespec t = {0, 50000000}; nanosleep(&t, NULL); }
+        else if (child < 0) break;
+    }
+    if (child < 0) start_failed(argv[0], errno, NULL, status_w);
+    if (child == 0) {
+        for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &dfl, NULL);
+        close(status_w);
+        setsid();
+        execve(path, argv, envp);
+        int x = errno;
+        (void)!write(ep[1], &x, sizeof x);
+        _exit(127);
+    }
+    close(ep[1]);
+    int x = 0;
+    ssize_t got;
+    do got = read(ep[0], &x, sizeof x); while (got < 0 && errno == EINTR);
+    if (got == (ssize_t)sizeof x) {
+        waitpid(child, NULL, 0);
+        start_failed(argv[0], x, NULL, status_w);
+    }
+    close(ep[0]);
+    close(0);
+    close(1);
+    close(2);
+    int status = 0, have = 0;
+    for (;;) {
+        int st;
+        pid_t p = waitpid(-1, &st, 0);
+        if (p < 0 && errno == EINTR) continue;
+        if (p < 0) break;
+        if (p == child) { status = st; have = 1; break; }
+    }
+    /* No child left means no descendant left: every orphan of the command is re-parented to this shim. */
+    for (;;) {
+        int st;
+        pid_t p = waitpid(-1, &st, WNOHANG);
+        if (p < 0 && errno == EINTR) continue;
+        if (p < 0) break; /* ECHILD */
+        kill_all(below_self_targets, NULL, 5.0, NULL);
+        while (waitpid(-1, &st, 0) > 0 || errno == EINTR) {
+        }
+    }
+    if (have) {
+        if (WIFSIGNALED(status)) dprintf(status_w, "S %d\n", WTERMSIG(status));
+        else dprintf(status_w, "E %d\n", WEXITSTATUS(status));
+    }
+    _exit(0);
+}
+
+/* -- the agent ----------------------------------------------------------------------------------------- */
+static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+static void close_pipes(int *fds, int n) {
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0) close(fds[i]);
+}
+
+static void free_strv(char **v) {
+    if (!v) return;
+    for (char **p = v; *p; p++) free(*p);
+    free(v);
+}
+
+static void run(uint32_t ch, const unsigned char *payload, size_t n) {
+    if (cmd_of(ch)) { out_error(ch, "channel %u is in use", ch); return; }
+    if (ncmds >= MAX_COMMANDS) { out_error(ch, "cannot start the command: too many commands at once"); return; }
+    jmember_t *m;
+    int count;
+    const char *err = NULL;
+    if (jobject(payload, n, &m, &count, &err) != 0) {
+        out_error(ch, "bad RUN: %s", err ? err : "invalid JSON");
+        return;
+    }
+    jval_t *argv_v = jget(m, count, "argv"), *env_v = jget(m, count, "env"), *cwd_v = jget(m, count, "cwd");
+    jval_t *timeout_v = jget(m, count, "timeout"), *cap_v = jget(m, count, "max_output_bytes");
+    jval_t *stdin_v = jget(m, count, "stdin");
+    const char *bad = NULL;
+    if (!argv_v || argv_v->type != J_ARR) bad = "argv must be an array of strings";
+    else if (argv_v->n == 0) bad = "empty argv";
+    else if (!env_v || env_v->type != J_OBJ) bad = "env must be an object of strings";
+    else if (cwd_v && cwd_v->type != J_STR && cwd_v->type != J_NULL) bad = "cwd must be a string";
+    else if (timeout_v && timeout_v->type != J_NUM && timeout_v->type != J_NULL) bad = "timeout must be a number";
+    else if (timeout_v && timeout_v->type == J_NUM && !(timeout_v->num >= 0 && timeout_v->num <= 1e9)) bad = "timeout out of range";
+    else if (cap_v && cap_v->type != J_NUM && cap_v->type != J_NULL) bad = "max_output_bytes must be an integer";
+    else if (cap_v && cap_v->type == J_NUM && !(cap_v->num >= 0 && cap_v->num <= 9e15 && cap_v->num == (double)(long long)cap_v->num)) bad = "max_output_bytes must be an integer";
+    else if (stdin_v && stdin_v->type != J_BOOL && stdin_v->type != J_NULL) bad = "stdin must be a boolean";
+    if (!bad)
+        for (int i = 0; i < env_v->n && !bad; i++)
+            if (!env_v->items[i][0] || strchr(env_v->items[i], '=')) bad = "an environment name is empty or holds '='";
+    if (bad) { jmembers_free(m, count); out_error(ch, "bad RUN: %s", bad); return; }
+
+    cmd_t *c = xrealloc(NULL, sizeof *c);
+    memset(c, 0, sizeof *c);
+    c->ch = ch;
+    long long cap = cap_v && cap_v->type == J_NUM ? (long long)cap_v->num : 0;
+    c->cap = cap ? cap : 1048576; /* as the Python agent: 0 or missing is the default */
+    double timeout = timeout_v && timeout_v->type == J_NUM ? timeout_v->num : 60.0;
+    int want_stdin = stdin_v && stdin_v->type == J_BOOL && stdin_v->b;
+    snprintf(c->marker, sizeof c->marker, "ch%u-%d", ch, (int)SELF);
+
+    /* argv and envp for the shim: exactly the RUN's environment (the last of duplicate names) + the marker. */
+    char **argv = xrealloc(NULL, ((size_t)argv_v->n + 1) * sizeof *argv);
+    for (int i = 0; i < argv_v->n; i++) argv[i] = strdup(argv_v->items[i]);
+    argv[argv_v->n] = NULL;
+    char **envp = xrealloc(NULL, ((size_t)env_v->n + 2) * sizeof *envp);
+    int ne = 0;
+    for (int i = 0; i < env_v->n; i++) {
+        const char *k = env_v->items[i];
+        if (strcmp(k, "ADK_SANDBOX_EXEC") == 0) continue;
+        int later = 0;
+        for (int j = i + 1; j < env_v->n && !later; j++) later = strcmp(env_v->items[j], k) == 0;
+        if (later) continue;
+        buf_t b = {0};
+        buf_str(&b, k);
+        buf_str(&b, "=");
+        buf_str(&b, env_v->vals[i]);
+        envp[ne++] = b.p;
+    }
+    buf_t mk = {0};
+    buf_str(&mk, "ADK_SANDBOX_EXEC=");
+    buf_str(&mk, c->marker);
+    envp[ne++] = mk.p;
+    envp[ne] = NULL;
+    char *cwd = strdup(cwd_v && cwd_v->type == J_STR && cwd_v->s[0] ? cwd_v->s : "/");
+    jmembers_free(m, count);
+
+    int fds[8] = {-1, -1, -1, -1, -1, -1, -1, -1}; /* stdin r, w, stdout r, w, stderr r, w, status r, w */
+    int ok = 1;
+    if (want_stdin) ok = pipe2(fds, O_CLOEXEC) == 0;
+    else ok = (fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;
+    ok = ok && pipe2(fds + 2, O_CLOEXEC) == 0 && pipe2(fds + 4, O_CLOEXEC) == 0 && pipe2(fds + 6, O_CLOEXEC) == 0;
+    pid_t pid = -1;
+    int fork_err = errno;
+    for (int attempt = 0; ok && attempt < 20; attempt++) {
+        pid = fork();
+        if (pid >= 0) break;
+        fork_err = errno;
+        if (errno != EAGAIN) break;
+        struct timespec t = {0, 50000000};
+        nanosleep(&t, NULL);
+    }
+    if (!ok || pid < 0) {
+        close_pipes(fds, 8);
+        out_error(ch, "cannot start the command: %s", pid < 0 && ok ? (fork_err == EAGAIN ? "no room for a process (pids limit)" : strerror(fork_err)) : strerror(errno));
+        free_strv(argv); free_strv(envp); free(cwd); free(c);
+        return;
+    }
+    if (pid == 0) shim(argv, envp, cwd, fds[0], fds[3], fds[5], fds[7]);
+    free_strv(argv); free_strv(envp); free(cwd);
+    close(fds[0]); close(fds[3]); close(fds[5]); close(fds[7]);
+    c->shim = pid;
+    c->shim_start = start_of(pid);
+    c->stdin_fd = want_stdin ? fds[1] : -1;
+    c->out_fd[0] = fds[2];
+    c->out_fd[1] = fds[4];
+    c->status_fd = fds[6];
+    c->deadline = now() + timeout;
+    set_nonblock(fds[2]);
+    set_nonblock(fds[4]);
+    set_nonblock(fds[6]);
+    if (c->stdin_fd >= 0) set_nonblock(c->stdin_fd);
+    cmds[ncmds++] = c;
+}
+
+static void read_status(cmd_t *c) {
+    if (c->status_fd < 0) return;
+    char data[64];
+    ssize_t n = read(c->status_fd, data, sizeof data);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) { close(c->status_fd); c->status_fd = -1; return; }
+    size_t take = (size_t)n < 64 - c->status_len ? (size_t)n : 64 - c->status_len;
+    memcpy(c->status + c->status_len, data, take);
+    c->status_len += take;
+    c->status[c->status_len] = 0;
+}
+
+static char chunk[65536];
+
+static void read_output(cmd_t *c, int which) {
+    ssize_t n = read(c->out_fd[which], chunk, sizeof chunk);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) { close(c->out_fd[which]); c->out_fd[which] = -1; return; }
+    long long room = c->cap - c->sent[which];
+    size_t part = room > 0 ? ((long long)n < room ? (size_t)n : (size_t)room) : 0;
+    if (part) {
+        c->sent[which] += (long long)part;
+        out(which ? STDERR_F : STDOUT_F, c->ch, chunk, part);
+    }
+    c->dropped[which] += n - (ssize_t)part;
+}
+
+static void write_stdin(cmd_t *c) {
+    if (c->stdin_fd < 0) return;
+    while (c->pending_at < c->pending.len) {
+        size_t left = c->pending.len - c->pending_at;
+        ssize_t w = write(c->stdin_fd, c->pending.p + c->pending_at, left < 65536 ? left : 65536);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno == EAGAIN) return;
+        if (w < 0) { /* the command stopped reading: drop the rest */
+            c->pending_at = c->pending.len;
+            c->stdin_eof = 1;
+            break;
+        }
+        c->pending_at += (size_t)w;
+    }
+    buf_free(&c->pending);
+    c->pending_at = 0;
+    if (c->stdin_eof) { close(c->stdin_fd); c->stdin_fd = -1; }
+}
+
+static void finish(int index) {
+    cmd_t *c = cmds[index];
+    for (int i = 0; i < 2; i++)
+        if (c->out_fd[i] >= 0) close(c->out_fd[i]);
+    if (c->status_fd >= 0) close(c->status_fd);
+    if (c->stdin_fd >= 0) close(c->stdin_fd);
+    buf_free(&c->pending);
+    cmds[index] = cmds[--ncmds];
+    char kind = 0, extra[2];
+    int value = 0, words = sscanf(c->status, " %c %d %1s", &kind, &value, extra);
+    buf_t b = {0};
+    if (c->timed_out || c->killed) buf_str(&b, "{\"exit_code\":null,\"signal\":null");
+    else if (words == 2 && kind == 'E' && value >= 0 && value <= 255) buf_fmt(&b, "{\"exit_code\":%d,\"signal\":null", value);
+    else if (words == 2 && kind == 'S' && value >= 1 && value <= 127) buf_fmt(&b, "{\"exit_code\":null,\"signal\":%d", value);
+    else buf_fmt(&b, "{\"exit_code\":null,\"signal\":%d", SIGKILL); /* the shim itself was killed (by its command) */
+    buf_fmt(&b, ",\"timed_out\":%s,\"stdout_dropped\":%lld,\"stderr_dropped\":%lld}", c->timed_out ? "true" : "false",
+            c->dropped[0], c->dropped[1]);
+    out_json(EXIT_F, c->ch, &b);
+    free(c);
+}
+
+static void on_file(uint32_t ch) {
+    buf_t b = {0};
+    buf_str(&b, "{\"error\":{\"errno\":95,\"name\":\"EOPNOTSUPP\",\"message\":\"the static agent does not perform file operations yet\"}}");
+    out_json(RESULT, ch, &b);
+}
+
+static unsigned char *inbuf;
+static size_t inlen;
+
+static void frames(void) {
+    size_t at = 0;
+    while (inlen - at >= HDR) {
+        const unsigned char *h = inbuf + at;
+        int kind = h[0];
+        uint32_t ch = (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7];
+        uint32_t n = (uint32_t)h[8] << 24 | (uint32_t)h[9] << 16 | (uint32_t)h[10] << 8 | h[11];
+        if (kind != RUN && kind != STDIN_F && kind != KILL_F && kind != PING && kind != FILE_F)
+            protocol_error("frame type %d is not allowed from the host", kind);
+        if (h[1] || h[2] || h[3]) protocol_error("non-zero flags or reserved field");
+        if (n > MAXP) protocol_error("oversized frame (%u bytes)", n);
+        if ((ch == 0) != (kind == PING)) protocol_error("frame type %d on channel %u", kind, ch);
+        if (inlen - at < HDR + (size_t)n) break;
+        const unsigned char *payload = h + HDR;
+        at += HDR + n;
+        cmd_t *c = cmd_of(ch);
+        if (kind == RUN) run(ch, payload, n);
+        else if (kind == FILE_F) on_file(ch);
+        else if (kind == STDIN_F) {
+            if (c && c->stdin_fd >= 0 && !c->stdin_eof) {
+                if (n) {
+                    if (c->pending.len + n > MAX_STDIN_PENDING) { /* the host sends what it holds: bounded anyway */
+                        c->stdin_eof = 1;
+                    } else buf_add(&c->pending, payload, n);
+                } else c->stdin_eof = 1;
+                write_stdin(c);
+            }
+        } else if (kind == KILL_F) {
+            if (c && !c->shim_done) { c->killed = 1; kill_cmd(c); }
+        } else if (kind == PING) {
+            jmember_t *m;
+            int count;
+            const char *err;
+            if (n && jobject(payload, n, &m, &count, &err) == 0) { jmembers_free(m, count); out(PONG, 0, payload, n); }
+            else out(PONG, 0, "{}", 2);
+        }
+    }
+    memmove(inbuf, inbuf + at, inlen - at);
+    inlen -= at;
+}
+
+static void on_sigchld(int sig) {
+    (void)sig;
+    int e = errno;
+    (void)!write(wake_w, "x", 1);
+    errno = e;
+}
+
+static void loop(void) {
+    size_t incap = 2 * (HDR + MAXP);
+    inbuf = xrealloc(NULL, incap);
+    struct pollfd *pfd = NULL;
+    cmd_t **owner = NULL;
+    int *what = NULL;
+    size_t pcap = 0;
+    for (;;) {
+        double t = now();
+        for (int i = 0; i < ncmds; i++)
+            if (!cmds[i]->shim_done && t >= cmds[i]->deadline) { cmds[i]->timed_out = 1; kill_cmd(cmds[i]); }
+        reap_any(reaped);
+        int swept = 0;
+        for (int i = 0; i < ncmds;) {
+            cmd_t *c = cmds[i];
+            if (c->shim_done) {
+                read_status(c); /* written before the shim exited */
+                int has_status = 0;
+                for (size_t k = 0; k < c->status_len && !has_status; k++) has_status = c->status[k] > ' ';
+                if (!swept && (!strict_mode || !has_status)) { sweep(); swept = 1; }
+                if ((c->out_fd[0] < 0 && c->out_fd[1] < 0 && c->status_fd < 0) || now() > c->drain_until) {
+                    finish(i);
+                    continue;
+                }
+            }
+            i++;
+        }
+        if (host_eof && !ncmds) return;
+        size_t need = 2 + 4 * (size_t)ncmds;
+        if (need > pcap) {
+            pcap = need * 2;
+            pfd = xrealloc(pfd, pcap * sizeof *pfd);
+            owner = xrealloc(owner, pcap * sizeof *owner);
+            what = xrealloc(what, pcap * sizeof *what);
+        }
+        int np = 0;
+        pfd[np] = (struct pollfd){wake_r, POLLIN, 0}; owner[np] = NULL; what[np++] = -1;
+        if (!host_eof) { pfd[np] = (struct pollfd){rfd, POLLIN, 0}; owner[np] = NULL; what[np++] = -2; }
+        double wait_until = -1;
+        for (int i = 0; i < ncmds; i++) {
+            cmd_t *c = cmds[i];
+            for (int k = 0; k < 2; k++)
+                if (c->out_fd[k] >= 0) { pfd[np] = (struct pollfd){c->out_fd[k], POLLIN, 0}; owner[np] = c; what[np++] = k; }
+            if (c->status_fd >= 0) { pfd[np] = (struct pollfd){c->status_fd, POLLIN, 0}; owner[np] = c; what[np++] = 2; }
+            if (c->stdin_fd >= 0 && c->pending.len > c->pending_at) { pfd[np] = (struct pollfd){c->stdin_fd, POLLOUT, 0}; owner[np] = c; what[np++] = 3; }
+            double d = c->shim_done ? c->drain_until : c->deadline;
+            if (wait_until < 0 || d < wait_until) wait_until = d;
+        }
+        int timeout_ms = -1;
+        if (wait_until >= 0) {
+            double left = wait_until - now();
+            timeout_ms = left <= 0 ? 0 : left > 3600 ? 3600000 : (int)(left * 1000) + 1;
+        }
+        int r = poll(pfd, (nfds_t)np, timeout_ms);
+        if (r < 0) continue; /* EINTR: SIGCHLD */
+        for (int i = 0; i < np; i++) {
+            if (!pfd[i].revents) continue;
+            if (what[i] == -1) {
+                char drain[256];
+                while (read(wake_r, drain, sizeof drain) > 0) {
+                }
+            } else if (what[i] == -2) {
+                ssize_t n = read(rfd, inbuf + inlen, incap - inlen);
+                if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+                if (n <= 0) { /* the host went away: every command dies */
+                    host_eof = 1;
+                    for (int k = 0; k < ncmds; k++)
+                        if (!cmds[k]->shim_done) { cmds[k]->killed = 1; kill_cmd(cmds[k]); }
+                    continue;
+                }
+                inlen += (size_t)n;
+                frames();
+                break; /* commands may have finished or started: poll again with fresh descriptors */
+            } else {
+                cmd_t *c = owner[i];
+                int still = 0;
+                for (int k = 0; k < ncmds && !still; k++) still = cmds[k] == c;
+                if (!still) continue;
+                if (what[i] < 2 && c->out_fd[what[i]] == pfd[i].fd) read_output(c, what[i]);
+                else if (what[i] == 2 && c->status_fd == pfd[i].fd) read_status(c);
+                else if (what[i] == 3 && c->stdin_fd == pfd[i].fd) write_stdin(c);
+            }
+        }
+    }
+}
+
+static int is_other_agent(int pid) {
+    static char data[1 << 17];
+    size_t len = read_proc_file(pid, "cmdline", data, sizeof data);
+    const char *a[7] = {0};
+    int n = 0;
+    for (size_t at = 0; at < len && n < 7; at += strlen(data + at) + 1) a[n++] = data + at;
+    if (n >= 1 && strcmp(a[0], "adk-sandbox-agent") == 0) return 1; /* a static agent */
+    return n >= 6 && strcmp(a[1], "-I") == 0 && strcmp(a[2], "-S") == 0 && strcmp(a[3], "-c") == 0 &&
+           strcmp(a[5], "adk-sandbox-agent") == 0; /* a Python agent */
+}
+
+typedef struct { int *pids; int n; } olds_t;
+
+static void startup_targets(const procs_t *ps, char *mark, void *ctx) {
+    olds_t *o = ctx;
+    for (int i = 0; i < ps->n; i++)
+        for (int k = 0; k < o->n; k++)
+            if (ps->v[i].pid == o->pids[k]) mark[i] = 1;
+    mark_below(ps, mark, o->pids, o->n);
+    mark_escapees(ps, mark);
+}
+
+static int cmp_protected(const void *a, const void *b) {
+    const protected_t *x = a, *y = b;
+    return x->pid < y->pid ? -1 : x->pid > y->pid;
+}
+
+int main(int argc, char **argv) {
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* commands cannot open /proc/<agent>/fd or ptrace the agent */
+    SELF = getpid();
+    close_all_but(-1); /* what the loader or the engine left open (the memory file) */
+    rfd = fcntl(0, F_DUPFD_CLOEXEC, 3);
+    wfd = fcntl(1, F_DUPFD_CLOEXEC, 3);
+    int null = open("/dev/null", O_RDWR);
+    if (rfd < 0 || wfd < 0 || null < 0) { dprintf(2, "adk-sandbox-agent: cannot set up its descriptors\n"); return 1; }
+    dup2(null, 0);
+    dup2(null, 1);
+    if (null > 2) close(null);
+    strict_mode = prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
+    struct sigaction ign = {0};
+    ign.sa_handler = SIG_IGN;
+    for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &ign, NULL);
+    int wp[2];
+    if (pipe2(wp, O_CLOEXEC | O_NONBLOCK) != 0) return 1;
+    wake_r = wp[0];
+    wake_w = wp[1];
+    struct sigaction chld = {0};
+    chld.sa_handler = on_sigchld;
+    chld.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &chld, NULL);
+
+    procs_t ps = scan();
+    if (argc > 1) {
+        /* "pid:start,pid:start": the container's own processes, surveyed when the first agent started */
+        const char *p = argv[1];
+        protected_v = xrealloc(NULL, (strlen(p) / 2 + 1) * sizeof *protected_v);
+        while (*p) {
+            char *end;
+            long pid = strtol(p, &end, 10);
+            if (end == p || *end != ':') break;
+            unsigned long long start = strtoull(end + 1, &end, 10);
+            protected_v[nprotected++] = (protected_t){(int)pid, start};
+            if (*end != ',') break;
+            p = end + 1;
+        }
+    } else {
+        char *mark = xrealloc(NULL, (size_t)ps.n + 1);
+        memset(mark, 0, (size_t)ps.n + 1);
+        int one = 1;
+        mark_below(&ps, mark, &one, 1);
+        protected_v = xrealloc(NULL, ((size_t)ps.n + 1) * sizeof *protected_v);
+        for (int i = 0; i < ps.n; i++)
+            if (mark[i] || ps.v[i].pid == 1) protected_v[nprotected++] = (protected_t){ps.v[i].pid, ps.v[i].start};
+        free(mark);
+    }
+    qsort(protected_v, (size_t)nprotected, sizeof *protected_v, cmp_protected);
+    /* What earlier agents of this container left: another agent (the host gave up on it) and its tree,
+     * and orphans at PID 1. */
+    olds_t olds = {xrealloc(NULL, ((size_t)ps.n + 1) * sizeof(int)), 0};
+    for (int i = 0; i < ps.n; i++)
+        if (ps.v[i].pid != SELF && ps.v[i].ppid == 0 && is_other_agent(ps.v[i].pid)) olds.pids[olds.n++] = ps.v[i].pid;
+    free(ps.v);
+    kill_all(startup_targets, &olds, 5.0, NULL);
+    free(olds.pids);
+
+    buf_t b = {0};
+    buf_fmt(&b, "{\"protocol\":1,\"pid\":%d,\"subreaper\":%s,\"agent\":\"static\",\"protected\":\"", (int)SELF,
+            strict_mode ? "true" : "false");
+    for (int i = 0; i < nprotected; i++) buf_fmt(&b, "%s%d:%llu", i ? "," : "", protected_v[i].pid, protected_v[i].start);
+    buf_str(&b, "\"}");
+    out_json(HELLO, 0, &b);
+    loop();
+    return 0;
+}

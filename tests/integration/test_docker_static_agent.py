@@ -1,0 +1,341 @@
+"""The static agent (issue 11, "any image"): sessions on an image without python3, and the C agent's rules.
+
+The image is made here with ``docker import`` from the host's static busybox (Debian's busybox-static,
+installed by scripts/setup): /bin/busybox and its applets, nothing else — no python3, no libc. Real
+engine throughout; survivors are ``sleep`` processes of durations nobody else uses, looked up by a
+separate exec as root. Bounds are generous "does not hang" limits, not timings.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from executor import ExecRequest, ExecResult, Language, SandboxFailedError
+from executor.backends.docker import DockerBackend, DockerSession
+from executor.backends.docker._agent_transport import AgentTransport
+from executor.backends.docker._frames import FrameType, encode
+from tests.conftest import require, unique_sleep_seconds
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
+
+QUICK = 30.0
+BUSYBOX = shutil.which("busybox") or "/bin/busybox"
+
+
+def _busybox_rootfs() -> bytes:
+    """A tarball: /bin/busybox, a symlink per applet, empty /tmp /proc /dev /etc /home; nothing else."""
+    require(os.path.exists(BUSYBOX), "busybox is missing (scripts/setup installs busybox-static)")
+    kind = subprocess.run(["file", "-b", BUSYBOX], capture_output=True, text=True, check=False).stdout
+    require("statically linked" in kind or "static-pie" in kind or not kind, "busybox must be static")
+    applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for directory in ("bin", "tmp", "proc", "dev", "etc", "home", "home/sandbox", "sys"):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
+            tar.addfile(info)
+        tar.add(BUSYBOX, arcname="bin/busybox")
+        for applet in applets:
+            if applet != "busybox":
+                link = tarfile.TarInfo(f"bin/{applet}")
+                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+                tar.addfile(link)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def busybox_image(docker_backend: DockerBackend) -> Iterator[str]:
+    tag = f"adk-sandbox-test/busybox:static-agent-{os.getpid()}"
+    subprocess.run(
+        ["docker", "import", "--change", "ENV PATH=/bin", "-", tag],
+        input=_busybox_rootfs(), check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    try:
+        yield tag
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def busybox_backend(busybox_image: str) -> Iterator[DockerBackend]:
+    backend = DockerBackend(image=busybox_image)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(params=["uid1000", "root"])
+def workspace(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp(f"ws-{request.param}")
+    owner = 1000 if request.param == "uid1000" else 0
+    os.chown(root, owner, owner)
+    return root
+
+
+@pytest.fixture
+def session(busybox_backend: DockerBackend, workspace: Path) -> Iterator[DockerSession]:
+    with busybox_backend.session(workspace=workspace) as opened:
+        yield opened
+
+
+def run(session: DockerSession, code: str, timeout: float = 20, **kwargs: object) -> ExecResult:
+    env = kwargs.pop("env", {})
+    request = ExecRequest(language=Language.COMMAND, code=code, timeout=timeout, env=env, **kwargs)  # type: ignore[arg-type]
+    return session.execute(request)
+
+
+def transport_of(session: DockerSession) -> AgentTransport:
+    transport = session._transport
+    assert isinstance(transport, AgentTransport)
+    return transport
+
+
+def alive(backend: DockerBackend, session: DockerSession, *needles: str) -> list[str]:
+    """Processes of the container whose argv holds a needle, listed by a separate exec as root."""
+    result = backend._client.api.exec_create(session.container_id, ["ps", "-o", "args"], user="0:0")
+    lines = backend._client.api.exec_start(result["Id"]).decode().splitlines()
+    return [line for line in lines if any(n in line for n in needles)]
+
+
+def test_the_image_has_no_python_and_the_python_agent_cannot_start_there(
+    busybox_image: str, owned_workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ADK_SANDBOX_AGENT", "python")
+    backend = DockerBackend(image=busybox_image)
+    try:
+        with pytest.raises(SandboxFailedError, match="python3"), backend.session(workspace=owned_workspace):
+            pass
+    finally:
+        backend.close()
+
+
+def test_commands_run_with_the_same_semantics(session: DockerSession, workspace: Path) -> None:
+    first = run(session, "echo hello; echo oops >&2; exit 3")
+    assert (first.exit_code, first.stdout, first.stderr) == (3, "hello\n", "oops\n")
+    assert transport_of(session).agent_flavour == "static"
+    assert run(session, "command -v python3 || echo none").stdout == "none\n"
+    assert run(session, "cat; echo", stdin="from stdin").stdout == "from stdin\n"
+    # The environment is exactly the image's, HOME, the request's, and the marker.
+    names = run(session, "env", env={"ODD": "a b=c\n\u00e9"}).stdout
+    assert "ODD=a b=c\n\u00e9\n" in names
+    listed = {line.split("=", 1)[0] for line in names.splitlines() if "=" in line}
+    assert {"PATH", "HOME", "ODD", "ADK_SANDBOX_EXEC"} <= listed
+    assert run(session, "pwd").stdout == f"{workspace}\n"
+    assert run(session, "kill -9 $$").exit_code == 137
+    missing = run(session, "exec /bin/no-such-program")
+    assert missing.exit_code == 127
+    big = run(session, "yes | head -c 5000000; echo done >&2", max_output_bytes=4096)
+    assert len(big.stdout) == 4096 and big.stdout_truncated
+    assert big.stderr == "done\n"
+    assert "5000000" in run(session, "yes | head -c 5000000 | wc -c").stdout
+
+
+def test_the_start_up_probe_passed_and_set_id_modes_are_refused(
+    session: DockerSession, workspace: Path
+) -> None:
+    result = run(session, "cp /bin/busybox sh4; chmod 4755 sh4; chmod 2755 sh4; echo $?; chmod 755 sh4")
+    assert result.stdout.strip().endswith("1")
+    mode = (workspace / "sh4").stat().st_mode
+    assert mode & 0o6000 == 0 and mode & 0o755 == 0o755
+
+
+def test_each_command_carries_the_agents_own_set_id_filter(session: DockerSession) -> None:
+    # Under runc the container profile refuses set-id modes by itself; the command's own filter (the
+    # one gVisor depends on) shows as a second seccomp filter on the command.
+    filters = run(session, "grep Seccomp_filters /proc/self/status").stdout.split()
+    require(len(filters) == 2, "this kernel does not report Seccomp_filters")
+    assert int(filters[1]) >= 2
+
+
+def escapees_script(marks: list[str]) -> str:
+    """The escapee matrix, in busybox sh: each background process hides from one way of finding it."""
+    return (
+        f"sleep {marks[0]} & "  # cmd &
+        f"setsid sleep {marks[1]} & "
+        f"nohup sleep {marks[2]} >/dev/null 2>&1 & "
+        f"( sleep {marks[3]} & ) & "
+        f"env -i sleep {marks[4]} & "
+        f"setsid env -i sleep {marks[5]} & "
+        "sleep 0.5; echo started"
+    )
+
+
+@pytest.mark.parametrize("ending", ["exit", "timeout"])
+def test_the_escapee_matrix_dies_and_a_neighbour_survives(
+    busybox_backend: DockerBackend, session: DockerSession, ending: str
+) -> None:
+    marks = [unique_sleep_seconds() for _ in range(6)]
+    neighbour: list[ExecResult] = []
+    neighbour_code = "sh -c 'setsid sh -c \"sleep 4; echo orphan\" &'; sleep 6; echo N"
+    thread = threading.Thread(target=lambda: neighbour.append(run(session, neighbour_code, timeout=60)))
+    thread.start()
+    time.sleep(0.5)
+    if ending == "exit":
+        result = run(session, escapees_script(marks))
+        assert result.exit_code == 0
+    else:
+        result = run(session, escapees_script(marks) + "; sleep 60", timeout=2.5)
+        assert result.timed_out
+    assert result.stdout == "started\n"
+    assert alive(busybox_backend, session, *marks) == []
+    thread.join(QUICK)
+    assert (neighbour[0].exit_code, neighbour[0].stdout) == (0, "orphan\nN\n")
+
+
+def test_killing_the_agent_from_inside_is_a_clear_error_and_the_next_command_works(
+    busybox_backend: DockerBackend, session: DockerSession
+) -> None:
+    run(session, "true")
+    transport = transport_of(session)
+    pid = transport.agent_pid
+    mark = unique_sleep_seconds()
+    started = time.monotonic()
+    with pytest.raises(SandboxFailedError):
+        run(session, f"sleep {mark} & kill -9 {pid}; sleep 30", timeout=60)
+    assert time.monotonic() - started < QUICK
+    assert run(session, "echo again").stdout == "again\n"
+    assert transport.agent_pid != pid and session.restarts == 1
+    assert alive(busybox_backend, session, mark) == []  # the new agent killed the old one's orphans
+
+
+def test_a_command_cannot_reach_the_agents_descriptors_or_its_binary(session: DockerSession) -> None:
+    run(session, "true")
+    pid = transport_of(session).agent_pid
+    result = run(
+        session,
+        f"for fd in 0 1 2 3 4 5 6 7 8 9 10 11 12; do echo junk > /proc/{pid}/fd/$fd && echo wrote; done; "
+        f"cat /proc/{pid}/exe >/dev/null && echo read; cat /proc/{pid}/environ >/dev/null && echo read; "
+        "ls -a /tmp /home/sandbox; echo done",
+    )
+    assert "wrote" not in result.stdout and "read" not in result.stdout
+    assert ".adk-sandbox-agent" not in result.stdout  # the loader unlinked itself
+    assert result.stdout.endswith("done\n")
+    assert run(session, "echo still").stdout == "still\n"
+    assert session.restarts == 0
+
+
+def _raw_channel(
+    session: DockerSession, payload: bytes, kind: FrameType = FrameType.RUN
+) -> tuple[str, object]:
+    transport = transport_of(session)
+    agent = transport._agent
+    assert agent is not None
+    number, channel = agent.open_channel()
+    try:
+        agent.send(encode(kind, number, payload), time.monotonic() + QUICK)
+        return channel.events.get(timeout=QUICK)
+    finally:
+        agent.close_channel(number)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b'{"argv": ["sh", ["nested"]], "env": {}}',
+        b'{"argv": [], "env": {}}',
+        b'{"argv": ["true"], "env": {"A": 1}}',
+        b'{"argv": ["true"], "env": {"A=B": "c"}}',
+        b'{"argv": ["true"], "env": {}, "timeout": "soon"}',
+        b'{"argv": ["tr\\u0000ue"], "env": {}}',
+        b'{"argv": ["true"], "env": {}, "x": {"deep": {"er": "1"}}}',
+        b'{"argv": ["true"], "env": {}} trailing',
+        b'{"argv": ["\xff"], "env": {}}',
+        b'{"argv": ["\\ud800"], "env": {}}',
+        b'{"argv": ["true"], "env": {}, "timeout": NaN}',
+    ],
+)
+def test_the_static_agent_answers_a_malformed_run_with_error_and_goes_on(
+    session: DockerSession, body: bytes
+) -> None:
+    run(session, "true")
+    kind, message = _raw_channel(session, body)
+    assert kind == "error" and "bad RUN" in str(message)
+    assert run(session, "echo fine").stdout == "fine\n"
+    assert session.restarts == 0
+
+
+def test_file_operations_are_refused_by_the_static_agent_for_now(session: DockerSession) -> None:
+    run(session, "true")
+    assert "ops" not in (transport_of(session)._agent.hello or {})  # type: ignore[union-attr]
+    kind, _ = _raw_channel(session, b'{"op": "stat", "path": "/"}', FrameType.FILE)
+    assert kind == "error"  # a RESULT {"error": EOPNOTSUPP}, delivered to the channel
+    assert run(session, "echo fine").stdout == "fine\n"
+
+
+def test_a_frame_the_protocol_forbids_ends_the_agent_and_the_next_command_gets_a_new_one(
+    busybox_backend: DockerBackend, session: DockerSession
+) -> None:
+    run(session, "true")
+    transport = transport_of(session)
+    agent = transport._agent
+    assert agent is not None
+    mark = unique_sleep_seconds()
+    worker: list[BaseException] = []
+
+    def victim() -> None:
+        try:
+            run(session, f"sleep {mark}", timeout=60)
+        except BaseException as exc:
+            worker.append(exc)
+
+    thread = threading.Thread(target=victim)
+    thread.start()
+    time.sleep(1.0)
+    agent.send(b"\x63" + bytes(11), time.monotonic() + QUICK)  # type 99, channel 0, empty
+    thread.join(QUICK)
+    assert worker and isinstance(worker[0], SandboxFailedError)
+    assert alive(busybox_backend, session, mark) == []  # the agent killed its commands as it left
+    assert run(session, "echo next").stdout == "next\n"
+
+
+@pytest.mark.parametrize("flavour", ["python", "static"])
+def test_both_flavours_on_the_base_image(
+    docker_backend: DockerBackend, owned_workspace: Path, monkeypatch: pytest.MonkeyPatch, flavour: str
+) -> None:
+    monkeypatch.setenv("ADK_SANDBOX_AGENT", flavour)
+    marks = [unique_sleep_seconds() for _ in range(6)]
+    with docker_backend.session(workspace=owned_workspace) as session:
+        result = run(session, escapees_script(marks) + "; sleep 60", timeout=2.5)
+        assert result.timed_out and result.stdout == "started\n"
+        assert transport_of(session).agent_flavour == flavour
+        assert alive(docker_backend, session, *marks) == []
+        assert run(session, "cat", stdin="x" * 200_000).stdout == "x" * 200_000
+        assert run(session, "echo $A", env={"A": "b"}).stdout == "b\n"
+
+
+def test_the_static_agent_under_gvisor(
+    busybox_image: str, owned_workspace: Path, docker_backend: DockerBackend
+) -> None:
+    runtimes = docker_backend._client.info().get("Runtimes") or {}
+    require("runsc" in runtimes, "gVisor's runsc is not registered")
+    backend = DockerBackend(image=busybox_image, runtime="runsc")
+    try:
+        with backend.session(workspace=owned_workspace) as session:  # the set-id probe passed
+            assert transport_of(session).agent_flavour == "static"
+            result = run(session, "cp /bin/busybox s; chmod 4755 s; echo $?")
+            assert result.stdout.strip() == "1"
+            assert (owned_workspace / "s").stat().st_mode & 0o6000 == 0
+            marks = [unique_sleep_seconds() for _ in range(6)]
+            assert run(session, escapees_script(marks) + "; sleep 60", timeout=2.5).timed_out
+            assert alive(backend, session, *marks) == []
+    finally:
+        backend.close()
+
+
+def test_an_idle_session_keeps_its_agent(session: DockerSession) -> None:
+    # A send sets the socket's timeout (here about 6 s); the reader's wait on the same socket must not
+    # take it for a broken stream while the session is idle.
+    run(session, "true", timeout=1)
+    time.sleep(8)
+    assert run(session, "echo still").stdout == "still\n"
+    assert session.restarts == 0

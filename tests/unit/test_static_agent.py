@@ -1,0 +1,107 @@
+"""The static agent's build: one source of truth for the set-id filter, the cache, and the sh loader.
+
+Needs a C compiler with a static libc on the host (gcc and libc6-dev, installed by scripts/setup). The
+agent itself never runs on the host here (it would treat the host's orphans as its own escapees); the
+loader does, with a harmless program as its payload.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from executor.backends.docker import _static_agent
+from executor.backends.docker._seccomp import native_arch, setid_filter
+from executor.backends.docker._static_agent import (
+    StaticAgentUnavailableError,
+    agent_launch,
+    build_static_agent,
+    filter_header,
+    loader_script,
+)
+from tests.conftest import require
+
+X86_64, AARCH64 = 0xC000003E, 0xC00000B7
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cache directory for the module (a build takes seconds); tests that damage it rebuild it."""
+    require(shutil.which("gcc") is not None or shutil.which("cc") is not None, "no C compiler")
+    directory = tmp_path_factory.mktemp("static-agent") / "cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ADK_SANDBOX_CACHE", str(directory))
+        yield directory
+
+
+@pytest.mark.parametrize("arch", [X86_64, AARCH64])
+def test_the_c_filter_table_is_the_python_filter(arch: int) -> None:
+    header = filter_header(arch)
+    numbers = re.search(r"\{([0-9,]*)\}", header)
+    assert numbers is not None
+    assert bytes(int(n) for n in numbers.group(1).split(",")) == setid_filter(arch)
+    assert f"#define SETID_FILTER_LEN {len(setid_filter(arch))}\n" in header
+
+
+def test_the_built_agent_carries_exactly_this_filter(cache: Path) -> None:
+    built, directory = build_static_agent()
+    assert setid_filter(native_arch()) in built.agent
+    assert directory.parent == cache and built.digest[:32] in directory.name
+    assert built.agent.startswith(b"\x7fELF") and built.loader.startswith(b"\x7fELF")
+    assert b"INTERP" not in built.agent[:4096] and len(built.loader) < 4096  # static; tiny loader
+
+
+def test_a_changed_filter_is_a_different_build(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, first = build_static_agent()
+    monkeypatch.setattr(_static_agent, "setid_filter", lambda arch: setid_filter(arch)[8:])
+    _, second = build_static_agent()
+    assert first != second
+    shutil.rmtree(second)
+
+
+def test_a_damaged_cached_binary_is_rebuilt(cache: Path) -> None:
+    built, directory = build_static_agent()
+    (directory / "agent").write_bytes(b"\x7fELF tampered")
+    again, _ = build_static_agent()
+    assert again.agent == built.agent
+
+
+def test_no_compiler_is_a_clear_error(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_static_agent, "_compiler", lambda: None)
+    with pytest.raises(StaticAgentUnavailableError, match="C compiler"):
+        build_static_agent()
+
+
+def test_a_python_source_given_by_a_test_forces_the_python_flavour() -> None:
+    launch = agent_launch("static", "1:2", source="print(1)")
+    assert launch.flavour == "python" and launch.argv[:4] == ["python3", "-I", "-S", "-c"]
+    assert launch.preamble == b""
+
+
+@pytest.mark.parametrize("shell", ["dash", "busybox"])
+def test_the_loader_written_by_printf_runs_its_payload_from_stdin_and_leaves_no_file(
+    cache: Path, shell: str, tmp_path: Path
+) -> None:
+    require(shutil.which(shell) is not None, f"{shell} is missing")
+    built, _ = build_static_agent()
+    payload = Path("/bin/echo").read_bytes()
+    argv = [shell, *(["sh"] if shell == "busybox" else []), "-c", loader_script(built.loader, "unit")]
+    argv += ["adk-sandbox-agent-loader", str(len(payload)), "loaded", "fine"]
+    done = subprocess.run(
+        argv, input=payload + b"frames follow", capture_output=True, timeout=30, check=False,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, b"loaded fine\n"), done.stderr
+    assert not Path("/tmp/.adk-sandbox-agent-unit").exists()
+
+
+def test_a_short_payload_fails_the_loader_cleanly(cache: Path) -> None:
+    built, _ = build_static_agent()
+    argv = ["dash", "-c", loader_script(built.loader, "short"), "loader", "1000"]
+    done = subprocess.run(argv, input=b"only a few", capture_output=True, timeout=30, check=False)
+    assert done.returncode == 127 and b"ended early" in done.stderr
