@@ -118,10 +118,11 @@ def project_containers(client: docker.DockerClient, owner_pid: int | None = None
     """Ids of every container (running or not) carrying this project's label (and this owner's, if given).
 
     Filtering by owner keeps a check about this process's containers true while other processes (another
-    test run, a developer's session) create and remove their own.
+    test run, a developer's session) create and remove their own. ``sparse``: the list call's own data,
+    no inspect per container (which would fail on one removed meanwhile).
     """
     label = "io.adk-sandbox.project" if owner_pid is None else f"io.adk-sandbox.owner-pid={owner_pid}"
-    return [str(c.id) for c in client.containers.list(all=True, filters={"label": label})]
+    return [str(c.id) for c in client.containers.list(all=True, sparse=True, filters={"label": label})]
 
 
 def containers_mounting(client: docker.DockerClient, path: Path) -> list[str]:
@@ -132,7 +133,7 @@ def containers_mounting(client: docker.DockerClient, path: Path) -> list[str]:
     """
     return [
         str(c.id)
-        for c in client.containers.list(all=True, filters={"label": "io.adk-sandbox.project"})
+        for c in client.containers.list(all=True, sparse=True, filters={"label": "io.adk-sandbox.project"})
         if any(m.get("Source") == str(path) for m in c.attrs.get("Mounts") or [])
     ]
 

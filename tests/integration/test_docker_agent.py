@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor import ExecRequest, ExecResult, Language, SandboxFailedError
+from executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
 from executor._output import OutputCapture
 from executor.backends.docker import DockerBackend, DockerSession
 from executor.backends.docker._agent_transport import AgentTransport
@@ -342,7 +342,7 @@ def test_a_lying_agent_fails_a_file_operation_within_the_bound(
 def test_an_agent_without_file_operations_is_refused_clearly(
     plain_session: DockerSession, owned_workspace: Path
 ) -> None:
-    with pytest.raises(SandboxFailedError, match="does not perform the file operation"):
+    with pytest.raises(InvalidRequestError, match="does not perform the file operation"):
         file_liar(plain_session, owned_workspace, READ, encode(FrameType.RESULT, 1, {"size": 0}), HELLO)
 
 

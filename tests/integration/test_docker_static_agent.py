@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, ExecResult, Language, SandboxFailedError
+from executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
 from executor.backends.docker import DockerBackend, DockerSession
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._frames import FrameType, encode
@@ -267,9 +267,12 @@ def test_the_static_agent_answers_a_malformed_run_with_error_and_goes_on(
 def test_file_operations_are_refused_by_the_static_agent_for_now(session: DockerSession) -> None:
     run(session, "true")
     assert "ops" not in (transport_of(session)._agent.hello or {})  # type: ignore[union-attr]
-    kind, _ = _raw_channel(session, b'{"op": "stat", "path": "/"}', FrameType.FILE)
-    assert kind == "error"  # a RESULT {"error": EOPNOTSUPP}, delivered to the channel
+    kind, body = _raw_channel(session, b'{"op": "stat", "path": "/"}', FrameType.FILE)
+    assert kind == "result" and body["error"]["name"] == "EOPNOTSUPP"  # type: ignore[index]
+    with pytest.raises(InvalidRequestError, match="no file operations yet"):  # the host does not even ask
+        session.files.stat("/")
     assert run(session, "echo fine").stdout == "fine\n"
+    assert session.restarts == 0
 
 
 def test_a_frame_the_protocol_forbids_ends_the_agent_and_the_next_command_gets_a_new_one(

@@ -19,7 +19,7 @@ from executor.backends.docker import _static_agent
 from executor.backends.docker._seccomp import native_arch, setid_filter
 from executor.backends.docker._static_agent import (
     StaticAgentUnavailableError,
-    agent_launch,
+    agent_launches,
     build_static_agent,
     filter_header,
     loader_script,
@@ -78,9 +78,24 @@ def test_no_compiler_is_a_clear_error(cache: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_a_python_source_given_by_a_test_forces_the_python_flavour() -> None:
-    launch = agent_launch("static", "1:2", source="print(1)")
+    (launch,) = agent_launches("static", "1:2", source="print(1)")
     assert launch.flavour == "python" and launch.argv[:4] == ["python3", "-I", "-S", "-c"]
     assert launch.preamble == b""
+
+
+def test_auto_prefers_the_python_agent_then_the_static_one(cache: Path) -> None:
+    """File operations exist in the Python agent only: auto takes it where python3 is, static elsewhere."""
+    assert [launch.flavour for launch in agent_launches("auto", None)] == ["python", "static"]
+    assert [launch.flavour for launch in agent_launches("static", None)] == ["static"]
+    assert [launch.flavour for launch in agent_launches("python", None)] == ["python"]
+
+
+def test_auto_without_a_compiler_is_the_python_agent_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_static_agent, "_static_or_reason", lambda: "no C compiler")  # memoised per process
+    (launch,) = agent_launches("auto", None)
+    assert launch.flavour == "python" and "could not be built" in launch.requirement
+    with pytest.raises(StaticAgentUnavailableError):
+        agent_launches("static", None)
 
 
 @pytest.mark.parametrize("shell", ["dash", "busybox"])

@@ -41,7 +41,7 @@ from executor.backends.docker._static_agent import (
     AgentFlavour,
     AgentLaunch,
     StaticAgentUnavailableError,
-    agent_launch,
+    agent_launches,
 )
 from executor.backends.docker._transport import (
     CANCEL_POLL_SECONDS,
@@ -51,7 +51,7 @@ from executor.backends.docker._transport import (
     DockerStreamSplitter,
     PreparedCommand,
 )
-from executor.errors import SandboxFailedError
+from executor.errors import InvalidRequestError, SandboxFailedError
 from executor.types import Stream
 
 __all__ = ["AGENT_GRACE_SECONDS", "AgentTransport", "FileOpCancelledError"]
@@ -277,22 +277,7 @@ class AgentTransport:
                 agent.close(replacing)
             self._agent = None
             start_by = min(until, time.monotonic() + AGENT_START_SECONDS)
-            launch = self._launch()
-            exec_id = self._exec._create_exec(launch.argv, user, "/", True, start_by)
-            sock, early = self._exec._start_exec(exec_id, start_by)
-            agent = _Agent(sock, early, user)
-            try:
-                if launch.preamble:
-                    try:
-                        agent.send(launch.preamble, start_by)
-                    except SandboxFailedError as exc:
-                        raise SandboxFailedError(
-                            f"the in-sandbox agent could not start ({exc}); {launch.requirement}"
-                        ) from exc
-                hello = agent.wait_hello(start_by, launch.requirement)
-            except BaseException:
-                agent.close()
-                raise
+            agent, hello = self._start_agent(user, start_by)
             if self._protected is None and isinstance(hello.get("protected"), str):
                 self._protected = str(hello["protected"])
             self._agent = agent
@@ -303,12 +288,46 @@ class AgentTransport:
                     self._on_restart(replacing)
             return agent
 
-    def _launch(self) -> AgentLaunch:
-        """How the next agent starts (its flavour: :mod:`._static_agent`)."""
+    def _start_agent(self, user: str, start_by: float) -> tuple[_Agent, dict[str, Any]]:
+        """Start an agent as ``user``: each launch of :func:`agent_launches` in turn until one answers.
+
+        The flavour that answered is kept: a replacement agent of this container starts the same way.
+        """
         try:
-            return agent_launch(self._flavour, self._protected, self._source)
+            launches = agent_launches(self._flavour, self._protected, self._source)
         except StaticAgentUnavailableError as exc:
             raise SandboxFailedError(f"the static in-sandbox agent is not available: {exc}") from exc
+        failures: list[str] = []
+        for launch in launches:
+            try:
+                started = self._start_launch(launch, user, start_by)
+            except SandboxFailedError as exc:
+                failures.append(str(exc))
+                if launch is launches[-1] or time.monotonic() >= start_by:
+                    raise SandboxFailedError("; then ".join(failures)) from exc
+                log.info("the %s agent did not start, trying the next flavour: %s", launch.flavour, exc)
+                continue
+            if self._source is None:
+                self._flavour = launch.flavour
+            return started
+        raise SandboxFailedError("no in-sandbox agent flavour to start")  # pragma: no cover - never empty
+
+    def _start_launch(self, launch: AgentLaunch, user: str, start_by: float) -> tuple[_Agent, dict[str, Any]]:
+        exec_id = self._exec._create_exec(launch.argv, user, "/", True, start_by)
+        sock, early = self._exec._start_exec(exec_id, start_by)
+        agent = _Agent(sock, early, user)
+        try:
+            if launch.preamble:
+                try:
+                    agent.send(launch.preamble, start_by)
+                except SandboxFailedError as exc:
+                    raise SandboxFailedError(
+                        f"the in-sandbox agent could not start ({exc}); {launch.requirement}"
+                    ) from exc
+            return agent, agent.wait_hello(start_by, launch.requirement)
+        except BaseException:
+            agent.close()
+            raise
 
     @property
     def agent_flavour(self) -> str | None:
@@ -467,9 +486,11 @@ class AgentTransport:
         agent = self._agent_for(user, deadline + AGENT_GRACE_SECONDS)
         ops = (agent.hello or {}).get("ops")
         if not isinstance(ops, list) or request["op"] not in ops:
-            raise SandboxFailedError(
-                f"the in-sandbox agent does not perform the file operation {request['op']!r} "
-                f"(it offers {ops!r})"
+            # Nothing was sent and the agent is fine: the request cannot be served by this agent.
+            raise InvalidRequestError(
+                f"the in-sandbox agent ({(agent.hello or {}).get('agent', 'python')}) does not perform the "
+                f"file operation {request['op']!r} (it offers {ops!r}); the static agent used for images "
+                "without python3 has no file operations yet: use an image with python3"
             )
         number, channel = agent.open_channel()
         try:

@@ -51,7 +51,7 @@ __all__ = [
     "AgentLaunch",
     "StaticAgent",
     "StaticAgentUnavailableError",
-    "agent_launch",
+    "agent_launches",
     "build_static_agent",
     "cache_root",
     "filter_header",
@@ -259,27 +259,35 @@ def _flavour(requested: str | None) -> str:
     return flavour
 
 
-def agent_launch(requested: str | None, protected: str | None, source: str | None = None) -> AgentLaunch:
-    """How to start the next agent: ``requested`` flavour (None: ``$ADK_SANDBOX_AGENT`` or auto).
+def agent_launches(
+    requested: str | None, protected: str | None, source: str | None = None
+) -> list[AgentLaunch]:
+    """How to start the next agent, in order of preference: the transport tries each until one answers.
 
-    ``source`` (a Python agent program, for tests) forces the Python flavour. Auto takes the static agent
-    when it can be had and says in the log when it falls back to Python.
+    ``requested`` is the flavour (None: ``$ADK_SANDBOX_AGENT``, else ``auto``). ``auto`` prefers the
+    Python agent, which alone performs file operations so far, and falls back to the static agent when
+    the image has no python3 (the Python launch then fails at once); ``static`` or ``python`` is that
+    one only. ``source`` (a Python agent program, for tests) forces the Python flavour.
     """
     flavour = "python" if source is not None else _flavour(requested)
-    if flavour != "python":
-        found = _static_or_reason()
-        if not isinstance(found, str):
-            return _static_launch(found, protected)
+    python = AgentLaunch("python", agent_argv(protected, source or AGENT_SOURCE))
+    if flavour == "python":
+        return [python]
+    found = _static_or_reason()
+    if isinstance(found, str):
         if flavour == "static":
             raise StaticAgentUnavailableError(found)
-        log.info("static agent unavailable, using the Python agent: %s", found)
-        return AgentLaunch(
-            "python",
-            agent_argv(protected, AGENT_SOURCE),
-            requirement=f"the session image must provide python3 on PATH (the static agent that needs "
-            f"no python3 could not be built: {found})",
-        )
-    return AgentLaunch("python", agent_argv(protected, source or AGENT_SOURCE))
+        log.info("static agent unavailable, only the Python agent can be used: %s", found)
+        return [
+            AgentLaunch(
+                "python",
+                python.argv,
+                requirement=f"the session image must provide python3 on PATH (the static agent that needs "
+                f"no python3 could not be built: {found})",
+            )
+        ]
+    static = _static_launch(found, protected)
+    return [static] if flavour == "static" else [python, static]
 
 
 def main() -> int:
