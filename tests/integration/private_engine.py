@@ -82,13 +82,15 @@ class PrivateEngine:
             "--live-restore=false",
         ]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(  # noqa: S603 - a fixed argv
+            self.process = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
             )
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
-                raise PrivateEngineError(f"dockerd exited with status {self.process.returncode}{self._tail()}")
+                raise PrivateEngineError(
+                    f"dockerd exited with status {self.process.returncode}{self._tail()}"
+                )
             if self.answers():
                 return
             if time.monotonic() > deadline:
@@ -120,7 +122,7 @@ class PrivateEngine:
             return False
         try:
             return bool(client.ping())
-        except Exception:  # noqa: BLE001 - any failure means "not yet"
+        except Exception:
             return False
         finally:
             client.close()
@@ -174,14 +176,14 @@ class PrivateEngine:
         and imported in a few seconds.
         """
         started = time.monotonic()
-        cut = subprocess.Popen(  # noqa: S603
-            ["docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", source,  # noqa: S607
+        cut = subprocess.Popen(
+            ["docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", source,
              "-c", _MINIMAL_ROOTFS],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )  # fmt: skip
-        imported = subprocess.run(  # noqa: S603
-            ["docker", "-H", self.host, "import", "-", tag],  # noqa: S607
+        imported = subprocess.run(
+            ["docker", "-H", self.host, "import", "-", tag],
             stdin=cut.stdout,
             capture_output=True,
             check=False,
@@ -211,7 +213,7 @@ class PrivateEngine:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for mount in sorted(self._mounts(), key=len, reverse=True):
-            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)  # noqa: S603, S607
+            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
         for hierarchy in Path("/sys/fs/cgroup").iterdir():
             _remove_cgroup(hierarchy / self.cgroup_parent.lstrip("/"))
         shutil.rmtree(self.root, ignore_errors=True)
