@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from executor import ExecRequest, ExecResult, ExecutorError, Language, SandboxFailedError
-from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession
+from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, _daemon
 from executor.backends.docker._agent_transport import AgentTransport
 from tests.conftest import live_processes_with_args, require, unique_sleep_seconds, wait_until_gone
 from tests.integration.private_engine import DOCKERD, PrivateEngine, PrivateEngineError
@@ -54,6 +54,9 @@ def on_engine(engine: PrivateEngine, monkeypatch: pytest.MonkeyPatch) -> Private
     if not engine.answers():
         engine.start()
     monkeypatch.setenv("DOCKER_HOST", engine.host)
+    # Idempotent calls to an unreachable engine (a close) are retried for this long (10 s by default,
+    # for a service manager's restart); shortened to keep the module quick, the bound is what is tested.
+    monkeypatch.setattr(_daemon, "RETRY_BUDGET_SECONDS", 2.0)
     return engine
 
 
@@ -182,14 +185,37 @@ def test_an_engine_killed_mid_command_fails_it_clearly_and_close_does_not_hang(
         assert outcome is None or isinstance(outcome, ExecutorError), outcome  # at most a clear error
     for backend in backends:
         Background(backend.close).wait(QUICK)
-    # Once the engine is back, nothing of the sessions is left: without live-restore the engine stops
-    # what it ran and removes it (auto-remove); a new backend reaps leaked containers as ever.
+    # Once the engine is back, nothing of the sessions is left: without live-restore (and, with the
+    # containerd it spawns dead too, even with it) the engine stops what it ran and auto-remove removes it.
     on_engine.start()
-    DockerBackend(image=PRIVATE_IMAGE).close()
     for container_id in containers:
         assert container_id not in on_engine.containers()
     for mark in marks:
         assert wait_until_gone("sleep", mark) == []
+
+
+def test_a_container_its_session_could_not_remove_is_reaped_by_the_next_backend(
+    on_engine: PrivateEngine, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    backend = DockerBackend(image=PRIVATE_IMAGE)
+    session = backend.session(workspace=owned(tmp_path_factory, 1000))
+    assert run(session, "echo before").stdout == "before\n"
+    container_id = session.container_id
+    # The engine runs on but cannot be reached (its socket is elsewhere) while the session closes.
+    away = on_engine.socket + ".away"
+    os.rename(on_engine.socket, away)
+    try:
+        outcome = Background(session.close).wait(QUICK)
+        assert isinstance(outcome, ExecutorError), outcome
+        assert "not reachable" in str(outcome)
+    finally:
+        os.rename(away, on_engine.socket)
+    backend.close()
+    assert container_id in on_engine.containers()  # the owner (this process) is alive: labels keep it
+    reaper = DockerBackend(image=PRIVATE_IMAGE)
+    reaper.close()
+    assert container_id in {leaked.id for leaked in reaper.reaped}
+    assert container_id not in on_engine.containers()
 
 
 # -- the agent killed from inside mid-command, with a neighbour running -----------------------------------

@@ -20,7 +20,7 @@ from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._daemon import daemon_socket_path, idempotent, remove_container
-from executor.backends.docker._reaper import owner_labels
+from executor.backends.docker._reaper import note_unremoved, owner_labels
 from executor.backends.docker._spec import (
     GVISOR_RUNTIME,
     HOME_DIR,
@@ -37,7 +37,7 @@ from executor.backends.docker._transport import (
     DockerExecTransport,
     PreparedCommand,
 )
-from executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
+from executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
 
 __all__ = ["DockerSession", "SessionConfig"]
@@ -346,7 +346,11 @@ class DockerSession(SandboxBackend):
             transport.close()
         if container_id is None or self.attached:
             return
-        remove_container(self._client, container_id)
+        try:
+            remove_container(self._client, container_id)
+        except ExecutorError:
+            note_unremoved(container_id)  # the engine is unreachable: the next backend's reaper removes it
+            raise
         self._remove_git_placeholder()
 
     def _make_git_placeholder(self) -> None:
