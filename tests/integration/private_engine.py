@@ -209,9 +209,12 @@ class PrivateEngine:
                     client.close()
         self.stop()
         # What a killed daemon leaves: its containerd (normally killed with it), shims, container processes.
-        for pid in self.leftover_processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (left := self.leftover_processes()) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
         for mount in sorted(self._mounts(), key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
         for hierarchy in Path("/sys/fs/cgroup").iterdir():
@@ -219,7 +222,7 @@ class PrivateEngine:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def leftover_processes(self) -> list[int]:
-        """Pids of processes of this engine: anything whose argv names its root, or in its cgroup."""
+        """Pids of live processes of this engine: anything whose argv names its root, or in its cgroup."""
         root = str(self.root).encode()
         found = set()
         for entry in os.listdir("/proc"):
@@ -232,7 +235,7 @@ class PrivateEngine:
                     cgroups = handle.read()
             except OSError:
                 continue
-            if root in cmdline or f":{self.cgroup_parent}/" in cgroups:
+            if (root in cmdline or f":{self.cgroup_parent}/" in cgroups) and not _is_dead(int(entry)):
                 found.add(int(entry))
         return sorted(found)
 

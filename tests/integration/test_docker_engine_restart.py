@@ -30,7 +30,7 @@ PRIVATE_IMAGE = "adk-sandbox-private/minimal:test"
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[PrivateEngine]:
+def engine(docker_backend: DockerBackend) -> Iterator[PrivateEngine]:
     """A private dockerd with a minimal image of the base image, for this module; removed at the end."""
     require(os.geteuid() == 0 and os.access(DOCKERD, os.X_OK), f"a private dockerd needs root and {DOCKERD}")
     private = PrivateEngine()
@@ -207,7 +207,7 @@ def test_a_container_its_session_could_not_remove_is_reaped_by_the_next_backend(
     try:
         outcome = Background(session.close).wait(QUICK)
         assert isinstance(outcome, ExecutorError), outcome
-        assert "not reachable" in str(outcome)
+        assert "not reachable" in str(outcome) and "left behind" in str(outcome)
     finally:
         os.rename(away, on_engine.socket)
     backend.close()

@@ -348,9 +348,12 @@ class DockerSession(SandboxBackend):
             return
         try:
             remove_container(self._client, container_id)
-        except ExecutorError:
+        except ExecutorError as exc:
             note_unremoved(container_id)  # the engine is unreachable: the next backend's reaper removes it
-            raise
+            raise type(exc)(
+                f"{exc}; the sandbox container {container_id[:12]} is left behind: the next DockerBackend() "
+                "made in this process removes it once the engine answers"
+            ) from exc
         self._remove_git_placeholder()
 
     def _make_git_placeholder(self) -> None:
