@@ -121,7 +121,9 @@ def project_containers(client: docker.DockerClient, owner_pid: int | None = None
     test run, a developer's session) create and remove their own.
     """
     label = "io.adk-sandbox.project" if owner_pid is None else f"io.adk-sandbox.owner-pid={owner_pid}"
-    return [str(c.id) for c in client.containers.list(all=True, filters={"label": label})]
+    # ignore_removed: a container removed between the listing and its inspect is not an error.
+    listed = client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
+    return [str(c.id) for c in listed]
 
 
 def containers_mounting(client: docker.DockerClient, path: Path) -> list[str]:
@@ -130,10 +132,10 @@ def containers_mounting(client: docker.DockerClient, path: Path) -> list[str]:
     A leak check about one test's workspace stays true while other processes on the machine create and
     remove containers of their own (another test run, a CLI subprocess's reaper).
     """
+    project = {"label": "io.adk-sandbox.project"}
+    listed = client.containers.list(all=True, filters=project, ignore_removed=True)
     return [
-        str(c.id)
-        for c in client.containers.list(all=True, filters={"label": "io.adk-sandbox.project"})
-        if any(m.get("Source") == str(path) for m in c.attrs.get("Mounts") or [])
+        str(c.id) for c in listed if any(m.get("Source") == str(path) for m in c.attrs.get("Mounts") or [])
     ]
 
 
