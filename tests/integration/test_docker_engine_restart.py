@@ -8,6 +8,7 @@ found in the host's /proc whatever engine ran them. Bounds are generous "does no
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -60,19 +61,16 @@ def on_engine(engine: PrivateEngine, monkeypatch: pytest.MonkeyPatch) -> Private
     return engine
 
 
-@pytest.fixture(params=["uid1000", "root"])
-def workspace(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp(f"ws-{request.param}")
-    owner = 1000 if request.param == "uid1000" else 0
-    os.chown(root, owner, owner)
-    return root
-
-
 def owned(factory: pytest.TempPathFactory, owner: int) -> Path:
     """A workspace owned by ``owner`` (commands run as its owner: uid 1000, or root without capabilities)."""
     root = factory.mktemp(f"ws-{owner}")
     os.chown(root, owner, owner)
     return root
+
+
+@pytest.fixture(params=[1000, 0], ids=["uid1000", "root"])
+def workspace(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return owned(tmp_path_factory, request.param)
 
 
 def run(session: DockerSession, code: str, timeout: float = 20) -> ExecResult:
@@ -135,12 +133,12 @@ def test_an_engine_restarted_mid_command_fails_it_clearly_and_the_session_goes_o
         first = session.container_id
         running = Background(lambda: run(session, f"echo started; sleep {mark}", timeout=120))
         wait_for_processes("sleep", mark)
+        stopping = time.monotonic()
         on_engine.restart()  # no live-restore: the container dies with the engine
-        restarted = time.monotonic()
         error = running.wait(QUICK)
         assert isinstance(error, SandboxFailedError), error
         assert "not re-run" in str(error)
-        assert running.ended is not None and running.ended - restarted < QUICK
+        assert running.ended is not None and running.ended - stopping < QUICK
         assert wait_until_gone("sleep", mark) == []
         # The next command runs in a fresh container (logged, counted), the old one is gone.
         assert run(session, "echo again").stdout == "again\n"
@@ -167,7 +165,7 @@ def test_an_engine_killed_mid_command_fails_it_clearly_and_close_does_not_hang(
         assert run(session, "echo before").stdout == "before\n"
     containers = [session.container_id for session in sessions]
     running = [
-        Background(lambda s=session, m=mark: run(s, f"sleep {m}", timeout=120))  # type: ignore[misc]
+        Background(functools.partial(run, session, f"sleep {mark}", 120))
         for session, mark in zip(sessions, marks, strict=True)
     ]
     for mark in marks:
@@ -185,8 +183,8 @@ def test_an_engine_killed_mid_command_fails_it_clearly_and_close_does_not_hang(
         assert outcome is None or isinstance(outcome, ExecutorError), outcome  # at most a clear error
     for backend in backends:
         Background(backend.close).wait(QUICK)
-    # Once the engine is back, nothing of the sessions is left: without live-restore (and, with the
-    # containerd it spawns dead too, even with it) the engine stops what it ran and auto-remove removes it.
+    # Once the engine is back, nothing of the sessions is left: without live-restore the engine kills at
+    # its start what it ran before, and auto-remove removes the containers.
     on_engine.start()
     for container_id in containers:
         assert container_id not in on_engine.containers()
