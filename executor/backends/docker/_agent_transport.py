@@ -116,7 +116,10 @@ class _Agent:
                     self._fail(f"the connection to the in-sandbox agent broke: {exc}")
                     return
                 if not data:
-                    self._fail("the in-sandbox agent ended" + self._diagnostics())
+                    self._fail(
+                        "the in-sandbox agent ended (killed in the container, or the container or the Docker "
+                        "engine stopped)" + self._diagnostics()
+                    )
                     return
                 self._dispatch(data)
         except ProtocolError as exc:

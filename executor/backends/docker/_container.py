@@ -20,7 +20,7 @@ import docker
 import docker.errors
 
 from executor.backends.docker._daemon import daemon_socket_path, idempotent, remove_container
-from executor.backends.docker._reaper import owner_labels
+from executor.backends.docker._reaper import note_unremoved, owner_labels
 from executor.backends.docker._spec import (
     GVISOR_RUNTIME,
     HOME_DIR,
@@ -28,7 +28,7 @@ from executor.backends.docker._spec import (
     hardening_violations,
     host_config_arguments,
 )
-from executor.errors import PolicyNotEnforceableError, SandboxFailedError
+from executor.errors import ExecutorError, PolicyNotEnforceableError, SandboxFailedError
 
 __all__ = ["ContainerProvider", "OomCounter", "OpenedContainer", "split_brain_message"]
 
@@ -103,15 +103,24 @@ class ContainerProvider:
             idempotent(start)  # retried only when the daemon was unreachable
             return self._verify(idempotent(lambda: api.inspect_container(container_id)), verify_limits=True)
         except BaseException:
-            # Never leave a half-started container behind.
-            self.remove(container_id)
+            # Never leave a half-started container behind (one the engine cannot remove now is noted for
+            # the next reaper; the error that stopped the start is the one to report).
+            with contextlib.suppress(ExecutorError):
+                self.remove(container_id)
             raise
 
     def remove(self, container_id: str | None) -> None:
         """Remove a container this provider created (never an attached one), and the ``.git`` placeholder."""
         if container_id is None or self.attached:
             return
-        remove_container(self._client, container_id)
+        try:
+            remove_container(self._client, container_id)
+        except ExecutorError as exc:
+            note_unremoved(container_id)  # the engine is unreachable: the next backend's reaper removes it
+            raise type(exc)(
+                f"{exc}; the sandbox container {container_id[:12]} is left behind: the next DockerBackend() "
+                "made in this process removes it once the engine answers"
+            ) from exc
         self._remove_git_placeholder()
 
     def _create(self, spec: ContainerSpec, name: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,13 +21,24 @@ import docker
 from executor.backends.docker._daemon import idempotent, remove_container
 from executor.backends.docker._spec import LABEL_PREFIX, PROJECT_LABEL
 
-__all__ = ["LeakedContainer", "find_leaked", "owner_labels", "reap_leaked"]
+__all__ = ["LeakedContainer", "find_leaked", "note_unremoved", "owner_labels", "reap_leaked"]
 
 OWNER_PID = LABEL_PREFIX + "owner-pid"
 OWNER_START = LABEL_PREFIX + "owner-start"
 OWNER_BOOT = LABEL_PREFIX + "owner-boot"
 EXPIRES = LABEL_PREFIX + "expires"
 SESSION = LABEL_PREFIX + "session"
+
+
+#: Ids of this process's containers that their closed sessions could not remove (see the module docstring).
+_unremoved: set[str] = set()
+_unremoved_lock = threading.Lock()
+
+
+def note_unremoved(container_id: str) -> None:
+    """Record that a closed session could not remove its container: the next reaping removes it."""
+    with _unremoved_lock:
+        _unremoved.add(container_id)
 
 
 @functools.cache
@@ -92,8 +104,12 @@ def find_leaked(client: docker.DockerClient) -> list[LeakedContainer]:
     )
     now = time.time()
     leaked = []
+    with _unremoved_lock:
+        unremoved = set(_unremoved)
     for entry in listed:
         reason = leak_reason(entry.get("Labels") or {}, now)
+        if reason is None and entry["Id"] in unremoved:
+            reason = "its session was closed while the Docker engine could not be reached"
         if reason is not None:
             names = entry.get("Names") or [""]
             leaked.append(LeakedContainer(id=entry["Id"], name=names[0].lstrip("/"), reason=reason))
@@ -105,5 +121,7 @@ def reap_leaked(client: docker.DockerClient) -> list[LeakedContainer]:
     removed = []
     for container in find_leaked(client):
         remove_container(client, container.id)
+        with _unremoved_lock:
+            _unremoved.discard(container.id)
         removed.append(container)
     return removed

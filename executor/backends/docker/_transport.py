@@ -43,7 +43,7 @@ from executor.backends.docker._supervisor import (
     supervisor_argv,
     survey_argv,
 )
-from executor.errors import SandboxFailedError
+from executor.errors import BackendUnavailableError, SandboxFailedError
 from executor.types import Stream
 
 __all__ = [
@@ -508,7 +508,14 @@ class DockerExecTransport:
         """The exec's exit status once the daemon marks it ended (None if it does not within 5 s)."""
         give_up = min(until, time.monotonic() + 5.0)
         while True:
-            status, body = self._daemon.request("GET", f"/exec/{exec_id}/json", None, until)
+            try:
+                status, body = self._daemon.request("GET", f"/exec/{exec_id}/json", None, until)
+            except BackendUnavailableError as exc:
+                # The daemon went away (stopped or restarting) after the exec started: the sandbox failed.
+                raise SandboxFailedError(
+                    f"lost the Docker daemon while the command ran ({exc}); the command's end is unknown "
+                    "(it is not re-run)"
+                ) from exc
             if status == 200 and isinstance(body, dict):
                 if not body.get("Running"):
                     code = body.get("ExitCode")

@@ -9,6 +9,7 @@ died, counting that in :attr:`DockerSession.restarts`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -35,7 +36,7 @@ from executor.backends.docker._transport import (
     PreparedCommand,
 )
 from executor.backends.docker.files import SandboxFiles
-from executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
+from executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
 
 __all__ = ["TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
@@ -227,7 +228,8 @@ class DockerSession(SandboxBackend):
             verify_from_inside(transport, container.base_env, self._user, self._config.spec.workspace)
             self._oom_counter = OomCounter.for_container(container.inspect)
         except BaseException:
-            self._discard_container(container.id)
+            with contextlib.suppress(ExecutorError):  # noted for the reaper; report why the start failed
+                self._discard_container(container.id)
             raise
 
     def _agent_restarted(self, why: str) -> None:

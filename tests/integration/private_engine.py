@@ -1,0 +1,313 @@
+"""A private Docker engine for tests that stop, restart or kill the engine (the shared one is never touched).
+
+:class:`PrivateEngine` runs a second ``dockerd`` with its own data root, exec root (its containerd, which
+dockerd 20.10 spawns itself, keeps its socket and state under ``<exec-root>/containerd``), pidfile, Unix
+socket and cgroup parent, and no network changes on the host (``--bridge=none``, no iptables, no
+masquerading, no forwarding). It registers the same runtimes as the system daemon (the ``runtimes`` of
+``/etc/docker/daemon.json``, copied into its own ``--config-file``). Images travel without a registry:
+``docker save IMAGE | docker -H PRIVATE load``.
+
+A backend uses it through ``DOCKER_HOST=unix://<socket>`` (see :func:`daemon_socket_path`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import docker
+
+__all__ = ["DOCKERD", "PrivateEngine", "PrivateEngineError"]
+
+DOCKERD = shutil.which("dockerd") or "/usr/sbin/dockerd"
+SYSTEM_CONFIG = Path("/etc/docker/daemon.json")
+#: How long the daemon may take to answer after it was started (about 3 s here).
+START_SECONDS = 60.0
+#: How long a SIGTERMed daemon may take to stop its containers and exit before it is SIGKILLed.
+STOP_SECONDS = 30.0
+
+
+class PrivateEngineError(RuntimeError):
+    """The private engine could not be started (the reason and the tail of its log)."""
+
+
+class PrivateEngine:
+    """One private ``dockerd``; :meth:`start`, :meth:`stop`, :meth:`kill`, :meth:`destroy`.
+
+    Every path is under one short directory in /tmp (a Unix socket path is limited to 108 bytes), which
+    :meth:`destroy` removes after stopping the daemon and anything it left (containerd, shims, mounts).
+    """
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="adk-pe-", dir="/tmp"))
+        self.socket = str(self.root / "docker.sock")
+        self.host = f"unix://{self.socket}"
+        self.data_root = self.root / "data"
+        self.exec_root = self.root / "exec"
+        self.pidfile = self.root / "docker.pid"
+        self.log_path = self.root / "dockerd.log"
+        self.cgroup_parent = f"/adk-sandbox-private-{uuid.uuid4().hex[:8]}"
+        self.config_file = self.root / "daemon.json"
+        self.config_file.write_text(json.dumps(_private_config()))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    # -- the daemon ----------------------------------------------------------------------------------
+    def start(self, timeout: float = START_SECONDS) -> None:
+        """Start dockerd and wait until it answers a ping (:class:`PrivateEngineError` if it does not)."""
+        if self.process is not None and self.process.poll() is None:
+            raise PrivateEngineError("the private engine is already running")
+        self._forget_dead_containerd()
+        argv = [
+            DOCKERD,
+            f"--config-file={self.config_file}",
+            f"--data-root={self.data_root}",
+            f"--exec-root={self.exec_root}",
+            f"--pidfile={self.pidfile}",
+            f"--host={self.host}",
+            f"--cgroup-parent={self.cgroup_parent}",
+            "--bridge=none",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--ip-masq=false",
+            "--ip-forward=false",
+            "--userland-proxy=false",
+            "--live-restore=false",
+        ]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise PrivateEngineError(
+                    f"dockerd exited with status {self.process.returncode}{self._tail()}"
+                )
+            if self.answers():
+                return
+            if time.monotonic() > deadline:
+                self.kill()
+                raise PrivateEngineError(f"dockerd did not answer within {timeout:g} s{self._tail()}")
+            time.sleep(0.1)
+
+    def _forget_dead_containerd(self) -> None:
+        """Remove the pidfile of a containerd that died with a SIGKILLed dockerd.
+
+        Until init reaps it, the dead containerd is a zombie, which dockerd takes for a live one: it would
+        wait for it instead of starting its own, and give up ("timeout waiting for containerd to start").
+        """
+        pidfile = self.exec_root / "containerd" / "containerd.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return
+        if _is_dead(pid):
+            pidfile.unlink(missing_ok=True)
+
+    def answers(self) -> bool:
+        """True when the daemon answers a ping on its socket."""
+        if not os.path.exists(self.socket):
+            return False
+        try:
+            client = docker.DockerClient(base_url=self.host, version="auto", timeout=5)
+        except docker.errors.DockerException:
+            return False
+        try:
+            return bool(client.ping())
+        except Exception:
+            return False
+        finally:
+            client.close()
+
+    def client(self) -> docker.DockerClient:
+        """A docker-py client of the private engine (the caller closes it)."""
+        client = docker.DockerClient(base_url=self.host, version="auto", timeout=60)
+        client.api.trust_env = False
+        return client
+
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """SIGTERM (dockerd stops its containers), wait, then SIGKILL; waits for the process to end."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (its containerd dies with it; shims and containers stay, orphaned)."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.kill()
+        process.wait(10)
+
+    def restart(self) -> None:
+        """Stop (as a service manager would) and start again."""
+        self.stop()
+        self.start()
+
+    def containers(self) -> list[str]:
+        """Ids of every container on the private engine, running or not."""
+        client = self.client()
+        try:
+            return [str(c["Id"]) for c in client.api.containers(all=True)]
+        finally:
+            client.close()
+
+    # -- images --------------------------------------------------------------------------------------
+    def import_minimal_image(self, source: str, tag: str) -> float:
+        """Import into the private engine a small image cut out of ``source``; the seconds it took.
+
+        ``docker save | docker load`` of the 296 MB base image takes 10-20 s here; what a session and these
+        tests need (python3 and its standard library for the agent and the supervisor, a shell, coreutils,
+        ps, setsid and their libraries: about 40 MB) is tarred inside a throw-away container of ``source``
+        and imported in a few seconds.
+        """
+        started = time.monotonic()
+        cut = subprocess.Popen(
+            ["docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", source,
+             "-c", _MINIMAL_ROOTFS],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        imported = subprocess.run(
+            ["docker", "-H", self.host, "import", "-", tag],
+            stdin=cut.stdout,
+            capture_output=True,
+            check=False,
+        )
+        _, cut_errors = cut.communicate()
+        if cut.returncode != 0 or imported.returncode != 0:
+            raise PrivateEngineError(
+                f"could not import a minimal image of {source} into the private engine: "
+                f"{cut_errors.decode(errors='replace')} {imported.stderr.decode(errors='replace')}"
+            )
+        return time.monotonic() - started
+
+    # -- cleaning up ---------------------------------------------------------------------------------
+    def destroy(self) -> None:
+        """Stop the daemon and remove everything it made: processes, mounts, cgroups, directories."""
+        if self.answers():
+            with contextlib.suppress(Exception):
+                client = self.client()
+                try:
+                    for container in client.api.containers(all=True):
+                        client.api.remove_container(container["Id"], force=True)
+                finally:
+                    client.close()
+        self.stop()
+        # What a killed daemon leaves: its containerd (normally killed with it), shims, container processes.
+        deadline = time.monotonic() + 10
+        while (left := self.leftover_processes()) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        for mount in sorted(self._mounts(), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+            _remove_cgroup(hierarchy / self.cgroup_parent.lstrip("/"))
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def leftover_processes(self) -> list[int]:
+        """Pids of live processes of this engine: anything whose argv names its root, or in its cgroup."""
+        root = str(self.root).encode()
+        found = set()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    cmdline = handle.read()
+                with open(f"/proc/{entry}/cgroup") as handle:
+                    cgroups = handle.read()
+            except OSError:
+                continue
+            if (root in cmdline or f":{self.cgroup_parent}/" in cgroups) and not _is_dead(int(entry)):
+                found.add(int(entry))
+        return sorted(found)
+
+    def _mounts(self) -> list[str]:
+        with open("/proc/self/mounts") as handle:
+            points = [line.split()[1] for line in handle]
+        prefix = str(self.root) + "/"
+        return [point for point in points if point.startswith(prefix)]
+
+    def _tail(self) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "; dockerd's log ends:\n" + "\n".join(text.splitlines()[-15:])
+
+
+# Run inside the source image: a tar (on stdout) of the programs below, their libraries, python3's standard
+# library (without its tests, IDE and caches) and the few directories a session mounts over.
+_MINIMAL_ROOTFS = r"""set -e
+files=""
+for tool in python3 sh dash bash sleep setsid kill ps cat mktemp chmod rm echo env nohup true false id \
+            head tail ls mkdir rmdir stat touch printf grep sed wc; do
+  path=$(command -v "$tool") || continue
+  case $path in /*) ;; *) path=/usr/bin/$tool; [ -e "$path" ] || continue ;; esac  # a shell builtin
+  files="$files $path"
+done
+python=$(readlink -f "$(command -v python3)")
+stdlib=/usr/lib/$(basename "$python")
+libs=$(for f in $files "$stdlib"/lib-dynload/*.so; do
+  ldd "$f" 2>/dev/null | awk '/=>/ {print $3} /ld-linux/ {print $1}'
+done)
+# Each path once (a path named twice goes into the tar as a hard link to itself, which import refuses), by
+# its real directory (/lib links to usr/lib: a file named under /lib would make tar store a directory "lib"
+# where the image has the link), and the file its last symlink points to.
+{
+  printf '%s\n' /bin /sbin /lib /lib64 /etc/passwd /etc/group /tmp /home "$stdlib"
+  for path in $files $libs; do
+    echo "$(readlink -f "$(dirname "$path")")/$(basename "$path")"
+    readlink -f "$path"
+  done
+} | sort -u | tar -c --exclude="$stdlib/test" --exclude="$stdlib/idlelib" --exclude="$stdlib/tkinter" \
+    --exclude="$stdlib/ensurepip" --exclude="$stdlib/pydoc_data" --exclude="$stdlib/config-*" \
+    --exclude=__pycache__ --exclude="$stdlib/site-packages" -T - 2>/dev/null
+"""
+
+
+def _private_config() -> dict[str, object]:
+    """The system daemon's runtimes (gVisor and the like), nothing else of its configuration."""
+    try:
+        system = json.loads(SYSTEM_CONFIG.read_text())
+    except (OSError, ValueError):
+        return {}
+    runtimes = system.get("runtimes") if isinstance(system, dict) else None
+    return {"runtimes": runtimes} if isinstance(runtimes, dict) else {}
+
+
+def _is_dead(pid: int) -> bool:
+    """True when no process ``pid`` runs (gone, or a zombie nobody has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+def _remove_cgroup(path: Path) -> None:
+    """Remove a (normally empty) cgroup directory tree, children first."""
+    if not path.is_dir():
+        return
+    for child in path.iterdir():
+        if child.is_dir():
+            _remove_cgroup(child)
+    with contextlib.suppress(OSError):
+        path.rmdir()
