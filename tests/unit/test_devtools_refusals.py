@@ -33,8 +33,9 @@ from devtools import (
 from tests.unit.devtools_helpers import RESOLVERS, make_workspace
 
 
-def run(ws: Workspace, name: str, **args: Any) -> dict[str, Any]:
-    return asyncio.run(DevToolset(ws).run(name, args))
+def run(ws: Workspace, tool: str, /, **args: Any) -> dict[str, Any]:
+    # Positional-only: a generated argument called "name" or "ws" must reach the tool, not this helper.
+    return asyncio.run(DevToolset(ws).run(tool, args))
 
 
 def snapshot(top: Path) -> dict[str, tuple[str, bytes | str | None]]:

@@ -47,6 +47,7 @@ from executor.backends.docker._transport import (
     CANCEL_POLL_SECONDS,
     KILL_ON_ERROR_SECONDS,
     CommandOutcome,
+    ContainerGoneError,
     DockerExecTransport,
     DockerStreamSplitter,
     PreparedCommand,
@@ -304,8 +305,12 @@ class AgentTransport:
         for launch in launches:
             try:
                 started = self._start_launch(launch, user, start_by)
+            except ContainerGoneError:
+                raise  # nothing to try in a container that is gone: the session replaces it
             except SandboxFailedError as exc:
                 failures.append(str(exc))
+                if len(failures) == 1 and launch is launches[-1]:
+                    raise
                 if launch is launches[-1] or time.monotonic() >= start_by:
                     raise SandboxFailedError("; then ".join(failures)) from exc
                 log.info("the %s agent did not start, trying the next flavour: %s", launch.flavour, exc)
