@@ -16,6 +16,7 @@ import docker
 import docker.errors
 
 from executor._env import build_child_env
+from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._agent_transport import AgentTransport
@@ -38,24 +39,23 @@ from executor.backends.docker._transport import (
     PreparedCommand,
 )
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
-from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
+from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, parse_user
 
 __all__ = ["DockerSession", "SessionConfig"]
 
 log = logging.getLogger(__name__)
 
-#: Linux refuses a single exec argument longer than this (MAX_ARG_STRLEN).
-MAX_ARGUMENT_BYTES = 128 * 1024 - 1
 NOBODY = "65534:65534"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# Compile to the session's tmpfs, run, and remove the build; compiler messages go to stderr.
-_RUST_SCRIPT = (
-    'd=$(mktemp -d) || exit 1; printf %s "$1" > "$d/main.rs" && '
-    'rustc --edition 2021 -o "$d/main" "$d/main.rs" && "$d/main"; rc=$?; rm -rf "$d"; exit $rc'
+_PROGRAM_LANGUAGES = {
+    LANGUAGES[lang].program: lang for lang in (Language.PYTHON, Language.JAVASCRIPT, Language.RUST)
+}
+_PROBE_LANGUAGES = (
+    f"for p in {' '.join(_PROGRAM_LANGUAGES)}; do command -v $p >/dev/null 2>&1 && echo $p; done"
 )
-_PROBE_LANGUAGES = "for p in python3 node rustc; do command -v $p >/dev/null 2>&1 && echo $p; done"
-_PROGRAM_LANGUAGES = {"python3": Language.PYTHON, "node": Language.JAVASCRIPT, "rustc": Language.RUST}
+# Enters the requested cwd as the command's user, before the command: a cwd it cannot enter is refused.
+_PROBE_CWD = 'cd -- "$1" 2>&1'
 
 
 @dataclass(frozen=True)
@@ -78,31 +78,37 @@ TRANSPORTS = ("agent", "exec")
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
-    """The program and arguments that run ``request`` inside the container."""
-    code = request.code
-    if len(code.encode()) > MAX_ARGUMENT_BYTES:
-        raise InvalidRequestError(
-            f"code is {len(code.encode())} bytes; a container command takes at most {MAX_ARGUMENT_BYTES} "
-            "bytes per argument: write it to a file in the workspace and run the file"
-        )
-    match request.language:
-        case Language.COMMAND:
-            return ("/bin/sh", "-c", "--", code)
-        case Language.PYTHON:
-            return ("python3", "-c", code)
-        case Language.JAVASCRIPT:
-            return ("node", "-e", code)
-        case Language.RUST:
-            return ("/bin/sh", "-c", _RUST_SCRIPT, "rust", code)
-        case _:
-            raise InvalidRequestError(f"the Docker backend cannot run {request.language.value!r} code")
+    """The program and arguments that run ``request`` inside the container.
+
+    ``argv`` runs as given; code travels on the argv (:func:`executor._languages.inline_argv`, in
+    pieces when longer than one argument may be), on both transports.
+    """
+    if request.argv is not None:
+        check_argument_sizes(request.argv, "docker")
+        return request.argv
+    assert request.language is not None and request.code is not None  # noqa: S101 - ExecRequest checks
+    if request.language not in LANGUAGES:
+        raise InvalidRequestError(f"the Docker backend cannot run {request.language.value!r} code")
+    return inline_argv(request.language, request.code)
+
+
+def container_user(user: str) -> str:
+    """``"uid:gid"`` for a request's ``user``; a bare uid runs with the group of the same number.
+
+    Never Docker's own fallback, group 0, for a uid the image's ``/etc/passwd`` does not know.
+    """
+    uid, gid = parse_user(user)
+    return f"{uid}:{gid if gid is not None else uid}"
 
 
 class DockerSession(SandboxBackend):
     """One container for the whole session: created at entry (or first use), reused, removed at close.
 
     Every command runs with a cleared environment (the image's own variables, then policy, then request
-    env), as the uid:gid owning the workspace root, with the workspace root as cwd. A timeout or a cancel
+    env), as the uid:gid owning the workspace root, with the workspace root as cwd. A request's ``user``
+    (any uid or uid:gid; a bare uid means uid:uid) and ``cwd`` (any directory of the container: the
+    container is the confinement, the workspace is not required) replace those for one call; a cwd the
+    user cannot enter is refused with ``InvalidRequestError`` before the command starts. A timeout or a cancel
     kills the command's whole process tree inside the container and keeps the output so far. After a
     fork bomb, OOM or timeout the session keeps working; when the container itself died or could not be
     cleaned, the next command gets a fresh container (logged, and counted in :attr:`restarts`).
@@ -422,6 +428,8 @@ class DockerSession(SandboxBackend):
                 + (" or give the attached container that limit" if self.attached else "")
             )
         started = time.monotonic()
+        if request.cwd is not None:
+            self._check_cwd(request, started)
         capture = OutputCapture(request.output_cap, on_output)
         outcome, oom_killed = self._run(request, argv, capture, started, cancel)
         streams = capture.finish()
@@ -438,6 +446,20 @@ class DockerSession(SandboxBackend):
             duration_ms=int((time.monotonic() - started) * 1000),
         )
 
+    def _check_cwd(self, request: ExecRequest, started: float) -> None:
+        """Refuse a cwd the command's user cannot enter (nothing of the command ran)."""
+        assert request.cwd is not None  # noqa: S101 - called only with a cwd
+        probe = ExecRequest(argv=("/bin/sh", "-c", _PROBE_CWD, "adk-sandbox-cwd", request.cwd),
+                            user=request.user, timeout=request.timeout)  # fmt: skip
+        capture = OutputCapture(4096)
+        outcome, _ = self._run(probe, probe.argv or (), capture, started, None)
+        if outcome.exit_code != 0:
+            why = capture.finish()["stdout"].text.strip()
+            raise InvalidRequestError(
+                f"cwd {request.cwd!r} is not a directory the command can enter in the Docker session's "
+                f"container ({why or 'timed out'}); nothing ran. Create it first or give another cwd"
+            )
+
     def _run(
         self,
         request: ExecRequest,
@@ -450,9 +472,9 @@ class DockerSession(SandboxBackend):
         command = PreparedCommand(
             argv=argv,
             env=env,
-            user=self._user,
-            workdir=self._workdir,
-            stdin=request.stdin.encode() if request.stdin is not None else None,
+            user=container_user(request.user) if request.user is not None else self._user,
+            workdir=request.cwd if request.cwd is not None else self._workdir,
+            stdin=request.stdin_bytes,
             marker=uuid.uuid4().hex,
         )
         for attempt in (1, 2):
