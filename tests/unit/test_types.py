@@ -255,8 +255,9 @@ def test_numeric_user_is_accepted(user: str) -> None:
     assert _request(user=user).user == user
 
 
+# Fullwidth digits ("\uff11...") are digits to str.isdigit, but not ids.
 @pytest.mark.parametrize("user", ["root", "", ":", "1000:", ":1000", "-1", "1000:1000:1", " 1000", "1e3",
-                                  "4294967295", "0:4294967295", "\uff11\uff10\uff10\uff10"])  # fmt: skip (fullwidth digits are not ids)
+                                  "4294967295", "0:4294967295", "\uff11\uff10\uff10\uff10"])  # fmt: skip
 def test_non_numeric_or_out_of_range_user_is_rejected(user: str) -> None:
     with pytest.raises(ValidationError) as info:
         _request(user=user)
