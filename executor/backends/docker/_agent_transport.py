@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import select
 import socket
 import threading
 import time
@@ -83,6 +84,9 @@ class _Agent:
     """One running agent: its socket, reader thread and channels."""
 
     def __init__(self, sock: socket.socket, early: bytes, user: str) -> None:
+        # The reader waits on this socket for as long as the agent lives (idle included): no timeout on
+        # it. Writes are bounded by select() instead of a socket timeout, which the reader would share.
+        sock.settimeout(None)
         self.sock = sock
         self.user = user
         self.hello: dict[str, Any] | None = None
@@ -215,8 +219,7 @@ class _Agent:
         try:
             if self.broken is not None:
                 raise SandboxFailedError(self.broken)
-            self.sock.settimeout(max(until - time.monotonic(), 0.001))
-            self.sock.sendall(data)
+            _send_all(self.sock, data, until)
         except OSError as exc:
             self._fail(f"could not write to the in-sandbox agent: {exc}")
             raise SandboxFailedError(
@@ -224,6 +227,21 @@ class _Agent:
             ) from exc
         finally:
             self._write_lock.release()
+
+
+def _send_all(sock: socket.socket, data: bytes, until: float) -> None:
+    """Write all of ``data`` by ``until`` (else ``TimeoutError``), leaving the socket's own timeout alone."""
+    view = memoryview(data)
+    while view:
+        left = until - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        _, writable, _ = select.select([], [sock], [], left)
+        if writable:
+            try:
+                view = view[sock.send(view, socket.MSG_DONTWAIT) :]
+            except BlockingIOError:
+                continue
 
 
 class AgentTransport:

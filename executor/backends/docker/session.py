@@ -131,6 +131,8 @@ class DockerSession(SandboxBackend):
         self._confined_mounts: tuple[str, ...] = ()
         self._placeholder_made = False
         self._closed = False
+        # (container, user) pairs known to enter the default working directory (see _check_cwd).
+        self._enterable: set[tuple[str, str]] = set()
         #: How many times the container (or its in-sandbox agent) was replaced by a fresh one.
         self.restarts = 0
 
@@ -428,8 +430,7 @@ class DockerSession(SandboxBackend):
                 + (" or give the attached container that limit" if self.attached else "")
             )
         started = time.monotonic()
-        if request.cwd is not None:
-            self._check_cwd(request, started)
+        self._check_cwd(request, started)
         capture = OutputCapture(request.output_cap, on_output)
         outcome, oom_killed = self._run(request, argv, capture, started, cancel)
         streams = capture.finish()
@@ -447,18 +448,39 @@ class DockerSession(SandboxBackend):
         )
 
     def _check_cwd(self, request: ExecRequest, started: float) -> None:
-        """Refuse a cwd the command's user cannot enter (nothing of the command ran)."""
-        assert request.cwd is not None  # noqa: S101 - called only with a cwd
-        probe = ExecRequest(argv=("/bin/sh", "-c", _PROBE_CWD, "adk-sandbox-cwd", request.cwd),
-                            user=request.user, timeout=request.timeout)  # fmt: skip
+        """Refuse a cwd the command's user cannot enter (nothing of the command ran).
+
+        Asked of the container before the command for every explicit ``cwd``, and once per user for the
+        default working directory when another user than the session's runs the call (the workspace
+        root may be closed to it). Without this the program would fail to start with a misleading
+        "Permission denied" or "No such file" about itself.
+        """
+        user = container_user(request.user) if request.user is not None else self._user
+        if request.cwd is None and user == self._user:
+            return
+        cwd = request.cwd if request.cwd is not None else self._workdir
+        known = (self._container_id or "", user)
+        if request.cwd is None and known in self._enterable:
+            return
+        # Started in "/", which every user can enter (the workspace root may be closed to this user).
+        probe = ExecRequest(argv=("/bin/sh", "-c", _PROBE_CWD, "adk-sandbox-cwd", cwd), cwd="/",
+                            user=user, timeout=request.timeout)  # fmt: skip
         capture = OutputCapture(4096)
         outcome, _ = self._run(probe, probe.argv or (), capture, started, None)
         if outcome.exit_code != 0:
-            why = capture.finish()["stdout"].text.strip()
+            streams = capture.finish()
+            why = (streams["stdout"].text + streams["stderr"].text).strip() or "no answer in time"
+            if request.cwd is None:
+                raise InvalidRequestError(
+                    f"user {user} cannot enter the session's working directory {cwd!r} in the Docker "
+                    f"session's container ({why}); nothing ran. Give a cwd this user can enter"
+                )
             raise InvalidRequestError(
-                f"cwd {request.cwd!r} is not a directory the command can enter in the Docker session's "
-                f"container ({why or 'timed out'}); nothing ran. Create it first or give another cwd"
+                f"cwd {cwd!r} is not a directory the command can enter in the Docker session's "
+                f"container ({why}); nothing ran. Create it first or give another cwd"
             )
+        if request.cwd is None:
+            self._enterable.add(known)
 
     def _run(
         self,
