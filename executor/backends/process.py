@@ -226,9 +226,17 @@ class ProcessBackend(SandboxBackend):
         stdin: bytes | None,
     ) -> _StepOutcome:
         if request.argv is not None:
+            missing = None
             if toolchain is None:
-                program = request.argv[0]
-                runner.capture.feed("stderr", f"adk-sandbox: {program}: program not found\n".encode())
+                missing = "program not found"
+            elif self._enforcer is not None and not self._visible(os.path.realpath(toolchain.program), ()):
+                # Never widened for an argv program: binding its directory could expose host files.
+                missing = (
+                    f"{toolchain.program} is not visible in the {self._enforcer.name} sandbox (allow its "
+                    "directory in the policy)"
+                )
+            if missing is not None or toolchain is None:
+                runner.capture.feed("stderr", f"adk-sandbox: {request.argv[0]}: {missing}\n".encode())
                 return _StepOutcome(exit_code=_NOT_FOUND, timed_out=False, cancelled=False)
             # The program runs under its resolved path (bwrap could not set another argv[0]); a bare name
             # found on PATH keeps its base name there.
@@ -271,16 +279,20 @@ class ProcessBackend(SandboxBackend):
             )
         if self._enforcer is None:
             return
-        visible = (*RUNTIME_READ_ONLY_PATHS, *(toolchain.install_roots if toolchain else ()))
-        target = os.path.normpath(cwd)
-        if not self._policy.covers(target) and not any(
-            target == root or target.startswith(root.rstrip("/") + "/") for root in visible
-        ):
+        if not self._visible(cwd, toolchain.install_roots if toolchain else ()):
             raise InvalidRequestError(
                 f"cwd {cwd!r} is not visible in the {self._enforcer.name} sandbox of backend {self.name!r} "
                 "(not among the policy's allowed paths); nothing ran. Allow it with allow_read() or "
                 "allow_read_write(), or give a cwd inside an allowed path"
             )
+
+    def _visible(self, path: str, runtime_roots: tuple[str, ...]) -> bool:
+        """Whether ``path`` is shown in the enforcer's sandbox: allowed by the policy, or a runtime path."""
+        target = os.path.normpath(path)
+        roots = (*RUNTIME_READ_ONLY_PATHS, *runtime_roots)
+        return self._policy.covers(target) or any(
+            target == root or target.startswith(root.rstrip("/") + "/") for root in roots
+        )
 
     def _argv_toolchain(self, program: str, env: dict[str, str]) -> Toolchain | None:
         """The program of an argv request, resolved like a shell would; None when it is not found."""
@@ -291,9 +303,9 @@ class ProcessBackend(SandboxBackend):
             path = resolve_program(program, search_path)
         if path is None or os.path.isdir(path):
             return None
-        # Under an enforcer the program's installation (the prefix above its bin/) is bound read-only.
-        real = os.path.realpath(path)
-        return Toolchain(program=path, install_roots=(os.path.dirname(os.path.dirname(real)),))
+        # Nothing more is bound for it under an enforcer: it must be visible there already (checked when
+        # it runs), since binding its installation could expose host files the policy keeps out.
+        return Toolchain(program=path, install_roots=())
 
     def _check_enforceable(self, request: ExecRequest) -> None:
         if request.memory_limit_mb is not None:

@@ -256,3 +256,31 @@ def test_wasm_refuses_what_a_module_cannot_have(
     with pytest.raises(error, match=says) as info:
         wasm_backend.execute(ExecRequest.model_validate({"timeout": 30, **fields}))
     assert "'wasm'" in str(info.value)
+
+
+def test_bwrap_never_widens_the_sandbox_for_an_argv_program(
+    bwrap_enforcer: BubblewrapEnforcer, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # A program outside what the policy shows: binding its installation (the directory above its bin/)
+    # would expose the host files next to it, here a secret.
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "secret").write_text("host secret\n")
+    (outside / "bin").mkdir()
+    tool = outside / "bin" / "adk-cat-secret"
+    tool.write_text(f"#!/bin/sh\ncat {outside}/secret\n")
+    tool.chmod(0o755)
+    policy = SandboxPolicy.builder().allow_process_spawn().allow_read_write(tmp_path).build()
+    backend = ProcessBackend.with_sandbox(bwrap_enforcer, policy, workdir=tmp_path)
+    result = backend.execute(_argv(str(tool)))
+    assert result.exit_code == 127
+    assert "not visible in the bwrap sandbox" in result.stderr
+    assert "host secret" not in result.stdout
+    # The same program is fine once the policy shows it, and it still cannot read what is not shown.
+    shown = (
+        SandboxPolicy.builder().allow_process_spawn().allow_read_write(tmp_path).allow_read(outside / "bin")
+    )
+    result = ProcessBackend.with_sandbox(bwrap_enforcer, shown.build(), workdir=tmp_path).execute(
+        _argv(str(tool))
+    )
+    assert "host secret" not in result.stdout
+    assert "No such file" in result.stderr
