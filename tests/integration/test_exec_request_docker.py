@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -253,3 +254,17 @@ def test_a_user_killing_its_own_agent_restarts_only_that_one(agent_session: Dock
     assert transport.agent_pids["2000:2000"] == other
     assert _argv(session, "id", "-u", user="2000:2000").stdout == "2000\n"
     assert session.restarts == 1
+
+
+def test_an_idle_agent_is_kept(agent_session: DockerSession) -> None:
+    # Each user's agent may sit idle while others work. Its reader once shared the socket timeout the last
+    # write set (the command's deadline plus grace, here about 6 s), so an idle agent "broke" and was
+    # replaced on its user's next command.
+    session = agent_session
+    transport = _transport(session)
+    assert session.execute(ExecRequest(argv=("true",), timeout=1)).exit_code == 0
+    pid = transport.agent_pids["1000:1000"]
+    time.sleep(8)
+    assert _argv(session, "id", "-u").stdout == "1000\n"
+    assert transport.agent_pids["1000:1000"] == pid
+    assert session.restarts == 0
