@@ -467,9 +467,13 @@ class DockerSession(SandboxBackend):
                             user=user, timeout=request.timeout)  # fmt: skip
         capture = OutputCapture(4096)
         outcome, _ = self._run(probe, probe.argv or (), capture, started, None)
+        if outcome.timed_out:
+            return  # the call's time ran out during the check: the command then times out, a result
         if outcome.exit_code != 0:
             streams = capture.finish()
-            why = (streams["stdout"].text + streams["stderr"].text).strip() or "no answer in time"
+            why = (
+                streams["stdout"].text + streams["stderr"].text
+            ).strip() or f"exit status {outcome.exit_code}"
             if request.cwd is None:
                 raise InvalidRequestError(
                     f"user {user} cannot enter the session's working directory {cwd!r} in the Docker "
