@@ -268,3 +268,11 @@ def test_an_idle_agent_is_kept(agent_session: DockerSession) -> None:
     assert _argv(session, "id", "-u").stdout == "1000\n"
     assert transport.agent_pids["1000:1000"] == pid
     assert session.restarts == 0
+
+
+def test_a_deadline_passing_during_the_cwd_check_is_a_timeout_result(agent_session: DockerSession) -> None:
+    # A new user's agent starts first (slow: its sweep retries on the other agents it may not signal),
+    # so the cwd check runs out of the call's second: that is the call timing out, not a bad cwd.
+    result = _argv(agent_session, "id", "-u", user="3333", cwd="/tmp", timeout=1)
+    assert result.timed_out or result.stdout == "3333\n"
+    assert _argv(agent_session, "id", "-u", user="3333", cwd="/tmp").stdout == "3333\n"
