@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,3 +277,30 @@ def test_a_deadline_passing_during_the_cwd_check_is_a_timeout_result(agent_sessi
     result = _argv(agent_session, "id", "-u", user="3333", cwd="/tmp", timeout=1)
     assert result.timed_out or result.stdout == "3333\n"
     assert _argv(agent_session, "id", "-u", user="3333", cwd="/tmp").stdout == "3333\n"
+
+
+def test_two_users_at_once_each_get_their_own_agent(agent_session: DockerSession) -> None:
+    session = agent_session
+    assert _argv(session, "true", user="2000").exit_code == 0  # both agents running
+    results: dict[str, ExecResult] = {}
+
+    def run_as(user: str) -> None:
+        results[user] = _sh(session, "sleep 1; id -u", user=user)
+
+    threads = [threading.Thread(target=run_as, args=(user,)) for user in ("1000", "2000") * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert {user: result.stdout for user, result in results.items()} == {"1000": "1000\n", "2000": "2000\n"}
+    assert session.restarts == 0
+    assert _transport(session).agents_started == 2
+
+
+def test_the_throw_away_container_of_backend_execute_takes_user_and_cwd(
+    docker_backend: DockerBackend,
+) -> None:
+    result = docker_backend.execute(
+        ExecRequest(argv=("sh", "-c", "id -u; pwd"), user="4321", cwd="/usr", timeout=60)
+    )
+    assert result.stdout == "4321\n/usr\n", result.stderr
