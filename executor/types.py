@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -16,6 +17,7 @@ __all__ = [
     "Language",
     "ResourceLimits",
     "Stream",
+    "parse_user",
     "validate_env",
 ]
 
@@ -27,7 +29,10 @@ Stream = Literal["stdout", "stderr"]
 
 
 class Language(enum.StrEnum):
-    """What ``ExecRequest.code`` is: a shell command string or a program in a language."""
+    """What ``ExecRequest.code`` is: a shell command string or a program in a language.
+
+    A request that runs a program directly gives ``argv`` instead, and no language.
+    """
 
     COMMAND = "command"
     """A ``sh -c`` command string."""
@@ -105,17 +110,58 @@ def validate_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+_USER = re.compile(r"([0-9]{1,10})(?::([0-9]{1,10}))?")
+_MAX_ID = 2**32 - 2  # (uid_t)-1 means "unchanged" to the kernel: never a real id
+
+
+def parse_user(user: str) -> tuple[int, int | None]:
+    """``"uid"`` or ``"uid:gid"`` as numbers (gid None when not given); ``ValueError`` for anything else."""
+    match = _USER.fullmatch(user)
+    if match is None:
+        raise ValueError(f"user must be numeric 'uid' or 'uid:gid' (e.g. '1000:1000'), not {user!r}")
+    uid, gid = int(match[1]), int(match[2]) if match[2] is not None else None
+    if uid > _MAX_ID or (gid is not None and gid > _MAX_ID):
+        raise ValueError(f"user {user!r}: ids must be at most {_MAX_ID}")
+    return uid, gid
+
+
 class ExecRequest(BaseModel):
-    """One program or command to run. Immutable; ``timeout`` is required (there is no silent default)."""
+    """One program or command to run. Immutable; ``timeout`` is required (there is no silent default).
+
+    What runs is given in exactly one of two ways:
+
+    * ``language`` + ``code``: a ``sh -c`` command string (``command``) or a program's source text;
+    * ``argv`` (and no ``language``, no ``code``): a program and its arguments, started directly -- no
+      shell, so ``$(...)``, ``;``, globs and quotes in the arguments reach the program as they are. A bare
+      program name is looked up on the command's ``PATH`` (the backend's default one unless ``env`` sets it).
+
+    ``cwd`` and ``user`` change where and as whom it runs for this call only. A backend that cannot honour
+    one of them refuses the request (``InvalidRequestError`` or ``PolicyNotEnforceableError``) rather than
+    run it differently; a ``cwd`` that is not a directory the command can enter is refused with
+    ``InvalidRequestError`` (nothing ran) on every backend.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    language: Language
-    """What ``code`` is."""
-    code: str
-    """The command string (``command``) or the program's source text."""
-    stdin: str | None = None
-    """Text fed to the program's standard input; ``None`` means ``/dev/null``."""
+    language: Language | None = None
+    """What ``code`` is; required with ``code``, omitted with ``argv``."""
+    code: str | None = None
+    """The command string (``command``) or the program's source text; omitted with ``argv``."""
+    argv: tuple[str, ...] | None = None
+    """A program and its arguments, run without a shell (instead of ``language`` and ``code``).
+
+    Non-empty, no NUL byte anywhere, a non-empty program. Linux limits each argument to 128 KiB
+    (``MAX_ARG_STRLEN``) on every backend that starts a real program: pass bigger data on ``stdin``."""
+    stdin: str | bytes | None = None
+    """Fed to the program's standard input: text (sent as UTF-8) or bytes (sent unchanged, NULs
+    included); ``None`` means ``/dev/null``."""
+    cwd: str | None = None
+    """Working directory for this call, an absolute path as the command sees it (inside the container or
+    sandbox); ``None``: the backend's default (a session's workspace root, a host backend's workdir)."""
+    user: str | None = None
+    """``"uid"`` or ``"uid:gid"`` (numeric) to run as for this call; ``None``: the backend's default.
+    Only backends that can switch users honour it (a Docker session); others refuse any other identity
+    than their own."""
     timeout: Annotated[float, Field(gt=0, le=24 * 3600)]
     """Wall-clock limit in seconds for the whole execution (compile steps included)."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -127,20 +173,77 @@ class ExecRequest(BaseModel):
 
     @field_validator("code")
     @classmethod
-    def _no_nul_in_code(cls, code: str) -> str:
-        if "\0" in code:
+    def _no_nul_in_code(cls, code: str | None) -> str | None:
+        if code is not None and "\0" in code:
             raise ValueError("code contains a NUL byte, which cannot be passed to a program")
         return code
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_is_passable(cls, argv: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if argv is None:
+            return None
+        if not argv:
+            raise ValueError("argv must name a program: give at least one element")
+        if not argv[0]:
+            raise ValueError("argv[0] (the program) must not be empty")
+        for index, arg in enumerate(argv):
+            if "\0" in arg:
+                raise ValueError(f"argv[{index}] contains a NUL byte, which cannot be passed to a program")
+        return argv
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd_is_absolute(cls, cwd: str | None) -> str | None:
+        if cwd is None:
+            return None
+        if "\0" in cwd:
+            raise ValueError("cwd contains a NUL byte")
+        if not cwd.startswith("/"):
+            raise ValueError(f"cwd must be an absolute path, not {cwd!r}")
+        return cwd
+
+    @field_validator("user")
+    @classmethod
+    def _user_is_numeric(cls, user: str | None) -> str | None:
+        if user is not None:
+            parse_user(user)
+        return user
 
     @field_validator("env")
     @classmethod
     def _env_is_passable(cls, env: dict[str, str]) -> dict[str, str]:
         return validate_env(env)
 
+    @model_validator(mode="after")
+    def _one_way_to_run(self) -> ExecRequest:
+        if self.argv is not None:
+            if self.code is not None:
+                raise ValueError("give either code (with a language) or argv, not both")
+            if self.language is not None:
+                raise ValueError(
+                    "argv runs a program directly and takes no language; omit language (or give "
+                    "language and code instead of argv)"
+                )
+        elif self.code is None:
+            raise ValueError("nothing to run: give language and code, or argv")
+        elif self.language is None:
+            raise ValueError(
+                "code needs a language: one of " + ", ".join(language.value for language in Language)
+            )
+        return self
+
     @property
     def output_cap(self) -> int:
         """The per-stream byte cap in force for this request."""
         return self.max_output_bytes if self.max_output_bytes is not None else DEFAULT_MAX_OUTPUT_BYTES
+
+    @property
+    def stdin_bytes(self) -> bytes | None:
+        """``stdin`` as the bytes the program reads (text encoded as UTF-8); None for ``/dev/null``."""
+        if isinstance(self.stdin, str):
+            return self.stdin.encode("utf-8")
+        return self.stdin
 
 
 class ExecResult(BaseModel):

@@ -20,9 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from executor._env import build_child_env
+from executor._languages import LANGUAGES, RUSTC_EDITION, check_argument_sizes, inline_argv
 from executor._output import OutputCapture, start_pipe_reader
 from executor._proctree import kill_process_group, wait_for_exit_unreaped
 from executor.backend import OutputCallback, SandboxBackend
+from executor.backends.bwrap import RUNTIME_READ_ONLY_PATHS
 from executor.backends.enforcer import Confinement, Enforcer
 from executor.errors import (
     BackendUnavailableError,
@@ -31,7 +33,7 @@ from executor.errors import (
     SandboxFailedError,
 )
 from executor.policy import SandboxPolicy
-from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream
+from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream, parse_user
 
 __all__ = ["ProcessBackend", "Toolchain", "probe_toolchain", "resolve_program"]
 
@@ -39,23 +41,12 @@ __all__ = ["ProcessBackend", "Toolchain", "probe_toolchain", "resolve_program"]
 # process that escaped the group (possible without an enforcer) can hold them open longer.
 _DRAIN_GRACE_SECONDS = 1.0
 
-_PROGRAMS: dict[Language, str] = {
-    Language.COMMAND: "sh",
-    Language.PYTHON: "python3",
-    Language.JAVASCRIPT: "node",
-    Language.RUST: "rustc",
-}
-_SOURCE_FILES: dict[Language, str] = {
-    Language.PYTHON: "main.py",
-    Language.JAVASCRIPT: "main.js",
-    Language.RUST: "main.rs",
-}
-_INSTALL_HINTS: dict[Language, str] = {
-    Language.COMMAND: "install a POSIX shell (dash or bash)",
-    Language.PYTHON: "install Python 3 (`apt install python3`)",
-    Language.JAVASCRIPT: "install Node.js (`apt install nodejs`)",
-    Language.RUST: "install Rust (`apt install rustc` or rustup)",
-}
+# What a host backend does differently from the shared table (executor._languages): programs are resolved
+# to absolute paths on the caller's PATH, Python/JavaScript/Rust sources are written to the scratch
+# directory (no argv limit), Rust is compiled by rustc as a step of its own; only ``command`` strings
+# travel on the argv (inline_argv, in pieces when long).
+# Exit status of a program that was not found (as a shell reports it), for an argv request.
+_NOT_FOUND = 127
 
 
 def resolve_program(name: str, search_path: str | None) -> str | None:
@@ -84,8 +75,16 @@ class ProcessBackend(SandboxBackend):
     """Runs requests as host processes: ``SUBPROCESS_ONLY``, or ``OS_ENFORCED`` with an enforcer.
 
     ``workdir`` is the working directory of every command (default: a fresh scratch directory per
-    execution). ``search_path`` is the PATH programs are resolved on (default: the caller's ``PATH`` at
-    execution time).
+    execution); a request's ``cwd`` replaces it for that call: any host directory the caller can enter,
+    and under an enforcer one the sandbox shows (allowed by the policy, or a runtime path such as
+    ``/usr``), else ``InvalidRequestError``. ``search_path`` is the PATH programs are resolved on
+    (default: the caller's ``PATH`` at execution time); an ``argv`` request's bare program name is
+    resolved on the request's (or policy's) ``PATH`` when it sets one, else there, and a program found on
+    neither gives exit status 127 with a message on stderr, as a shell would.
+
+    Commands run as the caller: a request's ``user`` is accepted only when it names the caller's own
+    uid (and gid), and refused with ``PolicyNotEnforceableError`` otherwise -- switching users needs
+    privileges this backend deliberately does not use, even when the caller is root.
     """
 
     def __init__(
@@ -138,7 +137,7 @@ class ProcessBackend(SandboxBackend):
 
     def capabilities(self) -> Capabilities:
         """Honest report: without an enforcer only the timeout and the environment are controlled."""
-        languages = tuple(lang for lang in _PROGRAMS if self._find_toolchain(lang) is not None)
+        languages = tuple(lang for lang in LANGUAGES if self._find_toolchain(lang) is not None)
         if self._enforcer is None:
             isolation = IsolationClass.SUBPROCESS_ONLY
             confined = Confinement(network=False, fs_read=False, fs_write=False, pids=False)
@@ -174,43 +173,35 @@ class ProcessBackend(SandboxBackend):
         """Run ``request`` as a host process (see the class docstring for what is enforced)."""
         started = time.monotonic()
         deadline = started + request.timeout
-        toolchain = self._require_toolchain(request)
-        self._check_enforceable(request)
+        self._check_user(request.user)
         env = build_child_env(policy_env=self._policy.env, request_env=request.env)
+        if request.argv is not None:
+            check_argument_sizes(request.argv, self.name)
+            toolchain = self._argv_toolchain(request.argv[0], env)
+        else:
+            toolchain = self._require_toolchain(request)
+        self._check_enforceable(request)
+        if request.cwd is not None:
+            self._check_cwd(request.cwd, toolchain)
         # A failing on_output callback (called from the reader thread) must stop the wait at once: the
         # command is killed and the callback's exception raised, as on every backend.
         stop = _StopEvent(cancel)
         capture = OutputCapture(request.output_cap, _stopping_on_error(on_output, stop))
-        stdin = request.stdin.encode("utf-8") if request.stdin is not None else None
+        stdin = request.stdin_bytes
 
         with tempfile.TemporaryDirectory(prefix="adk-sandbox-") as scratch:
             runner = _StepRunner(
                 enforcer=self._enforcer,
                 policy=self._policy,
-                toolchain=toolchain,
+                toolchain=toolchain or Toolchain(program="", install_roots=()),
                 scratch=scratch,
-                workdir=self._workdir or scratch,
+                workdir=request.cwd or self._workdir or scratch,
                 env=env,
                 capture=capture,
                 deadline=deadline,
                 cancel=stop,
             )
-            if request.language is Language.COMMAND:
-                # "--": a command string starting with "-" is the command, not an option of sh.
-                outcome = runner.run([toolchain.program, "-c", "--", request.code], stdin)
-            else:
-                source = os.path.join(scratch, _SOURCE_FILES[request.language])
-                with open(source, "w", encoding="utf-8") as handle:
-                    handle.write(request.code)
-                if request.language is Language.RUST:
-                    binary = os.path.join(scratch, "main")
-                    # Compiling goes through the same runner: same enforcer, limits and deadline as the run.
-                    compile_argv = [toolchain.program, *toolchain.extra_args, "-o", binary, source]
-                    outcome = runner.run(compile_argv, None)
-                    if outcome.exit_code == 0:
-                        outcome = runner.run([binary], stdin)
-                else:
-                    outcome = runner.run([toolchain.program, source], stdin)
+            outcome = self._run_steps(request, runner, toolchain, scratch, stdin)
 
         streams = capture.finish()
         return ExecResult(
@@ -225,6 +216,96 @@ class ProcessBackend(SandboxBackend):
         )
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _run_steps(
+        self,
+        request: ExecRequest,
+        runner: _StepRunner,
+        toolchain: Toolchain | None,
+        scratch: str,
+        stdin: bytes | None,
+    ) -> _StepOutcome:
+        if request.argv is not None:
+            missing = None
+            if toolchain is None:
+                missing = "program not found"
+            elif self._enforcer is not None and not self._visible(os.path.realpath(toolchain.program), ()):
+                # Never widened for an argv program: binding its directory could expose host files.
+                missing = (
+                    f"{toolchain.program} is not visible in the {self._enforcer.name} sandbox (allow its "
+                    "directory in the policy)"
+                )
+            if missing is not None or toolchain is None:
+                runner.capture.feed("stderr", f"adk-sandbox: {request.argv[0]}: {missing}\n".encode())
+                return _StepOutcome(exit_code=_NOT_FOUND, timed_out=False, cancelled=False)
+            # The program runs under its resolved path (bwrap could not set another argv[0]); a bare name
+            # found on PATH keeps its base name there.
+            return runner.run([toolchain.program, *request.argv[1:]], stdin)
+        assert toolchain is not None and request.language is not None and request.code is not None  # noqa: S101
+        if request.language is Language.COMMAND:
+            return runner.run(list(inline_argv(Language.COMMAND, request.code, toolchain.program)), stdin)
+        source_name = LANGUAGES[request.language].source_file
+        assert source_name is not None  # noqa: S101 - every language but command has a source file
+        source = os.path.join(scratch, source_name)
+        with open(source, "w", encoding="utf-8") as handle:
+            handle.write(request.code)
+        if request.language is Language.RUST:
+            binary = os.path.join(scratch, "main")
+            # Compiling goes through the same runner: same enforcer, limits and deadline as the run.
+            outcome = runner.run([toolchain.program, *toolchain.extra_args, "-o", binary, source], None)
+            if outcome.exit_code == 0:
+                outcome = runner.run([binary], stdin)
+            return outcome
+        return runner.run([toolchain.program, source], stdin)
+
+    def _check_user(self, user: str | None) -> None:
+        if user is None:
+            return
+        uid, gid = parse_user(user)
+        if uid == os.geteuid() and gid in (None, os.getegid()):
+            return  # the caller's own identity: nothing to switch
+        raise PolicyNotEnforceableError(
+            f"backend {self.name!r} runs commands as the caller ({os.geteuid()}:{os.getegid()}) and cannot "
+            f"run them as user {user!r}: switching users needs privileges it does not use. Omit user, or "
+            "run the command in a DockerBackend session, which runs each call as any uid:gid"
+        )
+
+    def _check_cwd(self, cwd: str, toolchain: Toolchain | None) -> None:
+        """A cwd the command could not enter is refused before anything runs (as on every backend)."""
+        if not os.path.isdir(cwd) or not os.access(cwd, os.X_OK):
+            raise InvalidRequestError(
+                f"cwd {cwd!r} is not a directory the command can enter on backend {self.name!r}; "
+                "nothing ran. Create it first or give another cwd"
+            )
+        if self._enforcer is None:
+            return
+        if not self._visible(cwd, toolchain.install_roots if toolchain else ()):
+            raise InvalidRequestError(
+                f"cwd {cwd!r} is not visible in the {self._enforcer.name} sandbox of backend {self.name!r} "
+                "(not among the policy's allowed paths); nothing ran. Allow it with allow_read() or "
+                "allow_read_write(), or give a cwd inside an allowed path"
+            )
+
+    def _visible(self, path: str, runtime_roots: tuple[str, ...]) -> bool:
+        """Whether ``path`` is shown in the enforcer's sandbox: allowed by the policy, or a runtime path."""
+        target = os.path.normpath(path)
+        roots = (*RUNTIME_READ_ONLY_PATHS, *runtime_roots)
+        return self._policy.covers(target) or any(
+            target == root or target.startswith(root.rstrip("/") + "/") for root in roots
+        )
+
+    def _argv_toolchain(self, program: str, env: dict[str, str]) -> Toolchain | None:
+        """The program of an argv request, resolved like a shell would; None when it is not found."""
+        if "/" in program:
+            path: str | None = os.path.abspath(program) if os.access(program, os.X_OK) else None
+        else:
+            search_path = env.get("PATH") or self._search_path or os.environ.get("PATH")
+            path = resolve_program(program, search_path)
+        if path is None or os.path.isdir(path):
+            return None
+        # Nothing more is bound for it under an enforcer: it must be visible there already (checked when
+        # it runs), since binding its installation could expose host files the policy keeps out.
+        return Toolchain(program=path, install_roots=())
 
     def _check_enforceable(self, request: ExecRequest) -> None:
         if request.memory_limit_mb is not None:
@@ -244,18 +325,19 @@ class ProcessBackend(SandboxBackend):
             )
 
     def _require_toolchain(self, request: ExecRequest) -> Toolchain:
-        if request.language not in _PROGRAMS:
-            supported = ", ".join(lang.value for lang in _PROGRAMS)
+        assert request.language is not None  # noqa: S101 - a request without argv has a language
+        if request.language not in LANGUAGES:
+            supported = ", ".join(lang.value for lang in LANGUAGES)
             raise InvalidRequestError(
                 f"language {request.language.value!r} is not supported by backend {self.name!r}; "
                 f"supported: {supported}"
             )
         toolchain = self._find_toolchain(request.language)
         if toolchain is None:
-            program = _PROGRAMS[request.language]
+            known = LANGUAGES[request.language]
             raise BackendUnavailableError(
-                f"{program!r} (needed for {request.language.value}) was not found on PATH; "
-                f"{_INSTALL_HINTS[request.language]}"
+                f"{known.program!r} (needed for {request.language.value}) was not found on PATH; "
+                f"{known.install_hint}"
             )
         return toolchain
 
@@ -276,7 +358,7 @@ def probe_toolchain(language: Language, search_path: str | None) -> Toolchain | 
 
     Also used by the Rust pipeline (``executor.rust``), which runs rustc through ``sh`` on host backends.
     """
-    program = resolve_program(_PROGRAMS[language], search_path)
+    program = resolve_program(LANGUAGES[language].program, search_path)
     if program is None:
         return None
     if language is Language.PYTHON:
@@ -323,7 +405,7 @@ def _rust_toolchain(program: str, search_path: str | None) -> Toolchain | None:
         program=real if os.path.exists(real) else program,
         install_roots=(sysroot,),
         # With no PATH in the cleared environment rustc could not find its linker by name.
-        extra_args=("--edition=2021", "-C", f"linker={linker}"),
+        extra_args=(RUSTC_EDITION, "-C", f"linker={linker}"),
     )
 
 

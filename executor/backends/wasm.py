@@ -25,7 +25,7 @@ from typing import Literal
 
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxBackend
-from executor.errors import BackendUnavailableError, InvalidRequestError
+from executor.errors import BackendUnavailableError, InvalidRequestError, PolicyNotEnforceableError
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream
 
 try:
@@ -118,9 +118,11 @@ class WasmBackend(SandboxBackend):
     ) -> ExecResult:
         """Compile, check the imports of, and run ``request.code``'s ``_start`` export."""
         started = time.monotonic()
-        if request.language is not Language.WASM:
+        _check_wasm_request(request)
+        if request.language is not Language.WASM or request.code is None:
+            language = request.language.value if request.language is not None else None
             raise InvalidRequestError(
-                f"language {request.language.value!r} is not supported by backend 'wasm'; supported: wasm"
+                f"language {language!r} is not supported by backend 'wasm'; supported: wasm"
             )
         if request.env:
             raise InvalidRequestError("the WASM backend gives modules no environment; env must be empty")
@@ -133,7 +135,7 @@ class WasmBackend(SandboxBackend):
         _check_imports(module)
 
         capture = OutputCapture(request.output_cap, on_output)
-        with _stdin_file(request.stdin) as stdin_path:
+        with _stdin_file(request.stdin_bytes) as stdin_path:
             wasi = wasmtime.WasiConfig()
             wasi.stdin_file = stdin_path
             failures: list[BaseException] = []
@@ -172,6 +174,24 @@ class WasmBackend(SandboxBackend):
 
 
 _Outcome = int | Literal["interrupted", "trapped", "memory_exhausted"]
+
+
+def _check_wasm_request(request: ExecRequest) -> None:
+    """Refuse what a module cannot have: a program to start, a directory to be in, a user to be."""
+    if request.argv is not None:
+        raise InvalidRequestError(
+            "backend 'wasm' runs a WASI module given as code (language 'wasm'), not a program from argv; "
+            "give language='wasm' and the module as code, or use a host or Docker backend for argv"
+        )
+    if request.cwd is not None:
+        raise InvalidRequestError(
+            "backend 'wasm' gives modules no filesystem, so there is no working directory; omit cwd"
+        )
+    if request.user is not None:
+        raise PolicyNotEnforceableError(
+            "backend 'wasm' runs modules inside this process and has no users to switch to; omit user, "
+            "or use a DockerBackend session to run a program as a given uid:gid"
+        )
 
 
 def _run(
@@ -269,12 +289,12 @@ def _feeder(
 
 
 @contextlib.contextmanager
-def _stdin_file(stdin: str | None) -> Iterator[str]:
+def _stdin_file(stdin: bytes | None) -> Iterator[str]:
     if stdin is None:
         yield os.devnull
         return
     with tempfile.NamedTemporaryFile(prefix="adk-wasm-stdin-", delete=True) as handle:
-        handle.write(stdin.encode("utf-8"))
+        handle.write(stdin)
         handle.flush()
         yield handle.name
 

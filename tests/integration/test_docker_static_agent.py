@@ -227,7 +227,7 @@ def _raw_channel(
     session: DockerSession, payload: bytes, kind: FrameType = FrameType.RUN
 ) -> tuple[str, object]:
     transport = transport_of(session)
-    agent = transport._agent
+    agent = transport._last
     assert agent is not None
     number, channel = agent.open_channel()
     try:
@@ -266,7 +266,7 @@ def test_the_static_agent_answers_a_malformed_run_with_error_and_goes_on(
 
 def test_file_operations_are_refused_by_the_static_agent_for_now(session: DockerSession) -> None:
     run(session, "true")
-    assert "ops" not in (transport_of(session)._agent.hello or {})  # type: ignore[union-attr]
+    assert "ops" not in (transport_of(session)._last.hello or {})  # type: ignore[union-attr]
     kind, body = _raw_channel(session, b'{"op": "stat", "path": "/"}', FrameType.FILE)
     assert kind == "result" and body["error"]["name"] == "EOPNOTSUPP"  # type: ignore[index]
     with pytest.raises(InvalidRequestError, match="no file operations yet"):  # the host does not even ask
@@ -280,7 +280,7 @@ def test_a_frame_the_protocol_forbids_ends_the_agent_and_the_next_command_gets_a
 ) -> None:
     run(session, "true")
     transport = transport_of(session)
-    agent = transport._agent
+    agent = transport._last
     assert agent is not None
     mark = unique_sleep_seconds()
     worker: list[BaseException] = []

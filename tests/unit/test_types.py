@@ -32,6 +32,7 @@ from executor.types import (
     ExecResult,
     IsolationClass,
     Language,
+    parse_user,
     validate_env,
 )
 
@@ -169,6 +170,124 @@ def test_non_positive_limits_are_rejected(field: str, value: int) -> None:
 
 def test_request_round_trips_through_json() -> None:
     request = _request(language="python", stdin="in\n", env={"K": "V"}, max_output_bytes=10)
+    assert ExecRequest.model_validate_json(request.model_dump_json()) == request
+
+
+# --------------------------------------------------------------------------------------------------
+# ExecRequest: argv, cwd, user, bytes stdin
+
+
+def _argv_request(**overrides: Any) -> ExecRequest:
+    fields: dict[str, Any] = {"argv": ["printf", "%s", "x"], "timeout": 10}
+    fields.update(overrides)
+    return ExecRequest(**fields)
+
+
+def test_argv_request_has_no_language_and_no_code() -> None:
+    request = _argv_request()
+    assert request.argv == ("printf", "%s", "x")  # a list is taken as the tuple
+    assert request.language is None
+    assert request.code is None
+
+
+def test_argv_elements_are_kept_verbatim() -> None:
+    hostile = ("sh", "-c", "$(id) ; rm -rf / #", "*", "'\"", " ", "")
+    assert _argv_request(argv=hostile).argv == hostile
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"argv": ["true"], "code": "true"}, "not both"),
+        ({"argv": ["true"], "language": "command", "code": "true"}, "not both"),
+        ({"argv": ["true"], "language": "command"}, "takes no language"),
+        ({}, "nothing to run"),
+        ({"language": "command"}, "nothing to run"),
+        ({"code": "echo hi"}, "code needs a language"),
+    ],
+)
+def test_exactly_one_of_code_and_argv(fields: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        ExecRequest(timeout=10, **fields)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "at least one element"),
+        ([""], "must not be empty"),
+        (["printf", "a\0b"], "argv[1] contains a NUL"),
+        (["tr\0ue"], "argv[0] contains a NUL"),
+    ],
+)
+def test_bad_argv_is_rejected(argv: list[str], says: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        _argv_request(argv=argv)
+    assert ("argv",) in _error_locations(info.value)
+    assert says in str(info.value)
+
+
+def test_argv_must_be_strings() -> None:
+    with pytest.raises(ValidationError):
+        _argv_request(argv=["echo", 3])
+    with pytest.raises(ValidationError):
+        _argv_request(argv="echo hi")
+
+
+@pytest.mark.parametrize("cwd", ["/", "/tmp", "/a b/c", "/x/../y"])
+def test_absolute_cwd_is_kept_as_given(cwd: str) -> None:
+    assert _request(cwd=cwd).cwd == cwd
+    assert _argv_request(cwd=cwd).cwd == cwd
+
+
+@pytest.mark.parametrize(("cwd", "says"), [("tmp", "absolute"), ("", "absolute"), ("./x", "absolute"),
+                                           ("/tmp/a\0b", "NUL")])  # fmt: skip
+def test_bad_cwd_is_rejected(cwd: str, says: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        _request(cwd=cwd)
+    assert ("cwd",) in _error_locations(info.value)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize("user", ["0", "1000", "1000:1000", "65534:65534", "4294967294:0"])
+def test_numeric_user_is_accepted(user: str) -> None:
+    assert _request(user=user).user == user
+
+
+# Fullwidth digits ("\uff11...") are digits to str.isdigit, but not ids.
+@pytest.mark.parametrize("user", ["root", "", ":", "1000:", ":1000", "-1", "1000:1000:1", " 1000", "1e3",
+                                  "4294967295", "0:4294967295", "\uff11\uff10\uff10\uff10"])  # fmt: skip
+def test_non_numeric_or_out_of_range_user_is_rejected(user: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        _request(user=user)
+    assert ("user",) in _error_locations(info.value)
+
+
+def test_parse_user() -> None:
+    assert parse_user("1000") == (1000, None)
+    assert parse_user("0:5") == (0, 5)
+    with pytest.raises(ValueError, match="numeric"):
+        parse_user("nobody")
+
+
+def test_bytes_stdin_is_kept_unchanged() -> None:
+    data = b"\0\xff\xfe binary\n\0"
+    request = _request(stdin=data)
+    assert request.stdin == data
+    assert isinstance(request.stdin, bytes)
+    assert request.stdin_bytes == data
+
+
+def test_text_stdin_stays_text_and_is_sent_as_utf8() -> None:
+    request = _request(stdin="héllo\0")
+    assert isinstance(request.stdin, str)
+    assert request.stdin_bytes == "héllo\0".encode()
+    assert _request().stdin_bytes is None
+
+
+def test_argv_request_round_trips_through_json() -> None:
+    request = _argv_request(cwd="/w", user="1:2", stdin="t", env={"A": "b"})
     assert ExecRequest.model_validate_json(request.model_dump_json()) == request
 
 

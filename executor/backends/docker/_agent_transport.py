@@ -11,6 +11,12 @@ the command's deadline plus :data:`AGENT_GRACE_SECONDS`, and anything unexpected
 stream ending, no answer in time — marks the agent broken: its in-flight commands fail with
 :class:`SandboxFailedError` (never re-run), and the next command starts a new agent (logged, counted by
 ``on_restart``), which first kills what the old one left in the container.
+
+Commands run as the agent's user, so there is one agent per user (``"uid:gid"``), kept in a dict:
+alternating users in one session starts each user's agent once and keeps them all running (a user
+switch is not a restart). Since an agent, when it starts, kills any other agent it is allowed to signal
+(the backstop for one the host gave up), two users with the same uid and different gids cannot have
+agents at the same time: the newer replaces the older (logged, not counted as a restart).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import contextlib
 import errno
 import logging
 import queue
+import select
 import socket
 import threading
 import time
@@ -86,6 +93,9 @@ class _Agent:
     """One running agent: its socket, reader thread and channels."""
 
     def __init__(self, sock: socket.socket, early: bytes, user: str) -> None:
+        # The reader waits on this socket for as long as the agent lives (idle included): no timeout on
+        # it. Writes are bounded by select() instead of a socket timeout, which the reader would share.
+        sock.settimeout(None)
         self.sock = sock
         self.user = user
         self.hello: dict[str, Any] | None = None
@@ -222,8 +232,7 @@ class _Agent:
         try:
             if self.broken is not None:
                 raise SandboxFailedError(self.broken)
-            self.sock.settimeout(max(until - time.monotonic(), 0.001))
-            self.sock.sendall(data)
+            _send_all(self.sock, data, until)
         except OSError as exc:
             self._fail(f"could not write to the in-sandbox agent: {exc}")
             raise SandboxFailedError(
@@ -231,6 +240,21 @@ class _Agent:
             ) from exc
         finally:
             self._write_lock.release()
+
+
+def _send_all(sock: socket.socket, data: bytes, until: float) -> None:
+    """Write all of ``data`` by ``until`` (else ``TimeoutError``), leaving the socket's own timeout alone."""
+    view = memoryview(data)
+    while view:
+        left = until - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        _, writable, _ = select.select([], [sock], [], left)
+        if writable:
+            try:
+                view = view[sock.send(view, socket.MSG_DONTWAIT) :]
+            except BlockingIOError:
+                continue
 
 
 class AgentTransport:
@@ -250,7 +274,8 @@ class AgentTransport:
     ) -> None:
         self._exec = DockerExecTransport(client, container_id, socket_path)
         self._lock = threading.Lock()
-        self._agent: _Agent | None = None
+        self._agents: dict[str, _Agent] = {}
+        self._last: _Agent | None = None
         self._protected: str | None = None
         self._started = 0
         self._on_restart = on_restart
@@ -259,32 +284,55 @@ class AgentTransport:
 
     @property
     def agent_pid(self) -> int | None:
-        """The running agent's pid inside the container (None before the first command)."""
-        agent = self._agent
+        """The pid inside the container of the agent used last (None before the first command)."""
+        agent = self._last
         return int(agent.hello["pid"]) if agent is not None and agent.hello else None
 
-    def close(self) -> None:
-        """Stop the agent (it kills its commands when its stdin ends)."""
+    @property
+    def agent_pids(self) -> dict[str, int]:
+        """The pid inside the container of each user's running agent, by ``"uid:gid"``."""
         with self._lock:
-            agent, self._agent = self._agent, None
-        if agent is not None:
+            agents = dict(self._agents)
+        return {user: int(agent.hello["pid"]) for user, agent in agents.items() if agent.hello}
+
+    @property
+    def agents_started(self) -> int:
+        """How many agents this transport has started (every user's, restarts included)."""
+        return self._started
+
+    def close(self) -> None:
+        """Stop every agent (each kills its commands when its stdin ends)."""
+        with self._lock:
+            agents, self._agents, self._last = list(self._agents.values()), {}, None
+        for agent in agents:
             agent.close()
 
     def _agent_for(self, user: str, until: float) -> _Agent:
         with self._lock:
-            agent = self._agent
-            if agent is not None and agent.broken is None and agent.user == user:
+            agent = self._agents.get(user)
+            if agent is not None and agent.broken is None:
+                self._last = agent
                 return agent
+            # Only the loss of this user's own agent is a restart; starting a new user's is not.
             replacing: str | None = None
             if agent is not None:
-                replacing = agent.broken or f"commands now run as {user}"
+                replacing = agent.broken or "it broke"
                 agent.close(replacing)
-            self._agent = None
+                del self._agents[user]
+            uid = user.partition(":")[0]
+            for other, same_uid in list(self._agents.items()):
+                if other.partition(":")[0] == uid:  # the new agent would kill it: give it up first
+                    log.info(
+                        "in-sandbox agent of %s given up: commands of uid %s now run as %s", other, uid, user
+                    )
+                    same_uid.close(f"commands of uid {uid} now run as {user}")
+                    del self._agents[other]
             start_by = min(until, time.monotonic() + AGENT_START_SECONDS)
             agent, hello = self._start_agent(user, start_by)
             if self._protected is None and isinstance(hello.get("protected"), str):
                 self._protected = str(hello["protected"])
-            self._agent = agent
+            self._agents[user] = agent
+            self._last = agent
             self._started += 1
             if replacing is not None:
                 log.warning("in-sandbox agent replaced by a new one: %s", replacing)
@@ -339,8 +387,8 @@ class AgentTransport:
 
     @property
     def agent_flavour(self) -> str | None:
-        """``"python"`` or ``"static"``: which agent answers (None before the first command)."""
-        agent = self._agent
+        """``"python"`` or ``"static"``: which agent answered last (None before the first command)."""
+        agent = self._last
         if agent is None or not agent.hello:
             return None
         return "static" if agent.hello.get("agent") == "static" else "python"

@@ -21,6 +21,7 @@ from typing import Any
 import docker
 
 from executor._env import build_child_env
+from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._agent_transport import AgentTransport
@@ -37,23 +38,22 @@ from executor.backends.docker._transport import (
 )
 from executor.backends.docker.files import SandboxFiles
 from executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
-from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language
+from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, parse_user
 
 __all__ = ["TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
 
 log = logging.getLogger(__name__)
 
-#: Linux refuses a single exec argument longer than this (MAX_ARG_STRLEN).
-MAX_ARGUMENT_BYTES = 128 * 1024 - 1
 NOBODY = "65534:65534"
 
-# Compile to the session's tmpfs, run, and remove the build; compiler messages go to stderr.
-_RUST_SCRIPT = (
-    'd=$(mktemp -d) || exit 1; printf %s "$1" > "$d/main.rs" && '
-    'rustc --edition 2021 -o "$d/main" "$d/main.rs" && "$d/main"; rc=$?; rm -rf "$d"; exit $rc'
+_PROGRAM_LANGUAGES = {
+    LANGUAGES[lang].program: lang for lang in (Language.PYTHON, Language.JAVASCRIPT, Language.RUST)
+}
+_PROBE_LANGUAGES = (
+    f"for p in {' '.join(_PROGRAM_LANGUAGES)}; do command -v $p >/dev/null 2>&1 && echo $p; done"
 )
-_PROBE_LANGUAGES = "for p in python3 node rustc; do command -v $p >/dev/null 2>&1 && echo $p; done"
-_PROGRAM_LANGUAGES = {"python3": Language.PYTHON, "node": Language.JAVASCRIPT, "rustc": Language.RUST}
+# Enters the requested cwd as the command's user, before the command: a cwd it cannot enter is refused.
+_PROBE_CWD = 'cd -- "$1" 2>&1'
 
 #: Makes the transport of one container: (client, container id, called with why when an agent restarts).
 TransportFactory = Callable[[docker.DockerClient, str, Callable[[str], None]], CommandTransport]
@@ -91,31 +91,37 @@ class SessionConfig:
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
-    """The program and arguments that run ``request`` inside the container."""
-    code = request.code
-    if len(code.encode()) > MAX_ARGUMENT_BYTES:
-        raise InvalidRequestError(
-            f"code is {len(code.encode())} bytes; a container command takes at most {MAX_ARGUMENT_BYTES} "
-            "bytes per argument: write it to a file in the workspace and run the file"
-        )
-    match request.language:
-        case Language.COMMAND:
-            return ("/bin/sh", "-c", "--", code)
-        case Language.PYTHON:
-            return ("python3", "-c", code)
-        case Language.JAVASCRIPT:
-            return ("node", "-e", code)
-        case Language.RUST:
-            return ("/bin/sh", "-c", _RUST_SCRIPT, "rust", code)
-        case _:
-            raise InvalidRequestError(f"the Docker backend cannot run {request.language.value!r} code")
+    """The program and arguments that run ``request`` inside the container.
+
+    ``argv`` runs as given; code travels on the argv (:func:`executor._languages.inline_argv`, in
+    pieces when longer than one argument may be), on both transports.
+    """
+    if request.argv is not None:
+        check_argument_sizes(request.argv, "docker")
+        return request.argv
+    assert request.language is not None and request.code is not None  # noqa: S101 - ExecRequest checks
+    if request.language not in LANGUAGES:
+        raise InvalidRequestError(f"the Docker backend cannot run {request.language.value!r} code")
+    return inline_argv(request.language, request.code)
+
+
+def container_user(user: str) -> str:
+    """``"uid:gid"`` for a request's ``user``; a bare uid runs with the group of the same number.
+
+    Never Docker's own fallback, group 0, for a uid the image's ``/etc/passwd`` does not know.
+    """
+    uid, gid = parse_user(user)
+    return f"{uid}:{gid if gid is not None else uid}"
 
 
 class DockerSession(SandboxBackend):
     """One container for the whole session: created at entry (or first use), reused, removed at close.
 
     Every command runs with a cleared environment (the image's own variables, then policy, then request
-    env), as the uid:gid owning the workspace root, with the workspace root as cwd. A timeout or a cancel
+    env), as the uid:gid owning the workspace root, with the workspace root as cwd. A request's ``user``
+    (any uid or uid:gid; a bare uid means uid:uid) and ``cwd`` (any directory of the container: the
+    container is the confinement, the workspace is not required) replace those for one call; a cwd the
+    user cannot enter is refused with ``InvalidRequestError`` before the command starts. A timeout or a cancel
     kills the command's whole process tree inside the container and keeps the output so far. After a
     fork bomb, OOM or timeout the session keeps working; when the container itself died or could not be
     cleaned, the next command gets a fresh container (logged, and counted in :attr:`restarts`).
@@ -148,6 +154,8 @@ class DockerSession(SandboxBackend):
         self._languages: tuple[Language, ...] | None = None
         self._oom_counter: OomCounter | None = None
         self._closed = False
+        # (container, user) pairs known to enter the default working directory (see _check_cwd).
+        self._enterable: set[tuple[str, str]] = set()
         #: How many times the container (or its in-sandbox agent) was replaced by a fresh one.
         self.restarts = 0
 
@@ -296,6 +304,7 @@ class DockerSession(SandboxBackend):
                 + (" or give the attached container that limit" if self.attached else "")
             )
         started = time.monotonic()
+        self._check_cwd(request, container, started)
         capture = OutputCapture(request.output_cap, on_output)
         outcome, oom_killed = self._run(request, argv, container, capture, started=started, cancel=cancel)
         streams = capture.finish()
@@ -312,6 +321,45 @@ class DockerSession(SandboxBackend):
             duration_ms=int((time.monotonic() - started) * 1000),
         )
 
+    def _check_cwd(self, request: ExecRequest, container: OpenedContainer, started: float) -> None:
+        """Refuse a cwd the command's user cannot enter (nothing of the command ran).
+
+        Asked of the container before the command for every explicit ``cwd``, and once per user for the
+        default working directory when another user than the session's runs the call (the workspace
+        root may be closed to it). Without this the program would fail to start with a misleading
+        "Permission denied" or "No such file" about itself.
+        """
+        user = container_user(request.user) if request.user is not None else self._user
+        if request.cwd is None and user == self._user:
+            return
+        cwd = request.cwd if request.cwd is not None else container.workdir
+        known = (container.id, user)
+        if request.cwd is None and known in self._enterable:
+            return
+        # Started in "/", which every user can enter (the workspace root may be closed to this user).
+        probe = ExecRequest(argv=("/bin/sh", "-c", _PROBE_CWD, "adk-sandbox-cwd", cwd), cwd="/",
+                            user=user, timeout=request.timeout)  # fmt: skip
+        capture = OutputCapture(4096)
+        outcome, _ = self._run(probe, probe.argv or (), container, capture, started=started, cancel=None)
+        if outcome.timed_out:
+            return  # the call's time ran out during the check: the command then times out, a result
+        if outcome.exit_code != 0:
+            streams = capture.finish()
+            why = (
+                streams["stdout"].text + streams["stderr"].text
+            ).strip() or f"exit status {outcome.exit_code}"
+            if request.cwd is None:
+                raise InvalidRequestError(
+                    f"user {user} cannot enter the session's working directory {cwd!r} in the Docker "
+                    f"session's container ({why}); nothing ran. Give a cwd this user can enter"
+                )
+            raise InvalidRequestError(
+                f"cwd {cwd!r} is not a directory the command can enter in the Docker session's "
+                f"container ({why}); nothing ran. Create it first or give another cwd"
+            )
+        if request.cwd is None:
+            self._enterable.add(known)
+
     def _run(
         self,
         request: ExecRequest,
@@ -326,9 +374,9 @@ class DockerSession(SandboxBackend):
         command = PreparedCommand(
             argv=argv,
             env=env,
-            user=self._user,
-            workdir=container.workdir,
-            stdin=request.stdin.encode() if request.stdin is not None else None,
+            user=container_user(request.user) if request.user is not None else self._user,
+            workdir=request.cwd if request.cwd is not None else container.workdir,
+            stdin=request.stdin_bytes,
             marker=uuid.uuid4().hex,
         )
         for attempt in (1, 2):
