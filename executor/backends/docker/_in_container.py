@@ -97,13 +97,29 @@ def reap_any():
             return out
         out.append((pid, status))
 
+def uid_of(pid):
+    # The real uid (/proc/PID/status is readable for every process, non-dumpable ones included).
+    try:
+        with open("/proc/%d/status" % pid, "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+MYUID = os.getuid()
+
 def kill_all(targets, limit=5.0, on_reaped=None):
-    # Stop first: a stopped process cannot fork, so a fork bomb cannot refill what a kill frees.
+    # Stop first: a stopped process cannot fork, so a fork bomb cannot refill what a kill frees. Only
+    # processes of this uid: no capability lets another user's be signalled (another user's agent and its
+    # commands are that user's to kill), and retrying them would only spend the limit.
     stopped = set()
     end = time.monotonic() + limit
     while True:
         procs = scan()
-        victims = [p for p in targets(procs) if p != SELF and p in procs and procs[p][3] not in b"ZX"]
+        victims = [p for p in targets(procs)
+                   if p != SELF and p in procs and procs[p][3] not in b"ZX" and uid_of(p) == MYUID]
         if not victims or time.monotonic() > end:
             return procs
         fresh = [p for p in victims if p not in stopped]

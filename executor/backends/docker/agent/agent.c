@@ -228,6 +228,20 @@ static void send_sig(int pid, unsigned long long start, int sig) {
     if (fd >= 0) close(fd);
 }
 
+/* The real uid of a process (/proc/PID/status is readable for every process, non-dumpable ones too). */
+static long uid_of(int pid) {
+    char path[64], data[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, data, sizeof data - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    data[n] = 0;
+    char *line = strstr(data, "\nUid:");
+    return line ? strtol(line + 5, NULL, 10) : -1;
+}
+
 typedef void (*reaped_fn)(int pid, int status);
 typedef void (*targets_fn)(const procs_t *ps, char *mark, void *ctx);
 
@@ -253,7 +267,10 @@ static void kill_all(targets_fn targets, void *ctx, double limit, reaped_fn on_r
         targets(&ps, mark, ctx);
         int victims = 0, fresh = 0;
         for (int i = 0; i < ps.n; i++) {
-            if (!mark[i] || ps.v[i].pid == SELF || ps.v[i].state == 'Z' || ps.v[i].state == 'X') {
+            /* Only this uid's processes: another user's cannot be signalled (no capability), and
+             * retrying them would only spend the limit. */
+            if (!mark[i] || ps.v[i].pid == SELF || ps.v[i].state == 'Z' || ps.v[i].state == 'X' ||
+                uid_of(ps.v[i].pid) != (long)getuid()) {
                 mark[i] = 0;
                 continue;
             }
