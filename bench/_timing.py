@@ -210,15 +210,13 @@ def cgroup_cpu_seconds(container_id: str) -> float:
     raise FileNotFoundError(f"no cpuacct cgroup for container {container_id}")
 
 
-def pids_named(name: str) -> list[int]:
-    """Pids whose command name (``/proc/<pid>/comm``) is ``name``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/comm", encoding="utf-8") as comm:
-                    if comm.read().strip() == name:
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+DAEMON_PID_FILES = {
+    "dockerd": "/var/run/docker.pid",
+    "containerd": "/var/run/docker/containerd/containerd.pid",
+}
+
+
+def daemon_pid(name: str) -> int:
+    """The pid of the Docker daemon (``dockerd``) or of the containerd it started (``containerd``)."""
+    with open(DAEMON_PID_FILES[name], encoding="ascii") as pid_file:
+        return int(pid_file.read().strip())

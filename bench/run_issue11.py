@@ -14,7 +14,9 @@ Every row is measured side by side with its anchor; the load average is printed 
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -55,9 +57,16 @@ def main() -> None:
     for number in options.only.split(","):
         started = time.perf_counter()
         note = load_note()
-        got = benchmarks[number]()
+        print(f"benchmark {number} at {note}", file=sys.stderr, flush=True)
+        try:
+            got = [replace(row, what=f"{number}. {row.what}") for row in benchmarks[number]()]
+        except Exception as exc:  # one broken benchmark must not lose the others' numbers
+            traceback.print_exc()
+            notes.append(f"benchmark {number} FAILED: {exc!r}")
+            continue
         notes.append(f"benchmark {number}: {time.perf_counter() - started:.0f} s, started at {note}")
-        rows += [replace(row, what=f"{number}. {row.what}") for row in got]
+        print(markdown(got), file=sys.stderr, flush=True)
+        rows += got
     print(f"## Issue 11 benchmarks ({'quick' if quick else 'full'} run), ended {load_note()}\n")
     print(markdown(rows))
     print()
