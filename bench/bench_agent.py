@@ -194,7 +194,7 @@ def _cpu_split(session: DockerSession, commands: int) -> dict[str, float]:
         run()
     after = snapshot()
     client.close()
-    return {name: (after[name] - before[name]) * 1000 / commands for name in before}
+    return {name: max(after[name] - before[name], 0.0) * 1000 / commands for name in before}
 
 
 def _host_cpu_ms(commands: int) -> float:

@@ -49,7 +49,11 @@ def parallel(runtime: str | None, transport: str, sessions: int, commands: int) 
     ready = threading.Barrier(sessions + 1)
 
     def worker(index: int, session: DockerSession) -> None:
-        session.start()
+        try:
+            session.start()
+        except BaseException:
+            ready.abort()  # the run cannot be what it claims: stop every thread and the caller
+            raise
         request = ExecRequest(language=Language.COMMAND, code=f"echo s{index}", timeout=120)
         ready.wait()
         mine = []
