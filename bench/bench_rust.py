@@ -246,6 +246,7 @@ def main() -> None:
             continue
         median, p90 = statistics.median(samples), percentile(samples, 0.9)
         print(f"| {name} | {len(samples)} | {median:.3f} | {p90:.3f} | {median / p50:.2f}x |")
+    print()
     for target in (1.0, 0.35):  # the first issue's target, then issue 11's for the Docker session
         print(f"target warm p50 <= {target} s: {'met' if p50 <= target else 'NOT met'} ({p50:.3f} s)")
 
