@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sysconfig
 import tempfile
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import regex
+from _timing import timed
 from wcmatch import fnmatch as wcfnmatch
 
 from devtools import Workspace
@@ -32,14 +32,13 @@ RG = shutil.which("rg") or "/usr/bin/rg"
 
 
 def median_ms(fn: Callable[[], int], repeat: int) -> tuple[float, int]:
-    result = fn()  # warm-up: page cache, compiled patterns
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        again = fn()
-        samples.append((time.perf_counter() - started) * 1000)
-        assert again == result
-    return statistics.median(samples), result
+    """Median ms of ``fn`` after one untimed run (page cache, compiled patterns); every run must agree."""
+    result = fn()
+
+    def again() -> None:
+        assert fn() == result
+
+    return timed(again, repeat, warm_up=False).p50, result
 
 
 def rg_count(root: Path, pattern: str) -> int:

@@ -1,7 +1,8 @@
 """DockerBackend overheads, measured side by side with their anchors in one run.
 
-Run: .venv/bin/python bench/bench_docker.py [--repeat N]
-Prints a Markdown table (medians, ratios to the anchor) for BENCHMARKS.md. Anchors:
+Run: .venv/bin/python bench/bench_docker.py [--repeat N] [--quick] [--runtime runsc]
+Prints a Markdown table (medians, ratios to the anchor) for BENCHMARKS.md, then issue 11's benchmark 4
+(session start + first command, :func:`start_first_command`). Anchors:
 * host ``subprocess.run(["true"])``: the floor of running anything;
 * raw docker-py ``containers.create`` + ``start`` (with the same hardened host config) and ``remove``;
 * raw docker-py ``exec_run("true")`` in a running container;
@@ -12,16 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 
 import docker
+from _fixtures import TRUE, owned_workspace, runtime_name
+from _timing import Row, Stats, interleaved, print_section, timed
 
 from executor import ExecRequest, Language, ResourceLimits
-from executor.backends.docker import BASE_IMAGE, DockerBackend
+from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession
 from executor.backends.docker._spec import ContainerSpec, host_config_arguments
 
 FLOOD_BYTES = 200_000_000
@@ -29,23 +30,78 @@ FLOOD_BYTES = 200_000_000
 
 def paired_ms(ours: Callable[[], object], anchor: Callable[[], object], repeat: int) -> tuple[float, float]:
     """Medians of ``ours`` and ``anchor``, run alternately so machine drift hits both alike."""
-    ours()
-    anchor()  # warm-up
-    samples: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeat):
-        for fn, into in ((ours, samples[0]), (anchor, samples[1])):
-            started = time.perf_counter()
-            fn()
-            into.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples[0]), statistics.median(samples[1])
+    stats = interleaved({"ours": ours, "anchor": anchor}, repeat)
+    return stats["ours"].p50, stats["anchor"].p50
 
 
-def main() -> None:
+def start_first_command(runtime: str | None, repeat: int) -> list[Row]:
+    """Benchmark 4 of issue 11: session start + first command vs raw create + start + first exec_run.
+
+    Both sides create a container of the same image with the same hardened host config; removing it is
+    outside the timing on both sides (our session's close, the raw container's ``remove``).
+    """
+    client = docker.from_env()
+    workspace = owned_workspace()
+    backend = DockerBackend(runtime=runtime)
+    host_config = client.api.create_host_config(
+        **host_config_arguments(
+            ContainerSpec(image=BASE_IMAGE, limits=ResourceLimits(), runtime=runtime, workspace=workspace)
+        )
+    )
+    made: list[str] = []
+    sessions: list[DockerSession] = []
+
+    def raw() -> None:
+        created = client.api.create_container(
+            BASE_IMAGE, entrypoint=["sleep"], command=["600"], host_config=host_config, working_dir=workspace
+        )
+        made.append(created["Id"])
+        client.api.start(created["Id"])
+        exit_code, _ = client.containers.get(created["Id"]).exec_run("true", user="1000:1000")
+        assert exit_code == 0
+
+    def ours() -> None:
+        session = backend.session(workspace=workspace)
+        sessions.append(session)
+        assert session.execute(TRUE).exit_code == 0
+
+    def cleanup() -> None:  # between samples, untimed: at most one container of each kind at a time
+        while made:
+            client.api.remove_container(made.pop(), force=True)
+        while sessions:
+            sessions.pop().close()
+
+    samples: dict[str, list[float]] = {"ours": [], "raw": []}
+    try:
+        for i in range(repeat + 1):  # the first round is the warm-up
+            for name, fn in (("ours", ours), ("raw", raw)):
+                stats = timed(fn, 1, warm_up=False)
+                cleanup()
+                if i:
+                    samples[name] += stats.samples
+    finally:
+        cleanup()
+        backend.close()
+        client.close()
+    rt = runtime_name(runtime)
+    return [
+        Row.latency(
+            f"{rt}: session start + first `true`",
+            Stats(tuple(samples["ours"])),
+            "raw docker-py create + start + first `exec_run('true')`",
+            Stats(tuple(samples["raw"])),
+            1.1,
+        )
+    ]
+
+
+def main() -> None:  # noqa: PLR0915 - one table, built in order
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--runtime", default=None, help="e.g. runsc")
+    parser.add_argument("--quick", action="store_true", help="5 repetitions")
     args = parser.parse_args()
-    repeat = args.repeat
+    repeat = 5 if args.quick else args.repeat
     client = docker.from_env()
     workspace = tempfile.mkdtemp()
     backend = DockerBackend(runtime=args.runtime)
@@ -120,6 +176,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name, anchor, (ours, theirs) in rows:
         print(f"| {name} | {ours:.1f} | {anchor} | {theirs:.1f} | {ours / theirs:.2f}x |")
+    print()
+    print_section(
+        "Session start + first command (issue 11, benchmark 4)", start_first_command(args.runtime, repeat)
+    )
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+
+from _timing import timed
 
 from executor import ExecRequest, Language, ProcessBackend, SandboxPolicy, bwrap_arguments, get_enforcer
 
@@ -21,13 +22,8 @@ FLOOD_BYTES = 200_000_000
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up (toolchain probes, page cache)
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
+    """Median ms after one untimed call (toolchain probes, page cache)."""
+    return timed(fn, repeat).p50
 
 
 def raw_pipe_drain() -> None:
