@@ -245,12 +245,13 @@ class _Agent:
 def _send_all(sock: socket.socket, data: bytes, until: float) -> None:
     """Write all of ``data`` by ``until`` (else ``TimeoutError``), leaving the socket's own timeout alone."""
     view = memoryview(data)
+    poller = select.poll()  # not select.select: that fails for descriptors above 1023 in a busy process
+    poller.register(sock, select.POLLOUT)
     while view:
         left = until - time.monotonic()
         if left <= 0:
             raise TimeoutError("timed out")
-        _, writable, _ = select.select([], [sock], [], left)
-        if writable:
+        if poller.poll(max(int(left * 1000), 1)):
             try:
                 view = view[sock.send(view, socket.MSG_DONTWAIT) :]
             except BlockingIOError:
