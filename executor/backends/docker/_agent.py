@@ -14,11 +14,12 @@ What it does:
   agents of the container left behind (another agent, or orphans re-parented to PID 1 that are not among
   the ``protected`` survey of the container's own processes); sends HELLO.
 * RUN: forks a **shim** for the command (a copy of the agent, itself a child subreaper, non-dumpable), with
-  the command's pipes on 0, 1, 2 and every other descriptor closed; the shim installs the set-id seccomp
-  filter of :mod:`._seccomp` on itself (with no_new_privs: inherited by everything it starts, never
-  lifted), enters the cwd, and spawns the command (``posix_spawn``, no copy of the Python process; fork and
-  exec before Python 3.8) into its own session (``setsid``) with exactly the RUN's environment (it travels
-  in the frame, never on an argv). When the command exits and the shim has no child left, nothing of the
+  the command's pipes on 0, 1, 2 and every other descriptor closed; the shim carries the set-id seccomp
+  filter of :mod:`._seccomp` that the agent installed on itself at start (with no_new_privs: inherited by
+  everything it starts, never lifted; once per agent rather than per command), enters the cwd, and
+  spawns the command (``posix_spawn``, no copy of the Python process; fork and exec before Python 3.8)
+  into its own session (``setsid``) with exactly the RUN's environment (it travels in the frame, never on
+  an argv). When the command exits and the shim has no child left, nothing of the
   command is left either (every orphan comes back to the shim). Orphans of the
   command are re-parented to its shim, so each process is attributed to its command by descent alone. The
   shim reaps everything; when the command exits it SIGSTOPs then SIGKILLs every process below itself (read
@@ -108,9 +109,10 @@ def start_command(argv, env, cwd, status_w):
         except OSError:
             pass
         os.chdir(cwd)
-        if SETID is None:
+        if not FILTERED[0]:
             raise OSError(95, "no set-id seccomp filter for this architecture")
-        install_setid_filter(SETID)  # before exec: the command can never lift it
+        # The filter (with no_new_privs) was installed on the agent itself at start, so this shim and
+        # the command inherit it: the command can never lift it.
         if hasattr(os, "posix_spawn"):
             return os.posix_spawn(resolve(argv[0], env), argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS)
         child = os.fork()
@@ -417,8 +419,8 @@ def worker(req, out, status_w, data_in, tmp):
                 except OSError:
                     pass
         os.umask(0)
-        if SETID is not None:
-            install_setid_filter(SETID)
+        if not FILTERED[0]:  # inherited from the agent otherwise
+            raise OSError(95, "no set-id seccomp filter for this architecture")
         result = file_op(req, out, data_in, tmp)
     except OSError as e:
         result = op_error(e.errno or errno.EIO, e.strerror or str(e))
@@ -876,8 +878,18 @@ def other_agents(procs):
                 found.append(p)
     return found
 
+FILTERED = [False]  # the set-id filter is on the agent (so on every shim, worker and command it starts)
+
 def main():
     prctl(4, 0)  # PR_SET_DUMPABLE 0: commands cannot open /proc/<agent>/fd or ptrace the agent
+    # Once, here, rather than in every shim (ctypes costs ~1 ms a command): the agent never needs a set-id
+    # mode itself. Without a filter for this architecture the agent still runs but refuses every RUN.
+    if SETID is not None:
+        try:
+            install_setid_filter(SETID)
+            FILTERED[0] = True
+        except OSError as e:
+            os.write(2, ("adk-sandbox-agent: %s\n" % e).encode())
     rfd, wfd = os.dup(0), os.dup(1)  # private (close-on-exec) copies of the framing pipes
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)

@@ -43,7 +43,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from executor.backends.docker._agent import AGENT_SOURCE, agent_argv
+from executor.backends.docker import _agent
+from executor.backends.docker._agent import agent_argv
 from executor.backends.docker._seccomp import native_arch, setid_filter
 
 __all__ = [
@@ -270,7 +271,8 @@ def agent_launches(
     one only. ``source`` (a Python agent program, for tests) forces the Python flavour.
     """
     flavour = "python" if source is not None else _flavour(requested)
-    python = AgentLaunch("python", agent_argv(protected, source or AGENT_SOURCE))
+    # Looked up at each start (not bound at import), so the program in force is the module's current one.
+    python = AgentLaunch("python", agent_argv(protected, source or _agent.AGENT_SOURCE))
     if flavour == "python":
         return [python]
     found = _static_or_reason()

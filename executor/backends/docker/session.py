@@ -153,6 +153,8 @@ class DockerSession(SandboxBackend):
         self._user = config.user or NOBODY
         self._languages: tuple[Language, ...] | None = None
         self._oom_counter: OomCounter | None = None
+        #: The agent reports OOM kills from inside (EXIT oom_kills): the host counter is not read then.
+        self._ooms_from_inside = False
         self._closed = False
         # (container, user) pairs known to enter the default working directory (see _check_cwd).
         self._enterable: set[tuple[str, str]] = set()
@@ -380,7 +382,8 @@ class DockerSession(SandboxBackend):
             marker=uuid.uuid4().hex,
         )
         for attempt in (1, 2):
-            transport, oom_counter = self._transport, self._oom_counter
+            transport = self._transport
+            oom_counter = None if self._ooms_from_inside else self._oom_counter
             if transport is None:
                 with self._lock:
                     self._replace_container("it was gone")
@@ -399,6 +402,7 @@ class DockerSession(SandboxBackend):
             oom_killed = ooms_before is not None and ooms_after is not None and ooms_after > ooms_before
             if outcome.oom_kills is not None:  # counted inside the container: true on a remote engine too
                 oom_killed = outcome.oom_kills > 0
+                self._ooms_from_inside = True
             if outcome.kill_failed:
                 with self._lock:
                     if not self._closed:  # closed meanwhile: the container is gone with the processes
