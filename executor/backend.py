@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import TracebackType
@@ -11,7 +13,9 @@ from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Stream
 
-__all__ = ["OutputCallback", "SandboxBackend", "SessionFactory"]
+__all__ = ["OutputCallback", "OwnedSession", "SandboxBackend", "SessionFactory"]
+
+log = logging.getLogger(__name__)
 
 OutputCallback = Callable[[Stream, str], None]
 """``on_output(stream, chunk)``: called with whole lines as they arrive (from a reader thread)."""
@@ -89,6 +93,34 @@ class SessionFactory(Protocol):
     def session(self, workspace: str | os.PathLike[str] | None = None) -> SandboxBackend:
         """Open a new session, bound to ``workspace`` when given; the caller closes it."""
         ...
+
+
+class OwnedSession:
+    """A session opened from a :class:`SessionFactory` for the lifetime of an owner (a tool, an executor).
+
+    :meth:`close` closes it; so does the owner being garbage-collected or the interpreter exiting without
+    a close (a finalizer), so a forgotten owner never leaks a container. The one place for this: the Rust
+    executor and ``SandboxTool`` hold their sessions through it.
+    """
+
+    def __init__(self, owner: object, factory: SessionFactory, what: str) -> None:
+        session = factory.session()
+        if not isinstance(session, SandboxBackend):
+            raise TypeError(f"{factory!r}.session() returned {session!r}, not a SandboxBackend")
+        self.session: SandboxBackend = session
+        """The session (a :class:`SandboxBackend`)."""
+        self._finalizer = weakref.finalize(owner, _close_quietly, session, what)
+
+    def close(self) -> None:
+        """Close the session (idempotent)."""
+        self._finalizer()
+
+
+def _close_quietly(session: SandboxBackend, what: str) -> None:
+    try:
+        session.close()
+    except Exception:  # also runs from a finalizer, where raising helps nobody
+        log.warning("closing %s's sandbox session failed", what, exc_info=True)
 
 
 if TYPE_CHECKING:  # checked by mypy, never run: the Docker backend is a SessionFactory as it is written

@@ -27,7 +27,8 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
 from executor._bridge import run_blocking
-from executor.backend import SandboxBackend, SessionFactory
+from executor.backend import OwnedSession, SandboxBackend, SessionFactory
+from executor.errors import SandboxFailedError
 from executor.rust.pipeline import RustExecutor, RustExecutorConfig, RustResult
 from executor.types import ExecRequest, ExecResult, Language
 
@@ -262,9 +263,49 @@ class SandboxTool(_Tool[SandboxExecArgs]):
     )
     arguments_model: ClassVar[type[BaseModel]] = SandboxExecArgs
 
-    def __init__(self, backend: SandboxBackend) -> None:
-        self._backend = backend
+    def __init__(self, backend: SandboxBackend | SessionFactory) -> None:
+        """Run every call in ``backend``, or in one session of it.
+
+        Given a :class:`SessionFactory` (``DockerBackend``) the tool opens **one** session on its first
+        call and runs every call in it (one container, its agent channel kept warm; files a call writes
+        are there for the next, as in a terminal), closed by :meth:`close`. Otherwise each call is the
+        backend's own ``execute``.
+        """
+        self._factory: SessionFactory | None = None
+        self._backend: SandboxBackend | None = None
+        if isinstance(backend, SessionFactory):
+            self._factory = backend
+        else:
+            self._backend = backend
+        self._owned: OwnedSession | None = None
+        self._lock = threading.Lock()
+        self._closed = False
         self._isolation: str | None = None
+
+    def _sandbox(self) -> SandboxBackend:
+        with self._lock:
+            if self._backend is None:
+                if self._closed or self._factory is None:
+                    raise SandboxFailedError("this sandbox_exec tool is closed")
+                self._owned = OwnedSession(self, self._factory, "the sandbox_exec tool")
+                self._backend = self._owned.session
+            return self._backend
+
+    def close(self) -> None:
+        """Close the session the tool opened, if any (its container is removed). Idempotent."""
+        with self._lock:
+            self._closed = True
+            owned, self._owned = self._owned, None
+            if self._factory is not None:
+                self._backend = None
+        if owned is not None:
+            owned.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def _call(self, arguments: SandboxExecArgs, cancel: threading.Event | None) -> dict[str, Any]:
         request = ExecRequest(
@@ -273,9 +314,10 @@ class SandboxTool(_Tool[SandboxExecArgs]):
             stdin=arguments.stdin,
             timeout=arguments.timeout_secs,
         )
-        result = self._backend.execute(request, cancel=cancel)
+        backend = self._sandbox()
+        result = backend.execute(request, cancel=cancel)
         if self._isolation is None:
-            self._isolation = self._backend.isolation().value
+            self._isolation = backend.isolation().value
         return _sandbox_result_json(result, self._isolation)
 
 

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.backend import SandboxBackend, SessionFactory
+from executor.backend import OwnedSession, SandboxBackend, SessionFactory
 from executor.errors import InvalidRequestError
 from executor.rust.diagnostics import (
     CompilerOutput,
@@ -167,16 +167,13 @@ class RustExecutor:
         self._closed = False
         self._unavailable: str | None = None
         self._check_deps_on_host = False
-        self._session_finalizer: weakref.finalize[Any, Any] | None = None
+        self._owned_session: OwnedSession | None = None
         if isinstance(backend, SessionFactory):
             # Its own execute() may use a sandbox per call (Docker: a throw-away container), and the
-            # program one step builds must be there for the next: one session for the executor's life.
-            session = backend.session()
-            if not isinstance(session, SandboxBackend):
-                raise TypeError(f"{backend!r}.session() returned {session!r}, not a SandboxBackend")
-            # Also closed when the executor is garbage-collected or the interpreter exits without close().
-            self._session_finalizer = weakref.finalize(self, _close_session, session)
-            backend = session
+            # program one step builds must be there for the next: one session for the executor's life
+            # (also closed when the executor is garbage-collected or the interpreter exits without close()).
+            self._owned_session = OwnedSession(self, backend, "the Rust executor")
+            backend = self._owned_session.session
         self._backend: SandboxBackend = backend
         try:
             capabilities = self._backend.capabilities()  # starts an owned session's container
@@ -259,8 +256,8 @@ class RustExecutor:
         owned, self._owned_work_dir = self._owned_work_dir, None
         if owned is not None:
             self._finalizer()  # removes the directory now, and only once
-        if self._session_finalizer is not None:
-            self._session_finalizer()  # closes the session now, and only once
+        if self._owned_session is not None:
+            self._owned_session.close()  # closes the session now, and only once
 
     def __enter__(self) -> Self:
         return self
@@ -628,13 +625,6 @@ def _timeout(stage: RustStage, **fields: Any) -> RustResult:
     doing = {"check": "type checking", "build": "generating code and linking", "run": "running the program"}
     message = f"time limit reached while {doing[stage]} ({stage} stage)"
     return RustResult(status="timeout", stage=stage, message=message, **fields)
-
-
-def _close_session(session: SandboxBackend) -> None:
-    try:
-        session.close()
-    except Exception:  # also runs from a finalizer, where raising helps nobody
-        log.warning("closing the Rust executor's sandbox session failed", exc_info=True)
 
 
 def _ms_since(start: float) -> int:

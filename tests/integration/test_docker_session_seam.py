@@ -4,6 +4,7 @@ reported by ``capabilities()`` (issue 11, "The seam").
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from executor.backends.docker._transport import (
     PreparedCommand,
 )
 from executor.backends.docker.session import TRANSPORTS, DockerSession
-from tests.conftest import containers_mounting
+from tests.conftest import containers_mounting, project_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -118,3 +119,20 @@ def test_a_transport_that_lets_set_id_modes_through_is_refused_at_start(
         session.start()
     session.close()
     assert containers_mounting(docker_backend._client, owned_workspace) == []
+
+
+def test_sandbox_tool_on_a_docker_backend_holds_one_session(docker_backend: DockerBackend) -> None:
+    """sandbox_exec rides on one session's channel: one container for every call, removed at close."""
+    from executor import SandboxTool  # noqa: PLC0415 - the tool under test
+
+    before = set(project_containers(docker_backend._client, os.getpid()))
+    with SandboxTool(docker_backend) as tool:
+        first = tool.run_sync({"language": "command", "code": "echo kept > /tmp/state"})
+        assert first["status"] == "success", first
+        second = tool.run_sync({"language": "command", "code": "cat /tmp/state"})
+        assert second["status"] == "success" and second["stdout"] == "kept\n", second
+        assert second["isolation"] == "container"
+        (container,) = set(project_containers(docker_backend._client, os.getpid())) - before
+    assert container not in project_containers(docker_backend._client, os.getpid())
+    closed = tool.run_sync({"language": "command", "code": "true"})
+    assert closed["status"] == "error" and "closed" in closed["message"]
