@@ -114,6 +114,18 @@ def owned_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(params=["uid1000", "root"])
+def workspace_of_either_owner(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A workspace owned by uid 1000 (a developer's checkout) or by root: commands run as its owner, so
+    tests of who-can-do-what run both ways. Modules import it as their ``workspace`` fixture."""
+    root = tmp_path_factory.mktemp(f"ws-{request.param}")
+    owner = 1000 if request.param == "uid1000" else 0
+    os.chown(root, owner, owner)
+    return root
+
+
 def project_containers(client: docker.DockerClient, owner_pid: int | None = None) -> list[str]:
     """Ids of every container (running or not) carrying this project's label (and this owner's, if given).
 

@@ -33,12 +33,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 QUICK = 30.0
 
 
-@pytest.fixture(params=["uid1000", "root"])
-def workspace(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp(f"ws-{request.param}")
-    owner = 1000 if request.param == "uid1000" else 0
-    os.chown(root, owner, owner)
-    return root
+@pytest.fixture
+def workspace(workspace_of_either_owner: Path) -> Path:
+    """Owned by uid 1000 or by root (tests/conftest.py): every test here runs both ways."""
+    return workspace_of_either_owner
 
 
 @pytest.fixture

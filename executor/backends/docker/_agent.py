@@ -85,6 +85,22 @@ def has_children():
         return False
     return True
 
+def fork_with_room():
+    # A full pids limit (a fork bomb next door) may free up: try for about a second before giving up.
+    for attempt in range(20):
+        try:
+            return os.fork()
+        except BlockingIOError:
+            time.sleep(0.05)
+    raise OSError(errno.EAGAIN, "no room for a process (pids limit)")
+
+def close_all(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
 def nonblock(fd):
     os.set_blocking(fd, False)
 
@@ -494,21 +510,9 @@ class Agent(object):
             er, ew = os.pipe()
             sr, sw = os.pipe()
             pipes += [or_, ow, er, ew, sr, sw]
-            pid = None
-            for attempt in range(20):
-                try:
-                    pid = os.fork()
-                    break
-                except BlockingIOError:
-                    time.sleep(0.05)
-            if pid is None:
-                raise OSError(errno.EAGAIN, "no room for a process (pids limit)")
+            pid = fork_with_room()
         except OSError as e:
-            for fd in pipes:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            close_all(pipes)
             self.out(ERROR, ch, {"message": "cannot start the command: %s" % e})
             return
         if pid == 0:
@@ -680,21 +684,9 @@ class Agent(object):
             if op == "write":
                 in_r, o.stdin = os.pipe()
                 pipes += [in_r, o.stdin]
-            pid = None
-            for attempt in range(20):
-                try:
-                    pid = os.fork()
-                    break
-                except BlockingIOError:
-                    time.sleep(0.05)
-            if pid is None:
-                raise OSError(errno.EAGAIN, "no room for a process (pids limit)")
+            pid = fork_with_room()
         except OSError as e:
-            for fd in pipes:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            close_all(pipes)
             self.out(RESULT, ch, op_error(e.errno or errno.EIO, "cannot start the file operation: %s" % e))
             return
         if pid == 0:
