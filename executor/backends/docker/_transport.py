@@ -334,9 +334,10 @@ class DockerExecTransport:
         self._daemon = DaemonSocket(socket_path, client.api.api_version)
         self._lock = threading.Lock()
         self._survey: tuple[bool, str] | None = None
-        # Markers of commands whose trees may still be alive: the killer could not confirm (the daemon
-        # did not answer); they are killed before the next command of this container starts.
-        self._pending: set[str] = set()
+        # (marker, user) of commands whose trees may still be alive: the killer could not confirm (the
+        # daemon did not answer); they are killed before the next command of this container starts, as
+        # the user they ran as (a kill as another user would do nothing, with per-call users).
+        self._pending: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         """Nothing is held between commands (each is its own exec)."""
@@ -361,7 +362,7 @@ class DockerExecTransport:
         except ContainerGoneError:
             raise
         except BaseException:
-            self._remember(command.marker)  # it may have started after all
+            self._remember(command)  # it may have started after all
             raise
         stopped: str | None = None
         killed: _KillResult = "done"
@@ -380,13 +381,13 @@ class DockerExecTransport:
             sock.close()
             killed = self._kill(command.marker, command.user, time.monotonic() + KILL_ON_ERROR_SECONDS)
             if killed != "done":
-                self._remember(command.marker)
+                self._remember(command)
             raise
         finally:
             sock.close()
         if stopped is not None:
             if killed == "no_answer":
-                self._remember(command.marker)
+                self._remember(command)
             return CommandOutcome(
                 exit_code=None,
                 timed_out=stopped == "timeout",
@@ -396,13 +397,13 @@ class DockerExecTransport:
         try:
             exit_code = self._exit_code(exec_id, until)
         except BaseException:
-            self._remember(command.marker)
+            self._remember(command)
             raise
         if exit_code is None or exit_code == _KILLED:
             # The supervisor itself may have been SIGKILLed by its command: sweep its orphans.
             killed = self._kill(command.marker, command.user, until)
             if killed == "no_answer":
-                self._remember(command.marker)
+                self._remember(command)
             return CommandOutcome(exit_code=exit_code, kill_failed=killed == "no_room")
         return CommandOutcome(exit_code=exit_code)
 
@@ -420,19 +421,19 @@ class DockerExecTransport:
                     )
                 self._survey = survey
             pending = sorted(self._pending)
-        for marker in pending:
-            killed = self._kill(marker, user, until)
+        for marker, owner in pending:
+            killed = self._kill(marker, owner, until)
             if killed == "no_room":
                 raise ContainerGoneError("the processes of an earlier command could not be killed in it")
             if killed == "no_answer":
                 raise _timeout()
             with self._lock:
-                self._pending.discard(marker)
+                self._pending.discard((marker, owner))
         return self._survey[1]
 
-    def _remember(self, marker: str) -> None:
+    def _remember(self, command: PreparedCommand) -> None:
         with self._lock:
-            self._pending.add(marker)
+            self._pending.add((command.marker, command.user))
 
     def _kill(self, marker: str, user: str, until: float) -> _KillResult:
         """Kill the tree of the command run with ``marker`` and sweep orphans, from inside the container."""
