@@ -32,7 +32,7 @@ QUICK = 30.0
 
 @pytest.fixture(autouse=True, params=["python", "static"])
 def agent_flavour(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs on both agents (read when a session's agent starts): the same semantics, byte for byte."""
+    """Every test runs on both agents (the variable is read when an agent starts): the same semantics."""
     flavour = str(request.param)
     monkeypatch.setenv("ADK_SANDBOX_AGENT", flavour)
     return flavour
