@@ -13,10 +13,15 @@
  *     ADK_SANDBOX_EXEC; when the command exits the shim stops then kills everything below itself;
  *   - output capped at the source, the excess read and counted; timeout, KILL and end of stdin kill the
  *     shim's tree; strays (children of the agent that are not live shims) and, without subreapers,
- *     unattributable orphans at PID 1 are killed.
- * The host is not trusted either: every frame is checked (type, flags, reserved, length, channel), a RUN
- * body is read by a small strict JSON reader (an object of strings, numbers, booleans, null, arrays of
- * strings and objects of strings), and anything else is answered with ERROR or ends the agent.
+ *     unattributable orphans at PID 1 are killed;
+ *   - per FILE a worker (fork of the agent: non-dumpable, only its pipes, umask 0, the set-id filter) that
+ *     performs the operation with the Python agent's semantics and streams its bytes over pipes, so the
+ *     loop never waits on a file; live workers are not strays, and a write's temporary file is named and,
+ *     on failure or KILL, removed by the agent.
+ * The host is not trusted either: every frame is checked (type, flags, reserved, length, channel), a RUN or
+ * FILE body is read by a small strict JSON reader (an object of strings, numbers, booleans, null, arrays of
+ * strings and objects of strings), and anything else is answered with ERROR (RESULT EINVAL for a FILE) or
+ * ends the agent.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
