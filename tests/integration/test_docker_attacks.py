@@ -214,6 +214,7 @@ def test_a_session_whose_commands_could_set_setid_bits_is_refused(
         ("python3", "-I", "-S", "-c", _unfiltered(_supervisor.SCRIPT), _supervisor.ARGV0),
     )
     monkeypatch.setattr(_agent, "AGENT_SOURCE", _unfiltered(_agent.AGENT_SOURCE))
+    monkeypatch.setenv("ADK_SANDBOX_AGENT", "python")  # the agent whose filter is disabled above
     with (
         DockerBackend(runtime="runsc", transport=transport) as backend,
         pytest.raises(PolicyNotEnforceableError) as refused,

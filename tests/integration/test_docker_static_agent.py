@@ -8,6 +8,7 @@ separate exec as root. Bounds are generous "does not hang" limits, not timings.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import shutil
@@ -20,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
+from executor import ExecRequest, ExecResult, Language, SandboxFailedError
 from executor.backends.docker import DockerBackend, DockerSession
 from executor.backends.docker._agent_transport import AgentTransport
-from executor.backends.docker._frames import FrameType, encode
+from executor.backends.docker._frames import FILE_OPS, FrameType, encode
 from tests.conftest import require, unique_sleep_seconds
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -262,15 +263,143 @@ def test_the_static_agent_answers_a_malformed_run_with_error_and_goes_on(
     assert session.restarts == 0
 
 
-def test_file_operations_are_refused_by_the_static_agent_for_now(session: DockerSession) -> None:
+def test_file_operations_round_trip_on_an_image_without_python(
+    session: DockerSession, workspace: Path
+) -> None:
     run(session, "true")
-    assert "ops" not in (transport_of(session)._last.hello or {})  # type: ignore[union-attr]
-    kind, body = _raw_channel(session, b'{"op": "stat", "path": "/"}', FrameType.FILE)
-    assert kind == "result" and body["error"]["name"] == "EOPNOTSUPP"  # type: ignore[index]
-    with pytest.raises(InvalidRequestError, match="no file operations yet"):  # the host does not even ask
-        session.files.stat("/")
+    assert (transport_of(session)._last.hello or {}).get("ops") == list(FILE_OPS)  # type: ignore[union-attr]
+    files, ws, uid = session.files, str(workspace), workspace.stat().st_uid
+    data = os.urandom(2 * 1024 * 1024 + 5) + b"\0tail"  # many STDIN and STDOUT frames
+    assert files.write_bytes(f"{ws}/a.bin", data, mode=0o640) == len(data)
+    host = (workspace / "a.bin").stat()
+    assert (host.st_uid, host.st_mode & 0o7777) == (uid, 0o640)  # the command user, the exact mode
+    assert files.read_bytes(f"{ws}/a.bin") == data
+    assert files.read_bytes(f"{ws}/a.bin", offset=len(data) - 5, limit=3) == b"\0ta"
+    assert files.write_bytes(f"{ws}/a.bin", b"+", append=True) == 1
+    status = files.stat(f"{ws}/a.bin")
+    assert (status.type, status.size, status.mode, status.uid) == ("file", len(data) + 1, 0o640, uid)
+    assert abs(status.mtime - (workspace / "a.bin").stat().st_mtime) < 1
+    files.mkdir(f"{ws}/d/e", parents=True, mode=0o700)
+    assert (workspace / "d" / "e").stat().st_mode & 0o777 == 0o700
+    files.rename(f"{ws}/a.bin", f"{ws}/d/b.bin")
+    os.symlink("/tmp", workspace / "d" / "link")
+    entries = sorted((e.name, e.type) for e in files.list_dir(f"{ws}/d"))
+    assert entries == [(b"b.bin", "file"), (b"e", "dir"), (b"link", "symlink")]
+    assert files.stat(f"{ws}/d/link", follow=False).type == "symlink"
+    with pytest.raises(FileExistsError):
+        files.write_bytes(f"{ws}/d/b.bin", b"x", exclusive=True)
+    with pytest.raises(IsADirectoryError):
+        files.read_bytes(f"{ws}/d")
+    with pytest.raises(OSError) as refused:  # the root filesystem is read-only
+        files.write_bytes("/bin/planted", b"x")
+    assert refused.value.errno == errno.EROFS
+    files.remove(f"{ws}/d", recursive=True)
+    assert sorted(os.listdir(workspace)) == [".git"]  # no temporary file left either
+    with pytest.raises(FileNotFoundError):
+        files.stat(f"{ws}/d")
     assert run(session, "echo fine").stdout == "fine\n"
     assert session.restarts == 0
+
+
+def test_a_file_worker_is_no_stray_and_cannot_be_reached(
+    busybox_backend: DockerBackend, session: DockerSession, workspace: Path
+) -> None:
+    """A slow write's worker outlives a sweep for strays (a command kills its shim); it is non-dumpable."""
+    run(session, "true")
+    transport = transport_of(session)
+    agent = transport._last
+    assert agent is not None
+    target = workspace / "target"
+    target.write_bytes(b"old")
+    number, channel = agent.open_channel()
+    try:
+        request = {"op": "write", "path": str(target), "mode": 0o644, "exclusive": False, "append": False}
+        agent.send(
+            encode(FrameType.FILE, number, request) + encode(FrameType.STDIN, number, b"new "),
+            time.monotonic() + QUICK,
+        )
+        time.sleep(0.5)
+        pid = transport.agent_pid
+        probe = run(
+            session,
+            f"for w in $(awk '$4=={pid} {{print $1}}' /proc/[0-9]*/stat); do echo child; "
+            "cat /proc/$w/environ >/dev/null 2>&1 && echo reachable; "
+            "echo junk 2>/dev/null > /proc/$w/fd/5 && echo wrote; "
+            "done; true",
+        )
+        assert probe.stdout.count("child") >= 2  # this command's shim and the worker
+        assert "reachable" not in probe.stdout and "wrote" not in probe.stdout
+        mark = unique_sleep_seconds()
+        run(session, f"sleep {mark} & kill -9 $PPID; sleep {mark}")  # its shim dies: the agent sweeps strays
+        assert alive(busybox_backend, session, mark) == []  # the sweep happened
+        assert run(session, "echo swept").stdout == "swept\n"
+        assert target.read_bytes() == b"old"
+        agent.send(
+            encode(FrameType.STDIN, number, b"content") + encode(FrameType.STDIN, number),
+            time.monotonic() + QUICK,
+        )
+        kind, value = channel.events.get(timeout=QUICK)
+        assert (kind, value) == ("result", {"size": len(b"new content")})
+    finally:
+        agent.close_channel(number)
+    assert target.read_bytes() == b"new content"
+    assert sorted(os.listdir(workspace)) == [".git", "target"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"path": "/"}',
+        b'{"op": "chmod", "path": "/"}',
+        b'{"op": ["stat"], "path": "/"}',
+        b'{"op": "stat"}',
+        b'{"op": "stat", "path": "relative"}',
+        b'{"op": "stat", "path": 5}',
+        b'{"op": "stat", "path": "/a\\u0000b"}',
+        b'{"op": "stat", "path": "/\xff"}',
+        b'{"op": "stat", "path": "/", "follow": "yes"}',
+        b'{"op": "stat", "path": "/"} trailing',
+        b'{"op": "read", "path": "/etc/passwd"}',
+        b'{"op": "read", "path": "/etc/passwd", "limit": 1.5}',
+        b'{"op": "read", "path": "/etc/passwd", "limit": true}',
+        b'{"op": "read", "path": "/etc/passwd", "limit": -1}',
+        b'{"op": "read", "path": "/etc/passwd", "limit": 10, "offset": null}',
+        b'{"op": "read", "path": "/etc/passwd", "limit": 1e400}',
+        b'{"op": "write", "path": "/tmp/x", "mode": 4096}',
+        b'{"op": "mkdir", "path": "/tmp/x", "parents": 1}',
+        b'{"op": "rename", "path": "/tmp/a"}',
+        b'{"op": "rename", "path": "/tmp/a", "target": "b"}',
+        b'{"op": "list", "path": "/", "x": {"deep": {"er": "1"}}}',
+    ],
+)
+def test_the_static_agent_answers_a_malformed_file_request_with_einval_and_goes_on(
+    session: DockerSession, body: bytes
+) -> None:
+    run(session, "true")
+    kind, result = _raw_channel(session, body, FrameType.FILE)
+    assert kind == "result" and result["error"]["name"] == "EINVAL", result  # type: ignore[index]
+    assert run(session, "echo fine").stdout == "fine\n"
+    assert session.files.stat("/").type == "dir"
+    assert session.restarts == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"op": "write", "path": "/tmp/setid", "mode": 2541, "exclusive": false, "append": false}',
+        b'{"op": "write", "path": "/tmp/setid", "mode": 1056, "exclusive": false, "append": true}',
+        b'{"op": "mkdir", "path": "/tmp/setid", "mode": 1023, "parents": false}',
+    ],
+)
+def test_set_id_and_sticky_modes_are_refused_by_the_static_agent_too(
+    session: DockerSession, body: bytes
+) -> None:
+    run(session, "true")
+    kind, result = _raw_channel(session, body, FrameType.FILE)  # past the host's own check
+    assert kind == "result" and result["error"]["name"] == "EPERM", result  # type: ignore[index]
+    assert run(session, "test -e /tmp/setid || echo absent").stdout == "absent\n"
 
 
 def test_a_frame_the_protocol_forbids_ends_the_agent_and_the_next_command_gets_a_new_one(

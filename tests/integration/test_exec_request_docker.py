@@ -69,10 +69,11 @@ def _transport(session: DockerSession) -> AgentTransport:
 
 def _agents_in_container(docker_backend: DockerBackend, session: DockerSession) -> dict[int, str]:
     """Every agent process in the container (pid: uid), listed by root from a separate exec."""
-    # The name is put together at run time, so this script's own command line does not match it.
+    # The name is put together at run time, so this script's own command line does not match it; a Python
+    # agent has it after its program, a static one as argv[0] (hence the space put in front).
     script = (
         "n=adk-sandbox; for d in /proc/[0-9]*; do a=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); "
-        'case "$a" in *" $n-agent"*) echo ${d#/proc/} $(stat -c %u $d);; esac; done'
+        'case " $a" in *" $n-agent"*) echo ${d#/proc/} $(stat -c %u $d);; esac; done'
     )
     created = docker_backend._client.api.exec_create(session.container_id, ["sh", "-c", script], user="0:0")
     lines = docker_backend._client.api.exec_start(created["Id"]).decode().splitlines()

@@ -546,8 +546,9 @@ class AgentTransport:
             # Nothing was sent and the agent is fine: the request cannot be served by this agent.
             raise InvalidRequestError(
                 f"the in-sandbox agent ({(agent.hello or {}).get('agent', 'python')}) does not perform the "
-                f"file operation {request['op']!r} (it offers {ops!r}); the static agent used for images "
-                "without python3 has no file operations yet: use an image with python3"
+                f"file operation {request['op']!r} (it offers {ops!r}); the Python and the static agents of "
+                "this version perform them all, so this is another agent program (a custom agent source): "
+                "start the session without one"
             )
         number, channel = agent.open_channel()
         try:

@@ -13,10 +13,15 @@
  *     ADK_SANDBOX_EXEC; when the command exits the shim stops then kills everything below itself;
  *   - output capped at the source, the excess read and counted; timeout, KILL and end of stdin kill the
  *     shim's tree; strays (children of the agent that are not live shims) and, without subreapers,
- *     unattributable orphans at PID 1 are killed.
- * The host is not trusted either: every frame is checked (type, flags, reserved, length, channel), a RUN
- * body is read by a small strict JSON reader (an object of strings, numbers, booleans, null, arrays of
- * strings and objects of strings), and anything else is answered with ERROR or ends the agent.
+ *     unattributable orphans at PID 1 are killed;
+ *   - per FILE a worker (fork of the agent: non-dumpable, only its pipes, umask 0, the set-id filter) that
+ *     performs the operation with the Python agent's semantics and streams its bytes over pipes, so the
+ *     loop never waits on a file; live workers are not strays, and a write's temporary file is named and,
+ *     on failure or KILL, removed by the agent.
+ * The host is not trusted either: every frame is checked (type, flags, reserved, length, channel), a RUN or
+ * FILE body is read by a small strict JSON reader (an object of strings, numbers, booleans, null, arrays of
+ * strings and objects of strings), and anything else is answered with ERROR (RESULT EINVAL for a FILE) or
+ * ends the agent.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -33,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -347,6 +353,7 @@ typedef struct {
     int type;
     char *s;      /* J_STR */
     double num;   /* J_NUM */
+    int isint;    /* J_NUM written as an integer (no fraction, no exponent), as Python's json reads an int */
     int b;        /* J_BOOL */
     char **items; /* J_ARR: strings; J_OBJ: keys */
     char **vals;  /* J_OBJ: values */
@@ -459,19 +466,22 @@ static int jstring(jreader_t *r, char **out_s) {
     return 0;
 }
 
-static int jnumber(jreader_t *r, double *out_d) {
+static int jnumber(jreader_t *r, double *out_d, int *isint) {
     const unsigned char *s = r->p;
+    *isint = 1;
     if (r->p < r->end && *r->p == '-') r->p++;
     if (r->p >= r->end) return jfail(r, "bad number");
     if (*r->p == '0') r->p++;
     else if (*r->p >= '1' && *r->p <= '9') while (r->p < r->end && *r->p >= '0' && *r->p <= '9') r->p++;
     else return jfail(r, "bad number");
     if (r->p < r->end && *r->p == '.') {
+        *isint = 0;
         r->p++;
         if (r->p >= r->end || *r->p < '0' || *r->p > '9') return jfail(r, "bad number");
         while (r->p < r->end && *r->p >= '0' && *r->p <= '9') r->p++;
     }
     if (r->p < r->end && (*r->p == 'e' || *r->p == 'E')) {
+        *isint = 0;
         r->p++;
         if (r->p < r->end && (*r->p == '+' || *r->p == '-')) r->p++;
         if (r->p >= r->end || *r->p < '0' || *r->p > '9') return jfail(r, "bad number");
@@ -514,7 +524,7 @@ static int jvalue(jreader_t *r, jval_t *v) {
     if (c == 't') { v->type = J_BOOL; v->b = 1; return jword(r, "true"); }
     if (c == 'f') { v->type = J_BOOL; return jword(r, "false"); }
     if (c == 'n') { v->type = J_NULL; return jword(r, "null"); }
-    if (c == '-' || (c >= '0' && c <= '9')) { v->type = J_NUM; return jnumber(r, &v->num); }
+    if (c == '-' || (c >= '0' && c <= '9')) { v->type = J_NUM; return jnumber(r, &v->num, &v->isint); }
     if (c != '[' && c != '{') return jfail(r, "unexpected character");
     int obj = c == '{';
     v->type = obj ? J_OBJ : J_ARR;
@@ -614,10 +624,48 @@ typedef struct {
     double deadline, drain_until;
     int timed_out, killed, shim_done;
     char marker[64];
+    long long oom_before; /* the memory cgroup's oom_kill counter when the command started (-1: unreadable) */
 } cmd_t;
 
 static cmd_t *cmds[MAX_COMMANDS];
 static int ncmds;
+
+/* A file operation (FILE): performed by a forked worker; the agent only moves bytes between pipes. */
+typedef struct {
+    uint32_t ch;
+    pid_t pid;
+    unsigned long long start;
+    int out_fd;    /* the worker's STDOUT bytes (read, list); -1: closed */
+    int status_fd; /* the worker's result (one JSON object and a newline, one write) */
+    char status[4097];
+    size_t status_len;
+    int stdin_fd, stdin_eof; /* a write's data, framed as (u32 length, bytes) chunks ending with length 0 */
+    buf_t pending;
+    size_t pending_at;
+    long long cap, sent, dropped;
+    double drain_until;
+    int done, killed;
+    char *tmp; /* the temporary file of a (non-appending) write, chosen here: removed if it fails */
+} op_t;
+
+#define MAX_OPS 1024
+/* A write's data waiting for its worker beyond this: the agent stops reading the host until it drains (the
+ * host has no per-channel flow control; memory stays bounded, the worker always progresses or dies). */
+#define OP_HIGH_WATER (8u << 20)
+static op_t *ops[MAX_OPS];
+static int nops;
+
+static op_t *op_of(uint32_t ch) {
+    for (int i = 0; i < nops; i++)
+        if (ops[i]->ch == ch) return ops[i];
+    return NULL;
+}
+
+static int is_live_worker(int pid) {
+    for (int i = 0; i < nops; i++)
+        if (ops[i]->pid == pid && !ops[i]->done) return 1;
+    return 0;
+}
 
 typedef struct { int pid; unsigned long long start; } protected_t;
 static protected_t *protected_v;
@@ -635,12 +683,12 @@ static int is_live_shim(int pid) {
     return 0;
 }
 
-/* Children of the agent that are not live shims: orphans of a shim its command killed. */
+/* Children of the agent that are not live shims (nor file workers): orphans of a shim its command killed. */
 static void mark_strays(const procs_t *ps, char *mark) {
     int *roots = xrealloc(NULL, (size_t)ps->n * sizeof *roots + sizeof *roots);
     int nroots = 0;
     for (int i = 0; i < ps->n; i++)
-        if (ps->v[i].ppid == SELF && !is_live_shim(ps->v[i].pid)) { mark[i] = 1; roots[nroots++] = ps->v[i].pid; }
+        if (ps->v[i].ppid == SELF && !is_live_shim(ps->v[i].pid) && !is_live_worker(ps->v[i].pid)) { mark[i] = 1; roots[nroots++] = ps->v[i].pid; }
     mark_below(ps, mark, roots, nroots);
     free(roots);
 }
@@ -706,6 +754,13 @@ static void reaped(int pid, int status) {
             c->drain_until = now() + 2.0;
         }
     }
+    for (int i = 0; i < nops; i++) {
+        op_t *o = ops[i];
+        if (o->pid == pid && !o->done) {
+            o->done = 1;
+            o->drain_until = now() + 2.0;
+        }
+    }
 }
 
 static void kill_cmd(cmd_t *c) { kill_all(tree_targets, c, 5.0, reaped); }
@@ -714,6 +769,10 @@ static void sweep(void) { kill_all(sweep_targets, NULL, 5.0, reaped); }
 static void kill_everything_and_exit(int code) {
     for (int i = 0; i < ncmds; i++)
         if (!cmds[i]->shim_done) kill_cmd(cmds[i]);
+    for (int i = 0; i < nops; i++) { /* abandoned: a write in progress leaves its path unchanged */
+        if (!ops[i]->done) send_sig(ops[i]->pid, ops[i]->start, SIGKILL);
+        if (ops[i]->tmp) unlink(ops[i]->tmp);
+    }
     _exit(code);
 }
 
@@ -863,6 +922,28 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
     _exit(0);
 }
 
+/* -- the memory cgroup's OOM-kill counter, read inside the container (cgroup v1, v2); -1: unreadable -- */
+static long long oom_kills(void) {
+    static const char *const files[] = {"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"};
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
+        char data[4096];
+        int fd = open(files[f], O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t n = read(fd, data, sizeof data - 1);
+        close(fd);
+        if (n <= 0) continue;
+        data[n] = 0;
+        for (char *line = data; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+            if (strncmp(line, "oom_kill ", 9) == 0) {
+                char *end;
+                long long v = strtoll(line + 9, &end, 10);
+                if (end != line + 9 && v >= 0) return v;
+            }
+        }
+    }
+    return -1;
+}
+
 /* -- the agent ----------------------------------------------------------------------------------------- */
 static void set_nonblock(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
@@ -878,7 +959,7 @@ static void free_strv(char **v) {
 }
 
 static void run(uint32_t ch, const unsigned char *payload, size_t n) {
-    if (cmd_of(ch)) { out_error(ch, "channel %u is in use", ch); return; }
+    if (cmd_of(ch) || op_of(ch)) { out_error(ch, "channel %u is in use", ch); return; }
     if (ncmds >= MAX_COMMANDS) { out_error(ch, "cannot start the command: too many commands at once"); return; }
     jmember_t *m;
     int count;
@@ -971,6 +1052,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     c->out_fd[1] = fds[4];
     c->status_fd = fds[6];
     c->deadline = now() + timeout;
+    c->oom_before = oom_kills();
     set_nonblock(fds[2]);
     set_nonblock(fds[4]);
     set_nonblock(fds[6]);
@@ -1039,16 +1121,634 @@ static void finish(int index) {
     else if (words == 2 && kind == 'E' && value >= 0 && value <= 255) buf_fmt(&b, "{\"exit_code\":%d,\"signal\":null", value);
     else if (words == 2 && kind == 'S' && value >= 1 && value <= 127) buf_fmt(&b, "{\"exit_code\":null,\"signal\":%d", value);
     else buf_fmt(&b, "{\"exit_code\":null,\"signal\":%d", SIGKILL); /* the shim itself was killed (by its command) */
-    buf_fmt(&b, ",\"timed_out\":%s,\"stdout_dropped\":%lld,\"stderr_dropped\":%lld}", c->timed_out ? "true" : "false",
+    buf_fmt(&b, ",\"timed_out\":%s,\"stdout_dropped\":%lld,\"stderr_dropped\":%lld", c->timed_out ? "true" : "false",
             c->dropped[0], c->dropped[1]);
+    long long after = oom_kills();
+    if (after >= 0 && c->oom_before >= 0 && after >= c->oom_before) buf_fmt(&b, ",\"oom_kills\":%lld}", after - c->oom_before);
+    else buf_str(&b, ",\"oom_kills\":null}");
     out_json(EXIT_F, c->ch, &b);
     free(c);
 }
 
-static void on_file(uint32_t ch) {
+/* -- file operations: each in a forked worker, so nothing it waits for holds the agent's loop ------------ */
+static const char *const OP_NAMES[] = {"read", "write", "stat", "list", "mkdir", "remove", "rename"};
+enum { OP_READ, OP_WRITE, OP_STAT, OP_LIST, OP_MKDIR, OP_REMOVE, OP_RENAME, N_OPS };
+
+/* errno names as Python's errno.errorcode spells them (Linux); unknown: "EIO", as the Python agent. */
+static const char *const ERRNO_NAMES[] = {
+    [1]="EPERM",[2]="ENOENT",[3]="ESRCH",[4]="EINTR",[5]="EIO",[6]="ENXIO",[7]="E2BIG",[8]="ENOEXEC",[9]="EBADF",
+    [10]="ECHILD",[11]="EAGAIN",[12]="ENOMEM",[13]="EACCES",[14]="EFAULT",[15]="ENOTBLK",[16]="EBUSY",
+    [17]="EEXIST",[18]="EXDEV",[19]="ENODEV",[20]="ENOTDIR",[21]="EISDIR",[22]="EINVAL",[23]="ENFILE",
+    [24]="EMFILE",[25]="ENOTTY",[26]="ETXTBSY",[27]="EFBIG",[28]="ENOSPC",[29]="ESPIPE",[30]="EROFS",
+    [31]="EMLINK",[32]="EPIPE",[33]="EDOM",[34]="ERANGE",[35]="EDEADLOCK",[36]="ENAMETOOLONG",[37]="ENOLCK",
+    [38]="ENOSYS",[39]="ENOTEMPTY",[40]="ELOOP",[42]="ENOMSG",[43]="EIDRM",[61]="ENODATA",[62]="ETIME",
+    [71]="EPROTO",[74]="EBADMSG",[75]="EOVERFLOW",[84]="EILSEQ",[95]="ENOTSUP",[105]="ENOBUFS",
+    [110]="ETIMEDOUT",[116]="ESTALE",[121]="EREMOTEIO",[122]="EDQUOT",[125]="ECANCELED",
+};
+
+static void op_error_json(buf_t *b, int code, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *name = code > 0 && (size_t)code < sizeof ERRNO_NAMES / sizeof *ERRNO_NAMES && ERRNO_NAMES[code]
+                           ? ERRNO_NAMES[code] : "EIO";
+    buf_fmt(b, "{\"error\":{\"errno\":%d,\"name\":\"%s\",\"message\":", code, name);
+    buf_json_str(b, msg);
+    buf_str(b, "}}");
+}
+
+static void out_op_error(uint32_t ch, int code, const char *message) {
     buf_t b = {0};
-    buf_str(&b, "{\"error\":{\"errno\":95,\"name\":\"EOPNOTSUPP\",\"message\":\"the static agent does not perform file operations yet\"}}");
+    op_error_json(&b, code, "%s", message);
     out_json(RESULT, ch, &b);
+}
+
+/* A FILE request, validated by the agent before any worker exists (the Python agent's rules). */
+typedef struct {
+    int op;
+    const char *path, *target;
+    long long offset, limit, mode;
+    int exclusive, append, follow, parents, recursive;
+} file_req_t;
+
+/* An integer >= 0 (not a boolean, not a float): missing is dflt (-1: required); null is refused, as Python. */
+static const char *want_int(jmember_t *m, int n, const char *key, long long dflt, long long *out_v) {
+    jval_t *v = jget(m, n, key);
+    if (!v) {
+        if (dflt < 0) return "an integer >= 0 is required";
+        *out_v = dflt;
+        return NULL;
+    }
+    if (v->type != J_NUM || !v->isint || !(v->num >= 0 && v->num <= 9007199254740992.0)) return "must be an integer >= 0";
+    *out_v = (long long)v->num;
+    return NULL;
+}
+
+/* A boolean flag: missing is dflt, null is false (Python's bool(None)); anything else is refused. */
+static const char *want_bool(jmember_t *m, int n, const char *key, int dflt, int *out_v) {
+    jval_t *v = jget(m, n, key);
+    if (!v) *out_v = dflt;
+    else if (v->type == J_NULL) *out_v = 0;
+    else if (v->type == J_BOOL) *out_v = v->b;
+    else return "must be a boolean";
+    return NULL;
+}
+
+static const char *want_path(jval_t *v) {
+    /* NUL cannot be in a string the reader accepted (\u0000 is refused). */
+    if (!v || v->type != J_STR || v->s[0] != '/') return "a path must be an absolute string without NUL";
+    return NULL;
+}
+
+/* 0: valid; else the errno of the RESULT (EINVAL, or EPERM for set-id and sticky bits) and *why. */
+static int parse_file_req(jmember_t *m, int n, file_req_t *q, const char **why, const char **key) {
+    memset(q, 0, sizeof *q);
+    q->op = -1;
+    jval_t *op = jget(m, n, "op");
+    *key = "op";
+    if (!op || op->type != J_STR) { *why = "op must be a string"; return EINVAL; }
+    for (int i = 0; i < N_OPS; i++)
+        if (strcmp(op->s, OP_NAMES[i]) == 0) q->op = i;
+    if (q->op < 0) { *why = "unknown op"; return EINVAL; }
+    *key = "path";
+    if ((*why = want_path(jget(m, n, "path")))) return EINVAL;
+    q->path = jget(m, n, "path")->s;
+    q->follow = 1;
+#define NEED(call, k) do { *key = k; if ((*why = (call))) return EINVAL; } while (0)
+    switch (q->op) {
+    case OP_READ:
+        NEED(want_int(m, n, "offset", 0, &q->offset), "offset");
+        NEED(want_int(m, n, "limit", -1, &q->limit), "limit");
+        break;
+    case OP_WRITE:
+    case OP_MKDIR:
+        NEED(want_int(m, n, "mode", q->op == OP_WRITE ? 0644 : 0755, &q->mode), "mode");
+        if (q->mode > 07777) { *why = "mode is out of range"; return EINVAL; }
+        if (q->op == OP_WRITE) {
+            NEED(want_bool(m, n, "exclusive", 0, &q->exclusive), "exclusive");
+            NEED(want_bool(m, n, "append", 0, &q->append), "append");
+        } else NEED(want_bool(m, n, "parents", 0, &q->parents), "parents");
+        if (q->mode & ~0777LL) { *key = NULL; *why = "set-id and sticky bits are not allowed"; return EPERM; }
+        break;
+    case OP_STAT: NEED(want_bool(m, n, "follow", 1, &q->follow), "follow"); break;
+    case OP_REMOVE: NEED(want_bool(m, n, "recursive", 0, &q->recursive), "recursive"); break;
+    case OP_RENAME:
+        NEED(want_path(jget(m, n, "target")), "target");
+        q->target = jget(m, n, "target")->s;
+        break;
+    }
+#undef NEED
+    *key = NULL;
+    return 0;
+}
+
+/* -- in the worker -- */
+static int write_all(int fd, const void *data, size_t n) {
+    const char *p = data;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* 1: n bytes read; 0: the pipe ended first; -1: error. */
+static int read_exact(int fd, void *data, size_t n) {
+    char *p = data;
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) return 0;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 1;
+}
+
+static char wbuf[65536];
+
+/* The data of a write: (u32 length, bytes) chunks ending with a 0 length. A pipe that ends without that
+ * end mark (the agent died, the host gave up) is an abandoned write, never a short one. */
+static int copy_in(int src, int dst, long long *size) {
+    *size = 0;
+    for (;;) {
+        unsigned char h[4];
+        int got = read_exact(src, h, 4);
+        if (got <= 0) { errno = ECANCELED; return -1; }
+        uint32_t n = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
+        if (n == 0) return 0;
+        while (n) {
+            size_t take = n < sizeof wbuf ? n : sizeof wbuf;
+            if (read_exact(src, wbuf, take) <= 0) { errno = ECANCELED; return -1; }
+            if (write_all(dst, wbuf, take) != 0) return -1;
+            n -= (uint32_t)take;
+            *size += (long long)take;
+        }
+    }
+}
+
+/* O_NONBLOCK: opening a FIFO (or a device) must not wait for a peer; only regular files are used. */
+static int open_regular(const char *path, int flags, mode_t mode, struct stat *st) {
+    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, mode);
+    if (fd < 0) return -1;
+    if (fstat(fd, st) != 0) { int e = errno; close(fd); errno = e; return -1; }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        errno = S_ISDIR(st->st_mode) ? EISDIR : EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
+/* The length of Python's os.path.dirname of p[0..n). */
+static size_t dirname_len(const char *p, size_t n) {
+    size_t i = n;
+    while (i > 0 && p[i - 1] != '/') i--;
+    size_t head = i;
+    while (head > 0 && p[head - 1] == '/') head--;
+    return head ? head : i; /* all slashes: kept */
+}
+
+static int make_dirs(const char *path, mode_t mode) {
+    size_t n = strlen(path);
+    char *p = xrealloc(NULL, n + 1);
+    size_t *todo = xrealloc(NULL, (n + 2) * sizeof *todo);
+    int depth = 0, rc = 0;
+    todo[depth++] = n;
+    while (depth) {
+        size_t len = todo[depth - 1];
+        memcpy(p, path, len);
+        p[len] = 0;
+        if (mkdir(p, mode) != 0) {
+            if (errno == ENOENT) {
+                size_t parent = dirname_len(p, len);
+                if (parent == len || depth > (int)n) { rc = -1; break; }
+                todo[depth++] = parent;
+                continue;
+            }
+            int e = errno;
+            struct stat st;
+            if (e != EEXIST) { rc = -1; break; }
+            if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) { errno = EEXIST; rc = -1; break; } /* not a directory */
+        }
+        depth--;
+    }
+    int e = errno;
+    free(p);
+    free(todo);
+    errno = e;
+    return rc;
+}
+
+/* Everything below the directory fd, then its entries: one descriptor per level and one directory stream at
+ * a time (bounded memory at any depth), never following a symlink (O_NOFOLLOW | O_DIRECTORY at every step;
+ * a link inside the tree is unlinked itself). */
+static int remove_tree(const char *path) {
+    typedef struct { int fd; char *name; } level_t;
+    int cap = 16, depth = 0, rc = 0;
+    level_t *stack = xrealloc(NULL, (size_t)cap * sizeof *stack);
+    int top = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (top < 0) { free(stack); return -1; }
+    stack[depth++] = (level_t){top, NULL};
+    while (depth && rc == 0) {
+        level_t *lv = &stack[depth - 1];
+        int dup_fd = fcntl(lv->fd, F_DUPFD_CLOEXEC, 0);
+        DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+        if (!d) { if (dup_fd >= 0) close(dup_fd); rc = -1; break; }
+        rewinddir(d);
+        char *sub = NULL;
+        struct dirent *e;
+        errno = 0;
+        while ((e = readdir(d))) {
+            const char *name = e->d_name;
+            if (!strcmp(name, ".") || !strcmp(name, "..")) continue;
+            int isdir = e->d_type == DT_DIR;
+            if (e->d_type == DT_UNKNOWN) {
+                struct stat st;
+                isdir = fstatat(lv->fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+            }
+            if (isdir) { sub = strdup(name); break; }
+            if (unlinkat(lv->fd, name, 0) != 0) { rc = -1; break; }
+            errno = 0;
+        }
+        if (!e && errno && rc == 0) rc = -1; /* readdir failed */
+        int saved = errno;
+        closedir(d);
+        errno = saved;
+        if (rc) { free(sub); break; }
+        if (sub) {
+            int fd = openat(lv->fd, sub, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (fd < 0) { free(sub); rc = -1; break; }
+            if (depth == cap) { cap *= 2; stack = xrealloc(stack, (size_t)cap * sizeof *stack); }
+            stack[depth++] = (level_t){fd, sub};
+            continue;
+        }
+        /* This level is empty: close it and remove it from its parent. */
+        close(lv->fd);
+        char *name = lv->name;
+        depth--;
+        if (depth && unlinkat(stack[depth - 1].fd, name, AT_REMOVEDIR) != 0) rc = -1;
+        free(name);
+    }
+    int saved = errno;
+    for (int i = 0; i < depth; i++) { close(stack[i].fd); free(stack[i].name); }
+    free(stack);
+    if (rc == 0 && rmdir(path) != 0) return -1;
+    errno = saved;
+    return rc;
+}
+
+static char entry_type(int dfd, const struct dirent *e) {
+    unsigned char t = e->d_type;
+    if (t == DT_UNKNOWN) {
+        struct stat st;
+        if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) return 'o';
+        t = S_ISLNK(st.st_mode) ? DT_LNK : S_ISDIR(st.st_mode) ? DT_DIR : S_ISREG(st.st_mode) ? DT_REG : DT_UNKNOWN;
+    }
+    return t == DT_LNK ? 'l' : t == DT_DIR ? 'd' : t == DT_REG ? 'f' : 'o';
+}
+
+static const char *kind_of(mode_t m) {
+    return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other";
+}
+
+/* The operation itself: its result object in *res; -1 with errno (and *msg if not strerror's) on failure. */
+static int file_op(const file_req_t *q, int out_fd, int data_in, const char *tmp, buf_t *res, const char **msg) {
+    struct stat st;
+    switch (q->op) {
+    case OP_READ: {
+        int fd = open_regular(q->path, O_RDONLY, 0, &st);
+        if (fd < 0) { if (errno == EINVAL) *msg = "not a regular file"; return -1; }
+        long long offset = q->offset, limit = q->limit;
+        while (limit > 0) {
+            ssize_t r = pread(fd, wbuf, limit < (long long)sizeof wbuf ? (size_t)limit : sizeof wbuf, (off_t)offset);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 || (r > 0 && write_all(out_fd, wbuf, (size_t)r) != 0)) { int e = errno; close(fd); errno = e; return -1; }
+            if (r == 0) break;
+            offset += r;
+            limit -= r;
+        }
+        close(fd);
+        buf_fmt(res, "{\"size\":%lld}", (long long)st.st_size);
+        return 0;
+    }
+    case OP_WRITE: {
+        long long size = 0;
+        if (q->append) {
+            int fd = open_regular(q->path, O_WRONLY | O_APPEND | O_CREAT | (q->exclusive ? O_EXCL : 0), (mode_t)q->mode, &st);
+            if (fd < 0) { if (errno == EINVAL) *msg = "not a regular file"; return -1; }
+            int rc = copy_in(data_in, fd, &size);
+            int e = errno;
+            close(fd);
+            errno = e;
+            if (rc) { if (errno == ECANCELED) *msg = "the data of this write did not arrive in full"; return -1; }
+            buf_fmt(res, "{\"size\":%lld}", size);
+            return 0;
+        }
+        if (lstat(q->path, &st) == 0) {
+            if (S_ISDIR(st.st_mode)) { errno = EISDIR; return -1; }
+            if (q->exclusive) { errno = EEXIST; return -1; }
+        } else if (errno != ENOENT) return -1;
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)q->mode);
+        if (fd < 0) return -1;
+        int rc = copy_in(data_in, fd, &size);
+        int e = errno;
+        if (close(fd) != 0 && rc == 0) { rc = -1; e = errno; }
+        if (rc == 0) {
+            if (q->exclusive) { /* link fails if path appeared meanwhile: exclusive without a race */
+                rc = link(tmp, q->path);
+                e = errno;
+                if (rc == 0) unlink(tmp);
+            } else {
+                rc = rename(tmp, q->path);
+                e = errno;
+            }
+        }
+        if (rc) {
+            unlink(tmp);
+            errno = e;
+            if (e == ECANCELED) *msg = "the data of this write did not arrive in full";
+            return -1;
+        }
+        buf_fmt(res, "{\"size\":%lld}", size);
+        return 0;
+    }
+    case OP_STAT:
+        if ((q->follow ? stat(q->path, &st) : lstat(q->path, &st)) != 0) return -1;
+        buf_fmt(res, "{\"type\":\"%s\",\"size\":%lld,\"mode\":%u,\"mtime\":%.17g,\"uid\":%u,\"gid\":%u}",
+                kind_of(st.st_mode), (long long)st.st_size, (unsigned)(st.st_mode & 07777),
+                (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9, (unsigned)st.st_uid, (unsigned)st.st_gid);
+        return 0;
+    case OP_LIST: {
+        DIR *d = opendir(q->path);
+        if (!d) return -1;
+        long long count = 0;
+        buf_t b = {0};
+        struct dirent *e;
+        errno = 0;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char t = entry_type(dirfd(d), e);
+            buf_add(&b, &t, 1);
+            buf_add(&b, e->d_name, strlen(e->d_name) + 1);
+            count++;
+            if (b.len >= 65536) {
+                if (write_all(out_fd, b.p, b.len) != 0) { int x = errno; closedir(d); buf_free(&b); errno = x; return -1; }
+                b.len = 0;
+            }
+            errno = 0;
+        }
+        int x = errno;
+        closedir(d);
+        if (x) { buf_free(&b); errno = x; return -1; }
+        int rc = b.len ? write_all(out_fd, b.p, b.len) : 0;
+        buf_free(&b);
+        if (rc) return -1;
+        buf_fmt(res, "{\"count\":%lld}", count);
+        return 0;
+    }
+    case OP_MKDIR:
+        if ((q->parents ? make_dirs(q->path, (mode_t)q->mode) : mkdir(q->path, (mode_t)q->mode)) != 0) return -1;
+        buf_str(res, "{}");
+        return 0;
+    case OP_REMOVE:
+        if (lstat(q->path, &st) != 0) return -1; /* lstat: a symlink is removed itself, never followed */
+        if (S_ISDIR(st.st_mode)) {
+            if ((q->recursive ? remove_tree(q->path) : rmdir(q->path)) != 0) return -1;
+        } else if (unlink(q->path) != 0) return -1;
+        buf_str(res, "{}");
+        return 0;
+    case OP_RENAME:
+        if (rename(q->path, q->target) != 0) return -1;
+        buf_str(res, "{}");
+        return 0;
+    }
+    errno = EINVAL;
+    return -1;
+}
+
+static void close_from(int low) {
+    if (syscall(SYS_close_range, low, ~0U, 0) == 0) return;
+    DIR *d = opendir("/proc/self/fd");
+    int fds[4096], n = 0, dfd = d ? dirfd(d) : -1;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < 4096) {
+        int fd = atoi(e->d_name);
+        if (e->d_name[0] != '.' && fd >= low && fd != dfd) fds[n++] = fd;
+    }
+    if (d) closedir(d);
+    for (int i = 0; i < n; i++) close(fds[i]);
+}
+
+/* In the forked worker: non-dumpable, nothing but its pipes, umask 0 (modes exact), the set-id filter with
+ * no_new_privs; then the operation, its result written in one piece (atomic: below PIPE_BUF) and exit. */
+static void __attribute__((noreturn)) worker(const file_req_t *q, int out_fd, int status_w, int data_in, const char *tmp) {
+    SELF = getpid();
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    struct sigaction dfl = {0};
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGCHLD, &dfl, NULL); /* SIGPIPE stays ignored: a closed pipe is EPIPE, not death */
+    int want[3] = {out_fd, status_w, data_in};
+    for (int i = 0; i < 3; i++)
+        if (want[i] >= 0 && (want[i] = fcntl(want[i], F_DUPFD, 10)) < 0) _exit(1);
+    for (int i = 0; i < 3; i++)
+        if (want[i] >= 0 && dup2(want[i], 3 + i) < 0) _exit(1);
+    close_from(data_in >= 0 ? 6 : 5);
+    out_fd = 3;
+    status_w = 4;
+    data_in = data_in >= 0 ? 5 : -1;
+    umask(0);
+    buf_t res = {0};
+    const char *msg = NULL;
+    if (SETID_FILTER_LEN == 0) op_error_json(&res, EOPNOTSUPP, "no set-id seccomp filter for this architecture");
+    else if (install_setid_filter() != 0) op_error_json(&res, errno, "cannot install the set-id seccomp filter: %s", strerror(errno));
+    else if (file_op(q, out_fd, data_in, tmp, &res, &msg) != 0) {
+        int e = errno ? errno : EIO;
+        res.len = 0;
+        op_error_json(&res, e, "%s", msg ? msg : strerror(e));
+    }
+    close(out_fd);
+    buf_str(&res, "\n");
+    (void)write_all(status_w, res.p, res.len);
+    _exit(0);
+}
+
+/* -- in the agent -- */
+static void start_op(uint32_t ch, const unsigned char *payload, size_t n) {
+    if (cmd_of(ch) || op_of(ch)) {
+        char m[64];
+        snprintf(m, sizeof m, "channel %u is in use", ch);
+        out_op_error(ch, EBUSY, m);
+        return;
+    }
+    if (nops >= MAX_OPS) { out_op_error(ch, EAGAIN, "cannot start the file operation: too many at once"); return; }
+    jmember_t *m;
+    int count;
+    const char *err = NULL, *key = NULL;
+    if (jobject(payload, n, &m, &count, &err) != 0) {
+        char why[300];
+        snprintf(why, sizeof why, "bad FILE request: %s", err ? err : "invalid JSON");
+        out_op_error(ch, EINVAL, why);
+        return;
+    }
+    file_req_t q;
+    int code = parse_file_req(m, count, &q, &err, &key);
+    if (code) {
+        char why[300];
+        if (code == EINVAL) snprintf(why, sizeof why, "bad FILE request: %s%s%s", key ? key : "", key ? " " : "", err);
+        else snprintf(why, sizeof why, "%s", err);
+        jmembers_free(m, count);
+        out_op_error(ch, code, why);
+        return;
+    }
+    op_t *o = xrealloc(NULL, sizeof *o);
+    memset(o, 0, sizeof *o);
+    o->ch = ch;
+    o->out_fd = o->status_fd = o->stdin_fd = -1;
+    o->cap = q.op == OP_READ ? q.limit : 1LL << 62;
+    if (q.op == OP_WRITE && !q.append) {
+        /* Chosen here, so the agent can remove it if the worker is killed mid-write. */
+        unsigned char rnd[8];
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+            for (size_t i = 0; i < sizeof rnd; i++) rnd[i] = (unsigned char)(rand() ^ (int)now());
+        }
+        size_t dl = dirname_len(q.path, strlen(q.path));
+        buf_t t = {0};
+        buf_add(&t, q.path, dl);
+        if (!dl || t.p[dl - 1] != '/') buf_str(&t, "/");
+        buf_str(&t, ".adk-sandbox-write-");
+        for (size_t i = 0; i < sizeof rnd; i++) buf_fmt(&t, "%02x", rnd[i]);
+        o->tmp = t.p;
+    }
+    int fds[6] = {-1, -1, -1, -1, -1, -1}; /* data r, w, status r, w, write-data r, w */
+    int ok = pipe2(fds, O_CLOEXEC) == 0 && pipe2(fds + 2, O_CLOEXEC) == 0 &&
+             (q.op != OP_WRITE || pipe2(fds + 4, O_CLOEXEC) == 0);
+    int fork_err = errno;
+    pid_t pid = -1;
+    for (int attempt = 0; ok && attempt < 20; attempt++) {
+        pid = fork();
+        if (pid >= 0) break;
+        fork_err = errno;
+        if (errno != EAGAIN) break;
+        struct timespec t = {0, 50000000};
+        nanosleep(&t, NULL);
+    }
+    if (!ok || pid < 0) {
+        close_pipes(fds, 6);
+        jmembers_free(m, count);
+        char why[200];
+        snprintf(why, sizeof why, "cannot start the file operation: %s",
+                 ok && fork_err == EAGAIN ? "no room for a process (pids limit)" : strerror(fork_err));
+        out_op_error(ch, fork_err ? fork_err : EIO, why);
+        free(o->tmp);
+        free(o);
+        return;
+    }
+    if (pid == 0) worker(&q, fds[1], fds[3], fds[4], o->tmp);
+    jmembers_free(m, count);
+    close(fds[1]);
+    close(fds[3]);
+    if (fds[4] >= 0) close(fds[4]);
+    o->pid = pid;
+    o->start = start_of(pid);
+    o->out_fd = fds[0];
+    o->status_fd = fds[2];
+    o->stdin_fd = fds[5];
+    set_nonblock(o->out_fd);
+    set_nonblock(o->status_fd);
+    if (o->stdin_fd >= 0) set_nonblock(o->stdin_fd);
+    ops[nops++] = o;
+}
+
+static void write_op_stdin(op_t *o) {
+    if (o->stdin_fd < 0) return;
+    while (o->pending_at < o->pending.len) {
+        size_t left = o->pending.len - o->pending_at;
+        ssize_t w = write(o->stdin_fd, o->pending.p + o->pending_at, left < 65536 ? left : 65536);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno == EAGAIN) break;
+        if (w < 0) { /* the worker is gone (it failed early, or was killed): the rest is dropped */
+            o->pending_at = o->pending.len;
+            o->stdin_eof = 1;
+            break;
+        }
+        o->pending_at += (size_t)w;
+    }
+    if (o->pending_at == o->pending.len) { buf_free(&o->pending); o->pending_at = 0; }
+    else if (o->pending_at > (1u << 20) && o->pending_at > o->pending.len / 2) { /* compact: memory stays bounded */
+        memmove(o->pending.p, o->pending.p + o->pending_at, o->pending.len - o->pending_at);
+        o->pending.len -= o->pending_at;
+        o->pending_at = 0;
+    }
+    if (o->stdin_eof && !o->pending.len) { close(o->stdin_fd); o->stdin_fd = -1; }
+}
+
+static void op_input(op_t *o, const unsigned char *payload, uint32_t n) {
+    if (o->stdin_fd < 0 || o->stdin_eof) return;
+    unsigned char h[4] = {(unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8), (unsigned char)n};
+    buf_add(&o->pending, h, 4); /* framed: see copy_in */
+    if (n) buf_add(&o->pending, payload, n);
+    else o->stdin_eof = 1;
+    write_op_stdin(o);
+}
+
+static void kill_op(op_t *o) {
+    o->killed = 1;
+    if (o->stdin_fd >= 0) { close(o->stdin_fd); o->stdin_fd = -1; }
+    buf_free(&o->pending);
+    o->pending_at = 0;
+    if (!o->done) send_sig(o->pid, o->start, SIGKILL);
+}
+
+static void read_op_output(op_t *o) {
+    ssize_t n = read(o->out_fd, chunk, sizeof chunk);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) { close(o->out_fd); o->out_fd = -1; return; }
+    long long room = o->cap - o->sent;
+    size_t part = room > 0 ? ((long long)n < room ? (size_t)n : (size_t)room) : 0;
+    if (part) {
+        o->sent += (long long)part;
+        out(STDOUT_F, o->ch, chunk, part);
+    }
+    o->dropped += n - (ssize_t)part;
+}
+
+static void read_op_status(op_t *o) {
+    if (o->status_fd < 0) return;
+    char data[4096];
+    ssize_t n = read(o->status_fd, data, sizeof data);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) { close(o->status_fd); o->status_fd = -1; return; }
+    size_t room = sizeof o->status - 1 - o->status_len, take = (size_t)n < room ? (size_t)n : room;
+    memcpy(o->status + o->status_len, data, take);
+    o->status_len += take;
+    o->status[o->status_len] = 0;
+}
+
+static void finish_op(int index) {
+    op_t *o = ops[index];
+    if (o->out_fd >= 0) close(o->out_fd);
+    if (o->status_fd >= 0) close(o->status_fd);
+    if (o->stdin_fd >= 0) close(o->stdin_fd);
+    buf_free(&o->pending);
+    ops[index] = ops[--nops];
+    /* The worker's result (written in one piece, so whole or absent): also when it finished before a KILL. */
+    int whole = o->status_len >= 3 && o->status[0] == '{' && o->status[o->status_len - 1] == '\n' &&
+                memchr(o->status, '\n', o->status_len) == o->status + o->status_len - 1;
+    buf_t b = {0};
+    if (whole) buf_add(&b, o->status, o->status_len - 1);
+    else if (o->killed) op_error_json(&b, ECANCELED, "the file operation was cancelled");
+    else op_error_json(&b, EIO, "the file operation's worker ended without a result");
+    if (o->tmp && strncmp(b.p, "{\"error\"", 8) == 0) unlink(o->tmp); /* a write that did not finish */
+    out_json(RESULT, o->ch, &b);
+    free(o->tmp);
+    free(o);
 }
 
 static unsigned char *inbuf;
@@ -1070,8 +1770,11 @@ static void frames(void) {
         const unsigned char *payload = h + HDR;
         at += HDR + n;
         cmd_t *c = cmd_of(ch);
+        op_t *o = op_of(ch);
         if (kind == RUN) run(ch, payload, n);
-        else if (kind == FILE_F) on_file(ch);
+        else if (kind == FILE_F) start_op(ch, payload, n);
+        else if (kind == STDIN_F && o) op_input(o, payload, n);
+        else if (kind == KILL_F && o) kill_op(o);
         else if (kind == STDIN_F) {
             if (c && c->stdin_fd >= 0 && !c->stdin_eof) {
                 if (n) {
@@ -1106,7 +1809,7 @@ static void loop(void) {
     size_t incap = 2 * (HDR + MAXP);
     inbuf = xrealloc(NULL, incap);
     struct pollfd *pfd = NULL;
-    cmd_t **owner = NULL;
+    void **owner = NULL;
     int *what = NULL;
     size_t pcap = 0;
     for (;;) {
@@ -1129,8 +1832,19 @@ static void loop(void) {
             }
             i++;
         }
-        if (host_eof && !ncmds) return;
-        size_t need = 2 + 4 * (size_t)ncmds;
+        for (int i = 0; i < nops;) {
+            op_t *o = ops[i];
+            if (o->done && ((o->out_fd < 0 && o->status_fd < 0) || now() > o->drain_until)) {
+                read_op_status(o);
+                finish_op(i);
+                continue;
+            }
+            i++;
+        }
+        if (host_eof && !ncmds && !nops) return;
+        size_t backlog = 0;
+        for (int i = 0; i < nops; i++) backlog += ops[i]->pending.len - ops[i]->pending_at;
+        size_t need = 2 + 4 * (size_t)ncmds + 3 * (size_t)nops;
         if (need > pcap) {
             pcap = need * 2;
             pfd = xrealloc(pfd, pcap * sizeof *pfd);
@@ -1139,7 +1853,7 @@ static void loop(void) {
         }
         int np = 0;
         pfd[np] = (struct pollfd){wake_r, POLLIN, 0}; owner[np] = NULL; what[np++] = -1;
-        if (!host_eof) { pfd[np] = (struct pollfd){rfd, POLLIN, 0}; owner[np] = NULL; what[np++] = -2; }
+        if (!host_eof && backlog < OP_HIGH_WATER) { pfd[np] = (struct pollfd){rfd, POLLIN, 0}; owner[np] = NULL; what[np++] = -2; }
         double wait_until = -1;
         for (int i = 0; i < ncmds; i++) {
             cmd_t *c = cmds[i];
@@ -1149,6 +1863,13 @@ static void loop(void) {
             if (c->stdin_fd >= 0 && c->pending.len > c->pending_at) { pfd[np] = (struct pollfd){c->stdin_fd, POLLOUT, 0}; owner[np] = c; what[np++] = 3; }
             double d = c->shim_done ? c->drain_until : c->deadline;
             if (wait_until < 0 || d < wait_until) wait_until = d;
+        }
+        for (int i = 0; i < nops; i++) {
+            op_t *o = ops[i];
+            if (o->out_fd >= 0) { pfd[np] = (struct pollfd){o->out_fd, POLLIN, 0}; owner[np] = o; what[np++] = 10; }
+            if (o->status_fd >= 0) { pfd[np] = (struct pollfd){o->status_fd, POLLIN, 0}; owner[np] = o; what[np++] = 11; }
+            if (o->stdin_fd >= 0 && o->pending.len > o->pending_at) { pfd[np] = (struct pollfd){o->stdin_fd, POLLOUT, 0}; owner[np] = o; what[np++] = 12; }
+            if (o->done && (wait_until < 0 || o->drain_until < wait_until)) wait_until = o->drain_until;
         }
         int timeout_ms = -1;
         if (wait_until >= 0) {
@@ -1170,11 +1891,20 @@ static void loop(void) {
                     host_eof = 1;
                     for (int k = 0; k < ncmds; k++)
                         if (!cmds[k]->shim_done) { cmds[k]->killed = 1; kill_cmd(cmds[k]); }
+                    for (int k = 0; k < nops; k++) kill_op(ops[k]);
                     continue;
                 }
                 inlen += (size_t)n;
                 frames();
                 break; /* commands may have finished or started: poll again with fresh descriptors */
+            } else if (what[i] >= 10) {
+                op_t *o = owner[i];
+                int still = 0;
+                for (int k = 0; k < nops && !still; k++) still = ops[k] == o;
+                if (!still) continue;
+                if (what[i] == 10 && o->out_fd == pfd[i].fd) read_op_output(o);
+                else if (what[i] == 11 && o->status_fd == pfd[i].fd) read_op_status(o);
+                else if (what[i] == 12 && o->stdin_fd == pfd[i].fd) write_op_stdin(o);
             } else {
                 cmd_t *c = owner[i];
                 int still = 0;
@@ -1277,7 +2007,9 @@ int main(int argc, char **argv) {
     buf_fmt(&b, "{\"protocol\":1,\"pid\":%d,\"subreaper\":%s,\"agent\":\"static\",\"protected\":\"", (int)SELF,
             strict_mode ? "true" : "false");
     for (int i = 0; i < nprotected; i++) buf_fmt(&b, "%s%d:%llu", i ? "," : "", protected_v[i].pid, protected_v[i].start);
-    buf_str(&b, "\"}");
+    buf_str(&b, "\",\"ops\":[");
+    for (int i = 0; i < N_OPS; i++) buf_fmt(&b, "%s\"%s\"", i ? "," : "", OP_NAMES[i]);
+    buf_str(&b, "]}");
     out_json(HELLO, 0, &b);
     loop();
     return 0;
