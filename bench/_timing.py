@@ -48,13 +48,19 @@ class Stats:
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeat: int, warm_up: bool = True) -> dict[str, Stats]:
-    """Milliseconds of each function, run in turn ``repeat`` times so machine drift hits all alike."""
+    """Milliseconds of each function, run in turn ``repeat`` times so machine drift hits all alike.
+
+    Each round starts one function later, so every function follows every other equally often: one that
+    leaves work behind (an exec's teardown in dockerd and runc) does not always slow the same neighbour.
+    """
     if warm_up:
         for fn in fns.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for round_number in range(repeat):
+        shift = round_number % len(order)
+        for name, fn in order[shift:] + order[:shift]:
             started = time.perf_counter()
             fn()
             samples[name].append((time.perf_counter() - started) * 1000)
