@@ -258,6 +258,19 @@ def _send_all(sock: socket.socket, data: bytes, until: float) -> None:
                 continue
 
 
+def _next_event(agent: _Agent, channel: _Channel, wait: float, unknown: str) -> _Event | None:
+    """The channel's next event within ``wait`` seconds, or None (the caller re-checks its deadlines).
+
+    ``SandboxFailedError`` saying ``unknown`` when the agent broke and nothing is left queued.
+    """
+    try:
+        return channel.events.get(timeout=max(wait, 0.001))
+    except queue.Empty:
+        if agent.broken is not None and channel.events.empty():
+            raise SandboxFailedError(f"{agent.broken}; {unknown}") from None
+        return None
+
+
 class AgentTransport:
     """:class:`CommandTransport` over one long-lived agent per container (see the module docstring)."""
 
@@ -460,14 +473,10 @@ class AgentTransport:
                     wait = min(wait, deadline - now)
                     if cancel is not None:
                         wait = min(wait, CANCEL_POLL_SECONDS)
-                try:
-                    kind, value = channel.events.get(timeout=max(wait, 0.001))
-                except queue.Empty:
-                    if agent.broken is not None and channel.events.empty():
-                        raise SandboxFailedError(
-                            f"{agent.broken}; the command's end is unknown (it is not re-run)"
-                        ) from None
+                event = _next_event(agent, channel, wait, "the command's end is unknown (it is not re-run)")
+                if event is None:
                     continue
+                kind, value = event
                 if kind in ("stdout", "stderr"):
                     stream: Stream = "stdout" if kind == "stdout" else "stderr"
                     capture.feed(stream, value)
@@ -608,14 +617,10 @@ class AgentTransport:
                     "not retried)"
                 )
             wait = (give_up if killed else deadline) - now
-            try:
-                kind, value = channel.events.get(timeout=max(wait, 0.001))
-            except queue.Empty:
-                if agent.broken is not None and channel.events.empty():
-                    raise SandboxFailedError(
-                        f"{agent.broken}; the file operation's effect is unknown"
-                    ) from None
+            event = _next_event(agent, channel, wait, "the file operation's effect is unknown")
+            if event is None:
                 continue
+            kind, value = event
             if kind == "broken":
                 raise SandboxFailedError(f"{value}; the file operation's effect is unknown")
             if kind == "error":
