@@ -19,10 +19,15 @@
     └── InvalidArgumentsError  (also ValueError)       arguments that fail validation (field and reason)
 
 Where an error resembles a builtin it subclasses it too, so generic handlers (``except PermissionError``)
-keep working. Adapters for agent frameworks turn any ``ToolError`` into an error result.
+keep working. ``ToolError``, ``UnknownToolError`` and ``InvalidArgumentsError`` are the classes of
+:mod:`executor.tool_protocol` (the one tool shape); adapters for agent frameworks turn any ``ToolError`` into
+an error result there (``call_tool``).
 """
 
 from __future__ import annotations
+
+# The base and the two errors every tool shares live with the one tool protocol; re-exported here.
+from executor.tool_protocol import InvalidArgumentsError, ToolError, UnknownToolError
 
 __all__ = [
     "AmbiguousMatchError",
@@ -41,17 +46,6 @@ __all__ = [
     "ToolError",
     "UnknownToolError",
 ]
-
-
-class ToolError(Exception):
-    """Base of every error a workspace tool raises; ``str(error)`` is the message for the model."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class PathEscapeError(ToolError, PermissionError):
@@ -134,11 +128,3 @@ class StaleReadError(ToolError):
 
 class PatternTimeoutError(ToolError, TimeoutError):
     """grep: the regular expression took too long (catastrophic backtracking) and was stopped."""
-
-
-class UnknownToolError(ToolError, LookupError):
-    """No tool of that name exists."""
-
-
-class InvalidArgumentsError(ToolError, ValueError):
-    """The tool's arguments failed validation; the message names the field and the reason."""

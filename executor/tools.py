@@ -12,24 +12,31 @@ harness; deeper input would silently arrive as ``null``).
 ``executor._bridge.run_blocking``), so an agent's event loop stays free and long calls do not hold the
 loop's default executor; cancelling the awaiting task kills what the call started, and ``CancelledError``
 reaches the caller only once it is dead. ``run_sync(arguments)`` is the same call for synchronous code.
+Both are ``executor.tool_protocol.AgentTool`` tools (``errors_are_results``), the one tool shape the
+adapters for agent frameworks take.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import threading
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from executor._bridge import run_blocking
 from executor.backend import OwnedSession, SandboxBackend, SessionFactory
 from executor.errors import SandboxFailedError
 from executor.rust.pipeline import RustExecutor, RustExecutorConfig, RustResult
+from executor.tool_protocol import (
+    MAX_ARGUMENT_DEPTH,
+    AgentTool,
+    InvalidArgumentsError,
+    ProgressCallback,
+    error_payload,
+)
 from executor.types import ExecRequest, ExecResult, Language
 
 __all__ = [
@@ -52,31 +59,9 @@ MIN_TIMEOUT_SECS = 1.0
 MAX_TIMEOUT_SECS = 300.0
 """Larger values are lowered to this."""
 
-MAX_ARGUMENT_DEPTH = 200
-"""Deepest nesting of arrays and objects accepted in the JSON text of a call's arguments.
-
-Checked on the text before it is parsed: Python's parser (and everything that walks the result) recurses
-once per level, so a few thousand ``[`` would otherwise end in ``RecursionError``.
-"""
 MAX_INPUT_DEPTH = 127
 """Deepest nesting of arrays and objects in ``code_exec``'s ``input``: serde_json's parser in the harness
 refuses more (its recursion limit), which would silently turn the whole input into ``null``."""
-
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[{]|[\]}]', re.DOTALL)
-
-
-def _json_text_too_deep(text: str, limit: int) -> bool:
-    """Whether arrays/objects in JSON ``text`` nest deeper than ``limit`` (strings skipped; not recursive)."""
-    depth = 0
-    for token in _JSON_TOKENS.finditer(text):
-        char = token.group()[0]
-        if char in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
 
 
 def _check_json_value(value: Any) -> Any:
@@ -160,59 +145,55 @@ class SandboxExecArgs(BaseModel):
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
 
-class _Tool(ABC, Generic[ArgsT]):
-    """The shared contract: parse arguments, run off the event loop, turn every failure into a result."""
+class _BlockingTool(AgentTool, Generic[ArgsT]):
+    """The code tools' contract on top of :class:`AgentTool`: never raise, run off the event loop."""
 
-    name: ClassVar[str]
-    description: ClassVar[str]
-    arguments_model: ClassVar[type[BaseModel]]
-
-    @property
-    def parameters(self) -> dict[str, Any]:
-        """The JSON schema of the arguments (from the pydantic model)."""
-        return self.arguments_model.model_json_schema()
+    errors_are_results: ClassVar[bool] = True
 
     def run_sync(
         self, arguments: Mapping[str, Any] | str, *, cancel: threading.Event | None = None
     ) -> dict[str, Any]:
         """Run the tool; ``arguments`` is a dict or its JSON text. Never raises."""
-        parsed = _parse_arguments(self.arguments_model, arguments)
-        if isinstance(parsed, str):
-            return _error(parsed)
         try:
-            return self._call(cast(ArgsT, parsed), cancel)
-        except Exception as exc:  # infrastructure failures are information for the model, too
-            return _error(f"{type(exc).__name__}: {exc}")
+            parsed = self.parse(arguments)
+        except InvalidArgumentsError as exc:
+            return error_payload(str(exc))
+        return self._call_reporting(cast(ArgsT, parsed), cancel)
 
-    async def run(self, arguments: Mapping[str, Any] | str) -> dict[str, Any]:
-        """Run the tool in a thread of its own; cancelling the awaiting task kills what it started.
-
-        ``CancelledError`` propagates once the execution has been killed (see ``run_blocking``).
-        """
+    async def _run(self, arguments: Any, on_progress: ProgressCallback | None) -> dict[str, Any]:
+        # In a thread of its own; cancelling the awaiting task kills what it started, and CancelledError
+        # propagates once the execution has been killed (see ``run_blocking``).
         return await run_blocking(
-            lambda cancel: self.run_sync(arguments, cancel=cancel), name=f"adk-sandbox-{self.name}"
+            lambda cancel: self._call_reporting(cast(ArgsT, arguments), cancel),
+            name=f"adk-sandbox-{self.name}",
         )
+
+    def _call_reporting(self, arguments: ArgsT, cancel: threading.Event | None) -> dict[str, Any]:
+        try:
+            return self._call(arguments, cancel)
+        except Exception as exc:  # infrastructure failures are information for the model, too
+            return error_payload(f"{type(exc).__name__}: {exc}")
 
     @abstractmethod
     def _call(self, arguments: ArgsT, cancel: threading.Event | None) -> dict[str, Any]: ...
 
 
-class CodeTool(_Tool[CodeExecArgs]):
+class CodeTool(_BlockingTool[CodeExecArgs]):
     """``code_exec``: compile and run a Rust ``fn run(input: Value) -> Value`` with a JSON input.
 
     Give it a :class:`RustExecutor` (shared, not closed by the tool) or a backend (the tool then makes and
     owns its executor; ``close()`` releases it). Results: see :func:`code_result_json`.
     """
 
-    name: ClassVar[str] = "code_exec"
-    description: ClassVar[str] = (
+    name = "code_exec"
+    description = (
         "Compile and run a Rust function `fn run(input: Value) -> Value` in a sandbox. The input is any "
         "JSON value; the result is the JSON value run() returns, plus what it printed. Compiler errors "
         "come back as structured diagnostics with line numbers of your code. status is one of success, "
         "compile_error, runtime_error, timeout (with the stage: check, build or run), memory_exceeded, "
         "rejected, error."
     )
-    arguments_model: ClassVar[type[BaseModel]] = CodeExecArgs
+    args_model: type[BaseModel] = CodeExecArgs
 
     def __init__(
         self,
@@ -247,7 +228,7 @@ class CodeTool(_Tool[CodeExecArgs]):
         return code_result_json(result)
 
 
-class SandboxTool(_Tool[SandboxExecArgs]):
+class SandboxTool(_BlockingTool[SandboxExecArgs]):
     """``sandbox_exec``: run a command or program in the backend, whichever backend that is.
 
     Result: ``{status, exit_code, stdout, stderr, timed_out, truncated, duration_ms, isolation}`` with
@@ -255,13 +236,13 @@ class SandboxTool(_Tool[SandboxExecArgs]):
     ``memory_exceeded``; or ``{status: "error", message}`` when it could not run.
     """
 
-    name: ClassVar[str] = "sandbox_exec"
-    description: ClassVar[str] = (
+    name = "sandbox_exec"
+    description = (
         "Run a shell command (language `command`) or a program (python, javascript, rust, ...) in a "
         "sandbox and return its exit code, stdout and stderr. Output is capped per stream; the process "
         "tree is killed at the timeout."
     )
-    arguments_model: ClassVar[type[BaseModel]] = SandboxExecArgs
+    args_model: type[BaseModel] = SandboxExecArgs
 
     def __init__(self, backend: SandboxBackend | SessionFactory) -> None:
         """Run every call in ``backend``, or in one session of it.
@@ -323,7 +304,7 @@ class SandboxTool(_Tool[SandboxExecArgs]):
 
 def _sandbox_result_json(result: ExecResult, isolation: str) -> dict[str, Any]:
     if result.cancelled:
-        return _error("cancelled by the caller")
+        return error_payload("cancelled by the caller")
     if result.timed_out:
         status = "timeout"
     elif result.oom_killed:
@@ -390,40 +371,3 @@ def code_result_json(result: RustResult) -> dict[str, Any]:
             "duration_ms": result.duration_ms,
         }
     return {"status": result.status, "message": result.message}
-
-
-def _parse_arguments(  # noqa: PLR0911 - one answer per way arguments can be unusable
-    model: type[BaseModel], arguments: Mapping[str, Any] | str
-) -> BaseModel | str:
-    """The validated arguments, or the message for the model saying why they are unusable. Never raises."""
-    try:
-        if isinstance(arguments, str):
-            if _json_text_too_deep(arguments, MAX_ARGUMENT_DEPTH):
-                return (
-                    f"arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep (arrays and objects); "
-                    "pass flatter JSON"
-                )
-            arguments = json.loads(arguments)
-        if not isinstance(arguments, Mapping):
-            return f"arguments must be a JSON object, got {type(arguments).__name__}"
-        return model.model_validate(dict(arguments))
-    except ValidationError as exc:
-        return f"invalid arguments: {_explain(exc)}"
-    except RecursionError:
-        return "arguments are nested too deeply to be read; pass flatter JSON"
-    except ValueError as exc:
-        return f"arguments are not valid JSON: {exc}"
-    except Exception as exc:  # the contract: a call never raises, whatever it was given
-        return f"invalid arguments: {type(exc).__name__}: {exc}"
-
-
-def _error(message: str) -> dict[str, Any]:
-    return {"status": "error", "message": message}
-
-
-def _explain(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors(include_url=False):
-        where = ".".join(str(part) for part in item["loc"]) or "arguments"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import Field
@@ -15,14 +15,9 @@ from devtools.tools._common import ToolArgs
 from devtools.workspace import Workspace
 from executor import ExecRequest, ExecResult, IsolationClass, Language, Stream
 from executor._bridge import run_blocking
+from executor.tool_protocol import ProgressCallback
 
 __all__ = ["DESCRIPTION", "BashArgs", "ProgressCallback", "bash"]
-
-ProgressCallback = Callable[[Stream, str], "Awaitable[None] | None"]
-"""``on_progress(stream, chunk)``: whole lines of output while a command runs, on the event loop.
-
-A plain function is called; a coroutine function is awaited. Calls are made one at a time, in order.
-"""
 
 DESCRIPTION = (
     "Run a shell command (`sh -c`) in the workspace root and return its exit code, stdout and stderr. "

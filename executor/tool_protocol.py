@@ -1,0 +1,238 @@
+"""The one shape every agent-facing tool has, and the one way adapters call a tool.
+
+Every tool of the project — the six workspace tools of :mod:`devtools` and ``code_exec`` /
+``sandbox_exec`` of :mod:`executor.tools` — is an :class:`AgentTool`: a ``name``, a ``description``, a
+pydantic ``args_model`` whose JSON schema is ``parameters``, and ``async run(arguments, on_progress)``
+returning a JSON-ready dict. Arguments are parsed by one function, :func:`parse_arguments`, so every tool
+words a bad argument the same way.
+
+Errors are information, in one of two ways, fixed per tool by ``errors_are_results``:
+
+* workspace tools raise a :class:`ToolError` (a subclass resembling the builtin: ``PermissionError``,
+  ``FileNotFoundError``, ...), so Python callers can ``except`` what they expect;
+* the code tools never raise: every failure is a result ``{"status": "error", "message": ...}``.
+
+Adapters for agent frameworks (MCP, google-adk) do not care which: :func:`call_tool` runs any tool and
+returns a :class:`ToolOutcome` whose ``payload`` is the result, or ``{"status": "error", "message": ...}``
+for any failure, so nothing a tool raises can abort an agent's run. Cancellation is the exception: it
+propagates (after the tool has killed what it started), because the caller asked for it.
+
+The error tree (``devtools.errors`` adds the file-tool errors under :class:`ToolError`)::
+
+    ToolError
+    ├── InvalidArgumentsError  (also ValueError)   arguments that fail validation (field and reason)
+    └── UnknownToolError       (also LookupError)  no tool of that name
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ValidationError
+
+from executor.errors import ExecutorError
+from executor.types import Stream
+
+__all__ = [
+    "MAX_ARGUMENT_DEPTH",
+    "AgentTool",
+    "InvalidArgumentsError",
+    "ProgressCallback",
+    "ToolError",
+    "ToolOutcome",
+    "UnknownToolError",
+    "call_tool",
+    "error_payload",
+    "find_tool",
+    "parse_arguments",
+]
+
+_log = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[Stream, str], "Awaitable[None] | None"]
+"""``on_progress(stream, chunk)``: output while a command runs, on the event loop.
+
+A plain function is called; a coroutine function is awaited. Calls are made one at a time, in order.
+Tools that produce no progress ignore it.
+"""
+
+MAX_ARGUMENT_DEPTH = 200
+"""Deepest nesting of arrays and objects accepted in the JSON text of a call's arguments.
+
+Checked on the text before it is parsed: Python's parser (and everything that walks the result) recurses
+once per level, so a few thousand ``[`` would otherwise end in ``RecursionError``.
+"""
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[{]|[\]}]', re.DOTALL)
+
+
+class ToolError(Exception):
+    """Base of every error a tool raises; ``str(error)`` is the message for the model."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgumentsError(ToolError, ValueError):
+    """The tool's arguments failed validation; the message names the field and the reason."""
+
+
+class UnknownToolError(ToolError, LookupError):
+    """No tool of that name exists."""
+
+
+def _json_text_too_deep(text: str, limit: int) -> bool:
+    """Whether arrays/objects in JSON ``text`` nest deeper than ``limit`` (strings skipped; not recursive)."""
+    depth = 0
+    for token in _JSON_TOKENS.finditer(text):
+        char = token.group()[0]
+        if char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
+
+
+def parse_arguments(tool: str, model: type[BaseModel], arguments: object) -> BaseModel:
+    """Validate ``arguments`` (a mapping or its JSON text) with ``model``; raise one clear message if not.
+
+    The message names each field and why (``missing required argument 'path'``, ``unknown argument 'x'``,
+    ``argument 'limit': ...``) and lists the accepted arguments, for the model to correct its call.
+    """
+    if isinstance(arguments, str):
+        if _json_text_too_deep(arguments, MAX_ARGUMENT_DEPTH):
+            raise InvalidArgumentsError(
+                f"arguments for {tool} are nested more than {MAX_ARGUMENT_DEPTH} levels deep (arrays and "
+                "objects); pass flatter JSON"
+            )
+        try:
+            arguments = json.loads(arguments)
+        except RecursionError:
+            raise InvalidArgumentsError(
+                f"arguments for {tool} are nested too deeply to be read; pass flatter JSON"
+            ) from None
+        except ValueError as exc:
+            raise InvalidArgumentsError(f"arguments for {tool} are not valid JSON: {exc}") from None
+    if not isinstance(arguments, Mapping):
+        raise InvalidArgumentsError(
+            f"arguments for {tool} must be a JSON object, got {type(arguments).__name__}"
+        )
+    try:
+        return model.model_validate(dict(arguments))
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(part) for part in error["loc"]) or "(arguments)"
+            if error["type"] == "missing":
+                problems.append(f"missing required argument '{where}'")
+            elif error["type"] == "extra_forbidden":
+                problems.append(f"unknown argument '{where}'")
+            else:
+                problems.append(f"argument '{where}': {error['msg']}")
+        accepted = ", ".join(model.model_fields)
+        raise InvalidArgumentsError(
+            f"invalid arguments for {tool}: {'; '.join(problems)} (accepted arguments: {accepted})"
+        ) from None
+    except RecursionError:
+        raise InvalidArgumentsError(
+            f"arguments for {tool} are nested too deeply to be read; pass flatter JSON"
+        ) from None
+
+
+class AgentTool(ABC):
+    """One tool as an agent framework sees it: name, description, argument schema, and ``run``.
+
+    Subclasses set ``name``, ``description`` and ``args_model`` (as class or instance attributes) and
+    implement :meth:`_run` on parsed arguments.
+    """
+
+    name: str
+    description: str
+    args_model: type[BaseModel]
+    errors_are_results: ClassVar[bool] = False
+    """True: every failure is returned as ``{"status": "error", "message"}``; False: raised as ToolError."""
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (from the pydantic model; unknown arguments are refused)."""
+        return self.args_model.model_json_schema()
+
+    def parse(self, arguments: object) -> BaseModel:
+        """The validated arguments (a mapping or JSON text); raises :class:`InvalidArgumentsError`."""
+        return parse_arguments(self.name, self.args_model, arguments)
+
+    async def run(
+        self, arguments: Mapping[str, Any] | str, on_progress: ProgressCallback | None = None
+    ) -> dict[str, Any]:
+        """Validate ``arguments`` and run the tool; a JSON-ready dict (errors: see ``errors_are_results``)."""
+        try:
+            parsed = self.parse(arguments)
+        except InvalidArgumentsError as exc:
+            if self.errors_are_results:
+                return error_payload(str(exc))
+            raise
+        return await self._run(parsed, on_progress)
+
+    @abstractmethod
+    async def _run(self, arguments: Any, on_progress: ProgressCallback | None) -> dict[str, Any]:
+        """Run on validated arguments (an instance of ``args_model``)."""
+
+
+def error_payload(message: str) -> dict[str, Any]:
+    """The one error result shape: ``{"status": "error", "message": message}``."""
+    return {"status": "error", "message": message}
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What :func:`call_tool` returns: the tool's result, or the error the model should read."""
+
+    ok: bool
+    """False when the call failed (a raised error, or a result with ``status: "error"``)."""
+    payload: dict[str, Any]
+    """The result dict; on failure ``{"status": "error", "message": ...}``. Always JSON-ready."""
+
+    @property
+    def message(self) -> str:
+        """The error message (empty when ``ok``)."""
+        return "" if self.ok else str(self.payload.get("message", ""))
+
+
+async def call_tool(
+    tool: AgentTool, arguments: Mapping[str, Any] | str, on_progress: ProgressCallback | None = None
+) -> ToolOutcome:
+    """Run ``tool``; every failure becomes an error outcome, so an adapter's agent run never aborts.
+
+    Project errors (:class:`ToolError`, :class:`~executor.errors.ExecutorError`) keep their message.
+    Anything else is a bug or a broken dependency: it is logged with its traceback and reported by type
+    and message. ``CancelledError`` propagates.
+    """
+    try:
+        result = await tool.run(arguments, on_progress)
+    except (ToolError, ExecutorError) as exc:
+        return ToolOutcome(False, error_payload(str(exc)))
+    except Exception as exc:
+        _log.exception("tool %s failed unexpectedly", tool.name)
+        return ToolOutcome(False, error_payload(f"{type(exc).__name__}: {exc}"))
+    return ToolOutcome(result.get("status") != "error", result)
+
+
+def find_tool(tools: Sequence[AgentTool], name: str) -> AgentTool:
+    """The tool called ``name``; :class:`UnknownToolError` naming the available ones otherwise."""
+    for tool in tools:
+        if tool.name == name:
+            return tool
+    available = ", ".join(t.name for t in tools)
+    raise UnknownToolError(f"unknown tool '{name}'; available tools: {available}")
