@@ -295,7 +295,28 @@ def images_build(*, base_image: str | None, force: bool) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def mcp_server(args: argparse.Namespace) -> int:
+    """``adk-sandbox mcp``: serve the workspace tools to an MCP host over stdio (extra ``mcp``)."""
+    try:
+        from devtools.adapters import mcp  # noqa: PLC0415 - the mcp SDK is an optional extra
+    except ImportError as exc:
+        print(
+            f"adk-sandbox: error: {exc}; install the extra: pip install 'adk-sandbox[mcp]'", file=sys.stderr
+        )
+        return 1
+    if not os.path.isdir(args.workspace):
+        print(f"adk-sandbox: error: --workspace {args.workspace!r} is not a directory", file=sys.stderr)
+        return 2
+    return mcp.main(
+        args.workspace,
+        image=args.image,
+        runtime=args.runtime,
+        read_only=args.read_only,
+        code_exec=args.code_exec,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one return per command
     """Entry point of the ``adk-sandbox`` command."""
     parser = argparse.ArgumentParser(
         prog="adk-sandbox", description=__doc__.splitlines()[0] if __doc__ else None
@@ -347,8 +368,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     build.add_argument("--base-image", metavar="IMG", help="the Debian image to build the base image on")
     build.add_argument("--force", action="store_true", help="rebuild every image, without the layer cache")
+    mcp_parser = commands.add_parser(
+        "mcp",
+        help="serve the workspace tools to an MCP host over stdio",
+        description="An MCP server on stdin/stdout: read_file, glob, grep, write_file, edit_file and bash "
+        "on DIR, plus sandbox_exec (bash and sandbox_exec share one container with DIR mounted, removed "
+        "when the client closes stdin or on SIGTERM). --read-only serves read_file, glob and grep only, "
+        "with no container. Needs the extra: pip install 'adk-sandbox[mcp]'.",
+    )
+    mcp_parser.add_argument(
+        "--workspace", required=True, metavar="DIR", help="the directory the tools work in"
+    )
+    mcp_parser.add_argument("--image", default=BASE_IMAGE, metavar="IMG", help="sandbox image for bash")
+    mcp_parser.add_argument("--runtime", metavar="RUNTIME", help="container runtime, e.g. runsc (gVisor)")
+    mcp_parser.add_argument("--read-only", action="store_true", help="only read_file, glob and grep")
+    mcp_parser.add_argument(
+        "--code-exec", action="store_true", help="also serve code_exec (Rust, image adk-sandbox/rust)"
+    )
     args = parser.parse_args(argv)
     try:
+        if args.command == "mcp":
+            return mcp_server(args)
         if args.command == "run":
             return run(args)
         if args.command == "doctor":
