@@ -14,12 +14,20 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import docker
 import pytest
 
 from devtools import DevToolset, Workspace
 from executor.tools import CodeTool, SandboxTool
-from tests.conftest import IN_CI, containers_mounting, live_processes_with_args, require
+from tests.conftest import (
+    IN_CI,
+    containers_mounting,
+    live_processes_with_args,
+    require,
+    unique_sleep_seconds,
+    wait_until_gone,
+)
 
 try:
     import mcp_types as types
@@ -189,6 +197,30 @@ def test_an_unknown_argument_is_refused_and_nothing_runs(owned_workspace: Path) 
     assert "missing required argument 'command'" in missing
     assert not (owned_workspace / "x.txt").exists()
     assert not (owned_workspace / "ran.txt").exists()
+
+
+def test_a_cancelled_call_kills_its_command_and_the_server_serves_on(owned_workspace: Path) -> None:
+    seconds = unique_sleep_seconds()
+
+    async def main() -> tuple[list[int], list[int], dict[str, Any]]:
+        async with connected(owned_workspace) as session:
+            running: list[int] = []
+            # Leaving the scope cancels the request: the client sends notifications/cancelled.
+            with anyio.move_on_after(10):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(session.call_tool, "bash", {"command": f"sleep {seconds}"})
+                    while not running:
+                        await anyio.sleep(0.05)
+                        running = live_processes_with_args("sleep", seconds)
+                    group.cancel_scope.cancel()
+            left = wait_until_gone("sleep", seconds, timeout=10)
+            after = ok(await session.call_tool("bash", {"command": "echo still here"}))
+            return running, left, after
+
+    running, left, after = asyncio.run(main())
+    assert running, "the command never started"
+    assert left == []
+    assert after["stdout"] == "still here\n"
 
 
 def test_a_read_only_server_lists_three_tools_and_starts_no_container(
