@@ -274,6 +274,23 @@ def test_sigterm_ends_the_server_and_removes_its_container(
     assert error is not None
 
 
+def test_runtime_runsc_runs_the_commands_in_gvisor(
+    owned_workspace: Path, engine: docker.DockerClient
+) -> None:
+    require("runsc" in engine.info().get("Runtimes", {}), "gVisor's runsc is not registered")
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with connected(owned_workspace, "--runtime", "runsc") as session:
+            bash = ok(await session.call_tool("bash", {"command": "dmesg | head -n 1"}))
+            program = {"language": "python", "code": "print(6 * 7)"}
+            return bash, ok(await session.call_tool("sandbox_exec", program))
+
+    bash, program = asyncio.run(main())
+    assert bash["isolation"] == "gvisor" and "gVisor" in bash["stdout"]
+    assert (program["isolation"], program["stdout"]) == ("gvisor", "42\n")
+    assert containers_mounting(engine, owned_workspace) == []
+
+
 @pytest.mark.slow
 def test_code_exec_is_served_on_request(owned_workspace: Path, engine: docker.DockerClient) -> None:
     from executor.backends.docker.images import RUST_IMAGE  # noqa: PLC0415
