@@ -157,6 +157,7 @@ async def serve(server: Server[Any]) -> int | None:
             received.append(signum)
             task.cancel()
 
+    previous = {signum: signal.getsignal(signum) for signum in _SHUTDOWN_SIGNALS}
     for signum in _SHUTDOWN_SIGNALS:
         loop.add_signal_handler(signum, stop, signum)
     try:
@@ -169,10 +170,9 @@ async def serve(server: Server[Any]) -> int | None:
         if not received:
             raise
     finally:
-        for signum in _SHUTDOWN_SIGNALS:
-            loop.remove_signal_handler(signum)
-            # Cleanup follows (containers are removed): a second signal must not cut it short.
-            signal.signal(signum, signal.SIG_IGN)
+        for signum, handler in previous.items():
+            loop.remove_signal_handler(signum)  # which leaves SIG_DFL: put back the caller's handler
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
     return received[0] if received else None
 
 
@@ -287,10 +287,22 @@ class _Terminated(BaseException):
         self.signum = signum
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    for number in _SHUTDOWN_SIGNALS:
-        signal.signal(number, signal.SIG_IGN)  # the unwinding removes the container: let it finish
-    raise _Terminated(signum)
+class _ShutdownHandler:
+    """The handler of :data:`_SHUTDOWN_SIGNALS` around the server (which has its own while it serves).
+
+    While the tools open, the first signal unwinds the start like an error (removing a container that
+    is starting); once the server has stopped, and after that first signal, signals are ignored: what
+    follows is the cleanup that removes the containers, which a second signal must not cut short.
+    """
+
+    def __init__(self) -> None:
+        self.closing = False
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        raise _Terminated(signum)
 
 
 def main(
@@ -306,7 +318,8 @@ def main(
     0 when the client closed stdin, 128+N after signal N; a signal while the container starts also
     removes it (the signal unwinds the start like an error).
     """
-    previous = {signum: signal.signal(signum, _terminate) for signum in _SHUTDOWN_SIGNALS}
+    handler = _ShutdownHandler()
+    previous = {signum: signal.signal(signum, handler) for signum in _SHUTDOWN_SIGNALS}
     try:
         with workspace_tools(
             root, image=image, runtime=runtime, read_only=read_only, code_exec=code_exec
@@ -314,9 +327,10 @@ def main(
             mode = "read-only" if read_only else "writable"
             _log.info("serving %s over stdio (%s workspace %s)", ", ".join(t.name for t in tools), mode, root)
             signum = run_server(tools)
+            handler.closing = True  # leaving the block removes the containers
     except _Terminated as exc:
         signum = exc.signum
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+        for number, before in previous.items():
+            signal.signal(number, before)
     return 0 if signum is None else 128 + signum
