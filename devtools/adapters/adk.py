@@ -102,36 +102,18 @@ class _Converter:
             schema = {**self.defs[name], **schema}  # the field's own keys (its description) win
         return schema
 
-    def field(self, name: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+    def field(self, name: str, schema: Mapping[str, Any], nested: bool = False) -> dict[str, Any]:
         """One property: typed, flattened, every constraint kept or written into its description."""
-        schema = self._deref(schema)
-        sentences: list[str] = []
-        if "anyOf" in schema:
-            branches = [self._deref(b) for b in schema.pop("anyOf")]
-            typed = [b for b in branches if b.get("type") != "null"]
-            if len(typed) != 1 or len(branches) != 2:
-                raise ValueError(f"{self.tool}.{name}: a union of several types has no Gemini Schema form")
-            # Optional[X]: X's own keywords, the field's description and default, and null allowed.
-            inner = typed[0]
-            schema = {**inner, **schema, "type": [inner["type"], "null"]}
-        if "type" not in schema:
-            # Any JSON value: Gemini rejects a property without a type, so it travels as JSON text.
-            self.json_text_fields.append(name)
-            schema["type"] = "string"
-            sentences.append(
-                'Give it as JSON text: e.g. {"n": 3}, [1, 2], "text" (quoted), 42, true or null.'
-            )
-        if schema.get("default", 0) is None:
-            del schema["default"]  # not required: leaving the argument out already means null
+        flat, sentences = self._flatten(name, schema, nested)
         out: dict[str, Any] = {}
-        for keyword, value in schema.items():
+        for keyword, value in flat.items():
             if keyword in _NO_MEANING:
                 continue
             if keyword == "items":
-                out["items"] = self.field(f"{name}[]", value)
+                out["items"] = self.field(f"{name}[]", value, nested=True)
             elif keyword == "properties":
-                out.update(self.object(schema, where=name))
-            elif keyword in ("required", "additionalProperties") and schema.get("type") == "object":
+                out.update(self.object(flat, where=name))
+            elif keyword in ("required", "additionalProperties") and flat.get("type") == "object":
                 continue  # handled by object()
             elif keyword in _CARRIED:
                 out[keyword] = value
@@ -143,6 +125,33 @@ class _Converter:
             out["description"] = _with_sentences(out.get("description"), sentences)
         return out
 
+    def _flatten(
+        self, name: str, schema: Mapping[str, Any], nested: bool
+    ) -> tuple[dict[str, Any], list[str]]:
+        """``$ref`` inlined, ``Optional[X]`` made X-or-null, any-JSON made JSON text; sentences to add."""
+        flat = self._deref(schema)
+        sentences: list[str] = []
+        if "anyOf" in flat:
+            branches = [self._deref(b) for b in flat.pop("anyOf")]
+            typed = [b for b in branches if b.get("type") != "null"]
+            if len(typed) != 1 or len(branches) != 2:
+                raise ValueError(f"{self.tool}.{name}: a union of several types has no Gemini Schema form")
+            # Optional[X]: X's own keywords, the field's description and default, and null allowed.
+            inner = typed[0]
+            flat = {**inner, **flat, "type": [inner["type"], "null"]}
+        if "type" not in flat:
+            if nested:
+                raise ValueError(f"{self.tool}.{name}: a nested value of any JSON type has no Gemini form")
+            # Any JSON value: Gemini rejects a property without a type, so it travels as JSON text.
+            self.json_text_fields.append(name)
+            flat["type"] = "string"
+            sentences.append(
+                'Give it as JSON text: e.g. {"n": 3}, [1, 2], "text" (quoted), 42, true or null.'
+            )
+        if flat.get("default", 0) is None:
+            del flat["default"]  # not required: leaving the argument out already means null
+        return flat, sentences
+
     def object(self, schema: Mapping[str, Any], where: str) -> dict[str, Any]:
         """The properties and required list of an object schema (``additionalProperties`` said elsewhere)."""
         extra = schema.get("additionalProperties", True)
@@ -150,7 +159,10 @@ class _Converter:
             raise ValueError(f"{self.tool}.{where}: typed additionalProperties have no Gemini Schema form")
         if extra is False and where != "":
             raise ValueError(f"{self.tool}.{where}: a closed nested object has no Gemini Schema form")
-        properties = {key: self.field(key, value) for key, value in schema.get("properties", {}).items()}
+        properties = {
+            key: self.field(key, value, nested=where != "")
+            for key, value in schema.get("properties", {}).items()
+        }
         return {"type": "object", "properties": properties, "required": list(schema.get("required", []))}
 
 
@@ -208,7 +220,7 @@ class AdkTool(BaseTool):
             except (ValueError, RecursionError) as exc:
                 return error_payload(
                     f"argument '{name}' of {self.tool.name} must be JSON text (a string such as "
-                    f'\'{{"n": 3}}\' or \'[1, 2]\'; a string value needs its own quotes: \'"text"\'): {exc}'
+                    f"'{{\"n\": 3}}' or '[1, 2]'; a string value needs its own quotes: '\"text\"'): {exc}"
                 )
         return (await call_tool(self.tool, arguments)).payload
 
