@@ -19,9 +19,12 @@ from _timing import Row, interleaved, parser, print_section
 
 from devtools import DevToolset, InvalidArgumentsError, Workspace
 from devtools.adapters.adk import AdkTool, SandboxToolset
+from executor.backends.docker import DockerBackend
+
+Make = Callable[[], Coroutine[Any, Any, object]]
 
 
-def on(loop: asyncio.AbstractEventLoop, make: Callable[[], Coroutine[Any, Any, object]]) -> Callable[[], object]:
+def on(loop: asyncio.AbstractEventLoop, make: Make) -> Callable[[], object]:
     return lambda: loop.run_until_complete(make())
 
 
@@ -75,11 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         with open(f"{root}/a.txt", "w", encoding="utf-8") as handle:
             handle.write("hello\n" * 20)
-        sandbox = None
-        if args.docker:
-            from executor.backends.docker import DockerBackend
-
-            sandbox = DockerBackend()
+        sandbox = DockerBackend() if args.docker else None
         try:
             with Workspace(root, sandbox=sandbox) as workspace:
                 rows = rows_for(workspace, loop, repeat, args.docker)

@@ -1,10 +1,16 @@
 """google-adk integration (extra ``adk``): the project's tools as an ADK toolset, and a code executor.
 
->>> from devtools import Workspace
->>> from devtools.adapters.adk import SandboxToolset
->>> from google.adk.agents import Agent
->>> agent = Agent(name="coder", model="gemini-2.5-flash",  # doctest: +SKIP
-...               tools=[SandboxToolset(Workspace("/src/project", sandbox=DockerBackend()))])
+Usage::
+
+    from google.adk.agents import Agent
+    from devtools import Workspace
+    from devtools.adapters.adk import SandboxCodeExecutor, SandboxToolset
+    from executor.backends.docker import DockerBackend
+
+    toolset = SandboxToolset(Workspace("/src/project", sandbox=DockerBackend()))
+    agent = Agent(name="coder", model="gemini-2.5-flash", tools=[toolset])
+    # or run the model's ```python blocks in one container:
+    agent = Agent(name="coder", model="gemini-2.5-flash", code_executor=SandboxCodeExecutor(DockerBackend()))
 
 * :class:`SandboxToolset` -- a ``BaseToolset`` of the workspace's tools (``DevToolset(workspace).tools``:
   read_file, glob, grep, write_file, edit_file, bash; a read-only workspace exposes read_file, glob and
