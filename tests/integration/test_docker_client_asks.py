@@ -5,6 +5,7 @@ Extra writable tmpfs mounts, user labels, cleanup of one session by id, backgrou
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -96,3 +97,26 @@ def test_cli_run_takes_repeatable_tmpfs_options(owned_workspace: Path) -> None:
     assert lines[2].split()[1] == "4"  # its size in MiB
     bad = adk("run", "--workspace", str(owned_workspace), "--tmpfs", "/var/tmp", "--", "true")
     assert bad.returncode == 2 and "is not PATH:MB" in bad.stderr
+
+
+# -- user labels -------------------------------------------------------------------------------------
+
+
+def test_user_labels_are_on_every_container_and_the_projects_own_stay(owned_workspace: Path) -> None:
+    labels = {"org.example.eval": "run-7", "org.example.sample": "3"}
+    with (
+        DockerBackend(labels=labels) as backend,
+        backend.session(owned_workspace) as first,
+        backend.session() as second,
+    ):
+        for session in (first, second):
+            found = backend._client.api.inspect_container(session.container_id)["Config"]["Labels"]
+            assert {key: found[key] for key in labels} == labels
+            assert found["io.adk-sandbox.project"] == "adk-sandbox"
+            assert found["io.adk-sandbox.owner-pid"] == str(os.getpid())
+        listed = backend._client.containers.list(sparse=True, filters={"label": "org.example.eval=run-7"})
+        assert {c.id for c in listed} == {first.container_id, second.container_id}
+    with pytest.raises(InvalidRequestError, match="project's namespace"):
+        DockerBackend(labels={"io.adk-sandbox.session": "someone-elses"})
+    with pytest.raises(InvalidRequestError, match="attached container"):
+        DockerBackend(labels={"org.example.eval": "x"}, container="some-service")

@@ -31,6 +31,7 @@ from executor.backends.docker._spec import (
     hardening_violations,
     host_config_arguments,
     tmpfs_overlap,
+    validate_labels,
     validate_tmpfs,
 )
 from executor.backends.docker._transport import FrameDemultiplexer
@@ -140,6 +141,34 @@ def test_the_tmpfs_mounts_asked_for_are_verified() -> None:
     ]
     inspect = hardened_inspect(Tmpfs={"/tmp": wanted["/tmp"]})
     assert hardening_violations(inspect, limits=LIMITS, tmpfs=wanted) == ["the tmpfs /var/tmp is not mounted"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "problem"),
+    [
+        ({"org.example.eval": "run-1", "task": ""}, None),
+        ({"inspect/sample:1": "x" * 4096}, None),
+        ({"io.adk-sandbox.session": "forged"}, "in this project's namespace"),
+        ({"io.adk-sandbox.owner-pid": "1"}, "in this project's namespace"),
+        ({"IO.ADK-SANDBOX.expires": "0"}, "in this project's namespace"),
+        ({"": "x"}, "should match pattern"),
+        ({"-x": "x"}, "should match pattern"),
+        ({"a b": "x"}, "should match pattern"),
+        ({"a\nb": "x"}, "should match pattern"),
+        ({"k" * 256: "x"}, "should match pattern"),
+        ({"k": "x" * 4097}, "at most 4096 characters"),
+        ({"k": 1}, "valid string"),
+        ({f"k{i}": "" for i in range(65)}, "at most 64 labels"),
+    ],
+)
+def test_user_labels_are_validated_and_never_in_the_projects_namespace(
+    labels: dict[str, Any], problem: str | None
+) -> None:
+    if problem is None:
+        assert validate_labels(labels) == labels
+        return
+    with pytest.raises(InvalidRequestError, match=re.escape(problem)):
+        validate_labels(labels)
 
 
 def test_network_is_only_on_when_asked() -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "isolation_of",
     "tmpfs_overlap",
     "unconfined_mounts",
+    "validate_labels",
     "validate_tmpfs",
 ]
 
@@ -198,6 +199,38 @@ def validate_tmpfs(tmpfs: Mapping[str, int]) -> dict[str, int]:
             if other != path and _is_within(path, other):
                 raise InvalidRequestError(f"tmpfs path {path!r} lies inside the tmpfs path {other!r}")
     return sizes
+
+
+MAX_USER_LABELS = 64
+_LabelKey = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$")]
+_Labels = TypeAdapter(dict[_LabelKey, Annotated[str, Field(strict=True, max_length=4096)]])
+
+
+def validate_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """Check user labels for a :class:`DockerBackend`'s containers; :class:`InvalidRequestError` if not.
+
+    Keys are 1-255 characters of letters, digits and ``. _ / : -`` starting with a letter or digit
+    (Docker's reverse-DNS style, e.g. ``org.example.eval``); values are strings of at most 4096
+    characters; at most 64 labels. Keys in this project's namespace (``io.adk-sandbox.``, any case) are
+    refused: the reaper trusts those labels to decide which containers it may remove.
+    """
+    try:
+        checked = _Labels.validate_python(dict(labels))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidRequestError(
+            "labels must map keys of letters, digits and '._/:-' (e.g. 'org.example.eval') to strings "
+            f"of at most 4096 characters: {problems}"
+        ) from exc
+    if len(checked) > MAX_USER_LABELS:
+        raise InvalidRequestError(f"at most {MAX_USER_LABELS} labels, not {len(checked)}")
+    for key in checked:
+        if key.lower().startswith(LABEL_PREFIX):
+            raise InvalidRequestError(
+                f"label {key!r} is in this project's namespace ({LABEL_PREFIX}*), which marks who owns a "
+                "container and when it may be removed; use a key of your own (e.g. 'org.example.run')"
+            )
+    return checked
 
 
 def tmpfs_overlap(tmpfs: Iterable[str], mounts: Iterable[str]) -> str | None:

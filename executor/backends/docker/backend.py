@@ -17,6 +17,7 @@ from executor.backends.docker._spec import (
     GitProtection,
     git_protection,
     tmpfs_overlap,
+    validate_labels,
     validate_tmpfs,
 )
 from executor.backends.docker.images import BASE_IMAGE
@@ -63,6 +64,7 @@ class DockerBackend(SandboxBackend):
         lifetime_seconds: int = DEFAULT_LIFETIME_SECONDS,
         transport: str = "agent",
         tmpfs: Mapping[str, int] | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
@@ -73,7 +75,9 @@ class DockerBackend(SandboxBackend):
         ``"agent"`` (default: one long-lived in-sandbox agent per session, docs/DOCKER.md "The agent
         channel") or ``"exec"`` (one Docker exec per command). ``tmpfs`` adds writable tmpfs mounts
         (absolute path -> size in MiB, e.g. ``{"/var/tmp": 64}``), mounted ``exec,nosuid,nodev`` like
-        ``/tmp`` (docs/DOCKER.md, "Extra tmpfs mounts"); not with ``container=``.
+        ``/tmp`` (docs/DOCKER.md, "Extra tmpfs mounts"); not with ``container=``. ``labels`` are added to
+        every container this backend creates (keys in this project's ``io.adk-sandbox.`` namespace are
+        refused: the reaper relies on them).
         """
         if transport not in TRANSPORTS:
             raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -90,6 +94,11 @@ class DockerBackend(SandboxBackend):
                 "tmpfs= applies to containers this backend creates; an attached container has the "
                 "mounts its compose file gives it (add them there)"
             )
+        user_labels = validate_labels(labels or {})
+        if user_labels and container is not None:
+            raise InvalidRequestError(
+                "labels= applies to containers this backend creates; an attached container keeps its own"
+            )
         overlap = tmpfs_overlap(
             extra_tmpfs, [allowed.path for allowed in (policy or SandboxPolicy()).allowed_paths]
         )
@@ -105,6 +114,8 @@ class DockerBackend(SandboxBackend):
         self.lifetime_seconds = lifetime_seconds
         self.transport = transport
         """The command channel of this backend's sessions (``"agent"`` or ``"exec"``)."""
+        self.labels = user_labels
+        """The user labels of this backend's containers, validated."""
         self.tmpfs = extra_tmpfs
         """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
         self._client = connect()
@@ -140,6 +151,7 @@ class DockerBackend(SandboxBackend):
             read_only_mounts=protection.read_only_mounts,
             git_placeholder=protection.placeholder,
             extra_tmpfs=self.tmpfs,
+            labels=self.labels,
             lifetime_seconds=self.lifetime_seconds,
         )
         config = SessionConfig(
