@@ -307,7 +307,7 @@ class DockerSession(SandboxBackend):
             )
         started = time.monotonic()
         self._check_cwd(request, container, started)
-        capture = OutputCapture(request.output_cap, on_output)
+        capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
         outcome, oom_killed = self._run(request, argv, container, capture, started=started, cancel=cancel)
         streams = capture.finish()
         killed = outcome.timed_out or outcome.cancelled or oom_killed
