@@ -139,7 +139,13 @@ def run(args: argparse.Namespace) -> int:
         limits_given = {"memory_mb": args.memory, "cpus": args.cpus}
         limits = ResourceLimits(**{k: v for k, v in limits_given.items() if v is not None})
         backend = stack.enter_context(
-            DockerBackend(image=args.image, limits=limits, runtime=args.runtime, container=args.container)
+            DockerBackend(
+                image=args.image,
+                limits=limits,
+                runtime=args.runtime,
+                container=args.container,
+                tmpfs=_tmpfs_of(args.tmpfs or []),
+            )
         )
         session = stack.enter_context(backend.session(workspace=workspace))
         request = ExecRequest(
@@ -167,6 +173,19 @@ def run(args: argparse.Namespace) -> int:
             return 128 + received[0]
         return _report(result)
     return 1  # pragma: no cover - unreachable
+
+
+def _tmpfs_of(specs: Sequence[str]) -> dict[str, int]:
+    """``--tmpfs PATH:MB`` options as a :class:`DockerBackend` ``tmpfs`` mapping (checked there)."""
+    tmpfs: dict[str, int] = {}
+    for spec in specs:
+        path, _, size = spec.rpartition(":")
+        if not path or not size.isdigit():
+            raise InvalidRequestError(f"--tmpfs {spec!r} is not PATH:MB (e.g. --tmpfs /var/tmp:64)")
+        if path in tmpfs:
+            raise InvalidRequestError(f"--tmpfs names {path} twice")
+        tmpfs[path] = int(size)
+    return tmpfs
 
 
 def _stream_to_terminal(stream: Stream, chunk: str) -> None:
@@ -198,11 +217,17 @@ def _example_workspace() -> Iterator[str]:
         yield root
 
 
-def cleanup() -> int:
-    """``adk-sandbox cleanup``: remove this project's leaked containers (selected by label)."""
+def cleanup(session: str | None = None) -> int:
+    """``adk-sandbox cleanup``: remove this project's leaked containers, or one session's (by label)."""
     from executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
-    from executor.backends.docker._reaper import reap_leaked  # noqa: PLC0415
+    from executor.backends.docker._reaper import cleanup_session, reap_leaked  # noqa: PLC0415
 
+    if session is not None:
+        ids = cleanup_session(session)
+        for container_id in ids:
+            print(f"removed {container_id[:12]} (session {session})")
+        print(f"{len(ids)} container(s) of session {session} removed")
+        return 0
     client = connect()
     try:
         removed = reap_leaked(client)
@@ -342,17 +367,27 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
         "--max-output-bytes", type=int, default=64 * 1024 * 1024, metavar="N", help="per stream cap"
     )
     run_parser.add_argument(
+        "--tmpfs",
+        action="append",
+        metavar="PATH:MB",
+        help="an extra writable tmpfs of MB MiB at PATH (exec,nosuid,nodev; repeatable), e.g. /var/tmp:64",
+    )
+    run_parser.add_argument(
         "--container", metavar="NAME", help="attach to this running container (e.g. the compose sandbox)"
     )
     run_parser.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its args"
     )
     commands.add_parser("doctor", help="list the backends available here and what each enforces")
-    commands.add_parser(
+    cleanup_parser = commands.add_parser(
         "cleanup",
-        help="remove leaked sandbox containers",
+        help="remove leaked sandbox containers (or one session's)",
         description="Remove this project's containers (selected by label, never by name) whose owner "
-        "process is gone or whose expiry passed, and print what was removed.",
+        "process is gone or whose expiry passed, and print what was removed. With --session, remove "
+        "that session's containers instead, whoever owns them.",
+    )
+    cleanup_parser.add_argument(
+        "--session", metavar="ID", help="remove the containers of this session id (DockerSession.session_id)"
     )
     images_parser = commands.add_parser(
         "images", help="the sandbox images (adk-sandbox/base, adk-sandbox/rust)"
@@ -394,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
         if args.command == "doctor":
             return doctor()
         if args.command == "cleanup":
-            return cleanup()
+            return cleanup(args.session)
         if args.command == "images":
             return images_build(base_image=args.base_image, force=args.force)
     except (ExecutorError, ValidationError) as exc:

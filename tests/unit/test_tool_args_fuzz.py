@@ -16,16 +16,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from executor import CodeTool, SandboxTool
+from executor.testing import FakeBackend
 from executor.tools import MAX_ARGUMENT_DEPTH, MAX_INPUT_DEPTH, CodeExecArgs
-from tests.unit.test_tools import RecordingBackend
 
 STATUSES = {"success", "compile_error", "runtime_error", "timeout", "memory_exceeded", "rejected", "error"}
 DEEP = 1990  # far past Python's recursion limit of 1000
 RUN = "fn run(input: Value) -> Value { input }"
 
 
-def _tools() -> list[tuple[str, SandboxTool | CodeTool, RecordingBackend]]:
-    sandbox_backend, code_backend = RecordingBackend(), RecordingBackend()
+def _tools() -> list[tuple[str, SandboxTool | CodeTool, FakeBackend]]:
+    sandbox_backend, code_backend = FakeBackend(), FakeBackend()
     return [
         ("sandbox_exec", SandboxTool(sandbox_backend), sandbox_backend),
         ("code_exec", CodeTool(code_backend), code_backend),
@@ -75,7 +75,7 @@ def test_deeply_nested_argument_text_is_an_error_result(text: str) -> None:
 def test_nesting_up_to_the_bound_is_parsed() -> None:
     inner = MAX_ARGUMENT_DEPTH - 1  # the arguments object is one level
     text = json.dumps({"language": "command", "code": "true", "stdin": None, "x": _nested_list(inner - 1)})
-    result = SandboxTool(RecordingBackend()).run_sync(text)
+    result = SandboxTool(FakeBackend()).run_sync(text)
     # Parsed all the way: the refusal is about the field, not the depth.
     assert "nested" not in result["message"]
     assert "unknown argument 'x'" in result["message"]
@@ -83,7 +83,7 @@ def test_nesting_up_to_the_bound_is_parsed() -> None:
 
 @pytest.mark.parametrize("make", [_nested_list, _nested_dict], ids=["lists", "dicts"])
 def test_deep_input_values_are_refused_with_serde_jsons_limit(make: Any) -> None:
-    backend = RecordingBackend()
+    backend = FakeBackend()
     tool = CodeTool(backend)
     result = tool.run_sync({"code": RUN, "input": make(DEEP)})
     assert result["status"] == "error"
@@ -110,7 +110,7 @@ def test_input_at_serde_jsons_limit_is_accepted() -> None:
     ],
 )
 def test_input_that_is_not_json_data_is_refused(value: Any, needle: str) -> None:
-    result = CodeTool(RecordingBackend()).run_sync({"code": RUN, "input": value})
+    result = CodeTool(FakeBackend()).run_sync({"code": RUN, "input": value})
     assert result["status"] == "error"
     assert needle in result["message"]
 
@@ -118,7 +118,7 @@ def test_input_that_is_not_json_data_is_refused(value: Any, needle: str) -> None
 def test_a_cyclic_input_is_refused_not_recursed() -> None:
     cyclic: list[Any] = []
     cyclic.append(cyclic)
-    result = CodeTool(RecordingBackend()).run_sync({"code": RUN, "input": cyclic})
+    result = CodeTool(FakeBackend()).run_sync({"code": RUN, "input": cyclic})
     assert f"more than {MAX_INPUT_DEPTH} levels" in result["message"]
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from devtools import DevToolset, PathNotFoundError, Workspace
 from devtools.errors import ToolError as DevtoolsToolError
 from executor.errors import SandboxFailedError
+from executor.testing import FakeBackend
 from executor.tool_protocol import (
     AgentTool,
     InvalidArgumentsError,
@@ -24,7 +25,6 @@ from executor.tool_protocol import (
     parse_arguments,
 )
 from executor.tools import CodeTool, SandboxTool
-from tests.unit.test_tools import RecordingBackend
 
 
 class _Args(BaseModel):
@@ -48,7 +48,7 @@ class _Raising(AgentTool):
 
 def test_every_project_tool_is_an_agent_tool(tmp_path: Path) -> None:
     with Workspace(tmp_path) as ws:
-        tools = [*DevToolset(ws).tools, CodeTool(RecordingBackend()), SandboxTool(RecordingBackend())]
+        tools = [*DevToolset(ws).tools, CodeTool(FakeBackend()), SandboxTool(FakeBackend())]
     assert all(isinstance(tool, AgentTool) for tool in tools)
     assert [t.name for t in tools] == [
         "read_file", "glob", "grep", "write_file", "edit_file", "bash", "code_exec", "sandbox_exec",
@@ -83,7 +83,7 @@ def test_one_formatter_names_the_tool_the_field_and_the_reason(arguments: object
 
 
 def test_the_code_tools_and_the_file_tools_word_a_bad_argument_alike(tmp_path: Path) -> None:
-    code = asyncio.run(SandboxTool(RecordingBackend()).run({"language": "command", "code": "x", "oops": 1}))
+    code = asyncio.run(SandboxTool(FakeBackend()).run({"language": "command", "code": "x", "oops": 1}))
     assert code["status"] == "error"
     assert "unknown argument 'oops'" in code["message"] and "(accepted arguments:" in code["message"]
     with Workspace(tmp_path) as ws, pytest.raises(InvalidArgumentsError) as info:

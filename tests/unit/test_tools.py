@@ -10,46 +10,13 @@ from typing import Any
 import pytest
 
 from executor import (
-    Capabilities,
     CodeTool,
-    ExecRequest,
     ExecResult,
     InvalidRequestError,
-    Language,
-    OutputCallback,
-    SandboxBackend,
     SandboxTool,
 )
+from executor.testing import FakeBackend
 from executor.tools import CodeExecArgs
-from tests.conftest import full_container_capabilities
-
-
-class RecordingBackend(SandboxBackend):
-    """Records requests and answers with a fixed result (or raises, to play broken infrastructure)."""
-
-    name = "recording"
-
-    def __init__(self, result: ExecResult | None = None, error: Exception | None = None) -> None:
-        self.requests: list[ExecRequest] = []
-        self.threads: list[int] = []
-        self.result = result or ExecResult(stdout="ok\n", stderr="", exit_code=0, duration_ms=3)
-        self.error = error
-
-    def capabilities(self) -> Capabilities:
-        return full_container_capabilities(Language.COMMAND, Language.PYTHON)
-
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        self.requests.append(request)
-        self.threads.append(threading.get_ident())
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def _error_message(result: dict[str, Any]) -> str:
@@ -74,7 +41,7 @@ def _error_message(result: dict[str, Any]) -> str:
     ],
 )
 def test_code_exec_bad_arguments_are_json_errors(arguments: Any, needle: str) -> None:
-    backend = RecordingBackend()
+    backend = FakeBackend()
     result = CodeTool(backend).run_sync(arguments)
     assert needle in _error_message(result)
     assert backend.requests == []
@@ -85,14 +52,14 @@ def test_code_exec_bad_arguments_are_json_errors(arguments: Any, needle: str) ->
 )
 def test_timeout_secs_is_clamped(given: Any, clamped: float) -> None:
     assert CodeExecArgs.model_validate({"code": "x", "timeout_secs": given}).timeout_secs == clamped
-    backend = RecordingBackend()
+    backend = FakeBackend()
     result = SandboxTool(backend).run_sync({"language": "command", "code": "true", "timeout_secs": given})
     assert result["status"] == "success"
     assert backend.requests[0].timeout == clamped
 
 
 def test_timeout_secs_defaults_to_30() -> None:
-    backend = RecordingBackend()
+    backend = FakeBackend()
     SandboxTool(backend).run_sync({"language": "command", "code": "true"})
     assert backend.requests[0].timeout == 30.0
 
@@ -108,21 +75,21 @@ def test_timeout_secs_defaults_to_30() -> None:
     ],
 )
 def test_sandbox_exec_bad_arguments_are_json_errors(arguments: dict[str, Any], needle: str) -> None:
-    backend = RecordingBackend()
+    backend = FakeBackend()
     assert needle in _error_message(SandboxTool(backend).run_sync(arguments))
     assert backend.requests == []
 
 
 def test_unknown_language_error_lists_the_known_ones() -> None:
-    message = _error_message(SandboxTool(RecordingBackend()).run_sync({"language": "cobol", "code": "x"}))
+    message = _error_message(SandboxTool(FakeBackend()).run_sync({"language": "cobol", "code": "x"}))
     assert "'command'" in message and "'wasm'" in message
 
 
 def test_infrastructure_failures_become_error_results() -> None:
-    broken = RecordingBackend(error=InvalidRequestError("language 'typescript' is not supported"))
+    broken = FakeBackend(error=InvalidRequestError("language 'typescript' is not supported"))
     result = SandboxTool(broken).run_sync({"language": "typescript", "code": "1"})
     assert _error_message(result) == "InvalidRequestError: language 'typescript' is not supported"
-    crashing = RecordingBackend(error=RuntimeError("daemon went away"))
+    crashing = FakeBackend(error=RuntimeError("daemon went away"))
     assert "daemon went away" in _error_message(
         CodeTool(crashing).run_sync({"code": "fn run(i: Value) -> Value { i }"})
     )
@@ -138,7 +105,7 @@ def test_infrastructure_failures_become_error_results() -> None:
     ],
 )
 def test_sandbox_exec_statuses(result: ExecResult, status: str) -> None:
-    shaped = SandboxTool(RecordingBackend(result)).run_sync({"language": "command", "code": "x"})
+    shaped = SandboxTool(FakeBackend(result)).run_sync({"language": "command", "code": "x"})
     assert shaped["status"] == status
     assert shaped["isolation"] == "container"
     assert set(shaped) == {
@@ -154,7 +121,7 @@ def test_sandbox_exec_statuses(result: ExecResult, status: str) -> None:
 
 
 def test_tools_describe_themselves_with_json_schemas() -> None:
-    code_tool, sandbox_tool = CodeTool(RecordingBackend()), SandboxTool(RecordingBackend())
+    code_tool, sandbox_tool = CodeTool(FakeBackend()), SandboxTool(FakeBackend())
     assert (code_tool.name, sandbox_tool.name) == ("code_exec", "sandbox_exec")
     assert "fn run" in code_tool.description and sandbox_tool.description
     code_schema, sandbox_schema = code_tool.parameters, sandbox_tool.parameters
@@ -173,7 +140,7 @@ def test_tools_describe_themselves_with_json_schemas() -> None:
 
 
 def test_async_run_gives_the_same_result_off_the_event_loop() -> None:
-    backend = RecordingBackend()
+    backend = FakeBackend(stdout="ok\n")
     tool = SandboxTool(backend)
 
     result = asyncio.run(tool.run({"language": "command", "code": "echo ok"}))
@@ -183,6 +150,6 @@ def test_async_run_gives_the_same_result_off_the_event_loop() -> None:
 
 
 def test_code_exec_rejection_is_information() -> None:
-    result = CodeTool(RecordingBackend()).run_sync({"code": "fn main() {}"})
+    result = CodeTool(FakeBackend()).run_sync({"code": "fn main() {}"})
     assert result["status"] == "rejected" and "fn main" in result["message"]
     assert set(result) == {"status", "message"}
