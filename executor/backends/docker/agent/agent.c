@@ -41,6 +41,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -119,16 +120,17 @@ static void out(int kind, uint32_t ch, const void *payload, size_t n) {
                             (unsigned char)ch,
                             (unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8),
                             (unsigned char)n};
-    const unsigned char *parts[2] = {h, payload};
-    size_t lens[2] = {HDR, n};
-    for (int i = 0; i < 2; i++) {
-        size_t done = 0;
-        while (done < lens[i]) {
-            ssize_t w = write(wfd, parts[i] + done, lens[i] - done);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) kill_everything_and_exit(3); /* the host went away */
-            done += (size_t)w;
-        }
+    /* One writev per frame: a frame split over two writes is two wake-ups of the engine's relay and, often,
+     * two reads on the host (an EXIT then arrives in pieces). */
+    struct iovec iov[2] = {{h, HDR}, {(void *)payload, n}};
+    int at = 0;
+    while (at < 2) {
+        ssize_t w = writev(wfd, iov + at, 2 - at);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) kill_everything_and_exit(3); /* the host went away */
+        size_t done = (size_t)w;
+        while (at < 2 && done >= iov[at].iov_len) { done -= iov[at].iov_len; iov[at].iov_len = 0; at++; }
+        if (at < 2) { iov[at].iov_base = (char *)iov[at].iov_base + done; iov[at].iov_len -= done; }
     }
 }
 static void out_json(int kind, uint32_t ch, buf_t *b) { out(kind, ch, b->p, b->len); buf_free(b); }
@@ -842,15 +844,36 @@ static char *resolve(const char *name, char **envp, int *err) {
     return NULL;
 }
 
+/* Set by the command's vfork child when its execve failed (the child shares the shim's memory until then). */
+static volatile int exec_errno;
+
+/* The command in a session of its own, with the signals the shim ignores back to their defaults. vfork: no
+ * copy of the shim's page tables, and the shim resumes exactly when the command has replaced the child (or
+ * failed to: exec_errno). The child only makes system calls and never returns from here. */
+static pid_t __attribute__((noinline)) spawn_command(const char *path, char **argv, char **envp) {
+    exec_errno = 0;
+    pid_t child = vfork();
+    if (child == 0) {
+        struct sigaction dfl = {0};
+        dfl.sa_handler = SIG_DFL;
+        for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &dfl, NULL);
+        setsid();
+        execve(path, argv, envp); /* status_w is close-on-exec */
+        exec_errno = errno ? errno : ENOEXEC;
+        _exit(127);
+    }
+    return child;
+}
+
 static void __attribute__((noreturn)) shim(char **argv, char **envp, const char *cwd, int in, int o, int e, int status_w) {
     SELF = getpid();
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    /* The agent reset every disposition at its start and changed only these: SIGCHLD (its handler) and
+     * DEFAULT_SIGNALS (ignored, here too: the shim outlives a hang-up). So no handler is left in the shim,
+     * which its vfork child relies on. */
     struct sigaction dfl = {0};
     dfl.sa_handler = SIG_DFL;
-    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);
-    struct sigaction ign = {0};
-    ign.sa_handler = SIG_IGN;
-    for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &ign, NULL);
+    sigaction(SIGCHLD, &dfl, NULL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -867,33 +890,18 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
     int err = 0;
     char *path = resolve(argv[0], envp, &err);
     if (!path) start_failed(argv[0], err, NULL, status_w);
-    int ep[2];
-    if (pipe2(ep, O_CLOEXEC) != 0) start_failed(argv[0], errno, NULL, status_w);
     pid_t child = -1;
     for (int attempt = 0; attempt < 20 && child < 0; attempt++) {
-        child = fork();
+        child = spawn_command(path, argv, envp);
         if (child < 0 && errno == EAGAIN) { struct timespec t = {0, 50000000}; nanosleep(&t, NULL); }
         else if (child < 0) break;
     }
     if (child < 0) start_failed(argv[0], errno, NULL, status_w);
-    if (child == 0) {
-        for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &dfl, NULL);
-        close(status_w);
-        setsid();
-        execve(path, argv, envp);
-        int x = errno;
-        (void)!write(ep[1], &x, sizeof x);
-        _exit(127);
-    }
-    close(ep[1]);
-    int x = 0;
-    ssize_t got;
-    do got = read(ep[0], &x, sizeof x); while (got < 0 && errno == EINTR);
-    if (got == (ssize_t)sizeof x) {
+    if (exec_errno) {
+        int x = exec_errno;
         waitpid(child, NULL, 0);
         start_failed(argv[0], x, NULL, status_w);
     }
-    close(ep[0]);
     close(0);
     close(1);
     close(2);
@@ -1834,12 +1842,17 @@ static void loop(void) {
         int swept = 0;
         for (int i = 0; i < ncmds;) {
             cmd_t *c = cmds[i];
-            if (c->shim_done) {
-                read_status(c); /* written before the shim exited */
+            /* The shim writes its one status line (one write) only once the command and every descendant
+             * are gone, then exits: with that line and both output pipes at end of file the command is over,
+             * without waiting for the shim's own exit (it is reaped later; a sweep meanwhile may kill it). */
+            int status_line = memchr(c->status, '\n', c->status_len) != NULL;
+            if (c->shim_done || (status_line && !c->timed_out && !c->killed)) {
+                if (c->shim_done) read_status(c); /* written before the shim exited */
                 int has_status = 0;
                 for (size_t k = 0; k < c->status_len && !has_status; k++) has_status = c->status[k] > ' ';
                 if (!swept && (!strict_mode || !has_status)) { sweep(); swept = 1; }
-                if ((c->out_fd[0] < 0 && c->out_fd[1] < 0 && c->status_fd < 0) || now() > c->drain_until) {
+                int drained = c->out_fd[0] < 0 && c->out_fd[1] < 0;
+                if ((drained && (c->status_fd < 0 || status_line)) || (c->shim_done && now() > c->drain_until)) {
                     finish(i);
                     continue;
                 }
@@ -1971,6 +1984,11 @@ int main(int argc, char **argv) {
     dup2(null, 1);
     if (null > 2) close(null);
     strict_mode = prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
+    /* Every disposition to its default once here (the engine's exec may hand some down ignored), so a
+     * shim only undoes what the agent itself sets below. */
+    struct sigaction dfl = {0};
+    dfl.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);
     struct sigaction ign = {0};
     ign.sa_handler = SIG_IGN;
     for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &ign, NULL);
