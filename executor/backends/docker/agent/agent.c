@@ -56,6 +56,7 @@ enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, 
 
 static pid_t SELF;
 static int rfd = -1, wfd = -1, wake_r = -1, wake_w = -1, strict_mode = 0, host_eof = 0;
+static int null_r = -1; /* /dev/null read-only: the stdin of every command without stdin (opened once) */
 
 static double now(void) {
     struct timespec ts;
@@ -931,23 +932,43 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
 }
 
 /* -- the memory cgroup's OOM-kill counter, read inside the container (cgroup v1, v2); -1: unreadable -- */
+static long long oom_line(const char *data) {
+    for (const char *line = data; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncmp(line, "oom_kill ", 9) == 0) {
+            char *end;
+            long long v = strtoll(line + 9, &end, 10);
+            if (end != line + 9 && v >= 0) return v;
+        }
+    }
+    return -1;
+}
+
+/* The file that answered is kept open and read again from its start (twice per command: no path lookup). */
+static int oom_fd = -1;
+
 static long long oom_kills(void) {
     static const char *const files[] = {"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"};
+    char data[4096];
+    if (oom_fd >= 0) {
+        ssize_t n = pread(oom_fd, data, sizeof data - 1, 0);
+        if (n > 0) {
+            data[n] = 0;
+            long long v = oom_line(data);
+            if (v >= 0) return v;
+        }
+        close(oom_fd);
+        oom_fd = -1;
+    }
     for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
-        char data[4096];
         int fd = open(files[f], O_RDONLY | O_CLOEXEC);
         if (fd < 0) continue;
         ssize_t n = read(fd, data, sizeof data - 1);
-        close(fd);
-        if (n <= 0) continue;
-        data[n] = 0;
-        for (char *line = data; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-            if (strncmp(line, "oom_kill ", 9) == 0) {
-                char *end;
-                long long v = strtoll(line + 9, &end, 10);
-                if (end != line + 9 && v >= 0) return v;
-            }
+        if (n > 0) {
+            data[n] = 0;
+            long long v = oom_line(data);
+            if (v >= 0) { oom_fd = fd; return v; }
         }
+        close(fd);
     }
     return -1;
 }
@@ -1031,8 +1052,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
 
     int fds[8] = {-1, -1, -1, -1, -1, -1, -1, -1}; /* stdin r, w, stdout r, w, stderr r, w, status r, w */
     int ok = 1;
-    if (want_stdin) ok = pipe2(fds, O_CLOEXEC) == 0;
-    else ok = (fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;
+    if (want_stdin) ok = pipe2(fds, O_CLOEXEC) == 0; /* else fds[0] stays -1: the shim gets null_r */
     ok = ok && pipe2(fds + 2, O_CLOEXEC) == 0 && pipe2(fds + 4, O_CLOEXEC) == 0 && pipe2(fds + 6, O_CLOEXEC) == 0;
     pid_t pid = -1;
     int fork_err = errno;
@@ -1050,9 +1070,10 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
         free_strv(argv); free_strv(envp); free(cwd); free(c);
         return;
     }
-    if (pid == 0) shim(argv, envp, cwd, fds[0], fds[3], fds[5], fds[7]);
+    if (pid == 0) shim(argv, envp, cwd, want_stdin ? fds[0] : null_r, fds[3], fds[5], fds[7]);
     free_strv(argv); free_strv(envp); free(cwd);
-    close(fds[0]); close(fds[3]); close(fds[5]); close(fds[7]);
+    if (fds[0] >= 0) close(fds[0]);
+    close(fds[3]); close(fds[5]); close(fds[7]);
     c->shim = pid;
     c->shim_start = start_of(pid);
     c->stdin_fd = want_stdin ? fds[1] : -1;
@@ -1983,6 +2004,8 @@ int main(int argc, char **argv) {
     dup2(null, 0);
     dup2(null, 1);
     if (null > 2) close(null);
+    null_r = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null_r < 0) { dprintf(2, "adk-sandbox-agent: cannot open /dev/null\n"); return 1; }
     strict_mode = prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
     /* Every disposition to its default once here (the engine's exec may hand some down ignored), so a
      * shim only undoes what the agent itself sets below. */
