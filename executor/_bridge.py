@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -48,7 +49,8 @@ IDLE_SECONDS = 30.0
 
 log = logging.getLogger(__name__)
 
-_Job = tuple[Callable[[], None], str]
+# A job runs the call and returns the delivery of its outcome, made once the thread is idle again.
+_Job = tuple[Callable[[], Callable[[], None]], str]
 
 # The inboxes of idle threads, the most recently idle last (it is taken first: its stack is warm).
 _idle: list[queue.SimpleQueue[_Job]] = []
@@ -66,7 +68,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_idle_threads)
 
 
-def _start(job: Callable[[], None], name: str) -> None:
+def _start(job: Callable[[], Callable[[], None]], name: str) -> None:
     """Run ``job`` in a thread doing nothing else: an idle one named ``name`` for now, or a new one."""
     with _idle_lock:
         inbox = _idle.pop() if _idle else None
@@ -82,13 +84,19 @@ def _serve(inbox: queue.SimpleQueue[_Job]) -> None:
     thread = threading.current_thread()
     while True:
         job, thread.name = inbox.get()
-        job()  # never raises: run_blocking's work() hands every outcome to the awaiting task
+        deliver = job()  # never raises: run_blocking's work() returns the hand-over of every outcome
         del job  # the call's closure (and its result) is not kept alive by an idle thread
         thread.name = "adk-sandbox-idle"
+        # Idle *before* the outcome is handed over: the awaiting task's next call, which may come at once,
+        # then finds this thread (its job waits in the inbox until the loop below comes back for it).
         with _idle_lock:
-            if len(_idle) >= IDLE_THREADS:
-                return
-            _idle.append(inbox)
+            keep = len(_idle) < IDLE_THREADS
+            if keep:
+                _idle.append(inbox)
+        deliver()
+        del deliver
+        if not keep:
+            return
         try:
             inbox.put(inbox.get(timeout=IDLE_SECONDS))  # back in, for the get at the top of the loop
         except queue.Empty:
@@ -131,13 +139,12 @@ async def run_blocking(
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits the result any more
             loop.call_soon_threadsafe(settle, result, error)
 
-    def work() -> None:
+    def work() -> Callable[[], None]:
         try:
             result = call(event)
         except BaseException as exc:  # handed to the awaiting task, which re-raises it
-            post(None, exc)
-        else:
-            post(result, None)
+            return functools.partial(post, None, exc)
+        return functools.partial(post, result, None)
 
     _start(work, name)
     try:
