@@ -139,7 +139,13 @@ def run(args: argparse.Namespace) -> int:
         limits_given = {"memory_mb": args.memory, "cpus": args.cpus}
         limits = ResourceLimits(**{k: v for k, v in limits_given.items() if v is not None})
         backend = stack.enter_context(
-            DockerBackend(image=args.image, limits=limits, runtime=args.runtime, container=args.container)
+            DockerBackend(
+                image=args.image,
+                limits=limits,
+                runtime=args.runtime,
+                container=args.container,
+                tmpfs=_tmpfs_of(args.tmpfs or []),
+            )
         )
         session = stack.enter_context(backend.session(workspace=workspace))
         request = ExecRequest(
@@ -167,6 +173,19 @@ def run(args: argparse.Namespace) -> int:
             return 128 + received[0]
         return _report(result)
     return 1  # pragma: no cover - unreachable
+
+
+def _tmpfs_of(specs: Sequence[str]) -> dict[str, int]:
+    """``--tmpfs PATH:MB`` options as a :class:`DockerBackend` ``tmpfs`` mapping (checked there)."""
+    tmpfs: dict[str, int] = {}
+    for spec in specs:
+        path, _, size = spec.rpartition(":")
+        if not path or not size.isdigit():
+            raise InvalidRequestError(f"--tmpfs {spec!r} is not PATH:MB (e.g. --tmpfs /var/tmp:64)")
+        if path in tmpfs:
+            raise InvalidRequestError(f"--tmpfs names {path} twice")
+        tmpfs[path] = int(size)
+    return tmpfs
 
 
 def _stream_to_terminal(stream: Stream, chunk: str) -> None:
@@ -319,6 +338,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds (default 600)")
     run_parser.add_argument(
         "--max-output-bytes", type=int, default=64 * 1024 * 1024, metavar="N", help="per stream cap"
+    )
+    run_parser.add_argument(
+        "--tmpfs",
+        action="append",
+        metavar="PATH:MB",
+        help="an extra writable tmpfs of MB MiB at PATH (exec,nosuid,nodev; repeatable), e.g. /var/tmp:64",
     )
     run_parser.add_argument(
         "--container", metavar="NAME", help="attach to this running container (e.g. the compose sandbox)"

@@ -178,6 +178,7 @@ class ContainerProvider:
             mounts=mounts,
             attached=self.attached,
             engine_sockets=(daemon_socket_path(),),
+            tmpfs=None if self.attached else host_config_arguments(spec)["tmpfs"],
         )
         if problems:
             raise PolicyNotEnforceableError(

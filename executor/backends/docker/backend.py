@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import docker
@@ -12,7 +12,14 @@ import docker
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import reap_leaked
-from executor.backends.docker._spec import ContainerSpec, GitProtection, git_protection
+from executor.backends.docker._spec import (
+    ContainerSpec,
+    GitProtection,
+    git_protection,
+    tmpfs_overlap,
+    validate_labels,
+    validate_tmpfs,
+)
 from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
@@ -56,6 +63,8 @@ class DockerBackend(SandboxBackend):
         policy: SandboxPolicy | None = None,
         lifetime_seconds: int = DEFAULT_LIFETIME_SECONDS,
         transport: str = "agent",
+        tmpfs: Mapping[str, int] | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
@@ -64,7 +73,11 @@ class DockerBackend(SandboxBackend):
         network permission; like bubblewrap, a container cannot forbid spawning processes, so a policy
         must say ``allow_process_spawn``. ``transport`` chooses how commands reach a session's container:
         ``"agent"`` (default: one long-lived in-sandbox agent per session, docs/DOCKER.md "The agent
-        channel") or ``"exec"`` (one Docker exec per command).
+        channel") or ``"exec"`` (one Docker exec per command). ``tmpfs`` adds writable tmpfs mounts
+        (absolute path -> size in MiB, e.g. ``{"/var/tmp": 64}``), mounted ``exec,nosuid,nodev`` like
+        ``/tmp`` (docs/DOCKER.md, "Extra tmpfs mounts"); not with ``container=``. ``labels`` are added to
+        every container this backend creates (keys in this project's ``io.adk-sandbox.`` namespace are
+        refused: the reaper relies on them).
         """
         if transport not in TRANSPORTS:
             raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -75,6 +88,22 @@ class DockerBackend(SandboxBackend):
             )
         if lifetime_seconds <= 0:
             raise InvalidRequestError("lifetime_seconds must be positive")
+        extra_tmpfs = validate_tmpfs(tmpfs or {})
+        if extra_tmpfs and container is not None:
+            raise InvalidRequestError(
+                "tmpfs= applies to containers this backend creates; an attached container has the "
+                "mounts its compose file gives it (add them there)"
+            )
+        user_labels = validate_labels(labels or {})
+        if user_labels and container is not None:
+            raise InvalidRequestError(
+                "labels= applies to containers this backend creates; an attached container keeps its own"
+            )
+        overlap = tmpfs_overlap(
+            extra_tmpfs, [allowed.path for allowed in (policy or SandboxPolicy()).allowed_paths]
+        )
+        if overlap:
+            raise InvalidRequestError(overlap)
         self.image = image
         self.limits = limits or ResourceLimits()
         self.runtime = runtime
@@ -85,6 +114,10 @@ class DockerBackend(SandboxBackend):
         self.lifetime_seconds = lifetime_seconds
         self.transport = transport
         """The command channel of this backend's sessions (``"agent"`` or ``"exec"``)."""
+        self.labels = user_labels
+        """The user labels of this backend's containers, validated."""
+        self.tmpfs = extra_tmpfs
+        """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
         self._client = connect()
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
@@ -103,6 +136,10 @@ class DockerBackend(SandboxBackend):
         for allowed in self.policy.allowed_paths:
             if not os.path.exists(allowed.path):
                 raise InvalidRequestError(f"policy path {allowed.path!r} does not exist")
+        if root is not None:
+            overlap = tmpfs_overlap(self.tmpfs, [root])
+            if overlap:
+                raise InvalidRequestError(overlap)
         protection = git_protection(root) if root and self.container is None else GitProtection()
         spec = ContainerSpec(
             image=self.image,
@@ -113,6 +150,8 @@ class DockerBackend(SandboxBackend):
             extra_mounts=self.policy.allowed_paths,
             read_only_mounts=protection.read_only_mounts,
             git_placeholder=protection.placeholder,
+            extra_tmpfs=self.tmpfs,
+            labels=self.labels,
             lifetime_seconds=self.lifetime_seconds,
         )
         config = SessionConfig(
