@@ -106,6 +106,10 @@ class AdkSandboxConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     """Variables every command gets (after the image's own; ``exec(env=...)`` overrides them)."""
 
+    def __hash__(self) -> int:
+        # inspect keys its sandbox caches by the config; the dict fields keep pydantic's own hash from working.
+        return hash(self.model_dump_json())
+
 
 @sandboxenv(name="adk-sandbox")
 class AdkSandboxEnvironment(SandboxEnvironment):

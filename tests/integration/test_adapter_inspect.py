@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import docker
 import pytest
@@ -100,3 +101,85 @@ def provider_containers() -> list[str]:
         return [c.id for c in client.containers.list(all=True, sparse=True, filters={"label": label})]
     finally:
         client.close()
+
+
+# -- a real eval ----------------------------------------------------------------------------------------
+def _scripted_eval_task(runtime: str) -> Any:
+    """A task whose mock model calls bash, python, text_editor and bash_session, then answers."""
+    from inspect_ai import Task
+    from inspect_ai.dataset import Sample
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+    from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
+    from inspect_ai.solver import TaskState, generate, use_tools
+    from inspect_ai.tool import bash, bash_session, python, text_editor
+    from inspect_ai.util import SandboxEnvironmentSpec, sandbox
+
+    # Usage given: without it mockllm counts tokens with tiktoken, which downloads its encoding.
+    usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
+
+    def call(tool: str, **arguments: Any) -> ModelOutput:
+        output = ModelOutput.for_tool_call(model="mockllm/model", tool_name=tool, tool_arguments=arguments)
+        output.usage = usage
+        return output
+
+    outputs = [
+        call("bash", cmd="echo hello-from-bash > /tmp/greeting && id -u"),
+        call("python", code="print(open('/tmp/greeting').read().strip().upper())"),
+        call("text_editor", command="create", path="/tmp/notes.md", file_text="alpha\ngamma\n"),
+        call("text_editor", command="str_replace", path="/tmp/notes.md", old_str="alpha", new_str="beta"),
+        call("bash_session", action="type_submit", input="cat /tmp/notes.md; echo session-$((6*7))"),
+        ModelOutput.from_content(model="mockllm/model", content="done: beta"),
+    ]
+    outputs[-1].usage = usage
+
+    @scorer(metrics=[accuracy()])
+    def sandbox_state() -> Any:
+        async def score(state: TaskState, target: Target) -> Score:
+            # Each tool's result as the model saw it, and the files the tools left in the sandbox.
+            results = [m for m in state.messages if m.role == "tool"]
+            errors = [m.error for m in results if m.error is not None]  # type: ignore[union-attr]
+            texts = [m.text for m in results]
+            notes = await sandbox().read_file("/tmp/notes.md")
+            checks = {
+                "six tool calls answered": len(results) == 5,
+                "no tool errors": not errors,
+                "bash ran as nobody": texts[0].strip() == "65534" if texts else False,
+                "python read bash's file": "HELLO-FROM-BASH" in texts[1] if len(texts) > 1 else False,
+                "text_editor edited the file": notes == "beta\ngamma\n",
+                "bash_session ran": len(texts) > 4 and "session-42" in texts[4] and "beta" in texts[4],
+            }
+            failed = [name for name, ok in checks.items() if not ok]
+            return Score(
+                value=INCORRECT if failed else CORRECT,
+                explanation=f"failed: {failed}; errors: {errors}; tool results: {texts}",
+            )
+
+        return score
+
+    return Task(
+        dataset=[Sample(input="Use the tools.", target="beta")],
+        solver=[use_tools([bash(), python(), text_editor(), bash_session()]), generate()],
+        scorer=sandbox_state(),
+        sandbox=SandboxEnvironmentSpec("adk-sandbox", AdkSandboxConfig(runtime=runtime)),
+    ), get_model("mockllm/model", custom_outputs=outputs)
+
+
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+def test_inspect_eval_with_the_four_sandbox_tools(runtime: str, tmp_path: Any) -> None:
+    require(INSPECT_MISSING is None, f"inspect_ai is not installed: {INSPECT_MISSING}")
+    _runtime_available(runtime)
+    from inspect_ai import eval as inspect_eval
+
+    before = set(provider_containers())
+    task, model = _scripted_eval_task(runtime)
+    [log] = inspect_eval(task, model=model, log_dir=str(tmp_path), display="none")
+    assert log.status == "success", log.error
+    assert log.samples is not None
+    [sample] = log.samples
+    assert sample.scores is not None
+    [score] = sample.scores.values()
+    assert score.value == "C", score.explanation
+    assert log.results is not None
+    assert log.results.scores[0].metrics["accuracy"].value == 1.0
+    # The sample's container went with the sample; nothing of this eval is left.
+    assert set(provider_containers()) - before == set()
