@@ -217,11 +217,17 @@ def _example_workspace() -> Iterator[str]:
         yield root
 
 
-def cleanup() -> int:
-    """``adk-sandbox cleanup``: remove this project's leaked containers (selected by label)."""
+def cleanup(session: str | None = None) -> int:
+    """``adk-sandbox cleanup``: remove this project's leaked containers, or one session's (by label)."""
     from executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
-    from executor.backends.docker._reaper import reap_leaked  # noqa: PLC0415
+    from executor.backends.docker._reaper import cleanup_session, reap_leaked  # noqa: PLC0415
 
+    if session is not None:
+        ids = cleanup_session(session)
+        for container_id in ids:
+            print(f"removed {container_id[:12]} (session {session})")
+        print(f"{len(ids)} container(s) of session {session} removed")
+        return 0
     client = connect()
     try:
         removed = reap_leaked(client)
@@ -352,11 +358,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its args"
     )
     commands.add_parser("doctor", help="list the backends available here and what each enforces")
-    commands.add_parser(
+    cleanup_parser = commands.add_parser(
         "cleanup",
-        help="remove leaked sandbox containers",
+        help="remove leaked sandbox containers (or one session's)",
         description="Remove this project's containers (selected by label, never by name) whose owner "
-        "process is gone or whose expiry passed, and print what was removed.",
+        "process is gone or whose expiry passed, and print what was removed. With --session, remove "
+        "that session's containers instead, whoever owns them.",
+    )
+    cleanup_parser.add_argument(
+        "--session", metavar="ID", help="remove the containers of this session id (DockerSession.session_id)"
     )
     images_parser = commands.add_parser(
         "images", help="the sandbox images (adk-sandbox/base, adk-sandbox/rust)"
@@ -379,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "doctor":
             return doctor()
         if args.command == "cleanup":
-            return cleanup()
+            return cleanup(args.session)
         if args.command == "images":
             return images_build(base_image=args.base_image, force=args.force)
     except (ExecutorError, ValidationError) as exc:

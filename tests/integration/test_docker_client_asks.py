@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from executor import ExecRequest, InvalidRequestError, Language
-from executor.backends.docker import DockerBackend, DockerSession
+from executor.backends.docker import DockerBackend, DockerSession, cleanup_session
 from tests.conftest import containers_mounting, require
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -120,3 +120,33 @@ def test_user_labels_are_on_every_container_and_the_projects_own_stay(owned_work
         DockerBackend(labels={"io.adk-sandbox.session": "someone-elses"})
     with pytest.raises(InvalidRequestError, match="attached container"):
         DockerBackend(labels={"org.example.eval": "x"}, container="some-service")
+
+
+# -- cleanup of one session by id --------------------------------------------------------------------
+
+
+def test_cleanup_session_removes_that_sessions_containers_and_nothing_else(owned_workspace: Path) -> None:
+    with DockerBackend() as backend, backend.session(owned_workspace) as mine, backend.session() as other:
+        session_id = mine.session_id
+        assert len(session_id) == 12 and session_id != other.session_id
+        first = mine.container_id
+        labels = backend._client.api.inspect_container(first)["Config"]["Labels"]
+        assert labels["io.adk-sandbox.session"] == session_id
+        # From another backend (as inspect's `cli_cleanup(id)` would, in another process).
+        with DockerBackend() as elsewhere:
+            assert elsewhere.cleanup(session_id) == [first]
+            assert elsewhere.cleanup(session_id) == []  # nothing left: not an error
+        assert containers_mounting(backend._client, owned_workspace) == []
+        assert run(other, "echo alive").stdout == "alive\n"  # another session is untouched
+        # The session itself carries on in a fresh container, under the same id.
+        assert run(mine, "echo back").stdout == "back\n"
+        assert mine.container_id != first and mine.restarts == 1 and mine.session_id == session_id
+        replacement = backend._client.api.inspect_container(mine.container_id)
+        assert replacement["Config"]["Labels"]["io.adk-sandbox.session"] == session_id
+        done = adk("cleanup", "--session", session_id)
+        assert done.returncode == 0, done.stderr
+        assert f"1 container(s) of session {session_id} removed" in done.stdout
+    with pytest.raises(InvalidRequestError, match="is not one this library makes"):
+        cleanup_session("x" * 65)
+    bad = adk("cleanup", "--session", "a b")
+    assert bad.returncode == 2 and "is not one this library makes" in bad.stderr

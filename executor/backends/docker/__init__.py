@@ -1,5 +1,6 @@
 """The Docker backend: hardened per-session containers (SPEC §4)."""
 
+from executor.backends.docker._reaper import cleanup_session
 from executor.backends.docker.backend import DockerBackend
 from executor.backends.docker.files import DirEntry, FileStat, SandboxFiles
 from executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE
@@ -13,4 +14,5 @@ __all__ = [
     "DockerSession",
     "FileStat",
     "SandboxFiles",
+    "cleanup_session",
 ]

@@ -18,9 +18,11 @@ type      value  direction   payload
 HELLO     1      agent→host  first frame of the agent, channel 0: ``{"protocol": 1, "pid": int,
                              "subreaper": bool, ...}`` (extra keys allowed)
 RUN       2      host→agent  on a fresh channel: ``{"argv": [str, ...], "env": {str: str}, "cwd": str,
-                             "timeout": float, "max_output_bytes": int, "stdin": bool}``
+                             "timeout": float, "max_output_bytes": int, "stdin": bool,
+                             "tail_bytes": int}`` (``tail_bytes`` optional, 0: keep no tail)
 STDIN     3      host→agent  raw bytes for the command's stdin; an empty payload is end-of-file
-STDOUT    4      agent→host  raw bytes the command wrote (at most ``max_output_bytes`` in all per stream)
+STDOUT    4      agent→host  raw bytes the command wrote: its first ``max_output_bytes`` as they come,
+                             then (with ``tail_bytes``) its last ``tail_bytes`` just before EXIT
 STDERR    5      agent→host  likewise for stderr
 EXIT      6      agent→host  last frame of a channel: ``{"exit_code": int | null, "signal": int | null,
                              "timed_out": bool, "stdout_dropped": int, "stderr_dropped": int}``

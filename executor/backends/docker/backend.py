@@ -11,7 +11,7 @@ import docker
 
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._daemon import connect
-from executor.backends.docker._reaper import reap_leaked
+from executor.backends.docker._reaper import cleanup_session, reap_leaked
 from executor.backends.docker._spec import (
     ContainerSpec,
     GitProtection,
@@ -170,6 +170,14 @@ class DockerBackend(SandboxBackend):
         """Called by a session when it closes: a long-lived backend holds only the open ones."""
         with self._lock:
             self._sessions.discard(session)
+
+    def cleanup(self, session_id: str) -> list[str]:
+        """Remove the containers of the session ``session_id`` (from any process); return their ids.
+
+        See :func:`executor.backends.docker.cleanup_session`. A session of this backend that is still open
+        gets a fresh container on its next command.
+        """
+        return cleanup_session(session_id, self._client)
 
     def capabilities(self) -> Capabilities:
         """What a session container of this backend enforces, read from a real one (probed once)."""

@@ -621,6 +621,9 @@ typedef struct {
     buf_t pending;
     size_t pending_at;
     long long cap, sent[2], dropped[2];
+    /* Beyond the cap, a ring of the latest tail_cap bytes per stream, sent before EXIT (tail_cap 0: none). */
+    char *tail[2];
+    size_t tail_cap, tail_pos[2], tail_len[2];
     double deadline, drain_until;
     int timed_out, killed, shim_done;
     char marker[64];
@@ -970,7 +973,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     }
     jval_t *argv_v = jget(m, count, "argv"), *env_v = jget(m, count, "env"), *cwd_v = jget(m, count, "cwd");
     jval_t *timeout_v = jget(m, count, "timeout"), *cap_v = jget(m, count, "max_output_bytes");
-    jval_t *stdin_v = jget(m, count, "stdin");
+    jval_t *stdin_v = jget(m, count, "stdin"), *tail_v = jget(m, count, "tail_bytes");
     const char *bad = NULL;
     if (!argv_v || argv_v->type != J_ARR) bad = "argv must be an array of strings";
     else if (argv_v->n == 0) bad = "empty argv";
@@ -981,6 +984,8 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     else if (cap_v && cap_v->type != J_NUM && cap_v->type != J_NULL) bad = "max_output_bytes must be an integer";
     else if (cap_v && cap_v->type == J_NUM && !(cap_v->num >= 0 && cap_v->num <= 9e15 && cap_v->num == (double)(long long)cap_v->num)) bad = "max_output_bytes must be an integer";
     else if (stdin_v && stdin_v->type != J_BOOL && stdin_v->type != J_NULL) bad = "stdin must be a boolean";
+    else if (tail_v && tail_v->type != J_NUM && tail_v->type != J_NULL) bad = "tail_bytes must be an integer";
+    else if (tail_v && tail_v->type == J_NUM && !(tail_v->num >= 0 && tail_v->num <= 1e12 && tail_v->num == (double)(long long)tail_v->num)) bad = "tail_bytes must be an integer";
     if (!bad)
         for (int i = 0; i < env_v->n && !bad; i++)
             if (!env_v->items[i][0] || strchr(env_v->items[i], '=')) bad = "an environment name is empty or holds '='";
@@ -991,6 +996,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     c->ch = ch;
     long long cap = cap_v && cap_v->type == J_NUM ? (long long)cap_v->num : 0;
     c->cap = cap ? cap : 1048576; /* as the Python agent: 0 or missing is the default */
+    c->tail_cap = tail_v && tail_v->type == J_NUM ? (size_t)tail_v->num : 0;
     double timeout = timeout_v && timeout_v->type == J_NUM ? timeout_v->num : 60.0;
     int want_stdin = stdin_v && stdin_v->type == J_BOOL && stdin_v->b;
     snprintf(c->marker, sizeof c->marker, "ch%u-%d", ch, (int)SELF);
@@ -1074,6 +1080,42 @@ static void read_status(cmd_t *c) {
 
 static char chunk[65536];
 
+/* Add bytes beyond the cap to the stream's tail ring, counting what falls out of it as dropped. The ring
+ * is allocated on first use (tail_cap bytes at most), so memory stays bounded however much is written. */
+static void tail_keep(cmd_t *c, int which, const char *data, size_t n) {
+    size_t cap = c->tail_cap;
+    if (!c->tail[which]) c->tail[which] = xrealloc(NULL, cap);
+    if (n >= cap) { /* the new bytes fill the ring: everything before their last cap bytes falls out */
+        c->dropped[which] += (long long)(c->tail_len[which] + n - cap);
+        memcpy(c->tail[which], data + (n - cap), cap);
+        c->tail_pos[which] = 0;
+        c->tail_len[which] = cap;
+        return;
+    }
+    size_t over = c->tail_len[which] + n > cap ? c->tail_len[which] + n - cap : 0;
+    c->dropped[which] += (long long)over;
+    size_t pos = c->tail_pos[which], first = cap - pos < n ? cap - pos : n;
+    memcpy(c->tail[which] + pos, data, first);
+    memcpy(c->tail[which], data + first, n - first);
+    c->tail_pos[which] = (pos + n) % cap;
+    c->tail_len[which] = c->tail_len[which] + n - over;
+}
+
+/* Send the tail ring (oldest byte first) before EXIT, and free it. */
+static void tail_send(cmd_t *c, int which) {
+    size_t cap = c->tail_cap, len = c->tail_len[which];
+    size_t start = (c->tail_pos[which] + cap - len) % (cap ? cap : 1);
+    while (len) {
+        size_t piece = cap - start < len ? cap - start : len;
+        if (piece > 65536) piece = 65536;
+        out(which ? STDERR_F : STDOUT_F, c->ch, c->tail[which] + start, piece);
+        start = (start + piece) % cap;
+        len -= piece;
+    }
+    free(c->tail[which]);
+    c->tail[which] = NULL;
+}
+
 static void read_output(cmd_t *c, int which) {
     ssize_t n = read(c->out_fd[which], chunk, sizeof chunk);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
@@ -1084,7 +1126,8 @@ static void read_output(cmd_t *c, int which) {
         c->sent[which] += (long long)part;
         out(which ? STDERR_F : STDOUT_F, c->ch, chunk, part);
     }
-    c->dropped[which] += n - (ssize_t)part;
+    if (c->tail_cap && (size_t)n > part) tail_keep(c, which, chunk + part, (size_t)n - part);
+    else c->dropped[which] += n - (ssize_t)part;
 }
 
 static void write_stdin(cmd_t *c) {
@@ -1114,6 +1157,7 @@ static void finish(int index) {
     if (c->stdin_fd >= 0) close(c->stdin_fd);
     buf_free(&c->pending);
     cmds[index] = cmds[--ncmds];
+    for (int i = 0; i < 2; i++) tail_send(c, i);
     char kind = 0, extra[2];
     int value = 0, words = sscanf(c->status, " %c %d %1s", &kind, &value, extra);
     buf_t b = {0};
