@@ -23,6 +23,7 @@ a tool error and the sample goes on).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
@@ -46,7 +47,7 @@ from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from executor._bridge import run_blocking
-from executor.backends.docker import DockerBackend, DockerSession
+from executor.backends.docker import DockerBackend, DockerSession, cleanup_session
 from executor.backends.docker._daemon import connect, remove_container
 from executor.backends.docker.images import BASE_IMAGE
 from executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
@@ -107,7 +108,7 @@ class AdkSandboxConfig(BaseModel):
     """Variables every command gets (after the image's own; ``exec(env=...)`` overrides them)."""
 
     def __hash__(self) -> int:
-        # inspect keys its sandbox caches by the config; the dict fields keep pydantic's own hash from working.
+        # inspect keys its sandbox caches by the config; the dict fields break pydantic's own hash.
         return hash(self.model_dump_json())
 
 
@@ -197,8 +198,8 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             else:
                 for session in list(backend._sessions):
                     print(
-                        f"adk-sandbox container left running: {session.container_id}; remove it with "
-                        f"`inspect sandbox cleanup adk-sandbox {session.container_id[:12]}`"
+                        f"adk-sandbox container left running: {session.container_id[:12]}; remove it with "
+                        f"`inspect sandbox cleanup adk-sandbox {session.session_id}`"
                     )
 
     @classmethod
@@ -208,14 +209,20 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         def clean(_: threading.Event) -> list[str]:
             client = connect()
             try:
+                removed: list[str] = []
+                if id is not None:
+                    # A session id (what task_cleanup prints): its containers, replacements included.
+                    with contextlib.suppress(InvalidRequestError):  # not a session id: a container's then
+                        removed += cleanup_session(id, client)
                 listed = client.api.containers(all=True, filters={"label": f"{PROVIDER_LABEL}=adk-sandbox"})
-                removed = []
                 for entry in listed:
                     names = [name.lstrip("/") for name in entry.get("Names") or []]
+                    if entry["Id"] in removed:
+                        continue
                     if id is None or entry["Id"].startswith(id) or id in names:
                         remove_container(client, entry["Id"])
-                        removed.append(entry["Id"][:12])
-                return removed
+                        removed.append(entry["Id"])
+                return [container[:12] for container in removed]
             finally:
                 client.close()
 

@@ -12,7 +12,6 @@ In CI a missing inspect_ai fails these tests (it is a dependency of the ``inspec
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,14 @@ import pytest
 from tests.conftest import IN_CI, require
 
 try:
-    from inspect_ai.util import SandboxEnvironment
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+    from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
+    from inspect_ai.solver import TaskState, generate, use_tools
+    from inspect_ai.tool import bash, bash_session, python, text_editor
+    from inspect_ai.util import SandboxEnvironment, SandboxEnvironmentSpec, sandbox
     from inspect_ai.util._sandbox.self_check import *  # noqa: F403 - inspect's checks, collected here
 
     from devtools.adapters.inspect_sandbox import PROVIDER_LABEL, AdkSandboxConfig, AdkSandboxEnvironment
@@ -106,13 +112,6 @@ def provider_containers() -> list[str]:
 # -- a real eval ----------------------------------------------------------------------------------------
 def _scripted_eval_task(runtime: str) -> Any:
     """A task whose mock model calls bash, python, text_editor and bash_session, then answers."""
-    from inspect_ai import Task
-    from inspect_ai.dataset import Sample
-    from inspect_ai.model import ModelOutput, ModelUsage, get_model
-    from inspect_ai.scorer import CORRECT, INCORRECT, Score, Target, accuracy, scorer
-    from inspect_ai.solver import TaskState, generate, use_tools
-    from inspect_ai.tool import bash, bash_session, python, text_editor
-    from inspect_ai.util import SandboxEnvironmentSpec, sandbox
 
     # Usage given: without it mockllm counts tokens with tiktoken, which downloads its encoding.
     usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
@@ -168,8 +167,6 @@ def _scripted_eval_task(runtime: str) -> Any:
 def test_inspect_eval_with_the_four_sandbox_tools(runtime: str, tmp_path: Any) -> None:
     require(INSPECT_MISSING is None, f"inspect_ai is not installed: {INSPECT_MISSING}")
     _runtime_available(runtime)
-    from inspect_ai import eval as inspect_eval
-
     before = set(provider_containers())
     task, model = _scripted_eval_task(runtime)
     [log] = inspect_eval(task, model=model, log_dir=str(tmp_path), display="none")
