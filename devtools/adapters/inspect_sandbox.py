@@ -54,7 +54,14 @@ from executor.errors import BackendUnavailableError, InvalidRequestError, Sandbo
 from executor.types import ExecRequest, ResourceLimits, parse_user
 from executor.types import ExecResult as CoreExecResult
 
-__all__ = ["PROVIDER_LABEL", "TASK_LABEL", "WORKING_DIR", "AdkSandboxConfig", "AdkSandboxEnvironment"]
+__all__ = [
+    "PROVIDER_LABEL",
+    "TASK_LABEL",
+    "WORKING_DIR",
+    "AdkSandboxConfig",
+    "AdkSandboxEnvironment",
+    "resolve_config",
+]
 
 T = TypeVar("T")
 
