@@ -63,7 +63,7 @@ import errno, json, os, select, signal, struct, sys, time
 HDR = struct.Struct(">BBHII")
 HELLO, RUN, STDIN, STDOUT, STDERR, EXIT, KILL, PING, PONG, ERROR, FILE, RESULT = range(1, 13)
 OPS = ["read", "write", "stat", "list", "mkdir", "remove", "rename"]
-MAXP = 1 << 20
+MAXP = 4 << 20  # _frames.MAX_PAYLOAD
 SELF = os.getpid()
 MARK = b"ADK_SANDBOX_EXEC="
 try:

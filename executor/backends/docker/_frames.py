@@ -120,8 +120,10 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">BBHII")
-#: The largest payload of a frame (1 MiB); data is sent in far smaller chunks.
-MAX_PAYLOAD = 1024 * 1024
+#: The largest payload of a frame (4 MiB); data is sent in far smaller chunks. A RUN frame carries a
+#: whole argv and environment, which Linux accepts up to a quarter of the stack limit (2 MiB with the usual
+#: 8 MiB), plus JSON's escaping: 1 MiB refused commands execve would run (inspect's self_check sends 1 MiB).
+MAX_PAYLOAD = 4 * 1024 * 1024
 _MAX_CHANNEL = 2**32 - 1
 #: The FILE operations of version 1, in the order of the table above.
 FILE_OPS = ("read", "write", "stat", "list", "mkdir", "remove", "rename")

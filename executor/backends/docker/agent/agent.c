@@ -50,7 +50,7 @@
 
 enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, ERROR_F, FILE_F, RESULT };
 #define HDR 12
-#define MAXP (1u << 20)
+#define MAXP (4u << 20) /* _frames.MAX_PAYLOAD */
 #define MAX_COMMANDS 4096
 #define MAX_STDIN_PENDING (256u << 20)
 
