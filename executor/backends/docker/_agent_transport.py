@@ -62,7 +62,7 @@ from executor.backends.docker._transport import (
 from executor.errors import InvalidRequestError, SandboxFailedError
 from executor.types import Stream
 
-__all__ = ["AGENT_GRACE_SECONDS", "AgentTransport", "FileOpCancelledError"]
+__all__ = ["AGENT_GRACE_SECONDS", "AgentStreamOpener", "AgentTransport", "FileOpCancelledError"]
 
 log = logging.getLogger(__name__)
 
@@ -271,22 +271,39 @@ def _next_event(agent: _Agent, channel: _Channel, wait: float, unknown: str) -> 
         return None
 
 
+#: Starts one agent process in the sandbox: ``(argv, user, until)`` -> a connected socket carrying the
+#: process's stdin (written raw) and its stdout/stderr in Docker's attach framing, and any bytes already
+#: read from it. Docker's exec is one (:meth:`AgentTransport._docker_stream`); the Kubernetes backend
+#: bridges a ``pods/exec`` websocket to a socket pair (``executor.backends.kubernetes._exec``).
+AgentStreamOpener = Callable[[list[str], str, float], tuple[socket.socket, bytes]]
+
+
 class AgentTransport:
-    """:class:`CommandTransport` over one long-lived agent per container (see the module docstring)."""
+    """:class:`CommandTransport` over one long-lived agent per container (see the module docstring).
+
+    ``open_stream`` replaces how an agent's stream is opened (default: a Docker exec into
+    ``container_id``); everything above it (frames, channels, deadlines, restarts) is shared.
+    """
 
     channel: ClassVar[str] = "agent"
 
     def __init__(
         self,
-        client: docker.DockerClient,
+        client: docker.DockerClient | None,
         container_id: str,
         socket_path: str,
         *,
         on_restart: Callable[[str], None] | None = None,
         source: str | None = None,
         agent: AgentFlavour | None = None,
+        open_stream: AgentStreamOpener | None = None,
     ) -> None:
-        self._exec = DockerExecTransport(client, container_id, socket_path)
+        if open_stream is None:
+            if client is None:
+                raise ValueError("AgentTransport needs a Docker client or an open_stream")
+            self._exec = DockerExecTransport(client, container_id, socket_path)
+            open_stream = self._docker_stream
+        self._open_stream = open_stream
         self._lock = threading.Lock()
         self._agents: dict[str, _Agent] = {}
         self._last: _Agent | None = None
@@ -383,8 +400,7 @@ class AgentTransport:
         raise SandboxFailedError("no in-sandbox agent flavour to start")  # pragma: no cover - never empty
 
     def _start_launch(self, launch: AgentLaunch, user: str, start_by: float) -> tuple[_Agent, dict[str, Any]]:
-        exec_id = self._exec._create_exec(launch.argv, user, "/", True, start_by)
-        sock, early = self._exec._start_exec(exec_id, start_by)
+        sock, early = self._open_stream(launch.argv, user, start_by)
         agent = _Agent(sock, early, user)
         try:
             if launch.preamble:
@@ -398,6 +414,10 @@ class AgentTransport:
         except BaseException:
             agent.close()
             raise
+
+    def _docker_stream(self, argv: list[str], user: str, until: float) -> tuple[socket.socket, bytes]:
+        exec_id = self._exec._create_exec(argv, user, "/", True, until)
+        return self._exec._start_exec(exec_id, until)
 
     @property
     def agent_flavour(self) -> str | None:

@@ -1,0 +1,39 @@
+"""The Kubernetes backend: one hardened Pod per session, or a claim from an agent-sandbox warm pool.
+
+Extra ``k8s`` (the ``kubernetes`` client), imported only when a backend connects: importing this package
+needs nothing beyond the core. Not run against a cluster where it was written: see docs/KUBERNETES.md.
+"""
+
+from executor.backends.kubernetes._channel import ChannelProtocol, ExecStatus
+from executor.backends.kubernetes._claim import ClaimState, claim_object, claim_state, sandbox_pod_name
+from executor.backends.kubernetes._config import KubernetesConfig
+from executor.backends.kubernetes._failures import api_error, pod_failure
+from executor.backends.kubernetes._spec import (
+    PER_SESSION_FIELDS,
+    capabilities_from_pod,
+    isolation_of_pod,
+    network_policy,
+    pod_spec,
+    pod_violations,
+)
+from executor.backends.kubernetes.backend import KubernetesBackend, KubernetesSession
+
+__all__ = [
+    "PER_SESSION_FIELDS",
+    "ChannelProtocol",
+    "ClaimState",
+    "ExecStatus",
+    "KubernetesBackend",
+    "KubernetesConfig",
+    "KubernetesSession",
+    "api_error",
+    "capabilities_from_pod",
+    "claim_object",
+    "claim_state",
+    "isolation_of_pod",
+    "network_policy",
+    "pod_failure",
+    "pod_spec",
+    "pod_violations",
+    "sandbox_pod_name",
+]

@@ -1,0 +1,156 @@
+"""The configuration of a Kubernetes backend: everything that decides what a session's Pod looks like."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from executor.backends.docker.images import BASE_IMAGE
+from executor.types import ResourceLimits, parse_user
+
+__all__ = ["LABEL_PREFIX", "KubernetesConfig", "validate_label_key", "validate_label_value"]
+
+#: The same label namespace the Docker reaper uses (``io.adk-sandbox.*``): valid Kubernetes label keys
+#: as they are (a key without a ``/`` prefix is a bare name of at most 63 characters).
+LABEL_PREFIX = "io.adk-sandbox."
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def validate_label_key(key: str) -> str:
+    """A Kubernetes label key: ``[prefix/]name``, name 1-63 of ``[-A-Za-z0-9_.]``, prefix a DNS subdomain."""
+    prefix, slash, name = key.rpartition("/")
+    if (slash and not _DNS_SUBDOMAIN.fullmatch(prefix)) or not _LABEL_NAME.fullmatch(name):
+        raise ValueError(
+            f"label key {key!r} is not a Kubernetes label key ([dns-prefix/]name, the name at most 63 "
+            "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+        )
+    return key
+
+
+def validate_label_value(value: str) -> str:
+    """A Kubernetes label value: empty, or at most 63 of ``[-A-Za-z0-9_.]``, alphanumeric at both ends."""
+    if not _LABEL_VALUE.fullmatch(value):
+        raise ValueError(
+            f"label value {value!r} is not a Kubernetes label value (at most 63 letters, digits, '-', '_' "
+            "or '.', starting and ending with a letter or digit)"
+        )
+    return value
+
+
+class KubernetesConfig(BaseModel):
+    """How a :class:`KubernetesBackend` makes a session's Pod (see docs/KUBERNETES.md).
+
+    Every field here is shared by all sessions of a backend, so two backends with equal configs ask for
+    identical Pods up to the per-session metadata (:data:`PER_SESSION_FIELDS`): a warm pool built from
+    :func:`pod_spec` of a config matches every session of that config.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["kubernetes"] = "kubernetes"
+    """Discriminator, for configs that choose a backend by type."""
+    namespace: Annotated[str, Field(min_length=1, max_length=63)] = "default"
+    """The namespace the session Pods (and the NetworkPolicy) live in."""
+    image: Annotated[str, Field(min_length=1)] = BASE_IMAGE
+    """The session image: a reference the cluster's nodes can pull (the local ``adk-sandbox/base`` must
+    be pushed to a registry they reach first). It needs ``python3`` (the agent) or a ``/bin/sh``."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """The container's ``imagePullPolicy``."""
+    runtime_class_name: str | None = None
+    """The Pod's ``runtimeClassName`` (e.g. ``"gvisor"``, whose handler is ``runsc``); None: the node's
+    default runtime. Isolation is read from the RuntimeClass's handler, not from this name."""
+    limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    """Memory and CPU (requests = limits, so the Pod is Guaranteed QoS) and the ``/tmp`` and HOME sizes
+    (``tmpfs_mb``). ``pids``, ``nofile`` and ``file_size_mb`` cannot be set from a Pod spec (a node's
+    ``podPidsLimit`` is kubelet configuration) and are not reported as enforced."""
+    workspace_mb: Annotated[int, Field(gt=0, le=64 * 1024)] = 1024
+    """Size limit of the workspace ``emptyDir`` (memory-backed: counts against the memory limit)."""
+    workspace_path: str = "/workspace"
+    """Where the workspace ``emptyDir`` is mounted, and the commands' working directory."""
+    user: str = "1000:1000"
+    """``"uid:gid"`` the Pod runs as (``runAsUser``/``runAsGroup``; never 0: ``runAsNonRoot``). Commands
+    run as this user: a ``pods/exec`` cannot choose another one."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels on every session Pod (not in the ``io.adk-sandbox.`` namespace, which the reaper and
+    the NetworkPolicy rely on)."""
+    active_deadline_seconds: Annotated[int, Field(gt=0)] = 12 * 3600
+    """The Pod's ``activeDeadlineSeconds``: the kubelet kills it this long after it started, whatever
+    happened to its owner (the self-expiry). A warm-pool Pod's clock starts when the pool made it."""
+    network: bool = False
+    """Allow network access. False: a default-deny NetworkPolicy selects the session Pods (weaker than
+    Docker's ``network=none``: see docs/KUBERNETES.md, "Network")."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """The Pod's ``nodeSelector`` (e.g. nodes with the gVisor runtime)."""
+    warm_pool: str | None = None
+    """Name of an agent-sandbox ``SandboxWarmPool`` to claim sessions from (``SandboxClaim``) instead of
+    creating Pods; its template must be :func:`pod_spec` of this config (checked on each claimed Pod)."""
+    startup_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    """How long a session's Pod may take to be scheduled, pulled and running."""
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_dns_label(cls, namespace: str) -> str:
+        if not _DNS_LABEL.fullmatch(namespace):
+            raise ValueError(f"namespace {namespace!r} is not a DNS label (lowercase letters, digits, '-')")
+        return namespace
+
+    @field_validator("runtime_class_name", "warm_pool")
+    @classmethod
+    def _is_dns_subdomain(cls, name: str | None) -> str | None:
+        if name is not None and not _DNS_SUBDOMAIN.fullmatch(name):
+            raise ValueError(
+                f"{name!r} is not a Kubernetes object name (lowercase letters, digits, '-', '.')"
+            )
+        return name
+
+    @field_validator("workspace_path")
+    @classmethod
+    def _workspace_path_is_absolute(cls, path: str) -> str:
+        if not path.startswith("/") or path == "/" or path.rstrip("/") != path or "\0" in path:
+            raise ValueError(f"workspace_path must be an absolute directory other than '/', not {path!r}")
+        if path in ("/tmp", "/home/sandbox", "/proc", "/sys", "/dev"):
+            raise ValueError(f"workspace_path {path!r} is a path the Pod mounts itself")
+        return path
+
+    @field_validator("user")
+    @classmethod
+    def _user_is_not_root(cls, user: str) -> str:
+        uid, gid = parse_user(user)
+        if uid == 0:
+            raise ValueError("user must not be uid 0: the Pod runs with runAsNonRoot")
+        return f"{uid}:{gid if gid is not None else uid}"
+
+    @field_validator("labels", "node_selector")
+    @classmethod
+    def _labels_are_kubernetes_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            validate_label_key(key)
+            validate_label_value(value)
+        return labels
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_not_in_project_namespace(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key in labels:
+            if key.lower().startswith(LABEL_PREFIX):
+                raise ValueError(
+                    f"label {key!r} is in this project's namespace ({LABEL_PREFIX}*), which marks who owns a "
+                    "Pod and which Pods the NetworkPolicy selects; use a key of your own"
+                )
+        return labels
+
+    @property
+    def uid(self) -> int:
+        """The Pod's ``runAsUser``."""
+        return int(self.user.partition(":")[0])
+
+    @property
+    def gid(self) -> int:
+        """The Pod's ``runAsGroup``."""
+        return int(self.user.partition(":")[2])

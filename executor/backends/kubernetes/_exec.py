@@ -1,0 +1,190 @@
+"""The agent's stream over a ``pods/exec`` websocket: a bridge to the socket the agent channel reads.
+
+The agent channel (:class:`executor.backends.docker._agent_transport.AgentTransport`) speaks to one
+connected socket: it writes the agent's stdin raw and reads its stdout and stderr in Docker's attach
+framing (8-byte headers). :class:`ExecBridge` gives it exactly that over a websocket: a socket pair,
+one end handed to the channel, the other pumped by two threads:
+
+* websocket -> socket: each stdout/stderr message (:mod:`._channel`) becomes one Docker-framed piece;
+  the final status (channel 3) is kept in :attr:`ExecBridge.status` and, when the process failed to
+  start, its message is written as stderr so the channel's error says why; the websocket ending shuts
+  the socket's write side (the channel sees the agent end).
+* socket -> websocket: what the channel writes goes out as stdin messages; when the channel closes its
+  end (it gives the agent up), v5 sends the close of stdin (the agent then kills its commands and exits),
+  then the websocket is closed (on v4, closing the websocket is the only way to end stdin).
+
+So the frames, deadlines, restarts and file operations above are the Docker backend's, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import struct
+import threading
+from typing import Protocol
+
+from executor.backends.kubernetes._channel import (
+    STDERR,
+    STDIN,
+    ChannelProtocol,
+    ChannelProtocolError,
+    ExecStatus,
+    decode,
+    encode_close,
+    encode_stdin,
+    negotiated,
+)
+
+__all__ = ["ExecBridge", "WebSocketLike", "docker_frame"]
+
+log = logging.getLogger(__name__)
+
+_READ = 64 * 1024
+
+
+class WebSocketLike(Protocol):
+    """The little of a websocket the bridge needs (a real one: :class:`WebSocketClientAdapter`)."""
+
+    @property
+    def subprotocol(self) -> str | None:
+        """The ``Sec-WebSocket-Protocol`` the server chose."""
+        ...
+
+    def send_binary(self, data: bytes) -> None:
+        """Send one binary message."""
+        ...
+
+    def recv_message(self) -> bytes | None:
+        """The next data message (blocking); None when the connection closed."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection (idempotent; unblocks a pending :meth:`recv_message`)."""
+        ...
+
+
+def docker_frame(stream: int, data: bytes) -> bytes:
+    """``data`` in Docker's attach framing (stream, 0, 0, 0, big-endian length), as the channel reads."""
+    return struct.pack(">BxxxL", stream, len(data)) + data
+
+
+class ExecBridge:
+    """Pumps one exec websocket to a socket pair (see the module docstring); :attr:`sock` is the channel's."""
+
+    def __init__(self, websocket: WebSocketLike) -> None:
+        self.protocol: ChannelProtocol = negotiated(websocket.subprotocol)
+        """The negotiated subprotocol (v5 preferred)."""
+        self.status: ExecStatus | None = None
+        """How the exec'd process ended (channel 3), once the server said."""
+        self.failure: str | None = None
+        """Why the websocket side broke (a framing error, a dropped connection), if it did."""
+        self._ws = websocket
+        self.sock, self._peer = socket.socketpair()
+        self._closed = threading.Event()
+        self._reader = threading.Thread(target=self._from_server, name="adk-sandbox-k8s-exec-in", daemon=True)
+        self._writer = threading.Thread(target=self._to_server, name="adk-sandbox-k8s-exec-out", daemon=True)
+        self._reader.start()
+        self._writer.start()
+
+    def _from_server(self) -> None:
+        try:
+            while True:
+                try:
+                    message = self._ws.recv_message()
+                except Exception as exc:  # the library's own exceptions: the connection is gone
+                    if not self._closed.is_set():
+                        self.failure = f"the exec websocket broke: {exc}"
+                    return
+                if message is None:
+                    return
+                decoded = decode(message, self.protocol)
+                if decoded is None or decoded.kind == "close":
+                    continue  # a stream opening, or the server done with one: the status or end follows
+                if decoded.kind == "status":
+                    self.status = decoded.status
+                    if (
+                        decoded.status is not None
+                        and decoded.status.exit_code is None
+                        and decoded.status.message
+                    ):
+                        # Could not start (no python3, a bad argv): the channel quotes its stderr.
+                        self._peer.sendall(docker_frame(STDERR, decoded.status.message.encode()))
+                    continue
+                self._peer.sendall(docker_frame(decoded.stream, decoded.data))
+        except ChannelProtocolError as exc:
+            self.failure = f"the exec stream broke {self.protocol.value}: {exc}"
+        except OSError:
+            pass  # the channel closed its end: nothing to deliver to
+        finally:
+            with contextlib.suppress(OSError):
+                self._peer.shutdown(socket.SHUT_WR)
+            if self.failure:
+                log.warning("%s", self.failure)
+
+    def _to_server(self) -> None:
+        try:
+            while True:
+                data = self._peer.recv(_READ)
+                if not data:
+                    break
+                self._ws.send_binary(encode_stdin(data))
+            if self.protocol.can_close_stdin:
+                self._ws.send_binary(encode_close(self.protocol, STDIN))
+        except Exception as exc:  # a send on a broken websocket: the reader sees the end too
+            log.debug("exec websocket write failed: %s", exc)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the websocket and the pump's end of the pair (the channel closes its own end)."""
+        self._closed.set()
+        with contextlib.suppress(Exception):
+            self._ws.close()
+        with contextlib.suppress(OSError):
+            self._peer.shutdown(socket.SHUT_RDWR)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for both pumps to end (tests; the channel never waits)."""
+        self._reader.join(timeout)
+        self._writer.join(timeout)
+        self._peer.close()
+
+
+class WebSocketClientAdapter:
+    """:class:`WebSocketLike` over ``websocket-client``'s ``WebSocket`` (what the kubernetes client opens)."""
+
+    def __init__(self, ws: object, subprotocol: str | None) -> None:
+        self._ws = ws
+        self._subprotocol = subprotocol
+
+    @property
+    def subprotocol(self) -> str | None:
+        """The subprotocol the server chose."""
+        return self._subprotocol
+
+    def send_binary(self, data: bytes) -> None:
+        """Send one binary message."""
+        from websocket import ABNF  # noqa: PLC0415 - the optional k8s extra, imported on use
+
+        self._ws.send(data, opcode=ABNF.OPCODE_BINARY)  # type: ignore[attr-defined]
+
+    def recv_message(self) -> bytes | None:
+        """The next binary or text message; None on a close frame or a closed connection."""
+        from websocket import ABNF, WebSocketConnectionClosedException  # noqa: PLC0415
+
+        while True:
+            try:
+                opcode, frame = self._ws.recv_data_frame(True)  # type: ignore[attr-defined]
+            except WebSocketConnectionClosedException:
+                return None
+            if opcode == ABNF.OPCODE_CLOSE:
+                return None
+            if opcode in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT):
+                data = frame.data
+                return data if isinstance(data, bytes) else str(data).encode()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._ws.close()  # type: ignore[attr-defined]

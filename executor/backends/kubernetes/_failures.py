@@ -1,0 +1,165 @@
+"""Kubernetes failures as this library's errors, in one place (pure: status codes and API objects in).
+
+Two sources, two functions, each table-tested against recorded API responses
+(tests/unit/test_k8s_failures.py):
+
+* :func:`api_error`: an API call refused (quota exceeded, RBAC, an unknown RuntimeClass, PodSecurity
+  admission, the server unreachable);
+* :func:`pod_failure`: what a session Pod's status says went wrong (the image cannot be pulled, the
+  container cannot be created, the Pod was evicted or preempted, its ``activeDeadlineSeconds`` passed, its
+  keeper ended). :func:`pod_waiting_reason` says what a Pod still starting is waiting for (for the
+  message of a start that timed out: unschedulable, pulling, ...).
+
+``BackendUnavailableError``: nothing can run until someone changes the cluster or the config (the quota,
+the registry, RBAC). ``PolicyNotEnforceableError``: the cluster refuses the hardening asked for.
+``SandboxFailedError``: this session's sandbox broke (evicted, expired, its container died).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from executor.errors import (
+    BackendUnavailableError,
+    ExecutorError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
+
+__all__ = ["IMAGE_PULL_REASONS", "api_error", "pod_failure", "pod_waiting_reason", "status_message"]
+
+#: Container ``waiting`` reasons that mean the image cannot be had (it will not get better by waiting).
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+#: Container ``waiting`` reasons that mean the runtime refused the container as configured.
+_CREATE_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+
+
+def status_message(body: object) -> str:
+    """The ``message`` of a metav1.Status body (JSON text or object), else the body as text."""
+    if isinstance(body, (bytes, str)):
+        text = body.decode(errors="replace") if isinstance(body, bytes) else body
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return text.strip()[:1000]
+    if isinstance(body, Mapping):
+        return str(body.get("message") or body.get("reason") or "")[:1000]
+    return str(body)[:1000]
+
+
+def api_error(status: int, body: object, action: str) -> ExecutorError:  # noqa: PLR0911 - one per cause
+    """The error for an API call that answered ``status`` (0: no answer) with ``body``, doing ``action``.
+
+    ``action`` says what was asked, for the message (e.g. ``"create the session Pod"``).
+    """
+    message = status_message(body)
+    lowered = message.lower()
+    if status == 403 and "exceeded quota" in lowered:
+        return BackendUnavailableError(
+            f"could not {action}: the namespace's ResourceQuota is used up ({message}). Each session Pod "
+            "requests its full limits (Guaranteed QoS): wait for sessions to end, lower ResourceLimits, "
+            "or raise the quota"
+        )
+    if status == 403 and "runtimeclass" in lowered and "not found" in lowered:
+        return PolicyNotEnforceableError(
+            f"could not {action}: the cluster has no such RuntimeClass ({message}); install gVisor on the "
+            "nodes and create the RuntimeClass (handler runsc), or leave runtime_class_name unset"
+        )
+    if status == 403 and "podsecurity" in lowered:
+        return PolicyNotEnforceableError(
+            f"could not {action}: the namespace's Pod Security admission refused the Pod ({message})"
+        )
+    if status in (401, 403):
+        return BackendUnavailableError(
+            f"could not {action}: the API server refused the credentials ({status}: {message}). The "
+            "context's user needs create/get/delete on pods, create on pods/exec, get on runtimeclasses "
+            "and create/get on networkpolicies in the namespace (docs/KUBERNETES.md, RBAC)"
+        )
+    if status == 404 and "namespaces" in lowered:
+        return BackendUnavailableError(f"could not {action}: {message}; create the namespace first")
+    if status == 0 or status >= 500:
+        return BackendUnavailableError(
+            f"could not {action}: the Kubernetes API server did not answer ({message or 'no response'}); "
+            "check the context (kubectl --context ... get pods) and the network to the cluster"
+        )
+    if status == 422:
+        return PolicyNotEnforceableError(f"could not {action}: the API server refused the object ({message})")
+    return SandboxFailedError(f"could not {action}: the API server answered {status} ({message})")
+
+
+def _container_statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    status = pod.get("status") or {}
+    return list(status.get("initContainerStatuses") or []) + list(status.get("containerStatuses") or [])
+
+
+def _image_of(pod: Mapping[str, Any], state: Mapping[str, Any]) -> str:
+    if state.get("image"):
+        return str(state["image"])
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return str(containers[0].get("image", "?"))
+
+
+def pod_failure(pod: Mapping[str, Any]) -> ExecutorError | None:  # noqa: PLR0911 - one return per cause
+    """The error a session Pod's status shows, or None while it is healthy or still starting normally."""
+    status = pod.get("status") or {}
+    name = (pod.get("metadata") or {}).get("name", "?")
+    reason, message = str(status.get("reason") or ""), str(status.get("message") or "")
+    deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if reason == "DeadlineExceeded":
+        return SandboxFailedError(
+            f"the session Pod {name} reached its activeDeadlineSeconds ({deadline} s) and was stopped by the "
+            "kubelet (its self-expiry); open a new session (or raise active_deadline_seconds)"
+        )
+    if reason == "Evicted":
+        return SandboxFailedError(
+            f"the session Pod {name} was evicted by its node ({message or 'node pressure'}); what ran in it "
+            "is lost; open a new session"
+        )
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            return SandboxFailedError(
+                f"the session Pod {name} is being removed by the cluster ({condition.get('reason')}: "
+                f"{condition.get('message', '')}); what ran in it is lost; open a new session"
+            )
+    for container in _container_statuses(pod):
+        state = container.get("state") or {}
+        waiting = state.get("waiting") or {}
+        why, detail = str(waiting.get("reason") or ""), str(waiting.get("message") or "")
+        if why in IMAGE_PULL_REASONS:
+            return BackendUnavailableError(
+                f"the cluster cannot pull the session image {_image_of(pod, container)} ({why}: {detail}); "
+                "push it to a registry the nodes reach (the local adk-sandbox/base is not in one) and set "
+                "KubernetesConfig(image=...), or give the namespace an imagePullSecret"
+            )
+        if why in _CREATE_REASONS:
+            return PolicyNotEnforceableError(
+                f"the node's runtime refused the session container ({why}: {detail}); the image must run "
+                "as a non-root numeric user (KubernetesConfig.user) with a read-only root filesystem"
+            )
+        terminated = state.get("terminated")
+        if terminated:
+            return SandboxFailedError(
+                f"the session Pod {name}'s container ended ({terminated.get('reason', '')}, exit code "
+                f"{terminated.get('exitCode')}); what ran in it is lost; open a new session"
+            )
+    phase = status.get("phase")
+    if phase in ("Failed", "Succeeded"):
+        return SandboxFailedError(
+            f"the session Pod {name} is {phase} ({reason}: {message}); open a new session"
+        )
+    return None
+
+
+def pod_waiting_reason(pod: Mapping[str, Any]) -> str:
+    """What a Pod that is not running yet waits for, for a start-timeout message."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return f"it is not scheduled ({condition.get('reason')}: {condition.get('message', '')})"
+    for container in _container_statuses(pod):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting:
+            return f"its container is waiting ({waiting.get('reason')}: {waiting.get('message', '')})"
+    return f"it is {status.get('phase', 'Pending')}"

@@ -1,0 +1,379 @@
+"""What a session Pod looks like: the objects asked of the API server, and the reading of what it made.
+
+Pure functions of data, unit-tested as tables (tests/unit/test_k8s_spec.py, test_k8s_isolation.py):
+:func:`pod_spec` and :func:`network_policy` say what is asked; :func:`pod_violations` and
+:func:`capabilities_from_pod` say what the Pod the API server stored really has (admission webhooks may
+have changed it). Isolation is reported from the second, never from the first.
+
+**Per-session fields** (:data:`PER_SESSION_FIELDS`) are the only ones that differ between two sessions of
+one config: the Pod's name and the session/owner/expiry labels. Everything else is a function of the
+config alone, so a warm pool built from ``pod_spec(config)`` (no session) matches every session; a claim
+adds the per-session labels through the claim's ``additionalPodMetadata`` instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from executor.backends.docker._reaper import EXPIRES, OWNER_BOOT, OWNER_PID, OWNER_START, SESSION
+from executor.backends.docker._spec import HOME_DIR, PROJECT_LABEL
+from executor.backends.kubernetes._config import LABEL_PREFIX, KubernetesConfig
+from executor.types import Capabilities, IsolationClass, Language
+
+__all__ = [
+    "CONTAINER_NAME",
+    "GVISOR_HANDLER",
+    "NETWORK_LABEL",
+    "NETWORK_POLICY_NAME",
+    "PER_SESSION_FIELDS",
+    "capabilities_from_pod",
+    "isolation_of_pod",
+    "network_policy",
+    "network_policy_in_force",
+    "network_probe_argv",
+    "network_probe_found_no_route",
+    "pod_name",
+    "pod_spec",
+    "pod_violations",
+    "selector_labels",
+]
+
+#: The one container of a session Pod.
+CONTAINER_NAME = "sandbox"
+#: The RuntimeClass handler of gVisor.
+GVISOR_HANDLER = "runsc"
+#: Label that marks Pods whose network is denied: the NetworkPolicy selects on it.
+NETWORK_LABEL = LABEL_PREFIX + "network"
+#: The default-deny NetworkPolicy of a namespace's session Pods (one per namespace, shared).
+NETWORK_POLICY_NAME = "adk-sandbox-deny-all"
+#: The Pod fields that are per session; nothing else may differ, or a warm pool could not match.
+PER_SESSION_FIELDS = (
+    "metadata.name",
+    f"metadata.labels[{SESSION}]",
+    f"metadata.labels[{OWNER_PID}]",
+    f"metadata.labels[{OWNER_START}]",
+    f"metadata.labels[{OWNER_BOOT}]",
+    f"metadata.labels[{EXPIRES}]",
+)
+_MIB = "Mi"
+
+
+def pod_name(session_id: str) -> str:
+    """The Pod name of a session (its id is 12 hex digits: a valid DNS label)."""
+    return f"adk-sandbox-{session_id}"
+
+
+def selector_labels(config: KubernetesConfig) -> dict[str, str]:
+    """The labels every Pod of this config carries, whatever the session: the pool's and policy's selector."""
+    labels = {PROJECT_LABEL: "adk-sandbox"}
+    if not config.network:
+        labels[NETWORK_LABEL] = "off"
+    return labels
+
+
+def _memory(mib: int) -> str:
+    return f"{mib}{_MIB}"
+
+
+def _cpu(cores: float) -> str:
+    # Millicores, rounded up: a limit is never looser than asked (the API server refuses < 1m anyway).
+    return f"{max(math.ceil(cores * 1000), 1)}m"
+
+
+def pod_spec(
+    config: KubernetesConfig, session: Mapping[str, str] | None = None, name: str | None = None
+) -> dict[str, Any]:
+    """The Pod of a session as a JSON object for ``POST /api/v1/namespaces/{ns}/pods``.
+
+    ``session`` are the per-session labels (:func:`executor.backends.docker._reaper.owner_labels`) and
+    ``name`` the Pod's name; without them the result is the warm-pool template (``metadata`` without a
+    name), identical for every session of ``config``.
+    """
+    limits = config.limits
+    resources = {"cpu": _cpu(limits.cpus), "memory": _memory(limits.memory_mb)}
+    metadata: dict[str, Any] = {
+        "labels": {**config.labels, **selector_labels(config), **dict(session or {})},
+        "namespace": config.namespace,
+    }
+    if name is not None:
+        metadata["name"] = name
+    spec: dict[str, Any] = {
+        # No API credentials inside, no environment variables naming the namespace's services.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        # Its own PID, IPC and network namespaces (the defaults, stated so a reader sees them).
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "shareProcessNamespace": False,
+        # A session Pod is never restarted in place: a died keeper fails the Pod, the session reports it.
+        "restartPolicy": "Never",
+        # The self-expiry: the kubelet kills the Pod after this, whether or not its owner is alive.
+        "activeDeadlineSeconds": config.active_deadline_seconds,
+        # Nothing inside needs a graceful stop: deletion is immediate.
+        "terminationGracePeriodSeconds": 0,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": config.uid,
+            "runAsGroup": config.gid,
+            "fsGroup": config.gid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": CONTAINER_NAME,
+                "image": config.image,
+                "imagePullPolicy": config.image_pull_policy,
+                # The keeper: the container lives as long as the Pod may (commands run through exec).
+                "command": ["sleep", str(config.active_deadline_seconds)],
+                "workingDir": config.workspace_path,
+                "env": [{"name": "HOME", "value": HOME_DIR}],
+                # Equal requests and limits: Guaranteed QoS, the last class evicted under node pressure.
+                "resources": {"requests": dict(resources), "limits": dict(resources)},
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "privileged": False,
+                    "readOnlyRootFilesystem": True,
+                    "runAsNonRoot": True,
+                    "runAsUser": config.uid,
+                    "runAsGroup": config.gid,
+                    "capabilities": {"drop": ["ALL"]},
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "volumeMounts": [
+                    {"name": "workspace", "mountPath": config.workspace_path},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    {"name": "home", "mountPath": HOME_DIR},
+                ],
+                "stdin": False,
+                "tty": False,
+            }
+        ],
+        # Memory-backed emptyDirs (tmpfs): the only writable places; their pages count against the limit.
+        "volumes": [
+            {
+                "name": "workspace",
+                "emptyDir": {"medium": "Memory", "sizeLimit": _memory(config.workspace_mb)},
+            },
+            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": _memory(limits.tmpfs_mb)}},
+            {"name": "home", "emptyDir": {"medium": "Memory", "sizeLimit": _memory(limits.tmpfs_mb)}},
+        ],
+    }
+    if config.runtime_class_name is not None:
+        spec["runtimeClassName"] = config.runtime_class_name
+    if config.node_selector:
+        spec["nodeSelector"] = dict(config.node_selector)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def network_policy(config: KubernetesConfig) -> dict[str, Any]:
+    """The default-deny NetworkPolicy (no ingress, no egress: DNS included) of the session Pods.
+
+    It selects on :data:`NETWORK_LABEL`, which only network-off Pods carry, so one policy per namespace
+    serves every such backend. Only a CNI plugin that implements NetworkPolicy enforces it: see
+    :func:`network_policy_in_force` and the in-Pod probe (:func:`network_probe_argv`).
+    """
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": NETWORK_POLICY_NAME,
+            "namespace": config.namespace,
+            "labels": {PROJECT_LABEL: "adk-sandbox"},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {PROJECT_LABEL: "adk-sandbox", NETWORK_LABEL: "off"}},
+            "policyTypes": ["Ingress", "Egress"],
+            # Both lists empty (given, not omitted): nothing is allowed in either direction.
+            "ingress": [],
+            "egress": [],
+        },
+    }
+
+
+def network_policy_in_force(policy: Mapping[str, Any] | None, pod: Mapping[str, Any]) -> bool:
+    """True when ``policy`` (as read back) denies all ingress and egress of ``pod``.
+
+    Selects the Pod by ``matchLabels`` (no ``matchExpressions``: not ours), lists both policy types and
+    allows no rule. Another policy in the namespace may still *allow* traffic (policies add up), which
+    only the in-Pod probe can see.
+    """
+    if not policy:
+        return False
+    spec = policy.get("spec") or {}
+    selector = spec.get("podSelector") or {}
+    if selector.get("matchExpressions"):
+        return False
+    match = selector.get("matchLabels") or {}
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if not match or any(labels.get(key) != value for key, value in match.items()):
+        return False
+    types = set(spec.get("policyTypes") or [])
+    return {"Ingress", "Egress"} <= types and not spec.get("ingress") and not spec.get("egress")
+
+
+#: Where the in-Pod probe tries to connect: public resolvers and the API server's Service name.
+NETWORK_PROBE_TARGETS = (("1.1.1.1", 53), ("8.8.8.8", 53), ("kubernetes.default.svc", 443))
+_PROBE_SOURCE = r"""
+import socket, sys
+found = []
+for target in sys.argv[1:]:
+    host, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+        found.append("reached " + target)
+    except OSError as exc:
+        found.append("blocked " + target + " " + type(exc).__name__)
+print("\n".join(found))
+print("probe-done")
+"""
+
+
+def network_probe_argv(targets: Sequence[tuple[str, int]] = NETWORK_PROBE_TARGETS) -> tuple[str, ...]:
+    """The command that tries each target from inside the Pod (needs ``python3`` in the image)."""
+    return ("python3", "-I", "-S", "-c", _PROBE_SOURCE, *(f"{host}:{port}" for host, port in targets))
+
+
+def network_probe_found_no_route(
+    stdout: str, targets: Sequence[tuple[str, int]] = NETWORK_PROBE_TARGETS
+) -> bool:
+    """True only when the probe ran to its end and every target was blocked."""
+    lines = stdout.splitlines()
+    if "probe-done" not in lines:
+        return False
+    blocked = {line.split()[1] for line in lines if line.startswith("blocked ")}
+    reached = [line for line in lines if line.startswith("reached ")]
+    return not reached and all(f"{host}:{port}" in blocked for host, port in targets)
+
+
+def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == CONTAINER_NAME:
+            return dict(container)
+    return {}
+
+
+def _effective(pod_context: Mapping[str, Any], container_context: Mapping[str, Any], key: str) -> Any:
+    """A container's security setting: its own, else the Pod's (Kubernetes' precedence)."""
+    return container_context.get(key, pod_context.get(key))
+
+
+def isolation_of_pod(pod: Mapping[str, Any], runtime_class: Mapping[str, Any] | None) -> IsolationClass:
+    """The Pod's isolation: gVisor under a RuntimeClass whose handler is ``runsc``, else a container.
+
+    ``runtime_class`` is the RuntimeClass the Pod names (``spec.runtimeClassName``), as read from the API
+    server; one of another name, or none, is no evidence of gVisor.
+    """
+    name = (pod.get("spec") or {}).get("runtimeClassName")
+    if not name or not runtime_class:
+        return IsolationClass.CONTAINER
+    if (runtime_class.get("metadata") or {}).get("name") != name:
+        return IsolationClass.CONTAINER
+    return (
+        IsolationClass.GVISOR if runtime_class.get("handler") == GVISOR_HANDLER else IsolationClass.CONTAINER
+    )
+
+
+def pod_violations(pod: Mapping[str, Any], config: KubernetesConfig) -> list[str]:
+    """What the stored Pod lacks of the hardening :func:`pod_spec` asked for (empty when all is in force).
+
+    Read from the Pod the API server returns, after admission: a mutating webhook that loosened it
+    (added a capability, a hostPath, a service-account token) makes the session refuse to start.
+    """
+    spec = pod.get("spec") or {}
+    problems: list[str] = []
+
+    def want(condition: bool, problem: str) -> None:
+        if not condition:
+            problems.append(problem)
+
+    container = _container(pod)
+    if not container:
+        return [f"the Pod has no container named {CONTAINER_NAME!r}"]
+    pod_context = spec.get("securityContext") or {}
+    context = container.get("securityContext") or {}
+    want(spec.get("automountServiceAccountToken") is False, "a service-account token is mounted")
+    want(
+        spec.get("enableServiceLinks") is False,
+        "service links put the namespace's services in the environment",
+    )
+    for namespace in ("hostNetwork", "hostPID", "hostIPC"):
+        want(not spec.get(namespace), f"{namespace} shares the node's namespace")
+    want(not spec.get("shareProcessNamespace"), "the Pod's containers share a process namespace")
+    want(_effective(pod_context, context, "runAsNonRoot") is True, "runAsNonRoot is not set")
+    uid = _effective(pod_context, context, "runAsUser")
+    want(uid == config.uid, f"runAsUser is {uid!r}, not {config.uid}")
+    want(context.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation is not false")
+    want(not context.get("privileged"), "the container is privileged")
+    want(context.get("readOnlyRootFilesystem") is True, "the root filesystem is writable")
+    capabilities = context.get("capabilities") or {}
+    want(
+        "ALL" in [str(cap).upper() for cap in capabilities.get("drop") or []],
+        "capabilities are not all dropped",
+    )
+    want(not capabilities.get("add"), f"capabilities are added: {capabilities.get('add')}")
+    seccomp = (_effective(pod_context, context, "seccompProfile") or {}).get("type")
+    want(seccomp in ("RuntimeDefault", "Localhost"), f"the seccomp profile is {seccomp or 'Unconfined'!r}")
+    want(context.get("procMount", "Default") == "Default", "/proc is not masked (procMount Unmasked)")
+    resources = container.get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    want(bool(limits.get("memory")), "no memory limit")
+    want(bool(limits.get("cpu")), "no cpu limit")
+    want(limits.get("memory") == requests.get("memory"), "memory request differs from its limit")
+    want(spec.get("activeDeadlineSeconds") is not None, "no activeDeadlineSeconds (the Pod never expires)")
+    if config.runtime_class_name is not None:
+        name = spec.get("runtimeClassName")
+        want(
+            name == config.runtime_class_name,
+            f"runtimeClassName is {name!r}, not {config.runtime_class_name!r}",
+        )
+    for volume in spec.get("volumes") or []:
+        if "hostPath" in volume:
+            problems.append(
+                f"the volume {volume.get('name')!r} mounts the node's {volume['hostPath'].get('path')}"
+            )
+        elif "projected" in volume or "secret" in volume:
+            problems.append(f"the volume {volume.get('name')!r} mounts credentials or API data")
+    for other in spec.get("containers") or []:
+        if other.get("name") != CONTAINER_NAME:
+            problems.append(
+                f"an extra container {other.get('name')!r} was added (a sidecar shares the network)"
+            )
+    return problems
+
+
+def capabilities_from_pod(
+    pod: Mapping[str, Any],
+    runtime_class: Mapping[str, Any] | None,
+    languages: tuple[Language, ...],
+    *,
+    network_denied: bool,
+    channel: str | None = "agent",
+) -> Capabilities:
+    """What a running session Pod enforces, read from the Pod and its RuntimeClass as stored.
+
+    ``network_denied`` is the caller's finding that the default-deny policy selects the Pod *and* an
+    in-Pod probe found no route (:func:`network_policy_in_force`, :func:`network_probe_found_no_route`):
+    neither alone is evidence (a CNI without NetworkPolicy support stores the policy and ignores it).
+    ``pids`` is False: a Pod spec cannot limit processes (a node's ``podPidsLimit`` may, unseen here).
+    """
+    spec = pod.get("spec") or {}
+    container = _container(pod)
+    context = container.get("securityContext") or {}
+    limits = (container.get("resources") or {}).get("limits") or {}
+    host_volume = any("hostPath" in volume for volume in spec.get("volumes") or [])
+    return Capabilities(
+        isolation=isolation_of_pod(pod, runtime_class),
+        timeout=True,
+        memory=bool(limits.get("memory")),
+        cpu=bool(limits.get("cpu")),
+        pids=False,
+        network=network_denied,
+        fs_read=not host_volume,
+        fs_write=not host_volume and context.get("readOnlyRootFilesystem") is True,
+        env=True,
+        languages=languages,
+        channel=channel,
+    )

@@ -1,0 +1,418 @@
+"""KubernetesBackend: one hardened Pod per session (or a claim from an agent-sandbox warm pool).
+
+**Not run against a cluster here.** No Kubernetes API server can be installed on the machines this was
+written on, so every part below the API calls is unit-tested against recorded API objects and exec
+traffic, and the whole is covered by tests/integration/test_k8s_cluster.py, which runs only when
+``ADK_SANDBOX_K8S_CONTEXT`` names a cluster (docs/KUBERNETES.md says how).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from executor._env import build_child_env
+from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
+from executor._output import OutputCapture
+from executor.backend import OutputCallback, SandboxBackend
+from executor.backends.docker._agent_transport import AgentTransport
+from executor.backends.docker._container import DEFAULT_PATH
+from executor.backends.docker._probe import verify_from_inside
+from executor.backends.docker._reaper import owner_labels
+from executor.backends.docker._spec import HOME_DIR
+from executor.backends.docker._transport import PreparedCommand
+from executor.backends.kubernetes._api import ClientApi, KubernetesApi
+from executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
+from executor.backends.kubernetes._config import KubernetesConfig
+from executor.backends.kubernetes._exec import ExecBridge
+from executor.backends.kubernetes._failures import pod_failure, pod_waiting_reason
+from executor.backends.kubernetes._spec import (
+    CONTAINER_NAME,
+    capabilities_from_pod,
+    network_policy,
+    network_policy_in_force,
+    network_probe_argv,
+    network_probe_found_no_route,
+    pod_name,
+    pod_spec,
+    pod_violations,
+)
+from executor.errors import (
+    BackendUnavailableError,
+    ExecutorError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
+from executor.types import Capabilities, ExecRequest, ExecResult, Language, parse_user
+
+__all__ = ["KubernetesBackend", "KubernetesSession"]
+
+log = logging.getLogger(__name__)
+
+#: How often a starting Pod (or claim) is read.
+POLL_SECONDS = 0.25
+_PROGRAM_LANGUAGES = {LANGUAGES[lang].program: lang for lang in (Language.PYTHON, Language.JAVASCRIPT)}
+_PROBE_LANGUAGES = (
+    f"for p in {' '.join(_PROGRAM_LANGUAGES)}; do command -v $p >/dev/null 2>&1 && echo $p; done"
+)
+
+
+class KubernetesSession(SandboxBackend):
+    """One Pod for the whole session: created (or claimed) at entry, reused, deleted at close.
+
+    Commands reach it through the agent channel over ``pods/exec`` (v5, else v4), as the Pod's user (an
+    exec cannot choose another: a request's ``user`` other than the Pod's is refused), with a cleared
+    environment (PATH, HOME, then the request's), in the workspace ``emptyDir`` by default. When the Pod
+    breaks (evicted, expired, its container died) the command fails with the reason the Pod's status
+    gives; the session does not replace its Pod (open a new session).
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        api: KubernetesApi,
+        config: KubernetesConfig,
+        *,
+        network_policy_ready: Callable[[], Any] | None = None,
+    ) -> None:
+        self._api = api
+        self._config = config
+        self._policy_ready = network_policy_ready
+        self.session_id = uuid.uuid4().hex[:12]
+        """The session's id: the ``io.adk-sandbox.session`` label of its Pod (and claim)."""
+        self.pod_name: str | None = None
+        """The session Pod's name, once it exists."""
+        self._claim: str | None = None
+        self._lock = threading.Lock()
+        self._pod: dict[str, Any] | None = None
+        self._runtime_class: dict[str, Any] | None = None
+        self._transport: AgentTransport | None = None
+        self._bridges: list[ExecBridge] = []
+        self._closed = False
+        self._capabilities: Capabilities | None = None
+        self._network_denied = False
+        self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Create (or claim) the Pod, wait until it runs, verify it, start the agent; idempotent."""
+        with self._lock:
+            if self._closed:
+                raise SandboxFailedError("this Kubernetes session is closed")
+            if self._pod is None:
+                try:
+                    self._open()
+                except BaseException:
+                    with contextlib.suppress(ExecutorError):
+                        self._discard()
+                    raise
+
+    def __enter__(self) -> KubernetesSession:
+        self.start()
+        return self
+
+    def _open(self) -> None:
+        config = self._config
+        session = owner_labels(self.session_id, config.active_deadline_seconds)
+        name = pod_name(self.session_id)
+        policy = self._policy_ready() if self._policy_ready is not None else None
+        deadline = time.monotonic() + config.startup_timeout_seconds
+        if config.warm_pool is not None:
+            self._claim = name
+            now = datetime.datetime.now(datetime.UTC)
+            self._api.create_claim(config.namespace, claim_object(config, name, session, now=now))
+            self.pod_name = self._wait_for_claim(name, deadline)
+        else:
+            self.pod_name = name
+            self._api.create_pod(config.namespace, pod_spec(config, session, name))
+        pod = self._wait_running(self.pod_name, deadline)
+        problems = pod_violations(pod, config)
+        if problems:
+            raise PolicyNotEnforceableError(
+                f"the session Pod {self.pod_name} is not hardened as required (changed by admission, or a "
+                "warm pool whose template is not pod_spec(config)): " + "; ".join(problems)
+            )
+        runtime = (pod.get("spec") or {}).get("runtimeClassName")
+        self._runtime_class = self._api.read_runtime_class(runtime) if runtime else None
+        self._pod = pod
+        self._transport = AgentTransport(None, self.pod_name, "", open_stream=self._open_stream)
+        verify_from_inside(self._transport, dict(self._base_env), config.user, None)
+        if not config.network:
+            self._network_denied = network_policy_in_force(policy, pod) and self._probe_network()
+
+    def _wait_for_claim(self, name: str, deadline: float) -> str:
+        namespace = self._config.namespace
+        while True:
+            claim = self._api.read_claim(namespace, name)
+            if claim is None:
+                raise SandboxFailedError(f"the SandboxClaim {name} vanished while it was being bound")
+            state = claim_state(claim)
+            if state.failure:
+                raise BackendUnavailableError(
+                    f"the warm pool {self._config.warm_pool} could not serve: {state.failure}"
+                )
+            if state.ready and state.sandbox:
+                sandbox = self._api.read_sandbox(namespace, state.sandbox)
+                if sandbox is not None:
+                    return sandbox_pod_name(sandbox)
+            if time.monotonic() >= deadline:
+                raise BackendUnavailableError(
+                    f"the warm pool {self._config.warm_pool} bound no sandbox within "
+                    f"{self._config.startup_timeout_seconds:g} s ({state.waiting or 'no sandbox yet'})"
+                )
+            time.sleep(POLL_SECONDS)
+
+    def _wait_running(self, name: str, deadline: float) -> dict[str, Any]:
+        while True:
+            pod = self._api.read_pod(self._config.namespace, name)
+            if pod is None:
+                raise SandboxFailedError(f"the session Pod {name} vanished while it was starting")
+            failure = pod_failure(pod)
+            if failure is not None:
+                raise failure
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            if (pod.get("status") or {}).get("phase") == "Running" and any(
+                s.get("name") == CONTAINER_NAME and (s.get("state") or {}).get("running") for s in statuses
+            ):
+                return pod
+            if time.monotonic() >= deadline:
+                raise BackendUnavailableError(
+                    f"the session Pod {name} did not start within "
+                    f"{self._config.startup_timeout_seconds:g} s: {pod_waiting_reason(pod)}"
+                )
+            time.sleep(POLL_SECONDS)
+
+    def _open_stream(self, argv: list[str], user: str, until: float) -> tuple[socket.socket, bytes]:
+        assert self.pod_name is not None  # noqa: S101 - the transport exists only once the Pod does
+        websocket = self._api.open_exec(self._config.namespace, self.pod_name, CONTAINER_NAME, argv)
+        bridge = ExecBridge(websocket)
+        self._bridges = [b for b in self._bridges if b.status is None] + [bridge]
+        return bridge.sock, b""
+
+    def _probe_network(self) -> bool:
+        probe = self.execute(ExecRequest(argv=network_probe_argv(), timeout=30))
+        found = network_probe_found_no_route(probe.stdout)
+        if not found:
+            log.warning("the default-deny NetworkPolicy does not stop traffic from Pod %s: %s", self.pod_name,
+                        probe.stdout.strip() or probe.stderr.strip())  # fmt: skip
+        return found
+
+    def _discard(self) -> None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.close()
+        for bridge in self._bridges:
+            bridge.close()
+        self._bridges = []
+        namespace = self._config.namespace
+        if self._claim is not None:
+            claim, self._claim = self._claim, None
+            self._api.delete_claim(namespace, claim)
+        elif self.pod_name is not None:
+            self._api.delete_pod(namespace, self.pod_name)
+        self._pod = None
+
+    def close(self) -> None:
+        """Delete the Pod (or the claim, which deletes its Sandbox and Pod). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._discard()
+
+    # -- what is enforced ----------------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        """What the running Pod enforces, from the stored Pod, its RuntimeClass and the in-Pod probes."""
+        self.start()
+        if self._capabilities is None:
+            probe = self.execute(ExecRequest(language=Language.COMMAND, code=_PROBE_LANGUAGES, timeout=30))
+            found = [_PROGRAM_LANGUAGES[word] for word in probe.stdout.split() if word in _PROGRAM_LANGUAGES]
+            assert self._pod is not None  # noqa: S101 - started above
+            self._capabilities = capabilities_from_pod(
+                self._pod,
+                self._runtime_class,
+                (Language.COMMAND, *found),
+                network_denied=self._network_denied,
+            )
+        return self._capabilities
+
+    # -- commands ------------------------------------------------------------------------------------
+    def execute(
+        self,
+        request: ExecRequest,
+        on_output: OutputCallback | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> ExecResult:
+        """Run ``request`` in the session's Pod (see the class docstring)."""
+        argv = _argv_for(request)
+        config = self._config
+        if request.user is not None:
+            uid, gid = parse_user(request.user)
+            if (uid, gid if gid is not None else uid) != (config.uid, config.gid):
+                raise PolicyNotEnforceableError(
+                    f"a Kubernetes session runs commands as its Pod's user {config.user}; pods/exec cannot "
+                    f"run as {request.user} (set KubernetesConfig(user=...) instead)"
+                )
+        if request.memory_limit_mb is not None and request.memory_limit_mb < config.limits.memory_mb:
+            raise PolicyNotEnforceableError(
+                f"memory_limit_mb={request.memory_limit_mb} is below the session Pod's limit "
+                f"({config.limits.memory_mb} MiB), which is the only one enforced; use "
+                f"ResourceLimits(memory_mb={request.memory_limit_mb})"
+            )
+        self.start()
+        transport = self._transport
+        if transport is None:
+            raise SandboxFailedError("this Kubernetes session is closed")
+        started = time.monotonic()
+        command = PreparedCommand(
+            argv=argv,
+            env=build_child_env(self._base_env, None, request.env),
+            user=config.user,
+            workdir=request.cwd if request.cwd is not None else config.workspace_path,
+            stdin=request.stdin_bytes,
+            marker=uuid.uuid4().hex,
+        )
+        capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
+        try:
+            outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
+        except SandboxFailedError as exc:
+            raise self._explained(exc) from exc
+        streams = capture.finish()
+        oom_killed = bool(outcome.oom_kills)
+        killed = outcome.timed_out or outcome.cancelled or oom_killed
+        return ExecResult(
+            stdout=streams["stdout"].text,
+            stderr=streams["stderr"].text,
+            exit_code=None if killed else outcome.exit_code,
+            timed_out=outcome.timed_out,
+            oom_killed=oom_killed,
+            cancelled=outcome.cancelled,
+            stdout_truncated=streams["stdout"].truncated,
+            stderr_truncated=streams["stderr"].truncated,
+            duration_ms=int((time.monotonic() - started) * 1000),
+        )
+
+    def _explained(self, exc: SandboxFailedError) -> ExecutorError:
+        """The agent channel broke: the Pod's status says why when the Pod itself failed."""
+        if self.pod_name is None:
+            return exc
+        try:
+            pod = self._api.read_pod(self._config.namespace, self.pod_name)
+        except ExecutorError:
+            return exc
+        if pod is None:
+            return SandboxFailedError(f"the session Pod {self.pod_name} was deleted ({exc})")
+        return pod_failure(pod) or exc
+
+
+def _argv_for(request: ExecRequest) -> tuple[str, ...]:
+    if request.argv is not None:
+        check_argument_sizes(request.argv, "kubernetes")
+        return request.argv
+    assert request.language is not None and request.code is not None  # noqa: S101 - ExecRequest checks
+    if request.language not in LANGUAGES:
+        raise InvalidRequestError(f"the Kubernetes backend cannot run {request.language.value!r} code")
+    return inline_argv(request.language, request.code)
+
+
+class KubernetesBackend(SandboxBackend):
+    """Creates :class:`KubernetesSession` s: one hardened Pod per session (docs/KUBERNETES.md).
+
+    >>> config = KubernetesConfig(image="registry.example/adk-sandbox/base:1")  # doctest: +SKIP
+    >>> with KubernetesBackend(config).session() as session:                    # doctest: +SKIP
+    ...     session.execute(ExecRequest(language="command", code="id -u", timeout=10)).stdout
+
+    The Pod is :func:`~executor.backends.kubernetes.pod_spec` of the config; with ``network=False`` the
+    namespace gets the default-deny NetworkPolicy (:func:`~executor.backends.kubernetes.network_policy`),
+    and ``network`` is reported denied only when the policy selects the Pod and an in-Pod probe finds no
+    route. With ``warm_pool`` set and agent-sandbox's CRDs installed, sessions are claimed from that pool.
+
+    **What was not run:** no Kubernetes API server exists where this was written (none in Debian, PyPI or
+    npm; kind cannot pull its node image). The Pod/NetworkPolicy/claim objects, the isolation reading, the
+    exec framing and the failure mapping are unit-tested against recorded objects and frames, and the agent
+    channel is the Docker backend's; the calls to a real API server (:class:`._api.ClientApi`), the
+    kubelet's handling of the spec and a CNI's enforcement of the policy are exercised only by
+    tests/integration/test_k8s_cluster.py against a real cluster (``ADK_SANDBOX_K8S_CONTEXT``).
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        config: KubernetesConfig | None = None,
+        *,
+        context: str | None = None,
+        api: KubernetesApi | None = None,
+    ) -> None:
+        """Connect with the kubeconfig ``context`` (None: the current one), or use ``api`` (tests)."""
+        self.config = config or KubernetesConfig()
+        """The configuration every session Pod is made from."""
+        self._api: KubernetesApi = api if api is not None else ClientApi(context)
+        if self.config.warm_pool is not None and not self._api.has_claims():
+            raise BackendUnavailableError(
+                f"warm_pool={self.config.warm_pool!r} needs agent-sandbox's CRDs (extensions.agents.x-k8s.io "
+                "v1beta1 SandboxClaim), which this cluster does not serve; install agent-sandbox with its "
+                "extensions, or leave warm_pool unset to create Pods"
+            )
+        self._lock = threading.Lock()
+        self._policy: dict[str, Any] | None = None
+        self._sessions: set[KubernetesSession] = set()
+        self._capabilities: Capabilities | None = None
+
+    def _network_policy(self) -> dict[str, Any] | None:
+        """The namespace's default-deny policy as stored, created on first use (network off only)."""
+        if self.config.network:
+            return None
+        with self._lock:
+            if self._policy is None:
+                self._policy = self._api.apply_network_policy(
+                    self.config.namespace, network_policy(self.config)
+                )
+            return self._policy
+
+    def session(self, workspace: object = None) -> KubernetesSession:
+        """A new session (its Pod starts on entry or first use). ``workspace`` must be None for now."""
+        if workspace is not None:
+            raise InvalidRequestError(
+                "a Kubernetes session has no host workspace: its workspace is an emptyDir in the Pod (filled "
+                "by the mirror workspace, not wired to this backend yet); open session() without one"
+            )
+        session = KubernetesSession(self._api, self.config, network_policy_ready=self._network_policy)
+        with self._lock:
+            self._sessions.add(session)
+        return session
+
+    def capabilities(self) -> Capabilities:
+        """What a session Pod of this backend enforces, read from a real one (probed once)."""
+        if self._capabilities is None:
+            with self.session() as probe:
+                self._capabilities = probe.capabilities()
+        return self._capabilities
+
+    def execute(
+        self,
+        request: ExecRequest,
+        on_output: OutputCallback | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> ExecResult:
+        """Run ``request`` in a throw-away session (a fresh Pod, deleted afterwards)."""
+        with self.session() as session:
+            return session.execute(request, on_output, cancel=cancel)
+
+    def close(self) -> None:
+        """Close every session of this backend (their Pods or claims are deleted)."""
+        with self._lock:
+            sessions, self._sessions = list(self._sessions), set()
+        for session in sessions:
+            session.close()
