@@ -1,0 +1,79 @@
+"""Kubernetes failures mapped to this library's errors, from recorded API responses and Pod statuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from executor.backends.kubernetes import api_error, pod_failure
+from executor.backends.kubernetes._failures import pod_waiting_reason
+from executor.errors import (
+    BackendUnavailableError,
+    ExecutorError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+API = json.loads((FIXTURES / "api_errors.json").read_text())
+PODS = json.loads((FIXTURES / "pod_failures.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("case", "kind", "says"),
+    [
+        ("quota_exceeded", BackendUnavailableError, ["ResourceQuota", "evals-quota", "lower ResourceLimits"]),
+        ("runtime_class_missing", PolicyNotEnforceableError, ["RuntimeClass", "gvisor", "handler runsc"]),
+        ("pod_security", PolicyNotEnforceableError, ["Pod Security", "restricted"]),
+        ("rbac_forbidden", BackendUnavailableError, ["pods/exec", "cannot create resource"]),
+        ("unauthorized", BackendUnavailableError, ["credentials"]),
+        ("namespace_missing", BackendUnavailableError, ["create the namespace"]),
+        ("invalid", PolicyNotEnforceableError, ["memory limit"]),
+        ("unreachable", BackendUnavailableError, ["did not answer", "Connection refused"]),
+        ("server_error", BackendUnavailableError, ["did not answer", "webhook"]),
+    ],
+)
+def test_api_errors(case: str, kind: type[ExecutorError], says: list[str]) -> None:
+    recorded = API[case]
+    error = api_error(recorded["status"], recorded["body"], "create the session Pod")
+    assert type(error) is kind
+    assert str(error).startswith("could not create the session Pod")
+    for text in says:
+        assert text in str(error)
+
+
+@pytest.mark.parametrize(
+    ("case", "kind", "says"),
+    [
+        ("err_image_pull", BackendUnavailableError, ["cannot pull", "base:1.4", "ErrImagePull", "registry"]),
+        ("image_pull_backoff", BackendUnavailableError, ["cannot pull", "ImagePullBackOff"]),
+        ("create_config_error", PolicyNotEnforceableError, ["non-root", "CreateContainerConfigError"]),
+        ("evicted", SandboxFailedError, ["evicted", "low on resource: memory"]),
+        ("evicted_by_api", SandboxFailedError, ["EvictionByEvictionAPI"]),
+        ("preempted", SandboxFailedError, ["PreemptionByScheduler"]),
+        ("deadline_exceeded", SandboxFailedError, ["activeDeadlineSeconds (600 s)", "self-expiry"]),
+        ("keeper_ended", SandboxFailedError, ["OOMKilled", "137"]),
+    ],
+)
+def test_pod_failures(case: str, kind: type[ExecutorError], says: list[str]) -> None:
+    error = pod_failure(PODS[case])
+    assert type(error) is kind
+    for text in says:
+        assert text in str(error)
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [("unschedulable", "Insufficient memory"), ("container_creating", "ContainerCreating")],
+)
+def test_a_pod_still_starting_is_no_failure_and_says_what_it_waits_for(case: str, says: str) -> None:
+    assert pod_failure(PODS[case]) is None
+    assert says in pod_waiting_reason(PODS[case])
+
+
+def test_a_running_pod_is_no_failure() -> None:
+    pod: dict[str, Any] = json.loads((FIXTURES / "pod_gvisor_running.json").read_text())
+    assert pod_failure(pod) is None
