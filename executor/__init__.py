@@ -37,6 +37,7 @@ from executor.types import (
 )
 
 if TYPE_CHECKING:
+    from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
     from executor.backends.wasm import WasmBackend
 
 __version__ = "0.1.0"
@@ -48,6 +49,11 @@ def __getattr__(name: str) -> Any:
         from executor.backends.wasm import WasmBackend  # noqa: PLC0415 - lazy on purpose
 
         return WasmBackend
+    if name in ("KubernetesBackend", "KubernetesConfig"):
+        # Lazy like WasmBackend: the kubernetes client itself is imported only when a backend connects.
+        from executor.backends import kubernetes  # noqa: PLC0415 - lazy on purpose
+
+        return getattr(kubernetes, name)
     raise AttributeError(f"module 'executor' has no attribute {name!r}")
 
 
@@ -68,6 +74,8 @@ __all__ = [
     "ExecutorError",
     "InvalidRequestError",
     "IsolationClass",
+    "KubernetesBackend",
+    "KubernetesConfig",
     "Language",
     "OutputCallback",
     "PolicyNotEnforceableError",

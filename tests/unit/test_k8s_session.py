@@ -1,0 +1,101 @@
+"""A session's start against a fake API replaying recorded objects: failures surface, no Pod is left."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig, api_error
+from executor.backends.kubernetes._exec import WebSocketLike
+from executor.errors import BackendUnavailableError, InvalidRequestError, PolicyNotEnforceableError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+
+
+def load(name: str) -> Any:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+class FakeApi:
+    """Answers ``read_pod`` with recorded Pods (the last one repeats); records creates and deletes."""
+
+    def __init__(self, pods: Sequence[dict[str, Any]] = (), create_error: str | None = None) -> None:
+        self.pods = list(pods)
+        self.create_error = create_error
+        self.created: list[dict[str, Any]] = []
+        self.deleted: list[str] = []
+        self.policies: list[dict[str, Any]] = []
+
+    def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+        if self.create_error:
+            recorded = load("api_errors")[self.create_error]
+            raise api_error(recorded["status"], recorded["body"], "create the session Pod")
+        self.created.append(pod)
+        return pod
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        pod = self.pods.pop(0) if len(self.pods) > 1 else self.pods[0]
+        return {**pod, "metadata": {**pod["metadata"], "name": name}}
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.deleted.append(name)
+
+    def read_runtime_class(self, name: str) -> dict[str, Any] | None:
+        return None
+
+    def apply_network_policy(self, namespace: str, policy: dict[str, Any]) -> dict[str, Any]:
+        self.policies.append(policy)
+        return policy
+
+    def has_claims(self) -> bool:
+        return False
+
+    def create_claim(self, namespace: str, claim: dict[str, Any]) -> dict[str, Any]:
+        raise AssertionError("no claims here")
+
+    read_claim = read_sandbox = delete_claim = create_claim  # type: ignore[assignment]
+
+    def open_exec(self, namespace: str, pod: str, container: str, argv: Sequence[str]) -> WebSocketLike:
+        raise AssertionError("the start must fail before any exec")
+
+
+CONFIG = KubernetesConfig(namespace="evals", image="registry.example.com/adk-sandbox/base:1.4")
+
+
+def test_image_pull_back_off_fails_the_start_and_deletes_the_pod() -> None:
+    failures = load("pod_failures")
+    api = FakeApi([failures["container_creating"], failures["image_pull_backoff"]])
+    session = KubernetesBackend(CONFIG, api=api).session()
+    with pytest.raises(BackendUnavailableError, match="cannot pull the session image"):
+        session.start()
+    assert [pod["metadata"]["name"] for pod in api.created] == api.deleted == [session.pod_name]
+    assert api.policies and api.policies[0]["kind"] == "NetworkPolicy"  # network off: the policy first
+
+
+def test_quota_exceeded_at_create_is_a_clear_error_and_nothing_is_left() -> None:
+    api = FakeApi(create_error="quota_exceeded")
+    with pytest.raises(BackendUnavailableError, match="ResourceQuota"):
+        KubernetesBackend(CONFIG, api=api).session().start()
+    assert api.created == []
+
+
+def test_a_pod_loosened_by_admission_is_refused_and_deleted() -> None:
+    api = FakeApi([load("pod_mutated_by_webhook")])
+    session = KubernetesBackend(CONFIG, api=api).session()
+    with pytest.raises(PolicyNotEnforceableError, match="not hardened"):
+        session.start()
+    assert api.deleted == [session.pod_name]
+
+
+def test_a_host_workspace_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="emptyDir"):
+        KubernetesBackend(CONFIG, api=FakeApi()).session(workspace="/tmp")
+
+
+def test_a_warm_pool_without_the_crds_is_refused() -> None:
+    with pytest.raises(BackendUnavailableError, match="agent-sandbox"):
+        KubernetesBackend(CONFIG.model_copy(update={"warm_pool": "pool"}), api=FakeApi())
