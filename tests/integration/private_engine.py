@@ -8,6 +8,13 @@ masquerading, no forwarding). It registers the same runtimes as the system daemo
 ``docker save IMAGE | docker -H PRIVATE load``.
 
 A backend uses it through ``DOCKER_HOST=unix://<socket>`` (see :func:`daemon_socket_path`).
+
+As a *remote* engine (issue 13): ``PrivateEngine(tls=True)`` also listens on TCP ``127.0.0.1:<free port>``
+with TLS certificates made for this run with ``openssl`` (a CA, a server certificate for 127.0.0.1 and
+localhost, a client certificate), reached through :meth:`PrivateEngine.engine`; ``hide=DIR`` runs it
+inside ``unshare --mount --propagation private`` with a tmpfs over ``DIR``, so it cannot see this
+machine's copy of anything under it (a test workspace) — as an engine on another machine could not.
+:meth:`PrivateEngine.load_image` copies an image by ``docker save | docker -H ... load``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +32,8 @@ import uuid
 from pathlib import Path
 
 import docker
+
+from executor.backends.docker.engine import Engine
 
 __all__ = ["DOCKERD", "PrivateEngine", "PrivateEngineError"]
 
@@ -46,7 +56,8 @@ class PrivateEngine:
     :meth:`destroy` removes after stopping the daemon and anything it left (containerd, shims, mounts).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: bool = False, hide: Path | None = None) -> None:
+        """``tls``: listen on TCP 127.0.0.1 with TLS too; ``hide``: a directory the engine sees empty."""
         self.root = Path(tempfile.mkdtemp(prefix="adk-pe-", dir="/tmp"))
         self.socket = str(self.root / "docker.sock")
         self.host = f"unix://{self.socket}"
@@ -58,6 +69,28 @@ class PrivateEngine:
         self.config_file = self.root / "daemon.json"
         self.config_file.write_text(json.dumps(_private_config()))
         self.process: subprocess.Popen[bytes] | None = None
+        self.hide = hide
+        if hide is not None and (self.root == hide or hide in self.root.parents):
+            raise PrivateEngineError(f"{hide} would hide the engine's own directory {self.root}")
+        self.tls_dir: Path | None = None
+        self.port: int | None = None
+        if tls:
+            self.tls_dir = self.root / "tls"
+            _make_certificates(self.tls_dir)
+            self.port = _free_port()
+
+    @property
+    def tcp_host(self) -> str:
+        """``tcp://127.0.0.1:PORT`` (a TLS engine only)."""
+        if self.port is None:
+            raise PrivateEngineError("this private engine does not listen on TCP (made without tls=True)")
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def engine(self, host: str | None = None) -> Engine:
+        """The :class:`Engine` of the TCP+TLS endpoint (``host`` replaces its address, e.g. a proxy's)."""
+        assert self.tls_dir is not None, "made without tls=True"
+        return Engine(host=host or self.tcp_host, tls_verify=True, ca_cert=self.tls_dir / "ca.pem",
+                      client_cert=self.tls_dir / "cert.pem", client_key=self.tls_dir / "key.pem")  # fmt: skip
 
     # -- the daemon ----------------------------------------------------------------------------------
     def start(self, timeout: float = START_SECONDS) -> None:
@@ -81,6 +114,19 @@ class PrivateEngine:
             "--userland-proxy=false",
             "--live-restore=false",
         ]
+        if self.tls_dir is not None:
+            argv += [
+                f"--host={self.tcp_host}",
+                "--tlsverify",
+                f"--tlscacert={self.tls_dir / 'ca.pem'}",
+                f"--tlscert={self.tls_dir / 'server-cert.pem'}",
+                f"--tlskey={self.tls_dir / 'server-key.pem'}",
+            ]
+        if self.hide is not None:
+            # Its own mount namespace, where a tmpfs covers the hidden directory; exec keeps dockerd's pid
+            # the one this object stops.
+            argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+                    'mount -t tmpfs -o size=16m adk-pe-hide "$0" && exec "$@"', str(self.hide), *argv]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
@@ -167,6 +213,20 @@ class PrivateEngine:
             client.close()
 
     # -- images --------------------------------------------------------------------------------------
+    def load_image(self, image: str) -> float:
+        """Copy ``image`` from the system engine by ``docker save | docker -H PRIVATE load``; the seconds."""
+        started = time.monotonic()
+        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        loaded = subprocess.run(["docker", "-H", self.host, "load", "-q"], stdin=save.stdout,
+                                capture_output=True, check=False)  # fmt: skip
+        _, save_errors = save.communicate()
+        if save.returncode != 0 or loaded.returncode != 0:
+            raise PrivateEngineError(
+                f"could not load {image} into the private engine: {save_errors.decode(errors='replace')} "
+                f"{loaded.stderr.decode(errors='replace')}"
+            )
+        return time.monotonic() - started
+
     def import_minimal_image(self, source: str, tag: str) -> float:
         """Import into the private engine a small image cut out of ``source``; the seconds it took.
 
@@ -281,6 +341,36 @@ done)
     --exclude="$stdlib/ensurepip" --exclude="$stdlib/pydoc_data" --exclude="$stdlib/config-*" \
     --exclude=__pycache__ --exclude="$stdlib/site-packages" -T - 2>/dev/null
 """
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _make_certificates(directory: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1 and localhost, and a client certificate, made with openssl.
+
+    The names are the Docker CLI's (``DOCKER_CERT_PATH``: ca.pem, cert.pem, key.pem), plus the server's.
+    """
+    directory.mkdir(mode=0o700)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    days = "2"
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem", "-out", "ca.pem",
+            "-days", days, "-subj", "/CN=adk-sandbox test CA")  # fmt: skip
+    for name, subject, extensions in (
+        ("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+        ("client", "/CN=adk-sandbox test client", "extendedKeyUsage=clientAuth"),
+    ):
+        key, cert = ("server-key.pem", "server-cert.pem") if name == "server" else ("key.pem", "cert.pem")
+        (directory / f"{name}.ext").write_text(extensions + "\n")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", f"{name}.csr", "-subj", subject)
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+                "-CAcreateserial", "-out", cert, "-days", days, "-extfile", f"{name}.ext")  # fmt: skip
 
 
 def _private_config() -> dict[str, object]:

@@ -1,6 +1,7 @@
 """The Docker backend: hardened per-session containers (SPEC §4)."""
 
 from executor.backends.docker.backend import DockerBackend
+from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.files import DirEntry, FileStat, SandboxFiles
 from executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE
 from executor.backends.docker.session import DockerSession
@@ -11,6 +12,8 @@ __all__ = [
     "DirEntry",
     "DockerBackend",
     "DockerSession",
+    "Engine",
     "FileStat",
     "SandboxFiles",
+    "resolve_engine",
 ]

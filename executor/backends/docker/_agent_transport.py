@@ -59,6 +59,7 @@ from executor.backends.docker._transport import (
     DockerStreamSplitter,
     PreparedCommand,
 )
+from executor.backends.docker.engine import Engine
 from executor.errors import InvalidRequestError, SandboxFailedError
 from executor.types import Stream
 
@@ -280,13 +281,13 @@ class AgentTransport:
         self,
         client: docker.DockerClient,
         container_id: str,
-        socket_path: str,
+        engine: Engine | str,
         *,
         on_restart: Callable[[str], None] | None = None,
         source: str | None = None,
         agent: AgentFlavour | None = None,
     ) -> None:
-        self._exec = DockerExecTransport(client, container_id, socket_path)
+        self._exec = DockerExecTransport(client, container_id, engine)
         self._lock = threading.Lock()
         self._agents: dict[str, _Agent] = {}
         self._last: _Agent | None = None

@@ -19,7 +19,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from executor.backends.docker._daemon import daemon_socket_path, idempotent, remove_container
+from executor.backends.docker._daemon import DEFAULT_SOCKET, engine_of, idempotent, remove_container
 from executor.backends.docker._reaper import note_unremoved, owner_labels
 from executor.backends.docker._spec import (
     GVISOR_RUNTIME,
@@ -161,6 +161,7 @@ class ContainerProvider:
     def _verify(self, inspect: Mapping[str, Any], *, verify_limits: bool) -> OpenedContainer:
         """Check that a running container's hardening is really in force; what commands start from."""
         spec = self._spec
+        engine = engine_of(self._client)
         container_id = str(inspect["Id"])
         mounts = [spec.workspace] if spec.workspace else []
         mounts += [allowed.path for allowed in spec.extra_mounts] + list(spec.read_only_mounts)
@@ -177,7 +178,7 @@ class ContainerProvider:
             limits=spec.limits if verify_limits else None,
             mounts=mounts,
             attached=self.attached,
-            engine_sockets=(daemon_socket_path(),),
+            engine_sockets=(engine.socket_path or DEFAULT_SOCKET,),
         )
         if problems:
             raise PolicyNotEnforceableError(
@@ -186,7 +187,9 @@ class ContainerProvider:
             )
         owner_path = spec.workspace or (_mount_source_of(inspect, workdir) if self.attached else None)
         owner = None
-        if owner_path:
+        # A remote engine's mount sources are paths of another machine: a directory of the same name here
+        # says nothing about who owns the one the container sees.
+        if owner_path and engine.local:
             status = os.stat(owner_path)
             owner = f"{status.st_uid}:{status.st_gid}"
         return OpenedContainer(

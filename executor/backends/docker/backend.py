@@ -1,4 +1,4 @@
-"""DockerBackend: hardened per-session containers on the local Docker engine."""
+"""DockerBackend: hardened per-session containers on a Docker engine (local, or remote without a workspace)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import reap_leaked
 from executor.backends.docker._spec import ContainerSpec, GitProtection, git_protection
+from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
@@ -56,6 +57,7 @@ class DockerBackend(SandboxBackend):
         policy: SandboxPolicy | None = None,
         lifetime_seconds: int = DEFAULT_LIFETIME_SECONDS,
         transport: str = "agent",
+        engine: Engine | str | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
@@ -64,7 +66,11 @@ class DockerBackend(SandboxBackend):
         network permission; like bubblewrap, a container cannot forbid spawning processes, so a policy
         must say ``allow_process_spawn``. ``transport`` chooses how commands reach a session's container:
         ``"agent"`` (default: one long-lived in-sandbox agent per session, docs/DOCKER.md "The agent
-        channel") or ``"exec"`` (one Docker exec per command).
+        channel") or ``"exec"`` (one Docker exec per command). ``engine`` picks the Docker engine: an
+        :class:`~executor.backends.docker.engine.Engine`, a URL (``unix://``, ``tcp://`` with TLS from
+        ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``, ``ssh://``) or a Docker context's name; by default the
+        one the Docker CLI would use (``DOCKER_HOST``, ``DOCKER_CONTEXT``, the current context). A session
+        with a workspace (or a policy's host paths) needs a local engine: a remote one is refused.
         """
         if transport not in TRANSPORTS:
             raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -85,7 +91,9 @@ class DockerBackend(SandboxBackend):
         self.lifetime_seconds = lifetime_seconds
         self.transport = transport
         """The command channel of this backend's sessions (``"agent"`` or ``"exec"``)."""
-        self._client = connect()
+        self.engine = resolve_engine(engine)
+        """The Docker engine this backend's sessions run on."""
+        self._client = connect(engine=self.engine)
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self._lock = threading.Lock()
@@ -95,6 +103,8 @@ class DockerBackend(SandboxBackend):
 
     def session(self, workspace: str | os.PathLike[str] | None = None) -> DockerSession:
         """A new session, its container bound to ``workspace`` (mounted at the same absolute path)."""
+        if not self.engine.local:
+            self._refuse_host_paths(workspace)
         root: str | None = None
         if workspace is not None:
             root = str(Path(workspace).resolve(strict=False))
@@ -126,6 +136,26 @@ class DockerBackend(SandboxBackend):
         with self._lock:
             self._sessions.add(session)
         return session
+
+    def _refuse_host_paths(self, workspace: str | os.PathLike[str] | None) -> None:
+        """A remote engine cannot bind this machine's paths: refuse rather than run against other files.
+
+        A bind mount names a path on the engine's machine: there it is another directory or none, and a
+        command would read and write files that are not the user's (or the engine would make an empty
+        directory at that path). Until the workspace can travel to the engine, only sessions without host
+        paths run there.
+        """
+        paths = ([str(workspace)] if workspace is not None else []) + [
+            allowed.path for allowed in self.policy.allowed_paths
+        ]
+        if paths:
+            raise PolicyNotEnforceableError(
+                f"the Docker engine {self.engine.describe()} is not on this machine (only a unix:// socket "
+                f"is), so it cannot mount {', '.join(repr(p) for p in paths)}: a bind mount there would "
+                "show the engine machine's files at that path, not these. Nothing ran. Open the session "
+                "without a workspace or policy paths (backend.session()), or use a local engine; copying "
+                "a workspace to a remote engine is not available yet"
+            )
 
     def _forget(self, session: DockerSession) -> None:
         """Called by a session when it closes: a long-lived backend holds only the open ones."""
