@@ -76,8 +76,8 @@ class PrivateEngine:
         self.hide = hide
         if data_in_memory:
             self.data_root.mkdir()
-            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4g,mode=0710", "adk-pe-data", str(self.data_root)],
-                           check=True, capture_output=True)  # fmt: skip
+            mount = ["mount", "-t", "tmpfs", "-o", "size=4g,mode=0710", "adk-pe-data", str(self.data_root)]
+            subprocess.run(mount, check=True, capture_output=True)
         if hide is not None and (self.root == hide or hide in self.root.parents):
             raise PrivateEngineError(f"{hide} would hide the engine's own directory {self.root}")
         self.tls_dir: Path | None = None
@@ -133,8 +133,18 @@ class PrivateEngine:
         if self.hide is not None:
             # Its own mount namespace, where a tmpfs covers the hidden directory; exec keeps dockerd's pid
             # the one this object stops.
-            argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-                    'mount -t tmpfs -o size=16m adk-pe-hide "$0" && exec "$@"', str(self.hide), *argv]  # fmt: skip
+            hide = 'mount -t tmpfs -o size=16m adk-pe-hide "$0" && exec "$@"'
+            argv = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "/bin/sh",
+                "-c",
+                hide,
+                str(self.hide),
+                *argv,
+            ]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
@@ -376,7 +386,9 @@ def _make_certificates(directory: Path) -> None:
     ):
         key, cert = ("server-key.pem", "server-cert.pem") if name == "server" else ("key.pem", "cert.pem")
         (directory / f"{name}.ext").write_text(extensions + "\n")
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", f"{name}.csr", "-subj", subject)
+        openssl(
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", f"{name}.csr", "-subj", subject
+        )
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
                 "-CAcreateserial", "-out", cert, "-days", days, "-extfile", f"{name}.ext")  # fmt: skip
 

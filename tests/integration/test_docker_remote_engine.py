@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError
-from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine
+from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, _reaper
 from executor.backends.docker._spec import PROJECT_LABEL
 from executor.errors import PolicyNotEnforceableError
 from executor.policy import SandboxPolicy
@@ -109,8 +109,12 @@ def test_big_output_and_stdin_cross_the_tls_stream_whole(remote: PrivateEngine, 
     stdin = os.urandom(1 << 20).hex()  # 2 MB in, 2 MB back: TLS records beyond one read, and back-pressure
     with DockerBackend(engine=remote.engine(), transport=transport) as backend, backend.session() as session:
         result = session.execute(
-            ExecRequest(argv=("sh", "-c", "cat; head -c 3000000 /dev/zero | tr '\\0' x"), stdin=stdin,
-                        timeout=60, max_output_bytes=8 << 20)  # fmt: skip
+            ExecRequest(
+                argv=("sh", "-c", "cat; head -c 3000000 /dev/zero | tr '\\0' x"),
+                stdin=stdin,
+                timeout=60,
+                max_output_bytes=8 << 20,
+            )
         )
         assert result.exit_code == 0, result.stderr
         assert result.stdout == stdin + "x" * 3000000
@@ -125,7 +129,9 @@ def test_tree_kill_matrix_over_tls(backend: DockerBackend, ending: str) -> None:
             session,
             ending,
             run,
-            bomb_went_off=lambda: "yes" in in_container(backend, session, "sh", "-c", "test -e /tmp/bomb && echo yes"),
+            bomb_went_off=lambda: (
+                "yes" in in_container(backend, session, "sh", "-c", "test -e /tmp/bomb && echo yes")
+            ),
         )
 
 
@@ -157,9 +163,9 @@ def test_docker_host_with_tls_variables_and_a_context_pick_the_remote_engine(
     config = tmp_path / "docker-config"
     digest = hashlib.sha256(b"shared").hexdigest()
     (config / "contexts" / "meta" / digest).mkdir(parents=True)
-    (config / "contexts" / "meta" / digest / "meta.json").write_text(json.dumps(
-        {"Name": "shared", "Metadata": {}, "Endpoints": {"docker": {"Host": remote.tcp_host, "SkipTLSVerify": False}}}
-    ))  # fmt: skip
+    endpoint = {"Host": remote.tcp_host, "SkipTLSVerify": False}
+    meta = {"Name": "shared", "Metadata": {}, "Endpoints": {"docker": endpoint}}
+    (config / "contexts" / "meta" / digest / "meta.json").write_text(json.dumps(meta))
     tls = config / "contexts" / "tls" / digest / "docker"
     tls.mkdir(parents=True)
     for name in ("ca.pem", "cert.pem", "key.pem"):
@@ -186,8 +192,9 @@ def test_a_host_workspace_or_policy_path_is_refused_on_a_remote_engine(
     assert str(workspace) in message and "not on this machine" in message and "Nothing ran" in message
     assert "backend.session()" in message  # what to do instead
     policy = SandboxPolicy.builder().allow_process_spawn().allow_read(str(hidden)).build()
-    with DockerBackend(engine=remote.engine(), policy=policy) as with_policy, pytest.raises(
-        PolicyNotEnforceableError, match="cannot mount"
+    with (
+        DockerBackend(engine=remote.engine(), policy=policy) as with_policy,
+        pytest.raises(PolicyNotEnforceableError, match="cannot mount"),
     ):
         with_policy.session()
     assert remote.containers() == before  # refused before anything was created
@@ -202,8 +209,8 @@ def test_a_local_socket_engine_with_other_files_at_the_path_is_refused_by_the_id
     workspace.mkdir()
     (workspace / "notes.txt").write_text("the host's copy\n")
     assert remote.process is not None
-    subprocess.run(["nsenter", f"--mount=/proc/{remote.process.pid}/ns/mnt", "mkdir", "-p", str(workspace / ".git")],
-                   check=True)  # fmt: skip
+    inside = ["nsenter", f"--mount=/proc/{remote.process.pid}/ns/mnt", "mkdir", "-p", str(workspace / ".git")]
+    subprocess.run(inside, check=True)
     monkeypatch.setenv("DOCKER_HOST", remote.host)
     with DockerBackend() as backend:
         assert backend.engine.local
@@ -215,13 +222,18 @@ def test_a_local_socket_engine_with_other_files_at_the_path_is_refused_by_the_id
 # -- reaping across hosts ---------------------------------------------------------------------------------
 def test_other_hosts_containers_are_reaped_by_expiry_only(remote: PrivateEngine) -> None:
     client = remote.client()
-    dead_pid = "999999"
-    base = {PROJECT_LABEL: "adk-sandbox", "io.adk-sandbox.owner-pid": dead_pid, "io.adk-sandbox.owner-start": "1",
-            "io.adk-sandbox.owner-boot": open("/proc/sys/kernel/random/boot_id").read().strip()}  # fmt: skip
-    other_host = {**base, "io.adk-sandbox.owner-host": "another-machine", "io.adk-sandbox.expires": "9999999999"}
-    expired = {**other_host, "io.adk-sandbox.expires": "1"}
-    ours = {**base, "io.adk-sandbox.owner-host": socket.gethostname(),
-            "io.adk-sandbox.owner-pidns": os.readlink("/proc/self/ns/pid"), "io.adk-sandbox.expires": "9999999999"}  # fmt: skip
+    # An owner process that is gone (pid 999999 with another start time), not expired, of this boot.
+    base = {
+        PROJECT_LABEL: "adk-sandbox",
+        _reaper.OWNER_PID: "999999",
+        _reaper.OWNER_START: "1",
+        _reaper.OWNER_BOOT: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+        _reaper.EXPIRES: "9999999999",
+    }
+    other_host = {**base, _reaper.OWNER_HOST: "another-machine"}
+    expired = {**other_host, _reaper.EXPIRES: "1"}
+    here = {_reaper.OWNER_HOST: socket.gethostname(), _reaper.OWNER_PIDNS: os.readlink("/proc/self/ns/pid")}
+    ours = {**base, **here}
     made = {
         name: client.api.create_container(BASE_IMAGE, ["true"], labels=labels)["Id"]
         for name, labels in (("other", other_host), ("expired", expired), ("ours", ours))
@@ -284,7 +296,9 @@ class CuttableProxy:
             with contextlib.suppress(OSError):
                 # Linger 0: the close is a reset. The shutdown wakes the forwarding thread blocked in recv
                 # (a plain close would leave the connection open until that recv returns).
-                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                )
                 connection.shutdown(socket.SHUT_RDWR)
                 connection.close()
 

@@ -78,7 +78,7 @@ def test_no_descendant_survives_its_command(
     docker_backend: DockerBackend, session: DockerSession, workspace: Path, ending: str
 ) -> None:
     check_no_descendant_survives(
-        docker_backend, session, ending, run, bomb_went_off=lambda: (workspace / "bomb").exists()
+        docker_backend, session, ending, run, bomb_went_off=(workspace / "bomb").exists
     )
 
 

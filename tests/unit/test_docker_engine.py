@@ -19,7 +19,14 @@ import pytest
 
 from executor.backends.docker import _reaper
 from executor.backends.docker import engine as engine_module
-from executor.backends.docker.engine import DEFAULT_HOST, Engine, _bridge, _TlsEnd, engine_from_env, resolve_engine
+from executor.backends.docker.engine import (
+    DEFAULT_HOST,
+    Engine,
+    _bridge,
+    _TlsEnd,
+    engine_from_env,
+    resolve_engine,
+)
 from executor.errors import InvalidRequestError
 
 
@@ -33,12 +40,16 @@ def certs(tmp_path: Path) -> Path:
     return directory
 
 
-def write_context(config: Path, name: str, host: str, tls: Path | None = None, *, skip_verify: bool = False) -> None:
+def write_context(
+    config: Path, name: str, host: str, tls: Path | None = None, *, skip_verify: bool = False
+) -> None:
     digest = hashlib.sha256(name.encode()).hexdigest()
     meta = config / "contexts" / "meta" / digest
     meta.mkdir(parents=True)
     endpoint = {"Host": host, "SkipTLSVerify": skip_verify}
-    (meta / "meta.json").write_text(json.dumps({"Name": name, "Metadata": {}, "Endpoints": {"docker": endpoint}}))
+    (meta / "meta.json").write_text(
+        json.dumps({"Name": name, "Metadata": {}, "Endpoints": {"docker": endpoint}})
+    )
     if tls is not None:
         target = config / "contexts" / "tls" / digest / "docker"
         target.mkdir(parents=True)
@@ -52,14 +63,22 @@ def test_no_setting_means_the_local_default_socket(tmp_path: Path) -> None:
 
 
 def test_docker_host_with_tls_variables(certs: Path) -> None:
-    env = {"DOCKER_HOST": "tcp://engine.example:2376", "DOCKER_TLS_VERIFY": "1", "DOCKER_CERT_PATH": str(certs)}
+    env = {
+        "DOCKER_HOST": "tcp://engine.example:2376",
+        "DOCKER_TLS_VERIFY": "1",
+        "DOCKER_CERT_PATH": str(certs),
+    }
     engine = engine_from_env(env)
     assert (engine.kind, engine.local, engine.tls_verify) == ("tcp", False, True)
     assert (engine.ca_cert, engine.client_cert, engine.client_key) == (
         certs / "ca.pem", certs / "cert.pem", certs / "key.pem",
     )  # fmt: skip
     tls = engine.client_arguments()["tls"]
-    assert (tls.verify, tls.ca_cert, tls.cert) == (True, str(certs / "ca.pem"), (str(certs / "cert.pem"), str(certs / "key.pem")))
+    assert (tls.verify, tls.ca_cert, tls.cert) == (
+        True,
+        str(certs / "ca.pem"),
+        (str(certs / "cert.pem"), str(certs / "key.pem")),
+    )
 
 
 def test_docker_host_wins_over_the_current_context(tmp_path: Path) -> None:
@@ -91,7 +110,9 @@ def test_a_context_with_tls_files(tmp_path: Path, certs: Path) -> None:
         ({"DOCKER_CONTEXT": "nonexistent"}, "there is no Docker context 'nonexistent'"),
     ],
 )
-def test_unusable_engines_are_refused_with_the_reason(tmp_path: Path, setup: dict[str, str], reason: str) -> None:
+def test_unusable_engines_are_refused_with_the_reason(
+    tmp_path: Path, setup: dict[str, str], reason: str
+) -> None:
     with pytest.raises(InvalidRequestError, match=reason):
         engine_from_env({"DOCKER_CONFIG": str(tmp_path), **setup})
 
@@ -112,16 +133,29 @@ def test_plain_tcp_is_allowed_to_loopback_only_and_urls_resolve() -> None:
     assert resolve_engine(engine) is engine and engine.kind == "ssh" and not engine.local
 
 
-def test_the_bridge_drains_what_tls_holds_before_waiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_bridge_drains_what_tls_holds_before_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A read smaller than a TLS record leaves the rest of it decrypted in pending(), where poll() does not
     see it: the bridge must pass everything on without more bytes arriving (the server then goes quiet)."""
     monkeypatch.setattr(engine_module, "_READ_SIZE", 100)  # records of 1000 bytes: every read is partial
-    import subprocess  # noqa: PLC0415
     import ssl  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
 
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "k.pem", "-out",
-                    "c.pem", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                   cwd=tmp_path, check=True, capture_output=True)  # fmt: skip
+    subject = ["-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"]
+    command = [
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "k.pem",
+        "-out",
+        "c.pem",
+    ]
+    subprocess.run([*command, "-days", "1", *subject], cwd=tmp_path, check=True, capture_output=True)
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_context.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
     listener = socket.create_server(("127.0.0.1", 0))

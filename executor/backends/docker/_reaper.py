@@ -58,7 +58,7 @@ def _boot_id() -> str:
 
 @functools.cache
 def _host() -> tuple[str, str]:
-    """This machine's host name and this process's pid namespace: where an owner pid means something."""
+    """The host name and the pid namespace of this process: where an owner pid means something."""
     try:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:  # pragma: no cover - every Linux has it

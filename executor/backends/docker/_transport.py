@@ -37,13 +37,13 @@ import docker
 
 from executor._output import OutputCapture
 from executor.backends.docker._daemon import map_docker_error
-from executor.backends.docker.engine import Engine
 from executor.backends.docker._supervisor import (
     killer_argv,
     parse_survey,
     supervisor_argv,
     survey_argv,
 )
+from executor.backends.docker.engine import Engine
 from executor.errors import BackendUnavailableError, SandboxFailedError
 from executor.types import Stream
 

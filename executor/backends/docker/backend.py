@@ -1,4 +1,4 @@
-"""DockerBackend: hardened per-session containers on a Docker engine (local, or remote without a workspace)."""
+"""DockerBackend: hardened per-session containers on a Docker engine (local; remote without a workspace)."""
 
 from __future__ import annotations
 

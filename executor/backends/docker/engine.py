@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import ipaddress
 import json
 import os
@@ -105,8 +106,8 @@ class Engine(BaseModel):
                 )
             if not _is_loopback(parts.hostname or ""):
                 raise ValueError(
-                    f"engine host {self.host!r} is TCP without TLS: an unauthenticated engine on a network is "
-                    "root for anyone who reaches it; use TLS (tls_verify with ca_cert, client_cert and "
+                    f"engine host {self.host!r} is TCP without TLS: an unauthenticated engine on a network "
+                    "is root for anyone who reaches it; use TLS (tls_verify with ca_cert, client_cert and "
                     "client_key, or DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH) or ssh://"
                 )
         for path in tls_files:
@@ -148,8 +149,8 @@ class Engine(BaseModel):
             import docker.tls  # noqa: PLC0415 - only TLS engines need it
 
             cert = (str(self.client_cert), str(self.client_key)) if self.client_cert else None
-            return {"base_url": self.host, "tls": docker.tls.TLSConfig(client_cert=cert,
-                                                                        ca_cert=str(self.ca_cert), verify=True)}  # fmt: skip
+            tls = docker.tls.TLSConfig(client_cert=cert, ca_cert=str(self.ca_cert), verify=True)
+            return {"base_url": self.host, "tls": tls}
         return {"base_url": self.host}
 
     def dial(self, timeout: float, *, stream: bool = False) -> socket.socket:
@@ -215,9 +216,10 @@ def _is_loopback(hostname: str) -> bool:
         return False
 
 
-def _require_paramiko() -> None:
+def _require_paramiko() -> Any:
+    """The paramiko module (an optional dependency: the ``ssh`` extra), untyped here (it ships no types)."""
     try:
-        import paramiko  # noqa: F401, PLC0415 - an optional dependency (the ssh extra)
+        return importlib.import_module("paramiko")
     except ImportError as exc:
         raise BackendUnavailableError(
             "an ssh:// Docker engine needs paramiko: pip install 'adk-sandbox[ssh]'"
@@ -271,7 +273,9 @@ def engine_from_context(name: str, *, environ: Mapping[str, str] | None = None) 
             f"there is no Docker context {name!r} (no {meta_path}); `docker context ls` lists them"
         ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InvalidRequestError(f"the Docker context {name!r} cannot be read ({meta_path}: {exc!r})") from exc
+        raise InvalidRequestError(
+            f"the Docker context {name!r} cannot be read ({meta_path}: {exc!r})"
+        ) from exc
     arguments: dict[str, Any] = {"host": host, "context": name}
     tls = contexts / "tls" / digest / "docker"
     if host.startswith("tcp://") and (tls / "ca.pem").exists():
@@ -388,8 +392,7 @@ class _SshChannel:
 
     @classmethod
     def open(cls, engine: Engine, timeout: float) -> _SshChannel:
-        _require_paramiko()
-        import paramiko  # noqa: PLC0415 - optional
+        paramiko = _require_paramiko()
 
         parts = urlsplit(engine.host)
         client = paramiko.SSHClient()
@@ -437,7 +440,9 @@ class _SshChannel:
 def _bridge(remote: _TlsEnd | _SshChannel) -> socket.socket:
     """One end of a local socket pair whose other end a thread joins to ``remote`` (both directions)."""
     local, inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    thread = threading.Thread(target=_pump, args=(inner, remote), name="adk-sandbox-engine-bridge", daemon=True)
+    thread = threading.Thread(
+        target=_pump, args=(inner, remote), name="adk-sandbox-engine-bridge", daemon=True
+    )
     thread.start()
     return local
 
@@ -460,7 +465,7 @@ def _pump(inner: socket.socket, remote: _TlsEnd | _SshChannel) -> None:  # noqa:
                 if data is not None:
                     if data:
                         down += data
-                    if not data or isinstance(remote, _SshChannel) and remote.channel.eof_received:
+                    if not data or (isinstance(remote, _SshChannel) and remote.channel.eof_received):
                         engine_open = bool(data)
             if down:
                 try:
@@ -496,10 +501,10 @@ def _pump(inner: socket.socket, remote: _TlsEnd | _SshChannel) -> None:  # noqa:
                 return
             if remote.pending() and len(down) < _BRIDGE_BUFFER:
                 continue  # decrypted bytes wait in the TLS object: poll() would never report them
-            poller.register(inner, (select.POLLIN if caller_open and len(up) < _BRIDGE_BUFFER else 0)
-                            | (select.POLLOUT if down else 0))  # fmt: skip
-            poller.register(remote.fileno(), (select.POLLIN if engine_open and len(down) < _BRIDGE_BUFFER else 0)
-                            | (select.POLLOUT if up else 0))  # fmt: skip
+            caller_events = select.POLLIN if caller_open and len(up) < _BRIDGE_BUFFER else 0
+            engine_events = select.POLLIN if engine_open and len(down) < _BRIDGE_BUFFER else 0
+            poller.register(inner, caller_events | (select.POLLOUT if down else 0))
+            poller.register(remote.fileno(), engine_events | (select.POLLOUT if up else 0))
             for fd, events in poller.poll(1000):
                 # The caller closed its end entirely (not a half-close): nobody reads any more.
                 if fd == inner.fileno() and events & select.POLLHUP and not caller_open:
