@@ -421,3 +421,88 @@ def _remove_cgroup(path: Path) -> None:
             _remove_cgroup(child)
     with contextlib.suppress(OSError):
         path.rmdir()
+
+
+# -- an ssh path to the engine ------------------------------------------------------------------------------
+#: Where scripts/setup unpacks Debian's openssh-server (not installed: no service, no port 22).
+SSHD_ROOT = Path(os.environ.get("ADK_SANDBOX_SSHD_ROOT", Path.home() / ".cache" / "adk-sandbox" / "openssh"))
+
+
+def find_sshd() -> Path | None:
+    """The sshd binary: the system's, else the one scripts/setup unpacked."""
+    for candidate in (Path("/usr/sbin/sshd"), SSHD_ROOT / "usr" / "sbin" / "sshd"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+class PrivateSshd:
+    """Debian's sshd on 127.0.0.1:<free port> as its own process, forwarding to one engine's Unix socket.
+
+    Its one authorised key may only run ``docker system dial-stdio`` against ``docker_host`` (a forced
+    command), which is what docker-py's paramiko mode and the engine bridge ask for. :attr:`home` holds the
+    client's key and ``known_hosts``: a test points ``HOME`` at it. Stopped by pid.
+    """
+
+    def __init__(self, sshd: Path, directory: Path, docker_host: str) -> None:
+        self.sshd = sshd
+        self.directory = directory
+        self.home = directory / "home"
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        ssh = self.home / ".ssh"
+        ssh.mkdir(parents=True, mode=0o700)
+        for key in (directory / "host_key", ssh / "id_ed25519"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        host_key = (directory / "host_key.pub").read_text().split()
+        (ssh / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n")
+        forced = f'command="DOCKER_HOST={docker_host} exec docker system dial-stdio",restrict'
+        (directory / "authorized_keys").write_text(f"{forced} {(ssh / 'id_ed25519.pub').read_text()}")
+        (directory / "sshd_config").write_text(
+            f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {directory / 'host_key'}\n"
+            f"AuthorizedKeysFile {directory / 'authorized_keys'}\nPidFile {directory / 'sshd.pid'}\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "PermitRootLogin prohibit-password\nAllowTcpForwarding no\nX11Forwarding no\n"
+        )
+
+    @property
+    def host(self) -> str:
+        """``ssh://root@127.0.0.1:PORT``."""
+        return f"ssh://root@127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start sshd (in the foreground of its own process) and wait until its port answers."""
+        # sshd refuses to start without its privilege separation directory (made by the package's scripts,
+        # which did not run: the package is unpacked, not installed).
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        library = self.sshd.parent.parent / "lib" / "x86_64-linux-gnu"
+        env = {**os.environ, "LD_LIBRARY_PATH": str(library)} if library.is_dir() else None
+        log = open(self.directory / "sshd.log", "ab")  # noqa: SIM115 - the process's own log, kept open by it
+        self.process = subprocess.Popen(
+            [str(self.sshd), "-D", "-e", "-f", str(self.directory / "sshd_config")],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                text = (self.directory / "sshd.log").read_text(errors="replace")
+                raise PrivateEngineError(f"sshd exited with status {self.process.returncode}: {text[-2000:]}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise PrivateEngineError(f"sshd did not listen within {timeout:g} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM sshd (by its pid) and wait; its connections' processes end with their connections."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)

@@ -14,8 +14,10 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,12 +26,18 @@ from pathlib import Path
 import pytest
 
 from executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError
-from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, _reaper
+from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine, _reaper
 from executor.backends.docker._spec import PROJECT_LABEL
 from executor.errors import PolicyNotEnforceableError
 from executor.policy import SandboxPolicy
 from tests.conftest import live_processes_with_args, project_containers, require, unique_sleep_seconds
-from tests.integration.private_engine import DOCKERD, PrivateEngine, PrivateEngineError
+from tests.integration.private_engine import (
+    DOCKERD,
+    PrivateEngine,
+    PrivateEngineError,
+    PrivateSshd,
+    find_sshd,
+)
 from tests.integration.test_docker_tree_kill import ENDINGS, alive, check_no_descendant_survives
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -64,6 +72,32 @@ def remote(docker_backend: DockerBackend, hidden: Path) -> Iterator[PrivateEngin
     finally:
         engine.destroy()
         assert engine.leftover_processes() == []
+
+
+@pytest.fixture(scope="module")
+def sshd(remote: PrivateEngine, hidden: Path) -> Iterator[PrivateSshd]:
+    """Debian's sshd on 127.0.0.1 forwarding to the remote engine (``docker system dial-stdio``)."""
+    binary = find_sshd()
+    require(binary is not None, "no sshd: scripts/setup unpacks Debian's openssh-server")
+    assert binary is not None
+    daemon = PrivateSshd(binary, Path(tempfile.mkdtemp(prefix="adk-sshd-", dir="/tmp")), remote.host)
+    try:
+        daemon.start()
+    except PrivateEngineError as exc:
+        shutil.rmtree(daemon.directory, ignore_errors=True)
+        require(False, f"sshd could not start: {exc}")
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        shutil.rmtree(daemon.directory, ignore_errors=True)
+
+
+@pytest.fixture
+def over_ssh(sshd: PrivateSshd, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """The remote engine over ssh; HOME holds the client's key and known hosts (paramiko reads them there)."""
+    monkeypatch.setenv("HOME", str(sshd.home))
+    return Engine(host=sshd.host)
 
 
 @pytest.fixture(scope="module")
@@ -351,3 +385,37 @@ def test_a_connection_dropped_mid_command_fails_it_clearly_and_leaves_no_process
         proxy.close()
     assert live_processes_with_args("sleep", mark) == []
     assert remote.containers() == []
+
+
+# -- over ssh ---------------------------------------------------------------------------------------------
+def test_a_session_over_ssh_is_hardened_uses_the_agent_and_refuses_a_workspace(
+    over_ssh: Engine, remote: PrivateEngine, hidden: Path
+) -> None:
+    with DockerBackend(engine=over_ssh) as backend:
+        assert backend.engine.kind == "ssh" and not backend.engine.local
+        with backend.session() as session:
+            assert session.container_id in remote.containers()
+            capabilities = session.capabilities()
+            assert capabilities.channel == "agent" and capabilities.isolation is IsolationClass.CONTAINER
+            assert capabilities.network and capabilities.memory and capabilities.pids
+            stdin = os.urandom(1 << 18).hex()  # 512 KB in and out through paramiko's windows
+            result = session.execute(ExecRequest(argv=("cat",), stdin=stdin, timeout=60))
+            assert (result.exit_code, result.stdout) == (0, stdin)
+        workspace = hidden / "ws-ssh"
+        workspace.mkdir()
+        with pytest.raises(PolicyNotEnforceableError, match="not on this machine"):
+            backend.session(workspace=workspace)
+
+
+def test_tree_kill_over_ssh(over_ssh: Engine) -> None:
+    """The matrix's cancel case (the kill travels from the host over ssh), a subset for time."""
+    with DockerBackend(engine=over_ssh) as backend, backend.session() as session:
+        check_no_descendant_survives(
+            backend,
+            session,
+            "cancel",
+            run,
+            bomb_went_off=lambda: (
+                "yes" in in_container(backend, session, "sh", "-c", "test -e /tmp/bomb && echo yes")
+            ),
+        )

@@ -384,48 +384,46 @@ class _TlsEnd:
 
 
 class _SshChannel:
-    """The engine side of a bridge over SSH: ``docker system dial-stdio`` on the engine's host (paramiko)."""
+    """The engine side of a bridge over SSH: ``docker system dial-stdio`` on the engine's host (paramiko).
 
-    def __init__(self, client: Any, channel: Any) -> None:
-        self._client = client
+    Each dial is a new channel on one SSH connection per engine and process (opened on first use, again
+    after it broke), so a connection costs a channel open, not an SSH handshake.
+    """
+
+    def __init__(self, channel: Any) -> None:
         self.channel = channel
 
     @classmethod
     def open(cls, engine: Engine, timeout: float) -> _SshChannel:
         paramiko = _require_paramiko()
-
-        parts = urlsplit(engine.host)
-        client = paramiko.SSHClient()
-        client.load_system_host_keys()
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
         try:
-            client.connect(parts.hostname or "", port=parts.port or 22, username=parts.username,
-                           timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)  # fmt: skip
-            channel = client.get_transport().open_session(timeout=timeout)
+            channel = _ssh_transport(engine, timeout, paramiko).open_session(timeout=timeout)
             channel.exec_command("docker system dial-stdio")
-        except (paramiko.SSHException, OSError) as exc:
-            client.close()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
             raise BackendUnavailableError(
                 f"could not reach the Docker engine at {engine.describe()} over ssh: {exc}"
             ) from exc
         channel.setblocking(False)
-        return cls(client, channel)
+        return cls(channel)
 
     def fileno(self) -> int:
-        return int(self.channel.fileno())
+        return int(self.channel.fileno())  # readable when data (or the end) is buffered
 
     def recv(self) -> bytes | None:
-        if not self.channel.recv_ready():
-            return b"" if self.channel.closed or self.channel.eof_received else None
-        return bytes(self.channel.recv(_READ_SIZE))
+        if self.channel.recv_ready():
+            return bytes(self.channel.recv(_READ_SIZE))
+        return b"" if self.channel.closed or self.channel.eof_received else None
 
     def pending(self) -> bool:
         return bool(self.channel.recv_ready())
 
     def send(self, data: bytes) -> int:
-        if not self.channel.send_ready():
+        if self.channel.closed:
+            raise BrokenPipeError("the ssh channel to the Docker engine closed")
+        try:
+            return int(self.channel.send(data))
+        except TimeoutError:  # the channel's window is full: later
             return 0
-        return int(self.channel.send(data))
 
     def close_write(self) -> None:
         with contextlib.suppress(OSError, EOFError):
@@ -434,7 +432,47 @@ class _SshChannel:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.channel.close()
-        self._client.close()
+
+
+_ssh_clients: dict[str, Any] = {}
+_ssh_lock = threading.Lock()
+
+
+def _ssh_transport(engine: Engine, timeout: float, paramiko: Any) -> Any:
+    """The paramiko transport of this process's SSH connection to ``engine`` (made or remade as needed).
+
+    Host, port, user, identity file and proxy command come from ``~/.ssh/config`` as docker-py's paramiko
+    mode reads them; host keys from the system's known hosts (an unknown host is rejected).
+    """
+    with _ssh_lock:
+        client = _ssh_clients.get(engine.host)
+        transport = client.get_transport() if client is not None else None
+        if transport is not None and transport.is_active():
+            return transport
+        parts = urlsplit(engine.host)
+        parameters: dict[str, Any] = {
+            "hostname": parts.hostname,
+            "port": parts.port or 22,
+            "username": parts.username,
+        }
+        config_file = Path("~/.ssh/config").expanduser()
+        if config_file.exists():
+            config = paramiko.SSHConfig.from_path(str(config_file)).lookup(parts.hostname or "")
+            if "proxycommand" in config:
+                parameters["sock"] = paramiko.ProxyCommand(config["proxycommand"])
+            parameters["hostname"] = config.get("hostname", parameters["hostname"])
+            if parts.port is None and "port" in config:
+                parameters["port"] = int(config["port"])
+            if parts.username is None and "user" in config:
+                parameters["username"] = config["user"]
+            if "identityfile" in config:
+                parameters["key_filename"] = config["identityfile"]
+        client = paramiko.SSHClient()
+        client.load_system_host_keys()
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(**parameters, timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+        _ssh_clients[engine.host] = client
+        return client.get_transport()
 
 
 def _bridge(remote: _TlsEnd | _SshChannel) -> socket.socket:
@@ -463,10 +501,8 @@ def _pump(inner: socket.socket, remote: _TlsEnd | _SshChannel) -> None:  # noqa:
                 except OSError:
                     return  # the connection broke: closing the caller's end says so
                 if data is not None:
-                    if data:
-                        down += data
-                    if not data or (isinstance(remote, _SshChannel) and remote.channel.eof_received):
-                        engine_open = bool(data)
+                    down += data
+                    engine_open = bool(data)
             if down:
                 try:
                     del down[: inner.send(down)]
@@ -505,7 +541,9 @@ def _pump(inner: socket.socket, remote: _TlsEnd | _SshChannel) -> None:  # noqa:
             engine_events = select.POLLIN if engine_open and len(down) < _BRIDGE_BUFFER else 0
             poller.register(inner, caller_events | (select.POLLOUT if down else 0))
             poller.register(remote.fileno(), engine_events | (select.POLLOUT if up else 0))
-            for fd, events in poller.poll(1000):
+            # A paramiko channel's descriptor only says "readable": when its window is full, look again soon.
+            wait = 10 if up and isinstance(remote, _SshChannel) else 1000
+            for fd, events in poller.poll(wait):
                 # The caller closed its end entirely (not a half-close): nobody reads any more.
                 if fd == inner.fileno() and events & select.POLLHUP and not caller_open:
                     return
