@@ -419,3 +419,17 @@ def test_tree_kill_over_ssh(over_ssh: Engine) -> None:
                 "yes" in in_container(backend, session, "sh", "-c", "test -e /tmp/bomb && echo yes")
             ),
         )
+
+
+def test_more_streams_than_one_ssh_connection_allows_are_spread_over_connections(over_ssh: Engine) -> None:
+    """sshd allows 10 channels per connection (MaxSessions): twelve open at once, each answering a ping."""
+    connections = [over_ssh.dial(30, stream=True) for _ in range(12)]
+    try:
+        for connection in connections:
+            connection.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+        for connection in connections:
+            connection.settimeout(30)
+            assert connection.recv(4096).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for connection in connections:
+            connection.close()

@@ -386,25 +386,34 @@ class _TlsEnd:
 class _SshChannel:
     """The engine side of a bridge over SSH: ``docker system dial-stdio`` on the engine's host (paramiko).
 
-    Each dial is a new channel on one SSH connection per engine and process (opened on first use, again
-    after it broke), so a connection costs a channel open, not an SSH handshake.
+    Each dial is a new channel on one of this process's SSH connections to the engine (see
+    :func:`_ssh_connection`), so a dial costs a channel open, not an SSH handshake.
     """
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: Any, connection: _SshConnection) -> None:
         self.channel = channel
+        self._connection: _SshConnection | None = connection
 
     @classmethod
     def open(cls, engine: Engine, timeout: float) -> _SshChannel:
         paramiko = _require_paramiko()
         try:
-            channel = _ssh_transport(engine, timeout, paramiko).open_session(timeout=timeout)
-            channel.exec_command("docker system dial-stdio")
+            connection = _ssh_connection(engine, timeout, paramiko)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise BackendUnavailableError(
                 f"could not reach the Docker engine at {engine.describe()} over ssh: {exc}"
             ) from exc
+        try:
+            channel = connection.client.get_transport().open_session(timeout=timeout)
+            channel.exec_command("docker system dial-stdio")
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            connection.release()
+            raise BackendUnavailableError(
+                f"the ssh server of the Docker engine at {engine.describe()} refused a channel running "
+                f"`docker system dial-stdio` ({exc}); it needs the docker CLI on that host"
+            ) from exc
         channel.setblocking(False)
-        return cls(channel)
+        return cls(channel, connection)
 
     def fileno(self) -> int:
         return int(self.channel.fileno())  # readable when data (or the end) is buffered
@@ -432,23 +441,51 @@ class _SshChannel:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.channel.close()
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.release()
 
 
-_ssh_clients: dict[str, Any] = {}
+#: Channels open at once on one SSH connection: sshd allows 10 by default (``MaxSessions``); more
+#: concurrent streams (sessions' agents, execs) go over further connections.
+_CHANNELS_PER_CONNECTION = 8
+
+
+class _SshConnection:
+    """One SSH connection to an engine's host and how many of this process's channels use it."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.channels = 0
+
+    def active(self) -> bool:
+        transport = self.client.get_transport()
+        return transport is not None and bool(transport.is_active())
+
+    def release(self) -> None:
+        with _ssh_lock:
+            self.channels -= 1
+
+
+_ssh_pools: dict[str, list[_SshConnection]] = {}
 _ssh_lock = threading.Lock()
 
 
-def _ssh_transport(engine: Engine, timeout: float, paramiko: Any) -> Any:
-    """The paramiko transport of this process's SSH connection to ``engine`` (made or remade as needed).
+def _ssh_connection(engine: Engine, timeout: float, paramiko: Any) -> _SshConnection:
+    """A live SSH connection to ``engine`` with room for one more channel (counted as taken).
 
     Host, port, user, identity file and proxy command come from ``~/.ssh/config`` as docker-py's paramiko
     mode reads them; host keys from the system's known hosts (an unknown host is rejected).
     """
     with _ssh_lock:
-        client = _ssh_clients.get(engine.host)
-        transport = client.get_transport() if client is not None else None
-        if transport is not None and transport.is_active():
-            return transport
+        pool = _ssh_pools.setdefault(engine.host, [])
+        for dead in [connection for connection in pool if not connection.active()]:
+            pool.remove(dead)
+            dead.client.close()
+        for connection in pool:
+            if connection.channels < _CHANNELS_PER_CONNECTION:
+                connection.channels += 1
+                return connection
         parts = urlsplit(engine.host)
         parameters: dict[str, Any] = {
             "hostname": parts.hostname,
@@ -470,9 +507,15 @@ def _ssh_transport(engine: Engine, timeout: float, paramiko: Any) -> Any:
         client = paramiko.SSHClient()
         client.load_system_host_keys()
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect(**parameters, timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
-        _ssh_clients[engine.host] = client
-        return client.get_transport()
+        try:
+            client.connect(**parameters, timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+        except BaseException:
+            client.close()
+            raise
+        connection = _SshConnection(client)
+        connection.channels = 1
+        pool.append(connection)
+        return connection
 
 
 def _bridge(remote: _TlsEnd | _SshChannel) -> socket.socket:
