@@ -100,8 +100,8 @@ def main() -> None:
         [
             "All paths reach the same daemon, on loopback: a real network adds its round trips to every "
             "connection (the exec API makes three or more per command, the agent channel none).",
-            "ssh: each connection is a channel (on a few SSH connections) running `docker system dial-stdio` on "
-            "the engine's host (a docker CLI process each), which is what the exec API pays per call.",
+            "ssh: each connection is a channel (on a few SSH connections) running `docker system dial-stdio` "
+            "on the engine's host (a docker CLI process each), which is what the exec API pays per call.",
         ],
     )
 

@@ -9,6 +9,7 @@
     ├── NotRegularFileError                            a directory, FIFO, socket or device, not a file
     ├── BinaryFileError        (also ValueError)       read_file of binary or non-UTF-8 content
     ├── ReadOnlyError          (also PermissionError)  "workspace is read-only; 'T' is not permitted"
+    ├── FilePermissionError    (also PermissionError)  the file's mode denies the read or write
     ├── BashDisabledError      (also PermissionError)  "bash execution is disabled for this workspace"
     ├── NotReadError                                   edit_file before read_file/write_file
     ├── NoMatchError                                   edit_file: the target string does not occur
@@ -33,6 +34,7 @@ __all__ = [
     "AmbiguousMatchError",
     "BashDisabledError",
     "BinaryFileError",
+    "FilePermissionError",
     "InvalidArgumentsError",
     "InvalidPathError",
     "NoMatchError",
@@ -78,6 +80,14 @@ class ReadOnlyError(ToolError, PermissionError):
     def __init__(self, tool: str) -> None:
         super().__init__(f"workspace is read-only; '{tool}' is not permitted")
         self.tool = tool
+
+
+class FilePermissionError(ToolError, PermissionError):
+    """The file's (or its directory's) permission bits deny the read or write; nothing was changed.
+
+    A write never replaces a file its mode says the tools' user may not write, although the atomic
+    rename would allow it (see docs/DEVTOOLS.md, "File permissions").
+    """
 
 
 class BashDisabledError(ToolError, PermissionError):

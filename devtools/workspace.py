@@ -17,6 +17,7 @@ from typing import Self
 
 from devtools._beneath import NAMES_DIRECTORY, NOT_A_DIRECTORY, EscapeError, Located, RootDir, climbs_out
 from devtools.errors import (
+    FilePermissionError,
     InvalidPathError,
     NotRegularFileError,
     PathEscapeError,
@@ -26,7 +27,14 @@ from devtools.errors import (
 )
 from executor import DEFAULT_MAX_OUTPUT_BYTES, Capabilities, ProcessBackend, SandboxBackend, SessionFactory
 
-__all__ = ["DEFAULT_ENV_ALLOWLIST", "FileStamp", "SessionFactory", "Workspace"]
+__all__ = [
+    "DEFAULT_ENV_ALLOWLIST",
+    "FileStamp",
+    "SessionFactory",
+    "Workspace",
+    "check_permitted",
+    "permitted",
+]
 
 DEFAULT_ENV_ALLOWLIST: tuple[str, ...] = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TERM", "USER", "SHELL")
 """Host variables a ``bash`` command sees when the workspace does not inherit the whole environment."""
@@ -243,6 +251,7 @@ class Workspace:
                 info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode):
                     raise NotRegularFileError(_not_regular_message(path, info.st_mode))
+                check_permitted(info, "read", path)
                 return fd, info, self._root.real_path(fd)
             except BaseException:
                 os.close(fd)
@@ -302,11 +311,17 @@ class Workspace:
 
         The rename replaces the directory entry, so the inode of the old file is never written: a hard
         link to it elsewhere keeps its content, and a symlink swapped in meanwhile is replaced, not
-        followed. An existing file's permission bits are kept. Returns ``(real path, fstat of the new
-        file)``.
+        followed. An existing file's permission bits (and, when the tools run as root, its owner) are
+        kept. A file (or directory) whose mode denies the tools' user the write is refused with
+        :class:`FilePermissionError` before anything is written (:func:`check_permitted`). Returns
+        ``(real path, fstat of the new file)``.
         """
         with self.mapped_errors(path):
-            mode = stat.S_IMODE(located.lstat.st_mode) if located.lstat is not None else None
+            old = located.lstat
+            if old is not None:
+                check_permitted(old, "write", path)
+            check_permitted(os.fstat(located.dir_fd), "write", path, directory=True)
+            mode = stat.S_IMODE(old.st_mode) if old is not None else None
             temp = f".{located.name[:200]}.{secrets.token_hex(6)}.tmp"
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(temp, flags, 0o666 if mode is None else 0o600, dir_fd=located.dir_fd)
@@ -315,8 +330,10 @@ class Workspace:
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view) :]
+                    if old is not None and os.geteuid() == 0 and (old.st_uid, old.st_gid) != (0, 0):
+                        os.fchown(fd, old.st_uid, old.st_gid)  # the owner keeps the file it could write
                     if mode is not None:
-                        os.fchmod(fd, mode)
+                        os.fchmod(fd, mode)  # after fchown, which clears set-id bits
                     info = os.fstat(fd)
                 finally:
                     os.close(fd)
@@ -423,6 +440,48 @@ class Workspace:
 
 _DANGLING = "dangling symbolic link"
 
+_BITS = {
+    "read": (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH),
+    "write": (stat.S_IWUSR, stat.S_IWGRP, stat.S_IWOTH),
+}
+
+
+def permitted(info: os.stat_result, access: str) -> bool:
+    """Whether the file's permission bits let the tools' user ``access`` ("read"/"write") it.
+
+    The tools act as this process. An unprivileged process is judged by the class the kernel would use
+    (owner, else group, else other bits of its effective uid, gid and groups). A process running as root
+    bypasses those classes in the kernel; the tools refuse only what the mode denies to everyone (a 0444
+    file is not written, a 0200 file not read), since they cannot know whose request root is carrying
+    out (docs/DEVTOOLS.md, "File permissions").
+    """
+    owner, group, other = _BITS[access]
+    mode = info.st_mode
+    uid = os.geteuid()
+    if uid == 0:
+        return bool(mode & (owner | group | other))
+    if info.st_uid == uid:
+        return bool(mode & owner)
+    if info.st_gid == os.getegid() or info.st_gid in os.getgroups():
+        return bool(mode & group)
+    return bool(mode & other)
+
+
+def check_permitted(info: os.stat_result, access: str, path: str, *, directory: bool = False) -> None:
+    """Raise :class:`FilePermissionError` unless :func:`permitted`; the message is for the model."""
+    if permitted(info, access):
+        return
+    mode = f"mode {stat.S_IMODE(info.st_mode):04o}"
+    if directory:
+        raise FilePermissionError(
+            f"permission denied: the directory of '{path}' is not writable ({mode}); nothing was written"
+        )
+    if access == "write":
+        raise FilePermissionError(
+            f"permission denied: '{path}' is read-only ({mode}) for this user; it was left unchanged"
+        )
+    raise FilePermissionError(f"permission denied: '{path}' is not readable ({mode}) for this user")
+
 
 def _not_regular_message(path: str, mode: int) -> str:
     if stat.S_ISDIR(mode):
@@ -463,5 +522,5 @@ def _tool_error(path: str, exc: OSError) -> ToolError:  # noqa: PLR0911 - one ca
     if code == errno.ENXIO:  # open() of a socket
         return NotRegularFileError(f"path '{path}' is a socket or device; only regular files can be used")
     if code in (errno.EACCES, errno.EPERM):
-        return ToolError(f"permission denied for '{path}'")
+        return FilePermissionError(f"permission denied for '{path}'")
     return ToolError(f"cannot access '{path}': {exc.strerror or exc}")

@@ -6,8 +6,11 @@ neither:
 
 * **A thread of its own per call, not the loop's default executor.** That executor has a handful of
   workers (``min(32, cpus + 4)``: six on a 2-core machine); six long ``bash`` or ``sandbox_exec`` calls
-  would hold all of them, and a ``read_file`` issued meanwhile would wait for one of them to end. A
-  thread start costs about 0.1 ms (docs/DESIGN.md has the numbers), a command at least a millisecond.
+  would hold all of them, and a ``read_file`` issued meanwhile would wait for one of them to end. Here a
+  call never waits for another: it gets an idle thread left by an earlier call, or a new one. Idle
+  threads are kept (at most :data:`IDLE_THREADS`, each for :data:`IDLE_SECONDS`) because a thread start
+  is not free: about 0.1 ms on a quiet machine, and on a busy one the new thread waits for its first time
+  slice behind everything else runnable (a millisecond or more), where a woken idle thread runs at once.
 * **Cancellation waits for the kill.** Cancelling the awaiting task sets the call's ``threading.Event``
   (every backend kills the execution's whole process tree when it is set) and then waits, bounded by
   :data:`CANCEL_WAIT_SECONDS`, for the call to return, so when ``CancelledError`` reaches the caller the
@@ -18,12 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["CANCEL_WAIT_SECONDS", "run_blocking"]
+__all__ = ["CANCEL_WAIT_SECONDS", "IDLE_SECONDS", "IDLE_THREADS", "run_blocking"]
 
 T = TypeVar("T")
 
@@ -35,7 +41,70 @@ second: it kills inside the container); the bound only keeps a broken backend fr
 task forever. Past it the call is left to finish in its (daemon) thread, and a warning is logged.
 """
 
+IDLE_THREADS = 8
+"""How many threads, idle after a call, are kept for the next calls (more idle ones end at once)."""
+
+IDLE_SECONDS = 30.0
+"""How long an idle thread waits for its next call before it ends."""
+
 log = logging.getLogger(__name__)
+
+# A job runs the call and returns the delivery of its outcome, made once the thread is idle again.
+_Job = tuple[Callable[[], Callable[[], None]], str]
+
+# The inboxes of idle threads, the most recently idle last (it is taken first: its stack is warm).
+_idle: list[queue.SimpleQueue[_Job]] = []
+_idle_lock = threading.Lock()
+
+
+def _forget_idle_threads() -> None:
+    # A forked child has none of its parent's threads: a job handed to one of their inboxes would never run.
+    global _idle_lock  # noqa: PLW0603 - the parent's lock may have been held by a thread that is gone
+    _idle_lock = threading.Lock()
+    _idle.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_idle_threads)
+
+
+def _start(job: Callable[[], Callable[[], None]], name: str) -> None:
+    """Run ``job`` in a thread doing nothing else: an idle one named ``name`` for now, or a new one."""
+    with _idle_lock:
+        inbox = _idle.pop() if _idle else None
+    if inbox is not None:
+        inbox.put((job, name))
+        return
+    inbox = queue.SimpleQueue()
+    inbox.put((job, name))
+    threading.Thread(target=_serve, args=(inbox,), name=name, daemon=True).start()
+
+
+def _serve(inbox: queue.SimpleQueue[_Job]) -> None:
+    thread = threading.current_thread()
+    while True:
+        job, thread.name = inbox.get()
+        deliver = job()  # never raises: run_blocking's work() returns the hand-over of every outcome
+        del job  # the call's closure (and its result) is not kept alive by an idle thread
+        thread.name = "adk-sandbox-idle"
+        # Idle *before* the outcome is handed over: the awaiting task's next call, which may come at once,
+        # then finds this thread (its job waits in the inbox until the loop below comes back for it).
+        with _idle_lock:
+            keep = len(_idle) < IDLE_THREADS
+            if keep:
+                _idle.append(inbox)
+        deliver()
+        del deliver
+        if not keep:
+            return
+        try:
+            inbox.put(inbox.get(timeout=IDLE_SECONDS))  # back in, for the get at the top of the loop
+        except queue.Empty:
+            with _idle_lock:
+                if inbox in _idle:  # nobody took this thread meanwhile: it ends
+                    _idle.remove(inbox)
+                    return
+            # Taken just as the wait ended: its job is on the way (the get at the top waits for it).
 
 
 async def run_blocking(
@@ -45,7 +114,7 @@ async def run_blocking(
     name: str = "adk-sandbox-call",
     cancel_wait: float = CANCEL_WAIT_SECONDS,
 ) -> T:
-    """Run ``call(cancel)`` in a new thread and return its result (or raise its exception).
+    """Run ``call(cancel)`` in a thread of its own and return its result (or raise its exception).
 
     ``call`` receives ``cancel``, a ``threading.Event`` (a new one unless given: a caller may also set it
     itself, e.g. when nobody listens to the output any more); a call that starts an execution passes it
@@ -70,15 +139,14 @@ async def run_blocking(
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits the result any more
             loop.call_soon_threadsafe(settle, result, error)
 
-    def work() -> None:
+    def work() -> Callable[[], None]:
         try:
             result = call(event)
         except BaseException as exc:  # handed to the awaiting task, which re-raises it
-            post(None, exc)
-        else:
-            post(result, None)
+            return functools.partial(post, None, exc)
+        return functools.partial(post, result, None)
 
-    threading.Thread(target=work, name=name, daemon=True).start()
+    _start(work, name)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

@@ -5,7 +5,10 @@ Two halves:
 * :class:`OutputCapture` is fed raw chunks per stream (from host pipes, or from a container's exec
   stream). It keeps at most ``max_bytes`` per stream, cut on a UTF-8 character boundary, counts and drops
   the rest, and hands whole lines to ``on_output`` as they complete. Memory stays bounded by the cap no
-  matter how much a program writes.
+  matter how much a program writes. With ``keep_tail`` the cap is split: the first half is kept from the
+  start, the second half is a sliding window over the latest bytes (a queue of chunks trimmed from the
+  front, so a flood costs no copying of the window), joined by an omission line when bytes were dropped
+  in between.
 * :func:`start_pipe_reader` drains two host pipes concurrently in one thread, in fixed-size chunks, so a
   writer never blocks on a full pipe even after its stream's cap was reached.
 """
@@ -17,6 +20,7 @@ import contextlib
 import os
 import selectors
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +31,7 @@ __all__ = [
     "CapturedStream",
     "OutputCapture",
     "PipeReader",
+    "omission_line",
     "start_pipe_reader",
     "utf8_safe_cut",
 ]
@@ -70,18 +75,50 @@ def _sequence_length(lead: int) -> int:
     return 0
 
 
+def omission_line(count: int, after: bytes | str) -> str:
+    """The line that stands between a kept head and a kept tail: ``[... N bytes omitted ...]``.
+
+    Starts on a line of its own (a newline first unless ``after`` ends with one), so a model or a parser
+    never reads the end of one line glued to a line from much later.
+    """
+    newline = "" if not after or after[-1:] in ("\n", b"\n") else "\n"
+    return f"{newline}[... {count} bytes omitted ...]\n"
+
+
 @dataclass
 class CapturedStream:
-    """The kept part of one stream and whether anything was dropped."""
+    """The kept part of one stream and whether anything was dropped.
+
+    ``data`` is the kept head; ``tail`` the kept end of the stream (only with ``keep_tail``), and
+    ``omitted`` counts the bytes dropped between them (or after the head, without a tail).
+    """
 
     data: bytes
     truncated: bool
     total_bytes: int
+    tail: bytes = b""
+    tail_kept: bool = False
+    """True when the capture kept a tail (``keep_tail``), even an empty one."""
+
+    @property
+    def omitted(self) -> int:
+        """Bytes produced and not kept."""
+        return self.total_bytes - len(self.data) - len(self.tail)
 
     @property
     def text(self) -> str:
-        """The kept bytes decoded as UTF-8, invalid sequences replaced (lossy, never raises)."""
-        return self.data.decode("utf-8", errors="replace")
+        """The kept bytes decoded as UTF-8, invalid sequences replaced (lossy, never raises).
+
+        With a kept tail and bytes dropped before it, the omission line (:func:`omission_line`) joins the
+        head and the tail.
+        """
+        head = self.data.decode("utf-8", errors="replace")
+        if not self.tail_kept:
+            return head
+        tail = self.tail.decode("utf-8", errors="replace")
+        if self.omitted <= 0:
+            return head + tail
+        return head + omission_line(self.omitted, head) + tail
 
 
 class _StreamState:
@@ -91,6 +128,35 @@ class _StreamState:
         self.total = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.pending_line = ""
+        self.tail: deque[bytes] = deque()
+        self.tail_len = 0
+
+    def keep_tail(self, chunk: bytes, room: int) -> None:
+        """Add ``chunk`` to the tail window of ``room`` bytes, dropping from its front what no longer fits."""
+        if len(chunk) >= room:
+            self.tail.clear()
+            self.tail.append(chunk[len(chunk) - room :])
+            self.tail_len = room
+            return
+        self.tail.append(chunk)
+        self.tail_len += len(chunk)
+        while self.tail_len > room:
+            excess = self.tail_len - room
+            first = self.tail[0]
+            if len(first) <= excess:
+                self.tail.popleft()
+                self.tail_len -= len(first)
+            else:
+                self.tail[0] = first[excess:]
+                self.tail_len -= excess
+
+    def tail_bytes(self) -> bytes:
+        """The tail window, starting on a character: up to 3 leading continuation bytes are dropped."""
+        tail = b"".join(self.tail)
+        start = 0
+        while start < min(3, len(tail)) and (tail[start] & 0xC0) == 0x80:
+            start += 1
+        return tail[start:]
 
 
 class OutputCapture:
@@ -98,12 +164,24 @@ class OutputCapture:
 
     ``on_output(stream, text)`` is called with whole lines (newline included) of the kept output, in
     order per stream, never concurrently; a final partial line is delivered by :meth:`finish`.
+
+    ``keep_tail`` splits the cap: :attr:`head_bytes` from the start, :attr:`tail_bytes` (half the cap,
+    rounded down) from the end. The tail is only known at the end, so ``on_output`` receives it (after
+    the omission line) from :meth:`finish`: what was streamed is always exactly the result's text.
     """
 
-    def __init__(self, max_bytes: int, on_output: Callable[[Stream, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        on_output: Callable[[Stream, str], None] | None = None,
+        *,
+        keep_tail: bool = False,
+    ) -> None:
         if max_bytes <= 0:
             raise ValueError("max_bytes must be positive")
         self._max_bytes = max_bytes
+        self._tail_bytes = max_bytes // 2 if keep_tail else 0
+        self._keep_tail = keep_tail
         self._on_output = on_output
         self._lock = threading.Lock()
         self._streams: dict[Stream, _StreamState] = {
@@ -114,8 +192,18 @@ class OutputCapture:
 
     @property
     def max_bytes(self) -> int:
-        """The per-stream cap."""
+        """The per-stream cap (head and tail together)."""
         return self._max_bytes
+
+    @property
+    def head_bytes(self) -> int:
+        """Bytes kept from the start of each stream."""
+        return self._max_bytes - self._tail_bytes
+
+    @property
+    def tail_bytes(self) -> int:
+        """Bytes kept from the end of each stream (0 without ``keep_tail``)."""
+        return self._tail_bytes
 
     def note_dropped(self, stream: Stream, count: int) -> None:
         """Count ``count`` bytes of ``stream`` dropped before reaching this capture (a cap at the source)."""
@@ -131,13 +219,24 @@ class OutputCapture:
             state = self._streams[stream]
             state.total += len(chunk)
             if state.full:
+                if self._tail_bytes:
+                    state.keep_tail(chunk, self._tail_bytes)
                 return
-            room = self._max_bytes - len(state.kept)
+            room = self.head_bytes - len(state.kept)
+            rest = b""
             if len(chunk) > room:
-                chunk = self._cut_at_cap(state, chunk, room)
+                before, held = bytes(state.kept[-3:]), len(state.kept)
+                kept = self._cut_at_cap(state, chunk, room)
+                # What the head does not keep starts the tail window, with the bytes of a character the
+                # cut took back out of the head, so a stream that fits in the cap loses nothing.
+                taken_back = held - len(state.kept)
+                rest = (before[len(before) - taken_back :] if taken_back else b"") + chunk[len(kept) :]
+                chunk = kept
                 state.full = True
             state.kept += chunk
             self._deliver(stream, state, state.decoder.decode(chunk))
+            if rest and self._tail_bytes:
+                state.keep_tail(rest, self._tail_bytes)
 
     @staticmethod
     def _cut_at_cap(state: _StreamState, chunk: bytes, room: int) -> bytes:
@@ -161,14 +260,29 @@ class OutputCapture:
                     if state.pending_line:
                         self._emit(stream, state.pending_line)
                         state.pending_line = ""
-            return {
-                stream: CapturedStream(
-                    data=bytes(state.kept),
-                    truncated=state.total > len(state.kept),
-                    total_bytes=state.total,
-                )
-                for stream, state in self._streams.items()
-            }
+                    self._deliver_tail(stream, state)
+            return {stream: self._captured(state) for stream, state in self._streams.items()}
+
+    def _captured(self, state: _StreamState) -> CapturedStream:
+        tail = state.tail_bytes() if self._keep_tail else b""
+        return CapturedStream(
+            data=bytes(state.kept),
+            truncated=state.total > len(state.kept) + len(tail),
+            total_bytes=state.total,
+            tail=tail,
+            tail_kept=self._keep_tail,
+        )
+
+    def _deliver_tail(self, stream: Stream, state: _StreamState) -> None:
+        """Stream the omission line and the tail at the end (what follows the streamed head)."""
+        if not self._keep_tail:
+            return
+        captured = self._captured(state)
+        text = captured.text[len(captured.data.decode("utf-8", errors="replace")) :]
+        self._deliver(stream, state, text)
+        if state.pending_line:
+            self._emit(stream, state.pending_line)
+            state.pending_line = ""
 
     def _deliver(self, stream: Stream, state: _StreamState, text: str) -> None:
         if self._on_output is None or not text:

@@ -139,7 +139,13 @@ def run(args: argparse.Namespace) -> int:
         limits_given = {"memory_mb": args.memory, "cpus": args.cpus}
         limits = ResourceLimits(**{k: v for k, v in limits_given.items() if v is not None})
         backend = stack.enter_context(
-            DockerBackend(image=args.image, limits=limits, runtime=args.runtime, container=args.container)
+            DockerBackend(
+                image=args.image,
+                limits=limits,
+                runtime=args.runtime,
+                container=args.container,
+                tmpfs=_tmpfs_of(args.tmpfs or []),
+            )
         )
         session = stack.enter_context(backend.session(workspace=workspace))
         request = ExecRequest(
@@ -167,6 +173,19 @@ def run(args: argparse.Namespace) -> int:
             return 128 + received[0]
         return _report(result)
     return 1  # pragma: no cover - unreachable
+
+
+def _tmpfs_of(specs: Sequence[str]) -> dict[str, int]:
+    """``--tmpfs PATH:MB`` options as a :class:`DockerBackend` ``tmpfs`` mapping (checked there)."""
+    tmpfs: dict[str, int] = {}
+    for spec in specs:
+        path, _, size = spec.rpartition(":")
+        if not path or not size.isdigit():
+            raise InvalidRequestError(f"--tmpfs {spec!r} is not PATH:MB (e.g. --tmpfs /var/tmp:64)")
+        if path in tmpfs:
+            raise InvalidRequestError(f"--tmpfs names {path} twice")
+        tmpfs[path] = int(size)
+    return tmpfs
 
 
 def _stream_to_terminal(stream: Stream, chunk: str) -> None:
@@ -198,11 +217,17 @@ def _example_workspace() -> Iterator[str]:
         yield root
 
 
-def cleanup() -> int:
-    """``adk-sandbox cleanup``: remove this project's leaked containers (selected by label)."""
+def cleanup(session: str | None = None) -> int:
+    """``adk-sandbox cleanup``: remove this project's leaked containers, or one session's (by label)."""
     from executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
-    from executor.backends.docker._reaper import reap_leaked  # noqa: PLC0415
+    from executor.backends.docker._reaper import cleanup_session, reap_leaked  # noqa: PLC0415
 
+    if session is not None:
+        ids = cleanup_session(session)
+        for container_id in ids:
+            print(f"removed {container_id[:12]} (session {session})")
+        print(f"{len(ids)} container(s) of session {session} removed")
+        return 0
     client = connect()
     try:
         removed = reap_leaked(client)
@@ -295,7 +320,28 @@ def images_build(*, base_image: str | None, force: bool) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def mcp_server(args: argparse.Namespace) -> int:
+    """``adk-sandbox mcp``: serve the workspace tools to an MCP host over stdio (extra ``mcp``)."""
+    try:
+        from devtools.adapters import mcp  # noqa: PLC0415 - the mcp SDK is an optional extra
+    except ImportError as exc:
+        print(
+            f"adk-sandbox: error: {exc}; install the extra: pip install 'adk-sandbox[mcp]'", file=sys.stderr
+        )
+        return 1
+    if not os.path.isdir(args.workspace):
+        print(f"adk-sandbox: error: --workspace {args.workspace!r} is not a directory", file=sys.stderr)
+        return 2
+    return mcp.main(
+        args.workspace,
+        image=args.image,
+        runtime=args.runtime,
+        read_only=args.read_only,
+        code_exec=args.code_exec,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one return per command
     """Entry point of the ``adk-sandbox`` command."""
     parser = argparse.ArgumentParser(
         prog="adk-sandbox", description=__doc__.splitlines()[0] if __doc__ else None
@@ -321,17 +367,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-output-bytes", type=int, default=64 * 1024 * 1024, metavar="N", help="per stream cap"
     )
     run_parser.add_argument(
+        "--tmpfs",
+        action="append",
+        metavar="PATH:MB",
+        help="an extra writable tmpfs of MB MiB at PATH (exec,nosuid,nodev; repeatable), e.g. /var/tmp:64",
+    )
+    run_parser.add_argument(
         "--container", metavar="NAME", help="attach to this running container (e.g. the compose sandbox)"
     )
     run_parser.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its args"
     )
     commands.add_parser("doctor", help="list the backends available here and what each enforces")
-    commands.add_parser(
+    cleanup_parser = commands.add_parser(
         "cleanup",
-        help="remove leaked sandbox containers",
+        help="remove leaked sandbox containers (or one session's)",
         description="Remove this project's containers (selected by label, never by name) whose owner "
-        "process is gone or whose expiry passed, and print what was removed.",
+        "process is gone or whose expiry passed, and print what was removed. With --session, remove "
+        "that session's containers instead, whoever owns them.",
+    )
+    cleanup_parser.add_argument(
+        "--session", metavar="ID", help="remove the containers of this session id (DockerSession.session_id)"
     )
     images_parser = commands.add_parser(
         "images", help="the sandbox images (adk-sandbox/base, adk-sandbox/rust)"
@@ -347,14 +403,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     build.add_argument("--base-image", metavar="IMG", help="the Debian image to build the base image on")
     build.add_argument("--force", action="store_true", help="rebuild every image, without the layer cache")
+    mcp_parser = commands.add_parser(
+        "mcp",
+        help="serve the workspace tools to an MCP host over stdio",
+        description="An MCP server on stdin/stdout: read_file, glob, grep, write_file, edit_file and bash "
+        "on DIR, plus sandbox_exec (bash and sandbox_exec share one container with DIR mounted, removed "
+        "when the client closes stdin or on SIGTERM). --read-only serves read_file, glob and grep only, "
+        "with no container. Needs the extra: pip install 'adk-sandbox[mcp]'.",
+    )
+    mcp_parser.add_argument(
+        "--workspace", required=True, metavar="DIR", help="the directory the tools work in"
+    )
+    mcp_parser.add_argument("--image", default=BASE_IMAGE, metavar="IMG", help="sandbox image for bash")
+    mcp_parser.add_argument("--runtime", metavar="RUNTIME", help="container runtime, e.g. runsc (gVisor)")
+    mcp_parser.add_argument("--read-only", action="store_true", help="only read_file, glob and grep")
+    mcp_parser.add_argument(
+        "--code-exec", action="store_true", help="also serve code_exec (Rust, image adk-sandbox/rust)"
+    )
     args = parser.parse_args(argv)
     try:
+        if args.command == "mcp":
+            return mcp_server(args)
         if args.command == "run":
             return run(args)
         if args.command == "doctor":
             return doctor()
         if args.command == "cleanup":
-            return cleanup()
+            return cleanup(args.session)
         if args.command == "images":
             return images_build(base_image=args.base_image, force=args.force)
     except (ExecutorError, ValidationError) as exc:

@@ -170,6 +170,12 @@ class ExecRequest(BaseModel):
     """Memory limit; a backend that cannot enforce it refuses the request."""
     max_output_bytes: Annotated[int, Field(gt=0)] | None = None
     """Bytes kept per stream; ``None`` means the backend default (1 MiB). The rest is read and dropped."""
+    truncate: Literal["head", "head_tail"] = "head"
+    """Which part of a stream longer than the cap is kept: ``"head"`` its first ``max_output_bytes``;
+    ``"head_tail"`` its first half and its last half (``max_output_bytes // 2``), the text joined by a
+    line ``[... N bytes omitted ...]``. Output beyond the head reaches ``on_output`` only at the end
+    (which bytes are the tail is known only then). Every backend honours it, the Docker agent inside
+    the container (a flood still costs the host nothing)."""
 
     @field_validator("code")
     @classmethod

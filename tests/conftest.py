@@ -23,11 +23,11 @@ from executor import (
     BubblewrapEnforcer,
     Capabilities,
     EnforcerUnavailableError,
-    IsolationClass,
     Language,
     get_enforcer,
 )
 from executor.backends.docker import BASE_IMAGE, DockerBackend
+from executor.testing import container_capabilities
 
 IN_CI = bool(os.environ.get("CI"))
 
@@ -152,15 +152,4 @@ def containers_mounting(client: docker.DockerClient, path: Path) -> list[str]:
 
 def full_container_capabilities(*languages: Language) -> Capabilities:
     """What a fully enforcing container backend reports: for fake backends in unit tests of logic."""
-    return Capabilities(
-        isolation=IsolationClass.CONTAINER,
-        timeout=True,
-        memory=True,
-        cpu=True,
-        pids=True,
-        network=True,
-        fs_read=True,
-        fs_write=True,
-        env=True,
-        languages=languages,
-    )
+    return container_capabilities(*languages)

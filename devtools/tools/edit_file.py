@@ -20,7 +20,7 @@ from devtools.errors import (
 )
 from devtools.tools._common import ToolArgs, read_all
 from devtools.tools.write_file import encode_content
-from devtools.workspace import Workspace
+from devtools.workspace import Workspace, check_permitted
 
 __all__ = ["DESCRIPTION", "EditFileArgs", "edit_file"]
 
@@ -62,6 +62,7 @@ def edit_file(ws: Workspace, args: EditFileArgs) -> dict[str, Any]:
                 info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode):
                     raise NotRegularFileError(f"path '{args.path}' is not a regular file")
+                check_permitted(info, "write", args.path)
                 real = os.path.join(ws.real_path_of(located.dir_fd), located.name)
                 if ws.read_stamp(real) is None:
                     raise NotReadError(args.path)

@@ -186,7 +186,9 @@ class ProcessBackend(SandboxBackend):
         # A failing on_output callback (called from the reader thread) must stop the wait at once: the
         # command is killed and the callback's exception raised, as on every backend.
         stop = _StopEvent(cancel)
-        capture = OutputCapture(request.output_cap, _stopping_on_error(on_output, stop))
+        capture = OutputCapture(
+            request.output_cap, _stopping_on_error(on_output, stop), keep_tail=request.truncate == "head_tail"
+        )
         stdin = request.stdin_bytes
 
         with tempfile.TemporaryDirectory(prefix="adk-sandbox-") as scratch:

@@ -134,7 +134,7 @@ class WasmBackend(SandboxBackend):
         module = _compile(engine, request.code)
         _check_imports(module)
 
-        capture = OutputCapture(request.output_cap, on_output)
+        capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
         with _stdin_file(request.stdin_bytes) as stdin_path:
             wasi = wasmtime.WasiConfig()
             wasi.stdin_file = stdin_path

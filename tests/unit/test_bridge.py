@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
+import signal
 import threading
 import time
 
@@ -147,3 +149,53 @@ def test_a_timeout_around_the_call_is_a_timeout_error_raised_after_the_call_retu
             await asyncio.wait_for(run_blocking(stops_slowly), 0.1)
 
     asyncio.run(main())
+
+
+def test_a_thread_idle_after_its_call_serves_the_next_call() -> None:
+    """Consecutive calls reuse one thread (no thread start per call) and each sees its own name."""
+
+    async def main() -> list[tuple[threading.Thread, str]]:
+        seen = []
+        for name in ("adk-sandbox-one", "adk-sandbox-two", "adk-sandbox-three"):
+            seen.append(
+                await run_blocking(
+                    lambda cancel: (threading.current_thread(), threading.current_thread().name), name=name
+                )
+            )
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen[0][0] is seen[1][0] is seen[2][0]
+    assert [name for _, name in seen] == ["adk-sandbox-one", "adk-sandbox-two", "adk-sandbox-three"]
+
+
+def test_calls_at_the_same_time_never_share_a_thread() -> None:
+    """With idle threads kept, a call still never waits for another one: each runs in a thread of its own."""
+    both_in = threading.Barrier(2, timeout=5)
+
+    def meets(cancel: threading.Event) -> threading.Thread:
+        both_in.wait()  # a shared thread would run one call after the other: the barrier would time out
+        return threading.current_thread()
+
+    async def main() -> list[threading.Thread]:
+        await run_blocking(lambda cancel: None)  # one idle thread exists
+        return list(await asyncio.gather(run_blocking(meets), run_blocking(meets)))
+
+    first, second = asyncio.run(main())
+    assert first is not second
+
+
+def test_a_forked_child_does_not_hand_calls_to_its_parents_idle_threads() -> None:
+    """The parent's idle threads do not exist in a child: a call there starts a thread and returns."""
+    asyncio.run(run_blocking(lambda cancel: None))  # this process now has an idle thread
+    pid = os.fork()
+    if pid == 0:  # the child: dies by SIGALRM if the call is handed to a thread that is not there
+        signal.alarm(10)
+        try:
+            code = 0 if asyncio.run(run_blocking(lambda cancel: 7)) == 7 else 1
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status), f"the child's call hung (status {status:#x})"
+    assert os.WEXITSTATUS(status) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import struct
 import time
@@ -29,9 +30,17 @@ from executor.backends.docker._spec import (
     capabilities_from_inspect,
     hardening_violations,
     host_config_arguments,
+    tmpfs_overlap,
+    validate_labels,
+    validate_tmpfs,
 )
 from executor.backends.docker._transport import FrameDemultiplexer
-from executor.errors import BackendUnavailableError, ExecutorError, SandboxFailedError
+from executor.errors import (
+    BackendUnavailableError,
+    ExecutorError,
+    InvalidRequestError,
+    SandboxFailedError,
+)
 from executor.types import IsolationClass, Language, ResourceLimits
 
 MIB = 1024 * 1024
@@ -65,6 +74,101 @@ def test_git_protection_mounts_go_read_only_over_the_workspace() -> None:
     spec = ContainerSpec(image="i", limits=LIMITS, workspace="/w", read_only_mounts=("/w/.git/hooks",))
     mounts = [(m["Target"], m["ReadOnly"]) for m in host_config_arguments(spec)["mounts"]]
     assert mounts == [("/w", False), ("/w/.git/hooks", True)]
+
+
+def test_extra_tmpfs_mounts_are_executable_but_never_set_id_or_devices() -> None:
+    spec = ContainerSpec(image="i", limits=LIMITS, extra_tmpfs={"/var/tmp": 32, "/opt/cache": 1})
+    tmpfs = host_config_arguments(spec)["tmpfs"]
+    assert tmpfs["/var/tmp"] == "rw,exec,nosuid,nodev,size=32m,mode=1777"
+    assert tmpfs["/opt/cache"] == "rw,exec,nosuid,nodev,size=1m,mode=1777"
+    assert set(tmpfs) == {"/tmp", "/home/sandbox", "/var/tmp", "/opt/cache"}
+
+
+@pytest.mark.parametrize(
+    ("tmpfs", "problem"),
+    [
+        ({"/var/tmp": 64}, None),
+        ({"/var/tmp": 64, "/opt/x": 65536}, None),
+        ({"var/tmp": 64}, "absolute and normalised"),
+        ({"/var/tmp/": 64}, "absolute and normalised"),
+        ({"/var/../etc": 64}, "absolute and normalised"),
+        ({"/var/./tmp": 64}, "absolute and normalised"),
+        ({"//var/tmp": 64}, "absolute and normalised"),
+        ({"/var//tmp": 64}, "absolute and normalised"),
+        ({"/var/\0tmp": 64}, "absolute and normalised"),
+        ({"/": 64}, "whole image"),
+        ({"/proc": 64}, "overlaps /proc"),
+        ({"/proc/sys": 64}, "overlaps /proc"),
+        ({"/sys/fs/cgroup": 64}, "overlaps /sys"),
+        ({"/dev/shm": 64}, "overlaps /dev"),
+        ({"/tmp": 64}, "overlaps /tmp"),
+        ({"/tmp/x": 64}, "overlaps /tmp"),
+        ({"/home": 64}, "overlaps /home/sandbox"),
+        ({"/home/sandbox/.cache": 64}, "overlaps /home/sandbox"),
+        ({"/var": 64, "/var/tmp": 8}, "inside the tmpfs path '/var'"),
+        ({"/var/tmp": 0}, "greater than or equal to 1"),
+        ({"/var/tmp": 65537}, "less than or equal to 65536"),
+        ({"/var/tmp": "64"}, "valid integer"),
+        ({"/var/tmp": 6.5}, "valid integer"),
+        ({"/var/tmp": True}, "valid integer"),
+        ({f"/t{i}": 1 for i in range(17)}, "at most 16"),
+    ],
+)
+def test_extra_tmpfs_paths_and_sizes_are_validated(tmpfs: dict[str, Any], problem: str | None) -> None:
+    if problem is None:
+        assert validate_tmpfs(tmpfs) == tmpfs
+        return
+    with pytest.raises(InvalidRequestError, match=re.escape(problem)) as raised:
+        validate_tmpfs(tmpfs)
+    assert isinstance(raised.value, ValueError)
+
+
+def test_extra_tmpfs_may_not_hide_a_host_mount() -> None:
+    assert tmpfs_overlap(["/var/tmp"], ["/work/ws", "/data"]) is None
+    assert "overlaps the host mount '/work/ws'" in (tmpfs_overlap(["/work"], ["/work/ws"]) or "")
+    assert "overlaps the host mount '/work/ws'" in (tmpfs_overlap(["/work/ws/out"], ["/work/ws"]) or "")
+    assert tmpfs_overlap(["/work/ws"], ["/work/ws"]) is not None
+    assert tmpfs_overlap(["/work/wsx"], ["/work/ws"]) is None  # a sibling with a common prefix
+
+
+def test_the_tmpfs_mounts_asked_for_are_verified() -> None:
+    wanted = {"/tmp": "rw,exec,nosuid,nodev,size=64m,mode=1777", "/var/tmp": "rw,exec,nosuid,nodev,size=8m"}
+    inspect = hardened_inspect(Tmpfs=dict(wanted))
+    assert hardening_violations(inspect, limits=LIMITS, tmpfs=wanted) == []
+    inspect = hardened_inspect(Tmpfs={"/tmp": wanted["/tmp"], "/var/tmp": "rw,exec,size=8m"})
+    assert hardening_violations(inspect, limits=LIMITS, tmpfs=wanted) == [
+        "the tmpfs /var/tmp is mounted 'rw,exec,size=8m', not 'rw,exec,nosuid,nodev,size=8m'"
+    ]
+    inspect = hardened_inspect(Tmpfs={"/tmp": wanted["/tmp"]})
+    assert hardening_violations(inspect, limits=LIMITS, tmpfs=wanted) == ["the tmpfs /var/tmp is not mounted"]
+
+
+@pytest.mark.parametrize(
+    ("labels", "problem"),
+    [
+        ({"org.example.eval": "run-1", "task": ""}, None),
+        ({"inspect/sample:1": "x" * 4096}, None),
+        ({"io.adk-sandbox.session": "forged"}, "in this project's namespace"),
+        ({"io.adk-sandbox.owner-pid": "1"}, "in this project's namespace"),
+        ({"IO.ADK-SANDBOX.expires": "0"}, "in this project's namespace"),
+        ({"": "x"}, "should match pattern"),
+        ({"-x": "x"}, "should match pattern"),
+        ({"a b": "x"}, "should match pattern"),
+        ({"a\nb": "x"}, "should match pattern"),
+        ({"k" * 256: "x"}, "should match pattern"),
+        ({"k": "x" * 4097}, "at most 4096 characters"),
+        ({"k": 1}, "valid string"),
+        ({f"k{i}": "" for i in range(65)}, "at most 64 labels"),
+    ],
+)
+def test_user_labels_are_validated_and_never_in_the_projects_namespace(
+    labels: dict[str, Any], problem: str | None
+) -> None:
+    if problem is None:
+        assert validate_labels(labels) == labels
+        return
+    with pytest.raises(InvalidRequestError, match=re.escape(problem)):
+        validate_labels(labels)
 
 
 def test_network_is_only_on_when_asked() -> None:

@@ -785,3 +785,89 @@ def test_pipe_reader_reads_in_bounded_chunks() -> None:
     assert sum(sizes) == 4 * MiB
     assert max(sizes) <= CHUNK_SIZE
     assert capture.finish()["stdout"].total_bytes == 4 * MiB
+
+
+# -- keep_tail: the head and the end of a stream ------------------------------------------------------
+
+
+def captured_with_tail(chunks: Sequence[bytes], cap: int) -> tuple[str, list[str], bool, int]:
+    got: list[str] = []
+    capture = OutputCapture(cap, lambda _stream, text: got.append(text), keep_tail=True)
+    for chunk in chunks:
+        capture.feed("stdout", chunk)
+    stream = capture.finish()["stdout"]
+    return stream.text, got, stream.truncated, stream.omitted
+
+
+def test_keep_tail_keeps_the_first_and_the_last_half_with_an_omission_line() -> None:
+    data = b"".join(b"line %04d\n" % i for i in range(1000))  # 10 bytes a line
+    text, streamed, truncated, omitted = captured_with_tail(
+        [data[i : i + 777] for i in range(0, len(data), 777)], 100
+    )
+    assert text == (
+        "line 0000\nline 0001\nline 0002\nline 0003\nline 0004\n"
+        "[... 9900 bytes omitted ...]\n"
+        "line 0995\nline 0996\nline 0997\nline 0998\nline 0999\n"
+    )
+    assert truncated and omitted == 9900
+    assert "".join(streamed) == text  # on_output saw exactly the result, the tail at the end
+    assert all(part.endswith("\n") for part in streamed)
+
+
+def test_keep_tail_without_overflow_keeps_everything_and_adds_no_line() -> None:
+    text, streamed, truncated, omitted = captured_with_tail([b"x" * 60, b"y" * 40], 100)
+    assert text == "x" * 60 + "y" * 40 and not truncated and omitted == 0
+    assert "".join(streamed) == text
+
+
+def test_keep_tail_omission_line_starts_on_its_own_line() -> None:
+    text, _, _, _ = captured_with_tail([b"a" * 200], 10)
+    assert text == "aaaaa\n[... 190 bytes omitted ...]\naaaaa"
+
+
+def test_keep_tail_never_splits_a_character_and_loses_none_that_fit() -> None:
+    # A 3-byte character straddles the head boundary (cap 10: head 5, tail 5) and everything fits.
+    text, _, truncated, _ = captured_with_tail([b"abcd" + EURO.encode() + b"xy"], 10)
+    assert text == "abcd" + EURO + "xy" and not truncated
+    # Far beyond the cap, the tail starts on a character boundary.
+    text, _, truncated, _ = captured_with_tail([(EURO * 100).encode()], 10)
+    assert truncated and text.endswith("\n" + EURO) and "\ufffd" not in text, text
+
+
+@given(st.binary(max_size=3000), st.integers(min_value=1, max_value=300), st.lists(st.integers(0, 3000)))
+@settings(max_examples=200, deadline=None)
+def test_keep_tail_is_a_head_and_a_suffix_of_what_was_fed(data: bytes, cap: int, splits: list[int]) -> None:
+    capture = OutputCapture(cap, keep_tail=True)
+    points = sorted({0, len(data), *[p for p in splits if p <= len(data)]})
+    for start, end in itertools.pairwise(points):
+        capture.feed("stdout", data[start:end])
+    stream = capture.finish()["stdout"]
+    assert len(stream.data) <= cap - cap // 2 and len(stream.tail) <= cap // 2
+    assert data.startswith(stream.data) and data.endswith(stream.tail)
+    assert stream.total_bytes == len(data) and stream.omitted == len(data) - len(stream.data) - len(
+        stream.tail
+    )
+    if len(data) <= cap and b"\x80" not in data and all(b < 0x80 for b in data):
+        assert stream.data + stream.tail == data and not stream.truncated
+
+
+def test_keep_tail_flood_holds_only_the_window() -> None:
+    capture = OutputCapture(64 * 1024, keep_tail=True)
+    chunk = b"z" * CHUNK_SIZE
+    tracemalloc.start()
+    try:
+        for _ in range(2000):  # 128 MiB
+            capture.feed("stdout", chunk)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    stream = capture.finish()["stdout"]
+    assert len(stream.data) + len(stream.tail) == 64 * 1024 and stream.omitted == 2000 * CHUNK_SIZE - 65536
+    assert peak < 4 * 1024 * 1024, peak
+
+
+def test_head_mode_is_unchanged_by_the_tail_option() -> None:
+    capture = OutputCapture(10)
+    capture.feed("stdout", b"a" * 50)
+    stream = capture.finish()["stdout"]
+    assert stream.text == "a" * 10 and stream.tail == b"" and stream.omitted == 40

@@ -1,5 +1,6 @@
 """The Docker backend: hardened per-session containers (SPEC §4)."""
 
+from executor.backends.docker._reaper import cleanup_session
 from executor.backends.docker.backend import DockerBackend
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.files import DirEntry, FileStat, SandboxFiles
@@ -15,5 +16,6 @@ __all__ = [
     "Engine",
     "FileStat",
     "SandboxFiles",
+    "cleanup_session",
     "resolve_engine",
 ]

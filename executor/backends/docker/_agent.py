@@ -63,7 +63,7 @@ import errno, json, os, select, signal, struct, sys, time
 HDR = struct.Struct(">BBHII")
 HELLO, RUN, STDIN, STDOUT, STDERR, EXIT, KILL, PING, PONG, ERROR, FILE, RESULT = range(1, 13)
 OPS = ["read", "write", "stat", "list", "mkdir", "remove", "rename"]
-MAXP = 1 << 20
+MAXP = 4 << 20  # _frames.MAX_PAYLOAD
 SELF = os.getpid()
 MARK = b"ADK_SANDBOX_EXEC="
 try:
@@ -489,6 +489,9 @@ class Agent(object):
             env["ADK_SANDBOX_EXEC"] = "ch%d-%d" % (ch, SELF)
             c = Cmd()
             c.ch, c.cap = ch, max(int(spec.get("max_output_bytes") or 1048576), 1)
+            # Beyond the cap, a window of the latest tail_bytes is kept and sent before EXIT.
+            c.tail_cap = max(int(spec.get("tail_bytes") or 0), 0)
+            c.tail = {STDOUT: bytearray(), STDERR: bytearray()}
             c.timeout = float(spec.get("timeout", 60))
             want_stdin = bool(spec.get("stdin"))
             spec = {"argv": argv, "env": env, "cwd": str(spec.get("cwd") or "/")}
@@ -607,6 +610,13 @@ class Agent(object):
             c.sent[what] += len(part)
             self.out(what, c.ch, part)
             data = data[len(part):]
+        if getattr(c, "tail_cap", 0) and data:  # a command's stream (file operations keep no tail)
+            tail = c.tail[what]
+            tail += data
+            if len(tail) > 2 * c.tail_cap:  # trimmed in batches: each byte is moved O(1) times
+                c.dropped[what] += len(tail) - c.tail_cap
+                del tail[:len(tail) - c.tail_cap]
+            return
         c.dropped[what] += len(data)
 
     def close_fd(self, fd):
@@ -640,6 +650,13 @@ class Agent(object):
         if c.stdin is not None:
             os.close(c.stdin)
         del self.cmds[c.ch]
+        for what in (STDOUT, STDERR):
+            tail = c.tail[what]
+            if len(tail) > c.tail_cap:
+                c.dropped[what] += len(tail) - c.tail_cap
+                del tail[:len(tail) - c.tail_cap]
+            for i in range(0, len(tail), 65536):
+                self.out(what, c.ch, bytes(tail[i:i + 65536]))
         code = sig = None
         after = oom_kills()
         ooms = after - c.oom_before if after is not None and c.oom_before is not None else None

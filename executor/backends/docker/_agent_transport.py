@@ -440,7 +440,9 @@ class AgentTransport:
             "env": command.env,
             "cwd": command.workdir,
             "timeout": max(deadline - time.monotonic(), 0.0),
-            "max_output_bytes": capture.max_bytes,
+            "max_output_bytes": capture.head_bytes,
+            # The agent keeps the stream's last tail_bytes too and sends them before EXIT (0: none).
+            "tail_bytes": capture.tail_bytes,
             "stdin": command.stdin is not None,
         }
         frames = [encode(FrameType.RUN, number, run)]

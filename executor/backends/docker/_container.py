@@ -64,11 +64,20 @@ class ContainerProvider:
     checked the same way, its limits are whatever it was given, and :meth:`remove` leaves it alone.
     """
 
-    def __init__(self, client: docker.DockerClient, spec: ContainerSpec, attach_to: str | None) -> None:
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        spec: ContainerSpec,
+        attach_to: str | None,
+        session_id: str | None = None,
+    ) -> None:
         self._client = client
         self._spec = spec
         self._attach_to = attach_to
         self._placeholder_made = False
+        self.session_id = session_id or uuid.uuid4().hex[:12]
+        """The ``io.adk-sandbox.session`` label of each container this provider creates."""
+        self._opened = 0
 
     @property
     def attached(self) -> bool:
@@ -83,9 +92,11 @@ class ContainerProvider:
             return self._verify(inspect, verify_limits=False)
         spec = self._spec
         self._make_git_placeholder()
-        session_id = uuid.uuid4().hex[:12]
-        spec = replace(spec, labels={**spec.labels, **owner_labels(session_id, spec.lifetime_seconds)})
-        container_id = self._create(spec, f"adk-sandbox-{session_id}")
+        spec = replace(spec, labels={**spec.labels, **owner_labels(self.session_id, spec.lifetime_seconds)})
+        # A replacement gets a name of its own: the old container may still be being removed.
+        self._opened += 1
+        suffix = f"-{self._opened}" if self._opened > 1 else ""
+        container_id = self._create(spec, f"adk-sandbox-{self.session_id}{suffix}")
         api = self._client.api
 
         def start() -> None:
@@ -179,6 +190,7 @@ class ContainerProvider:
             mounts=mounts,
             attached=self.attached,
             engine_sockets=(engine.socket_path or DEFAULT_SOCKET,),
+            tmpfs=None if self.attached else host_config_arguments(spec)["tmpfs"],
         )
         if problems:
             raise PolicyNotEnforceableError(

@@ -18,9 +18,11 @@ type      value  direction   payload
 HELLO     1      agent→host  first frame of the agent, channel 0: ``{"protocol": 1, "pid": int,
                              "subreaper": bool, ...}`` (extra keys allowed)
 RUN       2      host→agent  on a fresh channel: ``{"argv": [str, ...], "env": {str: str}, "cwd": str,
-                             "timeout": float, "max_output_bytes": int, "stdin": bool}``
+                             "timeout": float, "max_output_bytes": int, "stdin": bool,
+                             "tail_bytes": int}`` (``tail_bytes`` optional, 0: keep no tail)
 STDIN     3      host→agent  raw bytes for the command's stdin; an empty payload is end-of-file
-STDOUT    4      agent→host  raw bytes the command wrote (at most ``max_output_bytes`` in all per stream)
+STDOUT    4      agent→host  raw bytes the command wrote: its first ``max_output_bytes`` as they come,
+                             then (with ``tail_bytes``) its last ``tail_bytes`` just before EXIT
 STDERR    5      agent→host  likewise for stderr
 EXIT      6      agent→host  last frame of a channel: ``{"exit_code": int | null, "signal": int | null,
                              "timed_out": bool, "stdout_dropped": int, "stderr_dropped": int}``
@@ -118,8 +120,10 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">BBHII")
-#: The largest payload of a frame (1 MiB); data is sent in far smaller chunks.
-MAX_PAYLOAD = 1024 * 1024
+#: The largest payload of a frame (4 MiB); data is sent in far smaller chunks. A RUN frame carries a
+#: whole argv and environment, which Linux accepts up to a quarter of the stack limit (2 MiB with the usual
+#: 8 MiB), plus JSON's escaping: 1 MiB refused commands execve would run (inspect's self_check sends 1 MiB).
+MAX_PAYLOAD = 4 * 1024 * 1024
 _MAX_CHANNEL = 2**32 - 1
 #: The FILE operations of version 1, in the order of the table above.
 FILE_OPS = ("read", "write", "stat", "list", "mkdir", "remove", "rename")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
 import threading
 import time
@@ -22,10 +23,18 @@ from typing import Any
 
 import docker
 
-from executor.backends.docker._daemon import idempotent, remove_container
+from executor.backends.docker._daemon import connect, idempotent, remove_container
 from executor.backends.docker._spec import LABEL_PREFIX, PROJECT_LABEL
+from executor.errors import InvalidRequestError
 
-__all__ = ["LeakedContainer", "find_leaked", "note_unremoved", "owner_labels", "reap_leaked"]
+__all__ = [
+    "LeakedContainer",
+    "cleanup_session",
+    "find_leaked",
+    "note_unremoved",
+    "owner_labels",
+    "reap_leaked",
+]
 
 OWNER_PID = LABEL_PREFIX + "owner-pid"
 OWNER_START = LABEL_PREFIX + "owner-start"
@@ -145,4 +154,35 @@ def reap_leaked(client: docker.DockerClient) -> list[LeakedContainer]:
         with _unremoved_lock:
             _unremoved.discard(container.id)
         removed.append(container)
+    return removed
+
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def cleanup_session(session_id: str, client: docker.DockerClient | None = None) -> list[str]:
+    """Remove every container of this project labelled with ``session_id``; return the removed ids.
+
+    For a client that kept a session's id (``DockerSession.session_id``) and must clean up after it from
+    another process (inspect_ai's ``cli_cleanup(id)``): selected by the labels ``io.adk-sandbox.project``
+    and ``io.adk-sandbox.session``, never by name, whoever owns the container. A container already gone
+    is not an error; an id nothing carries removes nothing. ``client`` defaults to a new connection.
+    """
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        raise InvalidRequestError(
+            f"session id {session_id!r} is not one this library makes (letters, digits, '_.-', at most 64)"
+        )
+    if client is None:
+        owned = connect()
+        try:
+            return cleanup_session(session_id, owned)
+        finally:
+            owned.close()
+    listed: list[dict[str, Any]] = idempotent(
+        lambda: client.api.containers(all=True, filters={"label": [PROJECT_LABEL, f"{SESSION}={session_id}"]})
+    )
+    removed = []
+    for entry in listed:
+        remove_container(client, entry["Id"])
+        removed.append(str(entry["Id"]))
     return removed

@@ -8,15 +8,17 @@ the running container really has. Isolation is reported from the second, never f
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from docker.types import LogConfig, Mount, Ulimit
+from pydantic import Field, TypeAdapter, ValidationError
 
 from executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
-from executor.errors import PolicyNotEnforceableError
+from executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from executor.policy import AllowedPath
 from executor.types import Capabilities, IsolationClass, Language, ResourceLimits
 
@@ -29,11 +31,15 @@ __all__ = [
     "GitProtection",
     "capabilities_from_inspect",
     "engine_socket_exposed",
+    "extra_tmpfs_options",
     "git_protection",
     "hardening_violations",
     "host_config_arguments",
     "isolation_of",
+    "tmpfs_overlap",
     "unconfined_mounts",
+    "validate_labels",
+    "validate_tmpfs",
 ]
 
 GVISOR_RUNTIME = "runsc"
@@ -61,6 +67,8 @@ class ContainerSpec:
     """Host paths mounted read-only over the workspace mount (the workspace's ``.git``)."""
     git_placeholder: str | None = None
     """An empty ``.git`` to create before start (the workspace has none), see :class:`GitProtection`."""
+    extra_tmpfs: Mapping[str, int] = field(default_factory=dict)
+    """Further writable tmpfs mounts asked for (path -> size in MiB), see :func:`validate_tmpfs`."""
     labels: Mapping[str, str] = field(default_factory=dict)
     lifetime_seconds: int = 12 * 3600
 
@@ -143,6 +151,112 @@ def tmpfs_options(limits: ResourceLimits) -> str:
     return f"rw,exec,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"
 
 
+#: The tmpfs mounts every session container has: an extra one may not sit on, above or below them.
+BUILTIN_TMPFS = ("/tmp", HOME_DIR)
+#: Kernel filesystems the runtime mounts: a tmpfs over (or in) them would hide what the runtime masks.
+_KERNEL_PATHS = ("/proc", "/sys", "/dev")
+MAX_EXTRA_TMPFS = 16
+MAX_TMPFS_MB = 64 * 1024
+
+_TmpfsSizes = TypeAdapter(dict[str, Annotated[int, Field(strict=True, ge=1, le=MAX_TMPFS_MB)]])
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return _is_within(a, b) or _is_within(b, a)
+
+
+def validate_tmpfs(tmpfs: Mapping[str, int]) -> dict[str, int]:
+    """Check the extra tmpfs mounts asked of a :class:`DockerBackend`; :class:`InvalidRequestError` if not.
+
+    Each path is absolute and normalised (``os.path.normpath`` leaves it as it is), not ``/``, and
+    neither on, above nor below ``/proc``, ``/sys``, ``/dev``, ``/tmp``, HOME or another extra mount;
+    each size is 1 to 65536 MiB (tmpfs pages count against the container's memory limit). The
+    workspace and policy paths are checked when a session is made (:func:`tmpfs_overlap`).
+    """
+    try:
+        sizes = _TmpfsSizes.validate_python(dict(tmpfs))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidRequestError(
+            f"tmpfs must map absolute paths to sizes in MiB (1 to {MAX_TMPFS_MB}): {problems}"
+        ) from exc
+    if len(sizes) > MAX_EXTRA_TMPFS:
+        raise InvalidRequestError(f"at most {MAX_EXTRA_TMPFS} extra tmpfs mounts, not {len(sizes)}")
+    for path in sizes:
+        if not path.startswith("/") or posixpath.normpath(path) != path or "//" in path or "\0" in path:
+            raise InvalidRequestError(
+                f"tmpfs path {path!r} must be absolute and normalised (no '..', '.', '//' or trailing '/')"
+            )
+        if path == "/":
+            raise InvalidRequestError("tmpfs path '/' would hide the whole image; name a directory")
+        for reserved in (*_KERNEL_PATHS, *BUILTIN_TMPFS):
+            if _overlaps(path, reserved):
+                raise InvalidRequestError(
+                    f"tmpfs path {path!r} overlaps {reserved}, which the sandbox mounts itself; "
+                    "name a directory outside /proc, /sys, /dev, /tmp and HOME (e.g. /var/tmp)"
+                )
+        for other in sizes:
+            if other != path and _is_within(path, other):
+                raise InvalidRequestError(f"tmpfs path {path!r} lies inside the tmpfs path {other!r}")
+    return sizes
+
+
+MAX_USER_LABELS = 64
+_LabelKey = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$")]
+_Labels = TypeAdapter(dict[_LabelKey, Annotated[str, Field(strict=True, max_length=4096)]])
+
+
+def validate_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """Check user labels for a :class:`DockerBackend`'s containers; :class:`InvalidRequestError` if not.
+
+    Keys are 1-255 characters of letters, digits and ``. _ / : -`` starting with a letter or digit
+    (Docker's reverse-DNS style, e.g. ``org.example.eval``); values are strings of at most 4096
+    characters; at most 64 labels. Keys in this project's namespace (``io.adk-sandbox.``, any case) are
+    refused: the reaper trusts those labels to decide which containers it may remove.
+    """
+    try:
+        checked = _Labels.validate_python(dict(labels))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidRequestError(
+            "labels must map keys of letters, digits and '._/:-' (e.g. 'org.example.eval') to strings "
+            f"of at most 4096 characters: {problems}"
+        ) from exc
+    if len(checked) > MAX_USER_LABELS:
+        raise InvalidRequestError(f"at most {MAX_USER_LABELS} labels, not {len(checked)}")
+    for key in checked:
+        if key.lower().startswith(LABEL_PREFIX):
+            raise InvalidRequestError(
+                f"label {key!r} is in this project's namespace ({LABEL_PREFIX}*), which marks who owns a "
+                "container and when it may be removed; use a key of your own (e.g. 'org.example.run')"
+            )
+    return checked
+
+
+def tmpfs_overlap(tmpfs: Iterable[str], mounts: Iterable[str]) -> str | None:
+    """Why an extra tmpfs cannot go with these host mounts (workspace, ``.git``, policy paths), or None.
+
+    A tmpfs on or above a bind mount would hide it (commands would write into memory, not the
+    workspace); one below would hide part of it.
+    """
+    for path in tmpfs:
+        for mount in mounts:
+            if _overlaps(path, mount):
+                return (
+                    f"tmpfs path {path!r} overlaps the host mount {mount!r}: it would hide the host "
+                    "files there; name a directory outside the workspace and the policy's paths"
+                )
+    return None
+
+
+def extra_tmpfs_options(size_mb: int) -> str:
+    """Options of an extra tmpfs: like ``/tmp``, never set-id or device files, bounded in size.
+
+    Executable on purpose: inspect_ai copies its tool helpers into ``/var/tmp`` and runs them there.
+    """
+    return f"rw,exec,nosuid,nodev,size={size_mb}m,mode=1777"
+
+
 def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     """Keyword arguments for docker-py's ``create_host_config`` (the hardened defaults of SPEC §4)."""
     mounts = []
@@ -163,7 +277,11 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
         # Its own cgroup namespace (the default is the host's on cgroup v1): no view of the host's tree.
         "cgroupns": "private",
         "read_only": True,
-        "tmpfs": {"/tmp": tmpfs_options(limits), HOME_DIR: tmpfs_options(limits)},
+        "tmpfs": {
+            "/tmp": tmpfs_options(limits),
+            HOME_DIR: tmpfs_options(limits),
+            **{path: extra_tmpfs_options(size) for path, size in spec.extra_tmpfs.items()},
+        },
         "init": True,
         "mem_limit": memory,
         "memswap_limit": memory,
@@ -197,6 +315,7 @@ def hardening_violations(  # noqa: PLR0915 - one check per line reads best as on
     mounts: Sequence[str] = (),
     attached: bool = False,
     engine_sockets: Iterable[str] = (),
+    tmpfs: Mapping[str, str] | None = None,
 ) -> list[str]:
     """What the inspected container lacks of the hardening asked for (empty when all is in force).
 
@@ -205,6 +324,7 @@ def hardening_violations(  # noqa: PLR0915 - one check per line reads best as on
     except when ``attached``: a container someone else made may mount more (it is then reported as not
     confining the host filesystem, see :func:`capabilities_from_inspect`) — but never a container engine's
     socket (``engine_sockets`` adds the socket of the daemon in use), which is root on the host.
+    ``tmpfs`` (path -> options, as :func:`host_config_arguments` asked) must all be mounted so.
     """
     host = inspect.get("HostConfig") or {}
     problems: list[str] = []
@@ -260,6 +380,7 @@ def hardening_violations(  # noqa: PLR0915 - one check per line reads best as on
         want(host.get("MemorySwap") == memory, f"memory+swap is {host.get('MemorySwap')}, not {memory}")
         want(host.get("PidsLimit") == limits.pids, f"pids limit is {host.get('PidsLimit')}")
         want(host.get("NanoCpus") == int(limits.cpus * 1e9), f"cpu limit is {host.get('NanoCpus')} nanocpus")
+    problems += _tmpfs_violations(host.get("Tmpfs") or {}, tmpfs or {})
     allowed = set(mounts)
     sockets = tuple(engine_sockets)
     for mount in inspect.get("Mounts") or []:
@@ -272,6 +393,16 @@ def hardening_violations(  # noqa: PLR0915 - one check per line reads best as on
             )
         elif source not in allowed and not attached:
             problems.append(f"unexpected host mount {source} -> {destination}")
+    return problems
+
+
+def _tmpfs_violations(mounted: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
+    problems = []
+    for path, options in wanted.items():
+        if path not in mounted:
+            problems.append(f"the tmpfs {path} is not mounted")
+        elif mounted[path] != options:
+            problems.append(f"the tmpfs {path} is mounted {mounted[path]!r}, not {options!r}")
     return problems
 
 

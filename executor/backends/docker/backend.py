@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import docker
 
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._daemon import connect
-from executor.backends.docker._reaper import reap_leaked
-from executor.backends.docker._spec import ContainerSpec, GitProtection, git_protection
+from executor.backends.docker._reaper import cleanup_session, reap_leaked
+from executor.backends.docker._spec import (
+    ContainerSpec,
+    GitProtection,
+    git_protection,
+    tmpfs_overlap,
+    validate_labels,
+    validate_tmpfs,
+)
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
@@ -57,6 +64,8 @@ class DockerBackend(SandboxBackend):
         policy: SandboxPolicy | None = None,
         lifetime_seconds: int = DEFAULT_LIFETIME_SECONDS,
         transport: str = "agent",
+        tmpfs: Mapping[str, int] | None = None,
+        labels: Mapping[str, str] | None = None,
         engine: Engine | str | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
@@ -66,7 +75,11 @@ class DockerBackend(SandboxBackend):
         network permission; like bubblewrap, a container cannot forbid spawning processes, so a policy
         must say ``allow_process_spawn``. ``transport`` chooses how commands reach a session's container:
         ``"agent"`` (default: one long-lived in-sandbox agent per session, docs/DOCKER.md "The agent
-        channel") or ``"exec"`` (one Docker exec per command). ``engine`` picks the Docker engine: an
+        channel") or ``"exec"`` (one Docker exec per command). ``tmpfs`` adds writable tmpfs mounts
+        (absolute path -> size in MiB, e.g. ``{"/var/tmp": 64}``), mounted ``exec,nosuid,nodev`` like
+        ``/tmp`` (docs/DOCKER.md, "Extra tmpfs mounts"); not with ``container=``. ``labels`` are added to
+        every container this backend creates (keys in this project's ``io.adk-sandbox.`` namespace are
+        refused: the reaper relies on them). ``engine`` picks the Docker engine: an
         :class:`~executor.backends.docker.engine.Engine`, a URL (``unix://``, ``tcp://`` with TLS from
         ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``, ``ssh://``) or a Docker context's name; by default the
         one the Docker CLI would use (``DOCKER_HOST``, ``DOCKER_CONTEXT``, the current context). A session
@@ -81,6 +94,22 @@ class DockerBackend(SandboxBackend):
             )
         if lifetime_seconds <= 0:
             raise InvalidRequestError("lifetime_seconds must be positive")
+        extra_tmpfs = validate_tmpfs(tmpfs or {})
+        if extra_tmpfs and container is not None:
+            raise InvalidRequestError(
+                "tmpfs= applies to containers this backend creates; an attached container has the "
+                "mounts its compose file gives it (add them there)"
+            )
+        user_labels = validate_labels(labels or {})
+        if user_labels and container is not None:
+            raise InvalidRequestError(
+                "labels= applies to containers this backend creates; an attached container keeps its own"
+            )
+        overlap = tmpfs_overlap(
+            extra_tmpfs, [allowed.path for allowed in (policy or SandboxPolicy()).allowed_paths]
+        )
+        if overlap:
+            raise InvalidRequestError(overlap)
         self.image = image
         self.limits = limits or ResourceLimits()
         self.runtime = runtime
@@ -91,6 +120,10 @@ class DockerBackend(SandboxBackend):
         self.lifetime_seconds = lifetime_seconds
         self.transport = transport
         """The command channel of this backend's sessions (``"agent"`` or ``"exec"``)."""
+        self.labels = user_labels
+        """The user labels of this backend's containers, validated."""
+        self.tmpfs = extra_tmpfs
+        """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
         self.engine = resolve_engine(engine)
         """The Docker engine this backend's sessions run on."""
         self._client = connect(engine=self.engine)
@@ -113,6 +146,10 @@ class DockerBackend(SandboxBackend):
         for allowed in self.policy.allowed_paths:
             if not os.path.exists(allowed.path):
                 raise InvalidRequestError(f"policy path {allowed.path!r} does not exist")
+        if root is not None:
+            overlap = tmpfs_overlap(self.tmpfs, [root])
+            if overlap:
+                raise InvalidRequestError(overlap)
         protection = git_protection(root) if root and self.container is None else GitProtection()
         spec = ContainerSpec(
             image=self.image,
@@ -123,6 +160,8 @@ class DockerBackend(SandboxBackend):
             extra_mounts=self.policy.allowed_paths,
             read_only_mounts=protection.read_only_mounts,
             git_placeholder=protection.placeholder,
+            extra_tmpfs=self.tmpfs,
+            labels=self.labels,
             lifetime_seconds=self.lifetime_seconds,
         )
         config = SessionConfig(
@@ -161,6 +200,14 @@ class DockerBackend(SandboxBackend):
         """Called by a session when it closes: a long-lived backend holds only the open ones."""
         with self._lock:
             self._sessions.discard(session)
+
+    def cleanup(self, session_id: str) -> list[str]:
+        """Remove the containers of the session ``session_id`` (from any process); return their ids.
+
+        See :func:`executor.backends.docker.cleanup_session`. A session of this backend that is still open
+        gets a fresh container on its next command.
+        """
+        return cleanup_session(session_id, self._client)
 
     def capabilities(self) -> Capabilities:
         """What a session container of this backend enforces, read from a real one (probed once)."""

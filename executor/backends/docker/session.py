@@ -168,6 +168,15 @@ class DockerSession(SandboxBackend):
         return self._opened().id
 
     @property
+    def session_id(self) -> str:
+        """The session's id: the ``io.adk-sandbox.session`` label of its containers (replacements too).
+
+        Known before the container starts; :func:`executor.backends.docker.cleanup_session` (or
+        ``adk-sandbox cleanup --session ID``) removes the session's containers from any process.
+        """
+        return self._provider.session_id
+
+    @property
     def attached(self) -> bool:
         """True when this session uses an existing container it did not create (and will not remove)."""
         return self._provider.attached
@@ -310,7 +319,7 @@ class DockerSession(SandboxBackend):
             )
         started = time.monotonic()
         self._check_cwd(request, container, started)
-        capture = OutputCapture(request.output_cap, on_output)
+        capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
         outcome, oom_killed = self._run(request, argv, container, capture, started=started, cancel=cancel)
         streams = capture.finish()
         killed = outcome.timed_out or outcome.cancelled or oom_killed

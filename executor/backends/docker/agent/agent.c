@@ -41,6 +41,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,12 +50,13 @@
 
 enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, ERROR_F, FILE_F, RESULT };
 #define HDR 12
-#define MAXP (1u << 20)
+#define MAXP (4u << 20) /* _frames.MAX_PAYLOAD */
 #define MAX_COMMANDS 4096
 #define MAX_STDIN_PENDING (256u << 20)
 
 static pid_t SELF;
 static int rfd = -1, wfd = -1, wake_r = -1, wake_w = -1, strict_mode = 0, host_eof = 0;
+static int null_r = -1; /* /dev/null read-only: the stdin of every command without stdin (opened once) */
 
 static double now(void) {
     struct timespec ts;
@@ -119,16 +121,17 @@ static void out(int kind, uint32_t ch, const void *payload, size_t n) {
                             (unsigned char)ch,
                             (unsigned char)(n >> 24), (unsigned char)(n >> 16), (unsigned char)(n >> 8),
                             (unsigned char)n};
-    const unsigned char *parts[2] = {h, payload};
-    size_t lens[2] = {HDR, n};
-    for (int i = 0; i < 2; i++) {
-        size_t done = 0;
-        while (done < lens[i]) {
-            ssize_t w = write(wfd, parts[i] + done, lens[i] - done);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) kill_everything_and_exit(3); /* the host went away */
-            done += (size_t)w;
-        }
+    /* One writev per frame: a frame split over two writes is two wake-ups of the engine's relay and, often,
+     * two reads on the host (an EXIT then arrives in pieces). */
+    struct iovec iov[2] = {{h, HDR}, {(void *)payload, n}};
+    int at = 0;
+    while (at < 2) {
+        ssize_t w = writev(wfd, iov + at, 2 - at);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) kill_everything_and_exit(3); /* the host went away */
+        size_t done = (size_t)w;
+        while (at < 2 && done >= iov[at].iov_len) { done -= iov[at].iov_len; iov[at].iov_len = 0; at++; }
+        if (at < 2) { iov[at].iov_base = (char *)iov[at].iov_base + done; iov[at].iov_len -= done; }
     }
 }
 static void out_json(int kind, uint32_t ch, buf_t *b) { out(kind, ch, b->p, b->len); buf_free(b); }
@@ -621,6 +624,9 @@ typedef struct {
     buf_t pending;
     size_t pending_at;
     long long cap, sent[2], dropped[2];
+    /* Beyond the cap, a ring of the latest tail_cap bytes per stream, sent before EXIT (tail_cap 0: none). */
+    char *tail[2];
+    size_t tail_cap, tail_pos[2], tail_len[2];
     double deadline, drain_until;
     int timed_out, killed, shim_done;
     char marker[64];
@@ -842,15 +848,36 @@ static char *resolve(const char *name, char **envp, int *err) {
     return NULL;
 }
 
+/* Set by the command's vfork child when its execve failed (the child shares the shim's memory until then). */
+static volatile int exec_errno;
+
+/* The command in a session of its own, with the signals the shim ignores back to their defaults. vfork: no
+ * copy of the shim's page tables, and the shim resumes exactly when the command has replaced the child (or
+ * failed to: exec_errno). The child only makes system calls and never returns from here. */
+static pid_t __attribute__((noinline)) spawn_command(const char *path, char **argv, char **envp) {
+    exec_errno = 0;
+    pid_t child = vfork();
+    if (child == 0) {
+        struct sigaction dfl = {0};
+        dfl.sa_handler = SIG_DFL;
+        for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &dfl, NULL);
+        setsid();
+        execve(path, argv, envp); /* status_w is close-on-exec */
+        exec_errno = errno ? errno : ENOEXEC;
+        _exit(127);
+    }
+    return child;
+}
+
 static void __attribute__((noreturn)) shim(char **argv, char **envp, const char *cwd, int in, int o, int e, int status_w) {
     SELF = getpid();
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    /* The agent reset every disposition at its start and changed only these: SIGCHLD (its handler) and
+     * DEFAULT_SIGNALS (ignored, here too: the shim outlives a hang-up). So no handler is left in the shim,
+     * which its vfork child relies on. */
     struct sigaction dfl = {0};
     dfl.sa_handler = SIG_DFL;
-    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);
-    struct sigaction ign = {0};
-    ign.sa_handler = SIG_IGN;
-    for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &ign, NULL);
+    sigaction(SIGCHLD, &dfl, NULL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -867,33 +894,18 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
     int err = 0;
     char *path = resolve(argv[0], envp, &err);
     if (!path) start_failed(argv[0], err, NULL, status_w);
-    int ep[2];
-    if (pipe2(ep, O_CLOEXEC) != 0) start_failed(argv[0], errno, NULL, status_w);
     pid_t child = -1;
     for (int attempt = 0; attempt < 20 && child < 0; attempt++) {
-        child = fork();
+        child = spawn_command(path, argv, envp);
         if (child < 0 && errno == EAGAIN) { struct timespec t = {0, 50000000}; nanosleep(&t, NULL); }
         else if (child < 0) break;
     }
     if (child < 0) start_failed(argv[0], errno, NULL, status_w);
-    if (child == 0) {
-        for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &dfl, NULL);
-        close(status_w);
-        setsid();
-        execve(path, argv, envp);
-        int x = errno;
-        (void)!write(ep[1], &x, sizeof x);
-        _exit(127);
-    }
-    close(ep[1]);
-    int x = 0;
-    ssize_t got;
-    do got = read(ep[0], &x, sizeof x); while (got < 0 && errno == EINTR);
-    if (got == (ssize_t)sizeof x) {
+    if (exec_errno) {
+        int x = exec_errno;
         waitpid(child, NULL, 0);
         start_failed(argv[0], x, NULL, status_w);
     }
-    close(ep[0]);
     close(0);
     close(1);
     close(2);
@@ -923,23 +935,43 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
 }
 
 /* -- the memory cgroup's OOM-kill counter, read inside the container (cgroup v1, v2); -1: unreadable -- */
+static long long oom_line(const char *data) {
+    for (const char *line = data; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        if (strncmp(line, "oom_kill ", 9) == 0) {
+            char *end;
+            long long v = strtoll(line + 9, &end, 10);
+            if (end != line + 9 && v >= 0) return v;
+        }
+    }
+    return -1;
+}
+
+/* The file that answered is kept open and read again from its start (twice per command: no path lookup). */
+static int oom_fd = -1;
+
 static long long oom_kills(void) {
     static const char *const files[] = {"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"};
+    char data[4096];
+    if (oom_fd >= 0) {
+        ssize_t n = pread(oom_fd, data, sizeof data - 1, 0);
+        if (n > 0) {
+            data[n] = 0;
+            long long v = oom_line(data);
+            if (v >= 0) return v;
+        }
+        close(oom_fd);
+        oom_fd = -1;
+    }
     for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
-        char data[4096];
         int fd = open(files[f], O_RDONLY | O_CLOEXEC);
         if (fd < 0) continue;
         ssize_t n = read(fd, data, sizeof data - 1);
-        close(fd);
-        if (n <= 0) continue;
-        data[n] = 0;
-        for (char *line = data; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-            if (strncmp(line, "oom_kill ", 9) == 0) {
-                char *end;
-                long long v = strtoll(line + 9, &end, 10);
-                if (end != line + 9 && v >= 0) return v;
-            }
+        if (n > 0) {
+            data[n] = 0;
+            long long v = oom_line(data);
+            if (v >= 0) { oom_fd = fd; return v; }
         }
+        close(fd);
     }
     return -1;
 }
@@ -970,7 +1002,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     }
     jval_t *argv_v = jget(m, count, "argv"), *env_v = jget(m, count, "env"), *cwd_v = jget(m, count, "cwd");
     jval_t *timeout_v = jget(m, count, "timeout"), *cap_v = jget(m, count, "max_output_bytes");
-    jval_t *stdin_v = jget(m, count, "stdin");
+    jval_t *stdin_v = jget(m, count, "stdin"), *tail_v = jget(m, count, "tail_bytes");
     const char *bad = NULL;
     if (!argv_v || argv_v->type != J_ARR) bad = "argv must be an array of strings";
     else if (argv_v->n == 0) bad = "empty argv";
@@ -981,6 +1013,8 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     else if (cap_v && cap_v->type != J_NUM && cap_v->type != J_NULL) bad = "max_output_bytes must be an integer";
     else if (cap_v && cap_v->type == J_NUM && !(cap_v->num >= 0 && cap_v->num <= 9e15 && cap_v->num == (double)(long long)cap_v->num)) bad = "max_output_bytes must be an integer";
     else if (stdin_v && stdin_v->type != J_BOOL && stdin_v->type != J_NULL) bad = "stdin must be a boolean";
+    else if (tail_v && tail_v->type != J_NUM && tail_v->type != J_NULL) bad = "tail_bytes must be an integer";
+    else if (tail_v && tail_v->type == J_NUM && !(tail_v->num >= 0 && tail_v->num <= 1e12 && tail_v->num == (double)(long long)tail_v->num)) bad = "tail_bytes must be an integer";
     if (!bad)
         for (int i = 0; i < env_v->n && !bad; i++)
             if (!env_v->items[i][0] || strchr(env_v->items[i], '=')) bad = "an environment name is empty or holds '='";
@@ -991,6 +1025,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     c->ch = ch;
     long long cap = cap_v && cap_v->type == J_NUM ? (long long)cap_v->num : 0;
     c->cap = cap ? cap : 1048576; /* as the Python agent: 0 or missing is the default */
+    c->tail_cap = tail_v && tail_v->type == J_NUM ? (size_t)tail_v->num : 0;
     double timeout = timeout_v && timeout_v->type == J_NUM ? timeout_v->num : 60.0;
     int want_stdin = stdin_v && stdin_v->type == J_BOOL && stdin_v->b;
     snprintf(c->marker, sizeof c->marker, "ch%u-%d", ch, (int)SELF);
@@ -1023,8 +1058,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
 
     int fds[8] = {-1, -1, -1, -1, -1, -1, -1, -1}; /* stdin r, w, stdout r, w, stderr r, w, status r, w */
     int ok = 1;
-    if (want_stdin) ok = pipe2(fds, O_CLOEXEC) == 0;
-    else ok = (fds[0] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;
+    if (want_stdin) ok = pipe2(fds, O_CLOEXEC) == 0; /* else fds[0] stays -1: the shim gets null_r */
     ok = ok && pipe2(fds + 2, O_CLOEXEC) == 0 && pipe2(fds + 4, O_CLOEXEC) == 0 && pipe2(fds + 6, O_CLOEXEC) == 0;
     pid_t pid = -1;
     int fork_err = errno;
@@ -1042,9 +1076,10 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
         free_strv(argv); free_strv(envp); free(cwd); free(c);
         return;
     }
-    if (pid == 0) shim(argv, envp, cwd, fds[0], fds[3], fds[5], fds[7]);
+    if (pid == 0) shim(argv, envp, cwd, want_stdin ? fds[0] : null_r, fds[3], fds[5], fds[7]);
     free_strv(argv); free_strv(envp); free(cwd);
-    close(fds[0]); close(fds[3]); close(fds[5]); close(fds[7]);
+    if (fds[0] >= 0) close(fds[0]);
+    close(fds[3]); close(fds[5]); close(fds[7]);
     c->shim = pid;
     c->shim_start = start_of(pid);
     c->stdin_fd = want_stdin ? fds[1] : -1;
@@ -1074,6 +1109,42 @@ static void read_status(cmd_t *c) {
 
 static char chunk[65536];
 
+/* Add bytes beyond the cap to the stream's tail ring, counting what falls out of it as dropped. The ring
+ * is allocated on first use (tail_cap bytes at most), so memory stays bounded however much is written. */
+static void tail_keep(cmd_t *c, int which, const char *data, size_t n) {
+    size_t cap = c->tail_cap;
+    if (!c->tail[which]) c->tail[which] = xrealloc(NULL, cap);
+    if (n >= cap) { /* the new bytes fill the ring: everything before their last cap bytes falls out */
+        c->dropped[which] += (long long)(c->tail_len[which] + n - cap);
+        memcpy(c->tail[which], data + (n - cap), cap);
+        c->tail_pos[which] = 0;
+        c->tail_len[which] = cap;
+        return;
+    }
+    size_t over = c->tail_len[which] + n > cap ? c->tail_len[which] + n - cap : 0;
+    c->dropped[which] += (long long)over;
+    size_t pos = c->tail_pos[which], first = cap - pos < n ? cap - pos : n;
+    memcpy(c->tail[which] + pos, data, first);
+    memcpy(c->tail[which], data + first, n - first);
+    c->tail_pos[which] = (pos + n) % cap;
+    c->tail_len[which] = c->tail_len[which] + n - over;
+}
+
+/* Send the tail ring (oldest byte first) before EXIT, and free it. */
+static void tail_send(cmd_t *c, int which) {
+    size_t cap = c->tail_cap, len = c->tail_len[which];
+    size_t start = (c->tail_pos[which] + cap - len) % (cap ? cap : 1);
+    while (len) {
+        size_t piece = cap - start < len ? cap - start : len;
+        if (piece > 65536) piece = 65536;
+        out(which ? STDERR_F : STDOUT_F, c->ch, c->tail[which] + start, piece);
+        start = (start + piece) % cap;
+        len -= piece;
+    }
+    free(c->tail[which]);
+    c->tail[which] = NULL;
+}
+
 static void read_output(cmd_t *c, int which) {
     ssize_t n = read(c->out_fd[which], chunk, sizeof chunk);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
@@ -1084,7 +1155,8 @@ static void read_output(cmd_t *c, int which) {
         c->sent[which] += (long long)part;
         out(which ? STDERR_F : STDOUT_F, c->ch, chunk, part);
     }
-    c->dropped[which] += n - (ssize_t)part;
+    if (c->tail_cap && (size_t)n > part) tail_keep(c, which, chunk + part, (size_t)n - part);
+    else c->dropped[which] += n - (ssize_t)part;
 }
 
 static void write_stdin(cmd_t *c) {
@@ -1114,6 +1186,7 @@ static void finish(int index) {
     if (c->stdin_fd >= 0) close(c->stdin_fd);
     buf_free(&c->pending);
     cmds[index] = cmds[--ncmds];
+    for (int i = 0; i < 2; i++) tail_send(c, i);
     char kind = 0, extra[2];
     int value = 0, words = sscanf(c->status, " %c %d %1s", &kind, &value, extra);
     buf_t b = {0};
@@ -1834,12 +1907,17 @@ static void loop(void) {
         int swept = 0;
         for (int i = 0; i < ncmds;) {
             cmd_t *c = cmds[i];
-            if (c->shim_done) {
-                read_status(c); /* written before the shim exited */
+            /* The shim writes its one status line (one write) only once the command and every descendant
+             * are gone, then exits: with that line and both output pipes at end of file the command is over,
+             * without waiting for the shim's own exit (it is reaped later; a sweep meanwhile may kill it). */
+            int status_line = memchr(c->status, '\n', c->status_len) != NULL;
+            if (c->shim_done || (status_line && !c->timed_out && !c->killed)) {
+                if (c->shim_done) read_status(c); /* written before the shim exited */
                 int has_status = 0;
                 for (size_t k = 0; k < c->status_len && !has_status; k++) has_status = c->status[k] > ' ';
                 if (!swept && (!strict_mode || !has_status)) { sweep(); swept = 1; }
-                if ((c->out_fd[0] < 0 && c->out_fd[1] < 0 && c->status_fd < 0) || now() > c->drain_until) {
+                int drained = c->out_fd[0] < 0 && c->out_fd[1] < 0;
+                if ((drained && (c->status_fd < 0 || status_line)) || (c->shim_done && now() > c->drain_until)) {
                     finish(i);
                     continue;
                 }
@@ -1970,7 +2048,14 @@ int main(int argc, char **argv) {
     dup2(null, 0);
     dup2(null, 1);
     if (null > 2) close(null);
+    null_r = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null_r < 0) { dprintf(2, "adk-sandbox-agent: cannot open /dev/null\n"); return 1; }
     strict_mode = prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0;
+    /* Every disposition to its default once here (the engine's exec may hand some down ignored), so a
+     * shim only undoes what the agent itself sets below. */
+    struct sigaction dfl = {0};
+    dfl.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);
     struct sigaction ign = {0};
     ign.sa_handler = SIG_IGN;
     for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &ign, NULL);

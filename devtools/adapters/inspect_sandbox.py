@@ -1,0 +1,468 @@
+"""An inspect_ai sandbox provider: ``sandbox="adk-sandbox"`` runs a sample's tools in a hardened container.
+
+Importing this module registers :class:`AdkSandboxEnvironment` with inspect (``@sandboxenv``); inspect
+imports it through the ``inspect_ai`` plugin entry point in pyproject.toml, so an eval only names it::
+
+    eval(task, model=..., sandbox="adk-sandbox")                        # defaults (AdkSandboxConfig())
+    eval(task, sandbox=("adk-sandbox", "adk-sandbox.yaml"))             # a YAML/JSON file of the fields
+    eval(task, sandbox=SandboxEnvironmentSpec("adk-sandbox", AdkSandboxConfig(runtime="runsc")))
+
+Each sample gets one :class:`~executor.backends.docker.DockerSession` (one container, the agent channel):
+``exec`` is one request on it, ``read_file``/``write_file`` are file operations performed inside the
+container as the command user (``DockerSession.files``), so every path of the container is reachable
+with the container's own permissions. There is no host workspace: the sample's working directory is the
+container's ``/tmp`` (a tmpfs), and nothing of the host is mounted (docs/INTEGRATIONS.md, "inspect_ai").
+
+Errors are what inspect's contract names (``SandboxEnvironment`` docstrings, ``self_check``):
+``TimeoutError`` (the command's whole process tree was killed first), ``OutputLimitExceededError``,
+``PermissionError`` for a program that cannot be executed, the ``OSError`` subclasses of the file
+operation for files, ``UnicodeDecodeError`` for a text read of non-UTF-8 bytes, and
+``SandboxUnavailableError`` when the container or its channel failed (inspect shows that to the model as
+a tool error and the sample goes on).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import shlex
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar, Union, overload
+
+import yaml  # type: ignore[import-untyped]  # a dependency of inspect_ai; no stubs installed
+from inspect_ai.util import (
+    ExecResult,
+    OutputLimitExceededError,
+    SandboxConnection,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    SandboxEnvironmentLimits,
+    sandboxenv,
+)
+from inspect_ai.util._sandbox.environment import SandboxUnavailableError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from executor._bridge import run_blocking
+from executor.backends.docker import DockerBackend, DockerSession, cleanup_session
+from executor.backends.docker._daemon import connect, remove_container
+from executor.backends.docker.images import BASE_IMAGE
+from executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
+from executor.types import ExecRequest, ResourceLimits, parse_user
+from executor.types import ExecResult as CoreExecResult
+
+__all__ = [
+    "PROVIDER_LABEL",
+    "TASK_LABEL",
+    "WORKING_DIR",
+    "AdkSandboxConfig",
+    "AdkSandboxEnvironment",
+    "resolve_config",
+]
+
+T = TypeVar("T")
+
+#: Every container of this provider carries ``PROVIDER_LABEL=adk-sandbox``: ``cli_cleanup`` selects by it.
+PROVIDER_LABEL = "ai.inspect.sandbox"
+#: The name of the inspect task a container belongs to.
+TASK_LABEL = "ai.inspect.task"
+#: The sample's working directory: relative paths of ``exec(cwd=...)`` and the file operations start here.
+WORKING_DIR = "/tmp"
+#: The longest command inspect may ask for; ``timeout=None`` means this (ExecRequest needs a bound).
+MAX_TIMEOUT_SECONDS = 24 * 3600
+#: What ``exec`` returns as the exit status of a command killed by a signal the core does not name.
+_KILLED_STATUS = 128 + 9
+
+
+def _numeric_user(value: str) -> str:
+    parse_user(value)
+    return value
+
+
+class AdkSandboxConfig(BaseModel):
+    """The ``adk-sandbox`` provider's configuration (every field optional; a YAML or JSON file of them).
+
+    Example ``adk-sandbox.yaml``::
+
+        image: adk-sandbox/base
+        runtime: runsc
+        limits: {memory_mb: 1024, pids: 256}
+        tmpfs: {/var/tmp: 128}
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str = BASE_IMAGE
+    """The container image (built locally: ``adk-sandbox images build``; never pulled)."""
+    runtime: Literal["runc", "runsc"] = "runc"
+    """The OCI runtime: ``runc`` (a plain container) or ``runsc`` (gVisor's user-space kernel)."""
+    limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    """Memory, cpu, pids, tmpfs size, file size and open files of each sample's container."""
+    network: bool = False
+    """Off by default: the container has network ``none``. True gives it Docker's default bridge (the
+    host's network reach); gVisor here is registered with ``--network=none`` and refuses it."""
+    user: Annotated[str, AfterValidator(_numeric_user)] = "65534:65534"
+    """Who commands and file operations run as unless ``exec(user=...)`` says otherwise: numeric
+    ``uid[:gid]`` (default nobody). ``"0:0"`` is root without capabilities: it owns the image's files but
+    cannot override permissions, and the root filesystem stays read-only."""
+    tmpfs: dict[str, int] = Field(default_factory=lambda: {"/var/tmp": 64})
+    """Extra writable tmpfs mounts, path -> MiB, besides ``/tmp`` and HOME. inspect copies its tool
+    helpers (``text_editor()``, ``bash_session()``, ``exec_remote()``) into ``/var/tmp`` and runs them."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables every command gets (after the image's own; ``exec(env=...)`` overrides them)."""
+
+    def __hash__(self) -> int:
+        # inspect keys its sandbox caches by the config; the dict fields break pydantic's own hash.
+        return hash(self.model_dump_json())
+
+
+@sandboxenv(name="adk-sandbox")
+class AdkSandboxEnvironment(SandboxEnvironment):
+    """One sample's sandbox: a hardened container of :class:`~executor.backends.docker.DockerBackend`.
+
+    Made by :meth:`sample_init` (one per sample), removed by :meth:`sample_cleanup`. The backends (one per
+    task and configuration, labelled with the task's name) are closed by :meth:`task_cleanup`.
+    """
+
+    _backends: dict[tuple[str, str], DockerBackend] = {}  # noqa: RUF012 - shared by the class on purpose
+    _backends_lock = threading.Lock()
+
+    def __init__(self, session: DockerSession, config: AdkSandboxConfig) -> None:
+        super().__init__()
+        self._session = session
+        self._config = config
+        self._users: dict[str, str] | None = None
+        """User names of the container's ``/etc/passwd`` -> ``uid:gid`` (read on first use)."""
+
+    # -- configuration and lifecycle -----------------------------------------------------------------
+    @classmethod
+    def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
+        """The configuration model of a serialized configuration (an eval log's spec)."""
+        return AdkSandboxConfig.model_validate(config)
+
+    @classmethod
+    def default_concurrency(cls) -> int | None:
+        """Samples running at once by default: two per core (each holds one container)."""
+        return 2 * (os.cpu_count() or 1)
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        """Validate the configuration and connect to the Docker engine once for the task."""
+        resolved = resolve_config(config)
+        await run_blocking(lambda _: cls._backend(task_name, resolved), name="adk-sandbox-task-init")
+
+    @classmethod
+    async def sample_init(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
+    ) -> dict[str, SandboxEnvironment]:
+        """Start the sample's container (verified hardened before it is used): ``{"default": env}``."""
+        resolved = resolve_config(config)
+
+        def start(_: threading.Event) -> DockerSession:
+            session = cls._backend(task_name, resolved).session()
+            try:
+                session.start()
+            except BaseException:
+                session.close()
+                raise
+            return session
+
+        session = await _unavailable_on_failure(run_blocking(start, name="adk-sandbox-sample-init"))
+        return {"default": cls(session, resolved)}
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        """Remove the sample's container (interrupted or not: nothing of it is needed afterwards)."""
+        for environment in environments.values():
+            await run_blocking(
+                environment.as_type(AdkSandboxEnvironment)._close, name="adk-sandbox-sample-cleanup"
+            )
+
+    @classmethod
+    async def task_cleanup(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
+    ) -> None:
+        """Close the task's backends; with ``cleanup`` False (``--no-sandbox-cleanup``) keep the containers.
+
+        Kept containers are listed with the command that removes them. They are also removed by the next
+        ``DockerBackend`` to start once this process has ended (their owner is gone: the reaper).
+        """
+        with cls._backends_lock:
+            keys = [key for key in cls._backends if key[0] == task_name]
+            backends = [cls._backends.pop(key) for key in keys]
+        for backend in backends:
+            if cleanup:
+                await run_blocking(_closer(backend), name="adk-sandbox-task-cleanup")
+            else:
+                for session in list(backend._sessions):
+                    print(
+                        f"adk-sandbox container left running: {session.container_id[:12]}; remove it with "
+                        f"`inspect sandbox cleanup adk-sandbox {session.session_id}`"
+                    )
+
+    @classmethod
+    async def cli_cleanup(cls, id: str | None) -> None:
+        """``inspect sandbox cleanup adk-sandbox [ID]``: remove this provider's containers (or one by id)."""
+
+        def clean(_: threading.Event) -> list[str]:
+            client = connect()
+            try:
+                removed: list[str] = []
+                if id is not None:
+                    # A session id (what task_cleanup prints): its containers, replacements included.
+                    with contextlib.suppress(InvalidRequestError):  # not a session id: a container's then
+                        removed += cleanup_session(id, client)
+                listed = client.api.containers(all=True, filters={"label": f"{PROVIDER_LABEL}=adk-sandbox"})
+                for entry in listed:
+                    names = [name.lstrip("/") for name in entry.get("Names") or []]
+                    if entry["Id"] in removed:
+                        continue
+                    if id is None or entry["Id"].startswith(id) or id in names:
+                        remove_container(client, entry["Id"])
+                        removed.append(entry["Id"])
+                return [container[:12] for container in removed]
+            finally:
+                client.close()
+
+        removed = await run_blocking(clean, name="adk-sandbox-cli-cleanup")
+        if id is not None and not removed:
+            print(f"no adk-sandbox container matches {id!r}")
+        for container in removed:
+            print(f"removed adk-sandbox container {container}")
+
+    @classmethod
+    def _backend(cls, task_name: str, config: AdkSandboxConfig) -> DockerBackend:
+        """The task's backend for ``config`` (created on first use: it connects and reaps leaks)."""
+        key = (task_name, config.model_dump_json())
+        with cls._backends_lock:
+            backend = cls._backends.get(key)
+            if backend is None:
+                backend = DockerBackend(
+                    image=config.image,
+                    limits=config.limits,
+                    runtime=config.runtime,
+                    network=config.network,
+                    user=config.user,
+                    tmpfs=config.tmpfs,
+                    labels={PROVIDER_LABEL: "adk-sandbox", TASK_LABEL: task_name[:4096]},
+                )
+                cls._backends[key] = backend
+            return backend
+
+    async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        """``inspect sandbox connect``: a ``docker exec`` shell in the sample's container, as its user."""
+        if self._session._closed:
+            raise ConnectionError("this sample's adk-sandbox container has been removed")
+        container = self._session.container_id
+        who = await self._resolve_user(user) if user is not None else self._config.user
+        if who is None:
+            raise ConnectionError(f"user {user!r} is not in the container's /etc/passwd")
+        command = shlex.join(
+            ["docker", "exec", "-it", "--user", who, "--workdir", WORKING_DIR, container, "sh"]
+        )
+        return SandboxConnection(type="adk-sandbox", command=command, container=container)
+
+    def default_polling_interval(self) -> float:
+        """How often inspect polls its tool helpers (``exec_remote``): an exec costs about a millisecond."""
+        return 0.1
+
+    # -- commands ------------------------------------------------------------------------------------
+    async def exec(  # noqa: PLR0917 - inspect's signature
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        """Run ``cmd`` (argv, no shell) in the sample's container; see :class:`SandboxEnvironment`.
+
+        ``timeout_retry`` is not honoured: a timed-out command is killed with its whole process tree and
+        reported as ``TimeoutError``, never started again (it may have had effects).
+        """
+        if not cmd:
+            raise ValueError("exec needs a command: cmd is empty")
+        who: str | None = None
+        if user is not None:
+            who = await self._resolve_user(user)
+            if who is None:
+                # What `docker exec --user` says: a result, since the command could not run as asked.
+                return ExecResult(
+                    False, 126, "", f"unable to find user {user}: no matching entries in passwd file\n"
+                )
+        directory = posixpath.normpath(posixpath.join(WORKING_DIR, cwd)) if cwd else None
+        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        try:
+            request = ExecRequest(
+                argv=tuple(cmd),
+                stdin=input,
+                # The session's own default is the working directory: not naming it saves a check.
+                cwd=None if directory == WORKING_DIR else directory,
+                env={**self._config.env, **(env or {})},
+                user=who,
+                timeout=min(timeout, MAX_TIMEOUT_SECONDS) if timeout else MAX_TIMEOUT_SECONDS,
+                max_output_bytes=limit,
+            )
+        except ValidationError as exc:
+            raise ValueError(f"adk-sandbox cannot run this command: {exc}") from None
+        try:
+            result = await _unavailable_on_failure(
+                run_blocking(
+                    lambda cancel: self._session.execute(request, cancel=cancel), name="adk-sandbox-exec"
+                )
+            )
+        except InvalidRequestError as exc:
+            # A cwd the user cannot enter (nothing ran): a failed result, as `docker exec --workdir` gives.
+            return ExecResult(False, 126, "", f"{exc}\n")
+        return _inspect_result(result, cmd, timeout)
+
+    async def _resolve_user(self, user: str) -> str | None:
+        """``uid:gid`` for ``user`` (a number, or a name in the container's passwd file); None: unknown."""
+        try:
+            uid, gid = parse_user(user)
+        except ValueError:
+            pass
+        else:
+            return f"{uid}:{gid}" if gid is not None else str(uid)
+        if self._users is None:
+            passwd = await self._file_call(lambda: self._session.files.read_bytes("/etc/passwd"))
+            users: dict[str, str] = {}
+            for line in passwd.decode("utf-8", "replace").splitlines():
+                fields = line.split(":")
+                if len(fields) >= 4 and fields[2].isdigit() and fields[3].isdigit():
+                    users.setdefault(fields[0], f"{fields[2]}:{fields[3]}")
+            self._users = users
+        return self._users.get(user)
+
+    # -- files ---------------------------------------------------------------------------------------
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    async def read_file(self, file: str, text: bool = True) -> Union[str | bytes]:  # noqa: UP007 - the ABC's
+        """Read ``file`` inside the container as the sample's user (relative: to the working directory)."""
+        if posixpath.basename(file.rstrip("/")) in (".", ".."):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", file)
+        path = self._path(file)
+        limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        # One byte past the limit tells "exactly at the limit" from "over it" without a stat.
+        data = await self._file_call(lambda: self._session.files.read_bytes(path, limit=limit + 1), file)
+        if len(data) > limit:
+            raise OutputLimitExceededError(
+                limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
+            )
+        return data.decode("utf-8") if text else data
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        """Write ``file`` inside the container as the sample's user, creating missing parent directories.
+
+        Like ``open(file, "w")``: a file the user may not write is refused (``PermissionError``), a
+        directory too (``IsADirectoryError``); an existing file keeps its mode.
+        """
+        path = self._path(file)
+        data = contents.encode("utf-8") if isinstance(contents, str) else bytes(contents)
+        await self._file_call(lambda: self._write(path, data, file), file)
+
+    def _write(self, path: str, data: bytes, shown: str) -> None:
+        files = self._session.files
+        try:
+            found = files.stat(path)
+        except FileNotFoundError:
+            files.mkdir(posixpath.dirname(path), parents=True)
+            files.write_bytes(path, data)
+            return
+        if found.type == "dir":
+            raise IsADirectoryError(errno.EISDIR, "Is a directory: cannot write a file over it", shown)
+        # The core writes a fresh file renamed over the old one, which the directory's permission allows
+        # even when the file is read-only. Opening the file for appending (nothing appended) asks the
+        # kernel whether this user may write it, as `open(file, "w")` would.
+        files.write_bytes(path, b"", append=True)
+        files.write_bytes(path, data, mode=found.mode & 0o777)
+
+    def _close(self, _: threading.Event) -> None:
+        self._session.close()
+
+    def _path(self, file: str) -> str:
+        return posixpath.join(WORKING_DIR, file)
+
+    async def _file_call(self, call: Callable[[], T], shown: str | None = None) -> T:
+        """Run a file operation off the event loop; OSErrors name ``shown`` (the path as inspect gave it)."""
+        try:
+            return await _unavailable_on_failure(run_blocking(lambda _: call(), name="adk-sandbox-file"))
+        except OSError as exc:
+            if shown is None or exc.filename == shown or isinstance(exc, TimeoutError):
+                raise
+            raise type(exc)(exc.errno, exc.strerror, shown) from exc
+
+
+async def _unavailable_on_failure(call: Awaitable[T]) -> T:
+    """Await ``call``; the sandbox itself failing becomes inspect's ``SandboxUnavailableError``.
+
+    Only the container or the engine failing: a refused request (``InvalidRequestError``) or policy
+    (``PolicyNotEnforceableError``) is the caller's to see as it is.
+    """
+    try:
+        return await call
+    except (SandboxFailedError, BackendUnavailableError) as exc:
+        raise SandboxUnavailableError(f"the adk-sandbox container cannot run commands: {exc}") from exc
+
+
+def _inspect_result(result: CoreExecResult, cmd: list[str], timeout: int | None) -> ExecResult[str]:
+    """Inspect's result (or error) for a core result."""
+    if result.timed_out:
+        error = TimeoutError(f"Command timed out after {timeout} seconds (its processes were killed)")
+        partial = result.stdout + result.stderr
+        if partial:
+            error.truncated_output = partial  # type: ignore[attr-defined]  # what inspect's docker sets
+        raise error
+    if result.stdout_truncated or result.stderr_truncated:
+        raise OutputLimitExceededError(
+            limit_str=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
+            truncated_output=result.stdout if result.stdout_truncated else result.stderr,
+        )
+    status = result.exit_code if result.exit_code is not None else _KILLED_STATUS
+    # The in-sandbox agent reports a program it could not execute as exit 126 and exactly this line.
+    if status == 126 and not result.stdout and result.stderr == f"{cmd[0]}: Permission denied\n":
+        raise PermissionError(errno.EACCES, "Permission denied: cannot execute this program", cmd[0])
+    return ExecResult(status == 0, status, result.stdout, result.stderr)
+
+
+def _closer(backend: DockerBackend) -> Callable[[threading.Event], None]:
+    return lambda _: backend.close()
+
+
+def resolve_config(config: SandboxEnvironmentConfigType | None) -> AdkSandboxConfig:
+    """The configuration inspect hands over: None (defaults), a YAML/JSON file's path, or the model."""
+    if config is None:
+        return AdkSandboxConfig()
+    if isinstance(config, AdkSandboxConfig):
+        return config
+    if isinstance(config, str):
+        path = Path(config)
+        if not path.is_file():
+            raise ValueError(f"adk-sandbox config file {config!r} does not exist")
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(
+                f"adk-sandbox config file {config!r} must hold a mapping of AdkSandboxConfig fields"
+            )
+        return AdkSandboxConfig.model_validate(loaded)
+    if isinstance(config, BaseModel):
+        return AdkSandboxConfig.model_validate(config.model_dump())
+    raise ValueError(
+        f"adk-sandbox config must be a file path or AdkSandboxConfig, not {type(config).__name__}"
+    )

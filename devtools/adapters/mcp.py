@@ -1,0 +1,336 @@
+"""An MCP server over stdio for the project's tools (extra ``mcp``; started by ``adk-sandbox mcp``).
+
+A thin module over :mod:`executor.tool_protocol`: every :class:`~executor.tool_protocol.AgentTool` becomes
+one MCP tool whose ``inputSchema`` is the tool's ``parameters`` unchanged (``additionalProperties: false``
+and every bound kept), and every call goes through :func:`~executor.tool_protocol.call_tool`, so:
+
+* a result is its JSON dict twice, as text content (what every host shows the model) and as
+  ``structuredContent``; a failure is the same with ``isError: true`` and ``{"status": "error", "message"}``;
+* arguments are validated by the tool itself (:func:`~executor.tool_protocol.parse_arguments`), never by the
+  SDK: an unknown argument is refused with the project's message naming it and the accepted ones, and the
+  tool does not run;
+* bash output goes to the client while the command runs, as ``notifications/progress`` on the call's
+  ``progressToken`` (when the client sent one): ``progress`` counts the chunks (1, 2, 3, ...) and
+  ``message`` is the chunk, stdout and stderr interleaved as they arrived.
+
+The SDK's low-level :class:`mcp.server.lowlevel.Server` is used, not ``MCPServer`` (FastMCP): that one
+derives schemas from Python signatures and validates arguments with its own model, where the project's
+schema and its wording of a bad argument must reach the client as they are.
+
+:func:`serve` runs a server until the client closes stdin (or SIGTERM/SIGHUP arrives);
+:func:`workspace_tools` builds the tools ``adk-sandbox mcp`` serves and owns what they open (the
+workspace's container, ``code_exec``'s), closed on exit so nothing outlives the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, cast
+
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+
+from devtools.toolset import DevToolset
+from devtools.workspace import Workspace
+from executor.tool_protocol import AgentTool, ProgressCallback, UnknownToolError, call_tool, find_tool
+from executor.types import Stream
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "SERVER_NAME",
+    "build_server",
+    "list_tools",
+    "main",
+    "run_server",
+    "serve",
+    "tool_result",
+    "workspace_tools",
+]
+
+_log = logging.getLogger(__name__)
+
+SERVER_NAME = "adk-sandbox"
+"""The name the server reports in ``serverInfo``."""
+
+_SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # a host stopping its server, a terminal closing
+
+
+def list_tools(tools: Sequence[AgentTool]) -> list[types.Tool]:
+    """The MCP tool definitions: name, description and the tool's JSON schema as ``inputSchema``, as is."""
+    return [types.Tool(name=t.name, description=t.description, input_schema=t.parameters) for t in tools]
+
+
+def tool_result(ok: bool, payload: dict[str, Any]) -> types.CallToolResult:
+    """A call's MCP result: ``payload`` as JSON text and as ``structuredContent``; ``isError`` if not ok."""
+    text = json.dumps(payload, ensure_ascii=False)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], structured_content=payload, is_error=not ok
+    )
+
+
+def _progress_sender(ctx: ServerRequestContext[Any]) -> ProgressCallback | None:
+    """A callback sending each output chunk as a progress notification, or None without a progressToken."""
+    if not ctx.meta or ctx.meta.get("progress_token") is None:
+        return None  # the client asked for no progress: the output is not even collected for it
+    sent = 0
+    broken = False
+
+    async def send(stream: Stream, chunk: str) -> None:
+        nonlocal sent, broken
+        if broken or not chunk:
+            return  # an empty chunk would repeat a progress value (it must increase)
+        sent += 1
+        try:
+            # report_progress addresses the request's own token (and its stream on HTTP transports).
+            await ctx.session.report_progress(sent, None, chunk)
+        except Exception:
+            # The client went away mid-command: the command still finishes (or is cancelled with the
+            # request), its output stays in the result; only the live copy is given up.
+            broken = True
+            _log.warning("sending progress for a tool call failed; no more progress for it", exc_info=True)
+
+    return send
+
+
+def build_server(tools: Sequence[AgentTool], *, instructions: str | None = None) -> Server[Any]:
+    """A low-level MCP server listing ``tools`` and calling them through ``call_tool``.
+
+    An unknown tool name is a tool error result (``isError``) naming the available tools, so the model
+    can correct itself, as with a bad argument.
+    """
+    definitions = list_tools(tools)
+
+    async def on_list_tools(
+        _ctx: ServerRequestContext[Any], _params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=definitions)
+
+    async def on_call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        try:
+            tool = find_tool(tools, params.name)
+        except UnknownToolError as exc:
+            return tool_result(False, {"status": "error", "message": str(exc)})
+        # Missing arguments are an empty object, which the tool's own validation then judges.
+        outcome = await call_tool(tool, params.arguments or {}, _progress_sender(ctx))
+        return tool_result(outcome.ok, outcome.payload)
+
+    return Server(
+        SERVER_NAME,
+        version=_version(),
+        instructions=instructions,
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415 - only when serving
+
+    try:
+        return version("adk-sandbox")
+    except PackageNotFoundError:
+        return ""
+
+
+async def serve(server: Server[Any]) -> int | None:
+    """Serve ``server`` over this process's stdin/stdout until the client closes stdin.
+
+    SIGTERM and SIGHUP end it the same way (the running calls are cancelled, which kills their
+    commands); returns the signal number that ended it, or None when stdin closed.
+    """
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None  # noqa: S101 - always inside a task when awaited
+    received: list[int] = []
+
+    def stop(signum: int) -> None:
+        if not received:
+            received.append(signum)
+            task.cancel()
+
+    previous = {signum: signal.getsignal(signum) for signum in _SHUTDOWN_SIGNALS}
+    for signum in _SHUTDOWN_SIGNALS:
+        loop.add_signal_handler(signum, stop, signum)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            stdin = await stack.enter_async_context(_stdin_lines())
+            streams = await stack.enter_async_context(stdio_server(stdin=cast("Any", stdin)))
+            read_stream, write_stream = streams
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    except asyncio.CancelledError:
+        if not received:
+            raise
+    finally:
+        for signum, handler in previous.items():
+            loop.remove_signal_handler(signum)  # which leaves SIG_DFL: put back the caller's handler
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    return received[0] if received else None
+
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+"""The longest line (one JSON-RPC message) read from stdin; a longer one is answered as a parse error."""
+
+
+class _StdinLines:
+    """The lines of stdin for the SDK's ``stdio_server``, read by the event loop rather than a thread.
+
+    The SDK's own reader blocks a worker thread in ``readline``, and cancelling waits for that thread:
+    a SIGTERM while the host keeps stdin open would hang the server with its container running.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    def __aiter__(self) -> _StdinLines:
+        return self
+
+    async def __anext__(self) -> str:
+        try:
+            line = await self._reader.readline()
+        except ValueError:  # longer than MAX_MESSAGE_BYTES: the reader dropped it
+            return "{}"  # not a JSON-RPC message: the SDK reports it and reads on
+        if not line:
+            raise StopAsyncIteration
+        return line.decode("utf-8", errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def _stdin_lines() -> AsyncIterator[_StdinLines | None]:
+    """Standard input as :class:`_StdinLines`, fd 0 pointed at the null device meanwhile (as the SDK does).
+
+    None when stdin is not a pipe, socket or terminal (a regular file: its reads end, the SDK's
+    reader is fine).
+    """
+    loop = asyncio.get_running_loop()
+    wire = os.dup(0)
+    reader = asyncio.StreamReader(limit=MAX_MESSAGE_BYTES)
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(wire, "rb", buffering=0)
+        )
+    except ValueError:
+        os.close(wire)
+        yield None
+        return
+    # Nothing else in this process may read the wire; a stray reader would tear messages.
+    null = os.open(os.devnull, os.O_RDONLY)
+    saved = os.dup(0)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        yield _StdinLines(reader)
+    finally:
+        transport.close()
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def workspace_tools(
+    root: str | os.PathLike[str],
+    *,
+    image: str | None = None,
+    runtime: str | None = None,
+    read_only: bool = False,
+    code_exec: bool = False,
+) -> Iterator[list[AgentTool]]:
+    """The tools ``adk-sandbox mcp`` serves for ``root``, and everything they open closed on exit.
+
+    Writable (default): read_file, glob, grep, write_file, edit_file, bash, sandbox_exec. ``bash`` and
+    ``sandbox_exec`` share one Docker session with ``root`` mounted (one container, started here so a
+    broken engine or image fails the start, not the first call); file tools work on the host through the
+    workspace's containment. ``read_only``: read_file, glob and grep only, and no container at all: a
+    server for exploring is given nothing that writes, and a command could write. ``code_exec`` adds the
+    Rust tool on its own backend with ``adk-sandbox/rust``.
+    """
+    from executor.backends.docker import DockerBackend  # noqa: PLC0415 - docker-py loads lazily
+    from executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE  # noqa: PLC0415
+    from executor.tools import CodeTool, SandboxTool  # noqa: PLC0415
+
+    with contextlib.ExitStack() as stack:
+        tools: list[AgentTool] = []
+        if read_only:
+            workspace = stack.enter_context(Workspace.read_only(root))
+            tools += DevToolset(workspace).tools
+        else:
+            backend = stack.enter_context(DockerBackend(image=image or BASE_IMAGE, runtime=runtime))
+            workspace = stack.enter_context(Workspace(root, sandbox=backend))
+            session, _in_root = workspace.bash_backend()  # starts the container now
+            tools += DevToolset(workspace).tools
+            # The workspace owns the session; the tool runs in it and closes nothing.
+            tools.append(stack.enter_context(SandboxTool(session)))
+        if code_exec:
+            rust = stack.enter_context(DockerBackend(image=RUST_IMAGE, runtime=runtime))
+            tools.append(stack.enter_context(CodeTool(rust)))
+        yield tools
+
+
+def run_server(tools: Sequence[AgentTool], *, instructions: str | None = None) -> int | None:
+    """Serve ``tools`` until stdin closes or a shutdown signal; the signal number, or None (blocking)."""
+    return asyncio.run(serve(build_server(tools, instructions=instructions)))
+
+
+class _Terminated(BaseException):
+    """A shutdown signal while the tools are being opened (before the server's own handlers exist)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _ShutdownHandler:
+    """The handler of :data:`_SHUTDOWN_SIGNALS` around the server (which has its own while it serves).
+
+    While the tools open, the first signal unwinds the start like an error (removing a container that
+    is starting); once the server has stopped, and after that first signal, signals are ignored: what
+    follows is the cleanup that removes the containers, which a second signal must not cut short.
+    """
+
+    def __init__(self) -> None:
+        self.closing = False
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        raise _Terminated(signum)
+
+
+def main(
+    root: str | os.PathLike[str],
+    *,
+    image: str | None = None,
+    runtime: str | None = None,
+    read_only: bool = False,
+    code_exec: bool = False,
+) -> int:
+    """``adk-sandbox mcp``: open the tools of :func:`workspace_tools`, serve them, close them; exit status.
+
+    0 when the client closed stdin, 128+N after signal N; a signal while the container starts also
+    removes it (the signal unwinds the start like an error).
+    """
+    handler = _ShutdownHandler()
+    previous = {signum: signal.signal(signum, handler) for signum in _SHUTDOWN_SIGNALS}
+    try:
+        with workspace_tools(
+            root, image=image, runtime=runtime, read_only=read_only, code_exec=code_exec
+        ) as tools:
+            mode = "read-only" if read_only else "writable"
+            _log.info("serving %s over stdio (%s workspace %s)", ", ".join(t.name for t in tools), mode, root)
+            signum = run_server(tools)
+            handler.closing = True  # leaving the block removes the containers
+    except _Terminated as exc:
+        signum = exc.signum
+    finally:
+        for number, before in previous.items():
+            signal.signal(number, before)
+    return 0 if signum is None else 128 + signum
