@@ -8,6 +8,13 @@ masquerading, no forwarding). It registers the same runtimes as the system daemo
 ``docker save IMAGE | docker -H PRIVATE load``.
 
 A backend uses it through ``DOCKER_HOST=unix://<socket>`` (see :func:`daemon_socket_path`).
+
+As a *remote* engine (issue 13): ``PrivateEngine(tls=True)`` also listens on TCP ``127.0.0.1:<free port>``
+with TLS certificates made for this run with ``openssl`` (a CA, a server certificate for 127.0.0.1 and
+localhost, a client certificate), reached through :meth:`PrivateEngine.engine`; ``hide=DIR`` runs it
+inside ``unshare --mount --propagation private`` with a tmpfs over ``DIR``, so it cannot see this
+machine's copy of anything under it (a test workspace) — as an engine on another machine could not.
+:meth:`PrivateEngine.load_image` copies an image by ``docker save | docker -H ... load``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +32,8 @@ import uuid
 from pathlib import Path
 
 import docker
+
+from executor.backends.docker.engine import Engine
 
 __all__ = ["DOCKERD", "PrivateEngine", "PrivateEngineError"]
 
@@ -46,7 +56,12 @@ class PrivateEngine:
     :meth:`destroy` removes after stopping the daemon and anything it left (containerd, shims, mounts).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: bool = False, hide: Path | None = None, data_in_memory: bool = False) -> None:
+        """``tls``: listen on TCP 127.0.0.1 with TLS too; ``hide``: a directory the engine sees empty.
+
+        ``data_in_memory`` puts the data root on a tmpfs: a loaded image then goes in faster, and is gone
+        at :meth:`destroy` with one unmount (deleting its files from disk takes 15 s here).
+        """
         self.root = Path(tempfile.mkdtemp(prefix="adk-pe-", dir="/tmp"))
         self.socket = str(self.root / "docker.sock")
         self.host = f"unix://{self.socket}"
@@ -58,6 +73,32 @@ class PrivateEngine:
         self.config_file = self.root / "daemon.json"
         self.config_file.write_text(json.dumps(_private_config()))
         self.process: subprocess.Popen[bytes] | None = None
+        self.hide = hide
+        if data_in_memory:
+            self.data_root.mkdir()
+            mount = ["mount", "-t", "tmpfs", "-o", "size=4g,mode=0710", "adk-pe-data", str(self.data_root)]
+            subprocess.run(mount, check=True, capture_output=True)
+        if hide is not None and (self.root == hide or hide in self.root.parents):
+            raise PrivateEngineError(f"{hide} would hide the engine's own directory {self.root}")
+        self.tls_dir: Path | None = None
+        self.port: int | None = None
+        if tls:
+            self.tls_dir = self.root / "tls"
+            _make_certificates(self.tls_dir)
+            self.port = _free_port()
+
+    @property
+    def tcp_host(self) -> str:
+        """``tcp://127.0.0.1:PORT`` (a TLS engine only)."""
+        if self.port is None:
+            raise PrivateEngineError("this private engine does not listen on TCP (made without tls=True)")
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def engine(self, host: str | None = None) -> Engine:
+        """The :class:`Engine` of the TCP+TLS endpoint (``host`` replaces its address, e.g. a proxy's)."""
+        assert self.tls_dir is not None, "made without tls=True"
+        return Engine(host=host or self.tcp_host, tls_verify=True, ca_cert=self.tls_dir / "ca.pem",
+                      client_cert=self.tls_dir / "cert.pem", client_key=self.tls_dir / "key.pem")  # fmt: skip
 
     # -- the daemon ----------------------------------------------------------------------------------
     def start(self, timeout: float = START_SECONDS) -> None:
@@ -81,6 +122,29 @@ class PrivateEngine:
             "--userland-proxy=false",
             "--live-restore=false",
         ]
+        if self.tls_dir is not None:
+            argv += [
+                f"--host={self.tcp_host}",
+                "--tlsverify",
+                f"--tlscacert={self.tls_dir / 'ca.pem'}",
+                f"--tlscert={self.tls_dir / 'server-cert.pem'}",
+                f"--tlskey={self.tls_dir / 'server-key.pem'}",
+            ]
+        if self.hide is not None:
+            # Its own mount namespace, where a tmpfs covers the hidden directory; exec keeps dockerd's pid
+            # the one this object stops.
+            hide = 'mount -t tmpfs -o size=16m adk-pe-hide "$0" && exec "$@"'
+            argv = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "/bin/sh",
+                "-c",
+                hide,
+                str(self.hide),
+                *argv,
+            ]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
@@ -167,6 +231,20 @@ class PrivateEngine:
             client.close()
 
     # -- images --------------------------------------------------------------------------------------
+    def load_image(self, image: str) -> float:
+        """Copy ``image`` from the system engine by ``docker save | docker -H PRIVATE load``; the seconds."""
+        started = time.monotonic()
+        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        loaded = subprocess.run(["docker", "-H", self.host, "load", "-q"], stdin=save.stdout,
+                                capture_output=True, check=False)  # fmt: skip
+        _, save_errors = save.communicate()
+        if save.returncode != 0 or loaded.returncode != 0:
+            raise PrivateEngineError(
+                f"could not load {image} into the private engine: {save_errors.decode(errors='replace')} "
+                f"{loaded.stderr.decode(errors='replace')}"
+            )
+        return time.monotonic() - started
+
     def import_minimal_image(self, source: str, tag: str) -> float:
         """Import into the private engine a small image cut out of ``source``; the seconds it took.
 
@@ -283,6 +361,38 @@ done)
 """
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _make_certificates(directory: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1 and localhost, and a client certificate, made with openssl.
+
+    The names are the Docker CLI's (``DOCKER_CERT_PATH``: ca.pem, cert.pem, key.pem), plus the server's.
+    """
+    directory.mkdir(mode=0o700)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    days = "2"
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem", "-out", "ca.pem",
+            "-days", days, "-subj", "/CN=adk-sandbox test CA")  # fmt: skip
+    for name, subject, extensions in (
+        ("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+        ("client", "/CN=adk-sandbox test client", "extendedKeyUsage=clientAuth"),
+    ):
+        key, cert = ("server-key.pem", "server-cert.pem") if name == "server" else ("key.pem", "cert.pem")
+        (directory / f"{name}.ext").write_text(extensions + "\n")
+        openssl(
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", f"{name}.csr", "-subj", subject
+        )
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+                "-CAcreateserial", "-out", cert, "-days", days, "-extfile", f"{name}.ext")  # fmt: skip
+
+
 def _private_config() -> dict[str, object]:
     """The system daemon's runtimes (gVisor and the like), nothing else of its configuration."""
     try:
@@ -311,3 +421,88 @@ def _remove_cgroup(path: Path) -> None:
             _remove_cgroup(child)
     with contextlib.suppress(OSError):
         path.rmdir()
+
+
+# -- an ssh path to the engine ------------------------------------------------------------------------------
+#: Where scripts/setup unpacks Debian's openssh-server (not installed: no service, no port 22).
+SSHD_ROOT = Path(os.environ.get("ADK_SANDBOX_SSHD_ROOT", Path.home() / ".cache" / "adk-sandbox" / "openssh"))
+
+
+def find_sshd() -> Path | None:
+    """The sshd binary: the system's, else the one scripts/setup unpacked."""
+    for candidate in (Path("/usr/sbin/sshd"), SSHD_ROOT / "usr" / "sbin" / "sshd"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+class PrivateSshd:
+    """Debian's sshd on 127.0.0.1:<free port> as its own process, forwarding to one engine's Unix socket.
+
+    Its one authorised key may only run ``docker system dial-stdio`` against ``docker_host`` (a forced
+    command), which is what docker-py's paramiko mode and the engine bridge ask for. :attr:`home` holds the
+    client's key and ``known_hosts``: a test points ``HOME`` at it. Stopped by pid.
+    """
+
+    def __init__(self, sshd: Path, directory: Path, docker_host: str) -> None:
+        self.sshd = sshd
+        self.directory = directory
+        self.home = directory / "home"
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        ssh = self.home / ".ssh"
+        ssh.mkdir(parents=True, mode=0o700)
+        for key in (directory / "host_key", ssh / "id_ed25519"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        host_key = (directory / "host_key.pub").read_text().split()
+        (ssh / "known_hosts").write_text(f"[127.0.0.1]:{self.port} {host_key[0]} {host_key[1]}\n")
+        forced = f'command="DOCKER_HOST={docker_host} exec docker system dial-stdio",restrict'
+        (directory / "authorized_keys").write_text(f"{forced} {(ssh / 'id_ed25519.pub').read_text()}")
+        (directory / "sshd_config").write_text(
+            f"ListenAddress 127.0.0.1\nPort {self.port}\nHostKey {directory / 'host_key'}\n"
+            f"AuthorizedKeysFile {directory / 'authorized_keys'}\nPidFile {directory / 'sshd.pid'}\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "PermitRootLogin prohibit-password\nAllowTcpForwarding no\nX11Forwarding no\n"
+        )
+
+    @property
+    def host(self) -> str:
+        """``ssh://root@127.0.0.1:PORT``."""
+        return f"ssh://root@127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start sshd (in the foreground of its own process) and wait until its port answers."""
+        # sshd refuses to start without its privilege separation directory (made by the package's scripts,
+        # which did not run: the package is unpacked, not installed).
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        library = self.sshd.parent.parent / "lib" / "x86_64-linux-gnu"
+        env = {**os.environ, "LD_LIBRARY_PATH": str(library)} if library.is_dir() else None
+        log = open(self.directory / "sshd.log", "ab")  # noqa: SIM115 - the process's own log, kept open by it
+        self.process = subprocess.Popen(
+            [str(self.sshd), "-D", "-e", "-f", str(self.directory / "sshd_config")],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                text = (self.directory / "sshd.log").read_text(errors="replace")
+                raise PrivateEngineError(f"sshd exited with status {self.process.returncode}: {text[-2000:]}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise PrivateEngineError(f"sshd did not listen within {timeout:g} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM sshd (by its pid) and wait; its connections' processes end with their connections."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)

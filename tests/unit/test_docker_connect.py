@@ -20,17 +20,21 @@ def test_the_client_session_ignores_proxy_and_ca_variables(
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.setenv(name, "http://garbage.invalid:1")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/nonexistent/ca-bundle.pem")
-    real_client = docker.DockerClient
+    negotiated_with: list[bool] = []
 
-    def offline_client(**kwargs: Any) -> docker.DockerClient:
-        # A fixed API version instead of "auto", which would ask the (absent) daemon for it.
-        return real_client(**{**kwargs, "version": "1.41"})
+    def offline_version(api: Any) -> str:
+        # The (absent) daemon's version; asked only once the session ignores the environment: a CA bundle
+        # there would replace a TLS engine's own CA for this very first request.
+        negotiated_with.append(api.trust_env)
+        return "1.41"
 
-    monkeypatch.setattr(_daemon.docker, "DockerClient", offline_client)
-    monkeypatch.setattr(real_client, "ping", lambda _self: True)
+    monkeypatch.setattr(docker.APIClient, "_retrieve_server_version", offline_version)
+    monkeypatch.setattr(docker.DockerClient, "ping", lambda _self: True)
 
     client = _daemon.connect()
     try:
+        assert negotiated_with == [False]
+        assert client.api.api_version == "1.41"
         assert client.api.trust_env is False
         url = client.api.base_url + "/_ping"
         settings = client.api.merge_environment_settings(url, {}, None, None, None)

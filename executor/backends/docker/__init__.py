@@ -2,6 +2,7 @@
 
 from executor.backends.docker._reaper import cleanup_session
 from executor.backends.docker.backend import DockerBackend
+from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.files import DirEntry, FileStat, SandboxFiles
 from executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE
 from executor.backends.docker.session import DockerSession
@@ -12,7 +13,9 @@ __all__ = [
     "DirEntry",
     "DockerBackend",
     "DockerSession",
+    "Engine",
     "FileStat",
     "SandboxFiles",
     "cleanup_session",
+    "resolve_engine",
 ]

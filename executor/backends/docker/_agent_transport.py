@@ -59,6 +59,7 @@ from executor.backends.docker._transport import (
     DockerStreamSplitter,
     PreparedCommand,
 )
+from executor.backends.docker.engine import Engine
 from executor.errors import InvalidRequestError, SandboxFailedError
 from executor.types import Stream
 
@@ -291,7 +292,7 @@ class AgentTransport:
         self,
         client: docker.DockerClient | None,
         container_id: str,
-        socket_path: str,
+        engine: Engine | str,
         *,
         on_restart: Callable[[str], None] | None = None,
         source: str | None = None,
@@ -301,7 +302,7 @@ class AgentTransport:
         if open_stream is None:
             if client is None:
                 raise ValueError("AgentTransport needs a Docker client or an open_stream")
-            self._exec = DockerExecTransport(client, container_id, socket_path)
+            self._exec = DockerExecTransport(client, container_id, engine)
             open_stream = self._docker_stream
         self._open_stream = open_stream
         self._lock = threading.Lock()

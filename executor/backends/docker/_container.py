@@ -19,7 +19,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from executor.backends.docker._daemon import daemon_socket_path, idempotent, remove_container
+from executor.backends.docker._daemon import DEFAULT_SOCKET, engine_of, idempotent, remove_container
 from executor.backends.docker._reaper import note_unremoved, owner_labels
 from executor.backends.docker._spec import (
     GVISOR_RUNTIME,
@@ -172,6 +172,7 @@ class ContainerProvider:
     def _verify(self, inspect: Mapping[str, Any], *, verify_limits: bool) -> OpenedContainer:
         """Check that a running container's hardening is really in force; what commands start from."""
         spec = self._spec
+        engine = engine_of(self._client)
         container_id = str(inspect["Id"])
         mounts = [spec.workspace] if spec.workspace else []
         mounts += [allowed.path for allowed in spec.extra_mounts] + list(spec.read_only_mounts)
@@ -188,7 +189,7 @@ class ContainerProvider:
             limits=spec.limits if verify_limits else None,
             mounts=mounts,
             attached=self.attached,
-            engine_sockets=(daemon_socket_path(),),
+            engine_sockets=(engine.socket_path or DEFAULT_SOCKET,),
             tmpfs=None if self.attached else host_config_arguments(spec)["tmpfs"],
         )
         if problems:
@@ -198,7 +199,9 @@ class ContainerProvider:
             )
         owner_path = spec.workspace or (_mount_source_of(inspect, workdir) if self.attached else None)
         owner = None
-        if owner_path:
+        # A remote engine's mount sources are paths of another machine: a directory of the same name here
+        # says nothing about who owns the one the container sees.
+        if owner_path and engine.local:
             status = os.stat(owner_path)
             owner = f"{status.st_uid}:{status.st_gid}"
         return OpenedContainer(

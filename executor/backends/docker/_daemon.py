@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
 import requests
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
+from executor.backends.docker.engine import Engine, resolve_engine
 from executor.errors import BackendUnavailableError, ExecutorError, SandboxFailedError
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "connect",
     "daemon_errors",
     "daemon_socket_path",
+    "engine_of",
     "idempotent",
     "map_docker_error",
     "remove_container",
@@ -38,6 +41,9 @@ HOW_TO_START_DOCKER = (
     "systemd, or run this project's `scripts/setup` (it installs and starts one on Debian as root)"
 )
 
+#: The API version a client is made with before the engine's own is asked (docker-py's minimum).
+_MIN_API = "1.24"
+
 #: Longest time an idempotent daemon call is retried before its error is raised.
 RETRY_BUDGET_SECONDS = 10.0
 
@@ -45,20 +51,18 @@ T = TypeVar("T")
 
 
 def daemon_socket_path() -> str:
-    """The Unix socket of the local daemon (``DOCKER_HOST=unix://...`` or the default).
+    """The Unix socket of the environment's engine (``DOCKER_HOST=unix://...`` or the default).
 
-    The backend needs a *local* daemon: the workspace is bind-mounted by its host path, and command
-    streams are read straight from the socket. A TCP or SSH ``DOCKER_HOST`` is refused with a clear error.
+    For code that needs a local engine's socket; a TCP or SSH engine is refused with a clear error (a
+    backend takes any engine: see :mod:`.engine`).
     """
-    host = os.environ.get("DOCKER_HOST", "")
-    if not host:
-        return DEFAULT_SOCKET
-    if host.startswith("unix://"):
-        return host.removeprefix("unix://")
-    raise BackendUnavailableError(
-        f"DOCKER_HOST={host!r} is not a local Unix socket; the Docker backend bind-mounts host paths and "
-        "needs the daemon on this machine (unset DOCKER_HOST or point it at unix:///var/run/docker.sock)"
-    )
+    engine = resolve_engine()
+    if engine.socket_path is None:
+        raise BackendUnavailableError(
+            f"the Docker engine {engine.describe()} is not a local Unix socket; this needs one (unset "
+            "DOCKER_HOST or point it at unix:///var/run/docker.sock)"
+        )
+    return engine.socket_path
 
 
 def map_docker_error(exc: BaseException) -> ExecutorError:  # noqa: PLR0911 - one branch per exception kind
@@ -133,17 +137,49 @@ def remove_container(client: docker.DockerClient, container_id: str) -> None:
     idempotent(remove)
 
 
-def connect(timeout: float = 60.0) -> docker.DockerClient:
-    """A client for the local daemon, after a successful ping; :class:`BackendUnavailableError` if none."""
-    socket_path = daemon_socket_path()
-    if not os.path.exists(socket_path):
+#: The engine each client made by :func:`connect` talks to (the transports dial the same one).
+_engines: weakref.WeakKeyDictionary[docker.DockerClient, Engine] = weakref.WeakKeyDictionary()
+
+
+def engine_of(client: docker.DockerClient) -> Engine:
+    """The engine ``client`` was connected to by :func:`connect` (the environment's for any other client)."""
+    engine = _engines.get(client)
+    return engine if engine is not None else resolve_engine()
+
+
+def connect(timeout: float = 60.0, engine: Engine | str | None = None) -> docker.DockerClient:
+    """A client of ``engine`` (default: the environment's), after a successful ping.
+
+    :class:`BackendUnavailableError` when it does not answer.
+    """
+    chosen = resolve_engine(engine)
+    socket_path = chosen.socket_path
+    if socket_path is not None and not os.path.exists(socket_path):
         raise BackendUnavailableError(f"no Docker daemon socket at {socket_path}; {HOW_TO_START_DOCKER}")
     with daemon_errors():
-        client = docker.DockerClient(base_url=f"unix://{socket_path}", version="auto", timeout=int(timeout))
+        # A fixed version first: "auto" would ask the engine inside the constructor, before trust_env can
+        # be switched off below. The real version is negotiated right after.
+        client = docker.DockerClient(**chosen.client_arguments(), version=_MIN_API, timeout=int(timeout))
     # The API client is a requests session: without this it would take proxies (HTTP(S)_PROXY, ALL_PROXY)
-    # and CA bundles (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) from the environment for the daemon's socket.
+    # and CA bundles (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE) from the environment for the daemon's socket; a
+    # CA bundle there would replace the engine's own CA for a TLS engine (CERTIFICATE_VERIFY_FAILED).
     client.api.trust_env = False
-    idempotent(client.ping)
+    try:
+        api: Any = client.api
+        api._version = idempotent(api._retrieve_server_version)  # what version="auto" does
+        idempotent(client.ping)
+    except BackendUnavailableError as exc:
+        client.close()
+        if chosen.local:
+            raise
+        raise BackendUnavailableError(
+            f"the Docker engine at {chosen.describe()} is not reachable ({exc}); check that it runs and that "
+            "DOCKER_HOST / the Docker context name it"
+        ) from exc
+    except BaseException:
+        client.close()
+        raise
+    _engines[client] = chosen
     return client
 
 

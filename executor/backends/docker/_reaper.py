@@ -1,9 +1,12 @@
 """Leak protection: who owns a sandbox container, and removing the ones whose owner is gone.
 
 Each container is labelled with its owner process (pid, the process's start time so a reused pid is not
-mistaken for the owner, and the machine's boot id) and an expiry time. A container is leaked when its
-expiry has passed, or when it was made on this machine in this boot and its owner process no longer
-exists. Containers without the owner labels (for example a compose service) are never touched.
+mistaken for the owner, the machine's boot id, its host name and pid namespace) and an expiry time. A
+container is leaked when its expiry has passed, or when it was made on this machine in this boot and its
+owner process no longer exists. An engine can be shared by several machines (a remote engine), and
+clients in containers share a boot id: a pid means something only on the same host, boot and pid
+namespace, so any other owner's containers are judged by their expiry alone. Containers without the
+owner labels (for example a compose service) are never touched.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +41,8 @@ OWNER_START = LABEL_PREFIX + "owner-start"
 OWNER_BOOT = LABEL_PREFIX + "owner-boot"
 EXPIRES = LABEL_PREFIX + "expires"
 SESSION = LABEL_PREFIX + "session"
+OWNER_HOST = LABEL_PREFIX + "owner-host"
+OWNER_PIDNS = LABEL_PREFIX + "owner-pidns"
 
 
 #: Ids of this process's containers that their closed sessions could not remove (see the module docstring).
@@ -59,6 +65,16 @@ def _boot_id() -> str:
         return "unknown"
 
 
+@functools.cache
+def _host() -> tuple[str, str]:
+    """The host name and the pid namespace of this process: where an owner pid means something."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # pragma: no cover - every Linux has it
+        namespace = "unknown"
+    return socket.gethostname(), namespace
+
+
 def _start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
     try:
@@ -78,6 +94,8 @@ def owner_labels(session_id: str, lifetime_seconds: int) -> dict[str, str]:
         OWNER_PID: str(pid),
         OWNER_START: _start_time(pid) or "",
         OWNER_BOOT: _boot_id(),
+        OWNER_HOST: _host()[0],
+        OWNER_PIDNS: _host()[1],
         EXPIRES: str(int(time.time()) + lifetime_seconds),
     }
 
@@ -99,6 +117,9 @@ def leak_reason(labels: Mapping[str, str], now: float) -> str | None:
     pid, start = labels.get(OWNER_PID, ""), labels.get(OWNER_START)
     if not pid.isdigit() or labels.get(OWNER_BOOT) != _boot_id():
         return None  # not owned by a process of this machine's current boot: only expiry applies
+    host, namespace = _host()
+    if labels.get(OWNER_HOST, host) != host or labels.get(OWNER_PIDNS, namespace) != namespace:
+        return None  # another host (or container) sharing the engine: its pids are not ours to look up
     if int(pid) == os.getpid():
         return None
     if _start_time(int(pid)) != start:

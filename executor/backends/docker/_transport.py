@@ -43,6 +43,7 @@ from executor.backends.docker._supervisor import (
     supervisor_argv,
     survey_argv,
 )
+from executor.backends.docker.engine import Engine
 from executor.errors import BackendUnavailableError, SandboxFailedError
 from executor.types import Stream
 
@@ -190,14 +191,15 @@ class FrameDemultiplexer:
 
 
 class DaemonSocket:
-    """Minimal HTTP/1.1 to the daemon's Unix socket, each call bounded by an absolute deadline.
+    """Minimal HTTP/1.1 to the engine's API, each call bounded by an absolute deadline.
 
-    One connection per call (``Connection: close``: a local connect costs microseconds), so a call that
-    times out leaves nothing half-read behind.
+    One connection per call (``Connection: close``: a local connect costs microseconds, a TLS handshake to
+    a remote engine a few milliseconds), so a call that times out leaves nothing half-read behind.
+    Connections are made by :meth:`Engine.dial <executor.backends.docker.engine.Engine.dial>`.
     """
 
-    def __init__(self, socket_path: str, api_version: str) -> None:
-        self._socket_path = socket_path
+    def __init__(self, engine: Engine | str, api_version: str) -> None:
+        self._engine = engine if isinstance(engine, Engine) else Engine(host=f"unix://{engine}")
         self._prefix = f"/v{api_version}"
 
     def request(self, method: str, path: str, body: object, until: float) -> tuple[int, Any]:
@@ -248,13 +250,15 @@ class DaemonSocket:
             f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: docker\r\nConnection: {connection}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
         ).encode() + payload
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(_remaining(until))
-            try:
-                sock.connect(self._socket_path)
-            except (ConnectionError, FileNotFoundError) as exc:
-                raise map_docker_error(exc) from exc
+            sock = self._engine.dial(_remaining(until), stream=upgrade)
+        except (ConnectionError, FileNotFoundError) as exc:
+            raise map_docker_error(exc) from exc
+        except TimeoutError as exc:
+            raise _timeout() from exc
+        except OSError as exc:  # a name that does not resolve, a network that is unreachable
+            raise BackendUnavailableError(f"cannot connect to the Docker engine: {exc}") from exc
+        try:
             sock.settimeout(_remaining(until))
             sock.sendall(request)
         except TimeoutError as exc:
@@ -329,9 +333,10 @@ class DockerExecTransport:
 
     channel: ClassVar[str] = "exec"
 
-    def __init__(self, client: docker.DockerClient, container_id: str, socket_path: str) -> None:
+    def __init__(self, client: docker.DockerClient, container_id: str, engine: Engine | str) -> None:
+        """``engine``: the client's engine (an :class:`Engine`, or the path of a local engine's socket)."""
         self._container_id = container_id
-        self._daemon = DaemonSocket(socket_path, client.api.api_version)
+        self._daemon = DaemonSocket(engine, client.api.api_version)
         self._lock = threading.Lock()
         self._survey: tuple[bool, str] | None = None
         # (marker, user) of commands whose trees may still be alive: the killer could not confirm (the

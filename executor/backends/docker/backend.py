@@ -1,4 +1,4 @@
-"""DockerBackend: hardened per-session containers on the local Docker engine."""
+"""DockerBackend: hardened per-session containers on a Docker engine (local; remote without a workspace)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from executor.backends.docker._spec import (
     validate_labels,
     validate_tmpfs,
 )
+from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
@@ -65,6 +66,7 @@ class DockerBackend(SandboxBackend):
         transport: str = "agent",
         tmpfs: Mapping[str, int] | None = None,
         labels: Mapping[str, str] | None = None,
+        engine: Engine | str | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
@@ -77,7 +79,11 @@ class DockerBackend(SandboxBackend):
         (absolute path -> size in MiB, e.g. ``{"/var/tmp": 64}``), mounted ``exec,nosuid,nodev`` like
         ``/tmp`` (docs/DOCKER.md, "Extra tmpfs mounts"); not with ``container=``. ``labels`` are added to
         every container this backend creates (keys in this project's ``io.adk-sandbox.`` namespace are
-        refused: the reaper relies on them).
+        refused: the reaper relies on them). ``engine`` picks the Docker engine: an
+        :class:`~executor.backends.docker.engine.Engine`, a URL (``unix://``, ``tcp://`` with TLS from
+        ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``, ``ssh://``) or a Docker context's name; by default the
+        one the Docker CLI would use (``DOCKER_HOST``, ``DOCKER_CONTEXT``, the current context). A session
+        with a workspace (or a policy's host paths) needs a local engine: a remote one is refused.
         """
         if transport not in TRANSPORTS:
             raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -118,7 +124,9 @@ class DockerBackend(SandboxBackend):
         """The user labels of this backend's containers, validated."""
         self.tmpfs = extra_tmpfs
         """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
-        self._client = connect()
+        self.engine = resolve_engine(engine)
+        """The Docker engine this backend's sessions run on."""
+        self._client = connect(engine=self.engine)
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self._lock = threading.Lock()
@@ -128,6 +136,8 @@ class DockerBackend(SandboxBackend):
 
     def session(self, workspace: str | os.PathLike[str] | None = None) -> DockerSession:
         """A new session, its container bound to ``workspace`` (mounted at the same absolute path)."""
+        if not self.engine.local:
+            self._refuse_host_paths(workspace)
         root: str | None = None
         if workspace is not None:
             root = str(Path(workspace).resolve(strict=False))
@@ -165,6 +175,26 @@ class DockerBackend(SandboxBackend):
         with self._lock:
             self._sessions.add(session)
         return session
+
+    def _refuse_host_paths(self, workspace: str | os.PathLike[str] | None) -> None:
+        """A remote engine cannot bind this machine's paths: refuse rather than run against other files.
+
+        A bind mount names a path on the engine's machine: there it is another directory or none, and a
+        command would read and write files that are not the user's (or the engine would make an empty
+        directory at that path). Until the workspace can travel to the engine, only sessions without host
+        paths run there.
+        """
+        paths = ([str(workspace)] if workspace is not None else []) + [
+            allowed.path for allowed in self.policy.allowed_paths
+        ]
+        if paths:
+            raise PolicyNotEnforceableError(
+                f"the Docker engine {self.engine.describe()} is not on this machine (only a unix:// socket "
+                f"is), so it cannot mount {', '.join(repr(p) for p in paths)}: a bind mount there would "
+                "show the engine machine's files at that path, not these. Nothing ran. Open the session "
+                "without a workspace or policy paths (backend.session()), or use a local engine; copying "
+                "a workspace to a remote engine is not available yet"
+            )
 
     def _forget(self, session: DockerSession) -> None:
         """Called by a session when it closes: a long-lived backend holds only the open ones."""

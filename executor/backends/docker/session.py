@@ -26,7 +26,7 @@ from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._container import ContainerProvider, OomCounter, OpenedContainer
-from executor.backends.docker._daemon import daemon_socket_path
+from executor.backends.docker._daemon import engine_of
 from executor.backends.docker._probe import verify_from_inside
 from executor.backends.docker._spec import ContainerSpec, capabilities_from_inspect, isolation_of
 from executor.backends.docker._transport import (
@@ -62,13 +62,13 @@ TransportFactory = Callable[[docker.DockerClient, str, Callable[[str], None]], C
 def _agent_transport(
     client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
 ) -> CommandTransport:
-    return AgentTransport(client, container_id, daemon_socket_path(), on_restart=on_restart)
+    return AgentTransport(client, container_id, engine_of(client), on_restart=on_restart)
 
 
 def _exec_transport(
     client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
 ) -> CommandTransport:
-    return DockerExecTransport(client, container_id, daemon_socket_path())
+    return DockerExecTransport(client, container_id, engine_of(client))
 
 
 #: The command channels a session can use, by name (see docs/DOCKER.md, "The agent channel").
@@ -245,7 +245,10 @@ class DockerSession(SandboxBackend):
             transport = self._make_transport(self._client, container.id, self._agent_restarted)
             self._container, self._transport = container, transport
             verify_from_inside(transport, container.base_env, self._user, self._config.spec.workspace)
-            self._oom_counter = OomCounter.for_container(container.inspect)
+            # The host's cgroup counter exists only for a local engine: a remote container's pid is another
+            # machine's (the agent's own count from inside is used there, and preferred everywhere).
+            local = engine_of(self._client).local
+            self._oom_counter = OomCounter.for_container(container.inspect) if local else None
         except BaseException:
             with contextlib.suppress(ExecutorError):  # noted for the reaper; report why the start failed
                 self._discard_container(container.id)
