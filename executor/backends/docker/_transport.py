@@ -43,10 +43,11 @@ from executor.backends.docker._supervisor import (
     supervisor_argv,
     survey_argv,
 )
-from executor.errors import BackendUnavailableError, SandboxFailedError
+from executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
 from executor.types import Stream
 
 __all__ = [
+    "EXEC_NO_BACKGROUND",
     "CommandOutcome",
     "CommandTransport",
     "ContainerGoneError",
@@ -96,6 +97,8 @@ class PreparedCommand:
     workdir: str
     stdin: bytes | None
     marker: str
+    background: bool = False
+    """Keep what the command leaves running after its normal exit (ExecRequest.background): agent only."""
 
 
 @dataclass(frozen=True)
@@ -324,6 +327,15 @@ def _message(body: Any) -> str:
     return str(body)
 
 
+#: Why the exec transport refuses ``background=True``: its supervisor is the exec's own process, and the
+#: exec ends when it does, so nothing could keep what the command left (and the orphan sweeps would kill it).
+EXEC_NO_BACKGROUND = (
+    "background processes need the agent channel, which keeps them until the session closes; this session "
+    "uses the exec transport, where every process of a command dies with it (create the backend with "
+    "DockerBackend(transport='agent'), the default, or omit background)"
+)
+
+
 class DockerExecTransport:
     """:class:`CommandTransport` over Docker's exec API, streaming straight from the daemon's socket."""
 
@@ -351,6 +363,8 @@ class DockerExecTransport:
         cancel: threading.Event | None,
     ) -> CommandOutcome:
         """See :meth:`CommandTransport.run`."""
+        if command.background:
+            raise InvalidRequestError(EXEC_NO_BACKGROUND)
         until = deadline + DAEMON_GRACE_SECONDS
         protected = self._prepare(command.user, until)
         argv = supervisor_argv(
