@@ -918,7 +918,7 @@ class Agent(object):
                 self.reaped(pid, status)
             swept = False
             for c in list(self.cmds.values()):
-                if c.background and c.shim_done is None and not (c.timed_out or c.killed):
+                if c.background and not (c.timed_out or c.killed):
                     if c.status_fd is not None:
                         self.readable(c.status_fd)
                     if b"\n" in c.status:
@@ -928,6 +928,8 @@ class Agent(object):
                             while fd in self.fds and self.readable(fd):
                                 pass
                         self.finish(c, keep=True)
+                        if c.shim_done is not None and self.strict:
+                            self.drop_group(c)  # its keeper is gone already: nothing was left
                         continue
                 if c.shim_done is not None:
                     if c.status_fd is not None:
