@@ -63,7 +63,9 @@ def open_session(backend: DockerBackend, workspace: Path, flavour: str) -> Docke
 
 
 @pytest.fixture
-def session(docker_backend: DockerBackend, owned_workspace: Path, agent_flavour: str) -> Iterator[DockerSession]:
+def session(
+    docker_backend: DockerBackend, owned_workspace: Path, agent_flavour: str
+) -> Iterator[DockerSession]:
     with open_session(docker_backend, owned_workspace, agent_flavour) as opened:
         yield opened
 
@@ -79,7 +81,9 @@ def container_processes(backend: DockerBackend, container_id: str) -> list[str]:
 
 
 def alive(backend: DockerBackend, session: DockerSession, *needles: str) -> list[str]:
-    return [line for line in container_processes(backend, session.container_id) if any(n in line for n in needles)]
+    return [
+        line for line in container_processes(backend, session.container_id) if any(n in line for n in needles)
+    ]
 
 
 def agent_processes(backend: DockerBackend, session: DockerSession) -> int:
@@ -124,9 +128,9 @@ def test_a_background_server_survives_its_command_and_serves_the_next(
     assert (result.stdout, result.exit_code, result.timed_out) == ("up\n", 0, False)
     assert len(alive(docker_backend, session, f"sleep {mark}")) == 1
     assert len(alive(docker_backend, session, f"sleep {holder}")) == 1
-    assert run(session, f"python3 -c \"{CLIENT}\"").stdout == "pong hi\n"
+    assert run(session, f'python3 -c "{CLIENT}"').stdout == "pong hi\n"
     # An ordinary command's exit (a sweep for strays) leaves the kept group alone.
-    assert run(session, f"python3 -c \"{CLIENT}\"").stdout == "pong hi\n"
+    assert run(session, f'python3 -c "{CLIENT}"').stdout == "pong hi\n"
     assert len(alive(docker_backend, session, f"sleep {mark}")) == 1
 
 
@@ -186,7 +190,9 @@ def test_a_cancelled_background_command_dies_with_its_tree(
     cancel = threading.Event()
     threading.Timer(1.0, cancel.set).start()
     result = session.execute(
-        ExecRequest(language=Language.COMMAND, code=f"setsid sleep {mark} & sleep 300", timeout=60, background=True),
+        ExecRequest(
+            language=Language.COMMAND, code=f"setsid sleep {mark} & sleep 300", timeout=60, background=True
+        ),
         cancel=cancel,
     )
     assert result.cancelled

@@ -31,6 +31,11 @@ What it does:
   its own command (same uid) leaves its processes re-parented to the agent: any child of the agent that is
   not a live shim is such a stray and is killed with its descendants (a neighbour's orphans go to the
   neighbour's live shim, never to the agent, so they are never strays).
+* Background (RUN ``"background": true``): at the command's normal exit the shim reports its status and
+  stays as the *keeper* of what is left (reaping until nothing is); the agent sends EXIT once the output
+  already in the pipes is read, then reads and drops what the group writes, never counts a keeper as a
+  stray, and kills every group at the end of its stdin. At most ``MAX_GROUPS`` (16) background commands,
+  running or kept: one more gets ERROR ``"refused": true``. Timeout and KILL kill the tree as for any command.
 * Lenient mode (no child subreapers): orphans go to PID 1. After every command the agent kills children of
   PID 1 that are not protected and cannot be attributed to a live command (its session id, or its marker
   ``ADK_SANDBOX_EXEC`` in the environment); a neighbour's orphan that cleared its environment *and* called

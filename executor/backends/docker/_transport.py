@@ -43,7 +43,7 @@ from executor.backends.docker._supervisor import (
     supervisor_argv,
     survey_argv,
 )
-from executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
+from executor.errors import BackendUnavailableError, SandboxFailedError
 from executor.types import Stream
 
 __all__ = [
@@ -327,8 +327,9 @@ def _message(body: Any) -> str:
     return str(body)
 
 
-#: Why the exec transport refuses ``background=True``: its supervisor is the exec's own process, and the
-#: exec ends when it does, so nothing could keep what the command left (and the orphan sweeps would kill it).
+#: Why a session on the exec transport refuses ``background=True`` (DockerSession.execute): the
+#: supervisor is the exec's own process and kills everything at its exit; survivors would be orphans the
+#: sweeps kill, so nothing could keep them.
 EXEC_NO_BACKGROUND = (
     "background processes need the agent channel, which keeps them until the session closes; this session "
     "uses the exec transport, where every process of a command dies with it (create the backend with "
@@ -363,8 +364,6 @@ class DockerExecTransport:
         cancel: threading.Event | None,
     ) -> CommandOutcome:
         """See :meth:`CommandTransport.run`."""
-        if command.background:
-            raise InvalidRequestError(EXEC_NO_BACKGROUND)
         until = deadline + DAEMON_GRACE_SECONDS
         protected = self._prepare(command.user, until)
         argv = supervisor_argv(

@@ -14,6 +14,8 @@
  *   - output capped at the source, the excess read and counted; timeout, KILL and end of stdin kill the
  *     shim's tree; strays (children of the agent that are not live shims) and, without subreapers,
  *     unattributable orphans at PID 1 are killed;
+ *   - RUN "background": at the command's normal exit the shim reports and stays as the keeper of what is
+ *     left (a kept group, at most MAX_GROUPS, drained, never a stray), killed at the end of stdin or exit;
  *   - per FILE a worker (fork of the agent: non-dumpable, only its pipes, umask 0, the set-id filter) that
  *     performs the operation with the Python agent's semantics and streams its bytes over pipes, so the
  *     loop never waits on a file; live workers are not strays, and a write's temporary file is named and,
