@@ -27,6 +27,7 @@ from executor.rust import RustExecutor, RustExecutorConfig, RustResult
 from executor.tools import CodeTool, SandboxTool
 from executor.types import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    MAX_BACKGROUND_GROUPS,
     Capabilities,
     ExecRequest,
     ExecResult,
@@ -59,6 +60,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
+    "MAX_BACKGROUND_GROUPS",
     "AllowedPath",
     "BackendUnavailableError",
     "BubblewrapEnforcer",

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
+    "MAX_BACKGROUND_GROUPS",
     "Capabilities",
     "ExecRequest",
     "ExecResult",
@@ -23,6 +24,11 @@ __all__ = [
 
 DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
 """Per-stream output cap used when a request does not set ``max_output_bytes`` (1 MiB)."""
+
+MAX_BACKGROUND_GROUPS = 16
+"""``background=True`` commands whose processes a Docker session keeps at once, per user (each user's
+commands have their own in-sandbox agent): a bound, so a loop of background calls cannot pile up survivors
+without end. One counts from its start until the last process it left has exited (or the session closes)."""
 
 Stream = Literal["stdout", "stderr"]
 """The name of an output stream, as passed to ``on_output`` callbacks."""
@@ -176,6 +182,18 @@ class ExecRequest(BaseModel):
     line ``[... N bytes omitted ...]``. Output beyond the head reaches ``on_output`` only at the end
     (which bytes are the tail is known only then). Every backend honours it, the Docker agent inside
     the container (a flood still costs the host nothing)."""
+    background: bool = False
+    """Let processes the command leaves behind outlive it (a server it starts with ``cmd &``, ``setsid``
+    or a double fork), until the session closes. By default (``False``) nothing outlives its command: at
+    its exit every process it started is killed. With ``True`` the call still returns when the command
+    itself exits (its output up to then, its exit status); what it left running is kept, and killed when
+    the session closes, its in-sandbox agent exits or is replaced, or its container is removed. Their
+    output after the command's exit is read and discarded. A command that times out or is cancelled is
+    killed with its whole tree, background or not. Only a Docker session over the agent channel keeps
+    them, for at most :data:`MAX_BACKGROUND_GROUPS` such commands at once per session and user (one
+    more is refused with ``InvalidRequestError``, nothing ran); every other backend, and
+    ``DockerBackend(transport="exec")``, refuses ``background=True`` with ``InvalidRequestError`` rather
+    than kill what the caller asked to keep."""
 
     @field_validator("code")
     @classmethod

@@ -43,6 +43,7 @@ from inspect_ai.util import (
     SandboxEnvironmentLimits,
     sandboxenv,
 )
+from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -75,6 +76,11 @@ WORKING_DIR = "/tmp"
 MAX_TIMEOUT_SECONDS = 24 * 3600
 #: What ``exec`` returns as the exit status of a command killed by a signal the core does not name.
 _KILLED_STATUS = 128 + 9
+
+
+def _starts_tool_server(cmd: list[str]) -> bool:
+    """``cmd`` is inspect's start of its in-sandbox tool server, exactly as inspect issues it."""
+    return cmd == [SANDBOX_CLI, "start-server"]
 
 
 def _numeric_user(value: str) -> str:
@@ -314,6 +320,9 @@ class AdkSandboxEnvironment(SandboxEnvironment):
                 user=who,
                 timeout=min(timeout, MAX_TIMEOUT_SECONDS) if timeout else MAX_TIMEOUT_SECONDS,
                 max_output_bytes=limit,
+                # inspect's tool server must outlive the call that starts it (bash_session, text_editor
+                # keep their state in it); every other command keeps the default: nothing outlives it.
+                background=_starts_tool_server(cmd),
             )
         except ValidationError as exc:
             raise ValueError(f"adk-sandbox cannot run this command: {exc}") from None

@@ -174,6 +174,14 @@ class ProcessBackend(SandboxBackend):
         started = time.monotonic()
         deadline = started + request.timeout
         self._check_user(request.user)
+        if request.background:
+            # A host command's processes are killed with its process group (or bubblewrap's PID
+            # namespace) at its exit; there is no session for survivors to belong to and die with.
+            raise InvalidRequestError(
+                f"backend {self.name!r} cannot keep background processes: everything a command starts is "
+                "killed when it exits, and there is no session for them to outlive it in. Omit background, "
+                "or run the command in a DockerBackend session (the agent channel keeps them until it closes)"
+            )
         env = build_child_env(policy_env=self._policy.env, request_env=request.env)
         if request.argv is not None:
             check_argument_sizes(request.argv, self.name)

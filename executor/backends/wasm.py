@@ -187,6 +187,11 @@ def _check_wasm_request(request: ExecRequest) -> None:
         raise InvalidRequestError(
             "backend 'wasm' gives modules no filesystem, so there is no working directory; omit cwd"
         )
+    if request.background:
+        raise InvalidRequestError(
+            "backend 'wasm' runs one module inside this process, which cannot start processes to keep in "
+            "the background; omit background, or use a DockerBackend session for a background server"
+        )
     if request.user is not None:
         raise PolicyNotEnforceableError(
             "backend 'wasm' runs modules inside this process and has no users to switch to; omit user, "

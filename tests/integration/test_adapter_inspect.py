@@ -178,11 +178,6 @@ async def test_cli_cleanup_removes_a_kept_sample_by_its_session_id() -> None:
 # -- a real eval ----------------------------------------------------------------------------------------
 ALL_TOOLS = ("bash", "python", "text_editor", "bash_session")
 
-_BACKGROUND = (
-    "inspect's tool server (`inspect-sandbox-tools start-server`) must outlive the command that starts "
-    "it; the core kills every process of a command when it ends, and its opt-in background processes "
-    "(feat/core-asks) have not landed: the next call finds no server (KeyError('BashSession'))"
-)
 _OLD_GVISOR_STATX = (
     "inspect verifies its tool directory with coreutils `stat`, whose statx call this machine's gVisor "
     "(runsc 20221219, Debian 12) rejects with EINVAL for every path (`stat /etc/passwd` fails too): the "
@@ -190,8 +185,7 @@ _OLD_GVISOR_STATX = (
 )
 #: Why a tool of the eval cannot work yet, by (runtime, tool). Strict xfails: the test fails once it does.
 EVAL_KNOWN_FAILURES = {
-    ("runc", "bash_session"): _BACKGROUND,
-    ("runsc", "bash_session"): _BACKGROUND,
+    ("runsc", "bash_session"): _OLD_GVISOR_STATX,
     ("runsc", "text_editor"): _OLD_GVISOR_STATX,
 }
 

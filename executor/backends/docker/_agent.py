@@ -31,6 +31,11 @@ What it does:
   its own command (same uid) leaves its processes re-parented to the agent: any child of the agent that is
   not a live shim is such a stray and is killed with its descendants (a neighbour's orphans go to the
   neighbour's live shim, never to the agent, so they are never strays).
+* Background (RUN ``"background": true``): at the command's normal exit the shim reports its status and
+  stays as the *keeper* of what is left (reaping until nothing is); the agent sends EXIT once the output
+  already in the pipes is read, then reads and drops what the group writes, never counts a keeper as a
+  stray, and kills every group at the end of its stdin. At most ``MAX_GROUPS`` (16) background commands,
+  running or kept: one more gets ERROR ``"refused": true``. Timeout and KILL kill the tree as for any command.
 * Lenient mode (no child subreapers): orphans go to PID 1. After every command the agent kills children of
   PID 1 that are not protected and cannot be attributed to a live command (its session id, or its marker
   ``ADK_SANDBOX_EXEC`` in the environment); a neighbour's orphan that cleared its environment *and* called
@@ -66,6 +71,7 @@ OPS = ["read", "write", "stat", "list", "mkdir", "remove", "rename"]
 MAXP = 4 << 20  # _frames.MAX_PAYLOAD
 SELF = os.getpid()
 MARK = b"ADK_SANDBOX_EXEC="
+MAX_GROUPS = 16  # executor.types.MAX_BACKGROUND_GROUPS
 try:
     import ctypes
     LIBC = ctypes.CDLL(None, use_errno=True)
@@ -115,15 +121,29 @@ def resolve(name, env):
             return path
     raise OSError(errno.ENOENT, "No such file or directory")
 
+def set_oom_score_adj():
+    # 500: the OOM killer takes the command before the agent. Non-dumpable (inherited from the agent),
+    # /proc/self/* belongs to root, so a shim of any other uid gets EACCES writing it: the shim becomes
+    # dumpable for this one write, then non-dumpable again before it starts anything. What that window
+    # exposes to a same-uid process racing for it is not what non-dumpable guards on the agent: the shim
+    # has already closed every descriptor but the command's own pipes and its status pipe (no channel of
+    # the agent), and a shim that process took over (ptrace) still dies with the command's tree, which
+    # the agent kills. A copy of the agent's memory at the fork is readable in that window; it holds
+    # data of this same user's commands and files only (each user has an agent of its own).
+    prctl(4, 1)  # PR_SET_DUMPABLE
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("500")
+    except OSError:
+        pass
+    finally:
+        prctl(4, 0)
+
 def start_command(argv, env, cwd, status_w):
     # In the shim: what the command inherits (oom_score_adj, cwd, the set-id filter with no_new_privs) is
     # set on the shim itself, then the command is spawned into its own session with its exact env.
     try:
-        try:
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write("500")  # the command before the agent, should the container run out of memory
-        except OSError:
-            pass
+        set_oom_score_adj()
         os.chdir(cwd)
         if not FILTERED[0]:
             raise OSError(95, "no set-id seccomp filter for this architecture")
@@ -190,6 +210,8 @@ def shim(spec, fds, status_w):
         if pid == child:
             status = st
             break
+    if spec.get("background"):
+        keep_group(status, status_w)
     # No child left means no descendant left: every orphan of the command is re-parented to this shim.
     while has_children():
         kill_all(lambda procs: below([SELF], procs))
@@ -200,12 +222,30 @@ def shim(spec, fds, status_w):
             break
         except InterruptedError:
             pass
+    report(status, status_w)
+    os._exit(0)
+
+def report(status, status_w):
     if status is not None:
         if os.WIFSIGNALED(status):
             msg = "S %d\n" % os.WTERMSIG(status)
         else:
             msg = "E %d\n" % os.WEXITSTATUS(status)
         os.write(status_w, msg.encode())
+
+def keep_group(status, status_w):
+    # A background command: its status goes out now, and the shim stays as the keeper of what the
+    # command left, reaping (orphans still come back here) until nothing is left; the agent kills the
+    # whole group when the session ends.
+    report(status, status_w)
+    os.close(status_w)
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            pass
     os._exit(0)
 
 # -- memory cgroup OOM-kill counter, read inside the container ----------------------------------------
@@ -464,7 +504,45 @@ class Agent(object):
         self.fds = {}       # fd -> (Cmd or Op, what)
         self.ops = {}       # channel -> Op (a file operation)
         self.workers = {}   # worker pid -> Op
+        self.groups = {}    # keeper (shim) pid -> the Cmd of a background command that exited
         self.eof = False
+
+    def background_count(self):
+        return len(self.groups) + sum(1 for c in self.cmds.values() if c.background)
+
+    def prune_groups(self, procs=None):
+        # A group ends when its keeper has exited; without subreapers (lenient mode) what it left went
+        # to PID 1, so it lasts while a process there still carries its marker.
+        if procs is None:
+            procs = scan()
+        for pid, g in list(self.groups.items()):
+            if g.shim_done is None:
+                continue
+            if not self.strict and any(procs[p][0] == 1 and marker_of(p) == g.marker for p in procs):
+                continue
+            self.drop_group(g)
+
+    def drop_group(self, g):
+        self.groups.pop(g.shim, None)
+        for fd in list(g.out.values()):
+            self.fds.pop(fd, None)
+            os.close(fd)
+        g.out = {}
+
+    def kill_groups(self):
+        for g in list(self.groups.values()):
+            kill_all(lambda procs: self.group_tree(g, procs), on_reaped=self.reaped)
+            self.drop_group(g)
+
+    def group_tree(self, g, procs):
+        found = set()
+        if g.shim in procs and procs[g.shim][2] == g.shim_start:
+            found.add(g.shim)
+            found |= below([g.shim], procs)
+        if not self.strict:  # its processes at PID 1, by its marker
+            roots = [p for p, i in procs.items() if i[0] == 1 and marker_of(p) == g.marker]
+            found |= set(roots) | below(roots, procs)
+        return found
 
     def out(self, kind, channel, payload=b""):
         if isinstance(payload, dict):
@@ -494,12 +572,21 @@ class Agent(object):
             c.tail = {STDOUT: bytearray(), STDERR: bytearray()}
             c.timeout = float(spec.get("timeout", 60))
             want_stdin = bool(spec.get("stdin"))
-            spec = {"argv": argv, "env": env, "cwd": str(spec.get("cwd") or "/")}
+            c.background = spec.get("background") is True
+            spec = {"argv": argv, "env": env, "cwd": str(spec.get("cwd") or "/"), "background": c.background}
             if not argv:
                 raise ValueError("empty argv")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             self.out(ERROR, ch, {"message": "bad RUN: %s" % e})
             return
+        if c.background and self.background_count() >= MAX_GROUPS:
+            self.prune_groups()
+            if self.background_count() >= MAX_GROUPS:
+                self.out(ERROR, ch, {"refused": True, "message": (
+                    "at most %d background commands may keep processes at once in this session (per "
+                    "user); end the processes one of them left (they count until the last one exits) or "
+                    "run this one without background" % MAX_GROUPS)})
+                return
         pipes = []
         try:
             if want_stdin:
@@ -568,7 +655,7 @@ class Agent(object):
         if roots and not self.strict:
             live = [c for c in self.cmds.values() if c.shim_done is None]
             sessions = set(p for p, i in procs.items() if i[0] in set(c.shim for c in live))
-            markers = set(c.marker for c in live)
+            markers = set(c.marker for c in live) | set(g.marker for g in self.groups.values())
             roots = [p for p in roots if procs[p][1] not in sessions and marker_of(p) not in markers]
         return set(roots) | below(roots, procs)
 
@@ -576,7 +663,9 @@ class Agent(object):
         kill_all(lambda procs: self.tree_of(c, procs), on_reaped=self.reaped)
 
     def sweep(self):
-        kill_all(lambda procs: self.strays(procs) | self.escapees(procs), on_reaped=self.reaped)
+        procs = kill_all(lambda procs: self.strays(procs) | self.escapees(procs), on_reaped=self.reaped)
+        if self.groups and not self.strict:
+            self.prune_groups(procs)
 
     def reaped(self, pid, status):
         o = self.workers.pop(pid, None)
@@ -588,22 +677,31 @@ class Agent(object):
         if c is not None and c.shim_done is None:
             c.shim_done = status
             c.drain_until = time.monotonic() + 2.0
+            if c.shim in self.groups and self.strict:
+                self.drop_group(c)  # its last process is gone (every orphan came back to the keeper)
 
     # output ---------------------------------------------------------------------------------------
     def readable(self, fd):
+        # True when bytes came (more may be waiting)
         c, what = self.fds[fd]
         try:
             data = os.read(fd, 65536)
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self.close_fd(fd)
-            return
+            return False
         if what == "status":
             c.status += data[:c.status_cap]
-            return
+            return True
+        if getattr(c, "kept", False):
+            return True  # a kept group's output, after its command's exit: read and dropped
+        self.take(c, what, data)
+        return True
+
+    def take(self, c, what, data):
         room = c.cap - c.sent[what]
         if room > 0:
             part = data[:room]
@@ -643,10 +741,15 @@ class Agent(object):
             os.close(c.stdin)
             c.stdin = None
 
-    def finish(self, c):
-        for fd in list(c.out.values()) + ([c.status_fd] if c.status_fd is not None else []):
+    def finish(self, c, keep=False):
+        # keep: a background command that exited; its group's pipes stay open (and drained) until they end
+        for fd in ([] if keep else list(c.out.values())) + ([c.status_fd] if c.status_fd is not None else []):
             self.fds.pop(fd, None)
             os.close(fd)
+        c.status_fd = None
+        if keep:
+            c.kept = True
+            self.groups[c.shim] = c
         if c.stdin is not None:
             os.close(c.stdin)
         del self.cmds[c.ch]
@@ -820,6 +923,19 @@ class Agent(object):
                 self.reaped(pid, status)
             swept = False
             for c in list(self.cmds.values()):
+                if c.background and not (c.timed_out or c.killed):
+                    if c.status_fd is not None:
+                        self.readable(c.status_fd)
+                    if b"\n" in c.status:
+                        # The command exited: what it wrote is in its pipes already (what it left may
+                        # hold them open); read that, then EXIT, and the shim stays as the keeper.
+                        for fd in list(c.out.values()):
+                            while fd in self.fds and self.readable(fd):
+                                pass
+                        self.finish(c, keep=True)
+                        if c.shim_done is not None and self.strict:
+                            self.drop_group(c)  # its keeper is gone already: nothing was left
+                        continue
                 if c.shim_done is not None:
                     if c.status_fd is not None:
                         self.readable(c.status_fd)  # written before the shim exited
@@ -872,6 +988,7 @@ class Agent(object):
                                 self.kill(c)
                         for o in list(self.ops.values()):
                             self.kill_op(o)
+                        self.kill_groups()
                         continue
                     self.inbuf += data
                     self.frames()

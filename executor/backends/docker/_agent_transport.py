@@ -171,7 +171,9 @@ class _Agent:
         elif frame.type == FrameType.RESULT:
             event = ("result", frame.body)
         else:
-            event = ("error", (frame.body or {}).get("message", ""))
+            body = frame.body or {}
+            # "refused": the agent would not start the command in its present state (nothing ran).
+            event = ("refused" if body.get("refused") is True else "error", body.get("message", ""))
         while channel.open and self.broken is None:
             try:
                 channel.events.put(event, timeout=0.1)
@@ -465,6 +467,8 @@ class AgentTransport:
             "tail_bytes": capture.tail_bytes,
             "stdin": command.stdin is not None,
         }
+        if command.background:
+            run["background"] = True  # what it leaves running is kept, not killed at its exit
         frames = [encode(FrameType.RUN, number, run)]
         if command.stdin is not None:
             data = command.stdin
@@ -505,12 +509,15 @@ class AgentTransport:
                     capture.feed(stream, value)
                 elif kind == "exit":
                     return self._outcome(value, stopped, capture)
+                elif kind == "refused":
+                    raise InvalidRequestError(f"{value}; nothing ran")
                 elif kind == "error":
                     raise SandboxFailedError(f"the in-sandbox agent could not run the command: {value}")
                 else:  # broken
                     raise SandboxFailedError(f"{value}; the command's end is unknown (it is not re-run)")
         except BaseException as exc:
-            if isinstance(exc, SandboxFailedError) or stopped is not None:
+            # A refusal ended the channel with nothing started: there is nothing to kill.
+            if isinstance(exc, (SandboxFailedError, InvalidRequestError)) or stopped is not None:
                 raise
             # The caller's thread was interrupted while reading (a failing on_output callback, a
             # KeyboardInterrupt): the command must not keep running behind the exception.
@@ -526,7 +533,7 @@ class AgentTransport:
                     kind, _ = channel.events.get(timeout=max(until - time.monotonic(), 0.001))
                 except queue.Empty:
                     break
-                if kind in ("exit", "error", "broken", "result"):
+                if kind in ("exit", "error", "refused", "broken", "result"):
                     return
         except SandboxFailedError:
             pass
@@ -646,7 +653,7 @@ class AgentTransport:
             kind, value = event
             if kind == "broken":
                 raise SandboxFailedError(f"{value}; the file operation's effect is unknown")
-            if kind == "error":
+            if kind in ("error", "refused"):
                 raise SandboxFailedError(
                     f"the in-sandbox agent could not perform the file operation: {value}"
                 )

@@ -19,7 +19,8 @@ HELLO     1      agent→host  first frame of the agent, channel 0: ``{"protocol
                              "subreaper": bool, ...}`` (extra keys allowed)
 RUN       2      host→agent  on a fresh channel: ``{"argv": [str, ...], "env": {str: str}, "cwd": str,
                              "timeout": float, "max_output_bytes": int, "stdin": bool,
-                             "tail_bytes": int}`` (``tail_bytes`` optional, 0: keep no tail)
+                             "tail_bytes": int, "background": bool}`` (``tail_bytes`` optional, 0:
+                             keep no tail; ``background`` optional, false: below)
 STDIN     3      host→agent  raw bytes for the command's stdin; an empty payload is end-of-file
 STDOUT    4      agent→host  raw bytes the command wrote: its first ``max_output_bytes`` as they come,
                              then (with ``tail_bytes``) its last ``tail_bytes`` just before EXIT
@@ -30,7 +31,9 @@ KILL      7      host→agent  kill that command's whole tree now (empty or ``{}
 PING      8      host→agent  channel 0, any JSON object; answered by PONG with the same object
 PONG      9      agent→host  channel 0
 ERROR     10     agent→host  ``{"message": str}``: the command of that channel could not be started (or,
-                             on channel 0, the agent cannot go on); ends the channel like EXIT
+                             on channel 0, the agent cannot go on); ends the channel like EXIT. With
+                             ``"refused": true`` the agent would not start it in its present state
+                             (nothing ran; the host raises ``InvalidRequestError``)
 FILE      11     host→agent  on a fresh channel: one file operation ``{"op": str, "path": str, ...}``
                              (below); a ``write`` is followed by its bytes as STDIN frames, then an empty
                              STDIN (end of data)
@@ -45,6 +48,15 @@ sends no FILE for an op it does not list, so without ``"ops"`` there are no file
 ``"oom_kills"`` (int >= 0 or null: how many processes the kernel's OOM killer killed in the container's
 memory cgroup while the command ran, read inside the container from ``memory.oom_control`` (cgroup v1) or
 ``memory.events`` (v2); null when unreadable).
+
+**Background commands** (RUN ``"background": true``): at the command's normal exit its shim does not
+kill what is left below it; it reports the status (EXIT follows once the output already written is
+read: the pipes may stay open, held by what is left) and stays, reaping, as the *keeper* of that group
+until its last process has exited. The agent reads and discards what the group writes afterwards, never
+counts a keeper as a stray, and kills every group (keeper and all below it) when its stdin ends, when it
+exits, and when it is replaced (a new agent kills an older agent's tree). Timeout and KILL kill the
+command's whole tree as for any command. At most ``MAX_BACKGROUND_GROUPS`` (16) background commands,
+running or kept, per agent: one more gets ERROR with ``"refused": true``.
 
 **File operations** are performed by the agent itself, so as the session's command user with the
 container's own view and permissions (the container is the confinement; nothing on the host is touched

@@ -48,6 +48,7 @@ from executor.errors import BackendUnavailableError, SandboxFailedError
 from executor.types import Stream
 
 __all__ = [
+    "EXEC_NO_BACKGROUND",
     "CommandOutcome",
     "CommandTransport",
     "ContainerGoneError",
@@ -97,6 +98,8 @@ class PreparedCommand:
     workdir: str
     stdin: bytes | None
     marker: str
+    background: bool = False
+    """Keep what the command leaves running after its normal exit (ExecRequest.background): agent only."""
 
 
 @dataclass(frozen=True)
@@ -326,6 +329,16 @@ def _message(body: Any) -> str:
     if isinstance(body, dict) and "message" in body:
         return str(body["message"])
     return str(body)
+
+
+#: Why a session on the exec transport refuses ``background=True`` (DockerSession.execute): the
+#: supervisor is the exec's own process and kills everything at its exit; survivors would be orphans the
+#: sweeps kill, so nothing could keep them.
+EXEC_NO_BACKGROUND = (
+    "background processes need the agent channel, which keeps them until the session closes; this session "
+    "uses the exec transport, where every process of a command dies with it (create the backend with "
+    "DockerBackend(transport='agent'), the default, or omit background)"
+)
 
 
 class DockerExecTransport:

@@ -30,6 +30,7 @@ from executor.backends.docker._daemon import engine_of
 from executor.backends.docker._probe import verify_from_inside
 from executor.backends.docker._spec import ContainerSpec, capabilities_from_inspect, isolation_of
 from executor.backends.docker._transport import (
+    EXEC_NO_BACKGROUND,
     CommandOutcome,
     CommandTransport,
     ContainerGoneError,
@@ -307,6 +308,8 @@ class DockerSession(SandboxBackend):
         """Run ``request`` in the session's container (see the class docstring)."""
         argv = argv_for(request)
         container = self._opened()
+        if request.background and self.channel != "agent":
+            raise InvalidRequestError(EXEC_NO_BACKGROUND)
         # The container's limit is the only one enforced (read from inspect: an attached container's
         # limit is whatever its compose file chose).
         limit = container.memory_limit_mb
@@ -392,6 +395,7 @@ class DockerSession(SandboxBackend):
             workdir=request.cwd if request.cwd is not None else container.workdir,
             stdin=request.stdin_bytes,
             marker=uuid.uuid4().hex,
+            background=request.background,
         )
         for attempt in (1, 2):
             transport = self._transport

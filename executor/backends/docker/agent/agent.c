@@ -14,6 +14,8 @@
  *   - output capped at the source, the excess read and counted; timeout, KILL and end of stdin kill the
  *     shim's tree; strays (children of the agent that are not live shims) and, without subreapers,
  *     unattributable orphans at PID 1 are killed;
+ *   - RUN "background": at the command's normal exit the shim reports and stays as the keeper of what is
+ *     left (a kept group, at most MAX_GROUPS, drained, never a stray), killed at the end of stdin or exit;
  *   - per FILE a worker (fork of the agent: non-dumpable, only its pipes, umask 0, the set-id filter) that
  *     performs the operation with the Python agent's semantics and streams its bytes over pipes, so the
  *     loop never waits on a file; live workers are not strays, and a write's temporary file is named and,
@@ -52,6 +54,7 @@ enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, 
 #define HDR 12
 #define MAXP (4u << 20) /* _frames.MAX_PAYLOAD */
 #define MAX_COMMANDS 4096
+#define MAX_GROUPS 16 /* executor.types.MAX_BACKGROUND_GROUPS */
 #define MAX_STDIN_PENDING (256u << 20)
 
 static pid_t SELF;
@@ -629,12 +632,18 @@ typedef struct {
     size_t tail_cap, tail_pos[2], tail_len[2];
     double deadline, drain_until;
     int timed_out, killed, shim_done;
+    int background; /* RUN "background": at its normal exit the shim keeps what is left (a kept group) */
     char marker[64];
     long long oom_before; /* the memory cgroup's oom_kill counter when the command started (-1: unreadable) */
 } cmd_t;
 
 static cmd_t *cmds[MAX_COMMANDS];
 static int ncmds;
+
+/* Kept groups: background commands that exited. Their shim stays as the keeper of what they left (until
+ * the last of it exits); the agent drains and drops what the group still writes on the command's pipes. */
+static cmd_t *groups[MAX_GROUPS];
+static int ngroups;
 
 /* A file operation (FILE): performed by a forked worker; the agent only moves bytes between pipes. */
 typedef struct {
@@ -686,7 +695,23 @@ static cmd_t *cmd_of(uint32_t ch) {
 static int is_live_shim(int pid) {
     for (int i = 0; i < ncmds; i++)
         if (cmds[i]->shim == pid && !cmds[i]->shim_done) return 1;
+    for (int i = 0; i < ngroups; i++)
+        if (groups[i]->shim == pid && !groups[i]->shim_done) return 1;
     return 0;
+}
+
+static int background_count(void) {
+    int n = ngroups;
+    for (int i = 0; i < ncmds; i++) n += cmds[i]->background;
+    return n;
+}
+
+static void drop_group(int index) {
+    cmd_t *g = groups[index];
+    for (int k = 0; k < 2; k++)
+        if (g->out_fd[k] >= 0) close(g->out_fd[k]);
+    groups[index] = groups[--ngroups];
+    free(g);
 }
 
 /* Children of the agent that are not live shims (nor file workers): orphans of a shim its command killed. */
@@ -713,9 +738,10 @@ static void mark_escapees(const procs_t *ps, char *mark) {
     char **markers = NULL;
     int nmarkers = 0;
     if (!strict_mode) {
-        markers = xrealloc(NULL, (size_t)ncmds * sizeof *markers + sizeof *markers);
+        markers = xrealloc(NULL, (size_t)(ncmds + ngroups) * sizeof *markers + sizeof *markers);
         for (int c = 0; c < ncmds; c++)
             if (!cmds[c]->shim_done) markers[nmarkers++] = cmds[c]->marker;
+        for (int g = 0; g < ngroups; g++) markers[nmarkers++] = groups[g]->marker; /* kept until pruned */
     }
     for (int i = 0; i < ps->n; i++) {
         const proc_t *p = &ps->v[i];
@@ -767,14 +793,65 @@ static void reaped(int pid, int status) {
             o->drain_until = now() + 2.0;
         }
     }
+    for (int i = 0; i < ngroups; i++)
+        if (groups[i]->shim == pid && !groups[i]->shim_done) {
+            groups[i]->shim_done = 1;
+            /* With subreapers every orphan came back to the keeper: nothing of the group is left. */
+            if (strict_mode) drop_group(i);
+            break;
+        }
+}
+
+/* A kept group's tree: its keeper and what is below it; without subreapers also what carries its marker
+ * among the orphans at PID 1. */
+static void group_targets(const procs_t *ps, char *mark, void *ctx) {
+    cmd_t *g = ctx;
+    int i = find(ps, g->shim);
+    int roots[1] = {g->shim};
+    if (i >= 0 && ps->v[i].start == g->shim_start) { mark[i] = 1; mark_below(ps, mark, roots, 1); }
+    if (!strict_mode) {
+        char *markers[1] = {g->marker};
+        for (int j = 0; j < ps->n; j++)
+            if (ps->v[j].ppid == 1 && marker_is(ps->v[j].pid, markers, 1)) { mark[j] = 1; mark_below(ps, mark, &ps->v[j].pid, 1); }
+    }
+}
+
+/* Without subreapers a group outlives its keeper while an orphan at PID 1 carries its marker. */
+static void prune_groups(void) {
+    procs_t ps = {0};
+    int scanned = 0;
+    for (int i = 0; i < ngroups;) {
+        if (!groups[i]->shim_done) { i++; continue; }
+        int left = 0;
+        if (!strict_mode) {
+            if (!scanned) { ps = scan(); scanned = 1; }
+            char *markers[1] = {groups[i]->marker};
+            for (int j = 0; j < ps.n && !left; j++) left = ps.v[j].ppid == 1 && marker_is(ps.v[j].pid, markers, 1);
+        }
+        if (left) i++;
+        else drop_group(i);
+    }
+    free(ps.v);
+}
+
+static void kill_groups(void) {
+    while (ngroups) {
+        kill_all(group_targets, groups[ngroups - 1], 5.0, NULL);
+        drop_group(ngroups - 1);
+    }
 }
 
 static void kill_cmd(cmd_t *c) { kill_all(tree_targets, c, 5.0, reaped); }
-static void sweep(void) { kill_all(sweep_targets, NULL, 5.0, reaped); }
+static void prune_groups(void);
+static void sweep(void) {
+    kill_all(sweep_targets, NULL, 5.0, reaped);
+    if (!strict_mode && ngroups) prune_groups();
+}
 
 static void kill_everything_and_exit(int code) {
     for (int i = 0; i < ncmds; i++)
         if (!cmds[i]->shim_done) kill_cmd(cmds[i]);
+    kill_groups();
     for (int i = 0; i < nops; i++) { /* abandoned: a write in progress leaves its path unchanged */
         if (!ops[i]->done) send_sig(ops[i]->pid, ops[i]->start, SIGKILL);
         if (ops[i]->tmp) unlink(ops[i]->tmp);
@@ -869,7 +946,23 @@ static pid_t __attribute__((noinline)) spawn_command(const char *path, char **ar
     return child;
 }
 
-static void __attribute__((noreturn)) shim(char **argv, char **envp, const char *cwd, int in, int o, int e, int status_w) {
+/* 500: the OOM killer takes the command before the agent. Non-dumpable (inherited from the agent),
+ * /proc/self/* belongs to root, so a shim of any other uid gets EACCES writing it: the shim becomes dumpable
+ * for this one open and write, then non-dumpable again before it starts anything. What that window exposes
+ * to a same-uid process racing for it is not what non-dumpable guards on the agent: the shim has already
+ * closed every descriptor but the command's own pipes and its status pipe (no channel of the agent), and a
+ * shim such a process took over (ptrace) still dies with the command's tree, which the agent kills. A copy
+ * of the agent's memory at the fork is readable in that window; it holds data of this same user's commands
+ * and files only (each user has an agent of its own). (Writing /proc/<command>/oom_score_adj after its
+ * execve instead would race with the command's first forks.) */
+static void set_oom_score_adj(void) {
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) { (void)!write(fd, "500", 3); close(fd); }
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+static void __attribute__((noreturn)) shim(char **argv, char **envp, const char *cwd, int in, int o, int e, int status_w, int background) {
     SELF = getpid();
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     /* The agent reset every disposition at its start and changed only these: SIGCHLD (its handler) and
@@ -886,8 +979,7 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
 
     /* What the command inherits is set on the shim itself, then the command is started in its own
      * session with its exact environment. */
-    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (fd >= 0) { (void)!write(fd, "500", 3); close(fd); }
+    set_oom_score_adj();
     if (chdir(cwd) != 0) start_failed(argv[0], errno, NULL, status_w);
     if (SETID_FILTER_LEN == 0) start_failed(argv[0], EOPNOTSUPP, "no set-id seccomp filter for this architecture", status_w);
     if (install_setid_filter() != 0) start_failed(argv[0], errno, "cannot install the set-id seccomp filter", status_w);
@@ -916,6 +1008,17 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
         if (p < 0 && errno == EINTR) continue;
         if (p < 0) break;
         if (p == child) { status = st; have = 1; break; }
+    }
+    if (background && have) {
+        /* A background command: its status goes out now, and the shim stays as the keeper of what it
+         * left, reaping (orphans still come back here) until nothing is left; the agent kills the group
+         * when the session ends. */
+        if (WIFSIGNALED(status)) dprintf(status_w, "S %d\n", WTERMSIG(status));
+        else dprintf(status_w, "E %d\n", WEXITSTATUS(status));
+        close(status_w);
+        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR) {
+        }
+        _exit(0);
     }
     /* No child left means no descendant left: every orphan of the command is re-parented to this shim. */
     for (;;) {
@@ -1003,6 +1106,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     jval_t *argv_v = jget(m, count, "argv"), *env_v = jget(m, count, "env"), *cwd_v = jget(m, count, "cwd");
     jval_t *timeout_v = jget(m, count, "timeout"), *cap_v = jget(m, count, "max_output_bytes");
     jval_t *stdin_v = jget(m, count, "stdin"), *tail_v = jget(m, count, "tail_bytes");
+    jval_t *bg_v = jget(m, count, "background");
     const char *bad = NULL;
     if (!argv_v || argv_v->type != J_ARR) bad = "argv must be an array of strings";
     else if (argv_v->n == 0) bad = "empty argv";
@@ -1013,16 +1117,31 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     else if (cap_v && cap_v->type != J_NUM && cap_v->type != J_NULL) bad = "max_output_bytes must be an integer";
     else if (cap_v && cap_v->type == J_NUM && !(cap_v->num >= 0 && cap_v->num <= 9e15 && cap_v->num == (double)(long long)cap_v->num)) bad = "max_output_bytes must be an integer";
     else if (stdin_v && stdin_v->type != J_BOOL && stdin_v->type != J_NULL) bad = "stdin must be a boolean";
+    else if (bg_v && bg_v->type != J_BOOL && bg_v->type != J_NULL) bad = "background must be a boolean";
     else if (tail_v && tail_v->type != J_NUM && tail_v->type != J_NULL) bad = "tail_bytes must be an integer";
     else if (tail_v && tail_v->type == J_NUM && !(tail_v->num >= 0 && tail_v->num <= 1e12 && tail_v->num == (double)(long long)tail_v->num)) bad = "tail_bytes must be an integer";
     if (!bad)
         for (int i = 0; i < env_v->n && !bad; i++)
             if (!env_v->items[i][0] || strchr(env_v->items[i], '=')) bad = "an environment name is empty or holds '='";
     if (bad) { jmembers_free(m, count); out_error(ch, "bad RUN: %s", bad); return; }
+    int background = bg_v && bg_v->type == J_BOOL && bg_v->b;
+    if (background && background_count() >= MAX_GROUPS) prune_groups();
+    if (background && background_count() >= MAX_GROUPS) {
+        jmembers_free(m, count);
+        buf_t b = {0};
+        buf_str(&b, "{\"refused\":true,\"message\":\"at most ");
+        buf_fmt(&b, "%d", MAX_GROUPS);
+        buf_str(&b, " background commands may keep processes at once in this session (per user); end the "
+                    "processes one of them left (they count until the last one exits) or run this one without "
+                    "background\"}");
+        out_json(ERROR_F, ch, &b);
+        return;
+    }
 
     cmd_t *c = xrealloc(NULL, sizeof *c);
     memset(c, 0, sizeof *c);
     c->ch = ch;
+    c->background = background;
     long long cap = cap_v && cap_v->type == J_NUM ? (long long)cap_v->num : 0;
     c->cap = cap ? cap : 1048576; /* as the Python agent: 0 or missing is the default */
     c->tail_cap = tail_v && tail_v->type == J_NUM ? (size_t)tail_v->num : 0;
@@ -1076,7 +1195,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
         free_strv(argv); free_strv(envp); free(cwd); free(c);
         return;
     }
-    if (pid == 0) shim(argv, envp, cwd, want_stdin ? fds[0] : null_r, fds[3], fds[5], fds[7]);
+    if (pid == 0) shim(argv, envp, cwd, want_stdin ? fds[0] : null_r, fds[3], fds[5], fds[7], background);
     free_strv(argv); free_strv(envp); free(cwd);
     if (fds[0] >= 0) close(fds[0]);
     close(fds[3]); close(fds[5]); close(fds[7]);
@@ -1145,10 +1264,12 @@ static void tail_send(cmd_t *c, int which) {
     c->tail[which] = NULL;
 }
 
-static void read_output(cmd_t *c, int which) {
+/* 1 when bytes came (more may be waiting). */
+static int read_output(cmd_t *c, int which) {
     ssize_t n = read(c->out_fd[which], chunk, sizeof chunk);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (n <= 0) { close(c->out_fd[which]); c->out_fd[which] = -1; return; }
+    if (n < 0 && errno == EINTR) return 1;
+    if (n < 0 && errno == EAGAIN) return 0;
+    if (n <= 0) { close(c->out_fd[which]); c->out_fd[which] = -1; return 0; }
     long long room = c->cap - c->sent[which];
     size_t part = room > 0 ? ((long long)n < room ? (size_t)n : (size_t)room) : 0;
     if (part) {
@@ -1157,6 +1278,7 @@ static void read_output(cmd_t *c, int which) {
     }
     if (c->tail_cap && (size_t)n > part) tail_keep(c, which, chunk + part, (size_t)n - part);
     else c->dropped[which] += n - (ssize_t)part;
+    return 1;
 }
 
 static void write_stdin(cmd_t *c) {
@@ -1178,9 +1300,10 @@ static void write_stdin(cmd_t *c) {
     if (c->stdin_eof) { close(c->stdin_fd); c->stdin_fd = -1; }
 }
 
-static void finish(int index) {
+/* keep: a background command that exited normally; it becomes a kept group (its pipes stay open, drained). */
+static void finish(int index, int keep) {
     cmd_t *c = cmds[index];
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2 && !keep; i++)
         if (c->out_fd[i] >= 0) close(c->out_fd[i]);
     if (c->status_fd >= 0) close(c->status_fd);
     if (c->stdin_fd >= 0) close(c->stdin_fd);
@@ -1200,7 +1323,18 @@ static void finish(int index) {
     if (after >= 0 && c->oom_before >= 0 && after >= c->oom_before) buf_fmt(&b, ",\"oom_kills\":%lld}", after - c->oom_before);
     else buf_str(&b, ",\"oom_kills\":null}");
     out_json(EXIT_F, c->ch, &b);
-    free(c);
+    if (!keep) { free(c); return; }
+    c->status_fd = c->stdin_fd = -1;
+    groups[ngroups++] = c;
+    /* Its keeper gone already, with subreapers: nothing was left. */
+    if (c->shim_done && strict_mode) drop_group(ngroups - 1);
+}
+
+/* What a kept group writes on its command's pipes: read and dropped. */
+static void discard_output(cmd_t *g, int which) {
+    ssize_t n = read(g->out_fd[which], chunk, sizeof chunk);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) { close(g->out_fd[which]); g->out_fd[which] = -1; }
 }
 
 /* -- file operations: each in a forked worker, so nothing it waits for holds the agent's loop ------------ */
@@ -1910,6 +2044,18 @@ static void loop(void) {
             /* The shim writes its one status line (one write) only once the command and every descendant
              * are gone, then exits: with that line and both output pipes at end of file the command is over,
              * without waiting for the shim's own exit (it is reaped later; a sweep meanwhile may kill it). */
+            if (c->background && !c->timed_out && !c->killed) {
+                if (c->shim_done) read_status(c);
+                if (memchr(c->status, '\n', c->status_len)) {
+                    /* The command exited: what it wrote is in its pipes already (what it left may hold
+                     * them open); read that, then EXIT, and the shim stays as the keeper. */
+                    for (int k = 0; k < 2; k++)
+                        while (c->out_fd[k] >= 0 && read_output(c, k)) {
+                        }
+                    finish(i, 1);
+                    continue;
+                }
+            }
             int status_line = memchr(c->status, '\n', c->status_len) != NULL;
             if (c->shim_done || (status_line && !c->timed_out && !c->killed)) {
                 if (c->shim_done) read_status(c); /* written before the shim exited */
@@ -1918,7 +2064,7 @@ static void loop(void) {
                 if (!swept && (!strict_mode || !has_status)) { sweep(); swept = 1; }
                 int drained = c->out_fd[0] < 0 && c->out_fd[1] < 0;
                 if ((drained && (c->status_fd < 0 || status_line)) || (c->shim_done && now() > c->drain_until)) {
-                    finish(i);
+                    finish(i, 0);
                     continue;
                 }
             }
@@ -1936,7 +2082,7 @@ static void loop(void) {
         if (host_eof && !ncmds && !nops) return;
         size_t backlog = 0;
         for (int i = 0; i < nops; i++) backlog += ops[i]->pending.len - ops[i]->pending_at;
-        size_t need = 2 + 4 * (size_t)ncmds + 3 * (size_t)nops;
+        size_t need = 2 + 4 * (size_t)ncmds + 3 * (size_t)nops + 2 * (size_t)ngroups;
         if (need > pcap) {
             pcap = need * 2;
             pfd = xrealloc(pfd, pcap * sizeof *pfd);
@@ -1963,6 +2109,9 @@ static void loop(void) {
             if (o->stdin_fd >= 0 && o->pending.len > o->pending_at) { pfd[np] = (struct pollfd){o->stdin_fd, POLLOUT, 0}; owner[np] = o; what[np++] = 12; }
             if (o->done && (wait_until < 0 || o->drain_until < wait_until)) wait_until = o->drain_until;
         }
+        for (int i = 0; i < ngroups; i++)
+            for (int k = 0; k < 2; k++)
+                if (groups[i]->out_fd[k] >= 0) { pfd[np] = (struct pollfd){groups[i]->out_fd[k], POLLIN, 0}; owner[np] = groups[i]; what[np++] = 20 + k; }
         int timeout_ms = -1;
         if (wait_until >= 0) {
             double left = wait_until - now();
@@ -1984,11 +2133,17 @@ static void loop(void) {
                     for (int k = 0; k < ncmds; k++)
                         if (!cmds[k]->shim_done) { cmds[k]->killed = 1; kill_cmd(cmds[k]); }
                     for (int k = 0; k < nops; k++) kill_op(ops[k]);
+                    kill_groups();
                     continue;
                 }
                 inlen += (size_t)n;
                 frames();
                 break; /* commands may have finished or started: poll again with fresh descriptors */
+            } else if (what[i] >= 20) {
+                cmd_t *g = owner[i];
+                int still = 0;
+                for (int k = 0; k < ngroups && !still; k++) still = groups[k] == g;
+                if (still && g->out_fd[what[i] - 20] == pfd[i].fd) discard_output(g, what[i] - 20);
             } else if (what[i] >= 10) {
                 op_t *o = owner[i];
                 int still = 0;
