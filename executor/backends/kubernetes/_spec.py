@@ -17,7 +17,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from executor.backends.docker._reaper import EXPIRES, OWNER_BOOT, OWNER_PID, OWNER_START, SESSION
+from executor.backends.docker._reaper import (
+    EXPIRES,
+    OWNER_BOOT,
+    OWNER_HOST,
+    OWNER_PID,
+    OWNER_PIDNS,
+    OWNER_START,
+    SESSION,
+)
 from executor.backends.docker._spec import HOME_DIR, PROJECT_LABEL
 from executor.backends.kubernetes._config import LABEL_PREFIX, KubernetesConfig
 from executor.types import Capabilities, IsolationClass, Language
@@ -57,6 +65,7 @@ PER_SESSION_FIELDS = (
     f"metadata.labels[{OWNER_BOOT}]",
     f"metadata.labels[{EXPIRES}]",
 )
+_DOCKER_HOST_OWNER = frozenset({OWNER_HOST, OWNER_PIDNS})
 _MIB = "Mi"
 
 
@@ -93,8 +102,11 @@ def pod_spec(
     """
     limits = config.limits
     resources = {"cpu": _cpu(limits.cpus), "memory": _memory(limits.memory_mb)}
+    # The owner's host and pid namespace judge a *container's* owner on one Docker host; a Pod's owner is
+    # elsewhere, and the pid namespace's "pid:[N]" is no valid label value: Pods expire by their deadline.
+    own = {key: value for key, value in (session or {}).items() if key not in _DOCKER_HOST_OWNER}
     metadata: dict[str, Any] = {
-        "labels": {**config.labels, **selector_labels(config), **dict(session or {})},
+        "labels": {**config.labels, **selector_labels(config), **own},
         "namespace": config.namespace,
     }
     if name is not None:
