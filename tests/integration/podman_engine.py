@@ -76,16 +76,24 @@ class PodmanEngine:
         command = [PODMAN, *self.global_arguments(), "system", "service", "--time=0", self.host]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise PodmanEngineError(f"podman system service exited ({self.process.returncode}): {self._tail()}")
+                raise PodmanEngineError(
+                    f"podman system service exited ({self.process.returncode}): {self._tail()}"
+                )
             if self.answers():
                 return
             time.sleep(0.1)
-        raise PodmanEngineError(f"podman system service did not answer within {timeout:.0f} s: {self._tail()}")
+        raise PodmanEngineError(
+            f"podman system service did not answer within {timeout:.0f} s: {self._tail()}"
+        )
 
     def answers(self) -> bool:
         """True when the service answers a ping."""

@@ -107,18 +107,18 @@ def test_a_podman_session_is_hardened_reports_inspect_and_uses_the_agent(
 
 
 def test_gvisor_is_refused_because_podman_ignores_runsc(podman: PodmanEngine) -> None:
-    with DockerBackend(engine=podman.engine(), runtime="runsc") as backend:
-        with pytest.raises(PolicyNotEnforceableError, match="runtime is 'runc', not 'runsc'"):
-            backend.session().start()
+    with (
+        DockerBackend(engine=podman.engine(), runtime="runsc") as backend,
+        pytest.raises(PolicyNotEnforceableError, match="runtime is 'runc', not 'runsc'"),
+    ):
+        backend.session().start()
     assert podman.containers() == []  # the container that ran under runc was removed
 
 
 @pytest.mark.parametrize("ending", ["exit", "timeout"])
 def test_tree_kill_on_podman(backend: DockerBackend, workspace: Path, ending: str) -> None:
     with backend.session(workspace=workspace) as session:
-        check_no_descendant_survives(
-            backend, session, ending, run, bomb_went_off=(workspace / "bomb").exists
-        )
+        check_no_descendant_survives(backend, session, ending, run, bomb_went_off=(workspace / "bomb").exists)
         assert alive(backend, session, "sleep 60") == []
 
 
@@ -129,7 +129,9 @@ def test_oom_is_reported_only_with_evidence(podman: PodmanEngine) -> None:
         backend.session() as session,
     ):
         bomb = session.execute(
-            ExecRequest(language=Language.PYTHON, code="b = b'x' * (600 << 20); print('survived')", timeout=60)
+            ExecRequest(
+                language=Language.PYTHON, code="b = b'x' * (600 << 20); print('survived')", timeout=60
+            )
         )
         assert bomb.oom_killed and bomb.exit_code is None and "survived" not in bomb.stdout
         # Killed by SIGKILL, not by the OOM killer: exit 137 alone is no evidence of an OOM.

@@ -127,7 +127,7 @@ def podman_view(client: docker.DockerClient, inspect: Mapping[str, Any]) -> Podm
     Anything that cannot be confirmed is left as podman reported it, so the Docker checks then name it.
     """
     container_id = str(inspect["Id"])
-    api = client.api
+    api: Any = client.api  # docker-py's own request helpers (_result is untyped there)
     libpod: dict[str, Any] = idempotent(
         lambda: api._result(api.get(f"{api.base_url}/v4.0.0/libpod/containers/{container_id}/json"), True)
     )
