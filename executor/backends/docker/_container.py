@@ -206,9 +206,16 @@ class ContainerProvider:
             tmpfs=None if self.attached else host_config_arguments(spec)["tmpfs"],
         )
         if problems:
+            hint = ""
+            if dialect is Dialect.PODMAN and any(problem.startswith("runtime is") for problem in problems):
+                hint = (
+                    " (podman runs its own OCI runtime whatever a Docker API client asks; for gVisor use a "
+                    "Docker engine with runsc registered)"
+                )
             raise PolicyNotEnforceableError(
                 f"container {inspect.get('Name', container_id)!r} is not hardened as required: "
                 + "; ".join(problems)
+                + hint
             )
         owner_path = spec.workspace or (_mount_source_of(inspect, workdir) if self.attached else None)
         owner = None
