@@ -20,6 +20,7 @@ import docker
 import docker.errors
 
 from executor.backends.docker._daemon import DEFAULT_SOCKET, engine_of, idempotent, remove_container
+from executor.backends.docker._dialect import Dialect, dialect_of, podman_host_config, podman_view
 from executor.backends.docker._reaper import note_unremoved, owner_labels
 from executor.backends.docker._spec import (
     GVISOR_RUNTIME,
@@ -50,6 +51,10 @@ class OpenedContainer:
     """The host paths this library mounted on purpose (any other host mount is reported as unconfined)."""
     owner: str | None
     """uid:gid of the workspace root's owner on the host (who commands run as by default), if known."""
+    dialect: Dialect = Dialect.DOCKER
+    """The engine's dialect (:mod:`._dialect`): Podman's inspect was normalised, see ``deviations``."""
+    deviations: tuple[str, ...] = ()
+    """What the engine reported or did differently from Docker, and how it was counted."""
 
     @property
     def memory_limit_mb(self) -> int:
@@ -136,7 +141,10 @@ class ContainerProvider:
 
     def _create(self, spec: ContainerSpec, name: str) -> str:
         api = self._client.api
-        host_config = api.create_host_config(**host_config_arguments(spec))
+        arguments = host_config_arguments(spec)
+        if dialect_of(self._client) is Dialect.PODMAN:
+            arguments = podman_host_config(self._client, arguments)
+        host_config = api.create_host_config(**arguments)
 
         def create() -> str:
             try:
@@ -174,6 +182,11 @@ class ContainerProvider:
         spec = self._spec
         engine = engine_of(self._client)
         container_id = str(inspect["Id"])
+        dialect = dialect_of(self._client)
+        deviations: tuple[str, ...] = ()
+        if dialect is Dialect.PODMAN:
+            view = podman_view(self._client, inspect)
+            inspect, deviations = view.inspect, view.deviations
         mounts = [spec.workspace] if spec.workspace else []
         mounts += [allowed.path for allowed in spec.extra_mounts] + list(spec.read_only_mounts)
         workdir = spec.workdir
@@ -193,9 +206,16 @@ class ContainerProvider:
             tmpfs=None if self.attached else host_config_arguments(spec)["tmpfs"],
         )
         if problems:
+            hint = ""
+            if dialect is Dialect.PODMAN and any(problem.startswith("runtime is") for problem in problems):
+                hint = (
+                    " (podman runs its own OCI runtime whatever a Docker API client asks; for gVisor use a "
+                    "Docker engine with runsc registered)"
+                )
             raise PolicyNotEnforceableError(
                 f"container {inspect.get('Name', container_id)!r} is not hardened as required: "
                 + "; ".join(problems)
+                + hint
             )
         owner_path = spec.workspace or (_mount_source_of(inspect, workdir) if self.attached else None)
         owner = None
@@ -211,6 +231,8 @@ class ContainerProvider:
             base_env=_image_env(inspect),
             confined_mounts=tuple(mounts),
             owner=owner,
+            dialect=dialect,
+            deviations=deviations,
         )
 
     def _check_attached_workspace(self, inspect: Mapping[str, Any], workspace: str) -> None:

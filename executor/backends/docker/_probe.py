@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,14 +34,27 @@ _PROBE_SETID = (
     'rm -f "$f"; }'
 )
 
+# The capability sets a command holds (hexadecimal masks): both must be 0 when all are dropped.
+_PROBE_CAPS = "grep -E '^Cap(Bnd|Eff):' /proc/self/status"
+
 
 def verify_from_inside(
-    transport: CommandTransport, base_env: dict[str, str], user: str, workspace: str | None
+    transport: CommandTransport,
+    base_env: dict[str, str],
+    user: str,
+    workspace: str | None,
+    *,
+    no_capabilities: bool = False,
 ) -> None:
-    """Raise :class:`PolicyNotEnforceableError` unless the container sees ``workspace`` and refuses set-id."""
+    """Raise :class:`PolicyNotEnforceableError` unless the container sees ``workspace`` and refuses set-id.
+
+    ``no_capabilities`` also requires the bounding and effective capability sets to be empty, as a
+    command sees them (for an engine whose inspect does not say ``CapDrop: ALL``: Podman).
+    """
     nonce = _IdentityNonce.create(workspace) if workspace else None
     try:
-        script = _PROBE_SETID + (' ; cat -- "$1" 2>/dev/null' if nonce else "")
+        caps = " ; " + _PROBE_CAPS if no_capabilities else ""
+        script = _PROBE_SETID + caps + (' ; cat -- "$1" 2>/dev/null' if nonce else "")
         argv = ("/bin/sh", "-c", script, "adk-sandbox-probe") + ((nonce.path,) if nonce else ())
         probe = PreparedCommand(
             argv=argv, env=dict(base_env), user=user, workdir="/", stdin=None, marker=uuid.uuid4().hex
@@ -64,6 +78,14 @@ def verify_from_inside(
             "commands in this container can create setuid/setgid files: neither the sandbox seccomp "
             "profile nor the command's own set-id filter is in force (docs/DOCKER.md, Set-id files)"
         )
+    if no_capabilities:
+        sets = dict(re.findall(r"^(Cap\w+):\s*([0-9a-f]+)$", output, re.MULTILINE))
+        held = {name: value for name, value in sets.items() if int(value, 16)}
+        if set(sets) != {"CapBnd", "CapEff"} or held:
+            raise PolicyNotEnforceableError(
+                "a command in this container holds capabilities "
+                f"({held or 'its capability sets could not be read'}): they are not all dropped"
+            )
     if nonce and nonce.token not in output:
         raise PolicyNotEnforceableError(
             split_brain_message(workspace, "a probe file written here is not there")

@@ -27,6 +27,7 @@ from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._container import ContainerProvider, OomCounter, OpenedContainer
 from executor.backends.docker._daemon import engine_of
+from executor.backends.docker._dialect import Dialect
 from executor.backends.docker._probe import verify_from_inside
 from executor.backends.docker._spec import ContainerSpec, capabilities_from_inspect, isolation_of
 from executor.backends.docker._transport import (
@@ -245,7 +246,13 @@ class DockerSession(SandboxBackend):
                 self._user = container.owner
             transport = self._make_transport(self._client, container.id, self._agent_restarted)
             self._container, self._transport = container, transport
-            verify_from_inside(transport, container.base_env, self._user, self._config.spec.workspace)
+            verify_from_inside(
+                transport,
+                container.base_env,
+                self._user,
+                self._config.spec.workspace,
+                no_capabilities=container.dialect is Dialect.PODMAN,  # its inspect cannot show it
+            )
             # The host's cgroup counter exists only for a local engine: a remote container's pid is another
             # machine's (the agent's own count from inside is used there, and preferred everywhere).
             local = engine_of(self._client).local
@@ -282,6 +289,11 @@ class DockerSession(SandboxBackend):
         self.restarts += 1
 
     # -- what is enforced ----------------------------------------------------------------------------
+    @property
+    def deviations(self) -> tuple[str, ...]:
+        """What the engine reported or did differently from Docker (Podman: docs/DOCKER.md); starts it."""
+        return self._opened().deviations
+
     def isolation(self) -> IsolationClass:
         """The class of the running container (from ``docker inspect``; starts the session)."""
         return isolation_of(self._opened().inspect)
