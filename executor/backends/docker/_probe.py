@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 
 from executor._output import OutputCapture
-from executor.backends.docker._container import split_brain_message
+from executor.backends.docker._container import WorkspaceNotSharedError, split_brain_message
 from executor.backends.docker._transport import CommandTransport, PreparedCommand
 from executor.errors import PolicyNotEnforceableError, SandboxFailedError
 
@@ -65,7 +65,7 @@ def verify_from_inside(
             "profile nor the command's own set-id filter is in force (docs/DOCKER.md, Set-id files)"
         )
     if nonce and nonce.token not in output:
-        raise PolicyNotEnforceableError(
+        raise WorkspaceNotSharedError(
             split_brain_message(workspace, "a probe file written here is not there")
         )
 
