@@ -10,6 +10,7 @@ test_docker_remote_engine.py (they need the private engine).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import stat
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from devtools import DevToolset, Workspace
 from executor import ExecRequest, ExecResult, Language
 from executor.backends.docker import DockerBackend, DockerSession
 from executor.backends.docker._workspace import _parse_record, safe_name
-from executor.errors import InvalidRequestError
+from executor.errors import InvalidRequestError, PolicyNotEnforceableError
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -65,7 +66,9 @@ def tree_of(root: Path) -> dict[str, str]:
     return found
 
 
-def test_round_trip_create_modify_delete_binary_and_empty_dirs(mirror_backend: DockerBackend, workspace: Path) -> None:
+def test_round_trip_create_modify_delete_binary_and_empty_dirs(
+    mirror_backend: DockerBackend, workspace: Path
+) -> None:
     (workspace / "keep.txt").write_text("keep\n")
     (workspace / "edit.txt").write_text("before\n")
     (workspace / "gone.txt").write_text("to delete\n")
@@ -79,9 +82,9 @@ def test_round_trip_create_modify_delete_binary_and_empty_dirs(mirror_backend: D
         assert session.workspace_transport == "mirror" and session.capabilities().workspace == "mirror"
         first = sh(session, "pwd; id -u; ./run.sh; cat keep.txt; md5sum blob.bin | cut -c1-32")
         assert first.stdout.splitlines()[:4] == [str(workspace), "1000", "ran", "keep"]
-        # The workspace is not the host's directory: a file made on the host appears only after a push.
-        assert not any(m.get("Type") == "bind" and m.get("Source") == str(workspace)
-                       for m in mirror_backend._client.api.inspect_container(session.container_id)["Mounts"])  # fmt: skip
+        # The workspace is a copy, not the host's directory.
+        mounts = mirror_backend._client.api.inspect_container(session.container_id)["Mounts"]
+        assert not any(m.get("Type") == "bind" and m.get("Source") == str(workspace) for m in mounts)
         made = sh(
             session,
             "echo after > edit.txt; rm gone.txt; rm -r old; mkdir -p empty/nested; echo new > new.txt; "
@@ -92,8 +95,6 @@ def test_round_trip_create_modify_delete_binary_and_empty_dirs(mirror_backend: D
         assert not (workspace / "gone.txt").exists() and not (workspace / "old").exists()
         assert (workspace / "empty" / "nested").is_dir()
         assert (workspace / "new.txt").read_text() == "new\n"
-        import hashlib
-
         assert hashlib.md5((workspace / "rand.bin").read_bytes()).hexdigest() == made.stdout.strip()  # noqa: S324
         assert stat.S_IMODE((workspace / "keep.txt").stat().st_mode) == 0o600
         for name in ("new.txt", "rand.bin", "empty", "empty/nested"):
@@ -103,7 +104,9 @@ def test_round_trip_create_modify_delete_binary_and_empty_dirs(mirror_backend: D
         (workspace / "host.txt").write_text("from the host\n")
         (workspace / "new.txt").unlink()
         (workspace / "blob.bin").write_bytes(b"\x00\xff" * 10)
-        seen = sh(session, "cat host.txt; test -e new.txt && echo still-there; od -An -tx1 blob.bin | head -1")
+        seen = sh(
+            session, "cat host.txt; test -e new.txt && echo still-there; od -An -tx1 blob.bin | head -1"
+        )
         assert seen.stdout.split("\n")[0] == "from the host"
         assert "still-there" not in seen.stdout and "00 ff 00 ff" in seen.stdout
         # The close brings back what a command left.
@@ -193,9 +196,11 @@ def test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back(workspace: Path) ->
 
 def test_a_workspace_larger_than_the_cap_is_refused_before_anything_runs(workspace: Path) -> None:
     (workspace / "big").write_bytes(b"\0" * (3 * 1024 * 1024))
-    with DockerBackend(workspace_transport="mirror", mirror_size_mb=2) as backend:
-        with pytest.raises(Exception, match="more than its copy in the sandbox may hold"):
-            backend.session(workspace=workspace).start()
+    with (
+        DockerBackend(workspace_transport="mirror", mirror_size_mb=2) as backend,
+        pytest.raises(PolicyNotEnforceableError, match="more than its copy in the sandbox may hold"),
+    ):
+        backend.session(workspace=workspace).start()
 
 
 def test_devtools_over_a_mirrored_workspace(mirror_backend: DockerBackend, workspace: Path) -> None:
@@ -212,7 +217,9 @@ def test_devtools_over_a_mirrored_workspace(mirror_backend: DockerBackend, works
     assert read["content"] == "     1\tmade in bash\n"
 
 
-def test_auto_binds_on_the_local_engine_and_bind_is_reported(docker_backend: DockerBackend, workspace: Path) -> None:
+def test_auto_binds_on_the_local_engine_and_bind_is_reported(
+    docker_backend: DockerBackend, workspace: Path
+) -> None:
     assert docker_backend.workspace_transport == "auto"
     assert docker_backend.capabilities().workspace == "bind"
     with docker_backend.session(workspace=workspace) as session:

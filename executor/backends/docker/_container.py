@@ -340,7 +340,7 @@ def _mount_source_of(inspect: Mapping[str, Any], path: str) -> str | None:
 
 
 class WorkspaceNotSharedError(PolicyNotEnforceableError):
-    """The engine does not see this machine's workspace at its path (``workspace_transport="auto"`` mirrors)."""
+    """The engine does not see this machine's workspace at its path (``"auto"`` then mirrors it)."""
 
 
 def split_brain_message(workspace: str | None, evidence: object) -> str:

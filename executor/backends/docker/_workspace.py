@@ -317,10 +317,11 @@ class MirrorWorkspace:
             why = result.stderr.decode("utf-8", "replace").strip()[-400:]
             full = "No space left on device" in why
             self._inside = {}  # unknown now: the next pull-back compares against everything
+            cap = self.cap_bytes // (1024 * 1024)
             raise SandboxFailedError(
                 (
-                    f"the workspace copy in the sandbox is full (its cap is {self.cap_bytes // (1024 * 1024)} "
-                    "MiB, DockerBackend(mirror_size_mb=...)); "
+                    f"the workspace copy in the sandbox is full (its cap is {cap} MiB, "
+                    "DockerBackend(mirror_size_mb=...)); "
                     if full
                     else ""
                 )
@@ -329,7 +330,9 @@ class MirrorWorkspace:
             )
 
     # -- host side -----------------------------------------------------------------------------------
-    def _apply(self, run: Run, wanted: dict[str, Entry], gone: list[str], refused: list[str]) -> None:
+    def _apply(  # noqa: PLR0912 - one pass over the kinds of change, in the order they must land
+        self, run: Run, wanted: dict[str, Entry], gone: list[str], refused: list[str]
+    ) -> None:
         """Write the container's changes to the host copy, every write contained (hostile input)."""
         tree = _HostTree(self._tree, self.owner)
 
@@ -360,7 +363,9 @@ class MirrorWorkspace:
                 continue
             try:
                 if entry.kind == "o":
-                    raise _Refused("a special file (FIFO, socket or device): only files, directories and links")
+                    raise _Refused(
+                        "a special file (FIFO, socket or device): only files, directories and links"
+                    )
                 if entry.kind == "d":
                     tree.make_dir(path, entry.mode)
                 else:
@@ -403,7 +408,7 @@ class MirrorWorkspace:
         result = run(("/bin/sh", "-c", _FETCH_SCRIPT, "adk-sandbox-fetch", self.root), names, room)
         _check_tools(result, "tar")
         try:
-            archive = tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:")
+            archive = tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:")  # noqa: SIM115 - with below
         except tarfile.TarError:
             refused.append("the changed files could not be read back from the sandbox (no archive)")
             return
@@ -639,7 +644,7 @@ class _HostTree:
         return ".git" not in real[len(self.tree.path) :].split("/")
 
     def write_file(self, rel: str, data: bytes, mode: int, mtime: float) -> None:
-        """``data`` as the file ``rel``: a temp file in the same directory, renamed over whatever was there."""
+        """``data`` as the file ``rel``: a temp file in its directory, renamed over whatever was there."""
         with self.parent(rel, create=True) as fd:
             name = posixpath.basename(rel)
             old = _lstat(name, fd)

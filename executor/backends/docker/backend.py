@@ -106,7 +106,8 @@ class DockerBackend(SandboxBackend):
             raise InvalidRequestError("lifetime_seconds must be positive")
         if workspace_transport not in WORKSPACE_TRANSPORTS:
             raise InvalidRequestError(
-                f"workspace_transport must be one of {', '.join(WORKSPACE_TRANSPORTS)}, not {workspace_transport!r}"
+                f"workspace_transport must be one of {', '.join(WORKSPACE_TRANSPORTS)}, "
+                f"not {workspace_transport!r}"
             )
         if (
             isinstance(mirror_size_mb, bool)
@@ -152,7 +153,7 @@ class DockerBackend(SandboxBackend):
         self.engine = resolve_engine(engine)
         """The Docker engine this backend's sessions run on."""
         self.workspace_transport = workspace_transport
-        """How sessions' workspaces reach their containers, as asked: ``"auto"``, ``"bind"`` or ``"mirror"``."""
+        """How sessions' workspaces reach their containers, as asked: ``"auto"``, ``"bind"``, ``"mirror"``."""
         self.mirror_size_mb = mirror_size_mb
         """Size cap of a mirrored workspace's volume, in MiB."""
         self._client = connect(engine=self.engine)
@@ -254,9 +255,11 @@ class DockerBackend(SandboxBackend):
         """
         if self._capabilities is None:
             if self.workspace_transport == "auto" and self.engine.local and self.container is None:
-                with tempfile.TemporaryDirectory(prefix="adk-sandbox-probe-") as scratch:
-                    with self.session(workspace=scratch) as probe:
-                        self._capabilities = probe.capabilities()
+                with (
+                    tempfile.TemporaryDirectory(prefix="adk-sandbox-probe-") as scratch,
+                    self.session(workspace=scratch) as probe,
+                ):
+                    self._capabilities = probe.capabilities()
             else:
                 with self.session() as probe:
                     found = probe.capabilities()
