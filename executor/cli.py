@@ -78,6 +78,7 @@ def _doctor_docker() -> bool:
                 capabilities = backend.capabilities()
                 print(_describe(name, capabilities))
                 print(f"{'':<16} {'':<16} channel: {_channel_of(capabilities.channel)}")
+                print(f"{'':<16} {'':<16} workspace: {_workspace_of(capabilities.workspace)}")
             works = works or runtime is None
         except ExecutorError as exc:
             print(f"{name:<16} {'unavailable':<16} {_first_line(exc)}")
@@ -96,6 +97,13 @@ def _channel_of(channel: str | None) -> str:
     if channel == "agent":
         return "agent (one long-lived in-sandbox agent per session, protocol 1, over one exec stream)"
     return "exec (one Docker exec per command)"
+
+
+def _workspace_of(workspace: str | None) -> str:
+    """How a workspace reaches a Docker session's container (as its capabilities say), for ``doctor``."""
+    if workspace == "mirror":
+        return "mirror (a size-capped copy at the same path, synced before and after each command)"
+    return "bind (the host directory mounted at its own path, identity-checked at start)"
 
 
 def _doctor_wasm() -> None:

@@ -347,6 +347,11 @@ class Capabilities(BaseModel):
     """How commands reach the sandbox, where that is a choice: ``"agent"`` (one long-lived in-sandbox agent
     per session, Docker's default) or ``"exec"`` (one Docker exec per command); None for backends that
     start each execution as a host process or in-process (process, bubblewrap, WASM)."""
+    workspace: str | None = None
+    """How a session's workspace reaches the sandbox, where that is a choice: ``"bind"`` (the host directory
+    mounted at its path, both sides see the same files) or ``"mirror"`` (a size-capped copy at the same
+    path, synced before and after each command; docs/DOCKER.md, "Workspace transport"); None for backends
+    that work on the host's directory itself, or a session without a workspace."""
 
 
 class ResourceLimits(BaseModel):

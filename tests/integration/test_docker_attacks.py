@@ -402,20 +402,23 @@ def test_the_committed_profile_is_the_one_in_force(
 SPLIT_BRAIN = textwrap.dedent(
     """\
     import sys
-    from executor import PolicyNotEnforceableError
+    from executor import ExecRequest, PolicyNotEnforceableError
     from executor.backends.docker import DockerBackend
     try:
-        with DockerBackend() as backend, backend.session(workspace=sys.argv[1]) as session:
-            session.start()
+        with DockerBackend(workspace_transport="bind") as forced, forced.session(workspace=sys.argv[1]) as s:
+            s.start()
     except PolicyNotEnforceableError as exc:
         print("refused:", exc)
     else:
         print("accepted")
+    with DockerBackend() as backend, backend.session(workspace=sys.argv[1]) as session:  # auto: a mirror
+        seen = session.execute(ExecRequest(argv=("cat", "hello.txt"), timeout=30)).stdout
+        print("auto:", session.workspace_transport, seen.strip())
     """
 )
 
 
-def test_a_daemon_that_sees_another_directory_is_refused(
+def test_a_daemon_that_sees_another_directory_is_refused_when_bind_is_forced_else_mirrored(
     docker_backend: DockerBackend, tmp_path: Path
 ) -> None:
     """This process gets its own mount namespace with a tmpfs over the workspace; dockerd does not see it."""
@@ -432,3 +435,4 @@ def test_a_daemon_that_sees_another_directory_is_refused(
         capture_output=True, text=True, check=False, timeout=120, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     assert done.stdout.startswith("refused:") and "does not see this machine's" in done.stdout, done
+    assert "auto: mirror host-copy" in done.stdout, done  # the copy holds this namespace's files

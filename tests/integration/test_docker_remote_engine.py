@@ -213,18 +213,52 @@ def test_docker_host_with_tls_variables_and_a_context_pick_the_remote_engine(
 
 
 # -- host paths on an engine that cannot see them ---------------------------------------------------------
-def test_a_host_workspace_or_policy_path_is_refused_on_a_remote_engine(
+def test_a_host_workspace_travels_to_a_remote_engine_as_a_mirror_over_tls(
     backend: DockerBackend, remote: PrivateEngine, hidden: Path
+) -> None:
+    workspace = hidden / "ws-mirror"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("the host's copy\n")
+    (workspace / "gone.txt").write_text("delete me\n")
+    outside = hidden / "outside-tls"
+    outside.mkdir()
+    with backend.session(workspace=workspace) as session:
+        assert session.workspace_transport == "mirror" and session.capabilities().workspace == "mirror"
+        result = run(session, f"cd {workspace} && cat notes.txt && echo made > made.txt && rm gone.txt && "
+                     f"ln -s {outside} out && mkfifo fifo && head -c 65536 /dev/urandom > rand.bin && "
+                     "md5sum rand.bin | cut -c1-32")  # fmt: skip
+        assert result.stdout.startswith("the host's copy\n"), result.stderr
+        assert (workspace / "made.txt").read_text() == "made\n" and not (workspace / "gone.txt").exists()
+        digest = hashlib.md5((workspace / "rand.bin").read_bytes()).hexdigest()  # noqa: S324
+        assert digest == result.stdout.split()[-1]
+        assert not (workspace / "out").is_symlink() and not (workspace / "fifo").exists()
+        # Many files over TLS: 2,000 made in the container, changed later, all back.
+        run(session, f"cd {workspace} && mkdir many && for i in $(seq 2000); do echo $i > many/$i; done")
+        assert len(list((workspace / "many").iterdir())) == 2000
+        (workspace / "many" / "7").write_text("host edit\n")
+        assert run(session, f"cat {workspace}/many/7").stdout == "host edit\n"
+        bomb = run(session, f"dd if=/dev/zero of={workspace}/bomb bs=1M count=2000 2>&1; echo done")
+        assert "No space left on device" in bomb.stdout
+    assert list(outside.iterdir()) == []
+    assert (workspace / "bomb").stat().st_size <= backend.mirror_size_mb * 1024 * 1024
+    assert remote.containers() == []
+
+
+def test_bind_forced_or_policy_paths_are_refused_on_a_remote_engine(
+    remote: PrivateEngine, hidden: Path
 ) -> None:
     workspace = hidden / "ws-refused"
     workspace.mkdir()
     (workspace / "notes.txt").write_text("the host's copy\n")
     before = remote.containers()
-    with pytest.raises(PolicyNotEnforceableError) as refused:
-        backend.session(workspace=workspace)
+    with (
+        DockerBackend(engine=remote.engine(), workspace_transport="bind") as forced,
+        pytest.raises(PolicyNotEnforceableError) as refused,
+    ):
+        forced.session(workspace=workspace)
     message = str(refused.value)
     assert str(workspace) in message and "not on this machine" in message and "Nothing ran" in message
-    assert "backend.session()" in message  # what to do instead
+    assert "workspace_transport='mirror'" in message  # what to do instead
     policy = SandboxPolicy.builder().allow_process_spawn().allow_read(str(hidden)).build()
     with (
         DockerBackend(engine=remote.engine(), policy=policy) as with_policy,
@@ -234,7 +268,7 @@ def test_a_host_workspace_or_policy_path_is_refused_on_a_remote_engine(
     assert remote.containers() == before  # refused before anything was created
 
 
-def test_a_local_socket_engine_with_other_files_at_the_path_is_refused_by_the_identity_probe(
+def test_a_local_socket_engine_with_other_files_at_the_path_gets_a_mirror_or_refuses_a_forced_bind(
     remote: PrivateEngine, hidden: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Through its Unix socket the engine counts as local, so the bind is tried: the engine's own (different)
@@ -246,10 +280,18 @@ def test_a_local_socket_engine_with_other_files_at_the_path_is_refused_by_the_id
     inside = ["nsenter", f"--mount=/proc/{remote.process.pid}/ns/mnt", "mkdir", "-p", str(workspace / ".git")]
     subprocess.run(inside, check=True)
     monkeypatch.setenv("DOCKER_HOST", remote.host)
-    with DockerBackend() as backend:
-        assert backend.engine.local
-        with pytest.raises(PolicyNotEnforceableError, match="a probe file written here is not there"):
-            backend.session(workspace=workspace).start()
+    with (
+        DockerBackend(workspace_transport="bind") as forced,
+        pytest.raises(PolicyNotEnforceableError, match="a probe file written here is not there"),
+    ):
+        assert forced.engine.local
+        forced.session(workspace=workspace).start()
+    # auto: the identity check (per path: this one is hidden from the engine) fails, so it is mirrored.
+    with DockerBackend() as backend, backend.session(workspace=workspace) as session:
+        assert session.workspace_transport == "mirror" and session.capabilities().workspace == "mirror"
+        echoed = run(session, f"cat {workspace}/notes.txt; echo back > {workspace}/back.txt")
+        assert echoed.stdout == "the host's copy\n"
+    assert (workspace / "back.txt").read_text() == "back\n"
     assert remote.containers() == []
 
 
@@ -388,7 +430,7 @@ def test_a_connection_dropped_mid_command_fails_it_clearly_and_leaves_no_process
 
 
 # -- over ssh ---------------------------------------------------------------------------------------------
-def test_a_session_over_ssh_is_hardened_uses_the_agent_and_refuses_a_workspace(
+def test_a_session_over_ssh_is_hardened_uses_the_agent_and_mirrors_a_workspace(
     over_ssh: Engine, remote: PrivateEngine, hidden: Path
 ) -> None:
     with DockerBackend(engine=over_ssh) as backend:
@@ -403,8 +445,18 @@ def test_a_session_over_ssh_is_hardened_uses_the_agent_and_refuses_a_workspace(
             assert (result.exit_code, result.stdout) == (0, stdin)
         workspace = hidden / "ws-ssh"
         workspace.mkdir()
-        with pytest.raises(PolicyNotEnforceableError, match="not on this machine"):
-            backend.session(workspace=workspace)
+        (workspace / "in.txt").write_text("over ssh\n")
+        with backend.session(workspace=workspace) as mirrored:  # the workspace travels as a mirror
+            assert (
+                run(mirrored, f"cat {workspace}/in.txt; echo out > {workspace}/out.txt").stdout
+                == "over ssh\n"
+            )
+        assert (workspace / "out.txt").read_text() == "out\n"
+    with (
+        DockerBackend(engine=over_ssh, workspace_transport="bind") as forced,
+        pytest.raises(PolicyNotEnforceableError, match="not on this machine"),
+    ):
+        forced.session(workspace=workspace)
 
 
 def test_tree_kill_over_ssh(over_ssh: Engine) -> None:

@@ -31,7 +31,13 @@ from executor.backends.docker._spec import (
 )
 from executor.errors import ExecutorError, PolicyNotEnforceableError, SandboxFailedError
 
-__all__ = ["ContainerProvider", "OomCounter", "OpenedContainer", "split_brain_message"]
+__all__ = [
+    "ContainerProvider",
+    "OomCounter",
+    "OpenedContainer",
+    "WorkspaceNotSharedError",
+    "split_brain_message",
+]
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -83,6 +89,10 @@ class ContainerProvider:
         self.session_id = session_id or uuid.uuid4().hex[:12]
         """The ``io.adk-sandbox.session`` label of each container this provider creates."""
         self._opened = 0
+
+    def use_spec(self, spec: ContainerSpec) -> None:
+        """Create the next containers from ``spec`` (a workspace that turned out to need a mirror)."""
+        self._spec = spec
 
     @property
     def attached(self) -> bool:
@@ -164,7 +174,7 @@ class ContainerProvider:
                 if exc.status_code == 409:  # a retried create whose first attempt went through
                     return str(api.inspect_container(name)["Id"])
                 if "bind source path does not exist" in str(exc.explanation or ""):
-                    raise PolicyNotEnforceableError(
+                    raise WorkspaceNotSharedError(
                         split_brain_message(spec.workspace, exc.explanation)
                     ) from exc
                 if "runtime" in str(exc).lower() and spec.runtime:
@@ -349,6 +359,10 @@ def _mount_source_of(inspect: Mapping[str, Any], path: str) -> str | None:
         ):
             return str(mount["Source"])
     return None
+
+
+class WorkspaceNotSharedError(PolicyNotEnforceableError):
+    """The engine does not see this machine's workspace at its path (``"auto"`` then mirrors it)."""
 
 
 def split_brain_message(workspace: str | None, evidence: object) -> str:

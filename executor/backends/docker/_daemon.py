@@ -128,7 +128,7 @@ def remove_container(client: docker.DockerClient, container_id: str) -> None:
 
     def remove() -> None:
         try:
-            client.api.remove_container(container_id, force=True)
+            client.api.remove_container(container_id, force=True, v=True)  # v: its mirror volume too
         except docker.errors.APIError as exc:
             # 404: already gone (auto_remove won the race); 409: "removal ... already in progress".
             if exc.status_code not in (404, 409):

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from executor._output import OutputCapture
-from executor.backends.docker._container import split_brain_message
+from executor.backends.docker._container import WorkspaceNotSharedError, split_brain_message
 from executor.backends.docker._transport import CommandTransport, PreparedCommand
 from executor.errors import PolicyNotEnforceableError, SandboxFailedError
 
@@ -87,7 +87,7 @@ def verify_from_inside(
                 f"({held or 'its capability sets could not be read'}): they are not all dropped"
             )
     if nonce and nonce.token not in output:
-        raise PolicyNotEnforceableError(
+        raise WorkspaceNotSharedError(
             split_brain_message(workspace, "a probe file written here is not there")
         )
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from docker.types import LogConfig, Mount, Ulimit
+from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 from pydantic import Field, TypeAdapter, ValidationError
 
 from executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
@@ -29,6 +29,7 @@ __all__ = [
     "PROJECT_LABEL",
     "ContainerSpec",
     "GitProtection",
+    "MirrorVolume",
     "capabilities_from_inspect",
     "engine_socket_exposed",
     "extra_tmpfs_options",
@@ -52,6 +53,24 @@ MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
+class MirrorVolume:
+    """A tmpfs volume holding a copy of the workspace at its path (:mod:`._workspace`, mirror mode)."""
+
+    size_mb: int
+    uid: int
+    gid: int
+    """Owner of the volume's root directory: the command user."""
+    mode: int
+    """Permission bits of the volume's root directory (the host workspace root's)."""
+
+    def mount(self, target: str) -> Mount:
+        """An anonymous volume of the local driver: removed with its container (``v=True``, auto_remove)."""
+        options = f"size={self.size_mb}m,uid={self.uid},gid={self.gid},mode={self.mode:04o},nosuid,nodev"
+        config = DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": options})
+        return Mount(target=target, source=None, type="volume", driver_config=config)
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
     """Everything that decides how a session container is created."""
 
@@ -71,6 +90,8 @@ class ContainerSpec:
     """Further writable tmpfs mounts asked for (path -> size in MiB), see :func:`validate_tmpfs`."""
     labels: Mapping[str, str] = field(default_factory=dict)
     lifetime_seconds: int = 12 * 3600
+    mirror: MirrorVolume | None = None
+    """Mount a copy of the workspace (a tmpfs volume) instead of binding the host directory."""
 
     @property
     def workdir(self) -> str:
@@ -260,7 +281,9 @@ def extra_tmpfs_options(size_mb: int) -> str:
 def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     """Keyword arguments for docker-py's ``create_host_config`` (the hardened defaults of SPEC §4)."""
     mounts = []
-    if spec.workspace:
+    if spec.workspace and spec.mirror is not None:
+        mounts.append(spec.mirror.mount(spec.workspace))
+    elif spec.workspace:
         mounts.append(Mount(target=spec.workspace, source=spec.workspace, type="bind", read_only=False))
     for allowed in spec.extra_mounts:
         read_only = allowed.mode == "read_only"

@@ -1,8 +1,9 @@
-"""DockerBackend: hardened per-session containers on a Docker engine (local; remote without a workspace)."""
+"""DockerBackend: hardened per-session containers on a Docker engine (local or remote)."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,6 +14,7 @@ from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import cleanup_session, reap_leaked
 from executor.backends.docker._spec import (
+    MAX_TMPFS_MB,
     ContainerSpec,
     GitProtection,
     git_protection,
@@ -20,6 +22,7 @@ from executor.backends.docker._spec import (
     validate_labels,
     validate_tmpfs,
 )
+from executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
@@ -67,6 +70,8 @@ class DockerBackend(SandboxBackend):
         tmpfs: Mapping[str, int] | None = None,
         labels: Mapping[str, str] | None = None,
         engine: Engine | str | None = None,
+        workspace_transport: str = "auto",
+        mirror_size_mb: int = DEFAULT_MIRROR_MB,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
@@ -82,8 +87,13 @@ class DockerBackend(SandboxBackend):
         refused: the reaper relies on them). ``engine`` picks the Docker engine: an
         :class:`~executor.backends.docker.engine.Engine`, a URL (``unix://``, ``tcp://`` with TLS from
         ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``, ``ssh://``) or a Docker context's name; by default the
-        one the Docker CLI would use (``DOCKER_HOST``, ``DOCKER_CONTEXT``, the current context). A session
-        with a workspace (or a policy's host paths) needs a local engine: a remote one is refused.
+        one the Docker CLI would use (``DOCKER_HOST``, ``DOCKER_CONTEXT``, the current context).
+        ``workspace_transport`` says how a session's workspace reaches the container (docs/DOCKER.md,
+        "Workspace transport"): ``"bind"`` mounts the host directory (a local engine that sees this
+        machine's files; checked at start), ``"mirror"`` copies it into a tmpfs volume of
+        ``mirror_size_mb`` MiB at the same path and syncs it before and after each command, ``"auto"``
+        (default) binds when the engine sees the directory, else mirrors. A policy's host paths are bound,
+        so they need a local engine: a remote one refuses them.
         """
         if transport not in TRANSPORTS:
             raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -94,6 +104,22 @@ class DockerBackend(SandboxBackend):
             )
         if lifetime_seconds <= 0:
             raise InvalidRequestError("lifetime_seconds must be positive")
+        if workspace_transport not in WORKSPACE_TRANSPORTS:
+            raise InvalidRequestError(
+                f"workspace_transport must be one of {', '.join(WORKSPACE_TRANSPORTS)}, "
+                f"not {workspace_transport!r}"
+            )
+        if (
+            isinstance(mirror_size_mb, bool)
+            or not isinstance(mirror_size_mb, int)
+            or not 1 <= mirror_size_mb <= MAX_TMPFS_MB
+        ):
+            raise InvalidRequestError(f"mirror_size_mb must be an integer from 1 to {MAX_TMPFS_MB} (MiB)")
+        if workspace_transport == "mirror" and container is not None:
+            raise InvalidRequestError(
+                "workspace_transport='mirror' makes a container with a copy of the workspace; an attached "
+                "container mounts the workspace itself (use 'bind' or 'auto')"
+            )
         extra_tmpfs = validate_tmpfs(tmpfs or {})
         if extra_tmpfs and container is not None:
             raise InvalidRequestError(
@@ -126,6 +152,10 @@ class DockerBackend(SandboxBackend):
         """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
         self.engine = resolve_engine(engine)
         """The Docker engine this backend's sessions run on."""
+        self.workspace_transport = workspace_transport
+        """How sessions' workspaces reach their containers, as asked: ``"auto"``, ``"bind"``, ``"mirror"``."""
+        self.mirror_size_mb = mirror_size_mb
+        """Size cap of a mirrored workspace's volume, in MiB."""
         self._client = connect(engine=self.engine)
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
@@ -136,8 +166,13 @@ class DockerBackend(SandboxBackend):
 
     def session(self, workspace: str | os.PathLike[str] | None = None) -> DockerSession:
         """A new session, its container bound to ``workspace`` (mounted at the same absolute path)."""
+        mode = self.workspace_transport
+        if self.container is not None:
+            mode = "bind"  # an attached container mounts the workspace itself
+        elif mode == "auto" and not self.engine.local:
+            mode = "mirror"  # a remote engine never sees this machine's files
         if not self.engine.local:
-            self._refuse_host_paths(workspace)
+            self._refuse_host_paths(workspace if mode == "bind" else None)
         root: str | None = None
         if workspace is not None:
             root = str(Path(workspace).resolve(strict=False))
@@ -150,7 +185,9 @@ class DockerBackend(SandboxBackend):
             overlap = tmpfs_overlap(self.tmpfs, [root])
             if overlap:
                 raise InvalidRequestError(overlap)
-        protection = git_protection(root) if root and self.container is None else GitProtection()
+        protection = (
+            git_protection(root) if root and self.container is None and mode != "mirror" else GitProtection()
+        )
         spec = ContainerSpec(
             image=self.image,
             limits=self.limits,
@@ -170,6 +207,8 @@ class DockerBackend(SandboxBackend):
             policy_env=self.policy.env,
             attach_to=self.container,
             transport=self.transport,
+            workspace_transport=mode,
+            mirror_mb=self.mirror_size_mb,
         )
         session = _TrackedSession(self._client, config, self._forget)
         with self._lock:
@@ -181,8 +220,7 @@ class DockerBackend(SandboxBackend):
 
         A bind mount names a path on the engine's machine: there it is another directory or none, and a
         command would read and write files that are not the user's (or the engine would make an empty
-        directory at that path). Until the workspace can travel to the engine, only sessions without host
-        paths run there.
+        directory at that path). ``workspace`` is given only when it would be bound (a mirror travels).
         """
         paths = ([str(workspace)] if workspace is not None else []) + [
             allowed.path for allowed in self.policy.allowed_paths
@@ -191,9 +229,9 @@ class DockerBackend(SandboxBackend):
             raise PolicyNotEnforceableError(
                 f"the Docker engine {self.engine.describe()} is not on this machine (only a unix:// socket "
                 f"is), so it cannot mount {', '.join(repr(p) for p in paths)}: a bind mount there would "
-                "show the engine machine's files at that path, not these. Nothing ran. Open the session "
-                "without a workspace or policy paths (backend.session()), or use a local engine; copying "
-                "a workspace to a remote engine is not available yet"
+                "show the engine machine's files at that path, not these. Nothing ran. A workspace can "
+                "travel as a copy (DockerBackend(workspace_transport='mirror' or 'auto')); policy paths "
+                "cannot: open the session without them (backend.session()), or use a local engine"
             )
 
     def _forget(self, session: DockerSession) -> None:
@@ -210,10 +248,23 @@ class DockerBackend(SandboxBackend):
         return cleanup_session(session_id, self._client)
 
     def capabilities(self) -> Capabilities:
-        """What a session container of this backend enforces, read from a real one (probed once)."""
+        """What a session container of this backend enforces, read from a real one (probed once).
+
+        ``workspace`` says how a workspace would reach it: with ``"auto"`` on a local engine the probe
+        session gets a fresh temporary directory as its workspace, so the identity check decides.
+        """
         if self._capabilities is None:
-            with self.session() as probe:
-                self._capabilities = probe.capabilities()
+            if self.workspace_transport == "auto" and self.engine.local and self.container is None:
+                with (
+                    tempfile.TemporaryDirectory(prefix="adk-sandbox-probe-") as scratch,
+                    self.session(workspace=scratch) as probe,
+                ):
+                    self._capabilities = probe.capabilities()
+            else:
+                with self.session() as probe:
+                    found = probe.capabilities()
+                mode = "mirror" if self.workspace_transport != "bind" and not self.engine.local else "bind"
+                self._capabilities = found.model_copy(update={"workspace": mode})
         return self._capabilities
 
     def execute(

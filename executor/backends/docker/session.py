@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import docker
@@ -25,11 +26,21 @@ from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxBackend
 from executor.backends.docker._agent_transport import AgentTransport
-from executor.backends.docker._container import ContainerProvider, OomCounter, OpenedContainer
+from executor.backends.docker._container import (
+    ContainerProvider,
+    OomCounter,
+    OpenedContainer,
+    WorkspaceNotSharedError,
+)
 from executor.backends.docker._daemon import engine_of
 from executor.backends.docker._dialect import Dialect
 from executor.backends.docker._probe import verify_from_inside
-from executor.backends.docker._spec import ContainerSpec, capabilities_from_inspect, isolation_of
+from executor.backends.docker._spec import (
+    ContainerSpec,
+    MirrorVolume,
+    capabilities_from_inspect,
+    isolation_of,
+)
 from executor.backends.docker._transport import (
     EXEC_NO_BACKGROUND,
     CommandOutcome,
@@ -37,6 +48,16 @@ from executor.backends.docker._transport import (
     ContainerGoneError,
     DockerExecTransport,
     PreparedCommand,
+)
+from executor.backends.docker._workspace import (
+    DEFAULT_MIRROR_MB,
+    MAX_REPORTED,
+    SYNC_SECONDS,
+    BindWorkspace,
+    MirrorWorkspace,
+    RunResult,
+    WorkspaceTransport,
+    mirror_mount_violations,
 )
 from executor.backends.docker.files import SandboxFiles
 from executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
@@ -90,6 +111,11 @@ class SessionConfig:
     """Name or id of an existing container to use instead of creating one."""
     transport: str = "agent"
     """How commands reach the container: ``"agent"`` (one long-lived agent) or ``"exec"`` (an exec each)."""
+    workspace_transport: str = "bind"
+    """How the workspace reaches it: ``"bind"``, ``"mirror"`` or ``"auto"`` (bind unless the engine does not
+    see this machine's directory, then mirror); see :mod:`._workspace`."""
+    mirror_mb: int = DEFAULT_MIRROR_MB
+    """Size cap of a mirrored workspace's volume, in MiB."""
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
@@ -162,6 +188,9 @@ class DockerSession(SandboxBackend):
         self._enterable: set[tuple[str, str]] = set()
         #: How many times the container (or its in-sandbox agent) was replaced by a fresh one.
         self.restarts = 0
+        self._workspace_mode = config.workspace_transport if config.spec.workspace else None
+        self._workspace: WorkspaceTransport | None = None
+        self._sync_lock = threading.Lock()  # one sync of the mirror at a time (commands may overlap)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     @property
@@ -213,6 +242,19 @@ class DockerSession(SandboxBackend):
         transport = self._transport
         return transport.channel if transport is not None else self._config.transport
 
+    @property
+    def workspace_transport(self) -> str | None:
+        """How the workspace reaches the container: ``"bind"`` or ``"mirror"`` (None: no workspace).
+
+        With ``"auto"`` this is known once the container started (:meth:`start`).
+        """
+        return self._workspace.mode if self._workspace is not None else self._workspace_mode
+
+    @property
+    def mirror(self) -> MirrorWorkspace | None:
+        """The mirrored workspace (its :attr:`~MirrorWorkspace.refused` says what the last pull-back left)."""
+        return self._workspace if isinstance(self._workspace, MirrorWorkspace) else None
+
     def start(self) -> None:
         """Create (or attach to) the container and verify its hardening; idempotent."""
         with self._lock:
@@ -233,26 +275,82 @@ class DockerSession(SandboxBackend):
         return self
 
     def close(self) -> None:
-        """Remove the container (unless attached). Idempotent."""
+        """Bring a mirrored workspace's last changes back, then remove the container (unless attached).
+
+        Idempotent.
+        """
         with self._lock:
+            if not self._closed and self._transport is not None and self._workspace is not None:
+                try:
+                    with self._sync_lock:
+                        self._workspace.closing(self._sync_run)
+                except ExecutorError as exc:
+                    log.warning("the workspace copy's last changes could not be brought back: %s", exc)
             self._closed = True
             self._discard_container()
+            if isinstance(self._workspace, MirrorWorkspace):
+                self._workspace.close()
 
     def _open_container(self) -> None:
+        """Open a verified container with its workspace (``auto``: bind, else a mirror; lock held)."""
+        if self._workspace_mode == "auto":
+            try:
+                self._open_once("bind")
+            except WorkspaceNotSharedError as exc:
+                log.info("the engine does not see %s (%s): mirroring it", self._config.spec.workspace, exc)
+                self._workspace_mode = "mirror"
+            else:
+                self._workspace_mode = "bind"
+                return
+        self._open_once(self._workspace_mode)
+
+    def _mirror_spec(self) -> tuple[ContainerSpec, tuple[int, int]]:
+        """The spec of a container holding a copy of the workspace, and the host workspace's owner."""
+        spec = self._config.spec
+        assert spec.workspace is not None  # noqa: S101 - only called with a workspace
+        info = os.stat(spec.workspace)
+        user = container_user(self._config.user) if self._config.user else f"{info.st_uid}:{info.st_gid}"
+        self._user = user
+        uid, gid = (int(part) for part in user.split(":"))
+        volume = MirrorVolume(self._config.mirror_mb, uid, gid, info.st_mode & 0o777)
+        # No .git mounts: the copy's .git is the container's own, and pull-back never writes a .git.
+        return replace(spec, mirror=volume, read_only_mounts=(), git_placeholder=None), (
+            info.st_uid,
+            info.st_gid,
+        )
+
+    def _open_once(self, mode: str | None) -> None:
         """Open a verified container, then its transport, then check it from inside (lock held)."""
+        owner = None
+        if mode == "mirror":
+            spec, owner = self._mirror_spec()
+            self._provider.use_spec(spec)
         container = self._provider.open()
         try:
-            if self._config.user is None and container.owner is not None:
+            if self._config.user is None and container.owner is not None and mode != "mirror":
                 self._user = container.owner
             transport = self._make_transport(self._client, container.id, self._agent_restarted)
             self._container, self._transport = container, transport
+            workspace = self._config.spec.workspace
             verify_from_inside(
                 transport,
                 container.base_env,
                 self._user,
-                self._config.spec.workspace,
+                workspace if mode == "bind" else None,
                 no_capabilities=container.dialect is Dialect.PODMAN,  # its inspect cannot show it
             )
+            if mode == "mirror" and workspace is not None and owner is not None:
+                problems = mirror_mount_violations(container.inspect, workspace)
+                if problems:
+                    raise PolicyNotEnforceableError(
+                        "the workspace copy is not as asked: " + "; ".join(problems)
+                    )
+                if not isinstance(self._workspace, MirrorWorkspace):
+                    self._workspace = MirrorWorkspace(workspace, self._config.mirror_mb, owner)
+                with self._sync_lock:
+                    self._workspace.started(self._sync_run)  # a fresh container gets the host copy again
+            elif mode == "bind":
+                self._workspace = BindWorkspace()
             # The host's cgroup counter exists only for a local engine: a remote container's pid is another
             # machine's (the agent's own count from inside is used there, and preferred everywhere).
             local = engine_of(self._client).local
@@ -261,6 +359,21 @@ class DockerSession(SandboxBackend):
             with contextlib.suppress(ExecutorError):  # noted for the reaper; report why the start failed
                 self._discard_container(container.id)
             raise
+
+    def _sync_run(self, argv: tuple[str, ...], stdin: bytes | None, max_output: int) -> RunResult:
+        """One workspace sync step in the container, as the command user, outside any request."""
+        transport, container = self._transport, self._container
+        if transport is None or container is None:
+            raise SandboxFailedError("the sandbox container is gone; its workspace copy cannot be synced")
+        command = PreparedCommand(
+            argv=argv, env=dict(container.base_env), user=self._user, workdir="/", stdin=stdin,
+            marker=uuid.uuid4().hex,
+        )  # fmt: skip
+        capture = OutputCapture(max_output)
+        outcome = transport.run(command, capture, deadline=time.monotonic() + SYNC_SECONDS, cancel=None)
+        streams = capture.finish()
+        stdout = streams["stdout"]
+        return RunResult(outcome.exit_code, stdout.data, streams["stderr"].data, stdout.truncated)
 
     def _agent_restarted(self, why: str) -> None:
         self.restarts += 1
@@ -305,9 +418,10 @@ class DockerSession(SandboxBackend):
             probe = self.execute(ExecRequest(language=Language.COMMAND, code=_PROBE_LANGUAGES, timeout=30))
             found = [_PROGRAM_LANGUAGES[word] for word in probe.stdout.split() if word in _PROGRAM_LANGUAGES]
             self._languages = (Language.COMMAND, *found)
-        return capabilities_from_inspect(
+        capabilities = capabilities_from_inspect(
             container.inspect, self._languages, container.confined_mounts, channel=self.channel
         )
+        return capabilities.model_copy(update={"workspace": self.workspace_transport})
 
     # -- commands ------------------------------------------------------------------------------------
     def execute(
@@ -334,13 +448,21 @@ class DockerSession(SandboxBackend):
             )
         started = time.monotonic()
         self._check_cwd(request, container, started)
+        workspace = self._workspace
+        if workspace is not None:
+            with self._sync_lock:
+                workspace.before_command(self._sync_run)
         capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
         outcome, oom_killed = self._run(request, argv, container, capture, started=started, cancel=cancel)
         streams = capture.finish()
+        refused: list[str] = []
+        if self._workspace is not None:
+            with self._sync_lock:
+                refused = self._workspace.after_command(self._sync_run)
         killed = outcome.timed_out or outcome.cancelled or oom_killed
         return ExecResult(
             stdout=streams["stdout"].text,
-            stderr=streams["stderr"].text,
+            stderr=streams["stderr"].text + _refusal_note(refused),
             exit_code=None if killed else outcome.exit_code,
             timed_out=outcome.timed_out,
             oom_killed=oom_killed,
@@ -437,3 +559,13 @@ class DockerSession(SandboxBackend):
                         self._replace_container("the command's processes could not be killed inside it")
             return outcome, oom_killed
         raise SandboxFailedError("the sandbox container could not be started")  # pragma: no cover
+
+
+def _refusal_note(refused: list[str]) -> str:
+    """What pull-back did not bring to the host workspace, said at the end of stderr for the model."""
+    if not refused:
+        return ""
+    lines = refused[:MAX_REPORTED] + (
+        [f"... and {len(refused) - MAX_REPORTED} more"] if len(refused) > MAX_REPORTED else []
+    )
+    return "\n[adk-sandbox: not copied back to the host workspace: " + "; ".join(lines) + "]\n"

@@ -1,0 +1,153 @@
+"""Issue 13, step 2: the workspace mirror's push and pull against a plain ``tar`` of the same tree.
+
+On the local engine with ``workspace_transport="mirror"`` forced, for trees of 2,000 and 10,000 files of
+8 KiB (16 and 80 MB): the full push at start (host scan + tar over the agent channel + the container's
+baseline listing) against ``tar -c | docker exec -i tar -x``; the pull-back of 10 changed files and of every
+file against ``docker exec tar -c | tar -x``; and the sync cost of a command that changed nothing against
+the command itself (``true``).
+
+    PYTHONPATH=. python bench/bench_mirror.py [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from _timing import Row, interleaved, parser, print_section
+
+from executor import ExecRequest, Language
+from executor.backends.docker import DockerBackend, DockerSession
+from executor.backends.docker._workspace import MirrorWorkspace
+
+
+def make_tree(root: Path, files: int) -> None:
+    per_dir = 100
+    for index in range(files):
+        directory = root / f"d{index // per_dir:03}"
+        directory.mkdir(exist_ok=True)
+        (directory / f"f{index:05}.txt").write_bytes(os.urandom(8192))
+
+
+def mirror_of(session: DockerSession) -> MirrorWorkspace:
+    mirror = session.mirror
+    assert mirror is not None
+    return mirror
+
+
+def in_container(session: DockerSession, script: str) -> None:
+    result = session._sync_run(("/bin/sh", "-c", script), None, 1 << 20)  # no sync around it
+    assert result.exit_code == 0, result.stderr
+
+
+def scenario(backend: DockerBackend, files: int, repeat: int) -> list[Row]:
+    """Push, pull and sync timings for a tree of ``files`` files, each beside its anchor."""
+    rows: list[Row] = []
+    root = Path(tempfile.mkdtemp(prefix=f"bench-mirror-{files}-"))
+    scratch = Path(tempfile.mkdtemp(prefix="bench-mirror-anchor-"))
+    try:
+        make_tree(root, files)
+        with backend.session(workspace=root) as session:
+            mirror = mirror_of(session)
+            cid, ws = session.container_id, str(root)
+            run = session._sync_run
+
+            def push() -> None:
+                mirror.started(run)
+
+            def tar_in() -> None:
+                packer = subprocess.Popen(["tar", "-c", "-f", "-", "-C", ws, "."], stdout=subprocess.PIPE)
+                subprocess.run(
+                    ["docker", "exec", "-i", "-u", "0:0", cid, "tar", "-x", "-f", "-", "-C", "/tmp"],
+                    stdin=packer.stdout, check=True,
+                )  # fmt: skip
+                packer.wait()
+                in_container(session, "rm -rf /tmp/d*")
+
+            stats = interleaved({"ours": push, "tar": tar_in}, repeat)
+            rows.append(
+                Row.latency(
+                    f"push {files} files at start",
+                    stats["ours"],
+                    "tar -c, piped to docker exec tar -x",
+                    stats["tar"],
+                )
+            )
+
+            def pull_changed(count: int) -> None:
+                script = f"cd {ws} && find . -type f -name '*.txt' | head -{count} | xargs touch"
+                in_container(session, script)
+                refused = mirror.after_command(run)
+                assert refused == [], refused
+
+            def tar_out() -> None:
+                shutil.rmtree(scratch, ignore_errors=True)
+                scratch.mkdir()
+                reader = subprocess.Popen(
+                    ["docker", "exec", cid, "tar", "-c", "-f", "-", "-C", ws, "."], stdout=subprocess.PIPE
+                )  # fmt: skip
+                subprocess.run(["tar", "-x", "-f", "-", "-C", str(scratch)], stdin=reader.stdout, check=True)
+                reader.wait()
+
+            stats = interleaved(
+                {"ten": lambda: pull_changed(10), "all": lambda: pull_changed(files), "tar": tar_out},
+                repeat,
+            )
+            rows.append(
+                Row.latency(
+                    f"pull 10 changed of {files}",
+                    stats["ten"],
+                    "docker exec tar -c, piped to tar -x (all)",
+                    stats["tar"],
+                )
+            )
+            rows.append(
+                Row.latency(
+                    f"pull all {files} changed",
+                    stats["all"],
+                    "docker exec tar -c, piped to tar -x (all)",
+                    stats["tar"],
+                )
+            )
+
+            def sync_nothing() -> None:
+                mirror.before_command(run)
+                mirror.after_command(run)
+
+            def bare_true() -> None:
+                in_container(session, "true")
+
+            stats = interleaved({"sync": sync_nothing, "true": bare_true}, repeat * 2)
+            rows.append(
+                Row.latency(
+                    f"sync around a command, nothing changed, {files} files",
+                    stats["sync"],
+                    "`true` on the agent",
+                    stats["true"],
+                )
+            )
+            check = session.execute(ExecRequest(language=Language.COMMAND, code="true", timeout=60))
+            assert check.exit_code == 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    repeat = 2 if args.quick else 5
+    rows: list[Row] = []
+    notes: list[str] = []
+    with DockerBackend(workspace_transport="mirror", mirror_size_mb=512) as backend:
+        for files in (2000, 10000):
+            rows += scenario(backend, files, repeat)
+    notes.append("ours includes the host scan (lstat of every entry) and the container's listing (GNU find)")
+    print_section("Issue 13, step 2: mirror", rows, notes)
+
+
+if __name__ == "__main__":
+    main()

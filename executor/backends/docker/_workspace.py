@@ -1,0 +1,703 @@
+"""How the host workspace reaches a session's container: one seam, a bind mount or a mirror.
+
+A :class:`WorkspaceTransport` is asked at four moments of a session: once the container is up
+(:meth:`~WorkspaceTransport.started`), before and after every command, and before the container goes
+(:meth:`~WorkspaceTransport.closing`). Two implementations:
+
+* :class:`BindWorkspace` (``"bind"``): the host directory is bind-mounted at its own path; there is
+  nothing to copy. The start-up probe (:mod:`._probe`) checks with a nonce file that the engine mounted
+  *this* machine's directory.
+* :class:`MirrorWorkspace` (``"mirror"``): a size-capped tmpfs volume at the same absolute path, owned by
+  the command user. The host tree is pushed in at start; after each command the container's tree is
+  listed (GNU ``find -printf``), diffed against what the host last gave it, and only the regular files that
+  changed travel back (one GNU ``tar -c`` of them). Host-side changes (the file tools write the host copy,
+  which stays the truth) are found by a host-side diff and pushed before the next command. All traffic
+  goes over the session's own command channel, as the command user (``tar -x`` in the container, so what
+  it creates is the user's); the image needs GNU ``find`` and ``tar`` (the base image has both).
+
+Pull-back is hostile input (docs/DOCKER.md, "Workspace transport"): names are checked (relative, no
+``..``/``.``/empty component, no NUL, UTF-8, no ``.git`` component at any depth), every write goes
+through :class:`devtools._beneath.RootDir` descriptors with the literal path checked (no symlink on the
+host is followed by a write), special files are refused, a symlink is recreated only when it resolves
+inside the workspace (and not into a ``.git``), set-id bits are dropped, ownership stays the workspace
+owner's, and no more than the volume's cap is ever received.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import logging
+import os
+import posixpath
+import shutil
+import stat
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from executor.errors import PolicyNotEnforceableError, SandboxFailedError
+
+if TYPE_CHECKING:
+    from devtools._beneath import RootDir
+
+__all__ = [
+    "DEFAULT_MIRROR_MB",
+    "WORKSPACE_TRANSPORTS",
+    "BindWorkspace",
+    "MirrorWorkspace",
+    "Run",
+    "RunResult",
+    "WorkspaceTransport",
+    "mirror_mount_violations",
+]
+
+log = logging.getLogger(__name__)
+
+#: The choices of ``DockerBackend(workspace_transport=...)``.
+WORKSPACE_TRANSPORTS = ("auto", "bind", "mirror")
+#: The default size cap of a mirror volume, in MiB.
+DEFAULT_MIRROR_MB = 1024
+#: How long one sync step (a listing, a push, a fetch) may take.
+SYNC_SECONDS = 300.0
+#: Refusals said at the end of a command's stderr, at most.
+MAX_REPORTED = 10
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a sync command in the container gave: exit status (None: timed out), stdout, stderr."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    truncated: bool
+    """stdout was longer than the ``max_output`` asked for."""
+
+
+#: Runs argv in the container as the command user: (argv, stdin, max_output bytes) -> result.
+Run = Callable[[tuple[str, ...], bytes | None, int], RunResult]
+
+
+class WorkspaceTransport(Protocol):
+    """How the workspace reaches the container (see the module docstring)."""
+
+    mode: Literal["bind", "mirror"]
+
+    def started(self, run: Run) -> None:
+        """The container is up and verified: make the workspace present in it."""
+
+    def before_command(self, run: Run) -> None:
+        """Bring host-side changes into the container (the host copy is the truth)."""
+
+    def after_command(self, run: Run) -> list[str]:
+        """Bring the container's changes back to the host; what was refused (for the model to read)."""
+
+    def closing(self, run: Run) -> None:
+        """The container is about to be removed: bring its last changes back."""
+
+
+class BindWorkspace:
+    """The host directory bind-mounted at its own path: both sides see the same files, nothing to copy."""
+
+    mode: Literal["bind", "mirror"] = "bind"
+
+    def started(self, run: Run) -> None:
+        """Nothing to copy (the identity probe already proved the mount is this machine's directory)."""
+
+    def before_command(self, run: Run) -> None:
+        """Nothing to copy."""
+
+    def after_command(self, run: Run) -> list[str]:
+        """Nothing to copy, nothing refused."""
+        return []
+
+    def closing(self, run: Run) -> None:
+        """Nothing to copy."""
+
+
+# -- the mirror ----------------------------------------------------------------------------------------
+
+Kind = Literal["f", "d", "l", "o"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a tree as a sync compares it: kind, permission bits, size, mtime, link target.
+
+    ``size`` and ``mtime_ns`` count for files only, ``target`` for links only (see :meth:`same`).
+    """
+
+    kind: Kind
+    mode: int
+    size: int = 0
+    mtime_ns: int = 0
+    target: str = ""
+    inode: int = 0
+    """Host entries only: a file replaced by a rename is a change even with the same size and mtime."""
+
+    def same(self, other: Entry | None) -> bool:
+        """Whether ``other`` is this entry unchanged, as far as a sync cares."""
+        if other is None or other.kind != self.kind:
+            return False
+        if self.kind == "l":
+            return other.target == self.target
+        if self.kind == "d":
+            return other.mode == self.mode
+        return (other.mode, other.size, other.mtime_ns, other.inode) == (
+            self.mode,
+            self.size,
+            self.mtime_ns,
+            self.inode,
+        )
+
+
+# Lists the tree below $1 as records "<type> <mode> <size> <mtime> <path>\0<link target>\0"; every .git
+# (at any depth) is left out: pull-back never writes one, so there is nothing to list there.
+_LIST_SCRIPT = (
+    "cd -- \"$1\" || exit 97\nexec find . -mindepth 1 -name .git -prune -o -printf '%y %m %s %T@ %P\\0%l\\0'"
+)
+# A tar of the NUL-separated names on stdin (relative to $1), each itself: no recursion into directories,
+# hard links as full files, names taken verbatim (one starting with '-' is not an option).
+_FETCH_SCRIPT = (
+    'cd -- "$1" || exit 97\n'
+    "exec tar -c -f - --format=gnu --no-recursion --hard-dereference --verbatim-files-from --null -T -"
+)
+# Unpacks the tar on stdin into $1 with its modes and mtimes, as the command user.
+_PUSH_SCRIPT = 'cd -- "$1" || exit 97\nexec tar -x -p -f - --no-same-owner --delay-directory-restore'
+# Removes the NUL-separated names on stdin (relative to $1).
+_REMOVE_SCRIPT = 'cd -- "$1" || exit 97\nexec xargs -0 -r rm -rf --'
+_TOOLS_MISSING = 127
+
+
+class MirrorWorkspace:
+    """The workspace as a copy in a tmpfs volume at the same path (see the module docstring).
+
+    ``root`` is the host workspace (absolute, resolved); ``cap_mb`` the volume's size; ``owner`` the
+    ``(uid, gid)`` the host copy's new files get when this process runs as root (the workspace owner's).
+    """
+
+    mode: Literal["bind", "mirror"] = "mirror"
+
+    def __init__(self, root: str, cap_mb: int, owner: tuple[int, int]) -> None:
+        from devtools._beneath import RootDir  # noqa: PLC0415 - devtools imports executor: load it late
+
+        self.root = root
+        self.cap_bytes = cap_mb * 1024 * 1024
+        self.owner = owner
+        self._tree: RootDir = RootDir(root)
+        self._host: dict[str, Entry] = {}
+        """The host tree as of the last sync (what the container was given or gave back)."""
+        self._inside: dict[str, Entry] = {}
+        """The container's tree as of the last sync (no ``.git``: it is never listed)."""
+        self._pulled_links: set[str] = set()
+        """Links pull-back made on the host, checked again after every pull-back."""
+        self.refused: list[str] = []
+        """Why entries of the last pull-back were not brought to the host (empty when all came)."""
+
+    # -- the four moments ----------------------------------------------------------------------------
+    def started(self, run: Run) -> None:
+        """Push the whole host tree into the fresh volume, then take the container's listing as the base."""
+        host = scan_host(self.root)
+        total = sum(entry.size for entry in host.values() if entry.kind == "f")
+        if total > self.cap_bytes:
+            raise PolicyNotEnforceableError(
+                f"the workspace {self.root} holds {total // (1024 * 1024)} MiB of files, more than its copy "
+                f"in the sandbox may hold ({self.cap_bytes // (1024 * 1024)} MiB); nothing ran. Create the "
+                "backend with a larger DockerBackend(mirror_size_mb=...)"
+            )
+        self._host, self._inside = {}, {}
+        self._push(run, host, sorted(host), removed=[])
+        listing, complete = self._list(run)
+        if not complete:
+            raise SandboxFailedError(
+                "could not list the workspace copy in the sandbox after copying it in; nothing ran"
+            )
+        self._inside = listing
+        self._host = host
+
+    def before_command(self, run: Run) -> None:
+        """Push what changed on the host since the last sync (host-side diff: lstat of every entry)."""
+        host = scan_host(self.root)
+        changed = [path for path, entry in host.items() if not entry.same(self._host.get(path))]
+        removed = [path for path in self._host if path not in host]
+        # An entry that changed kind is removed first: tar does not replace a directory by a file.
+        retyped = [p for p in changed if p in self._host and self._host[p].kind != host[p].kind]
+        if changed or removed:
+            self._push(run, host, sorted(changed), removed=sorted(set(removed) | set(retyped)))
+        self._host = host
+
+    def after_command(self, run: Run) -> list[str]:
+        """Pull back what changed in the container; the refusals, also kept in :attr:`refused`."""
+        self.refused = []
+        listing, complete = self._list(run)
+        refused: list[str] = []
+        wanted: dict[str, Entry] = {}
+        for path, entry in listing.items():
+            if entry.same(self._inside.get(path)):
+                continue
+            wanted[path] = entry
+        gone = [path for path in self._inside if path not in listing] if complete else []
+        self._apply(run, wanted, gone, refused)
+        self.refused = refused
+        for reason in refused:
+            log.warning("mirror pull-back of %s refused: %s", self.root, reason)
+        return refused
+
+    def closing(self, run: Run) -> None:
+        """The last pull-back (refusals are logged)."""
+        self.after_command(run)
+
+    def close(self) -> None:
+        """Release the workspace root's descriptor."""
+        self._tree.close()
+
+    # -- container side ------------------------------------------------------------------------------
+    def _list(self, run: Run) -> tuple[dict[str, Entry], bool]:
+        """The container's tree (refused names left out) and whether the listing was complete."""
+        result = run(("/bin/sh", "-c", _LIST_SCRIPT, "adk-sandbox-list", self.root), None, 256 * 1024 * 1024)
+        _check_tools(result, "find")
+        listing: dict[str, Entry] = {}
+        records = result.stdout.split(b"\0")
+        for index in range(0, len(records) - 1, 2):
+            parsed = _parse_record(records[index], records[index + 1])
+            if parsed is not None:
+                listing[parsed[0]] = parsed[1]
+        # An unreadable directory (find exits 1) or a cut listing must not read as "everything in it is
+        # gone": deletions are applied only from a complete listing.
+        return listing, result.exit_code == 0 and not result.truncated
+
+    def _push(self, run: Run, host: dict[str, Entry], paths: list[str], removed: list[str]) -> None:
+        if removed:
+            result = run(
+                ("/bin/sh", "-c", _REMOVE_SCRIPT, "adk-sandbox-remove", self.root),
+                b"\0".join(p.encode("utf-8", "surrogateescape") for p in removed) + b"\0",
+                64 * 1024,
+            )
+            _check_tools(result, "xargs and rm")
+            for path in removed:
+                for known in [p for p in self._inside if p == path or p.startswith(path + "/")]:
+                    del self._inside[known]
+        if not paths:
+            return
+        uid, gid = self.owner
+        data = io.BytesIO()
+        with tarfile.open(fileobj=data, mode="w", format=tarfile.GNU_FORMAT) as archive:
+            for path in paths:
+                entry = host[path]
+                info = tarfile.TarInfo(path)
+                info.uid, info.gid, info.mode = uid, gid, entry.mode
+                info.mtime = entry.mtime_ns // 1_000_000_000
+                if entry.kind == "d":
+                    info.type = tarfile.DIRTYPE
+                    archive.addfile(info)
+                elif entry.kind == "l":
+                    info.type, info.linkname = tarfile.SYMTYPE, entry.target
+                    archive.addfile(info)
+                else:
+                    content = _read_host_file(self.root, path)
+                    if content is None:
+                        continue  # gone or no longer a file since the scan: the next sync sees it
+                    info.size = len(content)
+                    archive.addfile(info, io.BytesIO(content))
+                    entry = Entry("f", entry.mode, len(content), info.mtime * 1_000_000_000)
+                if safe_name(path):  # a .git is never listed, so never compared
+                    # What the container will list for it (tar restores the mode and the whole-second mtime).
+                    self._inside[path] = Entry(
+                        entry.kind, entry.mode, entry.size, entry.mtime_ns, entry.target
+                    )
+        result = run(
+            ("/bin/sh", "-c", _PUSH_SCRIPT, "adk-sandbox-push", self.root), data.getvalue(), 64 * 1024
+        )
+        _check_tools(result, "tar")
+        if result.exit_code != 0:
+            why = result.stderr.decode("utf-8", "replace").strip()[-400:]
+            full = "No space left on device" in why
+            self._inside = {}  # unknown now: the next pull-back compares against everything
+            cap = self.cap_bytes // (1024 * 1024)
+            raise SandboxFailedError(
+                (
+                    f"the workspace copy in the sandbox is full (its cap is {cap} MiB, "
+                    "DockerBackend(mirror_size_mb=...)); "
+                    if full
+                    else ""
+                )
+                + f"copying host files into the sandbox failed ({why or f'exit status {result.exit_code}'}); "
+                "nothing ran"
+            )
+
+    # -- host side -----------------------------------------------------------------------------------
+    def _apply(  # noqa: PLR0912 - one pass over the kinds of change, in the order they must land
+        self, run: Run, wanted: dict[str, Entry], gone: list[str], refused: list[str]
+    ) -> None:
+        """Write the container's changes to the host copy, every write contained (hostile input)."""
+        tree = _HostTree(self._tree, self.owner)
+
+        def host_moved(path: str) -> bool:
+            # A host-side edit made while the command ran wins: the path is left for the next push.
+            now, known = tree.entry(path), self._host.get(path)
+            return not (now is None and known is None) and not (known is not None and known.same(now))
+
+        for path in sorted(gone, key=lambda p: p.count("/"), reverse=True):
+            self._inside.pop(path, None)
+            if not host_moved(path):
+                tree.remove(path)
+                self._record(tree, path)
+        files: dict[str, Entry] = {}
+        budget = self.cap_bytes
+        for path in sorted(wanted, key=lambda p: (p.count("/"), p)):
+            entry = wanted[path]
+            if host_moved(path):
+                self._inside[path] = entry  # the push before the next command replaces it
+                continue
+            if entry.kind == "f":
+                if entry.size > budget:
+                    refused.append(f"{path}: {entry.size} bytes, more than the copy's cap lets come back")
+                    self._inside[path] = entry
+                else:
+                    budget -= entry.size
+                    files[path] = entry
+                continue
+            try:
+                if entry.kind == "o":
+                    raise _Refused(
+                        "a special file (FIFO, socket or device): only files, directories and links"
+                    )
+                if entry.kind == "d":
+                    tree.make_dir(path, entry.mode)
+                else:
+                    tree.make_link(path, entry.target)
+                    self._pulled_links.add(path)
+            except _Refused as exc:
+                # What was there is gone in the sandbox: only the refused replacement does not come.
+                tree.remove(path)
+                refused.append(f"{path}: {exc}")
+            except OSError as exc:
+                refused.append(f"{path}: {exc.strerror or exc}")
+            self._inside[path] = entry  # taken or refused: not asked again until it changes
+            self._record(tree, path)
+        if files:
+            self._fetch(run, files, tree, refused)
+        # A link is kept only while it resolves inside: a directory or link made later can change where an
+        # older one leads, so every link pull-back made is checked again after each pull-back.
+        for path in sorted(self._pulled_links):
+            known = self._host.get(path)
+            if known is None or known.kind != "l" or not known.same(tree.entry(path)):
+                self._pulled_links.discard(path)  # replaced since (by the host or a later pull-back)
+            elif not tree.link_stays_inside(path):
+                tree.remove(path)
+                self._record(tree, path)
+                self._pulled_links.discard(path)
+                refused.append(f"{path}: a symbolic link that now leads outside the workspace (or into .git)")
+
+    def _record(self, tree: _HostTree, path: str) -> None:
+        """Note the host entry at ``path`` as synced (absent: forgotten), so the next push leaves it."""
+        now = tree.entry(path)
+        if now is None:
+            self._host.pop(path, None)
+        else:
+            self._host[path] = now
+
+    def _fetch(self, run: Run, files: dict[str, Entry], tree: _HostTree, refused: list[str]) -> None:
+        names = b"".join(path.encode("utf-8") + b"\0" for path in files)
+        # The files asked for hold at most the cap; tar adds a header (long names: three) per file and an end.
+        room = self.cap_bytes + 2048 * (len(files) + 1) + 20 * 512
+        result = run(("/bin/sh", "-c", _FETCH_SCRIPT, "adk-sandbox-fetch", self.root), names, room)
+        _check_tools(result, "tar")
+        try:
+            archive = tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:")  # noqa: SIM115 - with below
+        except tarfile.TarError:
+            refused.append("the changed files could not be read back from the sandbox (no archive)")
+            return
+        with archive:
+            try:
+                for member in archive:
+                    path = member.name
+                    entry = files.pop(path, None)
+                    if entry is None:
+                        continue  # not asked for
+                    if not member.isreg():
+                        refused.append(f"{path}: no longer a regular file when it was copied")
+                        continue
+                    source = archive.extractfile(member)
+                    if source is None:
+                        continue
+                    try:
+                        tree.write_file(path, source.read(), entry.mode, member.mtime)
+                    except _Refused as exc:
+                        refused.append(f"{path}: {exc}")
+                    except OSError as exc:
+                        refused.append(f"{path}: {exc.strerror or exc}")
+                    else:
+                        self._inside[path] = entry
+                    self._record(tree, path)
+            except tarfile.TarError:
+                pass  # cut at the cap: what was not complete stays for the next pull-back
+        if result.truncated:
+            refused.append(
+                f"the changed files exceed the copy's cap ({self.cap_bytes} bytes); the rest stayed"
+            )
+
+
+def _check_tools(result: RunResult, what: str) -> None:
+    if result.exit_code == _TOOLS_MISSING:
+        raise PolicyNotEnforceableError(
+            f"the workspace mirror needs GNU {what} in the sandbox image, which it lacks "
+            f"({result.stderr.decode('utf-8', 'replace').strip()[:200]}); use an image with findutils and "
+            "tar, or a local engine with workspace_transport='bind'"
+        )
+    if result.exit_code is None:
+        raise SandboxFailedError("syncing the workspace copy with the sandbox did not finish in time")
+
+
+def _parse_record(header: bytes, link: bytes) -> tuple[str, Entry] | None:
+    """One ``find -printf`` record as (path, entry); None for what pull-back never takes (refused)."""
+    parts = header.split(b" ", 4)
+    if len(parts) != 5:
+        return None
+    kind, mode, size, mtime, raw = parts
+    try:
+        path = raw.decode("utf-8")
+        target = link.decode("utf-8")
+        seconds = Decimal(mtime.decode("ascii"))
+        entry = (int(mode, 8) & 0o777, int(size), int(seconds * 1_000_000_000))
+    except (UnicodeDecodeError, ValueError, InvalidOperation):
+        return None
+    if not safe_name(path):
+        return None  # an unsafe name is never addressed on the host
+    k: Kind = "f" if kind == b"f" else "d" if kind == b"d" else "l" if kind == b"l" else "o"
+    return path, Entry(k, entry[0], entry[1] if k == "f" else 0, entry[2] if k == "f" else 0, target)
+
+
+def safe_name(path: str) -> bool:
+    """Whether pull-back may write ``path``: relative, plain components only, no ``.git`` anywhere."""
+    if not path or path.startswith("/") or "\0" in path or len(path.encode("utf-8")) >= 4096:
+        return False
+    return all(part not in ("", ".", "..", ".git") for part in path.split("/"))
+
+
+def scan_host(root: str) -> dict[str, Entry]:
+    """The host tree below ``root`` (files, directories, links; special files left out), never following."""
+    found: dict[str, Entry] = {}
+
+    def walk(directory: str, prefix: str) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            return
+        for item in entries:
+            rel = prefix + item.name
+            try:
+                info = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            mode = info.st_mode
+            if stat.S_ISDIR(mode):
+                found[rel] = Entry("d", stat.S_IMODE(mode) & 0o777, mtime_ns=info.st_mtime_ns)
+                walk(item.path, rel + "/")
+            elif stat.S_ISREG(mode):
+                found[rel] = Entry("f", mode & 0o777, info.st_size, info.st_mtime_ns, inode=info.st_ino)
+            elif stat.S_ISLNK(mode):
+                with contextlib.suppress(OSError):
+                    found[rel] = Entry("l", 0o777, target=os.readlink(item.path))
+
+    walk(root, "")
+    return found
+
+
+def _read_host_file(root: str, rel: str) -> bytes | None:
+    try:
+        fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        return handle.read()
+
+
+class _Refused(Exception):
+    """Pull-back will not write this entry (the message says why, for the model)."""
+
+
+@dataclass
+class _HostTree:
+    """Writes of the host copy: every path opened beneath the root by descriptor, never through a link."""
+
+    tree: RootDir
+    owner: tuple[int, int]
+    _as_root: bool = field(default_factory=lambda: os.geteuid() == 0)
+
+    @contextlib.contextmanager
+    def parent(self, rel: str, *, create: bool) -> Iterator[int]:
+        """A descriptor of ``rel``'s directory, which must be the literal path (no link followed)."""
+        from devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
+
+        directory = posixpath.dirname(rel)
+        try:
+            if create and directory:
+                self._make_parents(directory)
+            fd = self.tree.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except EscapeError:
+            raise _Refused("its directory leads outside the workspace") from None
+        try:
+            if self.tree.real_path(fd) != os.path.join(self.tree.path, directory).rstrip("/"):
+                raise _Refused("a symbolic link on its way on the host")
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _make_parents(self, directory: str) -> None:
+        parts = directory.split("/")
+        for depth in range(1, len(parts) + 1):
+            here = "/".join(parts[:depth])
+            with self.parent(here, create=False) as fd:
+                name = parts[depth - 1]
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    continue
+                self._own(name, fd)
+
+    def entry(self, rel: str) -> Entry | None:
+        """The host entry at ``rel`` now (None: absent, a special file, or not reachable as written)."""
+        try:
+            with self.parent(rel, create=False) as fd:
+                info = os.stat(posixpath.basename(rel), dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISLNK(info.st_mode):
+                    return Entry("l", 0o777, target=os.readlink(posixpath.basename(rel), dir_fd=fd))
+        except (OSError, _Refused):
+            return None
+        if stat.S_ISDIR(info.st_mode):
+            return Entry("d", info.st_mode & 0o777)
+        if stat.S_ISREG(info.st_mode):
+            return Entry("f", info.st_mode & 0o777, info.st_size, info.st_mtime_ns, inode=info.st_ino)
+        return None
+
+    def remove(self, rel: str) -> None:
+        """Remove ``rel`` (a directory with all it holds), never following a link; absent is done."""
+        with contextlib.suppress(FileNotFoundError, _Refused), self.parent(rel, create=False) as fd:
+            self._clear(posixpath.basename(rel), fd)
+
+    @staticmethod
+    def _clear(name: str, fd: int) -> None:
+        try:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(name, dir_fd=fd)  # descriptor-based: a link inside is removed, never followed
+        else:
+            os.unlink(name, dir_fd=fd)
+
+    def make_dir(self, rel: str, mode: int) -> None:
+        """A directory at ``rel`` with ``mode`` (whatever else was there is replaced)."""
+        with self.parent(rel, create=True) as fd:
+            name = posixpath.basename(rel)
+            info = _lstat(name, fd)
+            if info is not None and not stat.S_ISDIR(info.st_mode):
+                self._clear(name, fd)
+                info = None
+            if info is None:
+                os.mkdir(name, 0o700, dir_fd=fd)
+                self._own(name, fd)
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            try:
+                os.fchmod(sub, mode & 0o777)
+            finally:
+                os.close(sub)
+
+    def make_link(self, rel: str, target: str) -> None:
+        """A symbolic link at ``rel`` to ``target``, when that stays inside and out of any ``.git``."""
+        if not target or "\0" in target:
+            raise _Refused("an empty symbolic link")
+        absolute = posixpath.normpath(posixpath.join(self.tree.path, posixpath.dirname(rel), target))
+        inside = absolute == self.tree.path or absolute.startswith(self.tree.path.rstrip("/") + "/")
+        if not inside:
+            raise _Refused(f"a symbolic link to {target!r}, outside the workspace")
+        if ".git" in absolute[len(self.tree.path) :].split("/"):
+            raise _Refused(f"a symbolic link to {target!r}, into a .git directory")
+        with self.parent(rel, create=True) as fd:
+            name = posixpath.basename(rel)
+            if _lstat(name, fd) is not None:
+                self._clear(name, fd)
+            os.symlink(target, name, dir_fd=fd)
+            self._own(name, fd)
+
+    def link_stays_inside(self, rel: str) -> bool:
+        """Whether the link at ``rel`` resolves inside the workspace (and out of ``.git``), or dangles."""
+        from devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
+
+        try:
+            fd = self.tree.open(rel, os.O_PATH)
+        except EscapeError:
+            return False
+        except OSError as exc:
+            return exc.errno in (errno.ENOENT, errno.ENOTDIR)  # dangling: it leads nowhere (checked again)
+        try:
+            real = self.tree.real_path(fd)
+        finally:
+            os.close(fd)
+        return ".git" not in real[len(self.tree.path) :].split("/")
+
+    def write_file(self, rel: str, data: bytes, mode: int, mtime: float) -> None:
+        """``data`` as the file ``rel``: a temp file in its directory, renamed over whatever was there."""
+        with self.parent(rel, create=True) as fd:
+            name = posixpath.basename(rel)
+            old = _lstat(name, fd)
+            if old is not None and stat.S_ISDIR(old.st_mode):
+                self._clear(name, fd)
+                old = None
+            temp = f".{name[:200]}.adk-mirror.{os.urandom(6).hex()}.tmp"
+            out = os.open(
+                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd
+            )
+            try:
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(out, view) :]
+                    if self._as_root:
+                        keep = (
+                            (old.st_uid, old.st_gid)
+                            if old is not None and stat.S_ISREG(old.st_mode)
+                            else None
+                        )
+                        os.fchown(out, *(keep or self.owner))
+                    os.fchmod(out, mode & 0o777)  # after fchown, and never a set-id bit
+                    os.utime(out, (mtime, mtime))
+                finally:
+                    os.close(out)
+                os.rename(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=fd)
+                raise
+
+    def _own(self, name: str, fd: int) -> None:
+        if self._as_root:
+            os.chown(name, *self.owner, dir_fd=fd, follow_symlinks=False)
+
+
+def _lstat(name: str, fd: int) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def mirror_mount_violations(inspect: dict[str, Any] | Any, workspace: str) -> list[str]:
+    """What is wrong with the mirror volume of an inspected container (empty when it is as asked)."""
+    mounts = [m for m in inspect.get("Mounts") or [] if m.get("Destination") == workspace]
+    if len(mounts) != 1:
+        return [f"the workspace copy is not mounted at {workspace}"]
+    mount = mounts[0]
+    problems = []
+    if mount.get("Type") != "volume" or mount.get("Driver") != "local":
+        problems.append(f"{workspace} is a {mount.get('Type')} mount, not the local tmpfs volume asked for")
+    if not mount.get("RW"):
+        problems.append(f"{workspace} is mounted read-only")
+    return problems

@@ -1,0 +1,250 @@
+"""A workspace that travels (issue 13, step 2): the mirror on the local engine, forced.
+
+Round trips (create, modify, delete, binary, empty directories, 10k files), hostile pull-back (links out,
+link-then-write-through, FIFOs, devices, .git writes: nothing outside the workspace, nothing in .git), a
+disk bomb stopped at the volume's cap, the file tools over a mirrored workspace, and ``auto`` choosing
+bind on the local engine. ``auto`` choosing mirror, and mirror over TLS, are in
+test_docker_remote_engine.py (they need the private engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devtools import DevToolset, Workspace
+from executor import ExecRequest, ExecResult, Language
+from executor.backends.docker import DockerBackend, DockerSession
+from executor.backends.docker._workspace import _parse_record, safe_name
+from executor.errors import InvalidRequestError, PolicyNotEnforceableError
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
+
+
+@pytest.fixture(scope="module")
+def mirror_backend() -> Iterator[DockerBackend]:
+    with DockerBackend(workspace_transport="mirror", mirror_size_mb=64) as backend:
+        yield backend
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A workspace owned by uid 1000 inside a parent the tests watch for escapes (``outside``)."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    (tmp_path / "outside").mkdir()
+    os.chown(root, 1000, 1000)
+    return root
+
+
+def sh(session: DockerSession, code: str, timeout: float = 60) -> ExecResult:
+    return session.execute(ExecRequest(language=Language.COMMAND, code=code, timeout=timeout))
+
+
+def tree_of(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: 'dir', 'link:<target>' or the file's content (hex when binary)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            found[rel] = "link:" + os.readlink(path)
+        elif path.is_dir():
+            found[rel] = "dir"
+        else:
+            data = path.read_bytes()
+            try:
+                found[rel] = data.decode()
+            except UnicodeDecodeError:
+                found[rel] = data.hex()
+    return found
+
+
+def test_round_trip_create_modify_delete_binary_and_empty_dirs(
+    mirror_backend: DockerBackend, workspace: Path
+) -> None:
+    (workspace / "keep.txt").write_text("keep\n")
+    (workspace / "edit.txt").write_text("before\n")
+    (workspace / "gone.txt").write_text("to delete\n")
+    (workspace / "old").mkdir()
+    (workspace / "old" / "inner.txt").write_text("inner\n")
+    (workspace / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (workspace / "run.sh").chmod(0o755)
+    blob = bytes(range(256)) * 64
+    (workspace / "blob.bin").write_bytes(blob)
+    with mirror_backend.session(workspace=workspace) as session:
+        assert session.workspace_transport == "mirror" and session.capabilities().workspace == "mirror"
+        first = sh(session, "pwd; id -u; ./run.sh; cat keep.txt; md5sum blob.bin | cut -c1-32")
+        assert first.stdout.splitlines()[:4] == [str(workspace), "1000", "ran", "keep"]
+        # The workspace is a copy, not the host's directory.
+        mounts = mirror_backend._client.api.inspect_container(session.container_id)["Mounts"]
+        assert not any(m.get("Type") == "bind" and m.get("Source") == str(workspace) for m in mounts)
+        made = sh(
+            session,
+            "echo after > edit.txt; rm gone.txt; rm -r old; mkdir -p empty/nested; echo new > new.txt; "
+            "head -c 100000 /dev/urandom > rand.bin; md5sum rand.bin | cut -c1-32; chmod 600 keep.txt",
+        )
+        assert made.exit_code == 0, made.stderr
+        assert (workspace / "edit.txt").read_text() == "after\n"
+        assert not (workspace / "gone.txt").exists() and not (workspace / "old").exists()
+        assert (workspace / "empty" / "nested").is_dir()
+        assert (workspace / "new.txt").read_text() == "new\n"
+        assert hashlib.md5((workspace / "rand.bin").read_bytes()).hexdigest() == made.stdout.strip()  # noqa: S324
+        assert stat.S_IMODE((workspace / "keep.txt").stat().st_mode) == 0o600
+        for name in ("new.txt", "rand.bin", "empty", "empty/nested"):
+            info = (workspace / name).stat()
+            assert (info.st_uid, info.st_gid) == (1000, 1000), name  # the user's, not root's
+        # Host-side changes between commands are pushed before the next one (host copy is the truth).
+        (workspace / "host.txt").write_text("from the host\n")
+        (workspace / "new.txt").unlink()
+        (workspace / "blob.bin").write_bytes(b"\x00\xff" * 10)
+        seen = sh(
+            session, "cat host.txt; test -e new.txt && echo still-there; od -An -tx1 blob.bin | head -1"
+        )
+        assert seen.stdout.split("\n")[0] == "from the host"
+        assert "still-there" not in seen.stdout and "00 ff 00 ff" in seen.stdout
+        # The close brings back what a command left.
+        sh(session, "echo last > last.txt")
+    assert (workspace / "last.txt").read_text() == "last\n"
+    assert (workspace / "blob.bin").read_bytes() == b"\x00\xff" * 10  # not pulled back over the host's
+
+
+def test_ten_thousand_small_files_travel_and_only_changes_come_back(
+    mirror_backend: DockerBackend, workspace: Path
+) -> None:
+    for d in range(100):
+        directory = workspace / f"d{d:02}"
+        directory.mkdir()
+        for f in range(100):
+            (directory / f"f{f:02}.txt").write_text(f"{d}-{f}\n")
+    with mirror_backend.session(workspace=workspace) as session:
+        counted = sh(session, "find . -type f | wc -l; cat d42/f17.txt")
+        assert counted.stdout.split() == ["10000", "42-17"]
+        before = (workspace / "d00" / "f00.txt").stat().st_mtime_ns
+        sh(session, "for i in 0 1 2 3 4 5 6 7 8 9; do echo changed > d0$i/f5$i.txt; done; rm d99/f99.txt")
+        assert (workspace / "d07" / "f57.txt").read_text() == "changed\n"
+        assert not (workspace / "d99" / "f99.txt").exists()
+        assert (workspace / "d00" / "f00.txt").stat().st_mtime_ns == before  # untouched files not rewritten
+        assert sum(1 for _ in workspace.rglob("*.txt")) == 9999
+
+
+def test_hostile_pull_back_writes_nothing_outside_and_nothing_in_git(
+    mirror_backend: DockerBackend, workspace: Path
+) -> None:
+    outside = workspace.parent / "outside"
+    (workspace / ".git").mkdir()
+    (workspace / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    (workspace / "victim").mkdir()
+    (workspace / "victim" / "f.txt").write_text("v\n")
+    with mirror_backend.session(workspace=workspace) as session:
+        attacks = sh(
+            session,
+            f"ln -s {outside} out_abs; ln -s ../outside out_rel; ln -s /etc/passwd passwd; "
+            # link-then-write-through: a directory the host has becomes a link out, then is written through
+            f"rm -r victim; ln -s {outside} victim; echo pwned > victim/f.txt 2>/dev/null; "
+            # a link chain: each link looks inside on its own, the second escapes through the first
+            "mkdir -p a/b; ln -s .. a/b/up; ln -s up/../../.. a/b/chain; "
+            "ln -s .git gitlink; ln -s .git/hooks hooks; "
+            "mkdir -p .git/hooks; echo 'echo pwned' > .git/hooks/pre-commit; echo x >> .git/config; "
+            "mkdir -p sub/.git/hooks; echo pwned > sub/.git/hooks/post-checkout; "
+            "mkfifo fifo; mknod dev c 1 3 2>&1; mknod blk b 7 0 2>&1; "
+            "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.bind(\"sock\")'; "
+            "echo fine > fine.txt",
+        )
+        assert "Operation not permitted" in attacks.stdout  # no device nodes without capabilities
+        note = attacks.stderr
+        for name in ("out_abs", "out_rel", "passwd", "victim", "gitlink", "hooks", "fifo", "sock"):
+            assert name in note, (name, note)  # told to the model, not silently dropped
+        sh(session, "echo pwned > victim/again 2>/dev/null; true")
+    assert list(outside.iterdir()) == []
+    assert (workspace / ".git" / "config").read_text() == "[core]\n\tbare = false\n"
+    assert not (workspace / ".git" / "hooks").exists()
+    assert not (workspace / "sub" / ".git").exists() and (workspace / "sub").is_dir()
+    assert (workspace / "fine.txt").read_text() == "fine\n"
+    for name in ("out_abs", "out_rel", "passwd", "victim", "gitlink", "hooks", "fifo", "dev", "blk", "sock"):
+        assert not (workspace / name).exists() and not (workspace / name).is_symlink(), name
+    assert (workspace / "a" / "b" / "up").is_symlink()  # .. from a/b stays inside: kept
+    assert not (workspace / "a" / "b" / "chain").is_symlink()  # escapes through 'up': refused
+
+
+def test_names_pull_back_refuses() -> None:
+    # A real filesystem cannot hold these, but the listing is the sandbox's output: it may say anything.
+    for name in ("../x", "a/../../x", "/etc/passwd", "a//b", "./a", ".git/hooks/x", "s/.git/config", ""):
+        assert not safe_name(name), name
+        assert _parse_record(b"f 644 1 1.0 " + name.encode(), b"") is None
+    assert _parse_record(b"f 644 1 1.0 \xff\xfe", b"") is None  # not UTF-8
+    assert safe_name("a/b.git/c") and safe_name(".gitignore")
+
+
+def test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back(workspace: Path) -> None:
+    with (
+        DockerBackend(workspace_transport="mirror", mirror_size_mb=16) as backend,
+        backend.session(workspace=workspace) as session,
+    ):
+        bomb = sh(session, "dd if=/dev/zero of=bomb bs=1M count=64 2>&1; truncate -s 900M sparse; echo done")
+        assert "No space left on device" in bomb.stdout
+        assert (workspace / "bomb").stat().st_size <= 16 * 1024 * 1024
+        assert not (workspace / "sparse").exists() and "sparse" in bomb.stderr  # 900M apparent: refused
+        assert sh(session, "echo ok").stdout == "ok\n"  # the session goes on
+
+
+def test_a_workspace_larger_than_the_cap_is_refused_before_anything_runs(workspace: Path) -> None:
+    (workspace / "big").write_bytes(b"\0" * (3 * 1024 * 1024))
+    with (
+        DockerBackend(workspace_transport="mirror", mirror_size_mb=2) as backend,
+        pytest.raises(PolicyNotEnforceableError, match="more than its copy in the sandbox may hold"),
+    ):
+        backend.session(workspace=workspace).start()
+
+
+def test_devtools_over_a_mirrored_workspace(mirror_backend: DockerBackend, workspace: Path) -> None:
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        with Workspace(workspace, sandbox=mirror_backend) as ws:
+            tools = DevToolset(ws)
+            await tools.run("write_file", {"path": "from_tool.txt", "content": "written on the host\n"})
+            seen = await tools.run("bash", {"command": "cat from_tool.txt; echo made in bash > made.txt"})
+            read = await tools.run("read_file", {"path": "made.txt"})
+            return seen, read
+
+    seen, read = asyncio.run(scenario())
+    assert seen["stdout"] == "written on the host\n"
+    assert read["content"] == "     1\tmade in bash\n"
+
+
+def test_auto_binds_on_the_local_engine_and_bind_is_reported(
+    docker_backend: DockerBackend, workspace: Path
+) -> None:
+    assert docker_backend.workspace_transport == "auto"
+    assert docker_backend.capabilities().workspace == "bind"
+    with docker_backend.session(workspace=workspace) as session:
+        sh(session, "echo direct > direct.txt")
+        assert session.workspace_transport == "bind" and session.mirror is None
+        mounts = docker_backend._client.api.inspect_container(session.container_id)["Mounts"]
+        assert any(m["Type"] == "bind" and m["Source"] == str(workspace) for m in mounts)
+    assert (workspace / "direct.txt").read_text() == "direct\n"
+
+
+def test_mirror_volume_goes_with_the_container(mirror_backend: DockerBackend, workspace: Path) -> None:
+    client = mirror_backend._client
+    with mirror_backend.session(workspace=workspace) as session:
+        volume = next(m["Name"] for m in client.api.inspect_container(session.container_id)["Mounts"]
+                      if m["Destination"] == str(workspace))  # fmt: skip
+        options = client.api.inspect_volume(volume)["Options"]
+        assert options["type"] == "tmpfs" and "size=64m" in options["o"] and "uid=1000" in options["o"]
+    names = {v["Name"] for v in client.api.volumes().get("Volumes") or []}
+    assert volume not in names
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="workspace_transport"):
+        DockerBackend(workspace_transport="copy")
+    with pytest.raises(InvalidRequestError, match="mirror_size_mb"):
+        DockerBackend(mirror_size_mb=0)
+    with pytest.raises(InvalidRequestError, match="attached"):
+        DockerBackend(workspace_transport="mirror", container="some-service")
