@@ -3,7 +3,8 @@
 ``run`` runs a command in a per-session container with a workspace mounted, streaming its output and
 exiting with its exit code (124 on timeout); ``doctor`` lists each backend available on this machine with
 its isolation class and what it enforces; ``cleanup`` removes leaked sandbox containers; ``images build``
-builds the sandbox images that are missing or outdated.
+builds the sandbox images that are missing or outdated; ``images push --engine ENGINE`` copies them to
+another engine (``docker save`` streamed into its load, no registry).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TextIO
 from pydantic import ValidationError
 
 from executor.backends.bwrap import get_enforcer
+from executor.backends.docker.engine import Engine
 from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.process import ProcessBackend
 from executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
@@ -67,10 +69,49 @@ def doctor() -> int:
     return 0 if docker_works else 1
 
 
+def engine_lines(engine: Engine, dialect: str, version: str = "") -> list[str]:
+    """``doctor``'s lines naming the engine (its address, local or remote) and its dialect (docker, podman)."""
+    where = "local" if engine.local else "remote"
+    kind = "tcp+TLS" if engine.tls_verify else engine.kind
+    shown = f" {version}" if version else ""
+    return [
+        f"{'engine':<16} {kind:<16} {engine.describe()} ({where})",
+        f"{'dialect':<16} {dialect:<16} {dialect}{shown}",
+    ]
+
+
+def _doctor_engine() -> None:
+    """The engine the Docker backend would use and its dialect (or why it does not answer)."""
+    from executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
+    from executor.backends.docker._dialect import dialect_of  # noqa: PLC0415
+    from executor.backends.docker.engine import resolve_engine  # noqa: PLC0415
+
+    try:
+        engine = resolve_engine()
+    except ExecutorError as exc:
+        print(f"{'engine':<16} {'unusable':<16} {_first_line(exc)}")
+        return
+    try:
+        client = connect(timeout=10, engine=engine)
+    except ExecutorError as exc:
+        print(f"{'engine':<16} {'unreachable':<16} {engine.describe()}: {_first_line(exc)}")
+        return
+    try:
+        dialect = dialect_of(client).value
+        version = str(client.api._version)  # negotiated by connect()
+        for line in engine_lines(engine, dialect, f"(API {version})"):
+            print(line)
+    except ExecutorError as exc:
+        print(f"{'dialect':<16} {'unknown':<16} {_first_line(exc)}")
+    finally:
+        client.close()
+
+
 def _doctor_docker() -> bool:
     """The engine, each runtime's real container (runc, runsc) and the images; True when runc works."""
     from executor.backends.docker import DockerBackend, images  # noqa: PLC0415 - docker-py loads lazily
 
+    _doctor_engine()
     works = False
     for name, runtime in (("docker/runc", None), ("docker/runsc", "runsc")):
         try:
@@ -328,6 +369,20 @@ def images_build(*, base_image: str | None, force: bool) -> int:
     return 0
 
 
+def images_push(*, engine: str, names: Sequence[str]) -> int:
+    """``adk-sandbox images push``: copy images to another engine, bytes sent shown; skip what it has."""
+    from executor.backends.docker.images import push_images  # noqa: PLC0415
+
+    display = _LiveDisplay(sys.stdout)
+    try:
+        results = push_images(engine, list(names) or None, progress=display.line)
+    finally:
+        display.close()
+    pushed = [r.name for r in results if r.action != "up to date"]
+    print(f"pushed: {', '.join(pushed)}" if pushed else "all images already there")
+    return 0
+
+
 def mcp_server(args: argparse.Namespace) -> int:
     """``adk-sandbox mcp``: serve the workspace tools to an MCP host over stdio (extra ``mcp``)."""
     try:
@@ -411,6 +466,21 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
     )
     build.add_argument("--base-image", metavar="IMG", help="the Debian image to build the base image on")
     build.add_argument("--force", action="store_true", help="rebuild every image, without the layer cache")
+    push = images_commands.add_parser(
+        "push",
+        help="copy images to another Docker engine (no registry)",
+        description="Stream `docker save` of each image from this machine's engine into the load of "
+        "ENGINE, showing the bytes sent; an image ENGINE already has with the same id is skipped. Without "
+        "IMAGE: adk-sandbox/base and adk-sandbox/rust.",
+    )
+    push.add_argument(
+        "--engine",
+        required=True,
+        metavar="ENGINE",
+        help="the target: a URL (tcp://HOST:2376 with DOCKER_TLS_VERIFY/DOCKER_CERT_PATH, ssh://USER@HOST) "
+        "or a Docker context name",
+    )
+    push.add_argument("images", nargs="*", metavar="IMAGE", help="images to push (default: the project's)")
     mcp_parser = commands.add_parser(
         "mcp",
         help="serve the workspace tools to an MCP host over stdio",
@@ -438,6 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
             return doctor()
         if args.command == "cleanup":
             return cleanup(args.session)
+        if args.command == "images" and args.images_command == "push":
+            return images_push(engine=args.engine, names=args.images)
         if args.command == "images":
             return images_build(base_image=args.base_image, force=args.force)
     except (ExecutorError, ValidationError) as exc:

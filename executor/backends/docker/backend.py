@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from executor.backends.docker._spec import (
 )
 from executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
 from executor.backends.docker.engine import Engine, resolve_engine
-from executor.backends.docker.images import BASE_IMAGE
+from executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
 from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from executor.policy import SandboxPolicy
@@ -33,6 +34,11 @@ from executor.types import Capabilities, ExecRequest, ExecResult, ResourceLimits
 __all__ = ["DockerBackend"]
 
 DEFAULT_LIFETIME_SECONDS = 12 * 3600
+_IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
+
+
+def _normalised_id(image_id: str) -> str:
+    return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
 
 
 class DockerBackend(SandboxBackend):
@@ -72,6 +78,7 @@ class DockerBackend(SandboxBackend):
         engine: Engine | str | None = None,
         workspace_transport: str = "auto",
         mirror_size_mb: int = DEFAULT_MIRROR_MB,
+        image_id: str | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
@@ -93,7 +100,11 @@ class DockerBackend(SandboxBackend):
         machine's files; checked at start), ``"mirror"`` copies it into a tmpfs volume of
         ``mirror_size_mb`` MiB at the same path and syncs it before and after each command, ``"auto"``
         (default) binds when the engine sees the directory, else mirrors. A policy's host paths are bound,
-        so they need a local engine: a remote one refuses them.
+        so they need a local engine: a remote one refuses them. ``image_id`` (``sha256:<64 hex>``) pins
+        the image: a container running another one is refused before anything runs in it. Without it, on
+        a remote engine, the id ``image`` has on this machine's engine (when it has one) is expected, and
+        a container running another id only warns (:class:`~.images.ImageMismatchWarning`); see
+        docs/DOCKER.md, "Images on a remote engine".
         """
         if transport not in TRANSPORTS:
             raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -119,6 +130,11 @@ class DockerBackend(SandboxBackend):
             raise InvalidRequestError(
                 "workspace_transport='mirror' makes a container with a copy of the workspace; an attached "
                 "container mounts the workspace itself (use 'bind' or 'auto')"
+            )
+        if image_id is not None and not _IMAGE_ID.fullmatch(image_id):
+            raise InvalidRequestError(
+                f"image_id must be an image id, 64 hex digits after an optional sha256: (`docker image inspect -f "
+                f"'{{{{.Id}}}}' IMAGE` prints it), not {image_id!r}"
             )
         extra_tmpfs = validate_tmpfs(tmpfs or {})
         if extra_tmpfs and container is not None:
@@ -157,6 +173,14 @@ class DockerBackend(SandboxBackend):
         self.mirror_size_mb = mirror_size_mb
         """Size cap of a mirrored workspace's volume, in MiB."""
         self._client = connect(engine=self.engine)
+        self.expect_image: ExpectedImage | None = None
+        """The image id sessions' containers must run (pinned) or are expected to (read from this machine)."""
+        if image_id is not None:
+            self.expect_image = ExpectedImage(_normalised_id(image_id), pinned=True)
+        elif not self.engine.local:
+            local_id = local_image_id(image)
+            if local_id is not None:
+                self.expect_image = ExpectedImage(local_id, pinned=False)
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self._lock = threading.Lock()
@@ -209,6 +233,7 @@ class DockerBackend(SandboxBackend):
             transport=self.transport,
             workspace_transport=mode,
             mirror_mb=self.mirror_size_mb,
+            expect_image=self.expect_image,
         )
         session = _TrackedSession(self._client, config, self._forget)
         with self._lock:

@@ -37,6 +37,7 @@ import docker.errors
 import docker.utils
 
 from executor.backends.docker._daemon import connect, daemon_errors, idempotent
+from executor.backends.docker.engine import Engine, resolve_engine
 from executor.errors import BackendUnavailableError, ExecutorError
 
 __all__ = [
@@ -48,15 +49,22 @@ __all__ = [
     "RUST_DEPS_DIR",
     "RUST_IMAGE",
     "VERSION_LABEL",
+    "ExpectedImage",
     "ImageBuildError",
+    "ImageMismatchWarning",
+    "ImagePushError",
     "ImageResult",
     "ImageSpec",
     "ImageStatus",
+    "PushResult",
     "build_images",
     "check_images",
     "context_hash",
     "image_specs",
+    "image_mismatch",
     "images_dir",
+    "local_image_id",
+    "push_images",
 ]
 
 BASE_IMAGE = "adk-sandbox/base:latest"
@@ -446,3 +454,167 @@ def check_images(root: Path | None = None) -> list[ImageStatus]:
         with contextlib.suppress(Exception):
             client.close()
     return statuses
+
+
+# -- images on a remote engine --------------------------------------------------------------------------
+PushAction = Literal["pushed", "tagged", "up to date"]
+#: How often (bytes) a push reports its progress.
+_PUSH_REPORT_BYTES = 16 * 1024 * 1024
+#: A push's HTTP timeout: the load of a large image answers only when the whole archive is in.
+PUSH_TIMEOUT_SECONDS = 1800.0
+
+
+class ImagePushError(ExecutorError):
+    """An image could not be copied to another engine (missing here, refused there, or arrived different)."""
+
+
+class ImageMismatchWarning(UserWarning):
+    """A session's container runs another image than the one this machine's engine has under that name."""
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What :func:`push_images` did for one image."""
+
+    name: str
+    image_id: str
+    action: PushAction
+    """``pushed`` (saved here, loaded there), ``tagged`` (there under another name only) or ``up to date``."""
+    bytes_sent: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ExpectedImage:
+    """The image id a session's container must run, and how a different one is treated."""
+
+    image_id: str
+    pinned: bool
+    """True: given by the caller (``DockerBackend(image_id=...)``), a mismatch is refused. False: read from
+    this machine's engine for a remote one, a mismatch is warned about (:class:`ImageMismatchWarning`)."""
+
+
+def _short(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12]
+
+
+def push_images(
+    target: Engine | str,
+    names: list[str] | None = None,
+    *,
+    progress: Progress = lambda _line: None,
+    source: Engine | str | None = None,
+) -> list[PushResult]:
+    """Copy images to the engine ``target`` without a registry: ``docker save`` here streamed into its load.
+
+    ``target`` is an :class:`Engine`, a URL or a Docker context name (as :func:`resolve_engine` takes);
+    ``names`` default to the project's images (:func:`image_specs`); ``source`` is the engine they are read
+    from (default: the environment's). An image the target already has with the same id is skipped (or
+    only tagged when it is there under another name). ``progress`` gets ``==> `` milestones and
+    ``<name>: N MB sent`` lines. After a load the target's id must equal the source's (an image id is
+    the digest of its configuration, so equal ids mean the same image), else :class:`ImagePushError`.
+    """
+    wanted = names or [spec.tag for spec in image_specs()]
+    destination = resolve_engine(target)
+    source_client = connect(timeout=PUSH_TIMEOUT_SECONDS, engine=source)
+    try:
+        target_client = connect(timeout=PUSH_TIMEOUT_SECONDS, engine=destination)
+        try:
+            return [_push_one(source_client, target_client, destination, name, progress) for name in wanted]
+        finally:
+            target_client.close()
+    finally:
+        source_client.close()
+
+
+def _push_one(
+    source: docker.DockerClient, target: docker.DockerClient, engine: Engine, name: str, progress: Progress
+) -> PushResult:
+    started = time.monotonic()
+    attrs = _image_attrs(source, name)
+    if attrs is None:
+        raise ImagePushError(
+            f"there is no image {name!r} on this machine's engine to push; build it first "
+            "(adk-sandbox images build) or name an image `docker images` lists"
+        )
+    image_id = str(attrs["Id"])
+    there = _image_attrs(target, name)
+    if there is not None and there["Id"] == image_id:
+        progress(f"==> {name}: up to date on {engine.describe()} ({_short(image_id)})")
+        return PushResult(name, image_id, "up to date", 0, time.monotonic() - started)
+    if _image_attrs(target, image_id) is not None:
+        _tag(target, image_id, name)
+        progress(f"==> {name}: already on {engine.describe()} under another name; tagged it")
+        return PushResult(name, image_id, "tagged", 0, time.monotonic() - started)
+    size = int(attrs.get("Size") or 0)
+    progress(f"==> {name}: pushing {_short(image_id)} ({size / 1e6:.0f} MB unpacked) to {engine.describe()}")
+    sent = 0
+
+    def archive() -> Iterator[bytes]:
+        nonlocal sent
+        reported = 0
+        with daemon_errors():
+            for chunk in source.api.get_image(name):
+                sent += len(chunk)
+                if sent - reported >= _PUSH_REPORT_BYTES:
+                    reported = sent
+                    progress(f"{name}: {sent / 1e6:.0f} MB sent")
+                yield chunk
+
+    try:
+        with daemon_errors():
+            for event in target.api.load_image(archive(), quiet=True) or ():
+                if isinstance(event, dict) and event.get("error"):
+                    raise ImagePushError(f"{engine.describe()} refused the image {name}: {event['error']}")
+    except ImagePushError:
+        raise
+    except ExecutorError as exc:
+        raise ImagePushError(f"pushing {name} to {engine.describe()} failed after {sent} bytes: {exc}") from exc
+    loaded = _image_attrs(target, name)
+    if loaded is None or loaded["Id"] != image_id:
+        found = _short(str(loaded["Id"])) if loaded else "nothing"
+        raise ImagePushError(
+            f"after loading {name} into {engine.describe()} it names {found}, not {_short(image_id)}"
+        )
+    seconds = time.monotonic() - started
+    progress(f"==> {name}: pushed {_short(image_id)} ({sent / 1e6:.1f} MB sent) in {seconds:.1f} s")
+    return PushResult(name, image_id, "pushed", sent, seconds)
+
+
+def local_image_id(name: str, timeout: float = 5.0) -> str | None:
+    """The id of ``name`` on this machine's engine (the default Unix socket); None without one or the image.
+
+    A remote backend compares its containers' image with it (:func:`image_mismatch`); a machine without a
+    local engine, or one that does not answer within ``timeout``, just has nothing to compare with.
+    """
+    local = Engine()
+    if local.socket_path is None or not os.path.exists(local.socket_path):
+        return None
+    try:
+        client = connect(timeout=timeout, engine=local)
+    except ExecutorError:
+        return None
+    try:
+        attrs = _image_attrs(client, name)
+    except ExecutorError:
+        return None
+    finally:
+        client.close()
+    return str(attrs["Id"]) if attrs else None
+
+
+def image_mismatch(inspect: Mapping[str, Any], reference: str, expected: ExpectedImage) -> str | None:
+    """Why the container of ``inspect`` does not run the expected image (a sentence), or None when it does."""
+    running = str(inspect.get("Image") or "")
+    if running.removeprefix("sha256:") == expected.image_id.removeprefix("sha256:"):
+        return None
+    where = "the pinned image_id" if expected.pinned else "what this machine's engine has under that name"
+    fix = (
+        "push the image you meant (adk-sandbox images push --engine ENGINE IMAGE) or pin the id the engine has"
+        if expected.pinned
+        else "run `adk-sandbox images push --engine ENGINE` to make them equal, or pin DockerBackend(image_id=...)"
+    )
+    return (
+        f"the sandbox container runs image {_short(running) or '(unknown)'} for {reference!r}, not "
+        f"{_short(expected.image_id)} ({where}); {fix}"
+    )

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -60,6 +61,7 @@ from executor.backends.docker._workspace import (
     mirror_mount_violations,
 )
 from executor.backends.docker.files import SandboxFiles
+from executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
 from executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, parse_user
 
@@ -116,6 +118,8 @@ class SessionConfig:
     see this machine's directory, then mirror); see :mod:`._workspace`."""
     mirror_mb: int = DEFAULT_MIRROR_MB
     """Size cap of a mirrored workspace's volume, in MiB."""
+    expect_image: ExpectedImage | None = None
+    """The image id the container must run (refused when pinned, warned about otherwise); None: any."""
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
@@ -327,6 +331,7 @@ class DockerSession(SandboxBackend):
             self._provider.use_spec(spec)
         container = self._provider.open()
         try:
+            self._check_image(container.inspect)
             if self._config.user is None and container.owner is not None and mode != "mirror":
                 self._user = container.owner
             transport = self._make_transport(self._client, container.id, self._agent_restarted)
@@ -410,6 +415,24 @@ class DockerSession(SandboxBackend):
     def isolation(self) -> IsolationClass:
         """The class of the running container (from ``docker inspect``; starts the session)."""
         return isolation_of(self._opened().inspect)
+
+    @property
+    def image_id(self) -> str:
+        """The id of the image the session's container runs (``sha256:...``; starts the session)."""
+        return str(self._opened().inspect.get("Image") or "")
+
+    def _check_image(self, inspect: Mapping[str, Any]) -> None:
+        """Before anything runs: the container's image is the expected one (docs/DOCKER.md, "Images ...")."""
+        expected = self._config.expect_image
+        if expected is None:
+            return
+        problem = image_mismatch(inspect, self._config.spec.image, expected)
+        if problem is None:
+            return
+        if expected.pinned:
+            raise PolicyNotEnforceableError(f"{problem}. Nothing ran.")
+        warnings.warn(problem, ImageMismatchWarning, stacklevel=4)
+        log.warning("%s", problem)
 
     def capabilities(self) -> Capabilities:
         """What the running container enforces, read from ``docker inspect`` (starts the session)."""
