@@ -70,7 +70,7 @@ def doctor() -> int:
 
 
 def engine_lines(engine: Engine, dialect: str, version: str = "") -> list[str]:
-    """``doctor``'s lines naming the engine (its address, local or remote) and its dialect (docker, podman)."""
+    """``doctor``'s lines: the engine (its address; local or remote) and its dialect (docker, podman)."""
     where = "local" if engine.local else "remote"
     kind = "tcp+TLS" if engine.tls_verify else engine.kind
     shown = f" {version}" if version else ""
@@ -98,7 +98,7 @@ def _doctor_engine() -> None:
         return
     try:
         dialect = dialect_of(client).value
-        version = str(client.api._version)  # negotiated by connect()
+        version = str(client.api.api_version)  # negotiated by connect()
         for line in engine_lines(engine, dialect, f"(API {version})"):
             print(line)
     except ExecutorError as exc:

@@ -13,6 +13,7 @@ import subprocess
 import warnings
 from collections.abc import Iterator
 
+import docker.errors
 import pytest
 
 from executor import ExecRequest, Language
@@ -74,7 +75,7 @@ def _remote_id(remote: PrivateEngine, tag: str) -> str | None:
     client = remote.client()
     try:
         return str(client.api.inspect_image(tag)["Id"])
-    except Exception:  # noqa: BLE001 - docker.errors.ImageNotFound: absent
+    except docker.errors.ImageNotFound:
         return None
     finally:
         client.close()
@@ -126,9 +127,12 @@ def test_a_pinned_image_id_is_enforced_on_the_remote_engine(remote: PrivateEngin
     with DockerBackend(image=TAG, engine=remote.engine(), image_id=local_id) as backend:
         assert _echo(backend) == "ran\n"
     wrong = "sha256:" + "0" * 64
-    with DockerBackend(image=TAG, engine=remote.engine(), image_id=wrong) as backend:
-        with pytest.raises(PolicyNotEnforceableError, match=r"runs image \w{12} .*not 000000000000.*Nothing ran"):
-            _echo(backend)
+    refused = r"runs image \w{12} .*not 000000000000.*Nothing ran"
+    with (
+        DockerBackend(image=TAG, engine=remote.engine(), image_id=wrong) as backend,
+        pytest.raises(PolicyNotEnforceableError, match=refused),
+    ):
+        _echo(backend)
 
 
 def test_a_remote_image_differing_from_the_local_one_warns(remote: PrivateEngine, local_id: str) -> None:
@@ -145,7 +149,8 @@ def test_a_remote_image_differing_from_the_local_one_warns(remote: PrivateEngine
             warnings.simplefilter("error", ImageMismatchWarning)
             assert _echo(backend) == "ran\n"
     finally:
-        subprocess.run(["docker", "-H", remote.host, "rmi", "-f", OTHER_TAG], capture_output=True, check=False)
+        remove = ["docker", "-H", remote.host, "rmi", "-f", OTHER_TAG]
+        subprocess.run(remove, capture_output=True, check=False)
 
 
 def test_doctor_names_a_remote_engine_and_its_dialect(
@@ -158,4 +163,3 @@ def test_doctor_names_a_remote_engine_and_its_dialect(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["engine", "tcp+TLS", remote.tcp_host, "over", "TLS", "(remote)"], lines
     assert lines[1].split()[:3] == ["dialect", "docker", "docker"], lines
-

@@ -37,8 +37,24 @@ DEFAULT_LIFETIME_SECONDS = 12 * 3600
 _IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
 
 
-def _normalised_id(image_id: str) -> str:
-    return image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+def _pinned_image(image_id: str | None) -> ExpectedImage | None:
+    """``DockerBackend(image_id=...)`` checked: a mismatch with it is refused."""
+    if image_id is None:
+        return None
+    if not _IMAGE_ID.fullmatch(image_id):
+        raise InvalidRequestError(
+            "image_id must be an image id, 64 hex digits after an optional sha256: (`docker image inspect "
+            f"-f '{{{{.Id}}}}' IMAGE` prints it), not {image_id!r}"
+        )
+    return ExpectedImage(image_id if image_id.startswith("sha256:") else f"sha256:{image_id}", pinned=True)
+
+
+def _expected_on_remote(engine: Engine, image: str) -> ExpectedImage | None:
+    """On a remote engine, the id ``image`` has on this machine's engine (a mismatch warns); else None."""
+    if engine.local:
+        return None
+    local_id = local_image_id(image)
+    return ExpectedImage(local_id, pinned=False) if local_id is not None else None
 
 
 class DockerBackend(SandboxBackend):
@@ -61,7 +77,7 @@ class DockerBackend(SandboxBackend):
 
     name = "docker"
 
-    def __init__(  # noqa: PLR0917 - SPEC §4 gives these in this order
+    def __init__(  # noqa: PLR0917, PLR0915 - SPEC §4 gives these in this order; a check for each
         self,
         image: str = BASE_IMAGE,
         limits: ResourceLimits | None = None,
@@ -131,11 +147,7 @@ class DockerBackend(SandboxBackend):
                 "workspace_transport='mirror' makes a container with a copy of the workspace; an attached "
                 "container mounts the workspace itself (use 'bind' or 'auto')"
             )
-        if image_id is not None and not _IMAGE_ID.fullmatch(image_id):
-            raise InvalidRequestError(
-                f"image_id must be an image id, 64 hex digits after an optional sha256: (`docker image inspect -f "
-                f"'{{{{.Id}}}}' IMAGE` prints it), not {image_id!r}"
-            )
+        pinned = _pinned_image(image_id)
         extra_tmpfs = validate_tmpfs(tmpfs or {})
         if extra_tmpfs and container is not None:
             raise InvalidRequestError(
@@ -173,14 +185,8 @@ class DockerBackend(SandboxBackend):
         self.mirror_size_mb = mirror_size_mb
         """Size cap of a mirrored workspace's volume, in MiB."""
         self._client = connect(engine=self.engine)
-        self.expect_image: ExpectedImage | None = None
+        self.expect_image = pinned or _expected_on_remote(self.engine, image)
         """The image id sessions' containers must run (pinned) or are expected to (read from this machine)."""
-        if image_id is not None:
-            self.expect_image = ExpectedImage(_normalised_id(image_id), pinned=True)
-        elif not self.engine.local:
-            local_id = local_image_id(image)
-            if local_id is not None:
-                self.expect_image = ExpectedImage(local_id, pinned=False)
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self._lock = threading.Lock()

@@ -60,8 +60,8 @@ __all__ = [
     "build_images",
     "check_images",
     "context_hash",
-    "image_specs",
     "image_mismatch",
+    "image_specs",
     "images_dir",
     "local_image_id",
     "push_images",
@@ -563,13 +563,16 @@ def _push_one(
 
     try:
         with daemon_errors():
-            for event in target.api.load_image(archive(), quiet=True) or ():
+            events = target.api.load_image(archive(), quiet=True)  # type: ignore[no-untyped-call]
+            for event in events or ():
                 if isinstance(event, dict) and event.get("error"):
                     raise ImagePushError(f"{engine.describe()} refused the image {name}: {event['error']}")
     except ImagePushError:
         raise
     except ExecutorError as exc:
-        raise ImagePushError(f"pushing {name} to {engine.describe()} failed after {sent} bytes: {exc}") from exc
+        raise ImagePushError(
+            f"pushing {name} to {engine.describe()} failed after {sent} bytes: {exc}"
+        ) from exc
     loaded = _image_attrs(target, name)
     if loaded is None or loaded["Id"] != image_id:
         found = _short(str(loaded["Id"])) if loaded else "nothing"
@@ -610,9 +613,9 @@ def image_mismatch(inspect: Mapping[str, Any], reference: str, expected: Expecte
         return None
     where = "the pinned image_id" if expected.pinned else "what this machine's engine has under that name"
     fix = (
-        "push the image you meant (adk-sandbox images push --engine ENGINE IMAGE) or pin the id the engine has"
+        "push the image you meant (adk-sandbox images push --engine ENGINE IMAGE) or pin the engine's id"
         if expected.pinned
-        else "run `adk-sandbox images push --engine ENGINE` to make them equal, or pin DockerBackend(image_id=...)"
+        else "run `adk-sandbox images push --engine ENGINE` to make them equal, or pin an id (image_id=)"
     )
     return (
         f"the sandbox container runs image {_short(running) or '(unknown)'} for {reference!r}, not "
