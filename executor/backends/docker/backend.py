@@ -10,6 +10,7 @@ from pathlib import Path
 import docker
 
 from executor.backend import OutputCallback, SandboxBackend
+from executor.backends.docker._container import ContainerProvider
 from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import cleanup_session, reap_leaked
 from executor.backends.docker._spec import (
@@ -22,6 +23,7 @@ from executor.backends.docker._spec import (
 )
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE
+from executor.backends.docker.pool import PoolConfig, SessionPool
 from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from executor.policy import SandboxPolicy
@@ -67,6 +69,7 @@ class DockerBackend(SandboxBackend):
         tmpfs: Mapping[str, int] | None = None,
         labels: Mapping[str, str] | None = None,
         engine: Engine | str | None = None,
+        pool: int | PoolConfig | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
@@ -84,6 +87,8 @@ class DockerBackend(SandboxBackend):
         ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``, ``ssh://``) or a Docker context's name; by default the
         one the Docker CLI would use (``DOCKER_HOST``, ``DOCKER_CONTEXT``, the current context). A session
         with a workspace (or a policy's host paths) needs a local engine: a remote one is refused.
+        ``pool`` keeps that many containers (or as a :class:`~executor.backends.docker.pool.PoolConfig`
+        says) started for workspace-less sessions, each used once (docs/DOCKER.md, "Warm pool").
         """
         if transport not in TRANSPORTS:
             raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -133,9 +138,47 @@ class DockerBackend(SandboxBackend):
         self._sessions: set[DockerSession] = set()
         """Sessions opened and not yet closed (a closed session removes itself, see :meth:`_forget`)."""
         self._capabilities: Capabilities | None = None
+        self.pool: SessionPool | None = None
+        """The warm pool of workspace-less sessions (``pool=``), or None."""
+        if pool is not None:
+            self.pool = self._start_pool(PoolConfig(size=pool) if isinstance(pool, int) else pool)
+
+    def _start_pool(self, settings: PoolConfig) -> SessionPool:
+        if self.container is not None:
+            raise InvalidRequestError(
+                "pool= keeps containers this backend creates; an attached container (container=) is one "
+                "shared container, not a pool"
+            )
+        if settings.max_age_seconds >= self.lifetime_seconds:
+            raise InvalidRequestError(
+                f"PoolConfig.max_age_seconds ({settings.max_age_seconds:g}) must be below lifetime_seconds "
+                f"({self.lifetime_seconds}): a member's expiry runs from its create"
+            )
+        return SessionPool(
+            self._client,
+            self._session_config(None),
+            settings,
+            lambda config, provider: _TrackedSession(self._client, config, self._forget, provider=provider),
+            engine=self.engine.describe(),
+        )
 
     def session(self, workspace: str | os.PathLike[str] | None = None) -> DockerSession:
-        """A new session, its container bound to ``workspace`` (mounted at the same absolute path)."""
+        """A new session, its container bound to ``workspace`` (mounted at the same absolute path).
+
+        Without a workspace, and with ``pool=``, an already started container from the warm pool.
+        """
+        if workspace is None and self.pool is not None:
+            # A bind-mounted workspace cannot come from the pool: the mount is fixed at create.
+            # TODO(mirror): a mirrored workspace can: acquire here, then push the workspace into the
+            # member (and give PoolKey.workspace "mirror").
+            session = self.pool.acquire()
+            with self._lock:
+                self._sessions.add(session)
+            return session
+        return self._open_session(self._session_config(workspace))
+
+    def _session_config(self, workspace: str | os.PathLike[str] | None) -> SessionConfig:
+        """The checked settings of a session of this backend bound to ``workspace`` (or none)."""
         if not self.engine.local:
             self._refuse_host_paths(workspace)
         root: str | None = None
@@ -164,13 +207,15 @@ class DockerBackend(SandboxBackend):
             labels=self.labels,
             lifetime_seconds=self.lifetime_seconds,
         )
-        config = SessionConfig(
+        return SessionConfig(
             spec=spec,
             user=self.user,
             policy_env=self.policy.env,
             attach_to=self.container,
             transport=self.transport,
         )
+
+    def _open_session(self, config: SessionConfig) -> DockerSession:
         session = _TrackedSession(self._client, config, self._forget)
         with self._lock:
             self._sessions.add(session)
@@ -228,11 +273,13 @@ class DockerBackend(SandboxBackend):
             return session.execute(request, on_output, cancel=cancel)
 
     def close(self) -> None:
-        """Close every session of this backend still open (their containers are removed)."""
+        """Close every session of this backend still open (their containers are removed), drain the pool."""
         with self._lock:
             sessions, self._sessions = list(self._sessions), set()
         for session in sessions:
-            session.close()
+            session.close()  # a pooled session's removal is queued in the pool, which the next line waits for
+        if self.pool is not None:
+            self.pool.close()
         self._client.close()
 
 
@@ -244,8 +291,9 @@ class _TrackedSession(DockerSession):
         client: docker.DockerClient,
         config: SessionConfig,
         on_close: Callable[[DockerSession], None],
+        provider: ContainerProvider | None = None,
     ) -> None:
-        super().__init__(client, config)
+        super().__init__(client, config, provider=provider)
         self._on_close = on_close
 
     def close(self) -> None:
