@@ -131,6 +131,7 @@ class DockerBackend(SandboxBackend):
         """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
         self.engine = resolve_engine(engine)
         """The Docker engine this backend's sessions run on."""
+        pool_settings = self._check_pool(pool)
         self._client = connect(engine=self.engine)
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
@@ -140,10 +141,23 @@ class DockerBackend(SandboxBackend):
         self._capabilities: Capabilities | None = None
         self.pool: SessionPool | None = None
         """The warm pool of workspace-less sessions (``pool=``), or None."""
-        if pool is not None:
-            self.pool = self._start_pool(PoolConfig(size=pool) if isinstance(pool, int) else pool)
+        if pool_settings is not None:
+            self.pool = SessionPool(
+                self._client,
+                self._session_config(None),
+                pool_settings,
+                self._pool_member,
+                engine=self.engine.describe(),
+            )
 
-    def _start_pool(self, settings: PoolConfig) -> SessionPool:
+    def _pool_member(self, config: SessionConfig, provider: ContainerProvider) -> DockerSession:
+        return _TrackedSession(self._client, config, self._forget, provider=provider)
+
+    def _check_pool(self, pool: int | PoolConfig | None) -> PoolConfig | None:
+        """The pool's settings, refused when they cannot work with this backend's."""
+        if pool is None:
+            return None
+        settings = PoolConfig(size=pool) if isinstance(pool, int) else pool
         if self.container is not None:
             raise InvalidRequestError(
                 "pool= keeps containers this backend creates; an attached container (container=) is one "
@@ -154,13 +168,7 @@ class DockerBackend(SandboxBackend):
                 f"PoolConfig.max_age_seconds ({settings.max_age_seconds:g}) must be below lifetime_seconds "
                 f"({self.lifetime_seconds}): a member's expiry runs from its create"
             )
-        return SessionPool(
-            self._client,
-            self._session_config(None),
-            settings,
-            lambda config, provider: _TrackedSession(self._client, config, self._forget, provider=provider),
-            engine=self.engine.describe(),
-        )
+        return settings
 
     def session(self, workspace: str | os.PathLike[str] | None = None) -> DockerSession:
         """A new session, its container bound to ``workspace`` (mounted at the same absolute path).
