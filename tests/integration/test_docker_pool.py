@@ -193,6 +193,30 @@ def test_a_sigkilled_owners_pool_is_reaped_by_the_next_backend() -> None:
     assert client.containers.list(all=True, sparse=True, filters=label) == []
 
 
+def test_a_pool_its_owner_forgot_to_close_is_drained_at_exit() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
+            from executor.backends.docker import DockerBackend
+            backend = DockerBackend(pool=2)
+            backend.session().close()
+            assert backend.pool.wait_ready(120)
+            print(backend.pool.id, flush=True)
+        """),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, done.stderr
+    label = {"label": f"{POOL_LABEL}={done.stdout.strip()}"}
+    assert docker.from_env().containers.list(all=True, sparse=True, filters=label) == []
+
+
 def test_eight_threads_through_a_pool_of_two() -> None:
     backend, pool = pooled(2)
     client = backend._client

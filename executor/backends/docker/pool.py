@@ -33,6 +33,7 @@ is created. They start cold, as without a pool.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import threading
@@ -144,7 +145,7 @@ class PoolStats:
     """Creates that failed."""
 
 
-@dataclass
+@dataclass(eq=False)  # members are compared by identity (``in self._ready``)
 class _Member:
     session: DockerSession
     ready_at: float
@@ -183,10 +184,16 @@ class _Remover:
         with self._cond:
             if self._closed:
                 return False
-            self._queue.append(job)
             if self._workers < self._limit:
-                self._workers += 1
-                threading.Thread(target=self._work, name="adk-sandbox-pool-remove", daemon=True).start()
+                worker = threading.Thread(target=self._work, name="adk-sandbox-pool-remove", daemon=True)
+                try:
+                    worker.start()  # it waits for this lock, so it sees the job appended below
+                except RuntimeError:  # the interpreter is shutting down (a close from atexit)
+                    if not self._workers:
+                        return False
+                else:
+                    self._workers += 1
+            self._queue.append(job)
         return True
 
     def _work(self) -> None:
@@ -280,6 +287,9 @@ class SessionPool:
             self._fill_locked()
         self._tender = threading.Thread(target=self._tend, name="adk-sandbox-pool-tend", daemon=True)
         self._tender.start()
+        # A pool its owner forgot to close is drained when the interpreter exits normally (a killed
+        # owner's is left to the reaper).
+        atexit.register(self.close)
 
     @property
     def key(self) -> PoolKey:
@@ -469,6 +479,7 @@ class SessionPool:
     def close(self, timeout: float = 120.0) -> None:
         """Stop refilling and remove every container of the pool (ready, starting, released). Idempotent."""
         deadline = time.monotonic() + timeout
+        atexit.unregister(self.close)
         with self._cond:
             self._closed = True
             members = list(self._ready)
