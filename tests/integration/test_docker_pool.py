@@ -22,6 +22,7 @@ import pytest
 from executor import ExecRequest, InvalidRequestError, Language, SandboxFailedError
 from executor.backends.docker import DockerBackend, DockerSession, PoolConfig, SessionPool
 from executor.backends.docker.pool import POOL_LABEL
+from executor.tools import SandboxTool
 from tests.conftest import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -251,6 +252,42 @@ def test_eight_threads_through_a_pool_of_two() -> None:
     finally:
         backend.close()
     assert pool_containers(client, pool) == set()
+
+
+def test_throwaway_execute_and_sandbox_tool_come_from_the_pool() -> None:
+    backend, pool = pooled(2)
+    try:
+        ready = pool_containers(backend._client, pool)
+        result = backend.execute(ExecRequest(language=Language.COMMAND, code="hostname; id -u", timeout=30))
+        assert result.stdout == "sandbox\n65534\n"
+        with SandboxTool(backend) as tool:
+            payload = tool.run_sync({"language": "command", "code": "echo via-tool"})
+        assert (payload["status"], payload["stdout"]) == ("success", "via-tool\n")
+        assert pool.stats().served == 2
+        wait_removed(pool)
+        assert not ready & pool_containers(backend._client, pool)  # both served members are destroyed
+    finally:
+        backend.close()
+
+
+def test_an_exec_transport_pool_replaces_a_killed_member() -> None:
+    backend = DockerBackend(transport="exec", pool=PoolConfig(size=2))
+    pool = backend.pool
+    assert pool is not None
+    try:
+        assert pool.wait_ready(120)
+        victim = sorted(pool_containers(backend._client, pool))[0]
+        backend._client.api.kill(victim)
+        backend._client.api.wait(victim, timeout=30)
+        with backend.session() as first, backend.session() as second:
+            for session in (first, second):
+                assert session.channel == "exec"
+                assert session.container_id != victim
+                assert run(session, "echo alive").stdout == "alive\n"
+                assert session.restarts == 0
+        assert pool.stats().replaced >= 1
+    finally:
+        backend.close()
 
 
 def test_a_workspace_session_starts_cold(owned_workspace: Path) -> None:
