@@ -5,6 +5,7 @@ from executor.backends.docker.backend import DockerBackend
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.files import DirEntry, FileStat, SandboxFiles
 from executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE
+from executor.backends.docker.pool import PoolConfig, PoolStats, SessionPool
 from executor.backends.docker.session import DockerSession
 
 __all__ = [
@@ -15,7 +16,10 @@ __all__ = [
     "DockerSession",
     "Engine",
     "FileStat",
+    "PoolConfig",
+    "PoolStats",
     "SandboxFiles",
+    "SessionPool",
     "cleanup_session",
     "resolve_engine",
 ]

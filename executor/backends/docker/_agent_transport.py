@@ -29,6 +29,7 @@ import select
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -106,6 +107,8 @@ class _Agent:
         self._write_lock = threading.Lock()
         self._channels: dict[int, _Channel] = {}
         self._next_channel = 1
+        #: PINGs in flight, by token: set when the PONG with that token comes back (or the agent breaks).
+        self._pongs: dict[str, threading.Event] = {}
         self._stderr = bytearray()
         self._docker = DockerStreamSplitter()
         self._decoder = FrameDecoder()
@@ -157,6 +160,11 @@ class _Agent:
             self._hello_seen.set()
             return
         if frame.type == FrameType.PONG:
+            token = (frame.body or {}).get("ping")
+            with self._lock:
+                waiter = self._pongs.pop(token, None) if isinstance(token, str) else None
+            if waiter is not None:
+                waiter.set()
             return
         with self._lock:
             if frame.channel >= self._next_channel:
@@ -190,7 +198,10 @@ class _Agent:
             if self.broken is None:
                 self.broken = why
             channels = list(self._channels.values())
+            pongs, self._pongs = list(self._pongs.values()), {}
         self._hello_seen.set()
+        for waiter in pongs:
+            waiter.set()
         for channel in channels:
             with contextlib.suppress(queue.Full):
                 channel.events.put_nowait(("broken", why))
@@ -210,6 +221,24 @@ class _Agent:
             raise SandboxFailedError(f"the in-sandbox agent could not start ({self.broken}); {requirement}")
         self.close("no HELLO")
         raise SandboxFailedError("the in-sandbox agent did not answer when it started")
+
+    def ping(self, timeout: float) -> bool:
+        """True when the agent answers a PING within ``timeout`` seconds (its PONG carries our token)."""
+        token = uuid.uuid4().hex
+        waiter = threading.Event()
+        with self._lock:
+            if self.broken is not None:
+                return False
+            self._pongs[token] = waiter
+        try:
+            self.send(encode(FrameType.PING, 0, {"ping": token}), time.monotonic() + timeout)
+            answered = waiter.wait(timeout)
+        except SandboxFailedError:
+            answered = False
+        finally:
+            with self._lock:
+                self._pongs.pop(token, None)
+        return answered and self.broken is None
 
     # -- channels and writing ------------------------------------------------------------------------
     def open_channel(self) -> tuple[int, _Channel]:
@@ -340,6 +369,16 @@ class AgentTransport:
             agents, self._agents, self._last = list(self._agents.values()), {}, None
         for agent in agents:
             agent.close()
+
+    def ping(self, user: str, timeout: float) -> bool:
+        """True when ``user``'s running agent answers a PING within ``timeout`` (starts no agent).
+
+        The warm pool's health check (:mod:`.pool`): a round trip through the agent's stream, so a
+        container killed or frozen from outside, or an agent that died, answers False.
+        """
+        with self._lock:
+            agent = self._agents.get(user)
+        return agent is not None and agent.broken is None and agent.ping(timeout)
 
     def _agent_for(self, user: str, until: float) -> _Agent:
         with self._lock:

@@ -12,6 +12,7 @@ from pathlib import Path
 import docker
 
 from executor.backend import OutputCallback, SandboxBackend
+from executor.backends.docker._container import ContainerProvider
 from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import cleanup_session, reap_leaked
 from executor.backends.docker._spec import (
@@ -26,6 +27,7 @@ from executor.backends.docker._spec import (
 from executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
+from executor.backends.docker.pool import PoolConfig, SessionPool
 from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from executor.policy import SandboxPolicy
@@ -95,6 +97,7 @@ class DockerBackend(SandboxBackend):
         workspace_transport: str = "auto",
         mirror_size_mb: int = DEFAULT_MIRROR_MB,
         image_id: str | None = None,
+        pool: int | PoolConfig | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
@@ -121,6 +124,8 @@ class DockerBackend(SandboxBackend):
         a remote engine, the id ``image`` has on this machine's engine (when it has one) is expected, and
         a container running another id only warns (:class:`~.images.ImageMismatchWarning`); see
         docs/DOCKER.md, "Images on a remote engine".
+        ``pool`` keeps that many containers (or as a :class:`~executor.backends.docker.pool.PoolConfig`
+        says) started for workspace-less sessions, each used once (docs/DOCKER.md, "Warm pool").
         """
         if transport not in TRANSPORTS:
             raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -184,6 +189,7 @@ class DockerBackend(SandboxBackend):
         """How sessions' workspaces reach their containers, as asked: ``"auto"``, ``"bind"``, ``"mirror"``."""
         self.mirror_size_mb = mirror_size_mb
         """Size cap of a mirrored workspace's volume, in MiB."""
+        pool_settings = self._check_pool(pool)
         self._client = connect(engine=self.engine)
         self.expect_image = pinned or _expected_on_remote(self.engine, image)
         """The image id sessions' containers must run (pinned) or are expected to (read from this machine)."""
@@ -193,9 +199,54 @@ class DockerBackend(SandboxBackend):
         self._sessions: set[DockerSession] = set()
         """Sessions opened and not yet closed (a closed session removes itself, see :meth:`_forget`)."""
         self._capabilities: Capabilities | None = None
+        self.pool: SessionPool | None = None
+        """The warm pool of workspace-less sessions (``pool=``), or None."""
+        if pool_settings is not None:
+            self.pool = SessionPool(
+                self._client,
+                self._session_config(None),
+                pool_settings,
+                self._pool_member,
+                engine=self.engine.describe(),
+            )
+
+    def _pool_member(self, config: SessionConfig, provider: ContainerProvider) -> DockerSession:
+        return _TrackedSession(self._client, config, self._forget, provider=provider)
+
+    def _check_pool(self, pool: int | PoolConfig | None) -> PoolConfig | None:
+        """The pool's settings, refused when they cannot work with this backend's."""
+        if pool is None:
+            return None
+        settings = PoolConfig(size=pool) if isinstance(pool, int) else pool
+        if self.container is not None:
+            raise InvalidRequestError(
+                "pool= keeps containers this backend creates; an attached container (container=) is one "
+                "shared container, not a pool"
+            )
+        if settings.max_age_seconds >= self.lifetime_seconds:
+            raise InvalidRequestError(
+                f"PoolConfig.max_age_seconds ({settings.max_age_seconds:g}) must be below lifetime_seconds "
+                f"({self.lifetime_seconds}): a member's expiry runs from its create"
+            )
+        return settings
 
     def session(self, workspace: str | os.PathLike[str] | None = None) -> DockerSession:
-        """A new session, its container bound to ``workspace`` (mounted at the same absolute path)."""
+        """A new session, its container bound to ``workspace`` (mounted at the same absolute path).
+
+        Without a workspace, and with ``pool=``, an already started container from the warm pool.
+        """
+        if workspace is None and self.pool is not None:
+            # A bind-mounted workspace cannot come from the pool: the mount is fixed at create.
+            # TODO(mirror): a mirrored workspace can: acquire here, then push the workspace into the
+            # member (and give PoolKey.workspace "mirror").
+            session = self.pool.acquire()
+            with self._lock:
+                self._sessions.add(session)
+            return session
+        return self._open_session(self._session_config(workspace))
+
+    def _session_config(self, workspace: str | os.PathLike[str] | None) -> SessionConfig:
+        """The checked settings of a session of this backend bound to ``workspace`` (or none)."""
         mode = self.workspace_transport
         if self.container is not None:
             mode = "bind"  # an attached container mounts the workspace itself
@@ -231,7 +282,7 @@ class DockerBackend(SandboxBackend):
             labels=self.labels,
             lifetime_seconds=self.lifetime_seconds,
         )
-        config = SessionConfig(
+        return SessionConfig(
             spec=spec,
             user=self.user,
             policy_env=self.policy.env,
@@ -241,6 +292,8 @@ class DockerBackend(SandboxBackend):
             mirror_mb=self.mirror_size_mb,
             expect_image=self.expect_image,
         )
+
+    def _open_session(self, config: SessionConfig) -> DockerSession:
         session = _TrackedSession(self._client, config, self._forget)
         with self._lock:
             self._sessions.add(session)
@@ -310,11 +363,13 @@ class DockerBackend(SandboxBackend):
             return session.execute(request, on_output, cancel=cancel)
 
     def close(self) -> None:
-        """Close every session of this backend still open (their containers are removed)."""
+        """Close every session of this backend still open (their containers are removed), drain the pool."""
         with self._lock:
             sessions, self._sessions = list(self._sessions), set()
         for session in sessions:
-            session.close()
+            session.close()  # a pooled session's removal is queued in the pool, which the next line waits for
+        if self.pool is not None:
+            self.pool.close()
         self._client.close()
 
 
@@ -326,8 +381,9 @@ class _TrackedSession(DockerSession):
         client: docker.DockerClient,
         config: SessionConfig,
         on_close: Callable[[DockerSession], None],
+        provider: ContainerProvider | None = None,
     ) -> None:
-        super().__init__(client, config)
+        super().__init__(client, config, provider=provider)
         self._on_close = on_close
 
     def close(self) -> None:

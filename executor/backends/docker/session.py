@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import docker
+import docker.errors
 
 from executor._env import build_child_env
 from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
@@ -159,7 +160,8 @@ class DockerSession(SandboxBackend):
     cleaned, the next command gets a fresh container (logged, and counted in :attr:`restarts`).
 
     ``transport`` overrides how commands reach the container (default: the one ``config.transport``
-    names in :data:`TRANSPORTS`).
+    names in :data:`TRANSPORTS`); ``provider`` the container provider (default: one for ``config``; the
+    warm pool, :mod:`.pool`, passes one whose removals run in its background remover).
     """
 
     name = "docker"
@@ -170,6 +172,7 @@ class DockerSession(SandboxBackend):
         config: SessionConfig,
         *,
         transport: TransportFactory | None = None,
+        provider: ContainerProvider | None = None,
     ) -> None:
         if transport is None and config.transport not in TRANSPORTS:
             raise InvalidRequestError(
@@ -177,7 +180,7 @@ class DockerSession(SandboxBackend):
             )
         self._client = client
         self._config = config
-        self._provider = ContainerProvider(client, config.spec, config.attach_to)
+        self._provider = provider or ContainerProvider(client, config.spec, config.attach_to)
         self._make_transport = transport or TRANSPORTS[config.transport]
         self._lock = threading.Lock()
         self._container: OpenedContainer | None = None
@@ -379,6 +382,23 @@ class DockerSession(SandboxBackend):
         streams = capture.finish()
         stdout = streams["stdout"]
         return RunResult(outcome.exit_code, stdout.data, streams["stderr"].data, stdout.truncated)
+
+    def ping(self, timeout: float = 1.0) -> bool:
+        """True when the started container answers within ``timeout`` seconds; starts nothing.
+
+        Its agent answers a PING (agent channel), or the engine reports it running (exec transport).
+        The warm pool (:mod:`.pool`) asks this before handing a member out.
+        """
+        transport, container = self._transport, self._container
+        if self._closed or transport is None or container is None:
+            return False
+        if isinstance(transport, AgentTransport):
+            return transport.ping(self._user, timeout)
+        try:
+            inspect = self._client.api.inspect_container(container.id)
+        except (docker.errors.DockerException, OSError):  # requests' errors are OSErrors
+            return False
+        return bool(inspect.get("State", {}).get("Running"))
 
     def _agent_restarted(self, why: str) -> None:
         self.restarts += 1

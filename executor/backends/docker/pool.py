@@ -1,0 +1,502 @@
+"""The warm pool: started, never-reused sandbox containers kept ready, so a session starts in milliseconds.
+
+``DockerBackend(pool=N)`` keeps ``N`` sessions *started*: container created and started, hardening
+verified from ``docker inspect``, the start-up check run from inside (:mod:`._probe`), and so the
+in-sandbox agent of the commands' user up. A workspace-less ``backend.session()`` (and what is built on
+it: the throw-away ``backend.execute``, ``SandboxTool``, ``CodeTool``) then pops one instead of
+creating a container (docs/DOCKER.md, "Warm pool"):
+
+* **Nothing per-session in a member's spec.** A member is made from the backend's settings alone (image,
+  runtime, limits, network, tmpfs, labels, user, command channel) with no workspace: every member of a
+  pool is interchangeable, described by its :class:`PoolKey`. The session id is assigned when the member
+  is created (its provider's ``io.adk-sandbox.session`` label) and the session that gets the member
+  keeps it, so :func:`~executor.backends.docker.cleanup_session` and the reaper find a handed-out member
+  like any session's container. Members also carry ``io.adk-sandbox.pool=<pool id>``.
+* **Acquire** pops the oldest ready member, checks it answers a ping (its agent's PONG, or the engine
+  saying it runs on the exec transport) and that it is younger than ``max_age_seconds`` and of the
+  newest image digest, else replaces it (counted in :attr:`PoolStats.replaced`) and takes the next. With
+  none ready it waits for one being created (started for it if need be), never longer than
+  ``acquire_timeout_seconds``; a failed create is raised to a waiting caller, not retried in a loop.
+* **Release destroys.** Closing a pooled session removes its container (never handed out again) through
+  the pool's remover, in the background; each acquire starts a refill. Creates and removes have separate
+  concurrency limits (``create_concurrency``, ``remove_concurrency``), so a backlog of removals never
+  holds up a refill, nor refills a removal.
+* **Tending.** A background thread pings idle members and replaces those past their age, so a member
+  killed from outside or left idle too long is replaced before anyone asks for it.
+* **Close** stops refills, removes the ready members, waits for the creates in flight (their containers
+  are removed too) and for the remover to finish: no container is left. A killed owner leaves its pool
+  to the reaper like any leaked container (the owner labels are set at create).
+
+Sessions bound to a host workspace cannot come from a pool: the bind mount is fixed when the container
+is created. They start cold, as without a pool.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Annotated
+
+import docker
+from pydantic import BaseModel, ConfigDict, Field
+
+from executor.backends.docker._container import ContainerProvider, OpenedContainer
+from executor.backends.docker._spec import LABEL_PREFIX, ContainerSpec
+from executor.backends.docker.session import DockerSession, SessionConfig
+from executor.errors import ExecutorError, SandboxFailedError
+from executor.types import ResourceLimits
+
+__all__ = ["POOL_LABEL", "PoolConfig", "PoolKey", "PoolStats", "SessionPool"]
+
+log = logging.getLogger(__name__)
+
+#: The label naming the pool a container was made for (set at create; kept after it is handed out).
+POOL_LABEL = LABEL_PREFIX + "pool"
+
+#: Makes an unstarted session from a pool's config, with the provider the pool gives it.
+SessionMaker = Callable[[SessionConfig, ContainerProvider], DockerSession]
+
+
+class PoolConfig(BaseModel):
+    """How a :class:`SessionPool` keeps its members (``DockerBackend(pool=PoolConfig(size=4, ...))``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    size: Annotated[int, Field(ge=1, le=256)]
+    """How many started containers to keep ready."""
+    max_age_seconds: Annotated[float, Field(gt=0)] = 600.0
+    """A member older than this is replaced, not handed out (bounds how stale a ready container gets;
+    it must be below the backend's ``lifetime_seconds``, which runs from the member's create)."""
+    create_concurrency: Annotated[int, Field(ge=1, le=32)] = 2
+    """At most this many containers being created and started at once (refills)."""
+    remove_concurrency: Annotated[int, Field(ge=1, le=32)] = 2
+    """At most this many containers being removed at once (released and replaced members)."""
+    ping_timeout_seconds: Annotated[float, Field(gt=0)] = 2.0
+    """How long a member may take to answer the ping before it is replaced."""
+    acquire_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
+    """How long an acquire waits for a member when none is ready before it fails."""
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """What makes two pool members interchangeable: everything a member's container is made from.
+
+    Nothing per-session is in it (no workspace, no session id): ``workspace`` says how a workspace
+    reaches a member, ``"none"`` for now.
+    """
+
+    engine: str
+    image: str
+    image_id: str | None
+    """The digest of the image the newest member runs (None before the first): a tag rebuilt meanwhile
+    makes the older members stale."""
+    runtime: str | None
+    limits: ResourceLimits
+    network: bool
+    tmpfs: tuple[tuple[str, int], ...]
+    labels: tuple[tuple[str, str], ...]
+    user: str | None
+    channel: str
+    # TODO(mirror): "mirror" once a mirrored workspace can be pushed into a member at acquire.
+    workspace: str = "none"
+
+    @classmethod
+    def of(cls, config: SessionConfig, engine: str, image_id: str | None = None) -> PoolKey:
+        """The key of members made from ``config`` on ``engine``."""
+        spec = config.spec
+        return cls(
+            engine=engine,
+            image=spec.image,
+            image_id=image_id,
+            runtime=spec.runtime,
+            limits=spec.limits,
+            network=spec.network,
+            tmpfs=tuple(sorted(spec.extra_tmpfs.items())),
+            labels=tuple(sorted(spec.labels.items())),
+            user=config.user,
+            channel=config.transport,
+        )
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of a pool's counters."""
+
+    ready: int
+    """Members started and waiting to be handed out."""
+    creating: int
+    """Members being created and started now."""
+    removing: int
+    """Containers queued for or being removed now (released or replaced members)."""
+    created: int
+    """Members made ready since the pool started."""
+    served: int
+    """Members handed out."""
+    replaced: int
+    """Members found dead, past their age or of an older image, and removed instead of handed out."""
+    failed: int
+    """Creates that failed."""
+
+
+@dataclass(eq=False)  # members are compared by identity (``in self._ready``)
+class _Member:
+    session: DockerSession
+    ready_at: float
+    image_id: str | None
+
+
+@dataclass
+class _Counters:
+    created: int = 0
+    served: int = 0
+    replaced: int = 0
+    failed: int = 0
+    failures: deque[Exception] = field(default_factory=deque)
+    """Create failures not yet reported, raised to waiting acquirers (one each)."""
+
+
+class _Remover:
+    """Runs removals in at most ``limit`` threads, started on demand; :meth:`drain` waits for all."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._cond = threading.Condition()
+        self._queue: deque[Callable[[], None]] = deque()
+        self._workers = 0
+        self._busy = 0
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Removals queued or running."""
+        with self._cond:
+            return len(self._queue) + self._busy
+
+    def submit(self, job: Callable[[], None]) -> bool:
+        """Queue ``job``; False once drained (the caller then runs it itself)."""
+        with self._cond:
+            if self._closed:
+                return False
+            if self._workers < self._limit:
+                worker = threading.Thread(target=self._work, name="adk-sandbox-pool-remove", daemon=True)
+                try:
+                    worker.start()  # it waits for this lock, so it sees the job appended below
+                except RuntimeError:  # the interpreter is shutting down (a close from atexit)
+                    if not self._workers:
+                        return False
+                else:
+                    self._workers += 1
+            self._queue.append(job)
+        return True
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue:
+                    self._workers -= 1
+                    self._cond.notify_all()
+                    return
+                job = self._queue.popleft()
+                self._busy += 1
+            try:
+                job()
+            except Exception:  # a removal the engine refused is noted for the reaper (ContainerProvider)
+                log.warning("a warm pool container could not be removed", exc_info=True)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+
+    def drain(self, timeout: float) -> bool:
+        """Take no more jobs (later ones run in their caller) and wait for the queued ones; True if done."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._closed = True
+            while self._queue or self._workers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+
+class _PooledProvider(ContainerProvider):
+    """A member's container provider: removals go to the pool's remover; it remembers the image digest."""
+
+    def __init__(self, client: docker.DockerClient, spec: ContainerSpec, remover: _Remover) -> None:
+        super().__init__(client, spec, None)
+        self._remover = remover
+        self.image_id: str | None = None
+
+    def open(self) -> OpenedContainer:
+        """See :meth:`ContainerProvider.open`; keeps the digest of the image the container runs."""
+        opened = super().open()
+        self.image_id = str(opened.inspect.get("Image") or "") or None
+        return opened
+
+    def remove(self, container_id: str | None) -> None:
+        """Queue the removal (a session's close does not wait for the engine); run it now once drained."""
+        if container_id is None:
+            return
+        if not self._remover.submit(functools.partial(ContainerProvider.remove, self, container_id)):
+            super().remove(container_id)
+
+
+class SessionPool:
+    """Started, workspace-less sessions kept ready for one backend's settings (see the module docstring).
+
+    ``DockerBackend(pool=...)`` makes and owns one; ``make_session`` builds an unstarted session from the
+    pool's config and provider (the backend's tracked session class).
+    """
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        config: SessionConfig,
+        settings: PoolConfig,
+        make_session: SessionMaker,
+        *,
+        engine: str,
+    ) -> None:
+        if config.spec.workspace is not None or config.attach_to is not None:
+            raise ValueError("a pool member has no workspace and is created, not attached")
+        self.id = uuid.uuid4().hex[:12]
+        """The ``io.adk-sandbox.pool`` label of this pool's containers."""
+        self.settings = settings
+        """How this pool keeps its members."""
+        spec = replace(config.spec, labels={**config.spec.labels, POOL_LABEL: self.id})
+        self._config = replace(config, spec=spec)
+        self._client = client
+        self._make_session = make_session
+        self._key = PoolKey.of(config, engine)
+        self._remover = _Remover(settings.remove_concurrency)
+        self._cond = threading.Condition()
+        self._ready: deque[_Member] = deque()
+        self._creating = 0
+        self._waiting = 0
+        self._closed = False
+        self._counters = _Counters()
+        self._stop = threading.Event()
+        with self._cond:
+            self._fill_locked()
+        self._tender = threading.Thread(target=self._tend, name="adk-sandbox-pool-tend", daemon=True)
+        self._tender.start()
+        # A pool its owner forgot to close is drained when the interpreter exits normally (a killed
+        # owner's is left to the reaper).
+        atexit.register(self.close)
+
+    @property
+    def key(self) -> PoolKey:
+        """What this pool's members are made from (the image digest is the newest member's)."""
+        with self._cond:
+            return self._key
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        """The labels of this pool's containers: the backend's, the pool's (the owner labels aside)."""
+        return self._config.spec.labels
+
+    def stats(self) -> PoolStats:
+        """The pool's counters now."""
+        with self._cond:
+            counters = self._counters
+            return PoolStats(
+                ready=len(self._ready),
+                creating=self._creating,
+                removing=self._remover.pending,
+                created=counters.created,
+                served=counters.served,
+                replaced=counters.replaced,
+                failed=counters.failed,
+            )
+
+    def wait_ready(self, timeout: float = 120.0) -> bool:
+        """Wait until ``size`` members are ready (True), or ``timeout`` passed or the pool closed (False)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._ready) < self.settings.size:
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    # -- acquire -------------------------------------------------------------------------------------
+    def acquire(self) -> DockerSession:
+        """A started session no one used before; closing it removes its container (never reused).
+
+        :class:`SandboxFailedError` when the pool is closed or no member was ready in
+        ``acquire_timeout_seconds``; a failed create's own error when one failed while this waited.
+        """
+        deadline = time.monotonic() + self.settings.acquire_timeout_seconds
+        while True:
+            member = self._take(deadline)
+            # The refill starts once the member answered: its create would compete with the ping for the
+            # interpreter and the engine (measured: a few ms of an acquire's ~5).
+            healthy = member.session.ping(self.settings.ping_timeout_seconds)
+            with self._cond:
+                self._fill_locked()
+                if healthy:
+                    self._counters.served += 1
+            if healthy:
+                return member.session
+            log.info("warm pool member %s did not answer its ping: replaced", member.session.session_id)
+            self._discard([member])
+
+    def _take(self, deadline: float) -> _Member:
+        """The oldest ready member that is not stale, waiting for one when none is (stale ones removed)."""
+        stale: list[_Member] = []
+        try:
+            with self._cond:
+                member = self._pop_fresh_locked(stale)
+                if member is not None:
+                    return member
+                self._waiting += 1
+                try:
+                    while member is None:
+                        self._fill_locked()
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise self._timeout_error()
+                        self._cond.wait(left)
+                        member = self._pop_fresh_locked(stale)
+                        if member is None and self._counters.failures:
+                            raise self._counters.failures.popleft()
+                    return member
+                finally:
+                    self._waiting -= 1
+        finally:
+            self._discard(stale)
+
+    def _pop_fresh_locked(self, stale: list[_Member]) -> _Member | None:
+        """Pop ready members until a fresh one (returned); the stale ones into ``stale``."""
+        if self._closed:
+            raise SandboxFailedError("this DockerBackend is closed: its warm pool hands out no more sessions")
+        now = time.monotonic()
+        while self._ready:
+            member = self._ready.popleft()
+            if not self._is_stale(member, now):
+                return member
+            stale.append(member)
+        return None
+
+    def _timeout_error(self) -> SandboxFailedError:
+        return SandboxFailedError(
+            f"no warm container was ready within {self.settings.acquire_timeout_seconds:g} s "
+            f"({self._creating} being started, at most {self.settings.create_concurrency} at once): the "
+            "Docker engine is slow or overloaded; nothing ran. Retry, or raise "
+            "PoolConfig.acquire_timeout_seconds"
+        )
+
+    def _is_stale(self, member: _Member, now: float) -> bool:
+        """Past its age, or running an older image than the newest member (a tag rebuilt meanwhile)."""
+        too_old = now - member.ready_at > self.settings.max_age_seconds
+        return too_old or (self._key.image_id is not None and member.image_id != self._key.image_id)
+
+    def _discard(self, members: list[_Member]) -> None:
+        """Remove members instead of handing them out (closing queues the removal) and refill."""
+        if not members:
+            return
+        with self._cond:
+            self._counters.replaced += len(members)
+            self._fill_locked()
+        for member in members:
+            _close_quietly(member.session)
+
+    # -- refill --------------------------------------------------------------------------------------
+    def _fill_locked(self) -> None:
+        """Start creates until ready + creating covers the size and the waiting acquirers (lock held)."""
+        want = self.settings.size + self._waiting
+        while (
+            not self._closed
+            and self._creating < self.settings.create_concurrency
+            and len(self._ready) + self._creating < want
+        ):
+            self._creating += 1
+            threading.Thread(target=self._create_one, name="adk-sandbox-pool-create", daemon=True).start()
+
+    def _create_one(self) -> None:
+        provider = _PooledProvider(self._client, self._config.spec, self._remover)
+        session: DockerSession | None = None
+        try:
+            session = self._make_session(self._config, provider)
+            session.start()
+        except Exception as exc:
+            if session is not None:
+                _close_quietly(session)
+            log.warning("the warm pool could not start a container: %s", exc)
+            with self._cond:
+                self._creating -= 1
+                self._counters.failed += 1
+                # Raised to one waiting acquirer each; none waiting: the next acquire tries again.
+                if len(self._counters.failures) < self._waiting:
+                    self._counters.failures.append(exc)
+                self._cond.notify_all()
+            return
+        member = _Member(session, time.monotonic(), provider.image_id)
+        with self._cond:
+            if not self._closed:
+                if member.image_id != self._key.image_id:
+                    self._key = replace(self._key, image_id=member.image_id)
+                self._ready.append(member)
+                self._counters.created += 1
+                self._counters.failures.clear()  # a create works again: earlier failures are history
+                self._creating -= 1
+                self._fill_locked()
+                self._cond.notify_all()
+                return
+        # Closed while it started: removed before the create counts as done, so close() waits for it.
+        _close_quietly(session)
+        with self._cond:
+            self._creating -= 1
+            self._cond.notify_all()
+
+    def _tend(self) -> None:
+        """Replace idle members that stopped answering or grew too old, until the pool closes."""
+        interval = min(self.settings.max_age_seconds / 4, 15.0)
+        while not self._stop.wait(interval):
+            with self._cond:
+                members = list(self._ready)
+            now = time.monotonic()
+            bad = [
+                m
+                for m in members
+                if self._is_stale(m, now) or not m.session.ping(self.settings.ping_timeout_seconds)
+            ]
+            with self._cond:  # only those still ready: an acquire may have taken one meanwhile
+                bad = [m for m in bad if m in self._ready]
+                for m in bad:
+                    self._ready.remove(m)
+            self._discard(bad)
+
+    # -- close ---------------------------------------------------------------------------------------
+    def close(self, timeout: float = 120.0) -> None:
+        """Stop refilling and remove every container of the pool (ready, starting, released). Idempotent."""
+        deadline = time.monotonic() + timeout
+        atexit.unregister(self.close)
+        with self._cond:
+            self._closed = True
+            members = list(self._ready)
+            self._ready.clear()
+            self._cond.notify_all()
+        self._stop.set()
+        for member in members:
+            _close_quietly(member.session)
+        with self._cond:
+            while self._creating and time.monotonic() < deadline:
+                self._cond.wait(max(deadline - time.monotonic(), 0.001))
+        if not self._remover.drain(max(deadline - time.monotonic(), 0.001)):
+            log.warning("the warm pool's removals did not finish in %g s; the reaper takes the rest", timeout)
+
+
+def _close_quietly(session: DockerSession) -> None:
+    try:
+        session.close()
+    except ExecutorError as exc:  # noted for the reaper by the provider; a pool close goes on
+        log.warning("closing a warm pool session failed: %s", exc)

@@ -1,0 +1,320 @@
+"""The warm pool (``DockerBackend(pool=N)``) on the real engine: fresh members, refills, health, no leaks.
+
+Each pooled container carries ``io.adk-sandbox.pool=<pool id>``: the tests count a pool's containers by
+that label (running or not), so other processes' containers on the machine do not disturb the counts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+
+from executor import ExecRequest, InvalidRequestError, Language, SandboxFailedError
+from executor.backends.docker import DockerBackend, DockerSession, PoolConfig, SessionPool
+from executor.backends.docker.pool import POOL_LABEL
+from executor.tools import SandboxTool
+from tests.conftest import require
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
+
+
+def run(session: DockerSession, code: str, timeout: float = 30):  # type: ignore[no-untyped-def]
+    return session.execute(ExecRequest(language=Language.COMMAND, code=code, timeout=timeout))
+
+
+def pool_containers(client: docker.DockerClient, pool: SessionPool) -> set[str]:
+    """Ids of every container (running or not) made for ``pool``."""
+    found = client.containers.list(all=True, sparse=True, filters={"label": f"{POOL_LABEL}={pool.id}"})
+    return {str(c.id) for c in found}
+
+
+def pooled(size: int, runtime: str | None = None, **settings: float) -> tuple[DockerBackend, SessionPool]:
+    backend = DockerBackend(runtime=runtime, pool=PoolConfig(size=size, **settings))  # type: ignore[arg-type]
+    if runtime is not None:
+        require(runtime in (backend._client.info().get("Runtimes") or {}), f"{runtime} is not registered")
+    assert backend.pool is not None
+    assert backend.pool.wait_ready(120), backend.pool.stats()
+    return backend, backend.pool
+
+
+def wait_removed(pool: SessionPool, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while pool.stats().removing and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("runtime", [None, "runsc"], ids=["runc", "runsc"])
+def test_a_released_member_is_never_handed_out_again(runtime: str | None) -> None:
+    backend, pool = pooled(2, runtime)
+    marker = f"/tmp/adk-pool-marker-{uuid.uuid4().hex}"
+    try:
+        first = backend.session()
+        assert run(first, f"echo used > {marker} && cat {marker}").stdout == "used\n"
+        released, released_id = first.container_id, first.session_id
+        first.close()
+        seen = {released}
+        for _ in range(6):
+            with backend.session() as session:
+                result = run(session, f"test -e {marker} && echo reused || echo fresh")
+                assert result.stdout == "fresh\n", "a released member's files were seen again"
+                assert session.container_id not in seen
+                assert session.session_id != released_id
+                seen.add(session.container_id)
+        wait_removed(pool)
+        # Released means destroyed: the container is gone, not parked.
+        assert released not in pool_containers(backend._client, pool)
+    finally:
+        backend.close()
+
+
+def test_a_pool_refills_after_a_burst() -> None:
+    backend, pool = pooled(3)
+    try:
+        burst = [backend.session() for _ in range(3)]
+        handed = {session.container_id for session in burst}
+        for session in burst:
+            assert run(session, "echo ok").stdout == "ok\n"
+            session.close()
+        assert pool.wait_ready(120), pool.stats()
+        wait_removed(pool)
+        refilled = pool_containers(backend._client, pool)
+        assert len(refilled) == 3
+        assert not refilled & handed  # the ready ones are new containers, the burst's are gone
+        stats = pool.stats()
+        assert (stats.served, stats.ready) == (3, 3)
+        assert stats.created >= 6
+    finally:
+        backend.close()
+
+
+def test_a_member_killed_from_outside_is_replaced_not_handed_out() -> None:
+    backend, pool = pooled(2)
+    client = backend._client
+    try:
+        victim = sorted(pool_containers(client, pool))[0]
+        client.api.kill(victim)
+        sessions = [backend.session(), backend.session()]
+        try:
+            for session in sessions:
+                assert session.container_id != victim
+                assert run(session, "echo alive").stdout == "alive\n"
+                # Handed a dead member, a session would heal itself with a fresh container and count it.
+                assert session.restarts == 0
+        finally:
+            for session in sessions:
+                session.close()
+        assert pool.stats().replaced >= 1
+    finally:
+        backend.close()
+
+
+def test_a_member_past_its_age_is_replaced() -> None:
+    backend, pool = pooled(1, max_age_seconds=1.5)
+    client = backend._client
+    try:
+        old = pool_containers(client, pool)
+        time.sleep(2)
+        with backend.session() as session:
+            assert session.container_id not in old
+            assert run(session, "echo ok").stdout == "ok\n"
+        assert pool.stats().replaced >= 1
+    finally:
+        backend.close()
+
+
+def test_closing_the_backend_leaves_no_container() -> None:
+    backend, pool = pooled(3)
+    client = backend._client
+    held = backend.session()  # handed out, still open
+    backend.session().close()  # released: its removal queued
+    assert pool.wait_ready(120)
+    extra = backend.session()  # two ready, one refill being created while the backend closes
+    assert pool.stats().creating > 0
+    assert pool.stats().ready == 2
+    made = pool_containers(client, pool) | {held.container_id, extra.container_id}
+    backend.close()
+    assert pool_containers(client, pool) == set()
+    assert all(not _exists(client, container_id) for container_id in made)
+    with pytest.raises(SandboxFailedError, match="closed"):
+        pool.acquire()
+
+
+def _exists(client: docker.DockerClient, container_id: str) -> bool:
+    try:
+        client.api.inspect_container(container_id)
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
+def test_a_sigkilled_owners_pool_is_reaped_by_the_next_backend() -> None:
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
+            import time
+            from executor.backends.docker import DockerBackend
+            backend = DockerBackend(pool=2)
+            session = backend.session()  # one handed out, two ready
+            assert backend.pool.wait_ready(120)
+            print(backend.pool.id, session.container_id, flush=True)
+            time.sleep(600)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert owner.stdout is not None
+    pool_id, handed_out = owner.stdout.readline().split()
+    client = docker.from_env()
+    label = {"label": f"{POOL_LABEL}={pool_id}"}
+    try:
+        members = {str(c.id) for c in client.containers.list(all=True, sparse=True, filters=label)}
+        assert len(members) == 3
+        assert handed_out in members
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    # A SIGKILL gives the owner no chance to drain its pool.
+    assert {str(c.id) for c in client.containers.list(all=True, sparse=True, filters=label)} == members
+    with DockerBackend() as backend:
+        assert members <= {leaked.id for leaked in backend.reaped}
+    assert client.containers.list(all=True, sparse=True, filters=label) == []
+
+
+def test_a_pool_its_owner_forgot_to_close_is_drained_at_exit() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
+            from executor.backends.docker import DockerBackend
+            backend = DockerBackend(pool=2)
+            backend.session().close()
+            assert backend.pool.wait_ready(120)
+            print(backend.pool.id, flush=True)
+        """),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 0, done.stderr
+    label = {"label": f"{POOL_LABEL}={done.stdout.strip()}"}
+    assert docker.from_env().containers.list(all=True, sparse=True, filters=label) == []
+
+
+def test_eight_threads_through_a_pool_of_two() -> None:
+    backend, pool = pooled(2)
+    client = backend._client
+    errors: list[BaseException] = []
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        try:
+            for _ in range(4):
+                with backend.session() as session:
+                    # Each container's first user: no earlier session's mark in /tmp.
+                    result = run(session, "test -e /tmp/mark && echo reused; echo x > /tmp/mark; echo ok")
+                    assert (result.exit_code, result.stdout) == (0, "ok\n"), result
+                    assert session.restarts == 0
+                    with lock:
+                        ids.append(session.session_id)
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    try:
+        assert errors == []
+        assert len(ids) == 32
+        assert len(set(ids)) == 32  # every acquire got a member of its own
+        assert pool.stats().served == 32
+    finally:
+        backend.close()
+    assert pool_containers(client, pool) == set()
+
+
+def test_throwaway_execute_and_sandbox_tool_come_from_the_pool() -> None:
+    backend, pool = pooled(2)
+    try:
+        ready = pool_containers(backend._client, pool)
+        result = backend.execute(ExecRequest(language=Language.COMMAND, code="hostname; id -u", timeout=30))
+        assert result.stdout == "sandbox\n65534\n"
+        with SandboxTool(backend) as tool:
+            payload = tool.run_sync({"language": "command", "code": "echo via-tool"})
+        assert (payload["status"], payload["stdout"]) == ("success", "via-tool\n")
+        assert pool.stats().served == 2
+        wait_removed(pool)
+        assert not ready & pool_containers(backend._client, pool)  # both served members are destroyed
+    finally:
+        backend.close()
+
+
+def test_an_exec_transport_pool_replaces_a_killed_member() -> None:
+    backend = DockerBackend(transport="exec", pool=PoolConfig(size=2))
+    pool = backend.pool
+    assert pool is not None
+    try:
+        assert pool.wait_ready(120)
+        victim = sorted(pool_containers(backend._client, pool))[0]
+        backend._client.api.kill(victim)
+        backend._client.api.wait(victim, timeout=30)
+        with backend.session() as first, backend.session() as second:
+            for session in (first, second):
+                assert session.channel == "exec"
+                assert session.container_id != victim
+                assert run(session, "echo alive").stdout == "alive\n"
+                assert session.restarts == 0
+        assert pool.stats().replaced >= 1
+    finally:
+        backend.close()
+
+
+def test_a_workspace_session_starts_cold(owned_workspace: Path) -> None:
+    backend, pool = pooled(1)
+    try:
+        with backend.session(workspace=owned_workspace) as session:
+            assert run(session, "pwd").stdout == f"{owned_workspace}\n"
+            assert session.container_id not in pool_containers(backend._client, pool)
+        assert pool.stats().served == 0
+    finally:
+        backend.close()
+
+
+def test_pooled_sessions_keep_their_id_for_cleanup() -> None:
+    backend, _ = pooled(1)
+    try:
+        session = backend.session()
+        container = session.container_id
+        # The id was given when the pool created the member; cleanup by it finds the handed-out container.
+        assert backend.cleanup(session.session_id) == [container]
+        session.close()
+    finally:
+        backend.close()
+
+
+def test_pool_settings_that_cannot_work_are_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="max_age_seconds"):
+        DockerBackend(pool=PoolConfig(size=1, max_age_seconds=100), lifetime_seconds=100)
+    with pytest.raises(InvalidRequestError, match="attached"):
+        DockerBackend(pool=1, container="some-compose-service")

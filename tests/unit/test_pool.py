@@ -1,0 +1,184 @@
+"""The warm pool's logic (limits, failures, health, close) with fake sessions and a fake engine client.
+
+The real engine's side (never reused, refills, kills from outside, leaks) is
+tests/integration/test_docker_pool.py; these pin what is hard to provoke there: a removal that hangs, a
+create that fails or never ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from executor import PolicyNotEnforceableError, ResourceLimits, SandboxFailedError
+from executor.backends.docker._container import ContainerProvider
+from executor.backends.docker._spec import ContainerSpec
+from executor.backends.docker.pool import PoolConfig, SessionPool
+from executor.backends.docker.session import SessionConfig
+
+CONFIG = SessionConfig(spec=ContainerSpec(image="img", limits=ResourceLimits()), user=None, policy_env={})
+
+
+class FakeSession:
+    """A pool member: started, pinged and closed (closing hands its container to the provider)."""
+
+    def __init__(self, maker: Maker, provider: ContainerProvider) -> None:
+        self._maker = maker
+        self._provider = provider
+        self.session_id = uuid.uuid4().hex[:12]
+        self.alive = True
+        self.closed = False
+
+    def start(self) -> None:
+        self._maker.started.wait()
+        if self._maker.fail is not None:
+            raise self._maker.fail
+
+    def ping(self, timeout: float) -> bool:
+        return self.alive
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._provider.remove(f"container-{self.session_id}")
+
+
+class Maker:
+    """Makes :class:`FakeSession` s; ``started`` gates their start, ``fail`` makes it raise."""
+
+    def __init__(self) -> None:
+        self.made: list[FakeSession] = []
+        self.started = threading.Event()
+        self.started.set()
+        self.fail: Exception | None = None
+
+    def __call__(self, config: SessionConfig, provider: ContainerProvider) -> Any:
+        session = FakeSession(self, provider)
+        self.made.append(session)
+        return session
+
+
+class FakeEngine:
+    """The one engine call a member's removal makes; ``hang`` holds every removal until set."""
+
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+        self.hang = threading.Event()
+        self.hang.set()
+        self.api = SimpleNamespace(remove_container=self._remove)
+
+    def _remove(self, container_id: str, force: bool) -> None:
+        self.hang.wait()
+        self.removed.append(container_id)
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+def maker() -> Maker:
+    return Maker()
+
+
+@pytest.fixture
+def pools() -> Iterator[list[SessionPool]]:
+    made: list[SessionPool] = []
+    yield made
+    for pool in made:
+        pool.close(timeout=5)
+
+
+def make_pool(pools: list[SessionPool], engine: FakeEngine, maker: Maker, **settings: Any) -> SessionPool:
+    pool = SessionPool(engine, CONFIG, PoolConfig(**settings), maker, engine="fake")  # type: ignore[arg-type]
+    pools.append(pool)
+    return pool
+
+
+def test_removals_that_hang_do_not_hold_up_refills(
+    pools: list[SessionPool], engine: FakeEngine, maker: Maker
+) -> None:
+    pool = make_pool(pools, engine, maker, size=2, create_concurrency=1, remove_concurrency=1)
+    engine.hang.clear()  # every removal now blocks in the engine
+    started = time.monotonic()
+    for _ in range(10):
+        pool.acquire().close()
+    assert time.monotonic() - started < 5
+    assert pool.stats().removing == 10  # one stuck in the engine, nine queued behind it
+    assert engine.removed == []
+    engine.hang.set()
+    pool.close(timeout=5)
+    assert len(engine.removed) == len(maker.made)  # every member made was removed, none twice
+    assert len(set(engine.removed)) == len(engine.removed)
+
+
+def test_a_failing_create_is_raised_to_the_waiting_acquirer_and_not_retried_in_a_loop(
+    pools: list[SessionPool], engine: FakeEngine, maker: Maker
+) -> None:
+    maker.fail = PolicyNotEnforceableError("the Docker daemon cannot run runtime 'nope'")
+    pool = make_pool(pools, engine, maker, size=2, acquire_timeout_seconds=60)
+    with pytest.raises(PolicyNotEnforceableError, match="runtime 'nope'"):
+        pool.acquire()
+    time.sleep(0.3)
+    failed = pool.stats().failed
+    time.sleep(0.3)
+    assert pool.stats().failed == failed  # nobody waiting: no retries
+    maker.fail = None
+    assert pool.acquire() in maker.made  # the next acquire tries again
+
+
+def test_an_acquire_with_nothing_ready_in_time_fails_clearly(
+    pools: list[SessionPool], engine: FakeEngine, maker: Maker
+) -> None:
+    maker.started.clear()  # starts never finish
+    pool = make_pool(pools, engine, maker, size=1, acquire_timeout_seconds=0.3)
+    with pytest.raises(SandboxFailedError, match=r"no warm container was ready within 0\.3 s"):
+        pool.acquire()
+    maker.started.set()
+
+
+def test_a_member_that_does_not_answer_is_replaced(
+    pools: list[SessionPool], engine: FakeEngine, maker: Maker
+) -> None:
+    pool = make_pool(pools, engine, maker, size=2)
+    assert pool.wait_ready(5)
+    dead = maker.made[0]
+    dead.alive = False
+    got = [pool.acquire(), pool.acquire()]
+    assert dead not in got
+    assert dead.closed
+    assert pool.stats().replaced == 1
+
+
+def test_close_waits_for_creates_in_flight_and_removes_them(
+    pools: list[SessionPool], engine: FakeEngine, maker: Maker
+) -> None:
+    maker.started.clear()
+    pool = make_pool(pools, engine, maker, size=2)
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    time.sleep(0.2)
+    assert closer.is_alive()  # waiting for the two starts
+    maker.started.set()
+    closer.join(5)
+    assert not closer.is_alive()
+    assert len(maker.made) == 2
+    assert all(session.closed for session in maker.made)
+    assert len(engine.removed) == 2
+    with pytest.raises(SandboxFailedError, match="closed"):
+        pool.acquire()
+
+
+def test_a_pool_member_has_no_workspace(engine: FakeEngine, maker: Maker) -> None:
+    with_workspace = SessionConfig(
+        spec=ContainerSpec(image="img", limits=ResourceLimits(), workspace="/w"), user=None, policy_env={}
+    )
+    with pytest.raises(ValueError, match="no workspace"):
+        SessionPool(engine, with_workspace, PoolConfig(size=1), maker, engine="fake")  # type: ignore[arg-type]
