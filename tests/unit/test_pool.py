@@ -73,7 +73,7 @@ class FakeEngine:
         self.hang.set()
         self.api = SimpleNamespace(remove_container=self._remove)
 
-    def _remove(self, container_id: str, force: bool) -> None:
+    def _remove(self, container_id: str, force: bool, v: bool = False) -> None:
         self.hang.wait()
         self.removed.append(container_id)
 
