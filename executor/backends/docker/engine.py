@@ -397,23 +397,31 @@ class _SshChannel:
     @classmethod
     def open(cls, engine: Engine, timeout: float) -> _SshChannel:
         paramiko = _require_paramiko()
-        try:
-            connection = _ssh_connection(engine, timeout, paramiko)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise BackendUnavailableError(
-                f"could not reach the Docker engine at {engine.describe()} over ssh: {exc}"
-            ) from exc
-        try:
-            channel = connection.client.get_transport().open_session(timeout=timeout)
-            channel.exec_command("docker system dial-stdio")
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            connection.release()
-            raise BackendUnavailableError(
-                f"the ssh server of the Docker engine at {engine.describe()} refused a channel running "
-                f"`docker system dial-stdio` ({exc}); it needs the docker CLI on that host"
-            ) from exc
-        channel.setblocking(False)
-        return cls(channel, connection)
+        while True:
+            try:
+                connection = _ssh_connection(engine, timeout, paramiko)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise BackendUnavailableError(
+                    f"could not reach the Docker engine at {engine.describe()} over ssh: {exc}"
+                ) from exc
+            try:
+                channel = connection.client.get_transport().open_session(timeout=timeout)
+                channel.exec_command("docker system dial-stdio")
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                shared = connection.channels > 1
+                connection.release()
+                if shared:
+                    # sshd counts a session as open until its side of the close is done (its
+                    # dial-stdio has exited), so a connection can be full before this count says so:
+                    # no more channels on it; the next try takes (or makes) another connection.
+                    connection.full = True
+                    continue
+                raise BackendUnavailableError(
+                    f"the ssh server of the Docker engine at {engine.describe()} refused a channel running "
+                    f"`docker system dial-stdio` ({exc}); it needs the docker CLI on that host"
+                ) from exc
+            channel.setblocking(False)
+            return cls(channel, connection)
 
     def fileno(self) -> int:
         return int(self.channel.fileno())  # readable when data (or the end) is buffered
@@ -457,6 +465,8 @@ class _SshConnection:
     def __init__(self, client: Any) -> None:
         self.client = client
         self.channels = 0
+        self.full = False
+        """Set when the server refused a channel below the count: no new channel goes over it."""
 
     def active(self) -> bool:
         transport = self.client.get_transport()
@@ -479,11 +489,11 @@ def _ssh_connection(engine: Engine, timeout: float, paramiko: Any) -> _SshConnec
     """
     with _ssh_lock:
         pool = _ssh_pools.setdefault(engine.host, [])
-        for dead in [connection for connection in pool if not connection.active()]:
+        for dead in [c for c in pool if not c.active() or (c.full and c.channels == 0)]:
             pool.remove(dead)
             dead.client.close()
         for connection in pool:
-            if connection.channels < _CHANNELS_PER_CONNECTION:
+            if connection.channels < _CHANNELS_PER_CONNECTION and not connection.full:
                 connection.channels += 1
                 return connection
         parts = urlsplit(engine.host)
