@@ -459,20 +459,6 @@ def test_a_session_over_ssh_is_hardened_uses_the_agent_and_mirrors_a_workspace(
         forced.session(workspace=workspace)
 
 
-def test_tree_kill_over_ssh(over_ssh: Engine) -> None:
-    """The matrix's cancel case (the kill travels from the host over ssh), a subset for time."""
-    with DockerBackend(engine=over_ssh) as backend, backend.session() as session:
-        check_no_descendant_survives(
-            backend,
-            session,
-            "cancel",
-            run,
-            bomb_went_off=lambda: (
-                "yes" in in_container(backend, session, "sh", "-c", "test -e /tmp/bomb && echo yes")
-            ),
-        )
-
-
 def test_more_streams_than_one_ssh_connection_allows_are_spread_over_connections(over_ssh: Engine) -> None:
     """sshd allows 10 channels per connection (MaxSessions): twelve open at once, each answering a ping."""
     connections = [over_ssh.dial(30, stream=True) for _ in range(12)]
