@@ -266,6 +266,18 @@ def _example_workspace() -> Iterator[str]:
         yield root
 
 
+def cleanup_pods(context: str | None, namespace: str) -> int:
+    """``adk-sandbox cleanup --kubernetes``: delete the namespace's leaked session Pods (extra ``k8s``)."""
+    from executor.backends.kubernetes._api import ClientApi  # noqa: PLC0415 - the optional k8s extra
+    from executor.backends.kubernetes._reaper import reap_leaked_pods  # noqa: PLC0415
+
+    removed = reap_leaked_pods(ClientApi(context), namespace)
+    for pod in removed:
+        print(f"deleted Pod {namespace}/{pod.name}: {pod.reason}")
+    print(f"{len(removed)} leaked Pod(s) deleted")
+    return 0
+
+
 def cleanup(session: str | None = None) -> int:
     """``adk-sandbox cleanup``: remove this project's leaked containers, or one session's (by label)."""
     from executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
@@ -452,6 +464,18 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
     cleanup_parser.add_argument(
         "--session", metavar="ID", help="remove the containers of this session id (DockerSession.session_id)"
     )
+    cleanup_parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="delete leaked session Pods (owner gone or expired) instead of containers (extra k8s)",
+    )
+    cleanup_parser.add_argument("--context", metavar="CTX", help="with --kubernetes: the kubeconfig context")
+    cleanup_parser.add_argument(
+        "--namespace",
+        default="default",
+        metavar="NS",
+        help="with --kubernetes: the namespace (default: default)",
+    )
     images_parser = commands.add_parser(
         "images", help="the sandbox images (adk-sandbox/base, adk-sandbox/rust)"
     )
@@ -507,6 +531,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
         if args.command == "doctor":
             return doctor()
         if args.command == "cleanup":
+            if args.kubernetes:
+                if args.session is not None:
+                    raise InvalidRequestError("--session selects containers: not with --kubernetes")
+                return cleanup_pods(args.context, args.namespace)
             return cleanup(args.session)
         if args.command == "images" and args.images_command == "push":
             return images_push(engine=args.engine, names=args.images)

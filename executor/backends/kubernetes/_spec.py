@@ -14,6 +14,7 @@ adds the per-session labels through the claim's ``additionalPodMetadata`` instea
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,7 +43,9 @@ __all__ = [
     "network_policy_in_force",
     "network_probe_argv",
     "network_probe_found_no_route",
+    "owner_labels_of_pod",
     "pod_name",
+    "pod_owner_labels",
     "pod_spec",
     "pod_violations",
     "selector_labels",
@@ -64,9 +67,39 @@ PER_SESSION_FIELDS = (
     f"metadata.labels[{OWNER_START}]",
     f"metadata.labels[{OWNER_BOOT}]",
     f"metadata.labels[{EXPIRES}]",
+    f"metadata.labels[{OWNER_HOST}]",
+    f"metadata.labels[{OWNER_PIDNS}]",
 )
-_DOCKER_HOST_OWNER = frozenset({OWNER_HOST, OWNER_PIDNS})
+#: A valid label value (Kubernetes: at most 63 characters, alphanumerics at both ends).
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+#: The pid namespace as /proc names it ("pid:[4026531836]"); a label holds the number alone.
+_PIDNS = re.compile(r"pid:\[(\d+)\]")
 _MIB = "Mi"
+
+
+def pod_owner_labels(session: Mapping[str, str]) -> dict[str, str]:
+    """The owner labels of a container, as valid Pod label values.
+
+    The owner's host and pid namespace say where its pid means something (:mod:`._reaper`): the pid
+    namespace "pid:[N]" is labelled as N; a host name that is no valid label value is left out, and a Pod
+    without both is judged by its expiry alone.
+    """
+    own = {key: value for key, value in session.items() if key not in (OWNER_HOST, OWNER_PIDNS)}
+    host, pidns = session.get(OWNER_HOST, ""), _PIDNS.fullmatch(session.get(OWNER_PIDNS, ""))
+    if host and _LABEL_VALUE.fullmatch(host) and pidns:
+        own[OWNER_HOST], own[OWNER_PIDNS] = host, pidns.group(1)
+    return own
+
+
+def owner_labels_of_pod(labels: Mapping[str, str]) -> dict[str, str] | None:
+    """A Pod's labels with the owner in the containers' form again (undoing :func:`pod_owner_labels`).
+
+    None when the Pod does not say where its owner runs: then only its expiry counts.
+    """
+    host, pidns = labels.get(OWNER_HOST, ""), labels.get(OWNER_PIDNS, "")
+    if not host or not pidns.isdigit():
+        return None
+    return {**labels, OWNER_PIDNS: f"pid:[{pidns}]"}
 
 
 def pod_name(session_id: str) -> str:
@@ -102,9 +135,7 @@ def pod_spec(
     """
     limits = config.limits
     resources = {"cpu": _cpu(limits.cpus), "memory": _memory(limits.memory_mb)}
-    # The owner's host and pid namespace judge a *container's* owner on one Docker host; a Pod's owner is
-    # elsewhere, and the pid namespace's "pid:[N]" is no valid label value: Pods expire by their deadline.
-    own = {key: value for key, value in (session or {}).items() if key not in _DOCKER_HOST_OWNER}
+    own = pod_owner_labels(session or {})
     metadata: dict[str, Any] = {
         "labels": {**config.labels, **selector_labels(config), **own},
         "namespace": config.namespace,

@@ -1,0 +1,63 @@
+"""Leak protection for session Pods: the Docker reaper's rule applied to the Pods of a namespace.
+
+The rule is :func:`executor.backends.docker._reaper.leak_reason`, one place for both backends.
+
+A session Pod carries the same owner labels as a container (owner pid, its start time, boot id, host and
+pid namespace, expiry). The kubelet already ends a Pod at its ``activeDeadlineSeconds``, but the Pod object
+stays (phase ``Failed``, reason ``DeadlineExceeded``) until someone deletes it, and a Pod whose owner was
+SIGKILLed runs until that deadline. So, like the Docker backend, a backend's start deletes the namespace's
+Pods of this project whose expiry passed or whose owner on this host is gone, and ``adk-sandbox cleanup
+--kubernetes`` does it on demand. Only Pods this project created are deleted: selected by the project
+label, never by name, and never a Pod that another object owns (``ownerReferences``: a Pod of
+agent-sandbox's warm pool, adopted by a claim, goes with its claim, which expires by its own
+``shutdownTime``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from executor.backends.docker._reaper import EXPIRES, leak_reason
+from executor.backends.docker._spec import PROJECT_LABEL
+from executor.backends.kubernetes._api import KubernetesApi
+from executor.backends.kubernetes._spec import owner_labels_of_pod
+
+__all__ = ["LeakedPod", "find_leaked_pods", "reap_leaked_pods"]
+
+#: The label selector of every Pod this project makes.
+PROJECT_SELECTOR = f"{PROJECT_LABEL}=adk-sandbox"
+
+
+@dataclass(frozen=True)
+class LeakedPod:
+    """A session Pod nobody owns any more."""
+
+    name: str
+    reason: str
+
+
+def find_leaked_pods(pods: list[dict[str, Any]], now: float | None = None) -> list[LeakedPod]:
+    """The Pods of ``pods`` (as listed by the API server) whose owner is gone or whose expiry passed."""
+    moment = time.time() if now is None else now
+    leaked = []
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        if labels.get(PROJECT_LABEL) != "adk-sandbox" or metadata.get("ownerReferences"):
+            continue
+        owned = owner_labels_of_pod(labels)
+        # Without its owner's host and pid namespace, a Pod's pid means nothing here: expiry only.
+        reason = leak_reason(owned if owned is not None else {EXPIRES: labels.get(EXPIRES, "")}, moment)
+        if reason is not None:
+            leaked.append(LeakedPod(name=str(metadata.get("name")), reason=reason))
+    return leaked
+
+
+def reap_leaked_pods(api: KubernetesApi, namespace: str) -> list[LeakedPod]:
+    """Delete the leaked session Pods of ``namespace``; return what was deleted."""
+    leaked = find_leaked_pods(api.list_pods(namespace, PROJECT_SELECTOR))
+    for pod in leaked:
+        api.delete_pod(namespace, pod.name)
+    return leaked
