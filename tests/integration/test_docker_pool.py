@@ -6,20 +6,25 @@ that label (running or not), so other processes' containers on the machine do no
 
 from __future__ import annotations
 
+import asyncio
+import calendar
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
+from pydantic import ValidationError
 
-from executor import ExecRequest, InvalidRequestError, Language, SandboxFailedError
+from executor import ExecRequest, InvalidRequestError, Language, PolicyNotEnforceableError, SandboxFailedError
 from executor.backends.docker import DockerBackend, DockerSession, PoolConfig, SessionPool
 from executor.backends.docker.pool import POOL_LABEL
 from executor.tools import SandboxTool
@@ -318,3 +323,228 @@ def test_pool_settings_that_cannot_work_are_refused() -> None:
         DockerBackend(pool=PoolConfig(size=1, max_age_seconds=100), lifetime_seconds=100)
     with pytest.raises(InvalidRequestError, match="attached"):
         DockerBackend(pool=1, container="some-compose-service")
+
+
+# -- copies of a workspace from the pool (PoolConfig(workspace="mirror"), backend.session(copy_of=...)) --
+
+
+def copies_pool(size: int, **settings: float) -> tuple[DockerBackend, SessionPool]:
+    backend = DockerBackend(pool=PoolConfig(size=size, workspace="mirror", **settings))  # type: ignore[arg-type]
+    assert backend.pool is not None and backend.pool.root is not None
+    assert backend.pool.wait_ready(120), backend.pool.stats()
+    return backend, backend.pool
+
+
+def make_source(root: Path) -> Path:
+    """A project tree to copy: nested files, an executable, an empty directory, a link inside."""
+    source = root / "project"
+    (source / "src" / "pkg").mkdir(parents=True)
+    (source / "empty").mkdir()
+    (source / "README").write_text("the original\n")
+    (source / "src" / "pkg" / "mod.py").write_text("VALUE = 1\n")
+    (source / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (source / "run.sh").chmod(0o755)
+    (source / "readme-link").symlink_to("README")
+    return source
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int, bytes | str]]:
+    """Every entry below ``root`` (links not followed): mode, mtime, content or link target."""
+    found: dict[str, tuple[int, int, bytes | str]] = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        what: bytes | str = (
+            os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file() else b""
+        )
+        found[str(path.relative_to(root))] = (info.st_mode, info.st_mtime_ns, what)
+    return found
+
+
+def test_a_pooled_copy_sees_the_tree_and_its_writes_stay_in_the_copy(tmp_path: Path) -> None:
+    source = make_source(tmp_path)
+    before = snapshot(source)
+    backend, pool = copies_pool(1)
+    client = backend._client
+    try:
+        ready = pool_containers(client, pool)
+        assert len(ready) == 1
+        asked = time.time()
+        session = backend.session(copy_of=source)
+        copy = session.workspace
+        assert copy is not None and pool.root is not None
+        assert Path(copy).parent == Path(pool.root)
+        # From the pool: the member made before the acquire, already started, counted as served.
+        assert session.container_id in ready
+        created = client.api.inspect_container(session.container_id)["Created"]
+        assert _seconds(created) < asked
+        assert pool.stats().served == 1
+        assert session.workspace_transport == "mirror"
+        result = run(
+            session, "pwd; cat README src/pkg/mod.py readme-link; ./run.sh; test -d empty && echo dir"
+        )
+        assert result.stdout == f"{copy}\nthe original\nVALUE = 1\nthe original\nran\ndir\n", result.stderr
+        assert run(session, "echo changed > README && echo new > made.txt && rm run.sh").exit_code == 0
+        # The writes came back to the copy, never to the source.
+        assert Path(copy, "README").read_text() == "changed\n"
+        assert Path(copy, "made.txt").read_text() == "new\n"
+        assert not Path(copy, "run.sh").exists()
+        assert snapshot(source) == before
+        released = session.container_id
+        session.close()
+        assert not os.path.lexists(copy), "a closed session's copy was left"
+        # Released means destroyed: its directory is never handed out again, nor its container.
+        with backend.session(copy_of=source) as again:
+            assert again.workspace != copy and again.container_id != released
+            assert run(again, "cat README; test -e made.txt || echo fresh").stdout == "the original\nfresh\n"
+        wait_removed(pool)
+        assert released not in pool_containers(client, pool)
+    finally:
+        backend.close()
+    assert snapshot(source) == before
+
+
+def _seconds(created: str) -> float:
+    """Docker's ``Created`` (RFC 3339 with nanoseconds) as epoch seconds."""
+    stamp, _, fraction = created.rstrip("Z").partition(".")
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{fraction or 0}")
+
+
+def test_the_file_tools_work_over_a_pooled_copy(tmp_path: Path) -> None:
+    from devtools import DevToolset, Workspace  # noqa: PLC0415 - only this test needs the tool layer
+
+    source = make_source(tmp_path)
+    backend, _ = copies_pool(1)
+    try:
+        with backend.session(copy_of=source) as session:
+            assert session.workspace is not None
+
+            async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+                with Workspace(session.workspace, sandbox=session) as ws:  # type: ignore[arg-type]
+                    tools = DevToolset(ws)
+                    await tools.run("write_file", {"path": "from_tool.txt", "content": "from the tool\n"})
+                    seen = await tools.run(
+                        "bash", {"command": "pwd; cat from_tool.txt README; echo from bash > made.txt"}
+                    )
+                    read = await tools.run("read_file", {"path": "made.txt"})
+                    return seen, read
+
+            seen, read = asyncio.run(scenario())
+            assert seen["stdout"] == f"{session.workspace}\nfrom the tool\nthe original\n", seen
+            assert read["content"] == "     1\tfrom bash\n"
+        assert not (source / "from_tool.txt").exists() and not (source / "made.txt").exists()
+    finally:
+        backend.close()
+
+
+def test_hostile_content_in_the_source_is_neither_followed_nor_copied(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("host secret\n")
+    source = make_source(tmp_path)
+    (source / "to-secret").symlink_to(secret / "key")  # absolute, outside the source
+    (source / "up").symlink_to("../secret")  # relative, climbs out
+    (source / "abs-inside").symlink_to(source / "README")  # absolute: leads out of the copy
+    os.mkfifo(source / "fifo")  # opening it would block a naive copy
+    before = snapshot(source)
+    backend, _ = copies_pool(1)
+    try:
+        with backend.session(copy_of=source) as session:
+            copy = Path(str(session.workspace))
+            for name in ("to-secret", "up", "abs-inside", "fifo"):
+                assert not os.path.lexists(copy / name), name
+            assert (copy / "readme-link").is_symlink()  # a link that stays inside is kept
+            result = run(session, "cat to-secret up/key 2>&1; ls -A; cat readme-link")
+            assert "host secret" not in result.stdout
+            assert result.stdout.endswith("README\nempty\nreadme-link\nrun.sh\nsrc\nthe original\n"), result
+    finally:
+        backend.close()
+    assert snapshot(source) == before
+    assert (secret / "key").read_text() == "host secret\n"
+
+
+def test_a_copy_without_a_pool_is_a_cold_mirrored_session(tmp_path: Path) -> None:
+    source = make_source(tmp_path)
+    before = snapshot(source)
+    with DockerBackend() as backend:  # a local engine, workspace_transport "auto": a copy still mirrors
+        session = backend.session(copy_of=source)
+        copy = session.workspace
+        assert copy is not None and Path(copy).name.startswith("adk-sandbox-copy-")
+        with session:
+            assert session.workspace_transport == "mirror"
+            assert run(session, "pwd; cat README; echo new > made.txt").stdout == f"{copy}\nthe original\n"
+            assert Path(copy, "made.txt").read_text() == "new\n"
+        assert not os.path.lexists(copy)
+    assert snapshot(source) == before
+
+
+def test_a_replaced_copies_member_takes_its_directory_along(tmp_path: Path) -> None:
+    backend, pool = copies_pool(1)
+    client = backend._client
+    root = Path(str(pool.root))
+    try:
+        victim = next(iter(pool_containers(client, pool)))
+        (old_copy,) = root.iterdir()
+        client.api.kill(victim)
+        with backend.session(copy_of=make_source(tmp_path)) as session:
+            assert session.container_id != victim
+            assert session.restarts == 0
+            assert session.workspace != str(old_copy)
+        assert pool.stats().replaced >= 1
+        assert not old_copy.exists()
+    finally:
+        backend.close()
+
+
+def test_a_copy_too_large_for_the_volume_is_refused_and_its_member_destroyed(tmp_path: Path) -> None:
+    source = tmp_path / "big"
+    source.mkdir()
+    (source / "blob").write_bytes(b"\0" * (3 * 1024 * 1024))
+    backend = DockerBackend(mirror_size_mb=2, pool=PoolConfig(size=1, workspace="mirror"))
+    assert backend.pool is not None and backend.pool.wait_ready(120)
+    client, pool = backend._client, backend.pool
+    try:
+        (member,) = pool_containers(client, pool)
+        with pytest.raises(PolicyNotEnforceableError, match="more than its copy in the sandbox may hold"):
+            backend.session(copy_of=source)
+        wait_removed(pool)
+        assert member not in pool_containers(client, pool)
+        assert pool.wait_ready(120)
+        assert len(list(Path(str(pool.root)).iterdir())) == 1  # the refill's copy only
+    finally:
+        backend.close()
+
+
+def test_closing_a_copies_pool_leaves_no_container_and_no_directory(tmp_path: Path) -> None:
+    source = make_source(tmp_path)
+    backend, pool = copies_pool(2)
+    client = backend._client
+    held = backend.session(copy_of=source)  # handed out, still open
+    backend.session(copy_of=source).close()  # released: its removal queued
+    held_copy = held.workspace
+    made = pool_containers(client, pool) | {held.container_id}
+    backend.close()
+    assert pool_containers(client, pool) == set()
+    assert all(not _exists(client, container_id) for container_id in made)
+    assert held_copy is not None and not os.path.lexists(held_copy)
+    assert pool.root is not None and not os.path.lexists(pool.root)
+
+
+def test_copy_requests_that_cannot_work_are_refused(tmp_path: Path) -> None:
+    source = make_source(tmp_path)
+    backend, pool = copies_pool(1)
+    try:
+        with pytest.raises(InvalidRequestError, match="not both"):
+            backend.session(workspace=source, copy_of=source)
+        with pytest.raises(InvalidRequestError, match="not a directory"):
+            backend.session(copy_of=source / "README")
+        with pytest.raises(InvalidRequestError, match="holds the directory the copies are made in"):
+            backend.session(copy_of=tempfile.gettempdir())
+        assert pool.stats().served == 0
+        # A pool of copies serves copies only: a workspace-less session starts cold.
+        with backend.session() as session:
+            assert session.container_id not in pool_containers(backend._client, pool)
+        assert pool.stats().served == 0
+    finally:
+        backend.close()
+    with pytest.raises(ValidationError):
+        PoolConfig(size=1, workspace="bind")  # type: ignore[arg-type]

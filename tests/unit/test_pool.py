@@ -7,6 +7,8 @@ create that fails or never ends.
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 import uuid
@@ -28,8 +30,9 @@ CONFIG = SessionConfig(spec=ContainerSpec(image="img", limits=ResourceLimits()),
 class FakeSession:
     """A pool member: started, pinged and closed (closing hands its container to the provider)."""
 
-    def __init__(self, maker: Maker, provider: ContainerProvider) -> None:
+    def __init__(self, maker: Maker, config: SessionConfig, provider: ContainerProvider) -> None:
         self._maker = maker
+        self.config = config
         self._provider = provider
         self.session_id = uuid.uuid4().hex[:12]
         self.alive = True
@@ -47,6 +50,8 @@ class FakeSession:
         if not self.closed:
             self.closed = True
             self._provider.remove(f"container-{self.session_id}")
+            if self.config.spec.workspace is not None:  # as DockerBackend's sessions remove their copy
+                shutil.rmtree(self.config.spec.workspace)
 
 
 class Maker:
@@ -59,7 +64,7 @@ class Maker:
         self.fail: Exception | None = None
 
     def __call__(self, config: SessionConfig, provider: ContainerProvider) -> Any:
-        session = FakeSession(self, provider)
+        session = FakeSession(self, config, provider)
         self.made.append(session)
         return session
 
@@ -182,3 +187,45 @@ def test_a_pool_member_has_no_workspace(engine: FakeEngine, maker: Maker) -> Non
     )
     with pytest.raises(ValueError, match="no workspace"):
         SessionPool(engine, with_workspace, PoolConfig(size=1), maker, engine="fake")  # type: ignore[arg-type]
+
+
+def test_a_copies_pool_gives_each_member_a_directory_of_its_own(
+    pools: list[SessionPool], engine: FakeEngine, maker: Maker
+) -> None:
+    pool = make_pool(pools, engine, maker, size=3, workspace="mirror")
+    assert pool.wait_ready(5)
+    assert pool.root is not None and os.stat(pool.root).st_mode & 0o777 == 0o700
+    assert (pool.key.workspace, pool.key.mirror_mb) == ("mirror", CONFIG.mirror_mb)
+    copies = [session.config.spec.workspace for session in maker.made]
+    assert len(set(copies)) == 3
+    for session, copy in zip(maker.made, copies, strict=True):
+        assert copy is not None and os.path.dirname(copy) == pool.root and os.listdir(copy) == []
+        assert session.config.workspace_transport == "mirror"
+    pool.close(timeout=5)
+    assert not os.path.lexists(pool.root)
+
+
+def test_a_failed_create_of_a_copies_pool_leaves_no_directory(
+    pools: list[SessionPool], engine: FakeEngine, maker: Maker
+) -> None:
+    maker.fail = SandboxFailedError("the engine refused")
+    pool = make_pool(pools, engine, maker, size=2, workspace="mirror", acquire_timeout_seconds=60)
+    with pytest.raises(SandboxFailedError, match="refused"):
+        pool.acquire(copy_of="/nonexistent-source")
+    deadline = time.monotonic() + 5
+    while pool.stats().creating and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.root is not None and os.listdir(pool.root) == []
+
+
+def test_each_pool_serves_its_own_kind_of_session(
+    pools: list[SessionPool], engine: FakeEngine, maker: Maker
+) -> None:
+    copies = make_pool(pools, engine, maker, size=1, workspace="mirror")
+    plain = make_pool(pools, engine, maker, size=1)
+    with pytest.raises(ValueError, match="copy_of"):
+        copies.acquire()
+    with pytest.raises(ValueError, match="no workspace"):
+        plain.acquire(copy_of="/some/project")
+    assert copies.stats().served == plain.stats().served == 0
+    assert plain.root is None and plain.key.workspace == "none" and plain.key.mirror_mb is None

@@ -52,6 +52,7 @@ __all__ = [
     "Run",
     "RunResult",
     "WorkspaceTransport",
+    "copy_tree",
     "mirror_mount_violations",
 ]
 
@@ -202,13 +203,7 @@ class MirrorWorkspace:
     def started(self, run: Run) -> None:
         """Push the whole host tree into the fresh volume, then take the container's listing as the base."""
         host = scan_host(self.root)
-        total = sum(entry.size for entry in host.values() if entry.kind == "f")
-        if total > self.cap_bytes:
-            raise PolicyNotEnforceableError(
-                f"the workspace {self.root} holds {total // (1024 * 1024)} MiB of files, more than its copy "
-                f"in the sandbox may hold ({self.cap_bytes // (1024 * 1024)} MiB); nothing ran. Create the "
-                "backend with a larger DockerBackend(mirror_size_mb=...)"
-            )
+        check_fits(self.root, host, self.cap_bytes)
         self._host, self._inside = {}, {}
         self._push(run, host, sorted(host), removed=[])
         listing, complete = self._list(run)
@@ -506,6 +501,93 @@ def scan_host(root: str) -> dict[str, Entry]:
 
     walk(root, "")
     return found
+
+
+def check_fits(root: str, host: dict[str, Entry], cap_bytes: int) -> None:
+    """Refuse a tree (``host``, scanned from ``root``) whose files would not fit a copy of ``cap_bytes``."""
+    total = sum(entry.size for entry in host.values() if entry.kind == "f")
+    if total > cap_bytes:
+        raise PolicyNotEnforceableError(
+            f"the workspace {root} holds {total // (1024 * 1024)} MiB of files, more than its copy "
+            f"in the sandbox may hold ({cap_bytes // (1024 * 1024)} MiB); nothing ran. Create the "
+            "backend with a larger DockerBackend(mirror_size_mb=...)"
+        )
+
+
+def copy_tree(source: str, dest: str, cap_bytes: int) -> list[str]:
+    """Copy the host tree ``source`` into the empty host directory ``dest``; what was left out, and why.
+
+    ``session(copy_of=...)`` fills its workspace copy with this (docs/DOCKER.md, "Warm pool"). The tree is
+    read as the mirror's push reads it (:func:`scan_host`: no link followed, special files left out; each
+    file opened beneath ``source`` without following a link) and written as pull-back writes
+    (:class:`_HostTree`: beneath ``dest`` by descriptor), so ``source`` is only read. A symbolic link is
+    copied only while it resolves inside ``dest`` and out of any ``.git`` (checked again once all is
+    written), so nothing in the copy leads out of it. Refused when the files exceed ``cap_bytes``.
+    """
+    from devtools._beneath import RootDir  # noqa: PLC0415 - see MirrorWorkspace
+
+    host = scan_host(source)
+    check_fits(source, host, cap_bytes)
+    info = os.stat(dest)
+    skipped: list[str] = []
+    links: list[str] = []
+    source_tree, dest_tree = RootDir(source), RootDir(dest)
+    try:
+        tree = _HostTree(dest_tree, (info.st_uid, info.st_gid))
+        paths = sorted(host)  # a directory before what it holds
+        for path in paths:
+            why = _copy_entry(source_tree, tree, path, host[path])
+            if why is not None:
+                skipped.append(f"{path}: {why}")
+            elif host[path].kind == "l":
+                links.append(path)
+        for path in links:
+            if not tree.link_stays_inside(path):
+                tree.remove(path)
+                skipped.append(f"{path}: a symbolic link that leads outside the workspace (or into .git)")
+        for path in reversed(paths):  # deepest first: a read-only directory is closed after its contents
+            if host[path].kind == "d":
+                with contextlib.suppress(_Refused, OSError):
+                    tree.make_dir(path, host[path].mode)
+    finally:
+        source_tree.close()
+        dest_tree.close()
+    for reason in skipped:
+        log.warning("copying %s into %s left out %s", source, dest, reason)
+    return skipped
+
+
+def _copy_entry(source: RootDir, tree: _HostTree, path: str, entry: Entry) -> str | None:
+    """Copy one scanned entry of ``source`` into ``tree``; None when done, else why it was left out."""
+    try:
+        if entry.kind == "d":
+            tree.make_dir(path, 0o700)  # its own mode once its contents are written (copy_tree)
+        elif entry.kind == "l":
+            tree.make_link(path, entry.target)
+        else:
+            content = _read_beneath(source, path)
+            if content is None:
+                return "no longer a regular file when it was copied"
+            tree.write_file(path, content, entry.mode, entry.mtime_ns / 1e9)
+    except _Refused as exc:
+        return str(exc)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _read_beneath(tree: RootDir, rel: str) -> bytes | None:
+    """The regular file ``rel`` of ``tree`` (opened beneath it, the last component not followed), or None."""
+    from devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
+
+    try:
+        fd = tree.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, EscapeError):
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        return handle.read()
 
 
 def _read_host_file(root: str, rel: str) -> bytes | None:

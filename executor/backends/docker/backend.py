@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -17,6 +19,7 @@ from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import cleanup_session, reap_leaked
 from executor.backends.docker._spec import (
     MAX_TMPFS_MB,
+    MIB,
     ContainerSpec,
     GitProtection,
     git_protection,
@@ -24,7 +27,7 @@ from executor.backends.docker._spec import (
     validate_labels,
     validate_tmpfs,
 )
-from executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
+from executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS, copy_tree
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
 from executor.backends.docker.pool import PoolConfig, SessionPool
@@ -34,6 +37,8 @@ from executor.policy import SandboxPolicy
 from executor.types import Capabilities, ExecRequest, ExecResult, ResourceLimits
 
 __all__ = ["DockerBackend"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LIFETIME_SECONDS = 12 * 3600
 _IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
@@ -211,7 +216,11 @@ class DockerBackend(SandboxBackend):
             )
 
     def _pool_member(self, config: SessionConfig, provider: ContainerProvider) -> DockerSession:
-        return _TrackedSession(self._client, config, self._forget, provider=provider)
+        # A member's workspace, when it has one, is the copy directory its pool made for it: it goes with
+        # the member.
+        return _TrackedSession(
+            self._client, config, self._forget, provider=provider, scratch=config.spec.workspace
+        )
 
     def _check_pool(self, pool: int | PoolConfig | None) -> PoolConfig | None:
         """The pool's settings, refused when they cannot work with this backend's."""
@@ -230,24 +239,77 @@ class DockerBackend(SandboxBackend):
             )
         return settings
 
-    def session(self, workspace: str | os.PathLike[str] | None = None) -> DockerSession:
+    def session(
+        self,
+        workspace: str | os.PathLike[str] | None = None,
+        *,
+        copy_of: str | os.PathLike[str] | None = None,
+    ) -> DockerSession:
         """A new session, its container bound to ``workspace`` (mounted at the same absolute path).
 
         Without a workspace, and with ``pool=``, an already started container from the warm pool.
+
+        ``copy_of`` instead gives the session a workspace of its own holding a copy of that directory: a
+        fresh directory this library makes (``session.workspace``), mirrored into the container at that
+        same path, and removed when the session closes (read results from it before). The directory
+        given is only read (no link followed out of it, special files left out; what was left out is
+        logged), so changes land in the copy only. With ``PoolConfig(workspace="mirror")`` the session
+        comes from the warm pool, already started, the copy pushed in; without, it starts cold, a plain
+        mirrored session on the copy (docs/DOCKER.md, "Warm pool").
         """
-        if workspace is None and self.pool is not None:
-            # A bind-mounted workspace cannot come from the pool: the mount is fixed at create.
-            # TODO(mirror): a mirrored workspace can: acquire here, then push the workspace into the
-            # member (and give PoolKey.workspace "mirror").
-            session = self.pool.acquire()
-            with self._lock:
-                self._sessions.add(session)
-            return session
+        if copy_of is not None:
+            if workspace is not None:
+                raise InvalidRequestError(
+                    "give workspace= (the session works in that directory) or copy_of= (it works in a copy "
+                    "of it), not both"
+                )
+            return self._copy_session(copy_of)
+        if workspace is None and self.pool is not None and self.pool.key.workspace == "none":
+            # A workspace cannot come from the pool: its mount point is fixed at create (copy_of can).
+            return self._track(self.pool.acquire())
         return self._open_session(self._session_config(workspace))
 
-    def _session_config(self, workspace: str | os.PathLike[str] | None) -> SessionConfig:
-        """The checked settings of a session of this backend bound to ``workspace`` (or none)."""
-        mode = self.workspace_transport
+    def _copy_session(self, source: str | os.PathLike[str]) -> DockerSession:
+        """A session on a copy of ``source``: from the pool of copies when there is one, else cold."""
+        if self.container is not None:
+            raise InvalidRequestError(
+                "copy_of= makes a container holding a copy of the directory; an attached container "
+                "(container=) mounts its workspace itself: use workspace="
+            )
+        root = str(Path(source).resolve(strict=False))
+        if not os.path.isdir(root):
+            raise InvalidRequestError(f"copy_of {str(source)!r} is not a directory")
+        pool = self.pool if self.pool is not None and self.pool.key.workspace == "mirror" else None
+        copies = tempfile.gettempdir()  # where the copies are made (a pool's root is below it too)
+        if _contains(root, copies):
+            raise InvalidRequestError(
+                f"copy_of {root!r} holds the directory the copies are made in ({copies}): a copy would "
+                "take in other sessions' copies. Give the directory of the project itself"
+            )
+        if pool is not None:
+            return self._track(pool.acquire(copy_of=root))
+        scratch = tempfile.mkdtemp(prefix="adk-sandbox-copy-")  # 0700, this process's
+        try:
+            copy_tree(root, scratch, self.mirror_size_mb * MIB)
+            config = self._session_config(scratch, mode="mirror")
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        return self._open_session(config, scratch=scratch)
+
+    def _track(self, session: DockerSession) -> DockerSession:
+        with self._lock:
+            self._sessions.add(session)
+        return session
+
+    def _session_config(
+        self, workspace: str | os.PathLike[str] | None, mode: str | None = None
+    ) -> SessionConfig:
+        """The checked settings of a session of this backend bound to ``workspace`` (or none).
+
+        ``mode`` overrides the backend's workspace transport (a copy is always mirrored).
+        """
+        mode = mode or self.workspace_transport
         if self.container is not None:
             mode = "bind"  # an attached container mounts the workspace itself
         elif mode == "auto" and not self.engine.local:
@@ -293,11 +355,8 @@ class DockerBackend(SandboxBackend):
             expect_image=self.expect_image,
         )
 
-    def _open_session(self, config: SessionConfig) -> DockerSession:
-        session = _TrackedSession(self._client, config, self._forget)
-        with self._lock:
-            self._sessions.add(session)
-        return session
+    def _open_session(self, config: SessionConfig, scratch: str | None = None) -> DockerSession:
+        return self._track(_TrackedSession(self._client, config, self._forget, scratch=scratch))
 
     def _refuse_host_paths(self, workspace: str | os.PathLike[str] | None) -> None:
         """A remote engine cannot bind this machine's paths: refuse rather than run against other files.
@@ -374,7 +433,11 @@ class DockerBackend(SandboxBackend):
 
 
 class _TrackedSession(DockerSession):
-    """A session that tells its backend when it closes, so the backend stops holding it."""
+    """A session that tells its backend when it closes, so the backend stops holding it.
+
+    ``scratch`` is a workspace directory this library made for the session (a copy): removed after the
+    close (after the last pull-back).
+    """
 
     def __init__(
         self,
@@ -382,13 +445,27 @@ class _TrackedSession(DockerSession):
         config: SessionConfig,
         on_close: Callable[[DockerSession], None],
         provider: ContainerProvider | None = None,
+        scratch: str | None = None,
     ) -> None:
         super().__init__(client, config, provider=provider)
         self._on_close = on_close
+        self._scratch = scratch
 
     def close(self) -> None:
         """Remove the container (unless attached) and leave the backend's list of open sessions."""
         try:
             super().close()
         finally:
+            scratch, self._scratch = self._scratch, None
+            if scratch is not None:
+                # Descriptor-based: a link pulled back into the copy is removed, never followed.
+                shutil.rmtree(scratch, ignore_errors=True)
+                if os.path.lexists(scratch):
+                    log.warning("the workspace copy %s of a closed session could not be removed", scratch)
             self._on_close(self)
+
+
+def _contains(outer: str, inner: str) -> bool:
+    """Whether the directory ``inner`` is ``outer`` or below it (both absolute)."""
+    inner = os.path.realpath(inner)
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")

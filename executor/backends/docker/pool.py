@@ -28,27 +28,45 @@ creating a container (docs/DOCKER.md, "Warm pool"):
   to the reaper like any leaked container (the owner labels are set at create).
 
 Sessions bound to a host workspace cannot come from a pool: the bind mount is fixed when the container
-is created. They start cold, as without a pool.
+is created, and so is a mirror volume's mount point (the workspace's own path), on a read-only root
+filesystem nothing else can be mounted at later. They start cold, as without a pool. What a pool can serve
+is a *copy* of a workspace, ``backend.session(copy_of=X)``, with ``PoolConfig(workspace="mirror")``:
+
+* **A workspace path chosen ahead.** Each member is created with an empty mirror volume at a directory
+  the pool made for it, ``P`` (one per member, below a root of the pool's own, mode 0700, made by this
+  process: ``tempfile.mkdtemp(prefix="adk-sandbox-pool-")``), at the same path inside as on the host.
+  Commands run as ``P``'s owner (this process's user) unless the backend's ``user`` says otherwise, as
+  for any mirrored workspace.
+* **Acquire with a source** pops a member as above, then copies ``X`` into ``P`` on the host
+  (:func:`~._workspace.copy_tree`: ``X`` only read, no link followed out of it, special files left out)
+  and pushes it into the member (:meth:`DockerSession.push_workspace`); from then on the session is a
+  mirrored session on ``P``. A member's ``P`` is removed with the member: when the session closes (after
+  its last pull-back), or when the pool replaces or drains it.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Annotated
+from typing import Annotated, Literal
 
 import docker
 from pydantic import BaseModel, ConfigDict, Field
 
 from executor.backends.docker._container import ContainerProvider, OpenedContainer
 from executor.backends.docker._spec import LABEL_PREFIX, ContainerSpec
+from executor.backends.docker._workspace import copy_tree
 from executor.backends.docker.session import DockerSession, SessionConfig
 from executor.errors import ExecutorError, SandboxFailedError
 from executor.types import ResourceLimits
@@ -82,6 +100,10 @@ class PoolConfig(BaseModel):
     """How long a member may take to answer the ping before it is replaced."""
     acquire_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
     """How long an acquire waits for a member when none is ready before it fails."""
+    workspace: Literal["none", "mirror"] = "none"
+    """What the members serve. ``"none"``: workspace-less ``backend.session()``. ``"mirror"``: copies,
+    ``backend.session(copy_of=X)``; each member then holds an empty mirror volume at a directory the pool
+    made, which ``X`` is copied into at acquire (``backend.session()`` then starts cold)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +111,8 @@ class PoolKey:
     """What makes two pool members interchangeable: everything a member's container is made from.
 
     Nothing per-session is in it (no workspace, no session id): ``workspace`` says how a workspace
-    reaches a member, ``"none"`` for now.
+    reaches a member, ``"none"`` or ``"mirror"`` (a copy pushed at acquire into a volume of ``mirror_mb``
+    MiB at a path the pool chose, see the module docstring).
     """
 
     engine: str
@@ -104,12 +127,15 @@ class PoolKey:
     labels: tuple[tuple[str, str], ...]
     user: str | None
     channel: str
-    # TODO(mirror): "mirror" once a mirrored workspace can be pushed into a member at acquire.
     workspace: str = "none"
+    mirror_mb: int | None = None
+    """The cap of a ``"mirror"`` member's volume, in MiB (None: no volume)."""
 
     @classmethod
-    def of(cls, config: SessionConfig, engine: str, image_id: str | None = None) -> PoolKey:
-        """The key of members made from ``config`` on ``engine``."""
+    def of(
+        cls, config: SessionConfig, engine: str, image_id: str | None = None, workspace: str = "none"
+    ) -> PoolKey:
+        """The key of members made from ``config`` on ``engine`` (with ``workspace`` as in PoolConfig)."""
         spec = config.spec
         return cls(
             engine=engine,
@@ -122,6 +148,8 @@ class PoolKey:
             labels=tuple(sorted(spec.labels.items())),
             user=config.user,
             channel=config.transport,
+            workspace=workspace,
+            mirror_mb=config.mirror_mb if workspace == "mirror" else None,
         )
 
 
@@ -249,7 +277,7 @@ class _PooledProvider(ContainerProvider):
 
 
 class SessionPool:
-    """Started, workspace-less sessions kept ready for one backend's settings (see the module docstring).
+    """Started sessions kept ready for one backend's settings (see the module docstring).
 
     ``DockerBackend(pool=...)`` makes and owns one; ``make_session`` builds an unstarted session from the
     pool's config and provider (the backend's tracked session class).
@@ -274,7 +302,11 @@ class SessionPool:
         self._config = replace(config, spec=spec)
         self._client = client
         self._make_session = make_session
-        self._key = PoolKey.of(config, engine)
+        self._key = PoolKey.of(config, engine, workspace=settings.workspace)
+        self.root: str | None = None
+        """The host directory holding the members' workspace copies (``workspace="mirror"``), else None."""
+        if settings.workspace == "mirror":
+            self.root = tempfile.mkdtemp(prefix="adk-sandbox-pool-")  # 0700, this process's
         self._remover = _Remover(settings.remove_concurrency)
         self._cond = threading.Condition()
         self._ready: deque[_Member] = deque()
@@ -328,12 +360,20 @@ class SessionPool:
         return True
 
     # -- acquire -------------------------------------------------------------------------------------
-    def acquire(self) -> DockerSession:
+    def acquire(self, copy_of: str | None = None) -> DockerSession:
         """A started session no one used before; closing it removes its container (never reused).
 
-        :class:`SandboxFailedError` when the pool is closed or no member was ready in
-        ``acquire_timeout_seconds``; a failed create's own error when one failed while this waited.
+        With ``workspace="mirror"``, ``copy_of`` (an absolute host directory) is copied into the member's
+        workspace and pushed into it before it is handed out; the member is destroyed when that fails
+        (the error is raised). :class:`SandboxFailedError` when the pool is closed or no member was ready
+        in ``acquire_timeout_seconds``; a failed create's own error when one failed while this waited.
         """
+        if (copy_of is not None) != (self.settings.workspace == "mirror"):
+            raise ValueError(
+                "a pool of workspace copies (PoolConfig(workspace='mirror')) serves acquire(copy_of=...) only"
+                if copy_of is None
+                else "this pool's members have no workspace: acquire() only"
+            )
         deadline = time.monotonic() + self.settings.acquire_timeout_seconds
         while True:
             member = self._take(deadline)
@@ -342,12 +382,26 @@ class SessionPool:
             healthy = member.session.ping(self.settings.ping_timeout_seconds)
             with self._cond:
                 self._fill_locked()
-                if healthy:
-                    self._counters.served += 1
             if healthy:
+                if copy_of is not None:
+                    self._fill_copy(member.session, copy_of)
+                with self._cond:
+                    self._counters.served += 1
                 return member.session
             log.info("warm pool member %s did not answer its ping: replaced", member.session.session_id)
             self._discard([member])
+
+    def _fill_copy(self, session: DockerSession, source: str) -> None:
+        """Copy ``source`` into the member's empty workspace on the host and push it in; else destroy it."""
+        workspace = session.workspace
+        try:
+            if workspace is None:  # pragma: no cover - every member of a mirror pool has one
+                raise SandboxFailedError("a warm pool member has no workspace copy")
+            copy_tree(source, workspace, self._config.mirror_mb * 1024 * 1024)
+            session.push_workspace()
+        except BaseException:
+            _close_quietly(session)  # the copy went into its workspace: never handed out again
+            raise
 
     def _take(self, deadline: float) -> _Member:
         """The oldest ready member that is not stale, waiting for one when none is (stale ones removed)."""
@@ -421,15 +475,28 @@ class SessionPool:
             self._creating += 1
             threading.Thread(target=self._create_one, name="adk-sandbox-pool-create", daemon=True).start()
 
+    def _member_config(self) -> tuple[SessionConfig, str | None]:
+        """A new member's config, and the workspace directory made for it (``"mirror"``; else None)."""
+        if self.root is None:
+            return self._config, None
+        # The member's volume is mounted at this same path inside.
+        workspace = tempfile.mkdtemp(prefix="copy-", dir=self.root)
+        spec = replace(self._config.spec, workspace=workspace)
+        return replace(self._config, spec=spec, workspace_transport="mirror"), workspace
+
     def _create_one(self) -> None:
-        provider = _PooledProvider(self._client, self._config.spec, self._remover)
         session: DockerSession | None = None
+        workspace: str | None = None
         try:
-            session = self._make_session(self._config, provider)
+            config, workspace = self._member_config()
+            provider = _PooledProvider(self._client, config.spec, self._remover)
+            session = self._make_session(config, provider)
             session.start()
         except Exception as exc:
             if session is not None:
                 _close_quietly(session)
+            if workspace is not None:
+                shutil.rmtree(workspace, ignore_errors=True)
             log.warning("the warm pool could not start a container: %s", exc)
             with self._cond:
                 self._creating -= 1
@@ -493,6 +560,14 @@ class SessionPool:
                 self._cond.wait(max(deadline - time.monotonic(), 0.001))
         if not self._remover.drain(max(deadline - time.monotonic(), 0.001)):
             log.warning("the warm pool's removals did not finish in %g s; the reaper takes the rest", timeout)
+        if self.root is not None:
+            # Empty once every member closed (each removes its copy); a handed-out session still open
+            # keeps its copy, and so the root, until it closes (DockerBackend.close closes those first).
+            with contextlib.suppress(FileNotFoundError):
+                try:
+                    os.rmdir(self.root)
+                except OSError:
+                    log.warning("warm pool directory %s left: sessions with copies in it are open", self.root)
 
 
 def _close_quietly(session: DockerSession) -> None:

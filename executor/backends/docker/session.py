@@ -258,6 +258,27 @@ class DockerSession(SandboxBackend):
         return self._workspace.mode if self._workspace is not None else self._workspace_mode
 
     @property
+    def workspace(self) -> str | None:
+        """The host directory of the session's workspace (absolute, resolved), or None without one.
+
+        For ``backend.session(copy_of=...)`` this is the copy the library made (see docs/DOCKER.md,
+        "Warm pool"): read results from here before the session closes.
+        """
+        return self._config.spec.workspace
+
+    def push_workspace(self) -> None:
+        """Bring the host copy's changes into a mirrored workspace now (what the next command does first).
+
+        Starts the session. Nothing to do for a bound workspace or none; the warm pool calls this after
+        filling a member's empty workspace copy, so file operations see it too.
+        """
+        self.start()
+        workspace = self._workspace
+        if workspace is not None:
+            with self._sync_lock:
+                workspace.before_command(self._sync_run)
+
+    @property
     def mirror(self) -> MirrorWorkspace | None:
         """The mirrored workspace (its :attr:`~MirrorWorkspace.refused` says what the last pull-back left)."""
         return self._workspace if isinstance(self._workspace, MirrorWorkspace) else None
