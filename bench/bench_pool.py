@@ -5,6 +5,11 @@ Rows (each pooled measurement interleaved with its cold anchor, sample by sample
 * session acquire from a full warm pool (``DockerBackend(pool=4).session()``) against a cold
   ``session()`` + ``start()`` (create, start, verify, agent up) of a backend without a pool;
 * acquire + first ``true`` against cold start + first ``true``;
+* a copy of a 2,000-file workspace (8 KiB files, 16 MB) from a pool of copies
+  (``DockerBackend(pool=PoolConfig(size=2, workspace="mirror")).session(copy_of=tree)``: the host copy
+  into the member's directory, the push, then the first ``true``) against a cold mirrored session on the
+  same tree (``DockerBackend(workspace_transport="mirror").session(workspace=tree)``: create, start,
+  verify, push, first ``true``), and against a cold ``session(copy_of=tree)`` of a backend without a pool;
 * ``--runs`` throw-away ``SandboxTool`` calls (a tool per call, closed after it: a fresh container each)
   through a pool of 4 against the same calls on a backend without a pool; total time until the last
   result, the time the backend's close then took (the pool's queued removals drained), and the
@@ -17,17 +22,21 @@ at the rate it can create, the last row shows what that gives).
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import docker
-from _fixtures import TRUE, containers_of_this_process, runtime_name
+from _fixtures import TRUE, containers_of_this_process, owned_workspace, runtime_name
 from _timing import Row, Stats, parser, print_section
+from bench_mirror import make_tree
 
-from executor.backends.docker import DockerBackend, DockerSession
+from executor.backends.docker import DockerBackend, DockerSession, PoolConfig
 from executor.tools import SandboxTool
 
 POOL_SIZE = 4
+TREE_FILES = 2000
 
 
 def side_by_side(
@@ -48,6 +57,64 @@ def side_by_side(
             if i:
                 samples[name].append(elapsed)
     return Stats(tuple(samples["warm"])), Stats(tuple(samples["cold"]))
+
+
+def copies_side_by_side(runtime: str | None, repeat: int) -> tuple[list[Row], list[str]]:
+    """A 2,000-file workspace: a pooled copy against cold mirrored starts of the same tree, interleaved."""
+    tree = Path(owned_workspace("adk-bench-pool-tree-"))
+    make_tree(tree, TREE_FILES)
+    copies = DockerBackend(runtime=runtime, pool=PoolConfig(size=2, workspace="mirror"))
+    mirrored = DockerBackend(runtime=runtime, workspace_transport="mirror")
+    try:
+
+        def first(session: DockerSession) -> DockerSession:
+            assert session.execute(TRUE).exit_code == 0
+            return session
+
+        samples: dict[str, list[float]] = {"pool": [], "mirror": [], "copy": []}
+        fns: dict[str, Callable[[], DockerSession]] = {
+            "pool": lambda: first(copies.session(copy_of=tree)),
+            "mirror": lambda: first(mirrored.session(workspace=tree)),
+            "copy": lambda: first(mirrored.session(copy_of=tree)),
+        }
+        order = list(fns)
+        assert copies.pool is not None
+        for i in range(repeat + 1):  # the first round is the warm-up
+            for name in order[i % 3 :] + order[: i % 3]:
+                if name == "pool":
+                    assert copies.pool.wait_ready(120)
+                started = time.perf_counter()
+                session = fns[name]()
+                elapsed = (time.perf_counter() - started) * 1000
+                session.close()
+                if i:
+                    samples[name].append(elapsed)
+        stats = copies.pool.stats()
+    finally:
+        copies.close()
+        mirrored.close()
+        shutil.rmtree(tree)
+    pool, mirror, copy = (Stats(tuple(samples[name])) for name in ("pool", "mirror", "copy"))
+    rt = runtime_name(runtime)
+    rows = [
+        Row.latency(
+            f"{rt}: `session(copy_of=)` of a {TREE_FILES}-file tree from a pool of copies + first `true`",
+            pool,
+            "cold mirrored `session(workspace=)` of it + first `true`",
+            mirror,
+        ),
+        Row.latency(
+            f"{rt}: the same from the pool of copies",
+            pool,
+            "cold `session(copy_of=)` (no pool) + first `true`",
+            copy,
+        ),
+    ]
+    notes = [
+        f"the {TREE_FILES}-file tree: 8 KiB files of random bytes in directories of 100 (16 MB); the pool "
+        f"of copies refilled before each pooled sample; its counters after: {stats}",
+    ]
+    return rows, notes
 
 
 def throwaway_runs(backend: DockerBackend, runs: int) -> float:
@@ -132,6 +199,9 @@ def main() -> None:
             f"acquire + first `true` split: acquire p50 {Stats(tuple(split['acquire'])).p50:.2f} ms, the "
             f"first `true` after it p50 {Stats(tuple(split['first'])).p50:.2f} ms (while the refill runs)",
         ]
+        copy_rows, copy_notes = copies_side_by_side(options.runtime, repeat)
+        rows += copy_rows
+        target_notes += copy_notes
         totals, block = throwaway_side_by_side(pooled, cold, runs)
         assert pooled.pool is not None
         stats = pooled.pool.stats()

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -538,7 +537,7 @@ def test_copy_requests_that_cannot_work_are_refused(tmp_path: Path) -> None:
         with pytest.raises(InvalidRequestError, match="not a directory"):
             backend.session(copy_of=source / "README")
         with pytest.raises(InvalidRequestError, match="holds the directory the copies are made in"):
-            backend.session(copy_of=tempfile.gettempdir())
+            backend.session(copy_of=os.path.dirname(str(pool.root)))
         assert pool.stats().served == 0
         # A pool of copies serves copies only: a workspace-less session starts cold.
         with backend.session() as session:

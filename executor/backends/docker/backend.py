@@ -27,7 +27,12 @@ from executor.backends.docker._spec import (
     validate_labels,
     validate_tmpfs,
 )
-from executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS, copy_tree
+from executor.backends.docker._workspace import (
+    DEFAULT_MIRROR_MB,
+    WORKSPACE_TRANSPORTS,
+    copies_dir,
+    copy_tree,
+)
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
 from executor.backends.docker.pool import PoolConfig, SessionPool
@@ -280,7 +285,7 @@ class DockerBackend(SandboxBackend):
         if not os.path.isdir(root):
             raise InvalidRequestError(f"copy_of {str(source)!r} is not a directory")
         pool = self.pool if self.pool is not None and self.pool.key.workspace == "mirror" else None
-        copies = tempfile.gettempdir()  # where the copies are made (a pool's root is below it too)
+        copies = copies_dir()  # where the copies are made (a pool's root is below it too)
         if _contains(root, copies):
             raise InvalidRequestError(
                 f"copy_of {root!r} holds the directory the copies are made in ({copies}): a copy would "
@@ -288,7 +293,7 @@ class DockerBackend(SandboxBackend):
             )
         if pool is not None:
             return self._track(pool.acquire(copy_of=root))
-        scratch = tempfile.mkdtemp(prefix="adk-sandbox-copy-")  # 0700, this process's
+        scratch = tempfile.mkdtemp(prefix="adk-sandbox-copy-", dir=copies)  # 0700, this process's
         try:
             copy_tree(root, scratch, self.mirror_size_mb * MIB)
             config = self._session_config(scratch, mode="mirror")

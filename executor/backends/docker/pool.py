@@ -34,7 +34,8 @@ is a *copy* of a workspace, ``backend.session(copy_of=X)``, with ``PoolConfig(wo
 
 * **A workspace path chosen ahead.** Each member is created with an empty mirror volume at a directory
   the pool made for it, ``P`` (one per member, below a root of the pool's own, mode 0700, made by this
-  process: ``tempfile.mkdtemp(prefix="adk-sandbox-pool-")``), at the same path inside as on the host.
+  process in :func:`~._workspace.copies_dir`, ``/dev/shm`` when it is a tmpfs), at the same path inside
+  as on the host.
   Commands run as ``P``'s owner (this process's user) unless the backend's ``user`` says otherwise, as
   for any mirrored workspace.
 * **Acquire with a source** pops a member as above, then copies ``X`` into ``P`` on the host
@@ -66,7 +67,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from executor.backends.docker._container import ContainerProvider, OpenedContainer
 from executor.backends.docker._spec import LABEL_PREFIX, ContainerSpec
-from executor.backends.docker._workspace import copy_tree
+from executor.backends.docker._workspace import copies_dir, copy_tree
 from executor.backends.docker.session import DockerSession, SessionConfig
 from executor.errors import ExecutorError, SandboxFailedError
 from executor.types import ResourceLimits
@@ -306,7 +307,7 @@ class SessionPool:
         self.root: str | None = None
         """The host directory holding the members' workspace copies (``workspace="mirror"``), else None."""
         if settings.workspace == "mirror":
-            self.root = tempfile.mkdtemp(prefix="adk-sandbox-pool-")  # 0700, this process's
+            self.root = tempfile.mkdtemp(prefix="adk-sandbox-pool-", dir=copies_dir())  # 0700, ours
         self._remover = _Remover(settings.remove_concurrency)
         self._cond = threading.Condition()
         self._ready: deque[_Member] = deque()
@@ -377,17 +378,22 @@ class SessionPool:
         deadline = time.monotonic() + self.settings.acquire_timeout_seconds
         while True:
             member = self._take(deadline)
-            # The refill starts once the member answered: its create would compete with the ping for the
-            # interpreter and the engine (measured: a few ms of an acquire's ~5).
+            # The refill starts once the member answered (a copy: once it is pushed in): its create would
+            # compete with the ping, and the copy, for the interpreter and the engine (measured: a few ms
+            # of an acquire's ~5).
             healthy = member.session.ping(self.settings.ping_timeout_seconds)
-            with self._cond:
-                self._fill_locked()
             if healthy:
-                if copy_of is not None:
-                    self._fill_copy(member.session, copy_of)
+                try:
+                    if copy_of is not None:
+                        self._fill_copy(member.session, copy_of)
+                finally:
+                    with self._cond:
+                        self._fill_locked()
                 with self._cond:
                     self._counters.served += 1
                 return member.session
+            with self._cond:
+                self._fill_locked()
             log.info("warm pool member %s did not answer its ping: replaced", member.session.session_id)
             self._discard([member])
 
