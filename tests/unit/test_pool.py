@@ -50,7 +50,7 @@ class FakeSession:
         if not self.closed:
             self.closed = True
             self._provider.remove(f"container-{self.session_id}")
-            if self.config.spec.workspace is not None:  # as DockerBackend's sessions remove their copy
+            if self.config.workspace_is_copy and self.config.spec.workspace:  # as a DockerSession does
                 shutil.rmtree(self.config.spec.workspace)
 
 
@@ -200,7 +200,7 @@ def test_a_copies_pool_gives_each_member_a_directory_of_its_own(
     assert len(set(copies)) == 3
     for session, copy in zip(maker.made, copies, strict=True):
         assert copy is not None and os.path.dirname(copy) == pool.root and os.listdir(copy) == []
-        assert session.config.workspace_transport == "mirror"
+        assert session.config.workspace_transport == "mirror" and session.config.workspace_is_copy
     pool.close(timeout=5)
     assert not os.path.lexists(pool.root)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import docker
@@ -42,8 +42,6 @@ from executor.policy import SandboxPolicy
 from executor.types import Capabilities, ExecRequest, ExecResult, ResourceLimits
 
 __all__ = ["DockerBackend"]
-
-log = logging.getLogger(__name__)
 
 DEFAULT_LIFETIME_SECONDS = 12 * 3600
 _IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
@@ -221,11 +219,7 @@ class DockerBackend(SandboxBackend):
             )
 
     def _pool_member(self, config: SessionConfig, provider: ContainerProvider) -> DockerSession:
-        # A member's workspace, when it has one, is the copy directory its pool made for it: it goes with
-        # the member.
-        return _TrackedSession(
-            self._client, config, self._forget, provider=provider, scratch=config.spec.workspace
-        )
+        return _TrackedSession(self._client, config, self._forget, provider=provider)
 
     def _check_pool(self, pool: int | PoolConfig | None) -> PoolConfig | None:
         """The pool's settings, refused when they cannot work with this backend's."""
@@ -296,11 +290,11 @@ class DockerBackend(SandboxBackend):
         scratch = tempfile.mkdtemp(prefix="adk-sandbox-copy-", dir=copies)  # 0700, this process's
         try:
             copy_tree(root, scratch, self.mirror_size_mb * MIB)
-            config = self._session_config(scratch, mode="mirror")
+            config = replace(self._session_config(scratch, mode="mirror"), workspace_is_copy=True)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
-        return self._open_session(config, scratch=scratch)
+        return self._open_session(config)
 
     def _track(self, session: DockerSession) -> DockerSession:
         with self._lock:
@@ -360,8 +354,8 @@ class DockerBackend(SandboxBackend):
             expect_image=self.expect_image,
         )
 
-    def _open_session(self, config: SessionConfig, scratch: str | None = None) -> DockerSession:
-        return self._track(_TrackedSession(self._client, config, self._forget, scratch=scratch))
+    def _open_session(self, config: SessionConfig) -> DockerSession:
+        return self._track(_TrackedSession(self._client, config, self._forget))
 
     def _refuse_host_paths(self, workspace: str | os.PathLike[str] | None) -> None:
         """A remote engine cannot bind this machine's paths: refuse rather than run against other files.
@@ -438,11 +432,7 @@ class DockerBackend(SandboxBackend):
 
 
 class _TrackedSession(DockerSession):
-    """A session that tells its backend when it closes, so the backend stops holding it.
-
-    ``scratch`` is a workspace directory this library made for the session (a copy): removed after the
-    close (after the last pull-back).
-    """
+    """A session that tells its backend when it closes, so the backend stops holding it."""
 
     def __init__(
         self,
@@ -450,23 +440,15 @@ class _TrackedSession(DockerSession):
         config: SessionConfig,
         on_close: Callable[[DockerSession], None],
         provider: ContainerProvider | None = None,
-        scratch: str | None = None,
     ) -> None:
         super().__init__(client, config, provider=provider)
         self._on_close = on_close
-        self._scratch = scratch
 
     def close(self) -> None:
         """Remove the container (unless attached) and leave the backend's list of open sessions."""
         try:
             super().close()
         finally:
-            scratch, self._scratch = self._scratch, None
-            if scratch is not None:
-                # Descriptor-based: a link pulled back into the copy is removed, never followed.
-                shutil.rmtree(scratch, ignore_errors=True)
-                if os.path.lexists(scratch):
-                    log.warning("the workspace copy %s of a closed session could not be removed", scratch)
             self._on_close(self)
 
 

@@ -488,7 +488,8 @@ class SessionPool:
         # The member's volume is mounted at this same path inside.
         workspace = tempfile.mkdtemp(prefix="copy-", dir=self.root)
         spec = replace(self._config.spec, workspace=workspace)
-        return replace(self._config, spec=spec, workspace_transport="mirror"), workspace
+        config = replace(self._config, spec=spec, workspace_transport="mirror", workspace_is_copy=True)
+        return config, workspace
 
     def _create_one(self) -> None:
         session: DockerSession | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -121,6 +122,9 @@ class SessionConfig:
     """Size cap of a mirrored workspace's volume, in MiB."""
     expect_image: ExpectedImage | None = None
     """The image id the container must run (refused when pinned, warned about otherwise); None: any."""
+    workspace_is_copy: bool = False
+    """The workspace is a copy this library made for the session (``backend.session(copy_of=...)``, see
+    docs/DOCKER.md "Warm pool"): removed from the host once the session closed."""
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
@@ -314,10 +318,17 @@ class DockerSession(SandboxBackend):
                         self._workspace.closing(self._sync_run)
                 except ExecutorError as exc:
                     log.warning("the workspace copy's last changes could not be brought back: %s", exc)
+            already = self._closed
             self._closed = True
             self._discard_container()
             if isinstance(self._workspace, MirrorWorkspace):
                 self._workspace.close()
+            copy = self._config.spec.workspace
+            if self._config.workspace_is_copy and copy is not None and not already:
+                # After the last pull-back; descriptor-based, so a link pulled back is removed, not followed.
+                shutil.rmtree(copy, ignore_errors=True)
+                if os.path.lexists(copy):
+                    log.warning("the workspace copy %s of a closed session could not be removed", copy)
 
     def _open_container(self) -> None:
         """Open a verified container with its workspace (``auto``: bind, else a mirror; lock held)."""
