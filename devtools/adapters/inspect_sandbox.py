@@ -43,6 +43,9 @@ from inspect_ai.util import (
     SandboxEnvironmentLimits,
     sandboxenv,
 )
+
+# inspect_ai (0.3.285, and a later main) exports no public name for its tool launcher's path: the
+# private constant is the one place it is defined, and matching it exactly is the point (see below).
 from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
