@@ -26,7 +26,7 @@ import docker.errors
 from executor._env import build_child_env
 from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
 from executor._output import OutputCapture
-from executor.backend import OutputCallback, SandboxBackend
+from executor.backend import OutputCallback, SandboxSession
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._container import (
     ContainerProvider,
@@ -147,7 +147,7 @@ def container_user(user: str) -> str:
     return f"{uid}:{gid if gid is not None else uid}"
 
 
-class DockerSession(SandboxBackend):
+class DockerSession(SandboxSession):
     """One container for the whole session: created at entry (or first use), reused, removed at close.
 
     Every command runs with a cleared environment (the image's own variables, then policy, then request
@@ -276,10 +276,6 @@ class DockerSession(SandboxBackend):
         if container is None:  # closed concurrently
             raise SandboxFailedError("this Docker session is closed")
         return container
-
-    def __enter__(self) -> DockerSession:
-        self.start()
-        return self
 
     def close(self) -> None:
         """Bring a mirrored workspace's last changes back, then remove the container (unless attached).

@@ -21,7 +21,7 @@ from typing import Any
 from executor._env import build_child_env
 from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
 from executor._output import OutputCapture
-from executor.backend import OutputCallback, SandboxBackend
+from executor.backend import OutputCallback, SandboxSession, SessionBackend
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._container import DEFAULT_PATH
 from executor.backends.docker._probe import verify_from_inside
@@ -65,7 +65,7 @@ _PROBE_LANGUAGES = (
 )
 
 
-class KubernetesSession(SandboxBackend):
+class KubernetesSession(SandboxSession):
     """One Pod for the whole session: created (or claimed) at entry, reused, deleted at close.
 
     Commands reach it through the agent channel over ``pods/exec`` (v5, else v4), as the Pod's user (an
@@ -87,8 +87,7 @@ class KubernetesSession(SandboxBackend):
         self._api = api
         self._config = config
         self._policy_ready = network_policy_ready
-        self.session_id = uuid.uuid4().hex[:12]
-        """The session's id: the ``io.adk-sandbox.session`` label of its Pod (and claim)."""
+        self._session_id = uuid.uuid4().hex[:12]
         self.pod_name: str | None = None
         """The session Pod's name, once it exists."""
         self._claim: str | None = None
@@ -103,6 +102,11 @@ class KubernetesSession(SandboxBackend):
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
 
     # -- lifecycle -----------------------------------------------------------------------------------
+    @property
+    def session_id(self) -> str:
+        """The session's id: the ``io.adk-sandbox.session`` label of its Pod (and claim)."""
+        return self._session_id
+
     def start(self) -> None:
         """Create (or claim) the Pod, wait until it runs, verify it, start the agent; idempotent."""
         with self._lock:
@@ -115,10 +119,6 @@ class KubernetesSession(SandboxBackend):
                     with contextlib.suppress(ExecutorError):
                         self._discard()
                     raise
-
-    def __enter__(self) -> KubernetesSession:
-        self.start()
-        return self
 
     def _open(self) -> None:
         config = self._config
@@ -325,7 +325,7 @@ def _argv_for(request: ExecRequest) -> tuple[str, ...]:
     return inline_argv(request.language, request.code)
 
 
-class KubernetesBackend(SandboxBackend):
+class KubernetesBackend(SessionBackend[KubernetesSession]):
     """Creates :class:`KubernetesSession` s: one hardened Pod per session (docs/KUBERNETES.md).
 
     >>> config = KubernetesConfig(image="registry.example/adk-sandbox/base:1")  # doctest: +SKIP
@@ -364,10 +364,8 @@ class KubernetesBackend(SandboxBackend):
                 "v1beta1 SandboxClaim), which this cluster does not serve; install agent-sandbox with its "
                 "extensions, or leave warm_pool unset to create Pods"
             )
-        self._lock = threading.Lock()
+        super().__init__()
         self._policy: dict[str, Any] | None = None
-        self._sessions: set[KubernetesSession] = set()
-        self._capabilities: Capabilities | None = None
 
     def _network_policy(self) -> dict[str, Any] | None:
         """The namespace's default-deny policy as stored, created on first use (network off only)."""
@@ -387,32 +385,11 @@ class KubernetesBackend(SandboxBackend):
                 "a Kubernetes session has no host workspace: its workspace is an emptyDir in the Pod (filled "
                 "by the mirror workspace, not wired to this backend yet); open session() without one"
             )
-        session = KubernetesSession(self._api, self.config, network_policy_ready=self._network_policy)
-        with self._lock:
-            self._sessions.add(session)
-        return session
+        return self._track(
+            KubernetesSession(self._api, self.config, network_policy_ready=self._network_policy)
+        )
 
-    def capabilities(self) -> Capabilities:
-        """What a session Pod of this backend enforces, read from a real one (probed once)."""
-        if self._capabilities is None:
-            with self.session() as probe:
-                self._capabilities = probe.capabilities()
-        return self._capabilities
-
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        """Run ``request`` in a throw-away session (a fresh Pod, deleted afterwards)."""
-        with self.session() as session:
-            return session.execute(request, on_output, cancel=cancel)
-
-    def close(self) -> None:
-        """Close every session of this backend (their Pods or claims are deleted)."""
-        with self._lock:
-            sessions, self._sessions = list(self._sessions), set()
-        for session in sessions:
-            session.close()
+    def _probe_capabilities(self) -> Capabilities:
+        """What a session Pod of this backend enforces, read from a real one."""
+        with self.session() as probe:
+            return probe.capabilities()
