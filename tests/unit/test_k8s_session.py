@@ -44,6 +44,9 @@ class FakeApi:
     def delete_pod(self, namespace: str, name: str) -> None:
         self.deleted.append(name)
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return []  # nothing leaked (tests/unit/test_k8s_reaper.py lists some)
+
     def read_runtime_class(self, name: str) -> dict[str, Any] | None:
         return None
 

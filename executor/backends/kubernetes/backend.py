@@ -33,6 +33,7 @@ from executor.backends.kubernetes._claim import claim_object, claim_state, sandb
 from executor.backends.kubernetes._config import KubernetesConfig
 from executor.backends.kubernetes._exec import ExecBridge
 from executor.backends.kubernetes._failures import pod_failure, pod_waiting_reason
+from executor.backends.kubernetes._reaper import LeakedPod, reap_leaked_pods
 from executor.backends.kubernetes._spec import (
     CONTAINER_NAME,
     capabilities_from_pod,
@@ -366,6 +367,24 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
             )
         super().__init__()
         self._policy: dict[str, Any] | None = None
+        self.reaped: list[LeakedPod] = self._reap()
+        """The leaked session Pods this backend's start deleted (see :mod:`._reaper`)."""
+
+    def _reap(self) -> list[LeakedPod]:
+        """Delete the namespace's leaked session Pods, as the Docker backend does with its containers.
+
+        A protection, not a requirement: where the account may not list Pods (RBAC), the start goes on
+        with a warning; ``activeDeadlineSeconds`` still bounds every leak.
+        """
+        namespace = self.config.namespace
+        try:
+            removed = reap_leaked_pods(self._api, namespace)
+        except ExecutorError as exc:
+            log.warning("leaked session Pods in %s were not looked for: %s", namespace, exc)
+            return []
+        for pod in removed:
+            log.info("deleted leaked session Pod %s/%s: %s", namespace, pod.name, pod.reason)
+        return removed
 
     def _network_policy(self) -> dict[str, Any] | None:
         """The namespace's default-deny policy as stored, created on first use (network off only)."""
