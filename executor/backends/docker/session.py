@@ -24,7 +24,7 @@ import docker
 import docker.errors
 
 from executor._env import build_child_env
-from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
+from executor._languages import LANGUAGES, request_argv
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxSession
 from executor.backends.docker._agent_transport import AgentTransport
@@ -124,18 +124,8 @@ class SessionConfig:
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
-    """The program and arguments that run ``request`` inside the container.
-
-    ``argv`` runs as given; code travels on the argv (:func:`executor._languages.inline_argv`, in
-    pieces when longer than one argument may be), on both transports.
-    """
-    if request.argv is not None:
-        check_argument_sizes(request.argv, "docker")
-        return request.argv
-    assert request.language is not None and request.code is not None  # noqa: S101 - ExecRequest checks
-    if request.language not in LANGUAGES:
-        raise InvalidRequestError(f"the Docker backend cannot run {request.language.value!r} code")
-    return inline_argv(request.language, request.code)
+    """The program and arguments that run ``request`` inside the container (on both transports)."""
+    return request_argv(request, "docker")
 
 
 def container_user(user: str) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from executor._env import build_child_env
-from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
+from executor._languages import LANGUAGES, request_argv
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxSession, SessionBackend
 from executor.backends.docker._agent_transport import AgentTransport
@@ -255,7 +255,7 @@ class KubernetesSession(SandboxSession):
         cancel: threading.Event | None = None,
     ) -> ExecResult:
         """Run ``request`` in the session's Pod (see the class docstring)."""
-        argv = _argv_for(request)
+        argv = request_argv(request, "kubernetes")
         config = self._config
         if request.user is not None:
             uid, gid = parse_user(request.user)
@@ -314,16 +314,6 @@ class KubernetesSession(SandboxSession):
         if pod is None:
             return SandboxFailedError(f"the session Pod {self.pod_name} was deleted ({exc})")
         return pod_failure(pod) or exc
-
-
-def _argv_for(request: ExecRequest) -> tuple[str, ...]:
-    if request.argv is not None:
-        check_argument_sizes(request.argv, "kubernetes")
-        return request.argv
-    assert request.language is not None and request.code is not None  # noqa: S101 - ExecRequest checks
-    if request.language not in LANGUAGES:
-        raise InvalidRequestError(f"the Kubernetes backend cannot run {request.language.value!r} code")
-    return inline_argv(request.language, request.code)
 
 
 class KubernetesBackend(SessionBackend[KubernetesSession]):
