@@ -45,7 +45,9 @@ What it does:
   filter installed) that performs it as the agent's user and streams bytes over pipes, so the loop never
   waits on a file. A write's data reaches the worker as (u32 length, bytes) chunks ending with a 0 length:
   a pipe ending without that mark is an abandoned write. The temporary file of a write is named by the
-  agent, which removes it when the worker dies or is KILLed. Reads open with ``O_NONBLOCK`` and refuse
+  agent, which removes it when the worker dies or is KILLed. A write replacing an existing regular file
+  first opens it ``O_WRONLY|O_NOFOLLOW`` (no truncation) as the proof the user may write it (else EACCES,
+  nothing changed) and gives the replacement its mode and owner. Reads open with ``O_NONBLOCK`` and refuse
   non-regular files. Workers are not strays. See docs/DOCKER.md, "File operations".
 * EXIT carries ``oom_kills``: the difference of the memory cgroup's ``oom_kill`` counter, read inside the
   container before and after the command (null when unreadable).
