@@ -388,11 +388,9 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             return
         if found.type == "dir":
             raise IsADirectoryError(errno.EISDIR, "Is a directory: cannot write a file over it", shown)
-        # The core writes a fresh file renamed over the old one, which the directory's permission allows
-        # even when the file is read-only. Opening the file for appending (nothing appended) asks the
-        # kernel whether this user may write it, as `open(file, "w")` would.
-        files.write_bytes(path, b"", append=True)
-        files.write_bytes(path, data, mode=found.mode & 0o777)
+        # The agent refuses a file this user may not write (PermissionError, as `open(file, "w")`) and
+        # keeps an existing file's mode (docs/DOCKER.md, "Atomic writes").
+        files.write_bytes(path, data)
 
     def _close(self, _: threading.Event) -> None:
         self._session.close()

@@ -311,6 +311,7 @@ def test_a_file_worker_is_no_stray_and_cannot_be_reached(
     assert agent is not None
     target = workspace / "target"
     target.write_bytes(b"old")
+    os.chown(target, workspace.stat().st_uid, workspace.stat().st_gid)  # the command user's: it may write it
     number, channel = agent.open_channel()
     try:
         request = {"op": "write", "path": str(target), "mode": 0o644, "exclusive": False, "append": False}
