@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,7 +23,7 @@ from executor.backends.docker._spec import (
     validate_labels,
     validate_tmpfs,
 )
-from executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
+from executor.backends.docker._workspace import AUTO_CHOICES, DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
 from executor.backends.docker.pool import PoolConfig, SessionPool
@@ -331,25 +330,33 @@ class DockerBackend(SandboxBackend):
         """
         return cleanup_session(session_id, self._client)
 
-    def capabilities(self) -> Capabilities:
+    def capabilities(self, workspace: str | os.PathLike[str] | None = None) -> Capabilities:
         """What a session container of this backend enforces, read from a real one (probed once).
 
-        ``workspace`` says how a workspace would reach it: with ``"auto"`` on a local engine the probe
-        session gets a fresh temporary directory as its workspace, so the identity check decides.
+        ``workspace`` says how a workspace would reach it: ``"bind"`` or ``"mirror"`` where the backend's
+        settings decide (``workspace_transport`` forced, a remote engine, an attached container), and
+        ``"auto"`` where ``"auto"`` decides per workspace at each session's start (a local engine). Given
+        ``workspace=``, the answer is for that directory: what ``"auto"`` found for it before on this
+        engine (:class:`~._workspace.AutoChoices`), else what a session of it finds (one is started).
         """
         if self._capabilities is None:
-            if self.workspace_transport == "auto" and self.engine.local and self.container is None:
-                with (
-                    tempfile.TemporaryDirectory(prefix="adk-sandbox-probe-") as scratch,
-                    self.session(workspace=scratch) as probe,
-                ):
-                    self._capabilities = probe.capabilities()
-            else:
-                with self.session() as probe:
-                    found = probe.capabilities()
-                mode = "mirror" if self.workspace_transport != "bind" and not self.engine.local else "bind"
-                self._capabilities = found.model_copy(update={"workspace": mode})
-        return self._capabilities
+            with self.session() as probe:
+                self._capabilities = probe.capabilities()
+        mode = self._workspace_mode_for(workspace)
+        return self._capabilities.model_copy(update={"workspace": mode})
+
+    def _workspace_mode_for(self, workspace: str | os.PathLike[str] | None) -> str:
+        """How ``workspace`` (None: any) would reach a session's container (see :meth:`capabilities`)."""
+        config = self._session_config(workspace)
+        mode = config.workspace_transport
+        if mode != "auto" or workspace is None:
+            return mode
+        root = config.spec.workspace or ""
+        known = AUTO_CHOICES.get(AUTO_CHOICES.key(self.engine.socket_path, root))
+        if known is not None:
+            return known
+        with self._open_session(config) as probe:
+            return probe.workspace_transport or mode
 
     def execute(
         self,
