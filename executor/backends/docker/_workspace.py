@@ -368,9 +368,11 @@ class MirrorWorkspace:
         wanted: dict[str, Entry] = {}
         listed: dict[bytes, Entry] = {}
         known_records = self._records
+        unmatched = 0
         for key, record in records.items():
             if known_records.get(key) == record:
                 continue  # byte-for-byte the record of an entry in sync (never a racy one: not kept)
+            unmatched += 1
             parsed = _parse_record(key, record)
             if parsed is None:
                 continue
@@ -382,12 +384,16 @@ class MirrorWorkspace:
                     self._inside[path] = entry  # what a push predicted, now with its inode and ctime
                 continue
             wanted[path] = entry
+        # Every record is a kept one and as many as there are kept entries: the listing is the last one, so
+        # nothing is gone and nothing to keep anew (each kept path is in _inside, so they are the same set).
+        unchanged = unmatched == 0 and len(records) == len(known_records) == len(self._inside)
         gone = []
-        if complete:
+        if complete and not unchanged:
             present = {key.decode("utf-8", "surrogateescape") for key in records}
             gone = [path for path in self._inside if path not in present]
         self._apply(run, wanted, gone, refused)
-        self._keep_records(records, listed, now)
+        if not unchanged:
+            self._keep_records(records, listed, now)
         self.refused = refused
         for reason in refused:
             log.warning("mirror pull-back of %s refused: %s", self.root, reason)
