@@ -320,11 +320,12 @@ class MirrorWorkspace:
             raise SandboxFailedError(
                 "could not list the workspace copy in the sandbox after copying it in; nothing ran"
             )
+        listed: dict[bytes, Entry] = {}
         for key, record in records.items():
             parsed = _parse_record(key, record)
             if parsed is not None:
-                self._inside[parsed[0]] = parsed[1]
-        self._keep_records(records, {}, now)
+                self._inside[parsed[0]] = listed[key] = parsed[1]
+        self._keep_records(records, listed, now)
         self._host, self._host_keys, self._host_racy = host, keys, racy
 
     def before_command(self, run: Run) -> None:
@@ -412,12 +413,8 @@ class MirrorWorkspace:
             entry = listed.get(key)
             if entry is None:
                 if self._records.get(key) == record:
-                    kept[key] = record
-                    continue
-                parsed = _parse_record(key, record)  # started(): nothing was kept yet
-                if parsed is None:
-                    continue
-                entry = parsed[1]
+                    kept[key] = record  # unchanged since it was kept
+                continue  # else refused when parsed: never in sync
             path = key.decode("utf-8")
             if entry.kind == "f" and (now is None or entry.ctime_ns >= now):
                 racy.add(path)
@@ -447,7 +444,8 @@ class MirrorWorkspace:
         mark = records.pop(b"", None)
         if mark is not None:
             parts = mark.split(b" ")
-            now = _ns(parts[4]) if len(parts) == 6 else None
+            with contextlib.suppress(ValueError):  # the sandbox's output: unknown when it does not parse
+                now = _ns(parts[4]) if len(parts) == 6 else None
         # A link's target is part of its record (the record is compared as a whole).
         for index in range(count):
             target = fields[3 * index + 2]
@@ -626,7 +624,7 @@ class MirrorWorkspace:
                     data = source.read()
                     try:
                         # A racy file is fetched again: often what the host holds already.
-                        if not tree.holds(path, data, entry.mode):
+                        if not tree.holds(path, data, entry.mode, member.mtime):
                             tree.write_file(path, data, entry.mode, member.mtime)
                         self._digests[path] = hashlib.sha256(data).digest()
                     except _Refused as exc:
@@ -819,8 +817,8 @@ class _HostTree:
             )  # fmt: skip
         return None
 
-    def holds(self, rel: str, data: bytes, mode: int) -> bool:
-        """Whether the host file ``rel`` (reached as written, no link) is ``data`` with ``mode`` already."""
+    def holds(self, rel: str, data: bytes, mode: int, mtime: float) -> bool:
+        """Whether the host file ``rel`` (reached as written, no link) is ``data``, ``mode``, ``mtime``."""
         try:
             with self.parent(rel, create=False) as fd:
                 out = os.open(posixpath.basename(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
@@ -828,7 +826,11 @@ class _HostTree:
             return False
         with os.fdopen(out, "rb") as handle:
             info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_size != len(data) or info.st_mode & 0o777 != mode:
+            if not stat.S_ISREG(info.st_mode) or (info.st_size, info.st_mode & 0o777, int(info.st_mtime)) != (
+                len(data),
+                mode,
+                int(mtime),
+            ):
                 return False
             return handle.read(len(data) + 1) == data
 

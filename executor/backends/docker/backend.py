@@ -6,12 +6,14 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import docker
 
 from executor.backend import OutputCallback, SandboxBackend
-from executor.backends.docker._container import ContainerProvider
+from executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
 from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import cleanup_session, reap_leaked
 from executor.backends.docker._spec import (
@@ -352,11 +354,19 @@ class DockerBackend(SandboxBackend):
         if mode != "auto" or workspace is None:
             return mode
         root = config.spec.workspace or ""
-        known = AUTO_CHOICES.get(AUTO_CHOICES.key(self.engine.socket_path, root))
+        key = AUTO_CHOICES.key(self.engine.socket_path, root)
+        known = AUTO_CHOICES.get(key)
         if known is not None:
             return known
-        with self._open_session(config) as probe:
-            return probe.workspace_transport or mode
+        # The identity check alone (a bound session's start), not a mirror's push of the whole workspace.
+        found: Literal["bind", "mirror"] = "bind"
+        try:
+            with self._open_session(replace(config, workspace_transport="bind")):
+                pass
+        except WorkspaceNotSharedError:
+            found = "mirror"
+        AUTO_CHOICES.put(key, found)
+        return found
 
     def execute(
         self,
