@@ -310,7 +310,14 @@ def test_a_local_socket_engine_with_other_files_at_the_path_gets_a_mirror_or_ref
         assert again.capabilities().workspace == "auto"  # decided per workspace on a local engine
         assert again.capabilities(workspace=workspace).workspace == "mirror"  # from what was found
         assert again.capabilities(workspace=str(workspace) + "/.").workspace == "mirror"  # same directory
-    assert [mode for mode in tried if mode is not None] == ["bind", "mirror", "mirror"]  # None: no workspace
+        # A directory not checked yet: the identity check alone answers (no mirror is pushed for it).
+        other = hidden / "ws-split-other"
+        other.mkdir()
+        assert again.capabilities(workspace=other).workspace == "mirror"
+        with again.session(workspace=other) as third:
+            assert third.workspace_transport == "mirror"
+    checked = [mode for mode in tried if mode is not None]  # None: the workspace-less probe session
+    assert checked == ["bind", "mirror", "mirror", "bind", "mirror"]
     assert remote.containers() == []
 
 
