@@ -138,10 +138,11 @@ class AutoChoices:
     (created, started, probed, removed) before the mirror's own, so a second session of the workspace
     goes to the mirror at once. The key is the engine's socket (path, device, inode, ctime: a restarted or
     other daemon makes a new socket, which is checked again) and the workspace directory (device, inode: the
-    same directory by any path; one made anew is checked again). A remembered ``"bind"`` changes nothing:
-    every bound session is identity-checked at start anyway, and a check failing then is remembered as
-    ``"mirror"``. A remembered ``"mirror"`` stays for the process: mirroring a directory the engine
-    could see is slower, never wrong.
+    same directory by any path; a directory has no stable time to add, so one made later under a reused
+    inode number gets the remembered answer). A remembered ``"bind"`` changes nothing: every bound
+    session is identity-checked at start anyway, and a check failing then is remembered as ``"mirror"``.
+    A remembered ``"mirror"`` stays for the process: mirroring a directory the engine could see is
+    slower, never wrong.
     """
 
     def __init__(self) -> None:
