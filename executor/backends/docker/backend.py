@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import inspect
 import os
-import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 from executor.backend import SessionBackend
-from executor.backends.docker._container import ContainerProvider
+from executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
 from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import cleanup_session, reap_leaked
-from executor.backends.docker._spec import ContainerSpec, GitProtection, git_protection, tmpfs_overlap
-from executor.backends.docker._workspace import DEFAULT_MIRROR_MB
+from executor.backends.docker._spec import (
+    ContainerSpec,
+    GitProtection,
+    git_protection,
+    tmpfs_overlap,
+)
+from executor.backends.docker._workspace import AUTO_CHOICES, DEFAULT_MIRROR_MB
 from executor.backends.docker.config import DEFAULT_LIFETIME_SECONDS, DockerConfig, config_from_options
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
@@ -253,21 +259,42 @@ class DockerBackend(SessionBackend[DockerSession]):
         return cleanup_session(session_id, self._client)
 
     def _probe_capabilities(self) -> Capabilities:
-        """What a session container of this backend enforces, read from a real one.
-
-        ``workspace`` says how a workspace would reach it: with ``"auto"`` on a local engine the probe
-        session gets a fresh temporary directory as its workspace, so the identity check decides.
-        """
-        if self.workspace_transport == "auto" and self.engine.local and self.container is None:
-            with (
-                tempfile.TemporaryDirectory(prefix="adk-sandbox-probe-") as scratch,
-                self.session(workspace=scratch) as probe,
-            ):
-                return probe.capabilities()
+        """What a session container of this backend enforces, read from a workspace-less one."""
         with self.session() as probe:
-            found = probe.capabilities()
-        mode = "mirror" if self.workspace_transport != "bind" and not self.engine.local else "bind"
-        return found.model_copy(update={"workspace": mode})
+            return probe.capabilities()
+
+    def capabilities(self, workspace: str | os.PathLike[str] | None = None) -> Capabilities:
+        """What a session container of this backend enforces, read from a real one (probed once).
+
+        ``workspace`` says how a workspace would reach it: ``"bind"`` or ``"mirror"`` where the backend's
+        settings decide (``workspace_transport`` forced, a remote engine, an attached container), and
+        ``"auto"`` where ``"auto"`` decides per workspace at each session's start (a local engine). Given
+        ``workspace=``, the answer is for that directory: what ``"auto"`` found for it before on this
+        engine (:class:`~._workspace.AutoChoices`), else what a session of it finds (one is started).
+        """
+        mode = self._workspace_mode_for(workspace)
+        return super().capabilities().model_copy(update={"workspace": mode})
+
+    def _workspace_mode_for(self, workspace: str | os.PathLike[str] | None) -> str:
+        """How ``workspace`` (None: any) would reach a session's container (see :meth:`capabilities`)."""
+        config = self._session_config(workspace)
+        mode = config.workspace_transport
+        if mode != "auto" or workspace is None:
+            return mode
+        root = config.spec.workspace or ""
+        key = AUTO_CHOICES.key(self.engine.socket_path, root)
+        known = AUTO_CHOICES.get(key)
+        if known is not None:
+            return known
+        # The identity check alone (a bound session's start), not a mirror's push of the whole workspace.
+        found: Literal["bind", "mirror"] = "bind"
+        try:
+            with self._open_session(replace(config, workspace_transport="bind")):
+                pass
+        except WorkspaceNotSharedError:
+            found = "mirror"
+        AUTO_CHOICES.put(key, found)
+        return found
 
     def close(self) -> None:
         """Close every session of this backend still open (their containers are removed), drain the pool."""

@@ -52,6 +52,7 @@ from executor.backends.docker._transport import (
     PreparedCommand,
 )
 from executor.backends.docker._workspace import (
+    AUTO_CHOICES,
     DEFAULT_MIRROR_MB,
     MAX_REPORTED,
     SYNC_SECONDS,
@@ -287,14 +288,22 @@ class DockerSession(SandboxSession):
     def _open_container(self) -> None:
         """Open a verified container with its workspace (``auto``: bind, else a mirror; lock held)."""
         if self._workspace_mode == "auto":
-            try:
-                self._open_once("bind")
-            except WorkspaceNotSharedError as exc:
-                log.info("the engine does not see %s (%s): mirroring it", self._config.spec.workspace, exc)
-                self._workspace_mode = "mirror"
+            workspace = self._config.spec.workspace
+            assert workspace is not None  # noqa: S101 - "auto" is kept only with a workspace
+            key = AUTO_CHOICES.key(engine_of(self._client).socket_path, workspace)
+            if AUTO_CHOICES.get(key) == "mirror":
+                self._workspace_mode = "mirror"  # this engine failed the identity check for it before
             else:
-                self._workspace_mode = "bind"
-                return
+                try:
+                    self._open_once("bind")
+                except WorkspaceNotSharedError as exc:
+                    log.info("the engine does not see %s (%s): mirroring it", workspace, exc)
+                    AUTO_CHOICES.put(key, "mirror")
+                    self._workspace_mode = "mirror"
+                else:
+                    AUTO_CHOICES.put(key, "bind")
+                    self._workspace_mode = "bind"
+                    return
         self._open_once(self._workspace_mode)
 
     def _mirror_spec(self) -> tuple[ContainerSpec, tuple[int, int]]:
