@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from executor.errors import InvalidRequestError
-from executor.types import Language
+from executor.types import ExecRequest, Language
 
 __all__ = [
     "LANGUAGES",
@@ -126,3 +126,19 @@ def check_argument_sizes(argv: Sequence[str], backend: str) -> None:
                 f"argv[{index}] is {size} bytes; Linux accepts at most {MAX_ARGUMENT_BYTES} bytes per "
                 f"argument on any backend (here {backend!r}): pass the data on stdin or in a file instead"
             )
+
+
+def request_argv(request: ExecRequest, backend: str) -> tuple[str, ...]:
+    """The program and arguments that run ``request`` in a sandbox that has the languages' programs on PATH.
+
+    ``argv`` runs as given (each argument checked against Linux's limit); code travels on the argv
+    (:func:`inline_argv`, in pieces when longer than one argument may be). One table for the container
+    backends (Docker, Kubernetes); ``backend`` names the caller in errors.
+    """
+    if request.argv is not None:
+        check_argument_sizes(request.argv, backend)
+        return request.argv
+    assert request.language is not None and request.code is not None  # noqa: S101 - ExecRequest checks
+    if request.language not in LANGUAGES:
+        raise InvalidRequestError(f"the {backend} backend cannot run {request.language.value!r} code")
+    return inline_argv(request.language, request.code)

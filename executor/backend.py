@@ -1,4 +1,9 @@
-"""The backend interfaces: :class:`SandboxBackend`, and :class:`SessionFactory` (opens sessions)."""
+"""The backend interfaces: :class:`SandboxBackend`, :class:`SessionFactory` (opens sessions).
+
+Also the shared parts of the backends that open sessions: :class:`SandboxSession` (one sandbox for many
+commands) and :class:`SessionBackend` (tracks the sessions it opened, runs a throw-away one for
+``execute``, probes its capabilities once).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,18 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar, runtime_checkable
 
 from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Stream
 
-__all__ = ["OutputCallback", "OwnedSession", "SandboxBackend", "SessionFactory"]
+__all__ = [
+    "OutputCallback",
+    "OwnedSession",
+    "SandboxBackend",
+    "SandboxSession",
+    "SessionBackend",
+    "SessionFactory",
+]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +105,109 @@ class SessionFactory(Protocol):
     def session(self, workspace: str | os.PathLike[str] | None = None) -> SandboxBackend:
         """Open a new session, bound to ``workspace`` when given; the caller closes it."""
         ...
+
+
+class SandboxSession(SandboxBackend):
+    """A session: one sandbox (a container, a Pod) that every command it runs shares, until :meth:`close`.
+
+    What :meth:`SessionBackend.session` returns. The sandbox is made by :meth:`start` -- on entry
+    (``with backend.session() as session``) or on first use -- and removed by :meth:`close`, after which
+    the session refuses to run anything (:class:`~executor.errors.SandboxFailedError`).
+    """
+
+    _closed: bool = False
+    """Set by :meth:`close` in a subclass (read through :attr:`closed`)."""
+
+    @property
+    @abstractmethod
+    def session_id(self) -> str:
+        """The session's id, known before its sandbox starts: the label its sandbox carries."""
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran: the sandbox is removed (or being removed) and no command runs."""
+        return self._closed
+
+    @abstractmethod
+    def start(self) -> None:
+        """Make the sandbox and verify it (idempotent); ``SandboxFailedError`` once the session is closed."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+
+SessionT = TypeVar("SessionT", bound=SandboxSession)
+
+
+class SessionBackend(SandboxBackend, Generic[SessionT]):
+    """A backend whose every command runs in a :class:`SandboxSession` it opened (Docker, Kubernetes).
+
+    It holds the sessions it opened until they close, so that :meth:`close` removes whatever a caller
+    left open; :meth:`sessions` and :meth:`session_by_id` read them. :meth:`execute` runs each request in
+    a throw-away session, and :meth:`capabilities` is probed once from a real session
+    (:meth:`_probe_capabilities`). A subclass implements :meth:`session` (passing each new session to
+    :meth:`_track`) and :meth:`_probe_capabilities`, and extends :meth:`close` for what else it holds.
+    Thread-safe: sessions may be opened and closed from several threads at once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        """Guards the tracked sessions (and what a subclass keeps alongside them)."""
+        self._sessions: set[SessionT] = set()
+        self._capabilities: Capabilities | None = None
+
+    @abstractmethod
+    def session(self, workspace: str | os.PathLike[str] | None = None) -> SessionT:
+        """Open a new session, bound to ``workspace`` when given; the caller closes it."""
+
+    def _track(self, session: SessionT) -> SessionT:
+        """Hold ``session`` until it closes (and :meth:`close` closes it if nobody did); returns it.
+
+        Sessions closed meanwhile are dropped here, so a long-lived backend holds only about the open ones.
+        """
+        with self._lock:
+            self._sessions = {held for held in self._sessions if not held.closed}
+            self._sessions.add(session)
+        return session
+
+    def sessions(self) -> tuple[SessionT, ...]:
+        """The sessions of this backend that are open now (a snapshot; in no particular order)."""
+        with self._lock:
+            self._sessions = {held for held in self._sessions if not held.closed}
+            return tuple(self._sessions)
+
+    def session_by_id(self, session_id: str) -> SessionT | None:
+        """The open session of this backend whose :attr:`~SandboxSession.session_id` is ``session_id``."""
+        return next((held for held in self.sessions() if held.session_id == session_id), None)
+
+    def capabilities(self) -> Capabilities:
+        """What a session of this backend enforces, read from a real one (probed once, then remembered)."""
+        if self._capabilities is None:
+            self._capabilities = self._probe_capabilities()
+        return self._capabilities
+
+    @abstractmethod
+    def _probe_capabilities(self) -> Capabilities:
+        """Open a session, read what it enforces, close it (called once, by :meth:`capabilities`)."""
+
+    def execute(
+        self,
+        request: ExecRequest,
+        on_output: OutputCallback | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> ExecResult:
+        """Run ``request`` in a throw-away session (a fresh sandbox, removed afterwards)."""
+        with self.session() as session:
+            return session.execute(request, on_output, cancel=cancel)
+
+    def close(self) -> None:
+        """Close every session of this backend still open (their sandboxes are removed). Idempotent."""
+        with self._lock:
+            sessions, self._sessions = list(self._sessions), set()
+        for session in sessions:
+            session.close()
 
 
 class OwnedSession:

@@ -119,7 +119,12 @@ def _doctor_docker() -> bool:
                 capabilities = backend.capabilities()
                 print(_describe(name, capabilities))
                 print(f"{'':<16} {'':<16} channel: {_channel_of(capabilities.channel)}")
-                print(f"{'':<16} {'':<16} workspace: {_workspace_of(capabilities.workspace)}")
+                workspace = capabilities.workspace
+                if workspace == "auto":
+                    # What "auto" picks for a directory of this machine: whether the engine sees its files.
+                    with tempfile.TemporaryDirectory(prefix="adk-sandbox-doctor-") as scratch:
+                        workspace = f"auto:{backend.capabilities(workspace=scratch).workspace}"
+                print(f"{'':<16} {'':<16} workspace: {_workspace_of(workspace)}")
             works = works or runtime is None
         except ExecutorError as exc:
             print(f"{name:<16} {'unavailable':<16} {_first_line(exc)}")
@@ -142,9 +147,14 @@ def _channel_of(channel: str | None) -> str:
 
 def _workspace_of(workspace: str | None) -> str:
     """How a workspace reaches a Docker session's container (as its capabilities say), for ``doctor``."""
-    if workspace == "mirror":
-        return "mirror (a size-capped copy at the same path, synced before and after each command)"
-    return "bind (the host directory mounted at its own path, identity-checked at start)"
+    mode = workspace.removeprefix("auto:") if workspace else workspace
+    if mode == "mirror":
+        said = "mirror (a size-capped copy at the same path, synced before and after each command)"
+    else:
+        said = "bind (the host directory mounted at its own path, identity-checked at start)"
+    if workspace and workspace.startswith("auto:"):
+        return f"auto, decided per workspace; a fresh temporary directory here: {said}"
+    return said
 
 
 def _doctor_wasm() -> None:

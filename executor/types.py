@@ -350,8 +350,10 @@ class Capabilities(BaseModel):
     workspace: str | None = None
     """How a session's workspace reaches the sandbox, where that is a choice: ``"bind"`` (the host directory
     mounted at its path, both sides see the same files) or ``"mirror"`` (a size-capped copy at the same
-    path, synced before and after each command; docs/DOCKER.md, "Workspace transport"); None for backends
-    that work on the host's directory itself, or a session without a workspace."""
+    path, synced before and after each command; docs/DOCKER.md, "Workspace transport"); ``"auto"`` from a
+    backend that decides per workspace when each session starts (a session says what it got, and
+    ``DockerBackend.capabilities(workspace=...)`` what a given directory gets); None for backends that work
+    on the host's directory itself, or a session without a workspace."""
 
 
 class ResourceLimits(BaseModel):

@@ -43,13 +43,15 @@ from inspect_ai.util import (
     SandboxEnvironmentLimits,
     sandboxenv,
 )
+
+# inspect_ai (0.3.285, and a later main) exports no public name for its tool launcher's path: the
+# private constant is the one place it is defined, and matching it exactly is the point (see below).
 from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from executor._bridge import run_blocking
-from executor.backends.docker import DockerBackend, DockerSession, cleanup_session
-from executor.backends.docker._daemon import connect, remove_container
+from executor.backends.docker import DockerBackend, DockerSession, cleanup_labelled, cleanup_session
 from executor.backends.docker.images import BASE_IMAGE
 from executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
 from executor.types import ExecRequest, ResourceLimits, parse_user
@@ -209,7 +211,7 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             if cleanup:
                 await run_blocking(_closer(backend), name="adk-sandbox-task-cleanup")
             else:
-                for session in list(backend._sessions):
+                for session in backend.sessions():
                     print(
                         f"adk-sandbox container left running: {session.container_id[:12]}; remove it with "
                         f"`inspect sandbox cleanup adk-sandbox {session.session_id}`"
@@ -220,24 +222,14 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         """``inspect sandbox cleanup adk-sandbox [ID]``: remove this provider's containers (or one by id)."""
 
         def clean(_: threading.Event) -> list[str]:
-            client = connect()
-            try:
-                removed: list[str] = []
-                if id is not None:
-                    # A session id (what task_cleanup prints): its containers, replacements included.
-                    with contextlib.suppress(InvalidRequestError):  # not a session id: a container's then
-                        removed += cleanup_session(id, client)
-                listed = client.api.containers(all=True, filters={"label": f"{PROVIDER_LABEL}=adk-sandbox"})
-                for entry in listed:
-                    names = [name.lstrip("/") for name in entry.get("Names") or []]
-                    if entry["Id"] in removed:
-                        continue
-                    if id is None or entry["Id"].startswith(id) or id in names:
-                        remove_container(client, entry["Id"])
-                        removed.append(entry["Id"])
-                return [container[:12] for container in removed]
-            finally:
-                client.close()
+            removed: list[str] = []
+            if id is not None:
+                # A session id (what task_cleanup prints): its containers, replacements included.
+                with contextlib.suppress(InvalidRequestError):  # not a session id: a container's then
+                    removed += cleanup_session(id)
+            # Else (or also) a container's id prefix or name, among this provider's containers.
+            removed += cleanup_labelled({PROVIDER_LABEL: "adk-sandbox"}, match=id)
+            return [container[:12] for container in dict.fromkeys(removed)]
 
         removed = await run_blocking(clean, name="adk-sandbox-cli-cleanup")
         if id is not None and not removed:
@@ -266,7 +258,7 @@ class AdkSandboxEnvironment(SandboxEnvironment):
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
         """``inspect sandbox connect``: a ``docker exec`` shell in the sample's container, as its user."""
-        if self._session._closed:
+        if self._session.closed:
             raise ConnectionError("this sample's adk-sandbox container has been removed")
         container = self._session.container_id
         who = await self._resolve_user(user) if user is not None else self._config.user
@@ -396,11 +388,9 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             return
         if found.type == "dir":
             raise IsADirectoryError(errno.EISDIR, "Is a directory: cannot write a file over it", shown)
-        # The core writes a fresh file renamed over the old one, which the directory's permission allows
-        # even when the file is read-only. Opening the file for appending (nothing appended) asks the
-        # kernel whether this user may write it, as `open(file, "w")` would.
-        files.write_bytes(path, b"", append=True)
-        files.write_bytes(path, data, mode=found.mode & 0o777)
+        # The agent refuses a file this user may not write (PermissionError, as `open(file, "w")`) and
+        # keeps an existing file's mode (docs/DOCKER.md, "Atomic writes").
+        files.write_bytes(path, data)
 
     def _close(self, _: threading.Event) -> None:
         self._session.close()

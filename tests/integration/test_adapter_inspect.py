@@ -175,6 +175,39 @@ async def test_cli_cleanup_removes_a_kept_sample_by_its_session_id() -> None:
     await AdkSandboxEnvironment.task_cleanup("cli-cleanup", config, True)
 
 
+async def test_kept_samples_are_listed_and_cli_cleanup_removes_one_by_its_container_id(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    require(INSPECT_MISSING is None, f"inspect_ai is not installed: {INSPECT_MISSING}")
+    _runtime_available("runc")
+    task, config = "cli-cleanup-by-id", AdkSandboxConfig()
+    samples = [await AdkSandboxEnvironment.sample_init(task, config, {}) for _ in range(2)]
+    first, second = (environments["default"].as_type(AdkSandboxEnvironment) for environments in samples)
+    backend = AdkSandboxEnvironment._backend(task, config)
+    try:
+        # --no-sandbox-cleanup: the containers are kept and each is listed with the command removing it.
+        await AdkSandboxEnvironment.task_cleanup(task, config, False)
+        kept = capsys.readouterr().out
+        for environment in (first, second):
+            assert f"left running: {environment._session.container_id[:12]}" in kept
+            assert f"cleanup adk-sandbox {environment._session.session_id}`" in kept
+        short = first._session.container_id[:12]
+        await AdkSandboxEnvironment.cli_cleanup(short)
+        assert capsys.readouterr().out == f"removed adk-sandbox container {short}\n"
+        assert first._session.container_id not in provider_containers()
+        assert second._session.container_id in provider_containers()
+        await AdkSandboxEnvironment.cli_cleanup(second._session.container_id)
+        assert second._session.container_id not in provider_containers()
+        await AdkSandboxEnvironment.cli_cleanup(second._session.container_id)
+        assert "no adk-sandbox container matches" in capsys.readouterr().out
+        for environments in samples:
+            await AdkSandboxEnvironment.sample_cleanup(task, config, environments, False)
+        with pytest.raises(ConnectionError, match="removed"):  # the session is closed now
+            await first.connection()
+    finally:
+        backend.close()
+
+
 # -- a real eval ----------------------------------------------------------------------------------------
 ALL_TOOLS = ("bash", "python", "text_editor", "bash_session")
 

@@ -87,6 +87,8 @@ def test_doctor_lists_every_class_and_exits_zero_when_docker_works(docker_backen
     assert "subprocess_only" in rows["process"]
     assert "os_enforced" in rows["process+bwrap"]
     assert rows["wasm"].split()[1] == "wasm"
+    # The default "auto" is said as such, with what a directory of this machine gets (the engine sees it).
+    assert "workspace: auto, decided per workspace; a fresh temporary directory here: bind" in done.stdout
     images = [line for line in done.stdout.splitlines() if line.startswith("image ")]
     assert len(images) == 2 and all(line.split()[2] == "current" for line in images), images
 

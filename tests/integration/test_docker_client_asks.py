@@ -1,6 +1,7 @@
 """What client integrations (inspect_ai, google-adk, MCP) need of the Docker backend, on the real engine.
 
-Extra writable tmpfs mounts, user labels, cleanup of one session by id, background processes.
+Extra writable tmpfs mounts, user labels, cleanup of one session by id or by label, background processes,
+settings given as a ``DockerConfig``.
 """
 
 from __future__ import annotations
@@ -9,12 +10,19 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
 
 from executor import ExecRequest, InvalidRequestError, Language
-from executor.backends.docker import DockerBackend, DockerSession, cleanup_session
+from executor.backends.docker import (
+    DockerBackend,
+    DockerConfig,
+    DockerSession,
+    cleanup_labelled,
+    cleanup_session,
+)
 from tests.conftest import containers_mounting, require
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -150,3 +158,44 @@ def test_cleanup_session_removes_that_sessions_containers_and_nothing_else(owned
         cleanup_session("x" * 65)
     bad = adk("cleanup", "--session", "a b")
     assert bad.returncode == 2 and "is not one this library makes" in bad.stderr
+
+
+def test_cleanup_labelled_removes_the_labelled_containers_by_id_name_or_all_and_nothing_else() -> None:
+    run_label = {"org.example.test-run": uuid.uuid4().hex}
+    with DockerBackend(labels=run_label) as backend, DockerBackend() as unlabelled:
+        sessions = [backend.session() for _ in range(3)]
+        ids = [session.container_id for session in sessions]
+        other = unlabelled.session()
+        other_id = other.container_id
+        name = backend._client.api.inspect_container(ids[1])["Name"].lstrip("/")
+        assert cleanup_labelled(run_label, match=ids[0][:12], client=backend._client) == [ids[0]]
+        assert cleanup_labelled(run_label, match=name) == [ids[1]]  # its own connection
+        assert cleanup_labelled(run_label, match=other_id[:12]) == []  # not labelled: untouched
+        assert cleanup_labelled(run_label) == [ids[2]]
+        assert cleanup_labelled(run_label) == []  # nothing left: not an error
+        assert run(other, "echo alive").stdout == "alive\n"
+        for session in sessions:
+            session.close()  # their containers are gone already: closing is still fine
+    with pytest.raises(InvalidRequestError, match="project's namespace"):
+        cleanup_labelled({"io.adk-sandbox.project": "adk-sandbox"})
+    with pytest.raises(InvalidRequestError, match="at least one label"):
+        cleanup_labelled({})
+
+
+# -- settings as a DockerConfig ----------------------------------------------------------------------
+
+
+def test_a_config_makes_the_same_backend_as_the_keyword_options(owned_workspace: Path) -> None:
+    labels = {"org.example.eval": "config-7"}
+    config = DockerConfig(tmpfs={"/var/tmp": 8}, labels=labels, transport="exec", lifetime_seconds=3600)
+    with DockerBackend(tmpfs={"/var/tmp": 8}, labels=labels, transport="exec", lifetime_seconds=3600) as kw:
+        assert kw.config == config
+    with DockerBackend(config=config) as backend, backend.session(owned_workspace) as session:
+        assert backend.config is config
+        assert (backend.tmpfs, backend.labels, backend.transport) == ({"/var/tmp": 8}, labels, "exec")
+        assert session.channel == "exec"
+        found = backend._client.api.inspect_container(session.container_id)
+        assert {key: found["Config"]["Labels"][key] for key in labels} == labels
+        assert run(session, "df -m /var/tmp | tail -1").stdout.split()[1] == "8"
+        assert backend.session_by_id(session.session_id) is session
+        assert backend.sessions() == (session,)

@@ -62,6 +62,21 @@ def owner_of(workspace: Path) -> int:
     return workspace.stat().st_uid
 
 
+def other_than(workspace: Path) -> int:
+    """A uid that is not the command user's (commands have no capabilities, root included)."""
+    return 0 if owner_of(workspace) == 1000 else 1000
+
+
+def own_file(workspace: Path, name: str, data: bytes, mode: int = 0o644, owner: int | None = None) -> Path:
+    """A file made on the host (as root), then given to ``owner`` (the command user by default)."""
+    path = workspace / name
+    path.write_bytes(data)
+    uid = owner_of(workspace) if owner is None else owner
+    os.chown(path, uid, uid)
+    os.chmod(path, mode)
+    return path
+
+
 def test_every_operation_round_trips_as_the_command_user(session: DockerSession, workspace: Path) -> None:
     files, ws, uid = session.files, str(workspace), owner_of(workspace)
     assert files.write_bytes(f"{ws}/a.txt", b"hello\n", mode=0o640) == 6
@@ -134,6 +149,150 @@ def test_the_containers_permissions_apply(session: DockerSession, workspace: Pat
             files.read_bytes("/etc/shadow")
 
 
+# -- a write replacing an existing file honours its permission (issue 12) ----------------------------------
+
+
+def _snapshot(path: Path) -> tuple[bytes, int, int, int, int]:
+    info = path.stat()
+    return path.read_bytes(), info.st_mode & 0o7777, info.st_uid, info.st_gid, info.st_ino
+
+
+@pytest.mark.parametrize(
+    ("mode", "foreign"),
+    [
+        pytest.param(0o444, False, id="read-only"),  # the command user's own file, mode 0444
+        pytest.param(0o644, True, id="another-users"),  # root's 0644 file for uid 1000 (uid 1000's for root)
+        pytest.param(0o664, True, id="writable-by-a-group-it-is-not-in"),
+    ],
+)
+@pytest.mark.parametrize("size", [5, 3 * 1024 * 1024])  # one frame, and data still arriving when refused
+def test_a_file_the_command_user_may_not_write_is_refused_and_unchanged(
+    session: DockerSession, workspace: Path, mode: int, foreign: bool, size: int
+) -> None:
+    """Like ``open(path, "w")``: the directory being writable does not make the file writable."""
+    owner = other_than(workspace) if foreign else None
+    target = own_file(workspace, "target", b"theirs", mode=mode, owner=owner)
+    before = _snapshot(target)
+    for append in (False, True):
+        with pytest.raises(PermissionError) as caught:
+            session.files.write_bytes(str(target), os.urandom(size), append=append)
+        assert caught.value.errno == errno.EACCES
+        assert caught.value.filename == str(target)
+    assert _snapshot(target) == before  # content, mode, owner and the inode itself
+    assert sorted(os.listdir(workspace)) == [".git", "target"]  # no temporary file left
+    assert session.files.read_bytes(str(target)) == b"theirs"  # the agent goes on
+    # The command user is refused by the kernel exactly alike (no capability lets root through either).
+    assert run(session, f"(echo x > {target}) 2>/dev/null || echo refused").stdout == "refused\n"
+
+
+def test_a_refusal_says_the_file_was_left_unchanged(session: DockerSession, workspace: Path) -> None:
+    target = own_file(workspace, "ro", b"keep", mode=0o444)
+    with pytest.raises(PermissionError, match="may not write this file; it was left unchanged"):
+        session.files.write_bytes(str(target), b"new")
+
+
+def test_a_writable_file_is_replaced_with_its_mode_and_owner(session: DockerSession, workspace: Path) -> None:
+    files, uid = session.files, owner_of(workspace)
+    mine = own_file(workspace, "mine", b"old", mode=0o640)
+    assert files.write_bytes(str(mine), b"new content", mode=0o600) == 11  # mode: for a new file only
+    info = mine.stat()
+    assert (mine.read_bytes(), info.st_mode & 0o7777) == (b"new content", 0o640)
+    assert (info.st_uid, info.st_gid) == (uid, uid)
+    executable = own_file(workspace, "run.sh", b"#!/bin/sh\necho old\n", mode=0o750)
+    files.write_bytes(str(executable), b"#!/bin/sh\necho new\n")
+    assert run(session, str(executable)).stdout == "new\n"  # still executable
+    # Another user's file that everyone may write: replaced, its mode kept; the owner cannot be given
+    # away without CAP_CHOWN, so the replacement is the command user's.
+    shared = own_file(workspace, "shared", b"old", mode=0o666, owner=other_than(workspace))
+    files.write_bytes(str(shared), b"new")
+    info = shared.stat()
+    assert (shared.read_bytes(), info.st_mode & 0o7777, info.st_uid) == (b"new", 0o666, uid)
+    # A new file still gets exactly the mode asked for.
+    files.write_bytes(str(workspace / "fresh"), b"x", mode=0o604)
+    assert (workspace / "fresh").stat().st_mode & 0o7777 == 0o604
+    assert sorted(os.listdir(workspace)) == [".git", "fresh", "mine", "run.sh", "shared"]
+
+
+def test_a_symlink_at_the_path_is_replaced_never_followed(session: DockerSession, workspace: Path) -> None:
+    """Unchanged by the permission check: the link itself is replaced by a new file of the mode asked for."""
+    files, ws = session.files, str(workspace)
+    files.write_bytes("/tmp/outside", b"outside", mode=0o644)
+    protected = own_file(workspace, "protected", b"theirs", mode=0o444, owner=other_than(workspace))
+    before = _snapshot(protected)
+    for name, to in (("out-link", "/tmp/outside"), ("ro-link", str(protected)), ("dangling", f"{ws}/none")):
+        os.symlink(to, workspace / name)
+        os.lchown(workspace / name, owner_of(workspace), owner_of(workspace))
+        assert files.write_bytes(f"{ws}/{name}", b"new", mode=0o600) == 3
+        assert not (workspace / name).is_symlink()
+        info = (workspace / name).stat()
+        assert ((workspace / name).read_bytes(), info.st_mode & 0o7777) == (b"new", 0o600)
+    assert files.read_bytes("/tmp/outside") == b"outside"
+    assert _snapshot(protected) == before
+    assert not (workspace / "none").exists()
+
+
+def test_a_running_program_can_be_replaced(session: DockerSession, workspace: Path) -> None:
+    """A program being run cannot be opened for writing (ETXTBSY) on every kernel; replacing it is fine."""
+    program = workspace / "prog"
+    run(session, f"cp /bin/sleep {program} && chmod 755 {program}")
+    running = threading.Thread(target=lambda: run(session, f"{program} 3"))
+    running.start()
+    try:
+        time.sleep(0.5)  # the program is running (if not, the write below is an ordinary one)
+        assert session.files.write_bytes(str(program), b"#!/bin/sh\necho replaced\n") > 0
+    finally:
+        running.join(QUICK)
+    assert program.stat().st_mode & 0o777 == 0o755  # the replacement keeps the mode
+    assert run(session, str(program)).stdout == "replaced\n"
+
+
+def test_swapping_the_target_during_writes_never_writes_elsewhere(
+    session: DockerSession, workspace: Path
+) -> None:
+    """Attack: while the host writes again and again, the command swaps the target between its own file,
+    a symlink to a file outside the workspace, a symlink to another user's file and that other user's file
+    itself (renamed in: the directory is the command user's). Whatever wins each race, no file is written
+    through: the outside file and the other user's inode (kept by a hard link in a directory the command
+    cannot touch) keep their content and mode, and no temporary file is left."""
+    files, ws, other = session.files, str(workspace), other_than(workspace)
+    files.write_bytes("/tmp/outside", b"outside", mode=0o644)
+    vault = workspace / "vault"
+    vault.mkdir(mode=0o755)
+    os.chown(vault, other, other)
+    secret = own_file(workspace, "theirs", b"secret", mode=0o644, owner=other)
+    os.link(secret, vault / "theirs")  # the inode, out of the command's reach
+    own_file(workspace, "target", b"mine")
+    before = _snapshot(vault / "theirs")
+    attack = (
+        f"cd {ws} || exit 1; i=0; while [ $i -lt 400 ]; do i=$((i+1)); "
+        "ln -sfn /tmp/outside .l && mv -fT .l target; "
+        "ln -sfn vault/theirs .l && mv -fT .l target; "
+        "mv -fT theirs target 2>/dev/null; mv -fT target theirs 2>/dev/null; "
+        "echo mine > .m && mv -fT .m target; "
+        "done; echo done"
+    )
+    outcome: list[ExecResult] = []
+    attacker = threading.Thread(target=lambda: outcome.append(run(session, attack, timeout=120)))
+    attacker.start()
+    written = refused = 0
+    try:
+        while attacker.is_alive():
+            try:
+                files.write_bytes(f"{ws}/target", b"host")
+                written += 1
+            except OSError:
+                refused += 1  # EACCES at the probe, ENOENT mid-swap: the race's own outcomes
+    finally:
+        attacker.join(120 + QUICK)
+    assert outcome and outcome[0].stdout == "done\n", outcome
+    assert written + refused > 0
+    assert files.read_bytes("/tmp/outside") == b"outside"
+    assert _snapshot(vault / "theirs") == before
+    assert (vault / "theirs").read_bytes() == b"secret"
+    assert not [name for name in os.listdir(workspace) if name.startswith(".adk-sandbox-write")]
+    assert files.read_bytes(f"{ws}/target", limit=16) in (b"host", b"mine\n", b"secret", b"outside")
+
+
 def test_binary_data_over_many_frames_and_ranges(session: DockerSession, workspace: Path) -> None:
     files, path = session.files, str(workspace / "blob")
     data = os.urandom(3 * 1024 * 1024 + 17) + b"\0" * 1000 + b"end"  # > 1 MiB: many STDIN/STDOUT frames
@@ -203,8 +362,7 @@ def _result(channel: object) -> dict[str, object]:
 def test_a_write_in_progress_is_invisible_and_commands_run_meanwhile(
     session: DockerSession, workspace: Path
 ) -> None:
-    target = workspace / "target"
-    target.write_bytes(b"old")
+    target = own_file(workspace, "target", b"old")
     agent, number, channel = _open_write(session, str(target), b"new half")
     time.sleep(0.5)  # the worker holds the first half; the agent must keep serving
     assert run(session, f"cat {target}; echo; ls -a {workspace} | grep -c adk-sandbox-write").stdout == (
@@ -222,8 +380,7 @@ def test_a_write_in_progress_is_invisible_and_commands_run_meanwhile(
 
 
 def test_a_killed_write_leaves_the_target_unchanged(session: DockerSession, workspace: Path) -> None:
-    target = workspace / "target"
-    target.write_bytes(b"old")
+    target = own_file(workspace, "target", b"old")
     agent, number, channel = _open_write(session, str(target), b"x" * 100_000)
     time.sleep(0.5)
     agent.send(encode(FrameType.KILL, number), time.monotonic() + QUICK)  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 from devtools import DevToolset, Workspace
 from executor import ExecRequest, ExecResult, Language
 from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker._workspace import _parse_record, safe_name
+from executor.backends.docker._workspace import Entry, _parse_record, safe_name
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -177,8 +178,13 @@ def test_names_pull_back_refuses() -> None:
     # A real filesystem cannot hold these, but the listing is the sandbox's output: it may say anything.
     for name in ("../x", "a/../../x", "/etc/passwd", "a//b", "./a", ".git/hooks/x", "s/.git/config", ""):
         assert not safe_name(name), name
-        assert _parse_record(b"f 644 1 1.0 " + name.encode(), b"") is None
-    assert _parse_record(b"f 644 1 1.0 \xff\xfe", b"") is None  # not UTF-8
+        assert _parse_record(name.encode(), b"f 644 1 1.0 1.0 7") is None
+    assert _parse_record(b"\xff\xfe", b"f 644 1 1.0 1.0 7") is None  # not UTF-8
+    assert _parse_record(b"ok", b"f 644 1 1.0x 1.0 7") is None  # a record that does not parse
+    assert _parse_record(b"ok", b"f 644 1 -2.5 1.0 7") == (
+        "ok",
+        Entry("f", 0o644, 1, -1_500_000_000, "", 7, 10**9),
+    )
     assert safe_name("a/b.git/c") and safe_name(".gitignore")
 
 
@@ -221,13 +227,114 @@ def test_auto_binds_on_the_local_engine_and_bind_is_reported(
     docker_backend: DockerBackend, workspace: Path
 ) -> None:
     assert docker_backend.workspace_transport == "auto"
-    assert docker_backend.capabilities().workspace == "bind"
+    # Decided per workspace: the backend does not claim "bind" for a directory it has not checked.
+    assert docker_backend.capabilities().workspace == "auto"
+    assert docker_backend.capabilities(workspace=workspace).workspace == "bind"
     with docker_backend.session(workspace=workspace) as session:
         sh(session, "echo direct > direct.txt")
         assert session.workspace_transport == "bind" and session.mirror is None
         mounts = docker_backend._client.api.inspect_container(session.container_id)["Mounts"]
         assert any(m["Type"] == "bind" and m["Source"] == str(workspace) for m in mounts)
     assert (workspace / "direct.txt").read_text() == "direct\n"
+
+
+def test_edits_that_keep_size_and_mtime_travel_both_ways(
+    mirror_backend: DockerBackend, workspace: Path
+) -> None:
+    deep = workspace / "nested" / "deep"
+    deep.mkdir(parents=True)
+    (deep / "same.txt").write_text("aaaa\n")
+    with mirror_backend.session(workspace=workspace) as session:
+        assert sh(session, "cat nested/deep/same.txt").stdout == "aaaa\n"  # listed since, with its stat
+        # In the container: same size, the mtime put back to the nanosecond (only the ctime moves).
+        edit = "cd nested/deep && touch -r same.txt /tmp/t && printf 'bbbb\\n' > same.txt && "
+        edit += "touch -r /tmp/t same.txt"
+        assert sh(session, edit).exit_code == 0
+        assert (deep / "same.txt").read_text() == "bbbb\n"
+        # On the host: written in place (same inode), same size, the mtime put back.
+        before = (deep / "same.txt").stat()
+        with (deep / "same.txt").open("r+b") as handle:
+            handle.write(b"cccc\n")
+        os.utime(deep / "same.txt", ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = (deep / "same.txt").stat()
+        assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+            before.st_ino,
+            before.st_size,
+            before.st_mtime_ns,
+        )
+        assert sh(session, "cat nested/deep/same.txt").stdout == "cccc\n"
+    assert (deep / "same.txt").read_text() == "cccc\n"
+
+
+def test_renames_and_deletions_in_nested_directories_travel_both_ways(
+    mirror_backend: DockerBackend, workspace: Path
+) -> None:
+    for rel in ("a/b/c/f1.txt", "a/b/g.txt", "a/d/h.txt", "top/x.txt"):
+        (workspace / rel).parent.mkdir(parents=True, exist_ok=True)
+        (workspace / rel).write_text(rel + "\n")
+    with mirror_backend.session(workspace=workspace) as session:
+        moved = sh(
+            session,
+            "mv a/b/c a/moved && mv a/b/g.txt a/moved/g2.txt && rm -r a/d && mkdir -p a/new/deeper && "
+            "echo n > a/new/deeper/n.txt && mv top renamed",
+        )
+        assert moved.exit_code == 0, moved.stderr
+        assert tree_of(workspace) == {
+            "a": "dir", "a/b": "dir", "a/moved": "dir", "a/moved/f1.txt": "a/b/c/f1.txt\n",
+            "a/moved/g2.txt": "a/b/g.txt\n", "a/new": "dir", "a/new/deeper": "dir",
+            "a/new/deeper/n.txt": "n\n", "renamed": "dir", "renamed/x.txt": "top/x.txt\n",
+        }  # fmt: skip
+        # On the host, between commands: a directory renamed, a file renamed in it, others removed.
+        (workspace / "a" / "moved").rename(workspace / "a" / "back")
+        (workspace / "a" / "back" / "f1.txt").rename(workspace / "a" / "back" / "f9.txt")
+        (workspace / "a" / "new" / "deeper" / "n.txt").unlink()
+        shutil.rmtree(workspace / "renamed")
+        listed = sh(session, "find . -mindepth 1 | sort; cat a/back/f9.txt")
+        assert listed.stdout.split() == [
+            "./a", "./a/b", "./a/back", "./a/back/f9.txt", "./a/back/g2.txt", "./a/new", "./a/new/deeper",
+            "a/b/c/f1.txt",
+        ]  # fmt: skip
+    assert sorted(tree_of(workspace)) == ["a", "a/b", "a/back", "a/back/f9.txt", "a/back/g2.txt", "a/new",
+                                          "a/new/deeper"]  # fmt: skip
+
+
+def test_a_command_forging_times_hides_nothing_reaches_nothing_and_loses_to_host_edits(
+    mirror_backend: DockerBackend, workspace: Path
+) -> None:
+    outside = workspace.parent / "outside"
+    (workspace / "host.txt").write_text("original\n")
+    (workspace / "kept.txt").write_text("kept\n")
+    with mirror_backend.session(workspace=workspace) as session:
+        sh(session, "true")
+
+        def host_edits(stream: str, data: str) -> None:
+            # While the command runs, the host changes host.txt (the file tools write the host copy).
+            if stream == "stdout" and "ready" in data:
+                (workspace / "host.txt").write_text("host edit\n")
+
+        forging = (
+            "touch -r host.txt /tmp/pushed; echo ready; sleep 2; "
+            # the same file, the same size as the host's edit, its times put back to what was pushed
+            "printf 'sandbox!!\\n' > host.txt; touch -r /tmp/pushed host.txt; "
+            # an edit hidden behind the old mtime, a file dated in the future and one in 1970
+            "touch -r kept.txt /tmp/k; printf 'KEPT\\n' > kept.txt; touch -r /tmp/k kept.txt; "
+            "echo future > future.txt; touch -d '2100-01-01' future.txt; "
+            "echo past > past.txt; touch -d @0 past.txt; "
+            # links out, dated in the past (touch -h sets the link's own times)
+            f"ln -s {outside} out; touch -h -d @0 out; mkdir -p d; ln -s ../.. d/up; touch -h -d @0 d/up"
+        )
+        request = ExecRequest(language=Language.COMMAND, code=forging, timeout=60)
+        result = session.execute(request, on_output=host_edits)
+        assert result.exit_code == 0, result.stderr
+        assert (workspace / "host.txt").read_text() == "host edit\n"  # the host's edit won
+        assert (workspace / "kept.txt").read_text() == "KEPT\n"  # the forged mtime hid nothing
+        assert (workspace / "future.txt").read_text() == "future\n"
+        assert (workspace / "past.txt").read_text() == "past\n"
+        assert "out" in result.stderr and "d/up" in result.stderr
+        assert sh(session, "cat host.txt").stdout == "host edit\n"  # and was pushed before the next one
+    assert list(outside.iterdir()) == []
+    assert not (workspace / "out").is_symlink() and not (workspace / "d" / "up").is_symlink()
+    assert (workspace / "host.txt").read_text() == "host edit\n"
 
 
 def test_mirror_volume_goes_with_the_container(mirror_backend: DockerBackend, workspace: Path) -> None:

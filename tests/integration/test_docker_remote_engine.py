@@ -28,6 +28,7 @@ import pytest
 from executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError
 from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine, _reaper
 from executor.backends.docker._spec import PROJECT_LABEL
+from executor.backends.docker._workspace import AUTO_CHOICES
 from executor.errors import PolicyNotEnforceableError
 from executor.policy import SandboxPolicy
 from tests.conftest import live_processes_with_args, project_containers, require, unique_sleep_seconds
@@ -287,11 +288,36 @@ def test_a_local_socket_engine_with_other_files_at_the_path_gets_a_mirror_or_ref
         assert forced.engine.local
         forced.session(workspace=workspace).start()
     # auto: the identity check (per path: this one is hidden from the engine) fails, so it is mirrored.
+    AUTO_CHOICES.clear()  # this test counts the checks
+    tried: list[str | None] = []
+    open_once = DockerSession._open_once
+
+    def counted(self: DockerSession, mode: str | None) -> None:
+        tried.append(mode)
+        open_once(self, mode)
+
+    monkeypatch.setattr(DockerSession, "_open_once", counted)
     with DockerBackend() as backend, backend.session(workspace=workspace) as session:
         assert session.workspace_transport == "mirror" and session.capabilities().workspace == "mirror"
         echoed = run(session, f"cat {workspace}/notes.txt; echo back > {workspace}/back.txt")
         assert echoed.stdout == "the host's copy\n"
     assert (workspace / "back.txt").read_text() == "back\n"
+    assert tried == ["bind", "mirror"]  # the bind was tried, failed its check, then the mirror
+    # The failed check is remembered for this engine and directory: no second bind, in any backend.
+    with DockerBackend() as again:
+        with again.session(workspace=workspace) as second:
+            assert second.workspace_transport == "mirror"
+        assert again.capabilities().workspace == "auto"  # decided per workspace on a local engine
+        assert again.capabilities(workspace=workspace).workspace == "mirror"  # from what was found
+        assert again.capabilities(workspace=str(workspace) + "/.").workspace == "mirror"  # same directory
+        # A directory not checked yet: the identity check alone answers (no mirror is pushed for it).
+        other = hidden / "ws-split-other"
+        other.mkdir()
+        assert again.capabilities(workspace=other).workspace == "mirror"
+        with again.session(workspace=other) as third:
+            assert third.workspace_transport == "mirror"
+    checked = [mode for mode in tried if mode is not None]  # None: the workspace-less probe session
+    assert checked == ["bind", "mirror", "mirror", "bind", "mirror"]
     assert remote.containers() == []
 
 

@@ -311,6 +311,7 @@ def test_a_file_worker_is_no_stray_and_cannot_be_reached(
     assert agent is not None
     target = workspace / "target"
     target.write_bytes(b"old")
+    os.chown(target, workspace.stat().st_uid, workspace.stat().st_gid)  # the command user's: it may write it
     number, channel = agent.open_channel()
     try:
         request = {"op": "write", "path": str(target), "mode": 0o644, "exclusive": False, "append": False}
@@ -441,6 +442,11 @@ def test_both_flavours_on_the_base_image(
         assert alive(docker_backend, session, *marks) == []
         assert run(session, "cat", stdin="x" * 200_000).stdout == "x" * 200_000
         assert run(session, "echo $A", env={"A": "b"}).stdout == "b\n"
+        # The umask commands get is the container's (Docker's 0022), not the loader's own 077: files a
+        # command makes in the workspace are the same under both agents (and the exec transport).
+        assert run(session, "umask; touch made; mkdir dir").stdout == "0022\n"
+        assert oct((owned_workspace / "made").stat().st_mode & 0o777) == oct(0o644)
+        assert oct((owned_workspace / "dir").stat().st_mode & 0o777) == oct(0o755)
 
 
 def test_the_static_agent_under_gvisor(

@@ -18,10 +18,11 @@ from executor.backends.docker._reaper import (
     OWNER_START,
     owner_labels,
 )
-from executor.backends.kubernetes import KubernetesConfig, pod_spec
+from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig, api_error, pod_spec
 from executor.backends.kubernetes._reaper import PROJECT_SELECTOR, find_leaked_pods, reap_leaked_pods
 from executor.backends.kubernetes._spec import owner_labels_of_pod, pod_owner_labels
 from executor.cli import main
+from tests.unit.test_k8s_session import FakeApi
 
 CONFIG = KubernetesConfig(image="registry.example/adk-sandbox/base:1")
 
@@ -117,3 +118,30 @@ def test_the_cli_says_clearly_what_is_missing(tmp_path: Path, capsys: pytest.Cap
     assert "no usable kubeconfig context nope" in capsys.readouterr().err
     assert main(["cleanup", "--kubernetes", "--session", "abc"]) == 2
     assert "not with --kubernetes" in capsys.readouterr().err
+
+
+class StartingApi(FakeApi):
+    """The session tests' fake API, listing ``listed`` (or refusing to list, like RBAC would)."""
+
+    def __init__(self, listed: list[dict[str, Any]] | None) -> None:
+        super().__init__()
+        self.listed = listed
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        if self.listed is None:
+            body = '{"reason": "Forbidden", "message": "pods is forbidden"}'
+            raise api_error(403, body, "list the session Pods")
+        return self.listed
+
+
+def test_a_backend_start_deletes_a_sigkilled_owners_pods_and_goes_on_when_it_may_not_list(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    orphan = pod("orphan", pid=dead_pid())
+    api = StartingApi([pod("mine"), orphan])
+    backend = KubernetesBackend(CONFIG, api=api)  # type: ignore[arg-type]
+    assert [p.name for p in backend.reaped] == ["orphan"] and api.deleted == ["orphan"]
+    forbidden = StartingApi(None)
+    with caplog.at_level("WARNING"):
+        assert KubernetesBackend(CONFIG, api=forbidden).reaped == []  # type: ignore[arg-type]
+    assert "were not looked for" in caplog.text and forbidden.deleted == []

@@ -44,6 +44,9 @@ class FakeApi:
     def delete_pod(self, namespace: str, name: str) -> None:
         self.deleted.append(name)
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return []  # nothing leaked (tests/unit/test_k8s_reaper.py lists some)
+
     def read_runtime_class(self, name: str) -> dict[str, Any] | None:
         return None
 
@@ -99,3 +102,14 @@ def test_a_host_workspace_is_refused() -> None:
 def test_a_warm_pool_without_the_crds_is_refused() -> None:
     with pytest.raises(BackendUnavailableError, match="agent-sandbox"):
         KubernetesBackend(CONFIG.model_copy(update={"warm_pool": "pool"}), api=FakeApi())
+
+
+def test_the_backend_holds_only_its_open_sessions_and_closes_them() -> None:
+    backend = KubernetesBackend(CONFIG, api=FakeApi())
+    sessions = [backend.session() for _ in range(3)]  # never started: no Pod
+    sessions[0].close()
+    assert set(backend.sessions()) == set(sessions[1:])
+    assert backend.session_by_id(sessions[1].session_id) is sessions[1]
+    assert backend.session_by_id(sessions[0].session_id) is None
+    backend.close()
+    assert all(session.closed for session in sessions) and backend.sessions() == ()

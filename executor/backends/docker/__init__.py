@@ -1,7 +1,8 @@
 """The Docker backend: hardened per-session containers (SPEC §4)."""
 
-from executor.backends.docker._reaper import cleanup_session
+from executor.backends.docker._reaper import cleanup_labelled, cleanup_session
 from executor.backends.docker.backend import DockerBackend
+from executor.backends.docker.config import DockerConfig
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.files import DirEntry, FileStat, SandboxFiles
 from executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE
@@ -13,6 +14,7 @@ __all__ = [
     "RUST_IMAGE",
     "DirEntry",
     "DockerBackend",
+    "DockerConfig",
     "DockerSession",
     "Engine",
     "FileStat",
@@ -20,6 +22,7 @@ __all__ = [
     "PoolStats",
     "SandboxFiles",
     "SessionPool",
+    "cleanup_labelled",
     "cleanup_session",
     "resolve_engine",
 ]

@@ -45,7 +45,9 @@ What it does:
   filter installed) that performs it as the agent's user and streams bytes over pipes, so the loop never
   waits on a file. A write's data reaches the worker as (u32 length, bytes) chunks ending with a 0 length:
   a pipe ending without that mark is an abandoned write. The temporary file of a write is named by the
-  agent, which removes it when the worker dies or is KILLed. Reads open with ``O_NONBLOCK`` and refuse
+  agent, which removes it when the worker dies or is KILLed. A write replacing an existing regular file
+  first opens it ``O_WRONLY|O_NOFOLLOW`` (no truncation) as the proof the user may write it (else EACCES,
+  nothing changed) and gives the replacement its mode and owner. Reads open with ``O_NONBLOCK`` and refuse
   non-regular files. Workers are not strays. See docs/DOCKER.md, "File operations".
 * EXIT carries ``oom_kills``: the difference of the memory cgroup's ``oom_kill`` counter, read inside the
   container before and after the command (null when unreadable).
@@ -357,6 +359,52 @@ def make_dirs(path, mode):
                 raise
         todo.pop()
 
+REFUSED = "Permission denied: the command user may not write this file; it was left unchanged"
+
+def existing_target(path):
+    # What a write that replaces its path finds there (as agent.c's existing_target): the stat of a regular
+    # file the command user may write, None for nothing to keep (no entry, a symlink, a FIFO, socket or
+    # device: replaced as a new file), OSError when refused. Opening it O_WRONLY (no O_TRUNC: nothing
+    # changes) is the kernel's own answer for this user; O_NOFOLLOW: a symlink is replaced, never
+    # followed nor asked; O_NONBLOCK: a FIFO never holds the worker. A running program cannot be opened
+    # for writing (ETXTBSY) yet may be replaced: access(W_OK) decides. The rename later replaces the
+    # directory entry only, so whatever the command swaps in meanwhile is replaced, never written through.
+    import stat as S
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO):
+            return None
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise OSError(e.errno, REFUSED)
+        if e.errno != errno.ETXTBSY:
+            raise
+        st = os.lstat(path)
+        if not S.S_ISREG(st.st_mode):
+            return None
+        if not os.access(path, os.W_OK):
+            raise OSError(errno.EACCES, REFUSED)
+        return st
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return st if S.S_ISREG(st.st_mode) else None
+
+def keep_owner_and_mode(fd, old):
+    # As far as the command user may give it (no CAP_CHOWN: its own uid, a group it is in), then the
+    # permission bits (after fchown, which clears set-id bits; never set-id bits).
+    now = os.fstat(fd)
+    if (now.st_uid, now.st_gid) != (old.st_uid, old.st_gid):
+        try:
+            os.fchown(fd, old.st_uid, old.st_gid)
+        except OSError:
+            try:
+                os.fchown(fd, -1, old.st_gid)
+            except OSError:
+                pass
+    os.fchmod(fd, old.st_mode & 0o777)
+
 def file_op(req, out, data_in, tmp):
     op, path = req["op"], want_path(req["path"])
     if op == "read":
@@ -390,10 +438,14 @@ def file_op(req, out, data_in, tmp):
                 raise OSError(errno.EEXIST, "File exists")
         except FileNotFoundError:
             pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        old = None if exclusive else existing_target(path)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, mode if old is None else 0o600)
         try:
             try:
                 size = copy_in(data_in, fd)
+                if old is not None:
+                    keep_owner_and_mode(fd, old)
             finally:
                 os.close(fd)
             if exclusive:

@@ -24,11 +24,12 @@ from typing import Any
 import docker
 
 from executor.backends.docker._daemon import connect, idempotent, remove_container
-from executor.backends.docker._spec import LABEL_PREFIX, PROJECT_LABEL
+from executor.backends.docker._spec import LABEL_PREFIX, PROJECT_LABEL, validate_labels
 from executor.errors import InvalidRequestError
 
 __all__ = [
     "LeakedContainer",
+    "cleanup_labelled",
     "cleanup_session",
     "find_leaked",
     "note_unremoved",
@@ -185,4 +186,37 @@ def cleanup_session(session_id: str, client: docker.DockerClient | None = None) 
     for entry in listed:
         remove_container(client, entry["Id"])
         removed.append(str(entry["Id"]))
+    return removed
+
+
+def cleanup_labelled(
+    labels: Mapping[str, str], match: str | None = None, client: docker.DockerClient | None = None
+) -> list[str]:
+    """Remove this project's containers that carry every one of ``labels``; return the removed ids.
+
+    For a client that labelled its containers (``DockerBackend(labels=...)``) and cleans them up from
+    another process (inspect_ai's ``cli_cleanup``): selected by the label ``io.adk-sandbox.project`` and
+    ``labels``, whoever owns the container. With ``match``, only the ones among them whose id starts with
+    it or whose name is it. ``labels`` are user labels (:func:`~._spec.validate_labels`; at least one).
+    A container already gone is not an error. ``client`` defaults to a new connection.
+    """
+    wanted = validate_labels(labels)
+    if not wanted:
+        raise InvalidRequestError("cleanup_labelled needs at least one label to select containers by")
+    if client is None:
+        owned = connect()
+        try:
+            return cleanup_labelled(wanted, match, owned)
+        finally:
+            owned.close()
+    selector = [PROJECT_LABEL, *(f"{key}={value}" for key, value in wanted.items())]
+    listed: list[dict[str, Any]] = idempotent(
+        lambda: client.api.containers(all=True, filters={"label": selector})
+    )
+    removed = []
+    for entry in listed:
+        names = [name.lstrip("/") for name in entry.get("Names") or []]
+        if match is None or entry["Id"].startswith(match) or match in names:
+            remove_container(client, entry["Id"])
+            removed.append(str(entry["Id"]))
     return removed

@@ -226,14 +226,16 @@ def loader_script(loader: bytes, token: str) -> str:
 
     Only shell builtins are needed besides ``chmod``: ``set -C`` makes the redirection fail rather than
     reuse a file that already exists at the (random) name; the loader unlinks it as soon as it runs.
+    ``umask 077`` is for that file only: the umask the exec gave is back before the agent starts, since
+    its commands inherit it (files they make must get the modes they would get without the agent).
     """
     escaped = "".join(chr(b) if 0x20 <= b < 0x7F and chr(b) not in "'\\%" else f"\\{b:03o}" for b in loader)
     return (
-        "umask 077; set -C\n"
+        "mask=$(umask); umask 077; set -C\n"
         'for d in /tmp "$HOME" /dev/shm; do\n'
         f'  f="$d/.adk-sandbox-agent-{token}"\n'
         f"  if printf '{escaped}' >\"$f\" 2>/dev/null; then\n"
-        '    chmod 700 "$f" && exec "$f" "$@"\n'
+        '    chmod 700 "$f" && umask "$mask" && exec "$f" "$@"\n'
         '    rm -f "$f"; exit 126\n'
         "  fi\n"
         "done\n"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import io
 import logging
 import os
@@ -35,9 +36,10 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from executor.errors import PolicyNotEnforceableError, SandboxFailedError
@@ -46,8 +48,10 @@ if TYPE_CHECKING:
     from devtools._beneath import RootDir
 
 __all__ = [
+    "AUTO_CHOICES",
     "DEFAULT_MIRROR_MB",
     "WORKSPACE_TRANSPORTS",
+    "AutoChoices",
     "BindWorkspace",
     "MirrorWorkspace",
     "Run",
@@ -68,6 +72,10 @@ DEFAULT_MIRROR_MB = 1024
 SYNC_SECONDS = 300.0
 #: Refusals said at the end of a command's stderr, at most.
 MAX_REPORTED = 10
+#: A host file changed less than this before a scan is "racy": its content is checked at the next scan,
+#: since a later edit in the same tick of the file system's clock (or of an NFS server's, running ahead)
+#: could leave every stat field as it was.
+RACY_NS = 2_000_000_000
 
 
 @dataclass(frozen=True)
@@ -122,16 +130,85 @@ class BindWorkspace:
         """Nothing to copy."""
 
 
+#: The engine's socket (path, device, inode, ctime) and the workspace directory's (device, inode).
+_ChoiceKey = tuple[str, int, int, int, int, int]
+
+
+class AutoChoices:
+    """What ``"auto"`` found for each workspace on each local engine, kept for this process.
+
+    ``"bind"``: the identity check passed; ``"mirror"``: it failed. A failed check costs a whole container
+    (created, started, probed, removed) before the mirror's own, so a second session of the workspace
+    goes to the mirror at once. The key is the engine's socket (path, device, inode, ctime: a restarted or
+    other daemon makes a new socket, which is checked again) and the workspace directory (device, inode: the
+    same directory by any path; a directory has no stable time to add, so one made later under a reused
+    inode number gets the remembered answer). A remembered ``"bind"`` changes nothing: every bound
+    session is identity-checked at start anyway, and a check failing then is remembered as ``"mirror"``.
+    A remembered ``"mirror"`` stays for the process: mirroring a directory the engine could see is
+    slower, never wrong.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[_ChoiceKey, Literal["bind", "mirror"]] = {}
+
+    @staticmethod
+    def key(socket_path: str | None, workspace: str) -> _ChoiceKey | None:
+        """The key of ``workspace`` on the local engine at ``socket_path`` (None: nothing to key by)."""
+        if socket_path is None:
+            return None  # not a local engine: "auto" mirrors without a check
+        try:
+            engine, directory = os.stat(socket_path), os.stat(workspace)
+        except OSError:
+            return None
+        # The ctime too: a socket made anew may get the inode number of the one removed.
+        return (
+            socket_path,
+            engine.st_dev,
+            engine.st_ino,
+            engine.st_ctime_ns,
+            directory.st_dev,
+            directory.st_ino,
+        )
+
+    def get(self, key: _ChoiceKey | None) -> Literal["bind", "mirror"] | None:
+        """What was found for ``key`` (None: never checked)."""
+        if key is None:
+            return None
+        with self._lock:
+            return self._known.get(key)
+
+    def put(self, key: _ChoiceKey | None, mode: Literal["bind", "mirror"]) -> None:
+        """Remember ``mode`` for ``key`` (a ``"mirror"`` is never replaced by a later ``"bind"``)."""
+        if key is None:
+            return
+        with self._lock:
+            if self._known.get(key) != "mirror":
+                self._known[key] = mode
+
+    def clear(self) -> None:
+        """Forget everything (the next ``"auto"`` session of each workspace checks again)."""
+        with self._lock:
+            self._known.clear()
+
+
+#: The process's :class:`AutoChoices`, shared by every backend and session.
+AUTO_CHOICES = AutoChoices()
+
+
 # -- the mirror ----------------------------------------------------------------------------------------
 
 Kind = Literal["f", "d", "l", "o"]
+#: A host entry's lstat as a scan compares it: st_mode, size, mtime, ctime, inode.
+_Key = tuple[int, int, int, int, int]
 
 
 @dataclass(frozen=True)
 class Entry:
     """One entry of a tree as a sync compares it: kind, permission bits, size, mtime, link target.
 
-    ``size`` and ``mtime_ns`` count for files only, ``target`` for links only (see :meth:`same`).
+    ``size``, ``mtime_ns``, ``ctime_ns`` and ``inode`` count for files only, ``target`` for links only
+    (see :meth:`same`).
     """
 
     kind: Kind
@@ -140,28 +217,38 @@ class Entry:
     mtime_ns: int = 0
     target: str = ""
     inode: int = 0
-    """Host entries only: a file replaced by a rename is a change even with the same size and mtime."""
+    """0: not known (what a push predicts for the container). A file replaced by a rename is a change even
+    with the same size and mtime."""
+    ctime_ns: int = 0
+    """0: not known. Every write, chmod, rename or ``touch -d`` sets it to the current time, and nothing
+    unprivileged can set it back: an edit that keeps size and mtime (forged or within the clock's
+    granularity) still changes it."""
 
     def same(self, other: Entry | None) -> bool:
-        """Whether ``other`` is this entry unchanged, as far as a sync cares."""
+        """Whether ``other`` is this entry unchanged, as far as a sync cares (unknown fields match)."""
         if other is None or other.kind != self.kind:
             return False
         if self.kind == "l":
             return other.target == self.target
         if self.kind == "d":
             return other.mode == self.mode
-        return (other.mode, other.size, other.mtime_ns, other.inode) == (
-            self.mode,
-            self.size,
-            self.mtime_ns,
-            self.inode,
-        )
+        if (other.mode, other.size, other.mtime_ns) != (self.mode, self.size, self.mtime_ns):
+            return False
+        if self.inode and other.inode and self.inode != other.inode:
+            return False
+        return not (self.ctime_ns and other.ctime_ns and self.ctime_ns != other.ctime_ns)
 
 
-# Lists the tree below $1 as records "<type> <mode> <size> <mtime> <path>\0<link target>\0"; every .git
-# (at any depth) is left out: pull-back never writes one, so there is nothing to list there.
+# Lists the tree below $1 as records "<path>\0<type> <mode> <size> <mtime> <ctime> <inode>\0<link target>\0",
+# every .git (at any depth) left out: pull-back never writes one, so there is nothing to list there. First
+# comes one record for $2, a file made just before the walk: its ctime is the container's "now" (see
+# MirrorWorkspace._racy). Its name is fresh each time and made with noclobber: nothing planted there is
+# written through.
 _LIST_SCRIPT = (
-    "cd -- \"$1\" || exit 97\nexec find . -mindepth 1 -name .git -prune -o -printf '%y %m %s %T@ %P\\0%l\\0'"
+    'cd -- "$1" || exit 97\nset -C\nnow=\nif : > "$2"; then now="$2"; fi 2>/dev/null\n'
+    "find $now . -path . -o -path \"$2\" -printf '\\0%y 0 0 %T@ %C@ 0\\0\\0' -o -name .git -prune -o "
+    "-printf '%P\\0%y %m %s %T@ %C@ %i\\0%l\\0'\n"
+    'status=$?\nrm -f -- "$2"\nexit $status'
 )
 # A tar of the NUL-separated names on stdin (relative to $1), each itself: no recursion into directories,
 # hard links as full files, names taken verbatim (one starting with '-' is not an option).
@@ -200,49 +287,138 @@ class MirrorWorkspace:
         """Links pull-back made on the host, checked again after every pull-back."""
         self.refused: list[str] = []
         """Why entries of the last pull-back were not brought to the host (empty when all came)."""
+        # The fast paths (docs/DOCKER.md, "What a sync costs"): an entry whose stat is byte-for-byte what
+        # it was last time is not looked at again. Both keep only entries known to be in sync.
+        self._host_keys: dict[str, _Key] = {}
+        """The host's lstat of each entry at the last scan (mode, size, mtime, ctime, inode)."""
+        self._records: dict[bytes, bytes] = {}
+        """The container's listing record of each entry at the last listing, while it is in sync."""
+        # "Racy" entries: changed so recently that a later change could carry the same timestamps (a
+        # clock's granularity; no kernel before 6.13 makes a stat'ed inode's next ctime differ).
+        self._host_racy: set[str] = set()
+        """Host files whose ctime was within RACY_NS of the last scan: their content is checked next time."""
+        self._digests: dict[str, bytes] = {}
+        """SHA-256 of what the container was given (or gave back) for the racy host files."""
+        self._inside_racy: set[str] = set()
+        """Container files whose ctime was not older than the last listing: fetched again next time."""
 
     # -- the four moments ----------------------------------------------------------------------------
     def started(self, run: Run) -> None:
         """Push the whole host tree into the fresh volume, then take the container's listing as the base."""
-        host = scan_host(self.root)
+        scanned = time.time_ns()
+        keys = host_keys(self.root)
+        host = {path: entry for path, key in keys.items() if (entry := _host_entry(self.root, path, key))}
         check_fits(self.root, host, self.cap_bytes)
-        self._host, self._inside = {}, {}
-        self._push(run, host, sorted(host), removed=[])
-        listing, complete = self._list(run)
+        self._host, self._inside, self._records, self._digests = {}, {}, {}, {}
+        self._inside_racy = set()
+        racy = _racy_host(host, scanned)
+        self._push(run, host, sorted(host), removed=[], racy=racy)
+        records, now, complete = self._list(run)
         if not complete:
             raise SandboxFailedError(
                 "could not list the workspace copy in the sandbox after copying it in; nothing ran"
             )
-        self._inside = listing
-        self._host = host
+        listed: dict[bytes, Entry] = {}
+        for key, record in records.items():
+            parsed = _parse_record(key, record)
+            if parsed is not None:
+                self._inside[parsed[0]] = listed[key] = parsed[1]
+        self._keep_records(records, listed, now)
+        self._host, self._host_keys, self._host_racy = host, keys, racy
 
     def before_command(self, run: Run) -> None:
         """Push what changed on the host since the last sync (host-side diff: lstat of every entry)."""
-        host = scan_host(self.root)
-        changed = [path for path, entry in host.items() if not entry.same(self._host.get(path))]
+        scanned = time.time_ns()
+        keys = host_keys(self.root)
+        host: dict[str, Entry] = {}
+        changed: list[str] = []
+        for path, key in keys.items():
+            known = self._host.get(path)
+            if known is not None and self._host_keys.get(path) == key and path not in self._host_racy:
+                host[path] = known  # not one stat field moved since the last scan (and it was in sync then)
+                continue
+            entry = _host_entry(self.root, path, key)
+            if entry is None:
+                continue
+            host[path] = entry
+            if not entry.same(known) or (path in self._host_racy and not self._same_content(path)):
+                changed.append(path)
         removed = [path for path in self._host if path not in host]
         # An entry that changed kind is removed first: tar does not replace a directory by a file.
         retyped = [p for p in changed if p in self._host and self._host[p].kind != host[p].kind]
+        racy = _racy_host(host, scanned)
         if changed or removed:
-            self._push(run, host, sorted(changed), removed=sorted(set(removed) | set(retyped)))
-        self._host = host
+            self._push(run, host, sorted(changed), removed=sorted(set(removed) | set(retyped)), racy=racy)
+        self._host, self._host_keys, self._host_racy = host, keys, racy
+        for path in [p for p in self._digests if p not in racy]:
+            del self._digests[path]
+
+    def _same_content(self, path: str) -> bool:
+        """Whether the racy host file ``path`` still holds what the container was given (or gave back)."""
+        content = _read_host_file(self.root, path)
+        digest = self._digests.get(path)
+        return content is not None and digest is not None and hashlib.sha256(content).digest() == digest
 
     def after_command(self, run: Run) -> list[str]:
         """Pull back what changed in the container; the refusals, also kept in :attr:`refused`."""
         self.refused = []
-        listing, complete = self._list(run)
+        records, now, complete = self._list(run)
         refused: list[str] = []
         wanted: dict[str, Entry] = {}
-        for path, entry in listing.items():
-            if entry.same(self._inside.get(path)):
+        listed: dict[bytes, Entry] = {}
+        known_records = self._records
+        unmatched = 0
+        for key, record in records.items():
+            if known_records.get(key) == record:
+                continue  # byte-for-byte the record of an entry in sync (never a racy one: not kept)
+            unmatched += 1
+            parsed = _parse_record(key, record)
+            if parsed is None:
+                continue
+            path, entry = parsed
+            listed[key] = entry
+            known = self._inside.get(path)
+            if entry.same(known) and not (entry.kind == "f" and path in self._inside_racy):
+                if known is not None and known != entry:
+                    self._inside[path] = entry  # what a push predicted, now with its inode and ctime
                 continue
             wanted[path] = entry
-        gone = [path for path in self._inside if path not in listing] if complete else []
+        # Every record is a kept one and as many as there are kept entries: the listing is the last one, so
+        # nothing is gone and nothing to keep anew (each kept path is in _inside, so they are the same set).
+        unchanged = unmatched == 0 and len(records) == len(known_records) == len(self._inside)
+        gone = []
+        if complete and not unchanged:
+            present = {key.decode("utf-8", "surrogateescape") for key in records}
+            gone = [path for path in self._inside if path not in present]
         self._apply(run, wanted, gone, refused)
+        if not unchanged:
+            self._keep_records(records, listed, now)
         self.refused = refused
         for reason in refused:
             log.warning("mirror pull-back of %s refused: %s", self.root, reason)
         return refused
+
+    def _keep_records(self, records: dict[bytes, bytes], listed: dict[bytes, Entry], now: int | None) -> None:
+        """Keep the listing records of entries now in sync; note the racy ones (see :attr:`_inside_racy`).
+
+        ``listed`` holds the parsed entries of the records that differed from the kept ones; a record not
+        in it was kept before and is unchanged. A file whose ctime is not older than the container's "now"
+        (or every changed file, when the listing brought no "now") is racy: neither kept nor trusted.
+        """
+        kept: dict[bytes, bytes] = {}
+        racy: set[str] = set()
+        for key, record in records.items():
+            entry = listed.get(key)
+            if entry is None:
+                if self._records.get(key) == record:
+                    kept[key] = record  # unchanged since it was kept
+                continue  # else refused when parsed: never in sync
+            path = key.decode("utf-8")
+            if entry.kind == "f" and (now is None or entry.ctime_ns >= now):
+                racy.add(path)
+            elif self._inside.get(path) == entry:
+                kept[key] = record
+        self._records, self._inside_racy = kept, racy
 
     def closing(self, run: Run) -> None:
         """The last pull-back (refusals are logged)."""
@@ -253,21 +429,40 @@ class MirrorWorkspace:
         self._tree.close()
 
     # -- container side ------------------------------------------------------------------------------
-    def _list(self, run: Run) -> tuple[dict[str, Entry], bool]:
-        """The container's tree (refused names left out) and whether the listing was complete."""
-        result = run(("/bin/sh", "-c", _LIST_SCRIPT, "adk-sandbox-list", self.root), None, 256 * 1024 * 1024)
+    def _list(self, run: Run) -> tuple[dict[bytes, bytes], int | None, bool]:
+        """The container's listing: records by path, its "now" (ns; None: unknown), whether complete."""
+        now_file = f"/tmp/.adk-sandbox-now-{os.urandom(8).hex()}"
+        argv = ("/bin/sh", "-c", _LIST_SCRIPT, "adk-sandbox-list", self.root, now_file)
+        result = run(argv, None, 256 * 1024 * 1024)
         _check_tools(result, "find")
-        listing: dict[str, Entry] = {}
-        records = result.stdout.split(b"\0")
-        for index in range(0, len(records) - 1, 2):
-            parsed = _parse_record(records[index], records[index + 1])
-            if parsed is not None:
-                listing[parsed[0]] = parsed[1]
+        fields = result.stdout.split(b"\0")
+        count = (len(fields) - 1) // 3
+        records = dict(zip(fields[0 : 3 * count : 3], fields[1 : 3 * count : 3], strict=True))
+        now: int | None = None
+        mark = records.pop(b"", None)
+        if mark is not None:
+            parts = mark.split(b" ")
+            with contextlib.suppress(ValueError):  # the sandbox's output: unknown when it does not parse
+                now = _ns(parts[4]) if len(parts) == 6 else None
+        # A link's target is part of its record (the record is compared as a whole).
+        for index in range(count):
+            target = fields[3 * index + 2]
+            if target:
+                key = fields[3 * index]
+                records[key] = records[key] + b"\0" + target
         # An unreadable directory (find exits 1) or a cut listing must not read as "everything in it is
         # gone": deletions are applied only from a complete listing.
-        return listing, result.exit_code == 0 and not result.truncated
+        return records, now, result.exit_code == 0 and not result.truncated
 
-    def _push(self, run: Run, host: dict[str, Entry], paths: list[str], removed: list[str]) -> None:
+    def _forget_records(self, paths: tuple[str, ...]) -> None:
+        """Drop the kept listing records of ``paths``: they change, so the next listing compares them."""
+        for path in paths:
+            self._records.pop(path.encode("utf-8", "surrogateescape"), None)
+
+    def _push(
+        self, run: Run, host: dict[str, Entry], paths: list[str], removed: list[str], racy: set[str]
+    ) -> None:
+        self._forget_records((*removed, *paths))
         if removed:
             result = run(
                 ("/bin/sh", "-c", _REMOVE_SCRIPT, "adk-sandbox-remove", self.root),
@@ -300,6 +495,8 @@ class MirrorWorkspace:
                         continue  # gone or no longer a file since the scan: the next sync sees it
                     info.size = len(content)
                     archive.addfile(info, io.BytesIO(content))
+                    if path in racy:
+                        self._digests[path] = hashlib.sha256(content).digest()
                     entry = Entry("f", entry.mode, len(content), info.mtime * 1_000_000_000)
                 if safe_name(path):  # a .git is never listed, so never compared
                     # What the container will list for it (tar restores the mode and the whole-second mtime).
@@ -313,7 +510,7 @@ class MirrorWorkspace:
         if result.exit_code != 0:
             why = result.stderr.decode("utf-8", "replace").strip()[-400:]
             full = "No space left on device" in why
-            self._inside = {}  # unknown now: the next pull-back compares against everything
+            self._inside, self._records = {}, {}  # unknown now: the next pull-back compares everything
             cap = self.cap_bytes // (1024 * 1024)
             raise SandboxFailedError(
                 (
@@ -422,8 +619,12 @@ class MirrorWorkspace:
                     source = archive.extractfile(member)
                     if source is None:
                         continue
+                    data = source.read()
                     try:
-                        tree.write_file(path, source.read(), entry.mode, member.mtime)
+                        # A racy file is fetched again: often what the host holds already.
+                        if not tree.holds(path, data, entry.mode, member.mtime):
+                            tree.write_file(path, data, entry.mode, member.mtime)
+                        self._digests[path] = hashlib.sha256(data).digest()
                     except _Refused as exc:
                         refused.append(f"{path}: {exc}")
                     except OSError as exc:
@@ -450,23 +651,37 @@ def _check_tools(result: RunResult, what: str) -> None:
         raise SandboxFailedError("syncing the workspace copy with the sandbox did not finish in time")
 
 
-def _parse_record(header: bytes, link: bytes) -> tuple[str, Entry] | None:
-    """One ``find -printf`` record as (path, entry); None for what pull-back never takes (refused)."""
-    parts = header.split(b" ", 4)
-    if len(parts) != 5:
+def _ns(text: bytes) -> int:
+    """A ``find`` time (``%T@``: seconds, a dot, the fraction; negative: floor seconds) in ns."""
+    seconds, _, fraction = text.partition(b".")
+    if not fraction.isdigit() and fraction:
+        raise ValueError(text)
+    return int(seconds) * 1_000_000_000 + int((fraction[:9] or b"0").ljust(9, b"0"))
+
+
+def _parse_record(raw: bytes, record: bytes) -> tuple[str, Entry] | None:
+    """One listing record (path; type, mode, size, mtime, ctime, inode; link target) as (path, entry).
+
+    None for what pull-back never takes (refused): a name that is not UTF-8 or not :func:`safe_name`,
+    or a record that does not parse (the listing is the sandbox's output: it may say anything).
+    """
+    header, _, link = record.partition(b"\0")
+    parts = header.split(b" ")
+    if len(parts) != 6:
         return None
-    kind, mode, size, mtime, raw = parts
+    kind, mode, size, mtime, ctime, inode = parts
     try:
         path = raw.decode("utf-8")
         target = link.decode("utf-8")
-        seconds = Decimal(mtime.decode("ascii"))
-        entry = (int(mode, 8) & 0o777, int(size), int(seconds * 1_000_000_000))
-    except (UnicodeDecodeError, ValueError, InvalidOperation):
+        numbers = (int(mode, 8) & 0o777, int(size), _ns(mtime), _ns(ctime), int(inode))
+    except (UnicodeDecodeError, ValueError):
         return None
     if not safe_name(path):
         return None  # an unsafe name is never addressed on the host
     k: Kind = "f" if kind == b"f" else "d" if kind == b"d" else "l" if kind == b"l" else "o"
-    return path, Entry(k, entry[0], entry[1] if k == "f" else 0, entry[2] if k == "f" else 0, target)
+    if k != "f":
+        return path, Entry(k, numbers[0], target=target)
+    return path, Entry(k, numbers[0], numbers[1], numbers[2], target, numbers[4], numbers[3])
 
 
 def safe_name(path: str) -> bool:
@@ -476,9 +691,13 @@ def safe_name(path: str) -> bool:
     return all(part not in ("", ".", "..", ".git") for part in path.split("/"))
 
 
-def scan_host(root: str) -> dict[str, Entry]:
-    """The host tree below ``root`` (files, directories, links; special files left out), never following."""
-    found: dict[str, Entry] = {}
+def host_keys(root: str) -> dict[str, _Key]:
+    """The lstat of every entry below ``root`` (files, directories, links, special files), never following.
+
+    The one walk of a host scan: one ``lstat`` per entry (a change inside a file moves no directory's
+    times, so no directory can be skipped), nothing read.
+    """
+    found: dict[str, _Key] = {}
 
     def walk(directory: str, prefix: str) -> None:
         try:
@@ -486,23 +705,42 @@ def scan_host(root: str) -> dict[str, Entry]:
         except OSError:
             return
         for item in entries:
-            rel = prefix + item.name
             try:
                 info = item.stat(follow_symlinks=False)
             except OSError:
                 continue
-            mode = info.st_mode
-            if stat.S_ISDIR(mode):
-                found[rel] = Entry("d", stat.S_IMODE(mode) & 0o777, mtime_ns=info.st_mtime_ns)
+            rel = prefix + item.name
+            found[rel] = (info.st_mode, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+            if stat.S_ISDIR(info.st_mode):
                 walk(item.path, rel + "/")
-            elif stat.S_ISREG(mode):
-                found[rel] = Entry("f", mode & 0o777, info.st_size, info.st_mtime_ns, inode=info.st_ino)
-            elif stat.S_ISLNK(mode):
-                with contextlib.suppress(OSError):
-                    found[rel] = Entry("l", 0o777, target=os.readlink(item.path))
 
     walk(root, "")
     return found
+
+
+def _host_entry(root: str, rel: str, key: _Key) -> Entry | None:
+    """The entry a host scan's ``key`` of ``rel`` is (None: a special file, or a link gone meanwhile)."""
+    mode, size, mtime_ns, ctime_ns, inode = key
+    if stat.S_ISDIR(mode):
+        return Entry("d", stat.S_IMODE(mode) & 0o777, mtime_ns=mtime_ns)
+    if stat.S_ISREG(mode):
+        return Entry("f", mode & 0o777, size, mtime_ns, inode=inode, ctime_ns=ctime_ns)
+    if stat.S_ISLNK(mode):
+        with contextlib.suppress(OSError):
+            return Entry("l", 0o777, target=os.readlink(os.path.join(root, rel)))
+    return None
+
+
+def scan_host(root: str) -> dict[str, Entry]:
+    """The host tree below ``root`` (files, directories, links; special files left out), never following."""
+    keys = host_keys(root)
+    return {rel: entry for rel, key in keys.items() if (entry := _host_entry(root, rel, key)) is not None}
+
+
+def _racy_host(host: dict[str, Entry], scanned_ns: int) -> set[str]:
+    """The host files changed less than :data:`RACY_NS` before ``scanned_ns`` (or after: a clock ahead)."""
+    since = scanned_ns - RACY_NS
+    return {path for path, entry in host.items() if entry.kind == "f" and entry.ctime_ns >= since}
 
 
 def check_fits(root: str, host: dict[str, Entry], cap_bytes: int) -> None:
@@ -751,8 +989,28 @@ class _HostTree:
         if stat.S_ISDIR(info.st_mode):
             return Entry("d", info.st_mode & 0o777)
         if stat.S_ISREG(info.st_mode):
-            return Entry("f", info.st_mode & 0o777, info.st_size, info.st_mtime_ns, inode=info.st_ino)
+            return Entry(
+                "f", info.st_mode & 0o777, info.st_size, info.st_mtime_ns, inode=info.st_ino,
+                ctime_ns=info.st_ctime_ns,
+            )  # fmt: skip
         return None
+
+    def holds(self, rel: str, data: bytes, mode: int, mtime: float) -> bool:
+        """Whether the host file ``rel`` (reached as written, no link) is ``data``, ``mode``, ``mtime``."""
+        try:
+            with self.parent(rel, create=False) as fd:
+                out = os.open(posixpath.basename(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+        except (OSError, _Refused):
+            return False
+        with os.fdopen(out, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or (info.st_size, info.st_mode & 0o777, int(info.st_mtime)) != (
+                len(data),
+                mode,
+                int(mtime),
+            ):
+                return False
+            return handle.read(len(data) + 1) == data
 
     def remove(self, rel: str) -> None:
         """Remove ``rel`` (a directory with all it holds), never following a link; absent is done."""

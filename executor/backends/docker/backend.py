@@ -2,61 +2,37 @@
 
 from __future__ import annotations
 
+import inspect
 import os
-import re
 import shutil
 import tempfile
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
-import docker
-
-from executor.backend import OutputCallback, SandboxBackend
-from executor.backends.docker._container import ContainerProvider
+from executor.backend import SessionBackend
+from executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
 from executor.backends.docker._daemon import connect
 from executor.backends.docker._reaper import cleanup_session, reap_leaked
 from executor.backends.docker._spec import (
-    MAX_TMPFS_MB,
     MIB,
     ContainerSpec,
     GitProtection,
     git_protection,
     tmpfs_overlap,
-    validate_labels,
-    validate_tmpfs,
 )
-from executor.backends.docker._workspace import (
-    DEFAULT_MIRROR_MB,
-    WORKSPACE_TRANSPORTS,
-    copies_dir,
-    copy_tree,
-)
+from executor.backends.docker._workspace import AUTO_CHOICES, DEFAULT_MIRROR_MB, copies_dir, copy_tree
+from executor.backends.docker.config import DEFAULT_LIFETIME_SECONDS, DockerConfig, config_from_options
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
 from executor.backends.docker.pool import PoolConfig, SessionPool
-from executor.backends.docker.session import TRANSPORTS, DockerSession, SessionConfig
+from executor.backends.docker.session import DockerSession, SessionConfig
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from executor.policy import SandboxPolicy
-from executor.types import Capabilities, ExecRequest, ExecResult, ResourceLimits
+from executor.types import Capabilities, ResourceLimits
 
 __all__ = ["DockerBackend"]
-
-DEFAULT_LIFETIME_SECONDS = 12 * 3600
-_IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
-
-
-def _pinned_image(image_id: str | None) -> ExpectedImage | None:
-    """``DockerBackend(image_id=...)`` checked: a mismatch with it is refused."""
-    if image_id is None:
-        return None
-    if not _IMAGE_ID.fullmatch(image_id):
-        raise InvalidRequestError(
-            "image_id must be an image id, 64 hex digits after an optional sha256: (`docker image inspect "
-            f"-f '{{{{.Id}}}}' IMAGE` prints it), not {image_id!r}"
-        )
-    return ExpectedImage(image_id if image_id.startswith("sha256:") else f"sha256:{image_id}", pinned=True)
 
 
 def _expected_on_remote(engine: Engine, image: str) -> ExpectedImage | None:
@@ -67,7 +43,7 @@ def _expected_on_remote(engine: Engine, image: str) -> ExpectedImage | None:
     return ExpectedImage(local_id, pinned=False) if local_id is not None else None
 
 
-class DockerBackend(SandboxBackend):
+class DockerBackend(SessionBackend[DockerSession]):
     """Creates :class:`DockerSession` s: one hardened container per session (SPEC §4).
 
     >>> backend = DockerBackend()                                  # doctest: +SKIP
@@ -87,7 +63,7 @@ class DockerBackend(SandboxBackend):
 
     name = "docker"
 
-    def __init__(  # noqa: PLR0917, PLR0915 - SPEC §4 gives these in this order; a check for each
+    def __init__(  # noqa: PLR0917 - SPEC §4 gives these in this order
         self,
         image: str = BASE_IMAGE,
         limits: ResourceLimits | None = None,
@@ -106,137 +82,94 @@ class DockerBackend(SandboxBackend):
         mirror_size_mb: int = DEFAULT_MIRROR_MB,
         image_id: str | None = None,
         pool: int | PoolConfig | None = None,
+        config: DockerConfig | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
-        ``user`` ("uid:gid") overrides the default of running commands as the owner of the workspace
-        root. ``policy`` adds bind mounts (its ``allowed_paths``, at the same path), environment and
-        network permission; like bubblewrap, a container cannot forbid spawning processes, so a policy
-        must say ``allow_process_spawn``. ``transport`` chooses how commands reach a session's container:
-        ``"agent"`` (default: one long-lived in-sandbox agent per session, docs/DOCKER.md "The agent
-        channel") or ``"exec"`` (one Docker exec per command). ``tmpfs`` adds writable tmpfs mounts
-        (absolute path -> size in MiB, e.g. ``{"/var/tmp": 64}``), mounted ``exec,nosuid,nodev`` like
-        ``/tmp`` (docs/DOCKER.md, "Extra tmpfs mounts"); not with ``container=``. ``labels`` are added to
-        every container this backend creates (keys in this project's ``io.adk-sandbox.`` namespace are
-        refused: the reaper relies on them). ``engine`` picks the Docker engine: an
-        :class:`~executor.backends.docker.engine.Engine`, a URL (``unix://``, ``tcp://`` with TLS from
-        ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``, ``ssh://``) or a Docker context's name; by default the
-        one the Docker CLI would use (``DOCKER_HOST``, ``DOCKER_CONTEXT``, the current context).
-        ``workspace_transport`` says how a session's workspace reaches the container (docs/DOCKER.md,
-        "Workspace transport"): ``"bind"`` mounts the host directory (a local engine that sees this
-        machine's files; checked at start), ``"mirror"`` copies it into a tmpfs volume of
-        ``mirror_size_mb`` MiB at the same path and syncs it before and after each command, ``"auto"``
-        (default) binds when the engine sees the directory, else mirrors. A policy's host paths are bound,
-        so they need a local engine: a remote one refuses them. ``image_id`` (``sha256:<64 hex>``) pins
-        the image: a container running another one is refused before anything runs in it. Without it, on
-        a remote engine, the id ``image`` has on this machine's engine (when it has one) is expected, and
-        a container running another id only warns (:class:`~.images.ImageMismatchWarning`); see
-        docs/DOCKER.md, "Images on a remote engine".
+        The settings are a :class:`~executor.backends.docker.config.DockerConfig`: either ``config=``, or
+        the keyword options, which build one (each option is the field of the same name, where it is
+        documented; None means the default) -- not both. Invalid settings raise
+        :class:`InvalidRequestError` (:class:`PolicyNotEnforceableError` for a policy that does not allow
+        spawning processes) before anything connects.
+
+        In short: ``user`` ("uid:gid") overrides running commands as the owner of the workspace root;
+        ``policy`` adds bind mounts, environment and network permission; ``transport`` is ``"agent"``
+        (default) or ``"exec"``; ``tmpfs`` adds writable tmpfs mounts and ``labels`` container labels
+        (neither with ``container=``, which attaches to an existing container); ``engine`` picks the Docker
+        engine (default: the one the Docker CLI would use); ``workspace_transport`` (``"auto"``,
+        ``"bind"``, ``"mirror"``) and ``mirror_size_mb`` say how a workspace reaches the container (a
+        policy's host paths are bound, so a remote engine refuses them); ``image_id`` pins the image;
         ``pool`` keeps that many containers (or as a :class:`~executor.backends.docker.pool.PoolConfig`
-        says) started for workspace-less sessions, each used once (docs/DOCKER.md, "Warm pool").
+        says) started for workspace-less sessions (docs/DOCKER.md, "Warm pool").
         """
-        if transport not in TRANSPORTS:
-            raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
-        if policy is not None and not policy.allow_process_spawn:
-            raise PolicyNotEnforceableError(
-                "a container cannot forbid spawning processes; use a policy built with "
-                ".allow_process_spawn() (the pids limit bounds how many may run)"
-            )
-        if lifetime_seconds <= 0:
-            raise InvalidRequestError("lifetime_seconds must be positive")
-        if workspace_transport not in WORKSPACE_TRANSPORTS:
-            raise InvalidRequestError(
-                f"workspace_transport must be one of {', '.join(WORKSPACE_TRANSPORTS)}, "
-                f"not {workspace_transport!r}"
-            )
-        if (
-            isinstance(mirror_size_mb, bool)
-            or not isinstance(mirror_size_mb, int)
-            or not 1 <= mirror_size_mb <= MAX_TMPFS_MB
-        ):
-            raise InvalidRequestError(f"mirror_size_mb must be an integer from 1 to {MAX_TMPFS_MB} (MiB)")
-        if workspace_transport == "mirror" and container is not None:
-            raise InvalidRequestError(
-                "workspace_transport='mirror' makes a container with a copy of the workspace; an attached "
-                "container mounts the workspace itself (use 'bind' or 'auto')"
-            )
-        pinned = _pinned_image(image_id)
-        extra_tmpfs = validate_tmpfs(tmpfs or {})
-        if extra_tmpfs and container is not None:
-            raise InvalidRequestError(
-                "tmpfs= applies to containers this backend creates; an attached container has the "
-                "mounts its compose file gives it (add them there)"
-            )
-        user_labels = validate_labels(labels or {})
-        if user_labels and container is not None:
-            raise InvalidRequestError(
-                "labels= applies to containers this backend creates; an attached container keeps its own"
-            )
-        overlap = tmpfs_overlap(
-            extra_tmpfs, [allowed.path for allowed in (policy or SandboxPolicy()).allowed_paths]
-        )
-        if overlap:
-            raise InvalidRequestError(overlap)
-        self.image = image
-        self.limits = limits or ResourceLimits()
-        self.runtime = runtime
-        self.network = network or bool(policy and policy.allow_network)
-        self.user = user
-        self.container = container
-        self.policy = policy or SandboxPolicy()
-        self.lifetime_seconds = lifetime_seconds
-        self.transport = transport
+        options: dict[str, object] = {
+            "image": image,
+            "limits": limits,
+            "runtime": runtime,
+            "network": network,
+            "user": user,
+            "container": container,
+            "policy": policy,
+            "lifetime_seconds": lifetime_seconds,
+            "transport": transport,
+            "tmpfs": tmpfs,
+            "labels": labels,
+            "engine": engine,
+            "workspace_transport": workspace_transport,
+            "mirror_size_mb": mirror_size_mb,
+            "image_id": image_id,
+            "pool": pool,
+        }
+        if config is None:
+            config = config_from_options(options)
+        else:
+            given = [name for name, value in options.items() if value != _DEFAULTS[name]]
+            if given:
+                raise InvalidRequestError(
+                    f"give DockerBackend either config= or keyword options, not both (also given: "
+                    f"{', '.join(given)}); put them in the config (config.model_copy(update={{...}}))"
+                )
+        super().__init__()
+        self.config = config
+        """This backend's settings, as checked (built from the keyword options when no config was given)."""
+        self.image = config.image
+        self.limits = config.limits
+        self.runtime = config.runtime
+        self.network = config.network or config.policy.allow_network
+        self.user = config.user
+        self.container = config.container
+        self.policy = config.policy
+        self.lifetime_seconds = config.lifetime_seconds
+        self.transport = config.transport
         """The command channel of this backend's sessions (``"agent"`` or ``"exec"``)."""
-        self.labels = user_labels
+        self.labels = config.labels
         """The user labels of this backend's containers, validated."""
-        self.tmpfs = extra_tmpfs
+        self.tmpfs = config.tmpfs
         """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
-        self.engine = resolve_engine(engine)
+        self.engine = resolve_engine(config.engine)
         """The Docker engine this backend's sessions run on."""
-        self.workspace_transport = workspace_transport
+        self.workspace_transport = config.workspace_transport
         """How sessions' workspaces reach their containers, as asked: ``"auto"``, ``"bind"``, ``"mirror"``."""
-        self.mirror_size_mb = mirror_size_mb
+        self.mirror_size_mb = config.mirror_size_mb
         """Size cap of a mirrored workspace's volume, in MiB."""
-        pool_settings = self._check_pool(pool)
         self._client = connect(engine=self.engine)
-        self.expect_image = pinned or _expected_on_remote(self.engine, image)
+        self.expect_image = config.pinned_image or _expected_on_remote(self.engine, config.image)
         """The image id sessions' containers must run (pinned) or are expected to (read from this machine)."""
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
-        self._lock = threading.Lock()
-        self._sessions: set[DockerSession] = set()
-        """Sessions opened and not yet closed (a closed session removes itself, see :meth:`_forget`)."""
-        self._capabilities: Capabilities | None = None
         self.pool: SessionPool | None = None
-        """The warm pool of workspace-less sessions (``pool=``), or None."""
-        if pool_settings is not None:
+        """The warm pool (``pool=``): of workspace-less sessions, or of copies (``workspace="mirror"``)."""
+        if config.pool is not None:
             self.pool = SessionPool(
                 self._client,
                 self._session_config(None),
-                pool_settings,
+                config.pool,
                 self._pool_member,
                 engine=self.engine.describe(),
             )
 
     def _pool_member(self, config: SessionConfig, provider: ContainerProvider) -> DockerSession:
-        return _TrackedSession(self._client, config, self._forget, provider=provider)
-
-    def _check_pool(self, pool: int | PoolConfig | None) -> PoolConfig | None:
-        """The pool's settings, refused when they cannot work with this backend's."""
-        if pool is None:
-            return None
-        settings = PoolConfig(size=pool) if isinstance(pool, int) else pool
-        if self.container is not None:
-            raise InvalidRequestError(
-                "pool= keeps containers this backend creates; an attached container (container=) is one "
-                "shared container, not a pool"
-            )
-        if settings.max_age_seconds >= self.lifetime_seconds:
-            raise InvalidRequestError(
-                f"PoolConfig.max_age_seconds ({settings.max_age_seconds:g}) must be below lifetime_seconds "
-                f"({self.lifetime_seconds}): a member's expiry runs from its create"
-            )
-        return settings
+        return DockerSession(self._client, config, provider=provider)
 
     def session(
         self,
@@ -296,11 +229,6 @@ class DockerBackend(SandboxBackend):
             raise
         return self._open_session(config)
 
-    def _track(self, session: DockerSession) -> DockerSession:
-        with self._lock:
-            self._sessions.add(session)
-        return session
-
     def _session_config(
         self, workspace: str | os.PathLike[str] | None, mode: str | None = None
     ) -> SessionConfig:
@@ -355,7 +283,7 @@ class DockerBackend(SandboxBackend):
         )
 
     def _open_session(self, config: SessionConfig) -> DockerSession:
-        return self._track(_TrackedSession(self._client, config, self._forget))
+        return self._track(DockerSession(self._client, config))
 
     def _refuse_host_paths(self, workspace: str | os.PathLike[str] | None) -> None:
         """A remote engine cannot bind this machine's paths: refuse rather than run against other files.
@@ -376,11 +304,6 @@ class DockerBackend(SandboxBackend):
                 "cannot: open the session without them (backend.session()), or use a local engine"
             )
 
-    def _forget(self, session: DockerSession) -> None:
-        """Called by a session when it closes: a long-lived backend holds only the open ones."""
-        with self._lock:
-            self._sessions.discard(session)
-
     def cleanup(self, session_id: str) -> list[str]:
         """Remove the containers of the session ``session_id`` (from any process); return their ids.
 
@@ -389,67 +312,58 @@ class DockerBackend(SandboxBackend):
         """
         return cleanup_session(session_id, self._client)
 
-    def capabilities(self) -> Capabilities:
+    def _probe_capabilities(self) -> Capabilities:
+        """What a session container of this backend enforces, read from a workspace-less one."""
+        with self.session() as probe:
+            return probe.capabilities()
+
+    def capabilities(self, workspace: str | os.PathLike[str] | None = None) -> Capabilities:
         """What a session container of this backend enforces, read from a real one (probed once).
 
-        ``workspace`` says how a workspace would reach it: with ``"auto"`` on a local engine the probe
-        session gets a fresh temporary directory as its workspace, so the identity check decides.
+        ``workspace`` says how a workspace would reach it: ``"bind"`` or ``"mirror"`` where the backend's
+        settings decide (``workspace_transport`` forced, a remote engine, an attached container), and
+        ``"auto"`` where ``"auto"`` decides per workspace at each session's start (a local engine). Given
+        ``workspace=``, the answer is for that directory: what ``"auto"`` found for it before on this
+        engine (:class:`~._workspace.AutoChoices`), else what a session of it finds (one is started).
         """
-        if self._capabilities is None:
-            if self.workspace_transport == "auto" and self.engine.local and self.container is None:
-                with (
-                    tempfile.TemporaryDirectory(prefix="adk-sandbox-probe-") as scratch,
-                    self.session(workspace=scratch) as probe,
-                ):
-                    self._capabilities = probe.capabilities()
-            else:
-                with self.session() as probe:
-                    found = probe.capabilities()
-                mode = "mirror" if self.workspace_transport != "bind" and not self.engine.local else "bind"
-                self._capabilities = found.model_copy(update={"workspace": mode})
-        return self._capabilities
+        mode = self._workspace_mode_for(workspace)
+        return super().capabilities().model_copy(update={"workspace": mode})
 
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        """Run ``request`` in a throw-away session (a fresh container, removed afterwards)."""
-        with self.session() as session:
-            return session.execute(request, on_output, cancel=cancel)
+    def _workspace_mode_for(self, workspace: str | os.PathLike[str] | None) -> str:
+        """How ``workspace`` (None: any) would reach a session's container (see :meth:`capabilities`)."""
+        config = self._session_config(workspace)
+        mode = config.workspace_transport
+        if mode != "auto" or workspace is None:
+            return mode
+        root = config.spec.workspace or ""
+        key = AUTO_CHOICES.key(self.engine.socket_path, root)
+        known = AUTO_CHOICES.get(key)
+        if known is not None:
+            return known
+        # The identity check alone (a bound session's start), not a mirror's push of the whole workspace.
+        found: Literal["bind", "mirror"] = "bind"
+        try:
+            with self._open_session(replace(config, workspace_transport="bind")):
+                pass
+        except WorkspaceNotSharedError:
+            found = "mirror"
+        AUTO_CHOICES.put(key, found)
+        return found
 
     def close(self) -> None:
         """Close every session of this backend still open (their containers are removed), drain the pool."""
-        with self._lock:
-            sessions, self._sessions = list(self._sessions), set()
-        for session in sessions:
-            session.close()  # a pooled session's removal is queued in the pool, which the next line waits for
+        super().close()  # a pooled session's removal is queued in the pool, which the next line waits for
         if self.pool is not None:
             self.pool.close()
         self._client.close()
 
 
-class _TrackedSession(DockerSession):
-    """A session that tells its backend when it closes, so the backend stops holding it."""
-
-    def __init__(
-        self,
-        client: docker.DockerClient,
-        config: SessionConfig,
-        on_close: Callable[[DockerSession], None],
-        provider: ContainerProvider | None = None,
-    ) -> None:
-        super().__init__(client, config, provider=provider)
-        self._on_close = on_close
-
-    def close(self) -> None:
-        """Remove the container (unless attached) and leave the backend's list of open sessions."""
-        try:
-            super().close()
-        finally:
-            self._on_close(self)
+#: The keyword options' defaults: an option equal to its default counts as not given (with ``config=``).
+_DEFAULTS: dict[str, object] = {
+    name: parameter.default
+    for name, parameter in inspect.signature(DockerBackend.__init__).parameters.items()
+    if name not in ("self", "config")
+}
 
 
 def _contains(outer: str, inner: str) -> bool:

@@ -180,10 +180,13 @@ class SandboxFiles:
 
         Not appending, the data goes to a fresh file in the same directory, renamed over ``path`` when
         complete: a reader never sees half of it, and on any failure (a full disk, the deadline) ``path``
-        keeps its old content. The new file has exactly ``mode`` (no umask) and replaces a symlink at
-        ``path`` rather than following it. ``exclusive`` fails with :class:`FileExistsError` when
-        ``path`` exists; ``append`` adds to the file in place (following symlinks; ``mode`` applies when
-        it is created).
+        keeps its old content. An existing file is replaced only if the command user may write it (as
+        ``open(path, "w")`` would decide; otherwise :class:`PermissionError` and nothing changes, though
+        the directory alone would allow the rename), and the replacement keeps its permission bits and,
+        as far as the command user may give it, its owner. A new file has exactly ``mode`` (no umask); a
+        symlink at ``path`` is replaced by one, never followed. ``exclusive`` fails with
+        :class:`FileExistsError` when ``path`` exists; ``append`` adds to the file in place (following
+        symlinks; ``mode`` applies when it is created).
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidRequestError(f"data must be bytes, not {type(data).__name__}")

@@ -25,9 +25,9 @@ import docker
 import docker.errors
 
 from executor._env import build_child_env
-from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
+from executor._languages import LANGUAGES, request_argv
 from executor._output import OutputCapture
-from executor.backend import OutputCallback, SandboxBackend
+from executor.backend import OutputCallback, SandboxSession
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._container import (
     ContainerProvider,
@@ -53,6 +53,7 @@ from executor.backends.docker._transport import (
     PreparedCommand,
 )
 from executor.backends.docker._workspace import (
+    AUTO_CHOICES,
     DEFAULT_MIRROR_MB,
     MAX_REPORTED,
     SYNC_SECONDS,
@@ -128,18 +129,8 @@ class SessionConfig:
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
-    """The program and arguments that run ``request`` inside the container.
-
-    ``argv`` runs as given; code travels on the argv (:func:`executor._languages.inline_argv`, in
-    pieces when longer than one argument may be), on both transports.
-    """
-    if request.argv is not None:
-        check_argument_sizes(request.argv, "docker")
-        return request.argv
-    assert request.language is not None and request.code is not None  # noqa: S101 - ExecRequest checks
-    if request.language not in LANGUAGES:
-        raise InvalidRequestError(f"the Docker backend cannot run {request.language.value!r} code")
-    return inline_argv(request.language, request.code)
+    """The program and arguments that run ``request`` inside the container (on both transports)."""
+    return request_argv(request, "docker")
 
 
 def container_user(user: str) -> str:
@@ -151,7 +142,7 @@ def container_user(user: str) -> str:
     return f"{uid}:{gid if gid is not None else uid}"
 
 
-class DockerSession(SandboxBackend):
+class DockerSession(SandboxSession):
     """One container for the whole session: created at entry (or first use), reused, removed at close.
 
     Every command runs with a cleared environment (the image's own variables, then policy, then request
@@ -302,10 +293,6 @@ class DockerSession(SandboxBackend):
             raise SandboxFailedError("this Docker session is closed")
         return container
 
-    def __enter__(self) -> DockerSession:
-        self.start()
-        return self
-
     def close(self) -> None:
         """Bring a mirrored workspace's last changes back, then remove the container (unless attached).
 
@@ -333,14 +320,22 @@ class DockerSession(SandboxBackend):
     def _open_container(self) -> None:
         """Open a verified container with its workspace (``auto``: bind, else a mirror; lock held)."""
         if self._workspace_mode == "auto":
-            try:
-                self._open_once("bind")
-            except WorkspaceNotSharedError as exc:
-                log.info("the engine does not see %s (%s): mirroring it", self._config.spec.workspace, exc)
-                self._workspace_mode = "mirror"
+            workspace = self._config.spec.workspace
+            assert workspace is not None  # noqa: S101 - "auto" is kept only with a workspace
+            key = AUTO_CHOICES.key(engine_of(self._client).socket_path, workspace)
+            if AUTO_CHOICES.get(key) == "mirror":
+                self._workspace_mode = "mirror"  # this engine failed the identity check for it before
             else:
-                self._workspace_mode = "bind"
-                return
+                try:
+                    self._open_once("bind")
+                except WorkspaceNotSharedError as exc:
+                    log.info("the engine does not see %s (%s): mirroring it", workspace, exc)
+                    AUTO_CHOICES.put(key, "mirror")
+                    self._workspace_mode = "mirror"
+                else:
+                    AUTO_CHOICES.put(key, "bind")
+                    self._workspace_mode = "bind"
+                    return
         self._open_once(self._workspace_mode)
 
     def _mirror_spec(self) -> tuple[ContainerSpec, tuple[int, int]]:

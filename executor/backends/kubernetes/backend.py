@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from executor._env import build_child_env
-from executor._languages import LANGUAGES, check_argument_sizes, inline_argv
+from executor._languages import LANGUAGES, request_argv
 from executor._output import OutputCapture
-from executor.backend import OutputCallback, SandboxBackend
+from executor.backend import OutputCallback, SandboxSession, SessionBackend
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._container import DEFAULT_PATH
 from executor.backends.docker._probe import verify_from_inside
@@ -33,6 +33,7 @@ from executor.backends.kubernetes._claim import claim_object, claim_state, sandb
 from executor.backends.kubernetes._config import KubernetesConfig
 from executor.backends.kubernetes._exec import ExecBridge
 from executor.backends.kubernetes._failures import pod_failure, pod_waiting_reason
+from executor.backends.kubernetes._reaper import LeakedPod, reap_leaked_pods
 from executor.backends.kubernetes._spec import (
     CONTAINER_NAME,
     capabilities_from_pod,
@@ -65,7 +66,7 @@ _PROBE_LANGUAGES = (
 )
 
 
-class KubernetesSession(SandboxBackend):
+class KubernetesSession(SandboxSession):
     """One Pod for the whole session: created (or claimed) at entry, reused, deleted at close.
 
     Commands reach it through the agent channel over ``pods/exec`` (v5, else v4), as the Pod's user (an
@@ -87,8 +88,7 @@ class KubernetesSession(SandboxBackend):
         self._api = api
         self._config = config
         self._policy_ready = network_policy_ready
-        self.session_id = uuid.uuid4().hex[:12]
-        """The session's id: the ``io.adk-sandbox.session`` label of its Pod (and claim)."""
+        self._session_id = uuid.uuid4().hex[:12]
         self.pod_name: str | None = None
         """The session Pod's name, once it exists."""
         self._claim: str | None = None
@@ -103,6 +103,11 @@ class KubernetesSession(SandboxBackend):
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
 
     # -- lifecycle -----------------------------------------------------------------------------------
+    @property
+    def session_id(self) -> str:
+        """The session's id: the ``io.adk-sandbox.session`` label of its Pod (and claim)."""
+        return self._session_id
+
     def start(self) -> None:
         """Create (or claim) the Pod, wait until it runs, verify it, start the agent; idempotent."""
         with self._lock:
@@ -115,10 +120,6 @@ class KubernetesSession(SandboxBackend):
                     with contextlib.suppress(ExecutorError):
                         self._discard()
                     raise
-
-    def __enter__(self) -> KubernetesSession:
-        self.start()
-        return self
 
     def _open(self) -> None:
         config = self._config
@@ -254,7 +255,7 @@ class KubernetesSession(SandboxBackend):
         cancel: threading.Event | None = None,
     ) -> ExecResult:
         """Run ``request`` in the session's Pod (see the class docstring)."""
-        argv = _argv_for(request)
+        argv = request_argv(request, "kubernetes")
         config = self._config
         if request.user is not None:
             uid, gid = parse_user(request.user)
@@ -315,17 +316,7 @@ class KubernetesSession(SandboxBackend):
         return pod_failure(pod) or exc
 
 
-def _argv_for(request: ExecRequest) -> tuple[str, ...]:
-    if request.argv is not None:
-        check_argument_sizes(request.argv, "kubernetes")
-        return request.argv
-    assert request.language is not None and request.code is not None  # noqa: S101 - ExecRequest checks
-    if request.language not in LANGUAGES:
-        raise InvalidRequestError(f"the Kubernetes backend cannot run {request.language.value!r} code")
-    return inline_argv(request.language, request.code)
-
-
-class KubernetesBackend(SandboxBackend):
+class KubernetesBackend(SessionBackend[KubernetesSession]):
     """Creates :class:`KubernetesSession` s: one hardened Pod per session (docs/KUBERNETES.md).
 
     >>> config = KubernetesConfig(image="registry.example/adk-sandbox/base:1")  # doctest: +SKIP
@@ -364,10 +355,26 @@ class KubernetesBackend(SandboxBackend):
                 "v1beta1 SandboxClaim), which this cluster does not serve; install agent-sandbox with its "
                 "extensions, or leave warm_pool unset to create Pods"
             )
-        self._lock = threading.Lock()
+        super().__init__()
         self._policy: dict[str, Any] | None = None
-        self._sessions: set[KubernetesSession] = set()
-        self._capabilities: Capabilities | None = None
+        self.reaped: list[LeakedPod] = self._reap()
+        """The leaked session Pods this backend's start deleted (see :mod:`._reaper`)."""
+
+    def _reap(self) -> list[LeakedPod]:
+        """Delete the namespace's leaked session Pods, as the Docker backend does with its containers.
+
+        A protection, not a requirement: where the account may not list Pods (RBAC), the start goes on
+        with a warning; ``activeDeadlineSeconds`` still bounds every leak.
+        """
+        namespace = self.config.namespace
+        try:
+            removed = reap_leaked_pods(self._api, namespace)
+        except ExecutorError as exc:
+            log.warning("leaked session Pods in %s were not looked for: %s", namespace, exc)
+            return []
+        for pod in removed:
+            log.info("deleted leaked session Pod %s/%s: %s", namespace, pod.name, pod.reason)
+        return removed
 
     def _network_policy(self) -> dict[str, Any] | None:
         """The namespace's default-deny policy as stored, created on first use (network off only)."""
@@ -387,32 +394,11 @@ class KubernetesBackend(SandboxBackend):
                 "a Kubernetes session has no host workspace: its workspace is an emptyDir in the Pod (filled "
                 "by the mirror workspace, not wired to this backend yet); open session() without one"
             )
-        session = KubernetesSession(self._api, self.config, network_policy_ready=self._network_policy)
-        with self._lock:
-            self._sessions.add(session)
-        return session
+        return self._track(
+            KubernetesSession(self._api, self.config, network_policy_ready=self._network_policy)
+        )
 
-    def capabilities(self) -> Capabilities:
-        """What a session Pod of this backend enforces, read from a real one (probed once)."""
-        if self._capabilities is None:
-            with self.session() as probe:
-                self._capabilities = probe.capabilities()
-        return self._capabilities
-
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        """Run ``request`` in a throw-away session (a fresh Pod, deleted afterwards)."""
-        with self.session() as session:
-            return session.execute(request, on_output, cancel=cancel)
-
-    def close(self) -> None:
-        """Close every session of this backend (their Pods or claims are deleted)."""
-        with self._lock:
-            sessions, self._sessions = list(self._sessions), set()
-        for session in sessions:
-            session.close()
+    def _probe_capabilities(self) -> Capabilities:
+        """What a session Pod of this backend enforces, read from a real one."""
+        with self.session() as probe:
+            return probe.capabilities()

@@ -1639,6 +1639,41 @@ static const char *kind_of(mode_t m) {
     return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other";
 }
 
+/* What a write that replaces its path finds there: 1 and *old for a regular file the command user may
+ * write, 0 for nothing to keep (no entry, a symlink, a FIFO, socket or device: replaced as a new file),
+ * -1 with errno when the write is refused. Opening the file O_WRONLY (no O_TRUNC: nothing changes) is
+ * the kernel's own answer for this user, as `open(path, "w")` would get it; O_NOFOLLOW: a symlink is
+ * replaced, never followed nor asked; O_NONBLOCK: a FIFO never holds the worker. A running program
+ * cannot be opened for writing (ETXTBSY) yet may be replaced: access(W_OK) decides (the worker's real
+ * and effective ids are the same). The rename later replaces the directory entry only, so whatever the
+ * command swaps in meanwhile is replaced, never written through. */
+static int existing_target(const char *path, struct stat *old) {
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd >= 0) {
+        int rc = fstat(fd, old) != 0 ? -1 : S_ISREG(old->st_mode) ? 1 : 0;
+        int e = errno;
+        close(fd);
+        errno = e;
+        return rc;
+    }
+    if (errno == ENOENT || errno == ELOOP || errno == ENXIO) return 0;
+    if (errno != ETXTBSY) return -1;
+    if (lstat(path, old) != 0) return -1;
+    if (!S_ISREG(old->st_mode)) return 0;
+    if (access(path, W_OK) != 0) { errno = EACCES; return -1; }
+    return 1;
+}
+
+/* The replacement keeps the old file's owner as far as the command user may give it (no CAP_CHOWN: its
+ * own uid, a group it is in; otherwise it stays the command user's) and its permission bits. */
+static int keep_owner_and_mode(int fd, const struct stat *old) {
+    struct stat now;
+    if (fstat(fd, &now) != 0) return -1;
+    if ((now.st_uid != old->st_uid || now.st_gid != old->st_gid) && fchown(fd, old->st_uid, old->st_gid) != 0)
+        (void)fchown(fd, (uid_t)-1, old->st_gid);
+    return fchmod(fd, old->st_mode & 0777); /* after fchown, which clears set-id bits; never set-id bits */
+}
+
 /* The operation itself: its result object in *res; -1 with errno (and *msg if not strerror's) on failure. */
 static int file_op(const file_req_t *q, int out_fd, int data_in, const char *tmp, buf_t *res, const char **msg) {
     struct stat st;
@@ -1676,10 +1711,17 @@ static int file_op(const file_req_t *q, int out_fd, int data_in, const char *tmp
             if (S_ISDIR(st.st_mode)) { errno = EISDIR; return -1; }
             if (q->exclusive) { errno = EEXIST; return -1; }
         } else if (errno != ENOENT) return -1;
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, (mode_t)q->mode);
+        struct stat old;
+        int keep = q->exclusive ? 0 : existing_target(q->path, &old);
+        if (keep < 0) {
+            if (errno == EACCES || errno == EPERM) *msg = "Permission denied: the command user may not write this file; it was left unchanged";
+            return -1;
+        }
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, keep ? 0600 : (mode_t)q->mode);
         if (fd < 0) return -1;
         int rc = copy_in(data_in, fd, &size);
         int e = errno;
+        if (rc == 0 && keep && keep_owner_and_mode(fd, &old) != 0) { rc = -1; e = errno; }
         if (close(fd) != 0 && rc == 0) { rc = -1; e = errno; }
         if (rc == 0) {
             if (q->exclusive) { /* link fails if path appeared meanwhile: exclusive without a race */

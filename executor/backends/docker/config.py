@@ -1,0 +1,221 @@
+"""DockerConfig: every setting of a :class:`~executor.backends.docker.DockerBackend`, checked in one model.
+
+``DockerBackend(config=DockerConfig(...))`` and ``DockerBackend(...)`` with the same keyword options are
+the same backend: the keywords build this model. Its checks raise what the backend's constructor always
+raised -- :class:`~executor.errors.InvalidRequestError` (a ``ValueError``, so built directly the model
+reports it inside pydantic's ``ValidationError``) and :class:`~executor.errors.PolicyNotEnforceableError`
+for a policy a container cannot enforce -- with the same messages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from executor.backends.docker._spec import MAX_TMPFS_MB, tmpfs_overlap, validate_labels, validate_tmpfs
+from executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
+from executor.backends.docker.engine import Engine
+from executor.backends.docker.images import BASE_IMAGE, ExpectedImage
+from executor.backends.docker.pool import PoolConfig
+from executor.backends.docker.session import TRANSPORTS
+from executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
+from executor.policy import SandboxPolicy
+from executor.types import ResourceLimits
+
+__all__ = ["DEFAULT_LIFETIME_SECONDS", "DockerConfig", "config_from_options"]
+
+#: How long a container this library creates may live at most (its expiry label; the reaper enforces it).
+DEFAULT_LIFETIME_SECONDS = 12 * 3600
+_IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
+
+
+class DockerConfig(BaseModel):
+    """How a :class:`~executor.backends.docker.DockerBackend` makes (or attaches to) its containers.
+
+    >>> config = DockerConfig(runtime="runsc", limits=ResourceLimits(memory_mb=512), pool=2)
+    >>> config.pool.size
+    2
+
+    Every field is what the backend's keyword option of the same name takes (docs/DOCKER.md,
+    "Configuration"); ``DockerBackend(config=config)`` uses it as it is, ``backend.config`` gives it back.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    image: str = BASE_IMAGE
+    """The image of the containers this backend creates (built locally or pushed; never pulled)."""
+    limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    """Memory (= memory+swap), cpu, pids, tmpfs size, file size and open files of each container."""
+    runtime: str | None = None
+    """The OCI runtime (``"runsc"`` for gVisor); None: the engine's default (``runc``)."""
+    network: bool = False
+    """Give containers Docker's default bridge network instead of ``none`` (as does a policy that
+    allows network: :attr:`DockerBackend.network` is the two together)."""
+    user: str | None = None
+    """``"uid:gid"`` commands run as, instead of the owner of the workspace root."""
+    container: str | None = None
+    """Attach to this existing container (e.g. a compose service) instead of creating them: its hardening
+    is verified the same way and it is never removed by this library."""
+    policy: SandboxPolicy = Field(default_factory=SandboxPolicy)
+    """Bind mounts (its ``allowed_paths``, at the same path), environment and network permission. A
+    container cannot forbid spawning processes, so the policy must say ``allow_process_spawn``."""
+    lifetime_seconds: int = DEFAULT_LIFETIME_SECONDS
+    """How long a container may live: its expiry label, after which any backend's reaper removes it."""
+    transport: str = "agent"
+    """How commands reach a session's container: ``"agent"`` (one long-lived in-sandbox agent per
+    session, docs/DOCKER.md "The agent channel") or ``"exec"`` (one Docker exec per command)."""
+    tmpfs: dict[str, int] = Field(default_factory=dict)
+    """Extra writable tmpfs mounts, absolute path -> MiB (e.g. ``{"/var/tmp": 64}``), mounted
+    ``exec,nosuid,nodev`` like ``/tmp`` (docs/DOCKER.md, "Extra tmpfs mounts"); not with ``container``."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels added to every container this backend creates (keys in this project's ``io.adk-sandbox.``
+    namespace are refused: the reaper relies on them); not with ``container``."""
+    engine: Engine | str | None = None
+    """The Docker engine: an :class:`~executor.backends.docker.engine.Engine`, a URL (``unix://``,
+    ``tcp://`` with TLS from ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``, ``ssh://``) or a Docker context's
+    name; None: the one the Docker CLI would use. Resolved when the backend connects
+    (:attr:`DockerBackend.engine`)."""
+    workspace_transport: str = "auto"
+    """How a session's workspace reaches the container (docs/DOCKER.md, "Workspace transport"):
+    ``"bind"`` mounts the host directory, ``"mirror"`` copies it into a tmpfs volume and syncs it before
+    and after each command, ``"auto"`` binds when the engine sees the directory, else mirrors."""
+    mirror_size_mb: int = DEFAULT_MIRROR_MB
+    """Size cap of a mirrored workspace's volume, in MiB (1 to 65536)."""
+    image_id: str | None = None
+    """Pin the image (``sha256:<64 hex>``): a container running another one is refused before anything
+    runs in it. None: on a remote engine, the id the image has on this machine's engine is expected and a
+    mismatch only warns (docs/DOCKER.md, "Images on a remote engine")."""
+    pool: PoolConfig | None = None
+    """Keep started containers for workspace-less sessions, each used once (docs/DOCKER.md, "Warm
+    pool"); an int ``N`` means ``PoolConfig(size=N)``."""
+
+    @field_validator("transport")
+    @classmethod
+    def _known_transport(cls, transport: str) -> str:
+        if transport not in TRANSPORTS:
+            raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
+        return transport
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_allows_spawning(cls, policy: SandboxPolicy) -> SandboxPolicy:
+        if not policy.allow_process_spawn:
+            raise PolicyNotEnforceableError(
+                "a container cannot forbid spawning processes; use a policy built with "
+                ".allow_process_spawn() (the pids limit bounds how many may run)"
+            )
+        return policy
+
+    @field_validator("lifetime_seconds")
+    @classmethod
+    def _positive_lifetime(cls, seconds: int) -> int:
+        if seconds <= 0:
+            raise InvalidRequestError("lifetime_seconds must be positive")
+        return seconds
+
+    @field_validator("workspace_transport")
+    @classmethod
+    def _known_workspace_transport(cls, mode: str) -> str:
+        if mode not in WORKSPACE_TRANSPORTS:
+            raise InvalidRequestError(
+                f"workspace_transport must be one of {', '.join(WORKSPACE_TRANSPORTS)}, not {mode!r}"
+            )
+        return mode
+
+    @field_validator("mirror_size_mb", mode="before")
+    @classmethod
+    def _mirror_size(cls, size: object) -> object:
+        # Before pydantic's own int check, which would take "64" or 64.0 (the size must be an int).
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_TMPFS_MB:
+            raise InvalidRequestError(f"mirror_size_mb must be an integer from 1 to {MAX_TMPFS_MB} (MiB)")
+        return size
+
+    @field_validator("image_id")
+    @classmethod
+    def _image_id_format(cls, image_id: str | None) -> str | None:
+        if image_id is not None and not _IMAGE_ID.fullmatch(image_id):
+            raise InvalidRequestError(
+                "image_id must be an image id, 64 hex digits after an optional sha256: "
+                f"(`docker image inspect -f '{{{{.Id}}}}' IMAGE` prints it), not {image_id!r}"
+            )
+        return image_id
+
+    @field_validator("tmpfs", mode="before")
+    @classmethod
+    def _tmpfs_mounts(cls, tmpfs: Mapping[str, int]) -> dict[str, int]:
+        return validate_tmpfs(tmpfs)  # its own strict checks, with this backend's messages
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _user_labels(cls, labels: Mapping[str, str]) -> dict[str, str]:
+        return validate_labels(labels)
+
+    @field_validator("pool", mode="before")
+    @classmethod
+    def _pool_size(cls, pool: object) -> object:
+        if isinstance(pool, int) and not isinstance(pool, bool):
+            return {"size": pool}
+        return pool
+
+    @model_validator(mode="after")
+    def _fits_together(self) -> DockerConfig:
+        """The checks between fields (after each field's own), in the order the backend always made them."""
+        attached = self.container is not None
+        if self.workspace_transport == "mirror" and attached:
+            raise InvalidRequestError(
+                "workspace_transport='mirror' makes a container with a copy of the workspace; an attached "
+                "container mounts the workspace itself (use 'bind' or 'auto')"
+            )
+        if self.tmpfs and attached:
+            raise InvalidRequestError(
+                "tmpfs= applies to containers this backend creates; an attached container has the "
+                "mounts its compose file gives it (add them there)"
+            )
+        if self.labels and attached:
+            raise InvalidRequestError(
+                "labels= applies to containers this backend creates; an attached container keeps its own"
+            )
+        overlap = tmpfs_overlap(self.tmpfs, [allowed.path for allowed in self.policy.allowed_paths])
+        if overlap:
+            raise InvalidRequestError(overlap)
+        if self.pool is not None:
+            if attached:
+                raise InvalidRequestError(
+                    "pool= keeps containers this backend creates; an attached container (container=) is one "
+                    "shared container, not a pool"
+                )
+            if self.pool.max_age_seconds >= self.lifetime_seconds:
+                raise InvalidRequestError(
+                    f"PoolConfig.max_age_seconds ({self.pool.max_age_seconds:g}) must be below "
+                    f"lifetime_seconds ({self.lifetime_seconds}): a member's expiry runs from its create"
+                )
+        return self
+
+    @property
+    def pinned_image(self) -> ExpectedImage | None:
+        """The image id :attr:`image_id` pins, as the backend expects it (``sha256:`` prefixed); or None."""
+        if self.image_id is None:
+            return None
+        image_id = self.image_id if self.image_id.startswith("sha256:") else f"sha256:{self.image_id}"
+        return ExpectedImage(image_id, pinned=True)
+
+
+def config_from_options(options: Mapping[str, Any]) -> DockerConfig:
+    """The config of ``DockerBackend``'s keyword options (None: the default), raising what it always did.
+
+    A check of the model raises its own error (:class:`InvalidRequestError`, unwrapped from pydantic's
+    ``ValidationError``, or :class:`PolicyNotEnforceableError`); a value of the wrong type is an
+    :class:`InvalidRequestError` naming the option.
+    """
+    try:
+        return DockerConfig(**{name: value for name, value in options.items() if value is not None})
+    except ValidationError as exc:
+        for error in exc.errors():
+            raised = (error.get("ctx") or {}).get("error")
+            if isinstance(raised, ExecutorError):
+                raise raised from None
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidRequestError(f"invalid DockerBackend option: {problems}") from None

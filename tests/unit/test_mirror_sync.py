@@ -1,0 +1,132 @@
+"""The mirror's sync logic against a tiny in-memory container (pure logic: the real one is in
+tests/integration/test_docker_mirror.py).
+
+What a real engine cannot be made to show on demand: a "racy" entry, changed again within the same tick of
+a coarse file-system clock (no kernel before 6.13 makes a stat'ed inode's next ctime differ), so that
+every field of its stat stays as it was. The container here has such a clock: it only moves when told.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from executor.backends.docker import _workspace
+from executor.backends.docker._workspace import AutoChoices, MirrorWorkspace, RunResult
+
+
+@dataclass
+class FakeContainer:
+    """Files by path (content, mtime, ctime, inode) and a clock that moves only when told to."""
+
+    clock: int = 100 * 10**9
+    files: dict[str, tuple[bytes, int, int, int]] = field(default_factory=dict)
+    fetched: list[str] = field(default_factory=list)
+    inodes: int = 1000
+
+    def write(self, path: str, content: bytes, mtime: int | None = None) -> None:
+        """A write in the container: the ctime is the clock's (an old inode stays)."""
+        inode = self.files[path][3] if path in self.files else self._inode()
+        self.files[path] = (content, self.clock if mtime is None else mtime, self.clock, inode)
+
+    def _inode(self) -> int:
+        self.inodes += 1
+        return self.inodes
+
+    def run(self, argv: tuple[str, ...], stdin: bytes | None, max_output: int) -> RunResult:
+        what = argv[3]
+        out = b""
+        if what == "adk-sandbox-push":
+            with tarfile.open(fileobj=io.BytesIO(stdin or b""), mode="r:") as archive:
+                for member in archive:
+                    source = archive.extractfile(member)
+                    if source is not None:
+                        self.write(member.name, source.read(), int(member.mtime) * 10**9)
+        elif what == "adk-sandbox-list":
+            out = b"\0f 0 0 0.0 %d.%09d 0\0\0" % divmod(self.clock, 10**9)
+            for path, (content, mtime, ctime, inode) in sorted(self.files.items()):
+                times = b"%d.%09d %d.%09d" % (*divmod(mtime, 10**9), *divmod(ctime, 10**9))
+                out += path.encode() + b"\0f 644 %d %s %d\0\0" % (len(content), times, inode)
+        elif what == "adk-sandbox-fetch":
+            data = io.BytesIO()
+            with tarfile.open(fileobj=data, mode="w", format=tarfile.GNU_FORMAT) as archive:
+                for name in (stdin or b"").split(b"\0")[:-1]:
+                    path = name.decode()
+                    self.fetched.append(path)
+                    content, mtime, _, _ = self.files[path]
+                    info = tarfile.TarInfo(path)
+                    info.size, info.mode, info.mtime = len(content), 0o644, mtime // 10**9
+                    archive.addfile(info, io.BytesIO(content))
+            out = data.getvalue()
+        return RunResult(0, out, b"", truncated=False)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    (tmp_path / "f.txt").write_bytes(b"one\n")
+    (tmp_path / "f.txt").chmod(0o644)
+    return tmp_path
+
+
+def mirror_of(host: Path) -> MirrorWorkspace:
+    return MirrorWorkspace(str(host), 16, (os.getuid(), os.getgid()))
+
+
+def test_a_container_file_changed_again_in_the_same_tick_is_fetched_again(host: Path) -> None:
+    container = FakeContainer()
+    mirror = mirror_of(host)
+    mirror.started(container.run)
+    container.clock += 10**9
+    container.write("f.txt", b"two\n")
+    assert mirror.after_command(container.run) == []
+    assert (host / "f.txt").read_bytes() == b"two\n" and container.fetched == ["f.txt"]
+    # The listing saw it in the tick it was written: a rewrite in that tick leaves its stat as it was.
+    _, mtime, ctime, inode = container.files["f.txt"]
+    container.files["f.txt"] = (b"2wo\n", mtime, ctime, inode)
+    assert mirror.after_command(container.run) == []
+    assert (host / "f.txt").read_bytes() == b"2wo\n"  # fetched although the record did not move
+    container.clock += 10**9  # now the listing is a tick later than the file's ctime: trusted
+    mirror.after_command(container.run)
+    fetched = len(container.fetched)
+    mirror.after_command(container.run)
+    assert len(container.fetched) == fetched  # settled: no more fetches of an unchanged file
+
+
+def test_a_host_file_changed_again_with_the_same_stat_is_pushed_again(
+    host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    container = FakeContainer()
+    mirror = mirror_of(host)
+    mirror.started(container.run)  # f.txt was written just now: racy, its pushed content remembered
+    stale = _workspace.host_keys(str(host))
+    (host / "f.txt").write_bytes(b"ONE\n")  # the same size...
+    monkeypatch.setattr(_workspace, "host_keys", lambda root: dict(stale))  # ...and a coarse clock's stat
+    mirror.before_command(container.run)
+    assert container.files["f.txt"][0] == b"ONE\n"
+    pushed = container.files["f.txt"]
+    mirror.before_command(container.run)
+    assert container.files["f.txt"] == pushed  # the same content is not pushed again
+
+
+def test_auto_choices_remember_a_failed_check_and_key_by_engine_and_directory(tmp_path: Path) -> None:
+    choices = AutoChoices()
+    socket, workspace = tmp_path / "engine.sock", tmp_path / "ws"
+    socket.touch()
+    workspace.mkdir()
+    key = choices.key(str(socket), str(workspace))
+    assert key is not None and choices.get(key) is None
+    assert choices.key(None, str(workspace)) is None  # not a local engine: nothing is checked
+    choices.put(key, "mirror")
+    choices.put(key, "bind")  # a failed check is not undone by a later claim
+    assert choices.get(key) == "mirror"
+    assert choices.get(choices.key(str(socket), str(tmp_path / "ws" / "."))) == "mirror"  # same directory
+    socket.unlink()
+    socket.touch()  # a new daemon makes a new socket: asked again
+    assert choices.get(choices.key(str(socket), str(workspace))) is None
+    choices.clear()
+    assert choices.get(key) is None
