@@ -100,7 +100,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         ``"bind"``, ``"mirror"``) and ``mirror_size_mb`` say how a workspace reaches the container (a
         policy's host paths are bound, so a remote engine refuses them); ``image_id`` pins the image;
         ``pool`` keeps that many containers (or as a :class:`~executor.backends.docker.pool.PoolConfig`
-        says) started for workspace-less sessions (docs/DOCKER.md, "Warm pool").
+        says) started for workspace-less sessions, or with ``PoolConfig(workspace="mirror")`` for
+        ``session(copy_of=...)`` (docs/DOCKER.md, "Warm pool").
         """
         options: dict[str, object] = {
             "image": image,

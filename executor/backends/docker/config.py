@@ -90,7 +90,8 @@ class DockerConfig(BaseModel):
     mismatch only warns (docs/DOCKER.md, "Images on a remote engine")."""
     pool: PoolConfig | None = None
     """Keep started containers for workspace-less sessions, each used once (docs/DOCKER.md, "Warm
-    pool"); an int ``N`` means ``PoolConfig(size=N)``."""
+    pool"); an int ``N`` means ``PoolConfig(size=N)``. ``PoolConfig(workspace="mirror")`` keeps them for
+    ``backend.session(copy_of=...)`` instead: each with an empty workspace copy, filled at acquire."""
 
     @field_validator("transport")
     @classmethod
