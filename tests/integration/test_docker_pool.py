@@ -327,8 +327,10 @@ def test_pool_settings_that_cannot_work_are_refused() -> None:
 # -- copies of a workspace from the pool (PoolConfig(workspace="mirror"), backend.session(copy_of=...)) --
 
 
-def copies_pool(size: int, **settings: float) -> tuple[DockerBackend, SessionPool]:
-    backend = DockerBackend(pool=PoolConfig(size=size, workspace="mirror", **settings))  # type: ignore[arg-type]
+def copies_pool(size: int, runtime: str | None = None) -> tuple[DockerBackend, SessionPool]:
+    backend = DockerBackend(runtime=runtime, pool=PoolConfig(size=size, workspace="mirror"))
+    if runtime is not None:
+        require(runtime in (backend._client.info().get("Runtimes") or {}), f"{runtime} is not registered")
     assert backend.pool is not None and backend.pool.root is not None
     assert backend.pool.wait_ready(120), backend.pool.stats()
     return backend, backend.pool
@@ -359,10 +361,13 @@ def snapshot(root: Path) -> dict[str, tuple[int, int, bytes | str]]:
     return found
 
 
-def test_a_pooled_copy_sees_the_tree_and_its_writes_stay_in_the_copy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runtime", [None, "runsc"], ids=["runc", "runsc"])
+def test_a_pooled_copy_sees_the_tree_and_its_writes_stay_in_the_copy(
+    tmp_path: Path, runtime: str | None
+) -> None:
     source = make_source(tmp_path)
     before = snapshot(source)
-    backend, pool = copies_pool(1)
+    backend, pool = copies_pool(1, runtime)
     client = backend._client
     try:
         ready = pool_containers(client, pool)
