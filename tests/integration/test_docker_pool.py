@@ -552,3 +552,38 @@ def test_copy_requests_that_cannot_work_are_refused(tmp_path: Path) -> None:
         backend.close()
     with pytest.raises(ValidationError):
         PoolConfig(size=1, workspace="bind")  # type: ignore[arg-type]
+
+
+def test_a_sigkilled_owners_copies_are_removed_by_the_next_backend(tmp_path: Path) -> None:
+    source = make_source(tmp_path)
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+            import time
+            from executor.backends.docker import DockerBackend, PoolConfig
+            backend = DockerBackend(pool=PoolConfig(size=1, workspace="mirror"))
+            pooled = backend.session(copy_of={str(source)!r})  # a copy handed out, one member ready
+            cold = DockerBackend().session(copy_of={str(source)!r})
+            assert backend.pool.wait_ready(120)
+            print(backend.pool.root, pooled.workspace, cold.workspace, flush=True)
+            time.sleep(600)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert owner.stdout is not None
+    root, pooled, cold = owner.stdout.readline().split()
+    try:
+        assert (Path(pooled) / "README").read_text() == "the original\n"
+        assert (Path(cold) / "README").read_text() == "the original\n"
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    assert os.path.isdir(root) and os.path.isdir(cold)  # a SIGKILL gives the owner no chance to clean up
+    with DockerBackend() as backend:
+        assert {root, cold} <= set(backend.reaped_copies)
+    assert not os.path.lexists(root) and not os.path.lexists(cold)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
 import threading
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 from executor import PolicyNotEnforceableError
 from executor.backends.docker import _workspace
-from executor.backends.docker._workspace import copy_tree, scan_host
+from executor.backends.docker._workspace import copy_prefix, copy_tree, reap_copies, scan_host
 
 MIB = 1024 * 1024
 
@@ -150,3 +151,33 @@ def test_a_file_that_grows_past_the_cap_meanwhile_is_refused(
     monkeypatch.setattr(_workspace, "scan_host", lambda root: scanned)
     with pytest.raises(PolicyNotEnforceableError, match="grew past the cap"):
         copy_tree(str(source), str(dest), 1 * MIB)
+
+
+def test_the_copies_of_gone_owners_are_reaped_and_no_others(tmp_path: Path) -> None:
+    from executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - the reaper's own rule
+
+    child = subprocess.Popen(["sleep", "30"])
+    start = _start_time(child.pid)
+    child.kill()
+    child.wait()
+    live = copy_prefix("copy")  # this process's own
+    boot, namespace = live.split("-")[3:5]
+    other_boot = "ffffffff" if boot != "ffffffff" else "00000000"
+    names = {
+        "dead": f"adk-sandbox-copy-{boot}-{namespace}-{child.pid}-{start}-a1",
+        "dead-pool": f"adk-sandbox-pool-{boot}-{namespace}-{child.pid}-{start}-b2",
+        "earlier-boot": f"adk-sandbox-copy-{other_boot}-{namespace}-{os.getpid()}-1-c3",
+        "live": f"{live}d4",
+        "other-namespace": f"adk-sandbox-copy-{boot}-1-{child.pid}-{start}-e5",
+        "not-ours": "adk-sandbox-copy-x",
+    }
+    for name in names.values():
+        (tmp_path / name / "sub").mkdir(parents=True)
+        (tmp_path / name / "sub" / "file").write_text("copy\n")
+    someone_else = tmp_path / f"adk-sandbox-copy-{boot}-{namespace}-{child.pid}-{start}-f6"
+    someone_else.symlink_to(tmp_path / names["live"])  # a link named like a copy: never followed
+    removed = reap_copies(str(tmp_path))
+    assert sorted(removed) == sorted(str(tmp_path / names[k]) for k in ("dead", "dead-pool", "earlier-boot"))
+    for key in ("live", "other-namespace", "not-ours"):
+        assert (tmp_path / names[key] / "sub" / "file").exists(), key
+    assert someone_else.is_symlink()

@@ -32,6 +32,7 @@ import io
 import logging
 import os
 import posixpath
+import re
 import shutil
 import stat
 import tarfile
@@ -58,8 +59,10 @@ __all__ = [
     "RunResult",
     "WorkspaceTransport",
     "copies_dir",
+    "copy_prefix",
     "copy_tree",
     "mirror_mount_violations",
+    "reap_copies",
 ]
 
 log = logging.getLogger(__name__)
@@ -768,6 +771,74 @@ def copies_dir() -> str:
     if shm and os.access("/dev/shm", os.W_OK | os.X_OK):
         return "/dev/shm"
     return tempfile.gettempdir()
+
+
+#: A copies directory's name: kind, then its owner (boot id, pid namespace, pid, start time), then random.
+_COPY_NAME = re.compile(r"adk-sandbox-(?:pool|copy)-([0-9a-f]{8})-(\d+)-(\d+)-(\d+)-[^/]*")
+
+
+def copy_prefix(kind: Literal["pool", "copy"]) -> str:
+    """The ``mkdtemp`` prefix of a copies directory this process makes: it names the owner, for the reaper.
+
+    The owner is told as the container labels tell it (:mod:`._reaper`): boot, pid namespace, pid and the
+    process's start time, so :func:`reap_copies` removes what a killed owner left and nothing else.
+    """
+    from executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - the reaper's own rule
+
+    return f"adk-sandbox-{kind}-{_boot_tag()}-{_pid_namespace()}-{os.getpid()}-{_start_time(os.getpid())}-"
+
+
+def reap_copies(directory: str | None = None) -> list[str]:
+    """Remove the copies directories (in ``directory``, default :func:`copies_dir`) of owners now gone.
+
+    Only directories of this process's user, named by :func:`copy_prefix`, made in this boot and pid
+    namespace by a process that no longer runs (its pid gone or started at another time), or in an earlier
+    boot. ``DockerBackend()`` calls this as it reaps leaked containers: a killed owner's copies live in
+    memory (``/dev/shm``). Returns the paths removed.
+    """
+    from executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - see copy_prefix
+
+    where = directory or copies_dir()
+    boot, namespace = _boot_tag(), str(_pid_namespace())
+    removed: list[str] = []
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return removed
+    for name in names:
+        match = _COPY_NAME.fullmatch(name)
+        if match is None:
+            continue
+        owner_boot, owner_ns, pid, start = match.groups()
+        if owner_boot == boot and (owner_ns != namespace or _start_time(int(pid)) == start):
+            continue  # its owner runs (or is one this process cannot see)
+        path = os.path.join(where, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            continue  # not one of ours (the directory is shared: anyone may make a name like it)
+        shutil.rmtree(path, ignore_errors=True)  # descriptor-based: a link inside is removed, not followed
+        removed.append(path)
+    return removed
+
+
+def _boot_tag() -> str:
+    from executor.backends.docker._reaper import _boot_id  # noqa: PLC0415 - see copy_prefix
+
+    return (
+        _boot_id().replace("-", "")[:8].ljust(8, "0")
+        if re.fullmatch(r"[0-9a-f-]{8,}", _boot_id())
+        else "0" * 8
+    )
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # pragma: no cover - every Linux has it
+        return 0
 
 
 def copy_tree(source: str, dest: str, cap_bytes: int) -> list[str]:

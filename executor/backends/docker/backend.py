@@ -22,7 +22,14 @@ from executor.backends.docker._spec import (
     git_protection,
     tmpfs_overlap,
 )
-from executor.backends.docker._workspace import AUTO_CHOICES, DEFAULT_MIRROR_MB, copies_dir, copy_tree
+from executor.backends.docker._workspace import (
+    AUTO_CHOICES,
+    DEFAULT_MIRROR_MB,
+    copies_dir,
+    copy_prefix,
+    copy_tree,
+    reap_copies,
+)
 from executor.backends.docker.config import DEFAULT_LIFETIME_SECONDS, DockerConfig, config_from_options
 from executor.backends.docker.engine import Engine, resolve_engine
 from executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
@@ -158,6 +165,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         """The image id sessions' containers must run (pinned) or are expected to (read from this machine)."""
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
+        self.reaped_copies = reap_copies()
+        """Workspace copies (``session(copy_of=...)``) of gone owners this backend removed as it started."""
         self.pool: SessionPool | None = None
         """The warm pool (``pool=``): of workspace-less sessions, or of copies (``workspace="mirror"``)."""
         if config.pool is not None:
@@ -221,7 +230,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             )
         if pool is not None:
             return self._track(pool.acquire(copy_of=root))
-        scratch = tempfile.mkdtemp(prefix="adk-sandbox-copy-", dir=copies)  # 0700, this process's
+        scratch = tempfile.mkdtemp(prefix=copy_prefix("copy"), dir=copies)  # 0700, this process's
         try:
             copy_tree(root, scratch, self.mirror_size_mb * MIB)
             config = replace(self._session_config(scratch, mode="mirror"), workspace_is_copy=True)

@@ -42,7 +42,8 @@ is a *copy* of a workspace, ``backend.session(copy_of=X)``, with ``PoolConfig(wo
   (:func:`~._workspace.copy_tree`: ``X`` only read, no link followed out of it, special files left out)
   and pushes it into the member (:meth:`DockerSession.push_workspace`); from then on the session is a
   mirrored session on ``P``. A member's ``P`` is removed with the member: when the session closes (after
-  its last pull-back), or when the pool replaces or drains it.
+  its last pull-back), or when the pool replaces or drains it. A killed owner's are removed by the next
+  backend (:func:`~._workspace.reap_copies`: the root's name says who made it).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from executor.backends.docker._container import ContainerProvider, OpenedContainer
 from executor.backends.docker._spec import LABEL_PREFIX, ContainerSpec
-from executor.backends.docker._workspace import copies_dir, copy_tree
+from executor.backends.docker._workspace import copies_dir, copy_prefix, copy_tree
 from executor.backends.docker.session import DockerSession, SessionConfig
 from executor.errors import ExecutorError, SandboxFailedError
 from executor.types import ResourceLimits
@@ -307,7 +308,7 @@ class SessionPool:
         self.root: str | None = None
         """The host directory holding the members' workspace copies (``workspace="mirror"``), else None."""
         if settings.workspace == "mirror":
-            self.root = tempfile.mkdtemp(prefix="adk-sandbox-pool-", dir=copies_dir())  # 0700, ours
+            self.root = tempfile.mkdtemp(prefix=copy_prefix("pool"), dir=copies_dir())  # 0700, ours
         self._remover = _Remover(settings.remove_concurrency)
         self._cond = threading.Condition()
         self._ready: deque[_Member] = deque()
