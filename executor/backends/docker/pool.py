@@ -67,7 +67,7 @@ import docker
 from pydantic import BaseModel, ConfigDict, Field
 
 from executor.backends.docker._container import ContainerProvider, OpenedContainer
-from executor.backends.docker._spec import LABEL_PREFIX, ContainerSpec
+from executor.backends.docker._spec import LABEL_PREFIX, MIB, ContainerSpec
 from executor.backends.docker._workspace import copies_dir, copy_prefix, copy_tree
 from executor.backends.docker.session import DockerSession, SessionConfig
 from executor.errors import ExecutorError, SandboxFailedError
@@ -404,7 +404,7 @@ class SessionPool:
         try:
             if workspace is None:  # pragma: no cover - every member of a mirror pool has one
                 raise SandboxFailedError("a warm pool member has no workspace copy")
-            copy_tree(source, workspace, self._config.mirror_mb * 1024 * 1024)
+            copy_tree(source, workspace, self._config.mirror_mb * MIB)
             session.push_workspace()
         except BaseException:
             _close_quietly(session)  # the copy went into its workspace: never handed out again
