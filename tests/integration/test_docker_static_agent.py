@@ -224,14 +224,15 @@ def test_a_command_cannot_reach_the_agents_descriptors_or_its_binary(session: Do
 
 def _children(backend: DockerBackend, session: DockerSession, pid: int) -> list[tuple[int, str]]:
     """(pid, state) of each child of ``pid`` in the container, listed by a separate exec as root."""
-    script = f"for s in /proc/[0-9]*/stat; do cat $s; echo; done 2>/dev/null | awk '$4=={pid} {{print $1, $3}}'"
+    stats = "for s in /proc/[0-9]*/stat; do cat $s; echo; done 2>/dev/null"
+    script = f"{stats} | awk '$4=={pid} {{print $1, $3}}'"
     result = backend._client.api.exec_create(session.container_id, ["sh", "-c", script], user="0:0")
     lines = backend._client.api.exec_start(result["Id"]).decode().split("\n")
     return [(int(line.split()[0]), line.split()[1]) for line in lines if line.strip()]
 
 
 def _idle_spare(backend: DockerBackend, session: DockerSession, pid: int) -> int:
-    """The agent's spare shim: its one live child while no command runs (a finished shim may be reaped late)."""
+    """The agent's spare shim: its one live child while no command runs (a shim may be reaped late)."""
     deadline = time.monotonic() + QUICK
     while True:
         live = [child for child, state in _children(backend, session, pid) if state != "Z"]
@@ -256,7 +257,8 @@ def test_a_spare_shim_cannot_be_driven_by_a_command_and_a_signalled_one_is_repla
     attack = (
         f"sleep 1; for w in $(awk '$4=={pid} {{print $1}}' /proc/[0-9]*/stat); do "
         "[ $w = $PPID ] && continue; echo spare; "
-        "for fd in 0 1 2 3 4 5 6 7 8 9 10 11 12; do echo junk 2>/dev/null > /proc/$w/fd/$fd && echo wrote; done; "
+        "for fd in 0 1 2 3 4 5 6 7 8 9 10 11 12; do "
+        "echo junk 2>/dev/null > /proc/$w/fd/$fd && echo wrote; done; "
         "cat /proc/$w/environ >/dev/null 2>&1 && echo read; "
         "cat /proc/$w/mem >/dev/null 2>&1 && echo read; "
         f"kill -{signal} $w && echo signalled; done > {report}.part; mv {report}.part {report}"
@@ -284,8 +286,8 @@ def test_the_spare_shim_dies_with_the_agent_and_none_is_left_after_close(
     spare = _idle_spare(busybox_backend, session, pid)
     # Killed by a separate exec of the agent's uid (root has no CAP_KILL in the container).
     owner = f"{workspace.stat().st_uid}:{workspace.stat().st_gid}"
-    result = busybox_backend._client.api.exec_create(session.container_id, ["kill", "-9", str(pid)], user=owner)
-    busybox_backend._client.api.exec_start(result["Id"])
+    api = busybox_backend._client.api
+    api.exec_start(api.exec_create(session.container_id, ["kill", "-9", str(pid)], user=owner)["Id"])
     deadline = time.monotonic() + QUICK
     while _state(busybox_backend, session, spare) not in ("gone", "Z") and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -10,7 +10,9 @@
  *   - per RUN a shim (fork of the agent): subreaper, the command's pipes on 0/1/2 and nothing else,
  *     oom_score_adj 500, cwd, the set-id seccomp filter (SETID_FILTER, generated from _seccomp.py at build
  *     time) with no_new_privs, then the command in its own session with exactly the RUN's environment plus
- *     ADK_SANDBOX_EXEC; when the command exits the shim stops then kills everything below itself;
+ *     ADK_SANDBOX_EXEC; when the command exits the shim stops then kills everything below itself; while
+ *     no command runs the agent keeps one shim forked ahead of time (a spare, non-dumpable, waiting on a
+ *     private control pipe: "the spare shim" below), so a RUN usually costs no fork;
  *   - output capped at the source, the excess read and counted; timeout, KILL and end of stdin kill the
  *     shim's tree; strays (children of the agent that are not live shims) and, without subreapers,
  *     unattributable orphans at PID 1 are killed;
