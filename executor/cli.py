@@ -21,11 +21,12 @@ import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from pydantic import ValidationError
 
 from executor.backends.bwrap import get_enforcer
+from executor.backends.docker.config import DockerConfig, config_from_options
 from executor.backends.docker.engine import Engine
 from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.process import ProcessBackend
@@ -195,17 +196,7 @@ def run(args: argparse.Namespace) -> int:
             command = command or list(EXAMPLE_COMMAND)
         if not command:
             raise InvalidRequestError("no command given: adk-sandbox run [options] -- CMD [ARGS...]")
-        limits_given = {"memory_mb": args.memory, "cpus": args.cpus}
-        limits = ResourceLimits(**{k: v for k, v in limits_given.items() if v is not None})
-        backend = stack.enter_context(
-            DockerBackend(
-                image=args.image,
-                limits=limits,
-                runtime=args.runtime,
-                container=args.container,
-                tmpfs=_tmpfs_of(args.tmpfs or []),
-            )
-        )
+        backend = stack.enter_context(DockerBackend(config=docker_config(args, container=args.container)))
         session = stack.enter_context(backend.session(workspace=workspace))
         request = ExecRequest(
             language=Language.COMMAND,
@@ -232,6 +223,43 @@ def run(args: argparse.Namespace) -> int:
             return 128 + received[0]
         return _report(result)
     return 1  # pragma: no cover - unreachable
+
+
+def docker_config(args: argparse.Namespace, **more: Any) -> DockerConfig:
+    """The :class:`DockerConfig` of the sandbox options that ``run`` and ``mcp`` share."""
+    limits_given = {"memory_mb": args.memory, "cpus": args.cpus}
+    limits = ResourceLimits(**{k: v for k, v in limits_given.items() if v is not None})
+    return config_from_options(
+        {
+            "image": args.image,
+            "limits": limits,
+            "runtime": args.runtime,
+            "engine": args.engine,
+            "tmpfs": _tmpfs_of(args.tmpfs or []),
+            **more,
+        }
+    )
+
+
+def _sandbox_options(parser: argparse.ArgumentParser, *, image_help: str) -> None:
+    """The options of the sandbox container that ``run`` and ``mcp`` share (one place for their spelling)."""
+    parser.add_argument("--image", default=BASE_IMAGE, metavar="IMG", help=image_help)
+    parser.add_argument("--runtime", metavar="RUNTIME", help="container runtime, e.g. runsc (gVisor)")
+    parser.add_argument("--memory", type=int, metavar="MB", help="memory limit (= memory+swap), MiB")
+    parser.add_argument("--cpus", type=float, metavar="N", help="CPU limit in cores")
+    parser.add_argument(
+        "--tmpfs",
+        action="append",
+        metavar="PATH:MB",
+        help="an extra writable tmpfs of MB MiB at PATH (exec,nosuid,nodev; repeatable), e.g. /var/tmp:64",
+    )
+    parser.add_argument(
+        "--engine",
+        metavar="ENGINE",
+        help="the Docker engine: a URL (unix://, tcp://HOST:2376 with DOCKER_TLS_VERIFY/DOCKER_CERT_PATH, "
+        "ssh://USER@HOST) or a Docker context name (default: what the docker CLI would use); a workspace "
+        "travels to a remote engine as a mirror",
+    )
 
 
 def _tmpfs_of(specs: Sequence[str]) -> dict[str, int]:
@@ -417,13 +445,8 @@ def mcp_server(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.workspace):
         print(f"adk-sandbox: error: --workspace {args.workspace!r} is not a directory", file=sys.stderr)
         return 2
-    return mcp.main(
-        args.workspace,
-        image=args.image,
-        runtime=args.runtime,
-        read_only=args.read_only,
-        code_exec=args.code_exec,
-    )
+    config = docker_config(args)  # checked even for --read-only, which starts no container
+    return mcp.main(args.workspace, config=config, read_only=args.read_only, code_exec=args.code_exec)
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one return per command
@@ -443,19 +466,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
         "its demo).",
     )
     run_parser.add_argument("--workspace", metavar="DIR", help="directory to mount (default: the example)")
-    run_parser.add_argument("--image", default=BASE_IMAGE, metavar="IMG", help="sandbox image")
-    run_parser.add_argument("--runtime", metavar="RUNTIME", help="container runtime, e.g. runsc (gVisor)")
-    run_parser.add_argument("--memory", type=int, metavar="MB", help="memory limit (= memory+swap), MiB")
-    run_parser.add_argument("--cpus", type=float, metavar="N", help="CPU limit in cores")
+    _sandbox_options(run_parser, image_help="sandbox image")
     run_parser.add_argument("--timeout", type=float, default=600, metavar="S", help="seconds (default 600)")
     run_parser.add_argument(
         "--max-output-bytes", type=int, default=64 * 1024 * 1024, metavar="N", help="per stream cap"
-    )
-    run_parser.add_argument(
-        "--tmpfs",
-        action="append",
-        metavar="PATH:MB",
-        help="an extra writable tmpfs of MB MiB at PATH (exec,nosuid,nodev; repeatable), e.g. /var/tmp:64",
     )
     run_parser.add_argument(
         "--container", metavar="NAME", help="attach to this running container (e.g. the compose sandbox)"
@@ -526,8 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
     mcp_parser.add_argument(
         "--workspace", required=True, metavar="DIR", help="the directory the tools work in"
     )
-    mcp_parser.add_argument("--image", default=BASE_IMAGE, metavar="IMG", help="sandbox image for bash")
-    mcp_parser.add_argument("--runtime", metavar="RUNTIME", help="container runtime, e.g. runsc (gVisor)")
+    _sandbox_options(mcp_parser, image_help="sandbox image for bash")
     mcp_parser.add_argument("--read-only", action="store_true", help="only read_file, glob and grep")
     mcp_parser.add_argument(
         "--code-exec", action="store_true", help="also serve code_exec (Rust, image adk-sandbox/rust)"

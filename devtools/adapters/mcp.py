@@ -31,7 +31,7 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
@@ -41,6 +41,9 @@ from devtools.toolset import DevToolset
 from devtools.workspace import Workspace
 from executor.tool_protocol import AgentTool, ProgressCallback, UnknownToolError, call_tool, find_tool
 from executor.types import Stream
+
+if TYPE_CHECKING:
+    from executor.backends.docker import DockerConfig
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -238,8 +241,7 @@ async def _stdin_lines() -> AsyncIterator[_StdinLines | None]:
 def workspace_tools(
     root: str | os.PathLike[str],
     *,
-    image: str | None = None,
-    runtime: str | None = None,
+    config: DockerConfig | None = None,
     read_only: bool = False,
     code_exec: bool = False,
 ) -> Iterator[list[AgentTool]]:
@@ -248,13 +250,17 @@ def workspace_tools(
     Writable (default): read_file, glob, grep, write_file, edit_file, bash, sandbox_exec. ``bash`` and
     ``sandbox_exec`` share one Docker session with ``root`` mounted (one container, started here so a
     broken engine or image fails the start, not the first call); file tools work on the host through the
-    workspace's containment. ``read_only``: read_file, glob and grep only, and no container at all: a
-    server for exploring is given nothing that writes, and a command could write. ``code_exec`` adds the
-    Rust tool on its own backend with ``adk-sandbox/rust``.
+    workspace's containment. ``config`` makes the container (image, runtime, engine, limits, tmpfs; the
+    defaults without it); on a remote engine the workspace travels as a mirror. ``read_only``: read_file,
+    glob and grep only, and no container at all: a server for exploring is given nothing that writes, and
+    a command could write. ``code_exec`` adds the Rust tool on its own backend, the same settings with the
+    image ``adk-sandbox/rust``.
     """
-    from executor.backends.docker import DockerBackend  # noqa: PLC0415 - docker-py loads lazily
-    from executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE  # noqa: PLC0415
+    from executor.backends.docker import DockerBackend, DockerConfig  # noqa: PLC0415 - docker-py loads lazily
+    from executor.backends.docker.images import RUST_IMAGE  # noqa: PLC0415
     from executor.tools import CodeTool, SandboxTool  # noqa: PLC0415
+
+    settings = config or DockerConfig()
 
     with contextlib.ExitStack() as stack:
         tools: list[AgentTool] = []
@@ -262,14 +268,15 @@ def workspace_tools(
             workspace = stack.enter_context(Workspace.read_only(root))
             tools += DevToolset(workspace).tools
         else:
-            backend = stack.enter_context(DockerBackend(image=image or BASE_IMAGE, runtime=runtime))
+            backend = stack.enter_context(DockerBackend(config=settings))
             workspace = stack.enter_context(Workspace(root, sandbox=backend))
             session, _in_root = workspace.bash_backend()  # starts the container now
             tools += DevToolset(workspace).tools
             # The workspace owns the session; the tool runs in it and closes nothing.
             tools.append(stack.enter_context(SandboxTool(session)))
         if code_exec:
-            rust = stack.enter_context(DockerBackend(image=RUST_IMAGE, runtime=runtime))
+            rust_settings = settings.model_copy(update={"image": RUST_IMAGE})
+            rust = stack.enter_context(DockerBackend(config=rust_settings))
             tools.append(stack.enter_context(CodeTool(rust)))
         yield tools
 
@@ -308,8 +315,7 @@ class _ShutdownHandler:
 def main(
     root: str | os.PathLike[str],
     *,
-    image: str | None = None,
-    runtime: str | None = None,
+    config: DockerConfig | None = None,
     read_only: bool = False,
     code_exec: bool = False,
 ) -> int:
@@ -321,9 +327,7 @@ def main(
     handler = _ShutdownHandler()
     previous = {signum: signal.signal(signum, handler) for signum in _SHUTDOWN_SIGNALS}
     try:
-        with workspace_tools(
-            root, image=image, runtime=runtime, read_only=read_only, code_exec=code_exec
-        ) as tools:
+        with workspace_tools(root, config=config, read_only=read_only, code_exec=code_exec) as tools:
             mode = "read-only" if read_only else "writable"
             _log.info("serving %s over stdio (%s workspace %s)", ", ".join(t.name for t in tools), mode, root)
             signum = run_server(tools)

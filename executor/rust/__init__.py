@@ -6,6 +6,7 @@ from executor.rust.host import HostRust, host_rust
 from executor.rust.pipeline import (
     CONTAINER_DEPS_DIR,
     CONTAINER_WORK_DIR,
+    DEFAULT_RUSTC_ARGS,
     RustExecutor,
     RustExecutorConfig,
     RustResult,
@@ -16,6 +17,7 @@ from executor.rust.pipeline import (
 __all__ = [
     "CONTAINER_DEPS_DIR",
     "CONTAINER_WORK_DIR",
+    "DEFAULT_RUSTC_ARGS",
     "Diagnostic",
     "DiagnosticChild",
     "DiagnosticSpan",

@@ -142,6 +142,43 @@ def test_success_returns_output_and_side_prints(target: Target) -> None:
     assert _leftover_runs(target) == []
 
 
+# What the linker put in the program, read by the program itself from its ELF section headers (std
+# has ".debug_info" as a string of its own, so searching the bytes would not do).
+LINKED_WITH = """fn run(_input: Value) -> Value {
+    let exe = std::fs::read("/proc/self/exe").unwrap();
+    let u = |at: usize, n: usize| (0..n).fold(0usize, |v, i| v | (exe[at + i] as usize) << (8 * i));
+    let (shoff, shentsize, shnum, shstrndx) = (u(0x28, 8), u(0x3a, 2), u(0x3c, 2), u(0x3e, 2));
+    let section = |i: usize| {
+        let h = shoff + i * shentsize;
+        (u(h, 4), u(h + 0x18, 8), u(h + 0x20, 8))
+    };
+    let strtab = section(shstrndx).1;
+    let name = |i: usize| {
+        let start = strtab + section(i).0;
+        let end = start + exe[start..].iter().position(|b| *b == 0).unwrap();
+        String::from_utf8_lossy(&exe[start..end]).into_owned()
+    };
+    let comment = (0..shnum).find(|i| name(*i) == ".comment").map(|i| {
+        let (_, offset, size) = section(i);
+        String::from_utf8_lossy(&exe[offset..offset + size]).into_owned()
+    });
+    serde_json::json!({
+        "debug_info": (0..shnum).any(|i| name(i) == ".debug_info"),
+        "lld": comment.unwrap_or_default().contains("LLD"), // "Linker: Debian LLD 19.1.7"
+    })
+}
+"""
+"""Returns whether the running binary has a ``.debug_info`` section and lld's ``Linker: LLD`` comment."""
+
+
+def test_the_program_is_linked_without_debug_info(target: Target) -> None:
+    # std's and serde_json's debug info made most of the binary and of the link time (BENCHMARKS.md,
+    # "Issue 11: the warm Rust snippet"); panic locations do not need it (see the panic test).
+    result = target.executor.run(LINKED_WITH, None, timeout=60)
+    assert result.status == "success", result
+    assert result.output["debug_info"] is False
+
+
 def test_missing_or_invalid_input_is_null(target: Target) -> None:
     code = 'fn run(input: Value) -> Value { serde_json::json!({"null": input.is_null()}) }'
     assert target.executor.run(code, None, timeout=60).output == {"null": True}

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -289,6 +290,55 @@ def test_runtime_runsc_runs_the_commands_in_gvisor(
     assert bash["isolation"] == "gvisor" and "gVisor" in bash["stdout"]
     assert (program["isolation"], program["stdout"]) == ("gvisor", "42\n")
     assert containers_mounting(engine, owned_workspace) == []
+
+
+def test_the_sandbox_options_of_run_reach_the_container(
+    owned_workspace: Path, engine: docker.DockerClient
+) -> None:
+    """--tmpfs, --memory, --cpus and --engine, as `adk-sandbox run` spells them: the container has them."""
+    flags = (
+        "--tmpfs",
+        "/var/tmp:8",
+        "--memory",
+        "384",
+        "--cpus",
+        "0.5",
+        "--engine",
+        "unix:///var/run/docker.sock",
+    )
+
+    async def main() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with connected(owned_workspace, *flags) as session:
+            bash = ok(
+                await session.call_tool("bash", {"command": "echo kept > /var/tmp/f && cat /var/tmp/f"})
+            )
+            return bash, [
+                engine.api.inspect_container(c) for c in containers_mounting(engine, owned_workspace)
+            ]
+
+    bash, inspected = asyncio.run(main())
+    assert (bash["exit_code"], bash["stdout"]) == (0, "kept\n"), bash
+    [host] = [found["HostConfig"] for found in inspected]
+    assert host["Tmpfs"]["/var/tmp"].endswith("size=8m,mode=1777")
+    assert (host["Memory"], host["NanoCpus"]) == (384 * 1024 * 1024, 500_000_000)
+    assert containers_mounting(engine, owned_workspace) == []
+
+
+def test_bad_sandbox_options_are_refused_before_anything_starts(owned_workspace: Path) -> None:
+    for flags, says in (
+        (("--tmpfs", "/var/tmp"), "is not PATH:MB"),
+        (("--engine", "ftp://nowhere"), "engine"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "executor", "mcp", "--workspace", str(owned_workspace), *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        assert done.returncode == 2 and says in done.stderr, (flags, done.stderr)
 
 
 @pytest.mark.slow

@@ -222,6 +222,97 @@ def test_a_command_cannot_reach_the_agents_descriptors_or_its_binary(session: Do
     assert session.restarts == 0
 
 
+def _children(backend: DockerBackend, session: DockerSession, pid: int) -> list[tuple[int, str]]:
+    """(pid, state) of each child of ``pid`` in the container, listed by a separate exec as root."""
+    stats = "for s in /proc/[0-9]*/stat; do cat $s; echo; done 2>/dev/null"
+    script = f"{stats} | awk '$4=={pid} {{print $1, $3}}'"
+    result = backend._client.api.exec_create(session.container_id, ["sh", "-c", script], user="0:0")
+    lines = backend._client.api.exec_start(result["Id"]).decode().split("\n")
+    return [(int(line.split()[0]), line.split()[1]) for line in lines if line.strip()]
+
+
+def _idle_spare(backend: DockerBackend, session: DockerSession, pid: int) -> int:
+    """The agent's spare shim: its one live child while no command runs (a shim may be reaped late)."""
+    deadline = time.monotonic() + QUICK
+    while True:
+        live = [child for child, state in _children(backend, session, pid) if state != "Z"]
+        if len(live) == 1 or time.monotonic() > deadline:
+            assert len(live) == 1, live
+            return live[0]
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signal", ["STOP", "KILL"])
+def test_a_spare_shim_cannot_be_driven_by_a_command_and_a_signalled_one_is_replaced(
+    session: DockerSession, workspace: Path, signal: str
+) -> None:
+    """A process of the command user finds the spare shim: it cannot open its descriptors (the control pipe),
+    its memory or environment (root may list the descriptors' numbers, not open them); stopping or killing it
+    costs nothing: the next command runs normally."""
+    run(session, "true")
+    pid = transport_of(session).agent_pid
+    report = workspace / "attack.txt"
+    # Left by a background command, it runs while the agent is idle (the spare exists then); $PPID is its
+    # own keeper, the other child of the agent is the spare.
+    attack = (
+        f"sleep 1; for w in $(awk '$4=={pid} {{print $1}}' /proc/[0-9]*/stat); do "
+        "[ $w = $PPID ] && continue; echo spare; "
+        "for fd in 0 1 2 3 4 5 6 7 8 9 10 11 12; do "
+        "echo junk 2>/dev/null > /proc/$w/fd/$fd && echo wrote; done; "
+        "cat /proc/$w/environ >/dev/null 2>&1 && echo read; "
+        "cat /proc/$w/mem >/dev/null 2>&1 && echo read; "
+        f"kill -{signal} $w && echo signalled; done > {report}.part; mv {report}.part {report}"
+    )
+    run(session, f"({attack}) >/dev/null 2>&1 &", background=True)
+    deadline = time.monotonic() + QUICK
+    while not report.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = report.read_text().split()
+    assert lines.count("spare") == 1  # there was one (none before spare shims)
+    assert "wrote" not in lines and "read" not in lines
+    assert "signalled" in lines  # same uid: a signal reaches it, as it reaches the agent
+    assert run(session, "echo next").stdout == "next\n"
+    assert run(session, "cat; echo again", stdin="in ").stdout == "in again\n"
+    assert session.restarts == 0
+
+
+def test_the_spare_shim_dies_with_the_agent_and_none_is_left_after_close(
+    busybox_backend: DockerBackend, session: DockerSession, workspace: Path
+) -> None:
+    run(session, "true")
+    transport = transport_of(session)
+    pid = transport.agent_pid
+    assert pid is not None
+    spare = _idle_spare(busybox_backend, session, pid)
+    # Killed by a separate exec of the agent's uid (root has no CAP_KILL in the container).
+    owner = f"{workspace.stat().st_uid}:{workspace.stat().st_gid}"
+    api = busybox_backend._client.api
+    api.exec_start(api.exec_create(session.container_id, ["kill", "-9", str(pid)], user=owner)["Id"])
+    deadline = time.monotonic() + QUICK
+    while _state(busybox_backend, session, spare) not in ("gone", "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _state(busybox_backend, session, spare) in ("gone", "Z")  # PR_SET_PDEATHSIG, no new agent yet
+    assert run(session, "echo fine").stdout == "fine\n" and session.restarts == 1
+    pid = transport.agent_pid
+    assert pid is not None
+    spare = _idle_spare(busybox_backend, session, pid)
+    transport.close()  # the end of the agent's stdin: it kills its spare and exits
+    deadline = time.monotonic() + QUICK
+    while time.monotonic() < deadline and alive(busybox_backend, session, "adk-sandbox-agent"):
+        time.sleep(0.05)
+    assert alive(busybox_backend, session, "adk-sandbox-agent") == []
+    assert _state(busybox_backend, session, spare) in ("gone", "Z")
+
+
+def _state(backend: DockerBackend, session: DockerSession, pid: int) -> str:
+    """A process's state letter in the container ("gone": no such process), read by an exec as root."""
+    result = backend._client.api.exec_create(
+        session.container_id, ["sh", "-c", f"cat /proc/{pid}/stat 2>/dev/null"], user="0:0"
+    )
+    stat = backend._client.api.exec_start(result["Id"]).decode()
+    return stat.rpartition(")")[2].split()[0] if stat.strip() else "gone"
+
+
 def _raw_channel(
     session: DockerSession, payload: bytes, kind: FrameType = FrameType.RUN
 ) -> tuple[str, object]:

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from executor import BackendUnavailableError, CodeTool, RustExecutor
+from executor import BackendUnavailableError, CodeTool, RustExecutor, RustExecutorConfig
 from executor.backends.docker import RUST_IMAGE, DockerBackend
 from tests.conftest import project_containers, require
+from tests.contract.test_rust_pipeline import LINKED_WITH
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -82,3 +83,19 @@ def test_a_code_tool_made_from_the_backend_removes_its_container_when_closed(
         assert (result["status"], result["output"]) == ("success", {"got": "x"}), result
         assert len(mine(rust_backend) - before) == 1
     assert mine(rust_backend) <= before
+
+
+def test_the_image_links_with_lld_and_rustc_args_override_the_pipelines_flags(
+    rust_backend: DockerBackend,
+) -> None:
+    # GNU ld took ~0.45 s of a ~0.6 s compile in the image; the image has lld and the pipeline uses it.
+    with RustExecutor(rust_backend) as executor:
+        result = executor.run(LINKED_WITH, None, timeout=120)
+        assert result.status == "success", result
+        assert result.output == {"debug_info": False, "lld": True}
+    # The caller's rustc_args come after the pipeline's own: GNU ld and full debug info are still there.
+    config = RustExecutorConfig(rustc_args=("-C", "link-arg=-fuse-ld=bfd", "-C", "strip=none"))
+    with RustExecutor(rust_backend, config) as executor:
+        result = executor.run(LINKED_WITH, None, timeout=120)
+        assert result.status == "success", result
+        assert result.output == {"debug_info": True, "lld": False}

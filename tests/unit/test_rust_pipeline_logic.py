@@ -7,9 +7,11 @@ what a real backend cannot produce on demand (a container's OOM kill, a build th
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from executor import (
     Capabilities,
@@ -20,6 +22,7 @@ from executor import (
     SandboxBackend,
 )
 from executor.rust import CONTAINER_DEPS_DIR, CONTAINER_WORK_DIR, RustExecutor, RustExecutorConfig
+from executor.rust.pipeline import _LLD_PROBE
 from tests.conftest import full_container_capabilities
 
 METADATA = json.dumps({"$message_type": "artifact", "artifact": "./libmain.rmeta", "emit": "metadata"})
@@ -102,6 +105,42 @@ def test_container_defaults_and_source_on_stdin() -> None:
     # The input JSON is the run step's stdin; the run step runs the binary under the memory cap.
     assert run_request.stdin == '{"a": 1}'
     assert "ulimit -v 524288" in run_request.code and "./main" in run_request.code
+
+
+def test_in_a_container_the_compile_uses_lld_when_there_and_rustc_args_come_last() -> None:
+    backend = ScriptedContainer(_compiles(), _exit(0, stdout="\n1\n"))
+    config = RustExecutorConfig(rustc_args=("-C", "link-arg=-fuse-ld=bfd"))
+    assert RustExecutor(backend, config).run(CODE, None, timeout=30).status == "success"
+    script = backend.requests[0].code
+    assert _LLD_PROBE in script
+    rustc_line = next(line for line in script.splitlines() if line.startswith("rustc "))
+    words = rustc_line.split()
+    # The pipeline's own flags first, so the caller's (here: GNU ld) override them.
+    assert words[:4] == ["rustc", "-C", "strip=debuginfo", "$link"]
+    assert words.index("link-arg=-fuse-ld=bfd") > words.index("$link")
+
+
+def _probe(path: str) -> str:
+    done = subprocess.run(
+        ["/bin/sh", "-c", f'{_LLD_PROBE}\nprintf "%s" "$link"'],
+        env={"PATH": path},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return done.stdout
+
+
+def test_the_lld_probe_adds_the_flag_only_when_ld_lld_is_on_path(tmp_path: Path) -> None:
+    with_lld, without = tmp_path / "with", tmp_path / "without"
+    with_lld.mkdir()
+    without.mkdir()
+    lld = with_lld / "ld.lld"
+    lld.write_text("#!/bin/sh\n")
+    lld.chmod(0o700)
+    assert _probe(str(with_lld)) == "-C link-arg=-fuse-ld=lld"
+    assert _probe(str(without)) == ""  # an image without lld links with cc's default linker
 
 
 def test_container_oom_kill_is_memory_exceeded() -> None:

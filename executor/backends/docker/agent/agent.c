@@ -10,7 +10,9 @@
  *   - per RUN a shim (fork of the agent): subreaper, the command's pipes on 0/1/2 and nothing else,
  *     oom_score_adj 500, cwd, the set-id seccomp filter (SETID_FILTER, generated from _seccomp.py at build
  *     time) with no_new_privs, then the command in its own session with exactly the RUN's environment plus
- *     ADK_SANDBOX_EXEC; when the command exits the shim stops then kills everything below itself;
+ *     ADK_SANDBOX_EXEC; when the command exits the shim stops then kills everything below itself; while
+ *     no command runs the agent keeps one shim forked ahead of time (a spare, non-dumpable, waiting on a
+ *     private control pipe: "the spare shim" below), so a RUN usually costs no fork;
  *   - output capped at the source, the excess read and counted; timeout, KILL and end of stdin kill the
  *     shim's tree; strays (children of the agent that are not live shims) and, without subreapers,
  *     unattributable orphans at PID 1 are killed;
@@ -645,6 +647,16 @@ static int ncmds;
 static cmd_t *groups[MAX_GROUPS];
 static int ngroups;
 
+/* The spare shim (see "the spare shim" below): forked while the agent is idle, waiting for the next RUN on
+ * a private control pipe; a live child of the agent that is no stray. pid 0: none. */
+typedef struct {
+    pid_t pid;
+    unsigned long long start;
+    int control_w, stdin_w, out_r[2], status_r; /* the agent's ends of its pipes */
+} spare_t;
+static spare_t spare = {0, 0, -1, -1, {-1, -1}, -1};
+static void spare_drop(int kill_it);
+
 /* A file operation (FILE): performed by a forked worker; the agent only moves bytes between pipes. */
 typedef struct {
     uint32_t ch;
@@ -719,7 +731,8 @@ static void mark_strays(const procs_t *ps, char *mark) {
     int *roots = xrealloc(NULL, (size_t)ps->n * sizeof *roots + sizeof *roots);
     int nroots = 0;
     for (int i = 0; i < ps->n; i++)
-        if (ps->v[i].ppid == SELF && !is_live_shim(ps->v[i].pid) && !is_live_worker(ps->v[i].pid)) { mark[i] = 1; roots[nroots++] = ps->v[i].pid; }
+        if (ps->v[i].ppid == SELF && !is_live_shim(ps->v[i].pid) && !is_live_worker(ps->v[i].pid) &&
+            !(spare.pid && ps->v[i].pid == spare.pid)) { mark[i] = 1; roots[nroots++] = ps->v[i].pid; }
     mark_below(ps, mark, roots, nroots);
     free(roots);
 }
@@ -779,6 +792,7 @@ static void sweep_targets(const procs_t *ps, char *mark, void *ctx) {
 
 static void reaped(int pid, int status) {
     (void)status;
+    if (spare.pid && pid == spare.pid) spare_drop(0); /* killed before its RUN (by a command of this uid) */
     for (int i = 0; i < ncmds; i++) {
         cmd_t *c = cmds[i];
         if (c->shim == pid && !c->shim_done) {
@@ -849,6 +863,7 @@ static void sweep(void) {
 }
 
 static void kill_everything_and_exit(int code) {
+    spare_drop(1);
     for (int i = 0; i < ncmds; i++)
         if (!cmds[i]->shim_done) kill_cmd(cmds[i]);
     kill_groups();
@@ -962,7 +977,9 @@ static void set_oom_score_adj(void) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
-static void __attribute__((noreturn)) shim(char **argv, char **envp, const char *cwd, int in, int o, int e, int status_w, int background) {
+/* The shim's first steps, the same for a shim forked per RUN and for a spare: a subreaper, and no handler
+ * or blocked signal of the agent's left. */
+static void shim_prepare(void) {
     SELF = getpid();
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     /* The agent reset every disposition at its start and changed only these: SIGCHLD (its handler) and
@@ -974,15 +991,41 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+/* The set-id filter (with no_new_privs) on the shim: 0, or the errno that start_failed reports. */
+static int shim_filter(void) {
+    if (SETID_FILTER_LEN == 0) return EOPNOTSUPP;
+    return install_setid_filter() == 0 ? 0 : (errno ? errno : EINVAL);
+}
+
+static void __attribute__((noreturn)) shim_run(char **argv, char **envp, const char *cwd, int status_w, int background, int filter_err);
+
+/* The command's status as one line in one write (dprintf would also fstat and seek the pipe). */
+static void status_line(int status_w, int status) {
+    char line[32];
+    int n = WIFSIGNALED(status) ? snprintf(line, sizeof line, "S %d\n", WTERMSIG(status))
+                                : snprintf(line, sizeof line, "E %d\n", WEXITSTATUS(status));
+    (void)!write(status_w, line, (size_t)n);
+}
+
+static void __attribute__((noreturn)) shim(char **argv, char **envp, const char *cwd, int in, int o, int e, int status_w, int background) {
+    shim_prepare();
     if (dup2(in, 0) < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(126);
     close_all_but(status_w);
+    shim_run(argv, envp, cwd, status_w, background, -1);
+}
 
+/* From here the RUN's own steps. filter_err: -1 to install the filter here (after chdir, as ever), else
+ * what installing it already did (a spare installs it before its RUN: it does not depend on the RUN). */
+static void __attribute__((noreturn)) shim_run(char **argv, char **envp, const char *cwd, int status_w, int background, int filter_err) {
     /* What the command inherits is set on the shim itself, then the command is started in its own
      * session with its exact environment. */
     set_oom_score_adj();
     if (chdir(cwd) != 0) start_failed(argv[0], errno, NULL, status_w);
-    if (SETID_FILTER_LEN == 0) start_failed(argv[0], EOPNOTSUPP, "no set-id seccomp filter for this architecture", status_w);
-    if (install_setid_filter() != 0) start_failed(argv[0], errno, "cannot install the set-id seccomp filter", status_w);
+    if (filter_err < 0) filter_err = shim_filter();
+    if (filter_err == EOPNOTSUPP && SETID_FILTER_LEN == 0) start_failed(argv[0], EOPNOTSUPP, "no set-id seccomp filter for this architecture", status_w);
+    if (filter_err) start_failed(argv[0], filter_err, "cannot install the set-id seccomp filter", status_w);
     int err = 0;
     char *path = resolve(argv[0], envp, &err);
     if (!path) start_failed(argv[0], err, NULL, status_w);
@@ -1013,8 +1056,7 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
         /* A background command: its status goes out now, and the shim stays as the keeper of what it
          * left, reaping (orphans still come back here) until nothing is left; the agent kills the group
          * when the session ends. */
-        if (WIFSIGNALED(status)) dprintf(status_w, "S %d\n", WTERMSIG(status));
-        else dprintf(status_w, "E %d\n", WEXITSTATUS(status));
+        status_line(status_w, status);
         close(status_w);
         while (waitpid(-1, NULL, 0) > 0 || errno == EINTR) {
         }
@@ -1030,10 +1072,7 @@ static void __attribute__((noreturn)) shim(char **argv, char **envp, const char 
         while (waitpid(-1, &st, 0) > 0 || errno == EINTR) {
         }
     }
-    if (have) {
-        if (WIFSIGNALED(status)) dprintf(status_w, "S %d\n", WTERMSIG(status));
-        else dprintf(status_w, "E %d\n", WEXITSTATUS(status));
-    }
+    if (have) status_line(status_w, status);
     _exit(0);
 }
 
@@ -1091,6 +1130,151 @@ static void free_strv(char **v) {
     if (!v) return;
     for (char **p = v; *p; p++) free(*p);
     free(v);
+}
+
+/* -- the spare shim ------------------------------------------------------------------------------------ */
+/* While no command runs, the agent forks the next command's shim ahead of time: a spare, which does the
+ * steps that do not depend on the RUN (subreaper, signals, its pipes on fixed descriptors, the set-id
+ * filter) and then blocks reading its private control pipe. A RUN that finds a spare sends it argv, envp,
+ * cwd and flags in one write, so no fork is on the command's path; from there the spare is the command's
+ * shim, exactly as a forked one (shim_run). Why it cannot be driven by anything but the agent:
+ *   - it is non-dumpable (inherited from the agent) until its RUN is read and the control pipe closed: a
+ *     process of the same uid can neither open /proc/<spare>/fd/N (that would reopen the pipe for writing)
+ *     nor read its memory nor ptrace it. The shim's dumpable window for oom_score_adj (set_oom_score_adj)
+ *     comes only after that, with the same descriptors as a forked shim's;
+ *   - no path names the pipe; its write end is the agent's alone (close-on-exec, never in a child);
+ *   - a process of the same uid can signal it (as it can the agent): one killed or stopped before its RUN
+ *     is dropped (a stopped one is killed) and the RUN forks a shim instead; one killed after is a command
+ *     whose shim was killed (exit signal 9), as for a forked shim;
+ *   - PR_SET_PDEATHSIG: a spare dies with the agent (it is cleared at the RUN: from there a shim lives as
+ *     one forked per RUN does); the agent kills it at the end of stdin and on exit.
+ * Each user has an agent of its own, so a spare's uid is always its RUN's: no set-id step is involved. */
+enum { SP_IN = 0, SP_OUT, SP_ERR, SP_STATUS, SP_CONTROL, SP_NULL, SP_FDS };
+#define SPARE_MAX_MESSAGE 65536u /* a pipe's capacity, so one non-blocking write: a larger RUN forks a shim */
+#define SP_STDIN 1u
+#define SP_BACKGROUND 2u
+static double spare_retry_at; /* after a failed fork: not before then */
+static char *agent_argv0;     /* main's argv[0], "adk-sandbox-agent": a spare renames itself in place */
+static void close_from(int low);
+
+static void spare_drop(int kill_it) {
+    if (!spare.pid) return;
+    if (kill_it) send_sig(spare.pid, spare.start, SIGKILL);
+    int fds[5] = {spare.control_w, spare.stdin_w, spare.out_r[0], spare.out_r[1], spare.status_r};
+    for (int i = 0; i < 5; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    spare = (spare_t){0, 0, -1, -1, {-1, -1}, -1};
+}
+
+static int spare_read(void *data, size_t n) {
+    for (size_t at = 0; at < n;) {
+        ssize_t r = read(SP_CONTROL, (char *)data + at, n - at);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        at += (size_t)r;
+    }
+    return 0;
+}
+
+/* The next string of a message, or NULL when it does not end inside it. */
+static char *spare_next(char **at, const char *end) {
+    char *s = *at, *z = s < end ? memchr(s, 0, (size_t)(end - s)) : NULL;
+    if (!z) return NULL;
+    *at = z + 1;
+    return s;
+}
+
+static void __attribute__((noreturn)) spare_main(pid_t agent, const int *fds) {
+    shim_prepare();
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != agent) _exit(0); /* the agent died before the line above */
+    /* Its /proc/PID/cmdline says what it is while idle (ps, and whoever counts agents and shims by their
+     * argv, tell it apart); at its RUN it takes the agent's name back, as every shim has it. */
+    static const char name[] = "adk-sandbox-spare";
+    char original[sizeof name];
+    int renamed = agent_argv0 && strlen(agent_argv0) == sizeof name - 1;
+    if (renamed) { memcpy(original, agent_argv0, sizeof name); memcpy(agent_argv0, name, sizeof name - 1); }
+    /* Its descriptors on fixed numbers (0-2 the command's, the rest close-on-exec), nothing else. */
+    int moved[SP_FDS];
+    for (int i = 0; i < SP_FDS; i++)
+        if ((moved[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3 * SP_FDS)) < 0) _exit(126);
+    for (int i = 0; i < SP_FDS; i++)
+        if ((i <= SP_ERR ? dup2(moved[i], i) : dup3(moved[i], i, O_CLOEXEC)) < 0) _exit(126);
+    close_from(SP_FDS);
+    int filter_err = shim_filter();
+    uint32_t h[4]; /* the message's length after h, flags, argc, envc */
+    if (spare_read(h, sizeof h) != 0) _exit(0); /* dropped unused */
+    if (h[0] > SPARE_MAX_MESSAGE || h[2] < 1 || h[2] > h[0] || h[3] > h[0]) _exit(126);
+    char *body = xrealloc(NULL, h[0]), *at = body, *end = body + h[0];
+    char **argv = xrealloc(NULL, ((size_t)h[2] + 1) * sizeof *argv), **envp = xrealloc(NULL, ((size_t)h[3] + 1) * sizeof *envp);
+    if (spare_read(body, h[0]) != 0) _exit(0);
+    close(SP_CONTROL);
+    if (renamed) memcpy(agent_argv0, original, sizeof name - 1);
+    char *cwd = spare_next(&at, end);
+    for (uint32_t i = 0; i < h[2]; i++) argv[i] = spare_next(&at, end);
+    for (uint32_t i = 0; i < h[3]; i++) envp[i] = spare_next(&at, end);
+    if (!cwd || !argv[h[2] - 1] || (h[3] && !envp[h[3] - 1])) _exit(126);
+    argv[h[2]] = envp[h[3]] = NULL;
+    if (!(h[1] & SP_STDIN) && dup2(SP_NULL, 0) < 0) _exit(126); /* the agent closed the stdin pipe's other end */
+    close(SP_NULL);
+    prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+    shim_run(argv, envp, cwd, SP_STATUS, (h[1] & SP_BACKGROUND) != 0, filter_err);
+}
+
+/* A spare, when there is none (the loop calls this while no command runs). Never waits: a fork that fails
+ * (the pids limit) is tried again a second later, and a RUN meanwhile forks its shim as usual. */
+static void spare_make(void) {
+    if (spare.pid || host_eof || now() < spare_retry_at) return;
+    int p[10] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1}; /* stdin, stdout, stderr, status, control: r, w */
+    int ok = 1;
+    for (int i = 0; i < 5 && ok; i++) ok = pipe2(p + 2 * i, O_CLOEXEC) == 0;
+    pid_t pid = ok ? fork() : -1;
+    if (pid == 0) {
+        int fds[SP_FDS] = {p[0], p[3], p[5], p[7], p[8], null_r};
+        spare_main(SELF, fds);
+    }
+    if (pid < 0) { close_pipes(p, 10); spare_retry_at = now() + 1.0; return; }
+    close(p[0]); close(p[3]); close(p[5]); close(p[7]); close(p[8]);
+    spare = (spare_t){pid, start_of(pid), p[9], p[1], {p[2], p[4]}, p[6]};
+    set_nonblock(p[1]);
+    set_nonblock(p[2]);
+    set_nonblock(p[4]);
+    set_nonblock(p[6]);
+    set_nonblock(p[9]);
+}
+
+/* The RUN to the spare, which becomes c's shim: 1; 0 when there is no usable spare (or the RUN is too
+ * large for one write), and the caller forks a shim. */
+static int spare_take(cmd_t *c, char **argv, char **envp, const char *cwd, int want_stdin, int background) {
+    if (!spare.pid) return 0;
+    proc_t st;
+    if (stat_of(spare.pid, &st) != 0 || st.start != spare.start || strchr("TtZX", st.state)) {
+        spare_drop(1); /* stopped or dying (a command of this uid signalled it): not to be waited for */
+        return 0;
+    }
+    uint32_t h[4] = {0, (want_stdin ? SP_STDIN : 0) | (background ? SP_BACKGROUND : 0), 0, 0};
+    buf_t b = {0};
+    buf_add(&b, h, sizeof h);
+    buf_add(&b, cwd, strlen(cwd) + 1);
+    for (char **a = argv; *a; a++, h[2]++) buf_add(&b, *a, strlen(*a) + 1);
+    for (char **e = envp; *e; e++, h[3]++) buf_add(&b, *e, strlen(*e) + 1);
+    h[0] = (uint32_t)(b.len - sizeof h);
+    if (b.len > SPARE_MAX_MESSAGE) { buf_free(&b); return 0; }
+    memcpy(b.p, h, sizeof h);
+    ssize_t w = write(spare.control_w, b.p, b.len);
+    int whole = w == (ssize_t)b.len;
+    buf_free(&b);
+    if (!whole) { spare_drop(1); return 0; } /* a part of a message starts nothing: the spare is killed */
+    c->shim = spare.pid;
+    c->shim_start = spare.start;
+    c->stdin_fd = want_stdin ? spare.stdin_w : -1;
+    if (!want_stdin) close(spare.stdin_w);
+    c->out_fd[0] = spare.out_r[0];
+    c->out_fd[1] = spare.out_r[1];
+    c->status_fd = spare.status_r;
+    close(spare.control_w);
+    spare = (spare_t){0, 0, -1, -1, {-1, -1}, -1};
+    return 1;
 }
 
 static void run(uint32_t ch, const unsigned char *payload, size_t n) {
@@ -1175,6 +1359,13 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     char *cwd = strdup(cwd_v && cwd_v->type == J_STR && cwd_v->s[0] ? cwd_v->s : "/");
     jmembers_free(m, count);
 
+    if (spare_take(c, argv, envp, cwd, want_stdin, background)) {
+        free_strv(argv); free_strv(envp); free(cwd);
+        c->deadline = now() + timeout;
+        c->oom_before = oom_kills();
+        cmds[ncmds++] = c;
+        return;
+    }
     int fds[8] = {-1, -1, -1, -1, -1, -1, -1, -1}; /* stdin r, w, stdout r, w, stderr r, w, status r, w */
     int ok = 1;
     if (want_stdin) ok = pipe2(fds, O_CLOEXEC) == 0; /* else fds[0] stays -1: the shim gets null_r */
@@ -2122,6 +2313,7 @@ static void loop(void) {
             i++;
         }
         if (host_eof && !ncmds && !nops) return;
+        if (!ncmds) spare_make(); /* idle: the next RUN's shim, off its path */
         size_t backlog = 0;
         for (int i = 0; i < nops; i++) backlog += ops[i]->pending.len - ops[i]->pending_at;
         size_t need = 2 + 4 * (size_t)ncmds + 3 * (size_t)nops + 2 * (size_t)ngroups;
@@ -2172,6 +2364,7 @@ static void loop(void) {
                 if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
                 if (n <= 0) { /* the host went away: every command dies */
                     host_eof = 1;
+                    spare_drop(1);
                     for (int k = 0; k < ncmds; k++)
                         if (!cmds[k]->shim_done) { cmds[k]->killed = 1; kill_cmd(cmds[k]); }
                     for (int k = 0; k < nops; k++) kill_op(ops[k]);
@@ -2237,6 +2430,7 @@ static int cmp_protected(const void *a, const void *b) {
 int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* commands cannot open /proc/<agent>/fd or ptrace the agent */
     SELF = getpid();
+    agent_argv0 = argc > 0 ? argv[0] : NULL;
     close_all_but(-1); /* what the loader or the engine left open (the memory file) */
     rfd = fcntl(0, F_DUPFD_CLOEXEC, 3);
     wfd = fcntl(1, F_DUPFD_CLOEXEC, 3);
