@@ -1,6 +1,6 @@
 """The static agent of a git revision against the working tree's, side by side in one run (issue 11).
 
-Run: PYTHONPATH=. .venv/bin/python bench/ab_static_agent.py REV [--quick]
+Run: PYTHONPATH=. .venv/bin/python bench/ab_static_agent.py REV [--quick] [--runtime runsc]
 Two sessions of one workspace, the first running the agent built from ``agent.c`` at ``REV`` and the
 second the current one, timed interleaved with host ``subprocess.run(["sh", "-c", "true"])`` and the bash
 tool (``DevToolset`` on a Docker workspace, current code): on a shared machine only a comparison made in
@@ -41,6 +41,7 @@ def _started_with(source: bytes | None, backend: DockerBackend, workspace: str) 
 def main() -> None:
     args = parser(__doc__)
     args.add_argument("rev", help="the git revision whose agent.c is the baseline")
+    args.add_argument("--runtime", help="the container runtime (runsc: gVisor); default runc")
     options = args.parse_args()
     old_source = subprocess.run(
         ["git", "show", f"{options.rev}:executor/backends/docker/agent/agent.c"],
@@ -48,7 +49,7 @@ def main() -> None:
         check=True,
     ).stdout
     workspace = owned_workspace()
-    backends = [DockerBackend(), DockerBackend(), DockerBackend()]
+    backends = [DockerBackend(runtime=options.runtime) for _ in range(3)]
     loop = asyncio.new_event_loop()
     try:
         with (

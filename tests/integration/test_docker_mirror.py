@@ -188,11 +188,17 @@ def test_names_pull_back_refuses() -> None:
     assert safe_name("a/b.git/c") and safe_name(".gitignore")
 
 
-def test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back(workspace: Path) -> None:
-    with (
-        DockerBackend(workspace_transport="mirror", mirror_size_mb=16) as backend,
-        backend.session(workspace=workspace) as session,
-    ):
+@pytest.fixture(scope="module")
+def small_mirror_backend() -> Iterator[DockerBackend]:
+    """A mirror of 16 MiB (the disk bomb's cap); test_docker_remote_conformance.py gives a remote one."""
+    with DockerBackend(workspace_transport="mirror", mirror_size_mb=16) as backend:
+        yield backend
+
+
+def test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back(
+    small_mirror_backend: DockerBackend, workspace: Path
+) -> None:
+    with small_mirror_backend.session(workspace=workspace) as session:
         bomb = sh(session, "dd if=/dev/zero of=bomb bs=1M count=64 2>&1; truncate -s 900M sparse; echo done")
         assert "No space left on device" in bomb.stdout
         assert (workspace / "bomb").stat().st_size <= 16 * 1024 * 1024

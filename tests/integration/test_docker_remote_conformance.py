@@ -1,5 +1,6 @@
 """The conformance a remote engine owes (issue 13, "On that engine over TLS and over ssh"): the mirror
-suite, the whole tree-kill matrix over ssh, and gVisor registered on the remote engine.
+suite (round trips, 10k files, hostile pull-back, the disk bomb at the cap), the whole tree-kill matrix
+over ssh, and gVisor registered on the remote engine (both ways; its tree kill too).
 
 The engine is the private ``dockerd`` of :mod:`tests.integration.private_engine`, started for this module
 (the fixtures are those of :mod:`tests.integration.test_docker_remote_engine`): in a mount namespace of its
@@ -24,6 +25,7 @@ from executor.backends.docker.images import BASE_IMAGE
 from executor.backends.docker.session import DockerSession
 from tests.integration.private_engine import PrivateEngine, PrivateSshd
 from tests.integration.test_docker_mirror import (
+    test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back,
     test_devtools_over_a_mirrored_workspace,
     test_hostile_pull_back_writes_nothing_outside_and_nothing_in_git,
     test_round_trip_create_modify_delete_binary_and_empty_dirs,
@@ -39,6 +41,7 @@ __all__ = [
     "hidden",
     "remote",
     "sshd",
+    "test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back",
     "test_devtools_over_a_mirrored_workspace",
     "test_hostile_pull_back_writes_nothing_outside_and_nothing_in_git",
     "test_round_trip_create_modify_delete_binary_and_empty_dirs",
@@ -57,12 +60,25 @@ def ssh_engine(sshd: PrivateSshd) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="module", params=["tls", "ssh"])
-def mirror_backend(request: pytest.FixtureRequest, remote: PrivateEngine) -> Iterator[DockerBackend]:
-    """A backend on the remote engine, over TLS or over ssh: every workspace travels as a mirror."""
-    engine = remote.engine() if request.param == "tls" else request.getfixturevalue("ssh_engine")
-    with DockerBackend(engine=engine, mirror_size_mb=64) as backend:
-        assert backend.engine.kind == {"tls": "tcp", "ssh": "ssh"}[request.param]
+def remote_engine(request: pytest.FixtureRequest, remote: PrivateEngine) -> Engine:
+    """The remote engine, over TLS or over ssh."""
+    engine: Engine = remote.engine() if request.param == "tls" else request.getfixturevalue("ssh_engine")
+    assert engine.kind == {"tls": "tcp", "ssh": "ssh"}[request.param]
+    return engine
+
+
+@pytest.fixture(scope="module")
+def mirror_backend(remote_engine: Engine) -> Iterator[DockerBackend]:
+    """A backend on the remote engine: every workspace travels as a mirror."""
+    with DockerBackend(engine=remote_engine, mirror_size_mb=64) as backend:
         assert backend.capabilities().workspace == "mirror"
+        yield backend
+
+
+@pytest.fixture(scope="module")
+def small_mirror_backend(remote_engine: Engine) -> Iterator[DockerBackend]:
+    """The disk bomb's 16 MiB mirror, on the remote engine."""
+    with DockerBackend(engine=remote_engine, mirror_size_mb=16) as backend:
         yield backend
 
 
@@ -97,12 +113,12 @@ def test_tree_kill_matrix_over_ssh(ssh_engine: Engine, ending: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def gvisor_backend(remote: PrivateEngine) -> Iterator[DockerBackend]:
+def gvisor_backend(remote: PrivateEngine, remote_engine: Engine) -> Iterator[DockerBackend]:
     """gVisor on the remote engine (the private engine registers the system daemon's runtimes)."""
     client = remote.client()
     runtimes = client.info().get("Runtimes") or {}
     assert "runsc" in runtimes, f"the private engine has no runsc runtime: {sorted(runtimes)}"
-    with DockerBackend(engine=remote.engine(), runtime="runsc", image=BASE_IMAGE) as backend:
+    with DockerBackend(engine=remote_engine, runtime="runsc", image=BASE_IMAGE) as backend:
         yield backend
 
 

@@ -1223,15 +1223,29 @@ static void __attribute__((noreturn)) spare_main(pid_t agent, const int *fds) {
 
 /* A spare, when there is none (the loop calls this while no command runs). Never waits: a fork that fails
  * (the pids limit) is tried again a second later, and a RUN meanwhile forks its shim as usual. */
+/* A spare pays where a fork is cheap next to the host's round trip (runc: a fork is ~0.2 ms). Where it is
+ * not (gVisor: the sentry's fork takes several ms, measured 1.3x slower per command with spares), the
+ * agent is forking the next spare when the next RUN arrives, and that RUN waits for it: after three slow
+ * forks in a row (one could be a preemption on a busy machine) the agent makes no more spares and forks
+ * each shim at its RUN, as without them. */
+#define SPARE_SLOW_FORK 0.002
+#define SPARE_SLOW_FORKS 3
+static int spares_off, slow_forks;
+
 static void spare_make(void) {
-    if (spare.pid || host_eof || now() < spare_retry_at) return;
+    if (spares_off || spare.pid || host_eof || now() < spare_retry_at) return;
     int p[10] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1}; /* stdin, stdout, stderr, status, control: r, w */
     int ok = 1;
     for (int i = 0; i < 5 && ok; i++) ok = pipe2(p + 2 * i, O_CLOEXEC) == 0;
+    double forked_at = now();
     pid_t pid = ok ? fork() : -1;
     if (pid == 0) {
         int fds[SP_FDS] = {p[0], p[3], p[5], p[7], p[8], null_r};
         spare_main(SELF, fds);
+    }
+    if (pid > 0) { /* this one is used either way */
+        slow_forks = now() - forked_at > SPARE_SLOW_FORK ? slow_forks + 1 : 0;
+        spares_off = slow_forks >= SPARE_SLOW_FORKS;
     }
     if (pid < 0) { close_pipes(p, 10); spare_retry_at = now() + 1.0; return; }
     close(p[0]); close(p[3]); close(p[5]); close(p[7]); close(p[8]);
