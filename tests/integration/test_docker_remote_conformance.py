@@ -22,7 +22,6 @@ import pytest
 from executor import ExecRequest, IsolationClass
 from executor.backends.docker import DockerBackend, Engine
 from executor.backends.docker.images import BASE_IMAGE
-from executor.backends.docker.session import DockerSession
 from tests.integration.private_engine import PrivateEngine, PrivateSshd
 from tests.integration.test_docker_mirror import (
     test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back,
@@ -31,8 +30,8 @@ from tests.integration.test_docker_mirror import (
     test_round_trip_create_modify_delete_binary_and_empty_dirs,
     test_ten_thousand_small_files_travel_and_only_changes_come_back,
 )
-from tests.integration.test_docker_remote_engine import hidden, in_container, remote, run, sshd
-from tests.integration.test_docker_tree_kill import ENDINGS, check_no_descendant_survives
+from tests.integration.test_docker_remote_engine import check_tree_kill, hidden, remote, sshd
+from tests.integration.test_docker_tree_kill import ENDINGS
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -92,24 +91,12 @@ def workspace(hidden: Path) -> Path:
     return parent / "ws"
 
 
-def _check_tree_kill(backend: DockerBackend, session: DockerSession, ending: str) -> None:
-    check_no_descendant_survives(
-        backend,
-        session,
-        ending,
-        run,
-        bomb_went_off=lambda: (
-            "yes" in in_container(backend, session, "sh", "-c", "test -e /tmp/bomb && echo yes")
-        ),
-    )
-
-
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_tree_kill_matrix_over_ssh(ssh_engine: Engine, ending: str) -> None:
     """Every ending of the matrix (exit, timeout, cancel), each kill travelling from the host over ssh."""
     with DockerBackend(engine=ssh_engine) as backend, backend.session() as session:
         assert backend.engine.kind == "ssh"
-        _check_tree_kill(backend, session, ending)
+        check_tree_kill(backend, session, ending)
 
 
 @pytest.fixture(scope="module")
@@ -140,4 +127,4 @@ def test_gvisor_on_a_remote_engine_is_reported_from_its_inspect(
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_tree_kill_matrix_under_gvisor_on_a_remote_engine(gvisor_backend: DockerBackend, ending: str) -> None:
     with gvisor_backend.session() as session:
-        _check_tree_kill(gvisor_backend, session, ending)
+        check_tree_kill(gvisor_backend, session, ending)

@@ -156,18 +156,23 @@ def test_big_output_and_stdin_cross_the_tls_stream_whole(remote: PrivateEngine, 
         assert session.channel == transport
 
 
+def check_tree_kill(backend: DockerBackend, session: DockerSession, ending: str) -> None:
+    """The matrix case ``ending`` on a remote engine (the bomb's file looked for over the same engine)."""
+    check_no_descendant_survives(
+        backend,
+        session,
+        ending,
+        run,
+        bomb_went_off=lambda: (
+            "yes" in in_container(backend, session, "sh", "-c", "test -e /tmp/bomb && echo yes")
+        ),
+    )
+
+
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_tree_kill_matrix_over_tls(backend: DockerBackend, ending: str) -> None:
     with backend.session() as session:
-        check_no_descendant_survives(
-            backend,
-            session,
-            ending,
-            run,
-            bomb_went_off=lambda: (
-                "yes" in in_container(backend, session, "sh", "-c", "test -e /tmp/bomb && echo yes")
-            ),
-        )
+        check_tree_kill(backend, session, ending)
 
 
 def test_requests_ca_bundle_does_not_replace_the_engine_ca(
