@@ -44,7 +44,7 @@ class FakeContainer:
         if what == "adk-sandbox-push":
             with tarfile.open(fileobj=io.BytesIO(stdin or b""), mode="r:") as archive:
                 for member in archive:
-                    source = archive.extractfile(member)
+                    source = archive.extractfile(member) if member.isfile() else None
                     if source is not None:
                         self.write(member.name, source.read(), int(member.mtime) * 10**9)
         elif what == "adk-sandbox-list":
@@ -111,6 +111,42 @@ def test_a_host_file_changed_again_with_the_same_stat_is_pushed_again(
     pushed = container.files["f.txt"]
     mirror.before_command(container.run)
     assert container.files["f.txt"] == pushed  # the same content is not pushed again
+
+
+@pytest.mark.parametrize("link_to", ["outside", "inside"])
+def test_a_directory_swapped_for_a_link_after_the_scan_sends_nothing_through_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, link_to: str
+) -> None:
+    """A host process swaps ``sub`` for a link between the scan and the read: the push reads no file
+    through it (outside: a secret; inside: another name's content under this one)."""
+    host = tmp_path / "ws"
+    (host / "sub").mkdir(parents=True)
+    (host / "other").mkdir()
+    outside = tmp_path / "secrets"
+    outside.mkdir()
+    (outside / "f.txt").write_bytes(b"SECRET\n")
+    (host / "other" / "f.txt").write_bytes(b"OTHER\n")
+    container = FakeContainer()
+    mirror = mirror_of(host)
+    mirror.started(container.run)
+    (host / "sub" / "f.txt").write_bytes(b"new\n")
+    real_keys = _workspace.host_keys
+
+    def scan_then_swap(root: str) -> dict[str, tuple[int, int, int, int, int]]:
+        keys = real_keys(root)  # the scan sees sub/f.txt as a new regular file...
+        (host / "sub" / "f.txt").unlink()
+        (host / "sub").rmdir()  # ...then sub becomes a link before the push reads it
+        (host / "sub").symlink_to(outside if link_to == "outside" else host / "other")
+        return keys
+
+    monkeypatch.setattr(_workspace, "host_keys", scan_then_swap)
+    mirror.before_command(container.run)
+    sent = [content for content, *_ in container.files.values()]
+    assert b"SECRET\n" not in sent
+    assert container.files.get("sub/f.txt", (None,))[0] is None
+    monkeypatch.setattr(_workspace, "host_keys", real_keys)
+    mirror.before_command(container.run)  # the next sync sees the link for what it is
+    assert b"SECRET\n" not in [content for content, *_ in container.files.values()]
 
 
 def test_auto_choices_remember_a_failed_check_and_key_by_engine_and_directory(tmp_path: Path) -> None:

@@ -358,7 +358,7 @@ class MirrorWorkspace:
 
     def _same_content(self, path: str) -> bool:
         """Whether the racy host file ``path`` still holds what the container was given (or gave back)."""
-        content = _read_host_file(self.root, path)
+        content = _read_host_file(self._tree, path)
         digest = self._digests.get(path)
         return content is not None and digest is not None and hashlib.sha256(content).digest() == digest
 
@@ -493,7 +493,7 @@ class MirrorWorkspace:
                     info.type, info.linkname = tarfile.SYMTYPE, entry.target
                     archive.addfile(info)
                 else:
-                    content = _read_host_file(self.root, path)
+                    content = _read_host_file(self._tree, path)
                     if content is None:
                         continue  # gone or no longer a file since the scan: the next sync sees it
                     info.size = len(content)
@@ -994,13 +994,24 @@ def _copy_data(fd_in: int, fd_out: int, limit: int) -> int:
     return copied
 
 
-def _read_host_file(root: str, rel: str) -> bytes | None:
+def _read_host_file(tree: RootDir, rel: str) -> bytes | None:
+    """The content of the host file at ``rel``, reached as written: no link followed on the way or at it.
+
+    Opened by descriptor beneath the root and then checked against its literal path, so a host process
+    that swaps a directory for a link between the scan and this read cannot make the push send a file
+    from elsewhere (outside, or another name inside) into the sandbox. None: gone, not a regular file, or
+    not reachable as written; the next sync sees what it became.
+    """
+    from devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
+
     try:
-        fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd = tree.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, EscapeError):
         return None
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        if tree.real_path(fd) != os.path.join(tree.path, rel):
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         return handle.read()
 
