@@ -58,7 +58,11 @@ def unique_sleep_seconds() -> str:
 
 def live_processes_with_args(*args: str) -> list[int]:
     """Pids of live (non-zombie) processes whose argv contains ``args`` in order, consecutively."""
-    needle = "\0".join(args).encode() + b"\0"
+    return live_processes_whose_cmdline_has("\0".join(args).encode() + b"\0")
+
+
+def live_processes_whose_cmdline_has(needle: bytes) -> list[int]:
+    """Pids of live (non-zombie) processes whose NUL-separated ``/proc/PID/cmdline`` contains ``needle``."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

@@ -27,6 +27,7 @@ from pathlib import Path
 import docker
 
 from executor.backends.docker.engine import Engine
+from tests.conftest import live_processes_whose_cmdline_has
 
 __all__ = ["PODMAN", "PodmanEngine", "PodmanEngineError"]
 
@@ -140,21 +141,7 @@ class PodmanEngine:
 
     def leftover_processes(self) -> list[int]:
         """Pids of live processes that name this engine's root (the service, conmons, runc)."""
-        needle = str(self.root).encode()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    cmdline = handle.read()
-                with open(f"/proc/{entry}/stat", "rb") as handle:
-                    state = handle.read().rsplit(b")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if needle in cmdline and state != b"Z":
-                found.append(int(entry))
-        return found
+        return live_processes_whose_cmdline_has(str(self.root).encode())
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """SIGTERM the service (SIGKILL after ``timeout``), then end what it left running, by pid."""
