@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,9 +101,11 @@ def test_a_container_file_changed_again_in_the_same_tick_is_fetched_again(host: 
 def test_a_host_file_changed_again_with_the_same_stat_is_pushed_again(
     host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A file system with a coarse (or another machine's) clock: f.txt, written just now, is racy.
+    monkeypatch.setattr(_workspace, "racy_window_ns", lambda root: _workspace.RACY_NS)
     container = FakeContainer()
     mirror = mirror_of(host)
-    mirror.started(container.run)  # f.txt was written just now: racy, its pushed content remembered
+    mirror.started(container.run)  # f.txt is racy: its pushed content is remembered
     stale = _workspace.host_keys(str(host))
     (host / "f.txt").write_bytes(b"ONE\n")  # the same size...
     monkeypatch.setattr(_workspace, "host_keys", lambda root: dict(stale))  # ...and a coarse clock's stat
@@ -147,6 +150,75 @@ def test_a_directory_swapped_for_a_link_after_the_scan_sends_nothing_through_it(
     monkeypatch.setattr(_workspace, "host_keys", real_keys)
     mirror.before_command(container.run)  # the next sync sees the link for what it is
     assert b"SECRET\n" not in [content for content, *_ in container.files.values()]
+
+
+MOUNTINFO = """\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+23 22 0:21 / /dev/shm rw,nosuid,nodev shared:2 - tmpfs tmpfs rw
+40 22 0:40 / /mnt/work rw,relatime - nfs4 server:/export rw,vers=4.2
+41 40 0:41 / /mnt/work/scratch rw - tmpfs tmpfs rw
+42 22 0:42 / /home/a\\040b rw master:3 - fuse.sshfs host: rw
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        ("/", "ext4"),
+        ("/srv/ws", "ext4"),
+        ("/dev/shm/adk-copy", "tmpfs"),
+        ("/mnt/work/repo", "nfs4"),
+        ("/mnt/work/scratch/x", "tmpfs"),  # the deepest mount point wins
+        ("/mnt/workshop", "ext4"),  # a prefix of the name is not a parent
+        ("/home/a b/ws", "fuse.sshfs"),  # mountinfo's octal escapes
+    ],
+)
+def test_the_file_system_of_a_path_is_its_deepest_mount(path: str, kind: str) -> None:
+    assert _workspace.filesystem_type(path, MOUNTINFO) == kind
+
+
+def test_the_racy_window_is_a_tick_on_a_local_file_system_and_two_seconds_elsewhere() -> None:
+    now = 1_000 * 10**9 + 123_456_789
+    files = {
+        "10ms": now - 10_000_000,
+        "100ms": now - 100_000_000,
+        "1s": now - 10**9,
+        "whole-second": (now // 10**9 - 1) * 10**9,  # a file system that counts whole seconds
+        "future": now + 10**9,  # a clock ahead
+        "3s": now - 3 * 10**9,
+    }
+    host = {name: _workspace.Entry("f", 0o644, 1, ctime, ctime_ns=ctime) for name, ctime in files.items()}
+    local = _workspace._racy_host(host, now, _workspace.LOCAL_RACY_NS)
+    assert local == {"10ms", "whole-second", "future"}
+    remote = _workspace._racy_host(host, now, _workspace.RACY_NS)
+    assert remote == {"10ms", "100ms", "1s", "whole-second", "future"}
+
+
+def test_a_fresh_local_tree_is_not_read_again_once_a_tick_has_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy just made (the warm pool's copy_of) used to be re-read in full by every command for 2 s."""
+    for index in range(50):
+        (tmp_path / f"f{index}.txt").write_bytes(b"x" * index)
+    assert _workspace.racy_window_ns(str(tmp_path)) == _workspace.LOCAL_RACY_NS  # pytest's tmp is local
+    container = FakeContainer()
+    mirror = mirror_of(tmp_path)
+    mirror.started(container.run)
+    time.sleep(0.2)  # four local ticks (LOCAL_RACY_NS), a tenth of the old 2 s window
+    reads: list[str] = []
+    real_read = _workspace._read_host_file
+
+    def counted(tree: object, rel: str) -> bytes | None:
+        reads.append(rel)
+        return real_read(tree, rel)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_workspace, "_read_host_file", counted)
+    mirror.before_command(container.run)  # settles what was racy at the start
+    mirror.before_command(container.run)
+    assert len(reads) <= 50  # at most the one check of what the start's scan found racy
+    reads.clear()
+    mirror.before_command(container.run)
+    assert reads == []
 
 
 def test_auto_choices_remember_a_failed_check_and_key_by_engine_and_directory(tmp_path: Path) -> None:

@@ -79,6 +79,16 @@ MAX_REPORTED = 10
 #: since a later edit in the same tick of the file system's clock (or of an NFS server's, running ahead)
 #: could leave every stat field as it was.
 RACY_NS = 2_000_000_000
+#: The same on a local file system whose timestamps are this machine's clock to the nanosecond: its tick
+#: is the kernel's coarse clock (a jiffy, at most 10 ms), so a file older than this cannot share a tick
+#: with a later edit. Files whose ctime has no sub-second part keep RACY_NS (a whole-second file system,
+#: such as ext4 with 128-byte inodes).
+LOCAL_RACY_NS = 50_000_000
+#: File systems that stamp files with this machine's own clock at nanosecond granularity. Any other
+#: (NFS, CIFS, FUSE, 9p, vfat, ...) may stamp with another machine's clock or a coarse one: RACY_NS.
+LOCAL_FILESYSTEMS = frozenset(
+    {"tmpfs", "ramfs", "ext4", "xfs", "btrfs", "f2fs", "overlay", "zfs", "bcachefs"}
+)
 
 
 @dataclass(frozen=True)
@@ -298,8 +308,10 @@ class MirrorWorkspace:
         """The container's listing record of each entry at the last listing, while it is in sync."""
         # "Racy" entries: changed so recently that a later change could carry the same timestamps (a
         # clock's granularity; no kernel before 6.13 makes a stat'ed inode's next ctime differ).
+        self._racy_ns = racy_window_ns(root)
+        """How recent a host file's ctime makes it racy (:data:`LOCAL_RACY_NS` or :data:`RACY_NS`)."""
         self._host_racy: set[str] = set()
-        """Host files whose ctime was within RACY_NS of the last scan: their content is checked next time."""
+        """Host files whose ctime was within the racy window of the last scan: content checked next time."""
         self._digests: dict[str, bytes] = {}
         """SHA-256 of what the container was given (or gave back) for the racy host files."""
         self._inside_racy: set[str] = set()
@@ -314,7 +326,7 @@ class MirrorWorkspace:
         check_fits(self.root, host, self.cap_bytes)
         self._host, self._inside, self._records, self._digests = {}, {}, {}, {}
         self._inside_racy = set()
-        racy = _racy_host(host, scanned)
+        racy = _racy_host(host, scanned, self._racy_ns)
         self._push(run, host, sorted(host), removed=[], racy=racy)
         records, now, complete = self._list(run)
         if not complete:
@@ -349,7 +361,7 @@ class MirrorWorkspace:
         removed = [path for path in self._host if path not in host]
         # An entry that changed kind is removed first: tar does not replace a directory by a file.
         retyped = [p for p in changed if p in self._host and self._host[p].kind != host[p].kind]
-        racy = _racy_host(host, scanned)
+        racy = _racy_host(host, scanned, self._racy_ns)
         if changed or removed:
             self._push(run, host, sorted(changed), removed=sorted(set(removed) | set(retyped)), racy=racy)
         self._host, self._host_keys, self._host_racy = host, keys, racy
@@ -740,10 +752,52 @@ def scan_host(root: str) -> dict[str, Entry]:
     return {rel: entry for rel, key in keys.items() if (entry := _host_entry(root, rel, key)) is not None}
 
 
-def _racy_host(host: dict[str, Entry], scanned_ns: int) -> set[str]:
-    """The host files changed less than :data:`RACY_NS` before ``scanned_ns`` (or after: a clock ahead)."""
-    since = scanned_ns - RACY_NS
-    return {path for path, entry in host.items() if entry.kind == "f" and entry.ctime_ns >= since}
+def _racy_host(host: dict[str, Entry], scanned_ns: int, window_ns: int = RACY_NS) -> set[str]:
+    """The host files changed less than ``window_ns`` before ``scanned_ns`` (or after: a clock ahead).
+
+    A file whose ctime has no sub-second part gets :data:`RACY_NS` whatever the window: its file system
+    may count whole seconds.
+    """
+    since, coarse_since = scanned_ns - window_ns, scanned_ns - RACY_NS
+    return {
+        path
+        for path, entry in host.items()
+        if entry.kind == "f"
+        and (
+            entry.ctime_ns >= since
+            or (entry.ctime_ns % 1_000_000_000 == 0 and entry.ctime_ns >= coarse_since)
+        )
+    }
+
+
+def racy_window_ns(root: str) -> int:
+    """:data:`LOCAL_RACY_NS` when ``root`` is on one of :data:`LOCAL_FILESYSTEMS`, else :data:`RACY_NS`."""
+    return LOCAL_RACY_NS if filesystem_type(root) in LOCAL_FILESYSTEMS else RACY_NS
+
+
+def filesystem_type(path: str, mountinfo: str | None = None) -> str | None:
+    """The type of the file system ``path`` (absolute, resolved) is on, from ``/proc/self/mountinfo``.
+
+    The mount whose mount point is the longest prefix of ``path`` (by component) decides; None when it
+    cannot be read. ``mountinfo`` is that file's text (tests).
+    """
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as handle:
+                mountinfo = handle.read()
+        except OSError:
+            return None
+    best, found = -1, None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if "-" not in fields[6:] or len(fields) < 5:
+            continue
+        mount_point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        after = fields[fields.index("-", 6) + 1 :]
+        inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+        if after and inside and len(mount_point) >= best:
+            best, found = len(mount_point), after[0]  # a later mount over the same point hides the earlier
+    return found
 
 
 def check_fits(root: str, host: dict[str, Entry], cap_bytes: int) -> None:
@@ -1008,12 +1062,15 @@ def _read_host_file(tree: RootDir, rel: str) -> bytes | None:
         fd = tree.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except (OSError, EscapeError):
         return None
-    with os.fdopen(fd, "rb") as handle:
-        if tree.real_path(fd) != os.path.join(tree.path, rel):
+    try:
+        if tree.real_path(fd) != os.path.join(tree.path, rel) or not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return handle.read()
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class _Refused(Exception):
