@@ -444,7 +444,8 @@ class PrivateSshd:
     client's key and ``known_hosts``: a test points ``HOME`` at it. Stopped by pid.
     """
 
-    def __init__(self, sshd: Path, directory: Path, docker_host: str) -> None:
+    def __init__(self, sshd: Path, directory: Path, docker_host: str, *, max_sessions: int = 10) -> None:
+        """``max_sessions``: sshd's ``MaxSessions``, the channels one connection may hold (its default 10)."""
         self.sshd = sshd
         self.directory = directory
         self.home = directory / "home"
@@ -463,6 +464,7 @@ class PrivateSshd:
             f"AuthorizedKeysFile {directory / 'authorized_keys'}\nPidFile {directory / 'sshd.pid'}\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
             "PermitRootLogin prohibit-password\nAllowTcpForwarding no\nX11Forwarding no\n"
+            f"MaxSessions {max_sessions}\n"
         )
 
     @property

@@ -75,13 +75,14 @@ def remote(docker_backend: DockerBackend, hidden: Path) -> Iterator[PrivateEngin
         assert engine.leftover_processes() == []
 
 
-@pytest.fixture(scope="module")
-def sshd(remote: PrivateEngine, hidden: Path) -> Iterator[PrivateSshd]:
+@contextlib.contextmanager
+def started_sshd(remote: PrivateEngine, max_sessions: int = 10) -> Iterator[PrivateSshd]:
     """Debian's sshd on 127.0.0.1 forwarding to the remote engine (``docker system dial-stdio``)."""
     binary = find_sshd()
     require(binary is not None, "no sshd: scripts/setup unpacks Debian's openssh-server")
     assert binary is not None
-    daemon = PrivateSshd(binary, Path(tempfile.mkdtemp(prefix="adk-sshd-", dir="/tmp")), remote.host)
+    directory = Path(tempfile.mkdtemp(prefix="adk-sshd-", dir="/tmp"))
+    daemon = PrivateSshd(binary, directory, remote.host, max_sessions=max_sessions)
     try:
         daemon.start()
     except PrivateEngineError as exc:
@@ -92,6 +93,13 @@ def sshd(remote: PrivateEngine, hidden: Path) -> Iterator[PrivateSshd]:
     finally:
         daemon.stop()
         shutil.rmtree(daemon.directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def sshd(remote: PrivateEngine) -> Iterator[PrivateSshd]:
+    """The module's sshd, with sshd's default ``MaxSessions`` (10)."""
+    with started_sshd(remote) as daemon:
+        yield daemon
 
 
 @pytest.fixture
@@ -502,3 +510,28 @@ def test_more_streams_than_one_ssh_connection_allows_are_spread_over_connections
     finally:
         for connection in connections:
             connection.close()
+
+
+def test_a_server_that_allows_fewer_channels_than_we_count_gets_more_connections(
+    remote: PrivateEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MaxSessions 2``, below the 8 channels we put on one connection: the third channel is refused.
+
+    The refused connection is marked full and the dial goes over another one, so six streams open at
+    once all answer (before the fix the third dial failed with "the ssh server ... refused a channel").
+    Only our dialer is under test: docker-py's own paramiko client (the API calls) is not ours, and with
+    ``MaxSessions 2`` it fails by itself ("Connect failed").
+    """
+    with started_sshd(remote, max_sessions=2) as daemon:
+        monkeypatch.setenv("HOME", str(daemon.home))
+        engine = Engine(host=daemon.host)
+        connections = [engine.dial(30, stream=True) for _ in range(6)]
+        try:
+            for connection in connections:
+                connection.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+            for connection in connections:
+                connection.settimeout(30)
+                assert connection.recv(4096).startswith(b"HTTP/1.1 200 OK")
+        finally:
+            for connection in connections:
+                connection.close()
