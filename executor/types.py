@@ -352,7 +352,8 @@ class Capabilities(BaseModel):
     mounted at its path, both sides see the same files) or ``"mirror"`` (a size-capped copy at the same
     path, synced before and after each command; docs/DOCKER.md, "Workspace transport"); ``"auto"`` from a
     backend that decides per workspace when each session starts (a session says what it got, and
-    ``DockerBackend.capabilities(workspace=...)`` what a given directory gets); None for backends that work
+    ``DockerBackend.capabilities(workspace=...)`` what a given directory gets); always ``"mirror"`` for a
+    Kubernetes backend (None with a warm pool, which takes no host workspace); None for backends that work
     on the host's directory itself, or a session without a workspace."""
 
 

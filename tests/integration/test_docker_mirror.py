@@ -5,6 +5,10 @@ link-then-write-through, FIFOs, devices, .git writes: nothing outside the worksp
 disk bomb stopped at the volume's cap, the file tools over a mirrored workspace, and ``auto`` choosing
 bind on the local engine. ``auto`` choosing mirror, and mirror over TLS, are in
 test_docker_remote_engine.py (they need the private engine).
+
+The cases that take a ``mirrored`` session run twice: on a Docker session, and on a Kubernetes session
+whose Pod is a real hardened container reached through ``pods/exec`` framing (tests/integration/
+k8s_on_docker.py): the same mirror over the other backend's channel.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import hashlib
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +26,12 @@ import pytest
 
 from devtools import DevToolset, Workspace
 from executor import ExecRequest, ExecResult, Language
-from executor.backends.docker import DockerBackend, DockerSession
+from executor.backend import SandboxSession, SessionFactory
+from executor.backends.docker import DockerBackend
 from executor.backends.docker._workspace import Entry, _parse_record, safe_name
+from executor.backends.kubernetes import KubernetesBackend
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
+from tests.integration.k8s_on_docker import backend_on, docker_pod_api
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -45,7 +52,32 @@ def workspace(tmp_path: Path) -> Path:
     return root
 
 
-def sh(session: DockerSession, code: str, timeout: float = 60) -> ExecResult:
+#: Opens a mirrored session of a workspace with a copy of ``cap_mb`` MiB (64 or 16).
+Mirrored = Callable[..., SessionFactory]
+
+
+@pytest.fixture(params=["docker", "kubernetes"])
+def mirrored(request: pytest.FixtureRequest) -> Iterator[Mirrored]:
+    """A backend mirroring workspaces, by its copy's cap: Docker's, or Kubernetes' over a stand-in Pod."""
+    if request.param == "docker":
+        backends = {64: "mirror_backend", 16: "small_mirror_backend"}
+        yield lambda cap_mb=64: request.getfixturevalue(backends[cap_mb])
+        return
+    with docker_pod_api() as api:
+        made: list[KubernetesBackend] = []
+
+        def kubernetes(cap_mb: int = 64) -> KubernetesBackend:
+            made.append(backend_on(api, workspace_mb=cap_mb))
+            return made[-1]
+
+        try:
+            yield kubernetes
+        finally:
+            for backend in made:
+                backend.close()
+
+
+def sh(session: SandboxSession, code: str, timeout: float = 60) -> ExecResult:
     return session.execute(ExecRequest(language=Language.COMMAND, code=code, timeout=timeout))
 
 
@@ -136,14 +168,14 @@ def test_ten_thousand_small_files_travel_and_only_changes_come_back(
 
 
 def test_hostile_pull_back_writes_nothing_outside_and_nothing_in_git(
-    mirror_backend: DockerBackend, workspace: Path
+    mirrored: Mirrored, workspace: Path
 ) -> None:
     outside = workspace.parent / "outside"
     (workspace / ".git").mkdir()
     (workspace / ".git" / "config").write_text("[core]\n\tbare = false\n")
     (workspace / "victim").mkdir()
     (workspace / "victim" / "f.txt").write_text("v\n")
-    with mirror_backend.session(workspace=workspace) as session:
+    with mirrored().session(workspace=workspace) as session:
         attacks = sh(
             session,
             f"ln -s {outside} out_abs; ln -s ../outside out_rel; ln -s /etc/passwd passwd; "
@@ -195,10 +227,8 @@ def small_mirror_backend() -> Iterator[DockerBackend]:
         yield backend
 
 
-def test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back(
-    small_mirror_backend: DockerBackend, workspace: Path
-) -> None:
-    with small_mirror_backend.session(workspace=workspace) as session:
+def test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back(mirrored: Mirrored, workspace: Path) -> None:
+    with mirrored(16).session(workspace=workspace) as session:
         bomb = sh(session, "dd if=/dev/zero of=bomb bs=1M count=64 2>&1; truncate -s 900M sparse; echo done")
         assert "No space left on device" in bomb.stdout
         assert (workspace / "bomb").stat().st_size <= 16 * 1024 * 1024
@@ -215,9 +245,9 @@ def test_a_workspace_larger_than_the_cap_is_refused_before_anything_runs(workspa
         backend.session(workspace=workspace).start()
 
 
-def test_devtools_over_a_mirrored_workspace(mirror_backend: DockerBackend, workspace: Path) -> None:
+def test_devtools_over_a_mirrored_workspace(mirrored: Mirrored, workspace: Path) -> None:
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
-        with Workspace(workspace, sandbox=mirror_backend) as ws:
+        with Workspace(workspace, sandbox=mirrored()) as ws:
             tools = DevToolset(ws)
             await tools.run("write_file", {"path": "from_tool.txt", "content": "written on the host\n"})
             seen = await tools.run("bash", {"command": "cat from_tool.txt; echo made in bash > made.txt"})
@@ -244,13 +274,11 @@ def test_auto_binds_on_the_local_engine_and_bind_is_reported(
     assert (workspace / "direct.txt").read_text() == "direct\n"
 
 
-def test_edits_that_keep_size_and_mtime_travel_both_ways(
-    mirror_backend: DockerBackend, workspace: Path
-) -> None:
+def test_edits_that_keep_size_and_mtime_travel_both_ways(mirrored: Mirrored, workspace: Path) -> None:
     deep = workspace / "nested" / "deep"
     deep.mkdir(parents=True)
     (deep / "same.txt").write_text("aaaa\n")
-    with mirror_backend.session(workspace=workspace) as session:
+    with mirrored().session(workspace=workspace) as session:
         assert sh(session, "cat nested/deep/same.txt").stdout == "aaaa\n"  # listed since, with its stat
         # In the container: same size, the mtime put back to the nanosecond (only the ctime moves).
         edit = "cd nested/deep && touch -r same.txt /tmp/t && printf 'bbbb\\n' > same.txt && "
@@ -273,12 +301,12 @@ def test_edits_that_keep_size_and_mtime_travel_both_ways(
 
 
 def test_renames_and_deletions_in_nested_directories_travel_both_ways(
-    mirror_backend: DockerBackend, workspace: Path
+    mirrored: Mirrored, workspace: Path
 ) -> None:
     for rel in ("a/b/c/f1.txt", "a/b/g.txt", "a/d/h.txt", "top/x.txt"):
         (workspace / rel).parent.mkdir(parents=True, exist_ok=True)
         (workspace / rel).write_text(rel + "\n")
-    with mirror_backend.session(workspace=workspace) as session:
+    with mirrored().session(workspace=workspace) as session:
         moved = sh(
             session,
             "mv a/b/c a/moved && mv a/b/g.txt a/moved/g2.txt && rm -r a/d && mkdir -p a/new/deeper && "
@@ -305,12 +333,12 @@ def test_renames_and_deletions_in_nested_directories_travel_both_ways(
 
 
 def test_a_command_forging_times_hides_nothing_reaches_nothing_and_loses_to_host_edits(
-    mirror_backend: DockerBackend, workspace: Path
+    mirrored: Mirrored, workspace: Path
 ) -> None:
     outside = workspace.parent / "outside"
     (workspace / "host.txt").write_text("original\n")
     (workspace / "kept.txt").write_text("kept\n")
-    with mirror_backend.session(workspace=workspace) as session:
+    with mirrored().session(workspace=workspace) as session:
         sh(session, "true")
 
         def host_edits(stream: str, data: str) -> None:

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -118,6 +119,29 @@ def test_network_is_reported_from_the_policy_and_the_probe(backend: KubernetesBa
         )
         # Reported denied only when it really is: a CNI without NetworkPolicy support must show False.
         assert caps.network is (probe.exit_code != 0)
+
+
+def test_a_host_workspace_travels_as_a_copy_at_its_own_path(
+    backend: KubernetesBackend, tmp_path: Path
+) -> None:
+    (tmp_path / "in.txt").write_text("from the host\n")
+    with backend.session(workspace=tmp_path) as session:
+        result = session.execute(
+            ExecRequest(
+                language=Language.COMMAND,
+                code="pwd; cat in.txt; echo back > out.txt; ln -s /etc/passwd leak",
+                timeout=60,
+            )
+        )
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.splitlines() == [str(tmp_path.resolve()), "from the host"]
+        assert "leak" in result.stderr  # a link out is refused, and said
+        assert session.capabilities().workspace == "mirror"
+        (tmp_path / "late.txt").write_text("pushed before the next command\n")
+        late = session.execute(ExecRequest(language=Language.COMMAND, code="cat late.txt", timeout=30))
+        assert late.stdout == "pushed before the next command\n"
+    assert (tmp_path / "out.txt").read_text() == "back\n"
+    assert not (tmp_path / "leak").is_symlink()
 
 
 def test_an_unpullable_image_is_a_clear_error() -> None:

@@ -94,9 +94,56 @@ def test_a_pod_loosened_by_admission_is_refused_and_deleted() -> None:
     assert api.deleted == [session.pod_name]
 
 
-def test_a_host_workspace_is_refused() -> None:
-    with pytest.raises(InvalidRequestError, match="emptyDir"):
-        KubernetesBackend(CONFIG, api=FakeApi()).session(workspace="/tmp")
+def test_a_host_workspace_puts_the_pods_workspace_at_its_own_path(tmp_path: Path) -> None:
+    # What the mirror relies on: the emptyDir it fills, and the commands' cwd, are the host path.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    failures = load("pod_failures")
+    api = FakeApi([failures["image_pull_backoff"]])
+    session = KubernetesBackend(CONFIG, api=api).session(workspace=tmp_path / "link")
+    root = str((tmp_path / "real").resolve())
+    assert session.workspace == root and session.workspace_transport == "mirror"
+    with pytest.raises(BackendUnavailableError):
+        session.start()
+    (created,) = api.created
+    container = created["spec"]["containers"][0]
+    assert container["workingDir"] == root
+    assert {"name": "workspace", "mountPath": root} in container["volumeMounts"]
+    assert created["spec"]["volumes"][0] == {
+        "name": "workspace",
+        "emptyDir": {"medium": "Memory", "sizeLimit": f"{CONFIG.workspace_mb}Mi"},  # the mirror's cap
+    }
+    assert api.deleted == [session.pod_name]
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [("/tmp", "mounts itself"), ("/proc/self", "lies in /proc"), ("/dev/shm", "lies in /dev")],
+)
+def test_a_workspace_a_pod_cannot_mount_there_is_refused(where: str, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message):
+        KubernetesBackend(CONFIG, api=FakeApi()).session(workspace=where)
+
+
+def test_a_workspace_that_is_no_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InvalidRequestError, match="not a directory"):
+        KubernetesBackend(CONFIG, api=FakeApi()).session(workspace=tmp_path / "file")
+
+
+class ClaimingApi(FakeApi):
+    """A cluster serving agent-sandbox's claims (nothing is claimed: the refusal comes first)."""
+
+    def has_claims(self) -> bool:
+        return True
+
+
+def test_a_host_workspace_is_refused_with_a_warm_pool(tmp_path: Path) -> None:
+    api = ClaimingApi()
+    backend = KubernetesBackend(CONFIG.model_copy(update={"warm_pool": "pool"}), api=api)
+    with pytest.raises(InvalidRequestError, match="warm pool 'pool' cannot have a host workspace"):
+        backend.session(workspace=tmp_path)
+    assert backend.sessions() == () and api.created == []
 
 
 def test_a_warm_pool_without_the_crds_is_refused() -> None:

@@ -137,6 +137,46 @@ def test_the_pod_it_asks_for_passes_its_own_check() -> None:
     assert pod_violations(pod_spec(CONFIG, name="x"), CONFIG) == []
 
 
+def test_a_host_workspace_path_moves_the_mount_and_the_working_directory() -> None:
+    config = CONFIG.model_copy(update={"workspace_path": "/home/me/project"})
+    container = pod_spec(config)["spec"]["containers"][0]
+    assert container["workingDir"] == "/home/me/project"
+    assert container["volumeMounts"][0] == {"name": "workspace", "mountPath": "/home/me/project"}
+    assert pod_violations(pod_spec(config, name="x"), config) == []
+
+
+def _with_workspace_mounts(*mounts: dict[str, Any]) -> dict[str, Any]:
+    """A Pod of CONFIG whose first volume mount (the workspace's) is replaced by ``mounts``."""
+    pod = pod_spec(CONFIG, name="x")
+    container = pod["spec"]["containers"][0]
+    container["volumeMounts"] = [*mounts, *container["volumeMounts"][1:]]
+    return pod
+
+
+WORKSPACE = {"name": "workspace", "mountPath": "/workspace"}
+
+
+@pytest.mark.parametrize(
+    ("pod", "config", "expected"),
+    [
+        # A warm pool's template keeps /workspace: a session whose workspace is a host path cannot use it.
+        (
+            pod_spec(CONFIG),
+            CONFIG.model_copy(update={"workspace_path": "/src/repo"}),
+            "not mounted at /src/repo",
+        ),
+        (_with_workspace_mounts(), CONFIG, "not mounted at /workspace (0 mounts there)"),
+        (_with_workspace_mounts(WORKSPACE, {"name": "tmp", "mountPath": "/workspace"}), CONFIG, "2 mounts"),
+        (_with_workspace_mounts({**WORKSPACE, "readOnly": True}), CONFIG, "mounted read-only"),
+        (_with_workspace_mounts({**WORKSPACE, "subPath": "x"}), CONFIG, "subPath"),
+        (_with_workspace_mounts({**WORKSPACE, "name": "nothing"}), CONFIG, "not an emptyDir"),
+    ],
+)
+def test_the_workspace_mount_is_checked(pod: dict[str, Any], config: KubernetesConfig, expected: str) -> None:
+    problems = pod_violations(pod, config)
+    assert any(expected in problem for problem in problems), problems
+
+
 def test_network_policy_denies_everything_for_the_session_pods() -> None:
     policy = network_policy(CONFIG)
     assert policy["kind"] == "NetworkPolicy"
@@ -202,6 +242,14 @@ def test_network_probe_reading(stdout: str, no_route: bool) -> None:
         ("labels", {"ok": "a" * 64}),
         ("workspace_path", "relative"),
         ("workspace_path", "/tmp"),
+        ("workspace_path", "/home/sandbox"),
+        ("workspace_path", "/proc/1/root"),
+        ("workspace_path", "/sys"),
+        ("workspace_path", "/dev/shm/ws"),
+        ("workspace_path", "/a/../b"),
+        ("workspace_path", "/a//b"),
+        ("workspace_path", "//a"),
+        ("workspace_path", "/a/"),
         ("runtime_class_name", "GVisor"),
         ("active_deadline_seconds", 0),
     ],

@@ -7,13 +7,15 @@ A :class:`WorkspaceTransport` is asked at four moments of a session: once the co
 * :class:`BindWorkspace` (``"bind"``): the host directory is bind-mounted at its own path; there is
   nothing to copy. The start-up probe (:mod:`._probe`) checks with a nonce file that the engine mounted
   *this* machine's directory.
-* :class:`MirrorWorkspace` (``"mirror"``): a size-capped tmpfs volume at the same absolute path, owned by
-  the command user. The host tree is pushed in at start; after each command the container's tree is
-  listed (GNU ``find -printf``), diffed against what the host last gave it, and only the regular files that
-  changed travel back (one GNU ``tar -c`` of them). Host-side changes (the file tools write the host copy,
-  which stays the truth) are found by a host-side diff and pushed before the next command. All traffic
-  goes over the session's own command channel, as the command user (``tar -x`` in the container, so what
-  it creates is the user's); the image needs GNU ``find`` and ``tar`` (the base image has both).
+* :class:`MirrorWorkspace` (``"mirror"``): a size-capped tmpfs volume at the same absolute path, owned by the
+  command user (the Kubernetes backend's: the Pod's memory-backed workspace ``emptyDir``, mounted at that
+  path; :mod:`executor.backends._synced_workspace` drives it for both sessions). The host tree is pushed in at
+  start; after each command the container's tree is listed (GNU ``find -printf``), diffed against what the
+  host last gave it, and only the regular files that changed travel back (one GNU ``tar -c`` of them).
+  Host-side changes (the file tools write the host copy, which stays the truth) are found by a host-side diff
+  and pushed before the next command. All traffic goes over the session's own command channel, as the command
+  user (``tar -x`` in the container, so what it creates is the user's); the image needs GNU ``find`` and
+  ``tar`` (the base image has both).
 
 Pull-back is hostile input (docs/DOCKER.md, "Workspace transport"): names are checked (relative, no
 ``..``/``.``/empty component, no NUL, UTF-8, no ``.git`` component at any depth), every write goes
@@ -279,18 +281,28 @@ _TOOLS_MISSING = 127
 class MirrorWorkspace:
     """The workspace as a copy in a tmpfs volume at the same path (see the module docstring).
 
-    ``root`` is the host workspace (absolute, resolved); ``cap_mb`` the volume's size; ``owner`` the
-    ``(uid, gid)`` the host copy's new files get when this process runs as root (the workspace owner's).
+    ``root`` is the host workspace (absolute, resolved), at the same path in the sandbox; ``cap_mb`` the
+    size of the sandbox's copy (a Docker volume's, a Kubernetes ``emptyDir``'s ``sizeLimit``); ``owner``
+    the ``(uid, gid)`` the host copy's new files get when this process runs as root (the workspace
+    owner's); ``cap_setting`` the setting that raises the cap, named in the errors a full copy gives.
     """
 
     mode: Literal["bind", "mirror"] = "mirror"
 
-    def __init__(self, root: str, cap_mb: int, owner: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        root: str,
+        cap_mb: int,
+        owner: tuple[int, int],
+        *,
+        cap_setting: str = "DockerBackend(mirror_size_mb=...)",
+    ) -> None:
         from devtools._beneath import RootDir  # noqa: PLC0415 - devtools imports executor: load it late
 
         self.root = root
         self.cap_bytes = cap_mb * 1024 * 1024
         self.owner = owner
+        self.cap_setting = cap_setting
         self._tree: RootDir = RootDir(root)
         self._host: dict[str, Entry] = {}
         """The host tree as of the last sync (what the container was given or gave back)."""
@@ -323,7 +335,7 @@ class MirrorWorkspace:
         scanned = time.time_ns()
         keys = host_keys(self.root)
         host = {path: entry for path, key in keys.items() if (entry := _host_entry(self.root, path, key))}
-        check_fits(self.root, host, self.cap_bytes)
+        check_fits(self.root, host, self.cap_bytes, self.cap_setting)
         self._host, self._inside, self._records, self._digests = {}, {}, {}, {}
         self._inside_racy = set()
         racy = _racy_host(host, scanned, self._racy_ns)
@@ -529,8 +541,7 @@ class MirrorWorkspace:
             cap = self.cap_bytes // (1024 * 1024)
             raise SandboxFailedError(
                 (
-                    f"the workspace copy in the sandbox is full (its cap is {cap} MiB, "
-                    "DockerBackend(mirror_size_mb=...)); "
+                    f"the workspace copy in the sandbox is full (its cap is {cap} MiB, {self.cap_setting}); "
                     if full
                     else ""
                 )
@@ -659,8 +670,8 @@ def _check_tools(result: RunResult, what: str) -> None:
     if result.exit_code == _TOOLS_MISSING:
         raise PolicyNotEnforceableError(
             f"the workspace mirror needs GNU {what} in the sandbox image, which it lacks "
-            f"({result.stderr.decode('utf-8', 'replace').strip()[:200]}); use an image with findutils and "
-            "tar, or a local engine with workspace_transport='bind'"
+            f"({result.stderr.decode('utf-8', 'replace').strip()[:200]}); use an image with GNU findutils "
+            "and tar (or, on a local Docker engine, workspace_transport='bind')"
         )
     if result.exit_code is None:
         raise SandboxFailedError("syncing the workspace copy with the sandbox did not finish in time")
@@ -800,14 +811,19 @@ def filesystem_type(path: str, mountinfo: str | None = None) -> str | None:
     return found
 
 
-def check_fits(root: str, host: dict[str, Entry], cap_bytes: int) -> None:
-    """Refuse a tree (``host``, scanned from ``root``) whose files would not fit a copy of ``cap_bytes``."""
+def check_fits(
+    root: str, host: dict[str, Entry], cap_bytes: int, setting: str = "DockerBackend(mirror_size_mb=...)"
+) -> None:
+    """Refuse a tree (``host``, scanned from ``root``) whose files would not fit a copy of ``cap_bytes``.
+
+    ``setting`` is what raises the cap (named in the error).
+    """
     total = sum(entry.size for entry in host.values() if entry.kind == "f")
     if total > cap_bytes:
         raise PolicyNotEnforceableError(
             f"the workspace {root} holds {total // (1024 * 1024)} MiB of files, more than its copy "
             f"in the sandbox may hold ({cap_bytes // (1024 * 1024)} MiB); nothing ran. Create the "
-            "backend with a larger DockerBackend(mirror_size_mb=...)"
+            f"backend with a larger {setting}"
         )
 
 

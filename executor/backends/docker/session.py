@@ -28,6 +28,7 @@ from executor._env import build_child_env
 from executor._languages import LANGUAGES, request_argv
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxSession
+from executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._container import (
     ContainerProvider,
@@ -55,12 +56,8 @@ from executor.backends.docker._transport import (
 from executor.backends.docker._workspace import (
     AUTO_CHOICES,
     DEFAULT_MIRROR_MB,
-    MAX_REPORTED,
-    SYNC_SECONDS,
     BindWorkspace,
     MirrorWorkspace,
-    RunResult,
-    WorkspaceTransport,
     mirror_mount_violations,
 )
 from executor.backends.docker.files import SandboxFiles
@@ -191,8 +188,7 @@ class DockerSession(SandboxSession):
         #: How many times the container (or its in-sandbox agent) was replaced by a fresh one.
         self.restarts = 0
         self._workspace_mode = config.workspace_transport if config.spec.workspace else None
-        self._workspace: WorkspaceTransport | None = None
-        self._sync_lock = threading.Lock()  # one sync of the mirror at a time (commands may overlap)
+        self._workspace: SyncedWorkspace | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     @property
@@ -270,13 +266,12 @@ class DockerSession(SandboxSession):
         self.start()
         workspace = self._workspace
         if workspace is not None:
-            with self._sync_lock:
-                workspace.before_command(self._sync_run)
+            workspace.before_command()
 
     @property
     def mirror(self) -> MirrorWorkspace | None:
         """The mirrored workspace (its :attr:`~MirrorWorkspace.refused` says what the last pull-back left)."""
-        return self._workspace if isinstance(self._workspace, MirrorWorkspace) else None
+        return self._workspace.mirror if self._workspace is not None else None
 
     def start(self) -> None:
         """Create (or attach to) the container and verify its hardening; idempotent."""
@@ -300,15 +295,11 @@ class DockerSession(SandboxSession):
         """
         with self._lock:
             if not self._closed and self._transport is not None and self._workspace is not None:
-                try:
-                    with self._sync_lock:
-                        self._workspace.closing(self._sync_run)
-                except ExecutorError as exc:
-                    log.warning("the workspace copy's last changes could not be brought back: %s", exc)
+                self._workspace.closing()
             already = self._closed
             self._closed = True
             self._discard_container()
-            if isinstance(self._workspace, MirrorWorkspace):
+            if self._workspace is not None:
                 self._workspace.close()
             copy = self._config.spec.workspace
             if self._config.workspace_is_copy and copy is not None and not already:
@@ -380,12 +371,13 @@ class DockerSession(SandboxSession):
                     raise PolicyNotEnforceableError(
                         "the workspace copy is not as asked: " + "; ".join(problems)
                     )
-                if not isinstance(self._workspace, MirrorWorkspace):
-                    self._workspace = MirrorWorkspace(workspace, self._config.mirror_mb, owner)
-                with self._sync_lock:
-                    self._workspace.started(self._sync_run)  # a fresh container gets the host copy again
+                if self.mirror is None:
+                    mirror = MirrorWorkspace(workspace, self._config.mirror_mb, owner)
+                    self._workspace = SyncedWorkspace(mirror, self._sync_channel)
+                assert self._workspace is not None  # noqa: S101 - made just above
+                self._workspace.started()  # a fresh container gets the host copy again
             elif mode == "bind":
-                self._workspace = BindWorkspace()
+                self._workspace = SyncedWorkspace(BindWorkspace(), self._sync_channel)
             # The host's cgroup counter exists only for a local engine: a remote container's pid is another
             # machine's (the agent's own count from inside is used there, and preferred everywhere).
             local = engine_of(self._client).local
@@ -395,20 +387,12 @@ class DockerSession(SandboxSession):
                 self._discard_container(container.id)
             raise
 
-    def _sync_run(self, argv: tuple[str, ...], stdin: bytes | None, max_output: int) -> RunResult:
-        """One workspace sync step in the container, as the command user, outside any request."""
+    def _sync_channel(self) -> SyncChannel | None:
+        """Where a workspace sync step runs: the current container's transport, as the command user."""
         transport, container = self._transport, self._container
         if transport is None or container is None:
-            raise SandboxFailedError("the sandbox container is gone; its workspace copy cannot be synced")
-        command = PreparedCommand(
-            argv=argv, env=dict(container.base_env), user=self._user, workdir="/", stdin=stdin,
-            marker=uuid.uuid4().hex,
-        )  # fmt: skip
-        capture = OutputCapture(max_output)
-        outcome = transport.run(command, capture, deadline=time.monotonic() + SYNC_SECONDS, cancel=None)
-        streams = capture.finish()
-        stdout = streams["stdout"]
-        return RunResult(outcome.exit_code, stdout.data, streams["stderr"].data, stdout.truncated)
+            return None
+        return SyncChannel(transport, container.base_env, self._user)
 
     def ping(self, timeout: float = 1.0) -> bool:
         """True when the started container answers within ``timeout`` seconds; starts nothing.
@@ -520,19 +504,17 @@ class DockerSession(SandboxSession):
         self._check_cwd(request, container, started)
         workspace = self._workspace
         if workspace is not None:
-            with self._sync_lock:
-                workspace.before_command(self._sync_run)
+            workspace.before_command()
         capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
         outcome, oom_killed = self._run(request, argv, container, capture, started=started, cancel=cancel)
         streams = capture.finish()
         refused: list[str] = []
         if self._workspace is not None:
-            with self._sync_lock:
-                refused = self._workspace.after_command(self._sync_run)
+            refused = self._workspace.after_command()
         killed = outcome.timed_out or outcome.cancelled or oom_killed
         return ExecResult(
             stdout=streams["stdout"].text,
-            stderr=streams["stderr"].text + _refusal_note(refused),
+            stderr=streams["stderr"].text + refusal_note(refused),
             exit_code=None if killed else outcome.exit_code,
             timed_out=outcome.timed_out,
             oom_killed=oom_killed,
@@ -629,13 +611,3 @@ class DockerSession(SandboxSession):
                         self._replace_container("the command's processes could not be killed inside it")
             return outcome, oom_killed
         raise SandboxFailedError("the sandbox container could not be started")  # pragma: no cover
-
-
-def _refusal_note(refused: list[str]) -> str:
-    """What pull-back did not bring to the host workspace, said at the end of stderr for the model."""
-    if not refused:
-        return ""
-    lines = refused[:MAX_REPORTED] + (
-        [f"... and {len(refused) - MAX_REPORTED} more"] if len(refused) > MAX_REPORTED else []
-    )
-    return "\n[adk-sandbox: not copied back to the host workspace: " + "; ".join(lines) + "]\n"

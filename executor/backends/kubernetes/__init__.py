@@ -16,7 +16,7 @@ from executor.backends.kubernetes._spec import (
     pod_spec,
     pod_violations,
 )
-from executor.backends.kubernetes.backend import KubernetesBackend, KubernetesSession
+from executor.backends.kubernetes.backend import KubernetesBackend, KubernetesSession, workspace_config
 
 __all__ = [
     "PER_SESSION_FIELDS",
@@ -36,4 +36,5 @@ __all__ = [
     "pod_spec",
     "pod_violations",
     "sandbox_pod_name",
+    "workspace_config",
 ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from executor.backends.docker._spec import HOME_DIR
 from executor.backends.docker.images import BASE_IMAGE
 from executor.types import ResourceLimits, parse_user
 
@@ -16,6 +18,8 @@ __all__ = ["LABEL_PREFIX", "KubernetesConfig", "validate_label_key", "validate_l
 #: as they are (a key without a ``/`` prefix is a bare name of at most 63 characters).
 LABEL_PREFIX = "io.adk-sandbox."
 
+#: Kernel filesystems the runtime mounts: the workspace may be neither on nor below them.
+_KERNEL_PATHS = ("/proc", "/sys", "/dev")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -72,7 +76,8 @@ class KubernetesConfig(BaseModel):
     workspace_mb: Annotated[int, Field(gt=0, le=64 * 1024)] = 1024
     """Size limit of the workspace ``emptyDir`` (memory-backed: counts against the memory limit)."""
     workspace_path: str = "/workspace"
-    """Where the workspace ``emptyDir`` is mounted, and the commands' working directory."""
+    """Where the workspace ``emptyDir`` is mounted, and the commands' working directory. A session with a
+    host workspace (``backend.session(workspace=dir)``) puts it at that directory's own path instead."""
     user: str = "1000:1000"
     """``"uid:gid"`` the Pod runs as (``runAsUser``/``runAsGroup``; never 0: ``runAsNonRoot``). Commands
     run as this user: a ``pods/exec`` cannot choose another one."""
@@ -112,10 +117,25 @@ class KubernetesConfig(BaseModel):
     @field_validator("workspace_path")
     @classmethod
     def _workspace_path_is_absolute(cls, path: str) -> str:
-        if not path.startswith("/") or path == "/" or path.rstrip("/") != path or "\0" in path:
-            raise ValueError(f"workspace_path must be an absolute directory other than '/', not {path!r}")
-        if path in ("/tmp", "/home/sandbox", "/proc", "/sys", "/dev"):
+        if (
+            not path.startswith("/")
+            or path == "/"
+            or posixpath.normpath(path) != path
+            or path.startswith("//")
+            or "\0" in path
+        ):
+            raise ValueError(
+                f"workspace_path must be an absolute, normalised directory other than '/' (no '..', '.', "
+                f"'//' or trailing '/'), not {path!r}"
+            )
+        if path in ("/tmp", HOME_DIR):
             raise ValueError(f"workspace_path {path!r} is a path the Pod mounts itself")
+        for kernel in _KERNEL_PATHS:
+            if path == kernel or path.startswith(kernel + "/"):
+                # An emptyDir there would hide what the runtime mounts and masks (/proc/kcore, /sys/firmware).
+                raise ValueError(
+                    f"workspace_path {path!r} lies in {kernel}, which the container runtime mounts"
+                )
         return path
 
     @field_validator("user")

@@ -372,6 +372,7 @@ def pod_violations(pod: Mapping[str, Any], config: KubernetesConfig) -> list[str
             name == config.runtime_class_name,
             f"runtimeClassName is {name!r}, not {config.runtime_class_name!r}",
         )
+    problems.extend(_workspace_violations(spec, container, config.workspace_path))
     for volume in spec.get("volumes") or []:
         if "hostPath" in volume:
             problems.append(
@@ -384,6 +385,26 @@ def pod_violations(pod: Mapping[str, Any], config: KubernetesConfig) -> list[str
             problems.append(
                 f"an extra container {other.get('name')!r} was added (a sidecar shares the network)"
             )
+    return problems
+
+
+def _workspace_violations(spec: Mapping[str, Any], container: Mapping[str, Any], path: str) -> list[str]:
+    """What is wrong with the workspace mount: it must be one writable ``emptyDir`` at ``path``.
+
+    For a session with a host workspace ``path`` is that directory's own path: its mirror is copied there.
+    """
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") == path]
+    if len(mounts) != 1:
+        return [f"the workspace emptyDir is not mounted at {path} ({len(mounts)} mounts there)"]
+    mount = mounts[0]
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") == mount.get("name")]
+    problems = []
+    if len(volumes) != 1 or "emptyDir" not in volumes[0]:
+        problems.append(f"{path} is not an emptyDir volume")
+    if mount.get("readOnly"):
+        problems.append(f"{path} is mounted read-only")
+    if mount.get("subPath") or mount.get("subPathExpr"):
+        problems.append(f"{path} mounts a subPath of its volume")
     return problems
 
 

@@ -2,8 +2,11 @@
 
 **Not run against a cluster here.** No Kubernetes API server can be installed on the machines this was
 written on, so every part below the API calls is unit-tested against recorded API objects and exec
-traffic, and the whole is covered by tests/integration/test_k8s_cluster.py, which runs only when
-``ADK_SANDBOX_K8S_CONTEXT`` names a cluster (docs/KUBERNETES.md says how).
+traffic; a whole session with a host workspace runs against a stand-in whose Pods are real hardened
+containers made from the Pod spec and whose ``pods/exec`` is a real ``docker exec`` in the v5 framing
+(tests/integration/test_k8s_mirror_on_docker.py); the whole is covered by
+tests/integration/test_k8s_cluster.py, which runs only when ``ADK_SANDBOX_K8S_CONTEXT`` names a cluster
+(docs/KUBERNETES.md says how).
 """
 
 from __future__ import annotations
@@ -11,23 +14,29 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from executor._env import build_child_env
 from executor._languages import LANGUAGES, request_argv
 from executor._output import OutputCapture
 from executor.backend import OutputCallback, SandboxSession, SessionBackend
+from executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
 from executor.backends.docker._agent_transport import AgentTransport
 from executor.backends.docker._container import DEFAULT_PATH
 from executor.backends.docker._probe import verify_from_inside
 from executor.backends.docker._reaper import owner_labels
 from executor.backends.docker._spec import HOME_DIR
 from executor.backends.docker._transport import PreparedCommand
+from executor.backends.docker._workspace import MirrorWorkspace
 from executor.backends.kubernetes._api import ClientApi, KubernetesApi
 from executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
 from executor.backends.kubernetes._config import KubernetesConfig
@@ -54,7 +63,7 @@ from executor.errors import (
 )
 from executor.types import Capabilities, ExecRequest, ExecResult, Language, parse_user
 
-__all__ = ["KubernetesBackend", "KubernetesSession"]
+__all__ = ["KubernetesBackend", "KubernetesSession", "workspace_config"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +83,12 @@ class KubernetesSession(SandboxSession):
     environment (PATH, HOME, then the request's), in the workspace ``emptyDir`` by default. When the Pod
     breaks (evicted, expired, its container died) the command fails with the reason the Pod's status
     gives; the session does not replace its Pod (open a new session).
+
+    With a host ``workspace`` (a resolved directory; ``config.workspace_path`` must be it, see
+    :func:`workspace_config`) the ``emptyDir`` at that same path holds a mirror of it
+    (:class:`~executor.backends.docker._workspace.MirrorWorkspace`, capped at ``workspace_mb``): pushed in
+    once the Pod is verified, host changes pushed before each command, the Pod's changes pulled back
+    after each command and at close, all over the same ``pods/exec`` agent channel, as the Pod's user.
     """
 
     name = "kubernetes"
@@ -84,15 +99,21 @@ class KubernetesSession(SandboxSession):
         config: KubernetesConfig,
         *,
         network_policy_ready: Callable[[], Any] | None = None,
+        workspace: str | None = None,
     ) -> None:
+        if workspace is not None and config.workspace_path != workspace:
+            raise ValueError("a host workspace must be the config's workspace_path (see workspace_config)")
         self._api = api
         self._config = config
+        self._workspace_root = workspace
+        self._workspace: SyncedWorkspace | None = None
         self._policy_ready = network_policy_ready
         self._session_id = uuid.uuid4().hex[:12]
         self.pod_name: str | None = None
         """The session Pod's name, once it exists."""
         self._claim: str | None = None
-        self._lock = threading.Lock()
+        # Reentrant: the start probes the network with execute(), which starts the session (a no-op by then).
+        self._lock = threading.RLock()
         self._pod: dict[str, Any] | None = None
         self._runtime_class: dict[str, Any] | None = None
         self._transport: AgentTransport | None = None
@@ -107,6 +128,27 @@ class KubernetesSession(SandboxSession):
     def session_id(self) -> str:
         """The session's id: the ``io.adk-sandbox.session`` label of its Pod (and claim)."""
         return self._session_id
+
+    @property
+    def workspace(self) -> str | None:
+        """The host directory of the session's workspace (absolute, resolved; the same path in the Pod)."""
+        return self._workspace_root
+
+    @property
+    def workspace_transport(self) -> str | None:
+        """How the host workspace reaches the Pod: ``"mirror"`` (None: no host workspace)."""
+        return "mirror" if self._workspace_root is not None else None
+
+    @property
+    def mirror(self) -> MirrorWorkspace | None:
+        """The mirrored workspace (its ``refused`` says what the last pull-back left), once started."""
+        return self._workspace.mirror if self._workspace is not None else None
+
+    def push_workspace(self) -> None:
+        """Bring the host copy's changes into the Pod now (what the next command does first); starts it."""
+        self.start()
+        if self._workspace is not None:
+            self._workspace.before_command()
 
     def start(self) -> None:
         """Create (or claim) the Pod, wait until it runs, verify it, start the agent; idempotent."""
@@ -147,8 +189,23 @@ class KubernetesSession(SandboxSession):
         self._pod = pod
         self._transport = AgentTransport(None, self.pod_name, "", open_stream=self._open_stream)
         verify_from_inside(self._transport, dict(self._base_env), config.user, None)
+        if self._workspace_root is not None:
+            info = os.stat(self._workspace_root)
+            mirror = MirrorWorkspace(
+                self._workspace_root,
+                config.workspace_mb,
+                (info.st_uid, info.st_gid),  # what pull-back creates on the host is the workspace owner's
+                cap_setting="KubernetesConfig(workspace_mb=...)",
+            )
+            self._workspace = SyncedWorkspace(mirror, self._sync_channel)
+            self._workspace.started()
         if not config.network:
             self._network_denied = network_policy_in_force(policy, pod) and self._probe_network()
+
+    def _sync_channel(self) -> SyncChannel | None:
+        """Where a workspace sync step runs: the Pod's agent channel, as the Pod's user."""
+        transport = self._transport
+        return SyncChannel(transport, self._base_env, self._config.user) if transport is not None else None
 
     def _wait_for_claim(self, name: str, deadline: float) -> str:
         namespace = self._config.namespace
@@ -221,12 +278,16 @@ class KubernetesSession(SandboxSession):
         elif self.pod_name is not None:
             self._api.delete_pod(namespace, self.pod_name)
         self._pod = None
+        if self._workspace is not None:
+            self._workspace.close()  # after any last pull-back (close), or a start that failed
 
     def close(self) -> None:
-        """Delete the Pod (or the claim, which deletes its Sandbox and Pod). Idempotent."""
+        """Bring a host workspace's last changes back, then delete the Pod (or the claim). Idempotent."""
         with self._lock:
             if self._closed:
                 return
+            if self._transport is not None and self._workspace is not None:
+                self._workspace.closing()
             self._closed = True
             self._discard()
 
@@ -243,7 +304,7 @@ class KubernetesSession(SandboxSession):
                 self._runtime_class,
                 (Language.COMMAND, *found),
                 network_denied=self._network_denied,
-            )
+            ).model_copy(update={"workspace": self.workspace_transport})
         return self._capabilities
 
     # -- commands ------------------------------------------------------------------------------------
@@ -284,8 +345,14 @@ class KubernetesSession(SandboxSession):
             marker=uuid.uuid4().hex,
         )
         capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
+        workspace = self._workspace
+        refused: list[str] = []
         try:
+            if workspace is not None:
+                workspace.before_command()
             outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
+            if workspace is not None:
+                refused = workspace.after_command()
         except SandboxFailedError as exc:
             raise self._explained(exc) from exc
         streams = capture.finish()
@@ -293,7 +360,7 @@ class KubernetesSession(SandboxSession):
         killed = outcome.timed_out or outcome.cancelled or oom_killed
         return ExecResult(
             stdout=streams["stdout"].text,
-            stderr=streams["stderr"].text,
+            stderr=streams["stderr"].text + refusal_note(refused),
             exit_code=None if killed else outcome.exit_code,
             timed_out=outcome.timed_out,
             oom_killed=oom_killed,
@@ -327,13 +394,16 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
     namespace gets the default-deny NetworkPolicy (:func:`~executor.backends.kubernetes.network_policy`),
     and ``network`` is reported denied only when the policy selects the Pod and an in-Pod probe finds no
     route. With ``warm_pool`` set and agent-sandbox's CRDs installed, sessions are claimed from that pool.
+    ``session(workspace=dir)`` mirrors ``dir`` into the Pod at its own path (not with ``warm_pool``).
 
     **What was not run:** no Kubernetes API server exists where this was written (none in Debian, PyPI or
     npm; kind cannot pull its node image). The Pod/NetworkPolicy/claim objects, the isolation reading, the
     exec framing and the failure mapping are unit-tested against recorded objects and frames, and the agent
-    channel is the Docker backend's; the calls to a real API server (:class:`._api.ClientApi`), the
-    kubelet's handling of the spec and a CNI's enforcement of the policy are exercised only by
-    tests/integration/test_k8s_cluster.py against a real cluster (``ADK_SANDBOX_K8S_CONTEXT``).
+    channel is the Docker backend's (run, with a host workspace's mirror, over a real ``docker exec`` in
+    the ``pods/exec`` framing into a container made from the Pod spec); the calls to a real API server
+    (:class:`._api.ClientApi`), the kubelet's handling of the spec and a CNI's enforcement of the policy
+    are exercised only by tests/integration/test_k8s_cluster.py against a real cluster
+    (``ADK_SANDBOX_K8S_CONTEXT``).
     """
 
     name = "kubernetes"
@@ -387,18 +457,56 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
                 )
             return self._policy
 
-    def session(self, workspace: object = None) -> KubernetesSession:
-        """A new session (its Pod starts on entry or first use). ``workspace`` must be None for now."""
+    def session(self, workspace: str | os.PathLike[str] | None = None) -> KubernetesSession:
+        """A new session (its Pod starts on entry or first use), with a copy of ``workspace`` if given.
+
+        The host directory ``workspace`` is mirrored into the Pod's workspace ``emptyDir``, mounted at the
+        directory's own absolute path (:class:`KubernetesSession`); refused with ``warm_pool`` set (the
+        pool's Pod template fixes where the workspace is mounted).
+        """
+        config, root = self.config, None
         if workspace is not None:
-            raise InvalidRequestError(
-                "a Kubernetes session has no host workspace: its workspace is an emptyDir in the Pod (filled "
-                "by the mirror workspace, not wired to this backend yet); open session() without one"
-            )
+            if config.warm_pool is not None:
+                raise InvalidRequestError(
+                    f"a session claimed from the warm pool {config.warm_pool!r} cannot have a host "
+                    "workspace: the pool's Pod template fixes where its workspace emptyDir is mounted "
+                    f"({config.workspace_path}), and a host workspace goes at its own path in the Pod (as "
+                    "Docker's warm pool gives no bind mount). Open session() without a workspace, or use a "
+                    "KubernetesConfig without warm_pool"
+                )
+            config, root = workspace_config(config, workspace)
         return self._track(
-            KubernetesSession(self._api, self.config, network_policy_ready=self._network_policy)
+            KubernetesSession(self._api, config, network_policy_ready=self._network_policy, workspace=root)
         )
 
     def _probe_capabilities(self) -> Capabilities:
-        """What a session Pod of this backend enforces, read from a real one."""
+        """What a session Pod of this backend enforces, read from a real one.
+
+        ``workspace`` is how a session's host workspace would reach its Pod: ``"mirror"`` (the only way),
+        None with a warm pool (which refuses one).
+        """
         with self.session() as probe:
-            return probe.capabilities()
+            capabilities = probe.capabilities()
+        mode = None if self.config.warm_pool is not None else "mirror"
+        return capabilities.model_copy(update={"workspace": mode})
+
+
+def workspace_config(
+    config: KubernetesConfig, workspace: str | os.PathLike[str]
+) -> tuple[KubernetesConfig, str]:
+    """``config`` with its workspace at the host directory ``workspace``'s resolved path, and that path.
+
+    The Pod's workspace ``emptyDir`` and working directory go there, so the copy is at the same absolute
+    path as on the host (what the project's sessions promise). :class:`InvalidRequestError` for a path
+    that is no directory, or that a Pod cannot mount (``/tmp``, HOME, in ``/proc``, ``/sys``, ``/dev``).
+    """
+    root = str(Path(workspace).resolve(strict=False))
+    if not os.path.isdir(root):
+        raise InvalidRequestError(f"workspace {str(workspace)!r} is not a directory")
+    try:
+        return KubernetesConfig.model_validate({**config.model_dump(), "workspace_path": root}), root
+    except ValidationError as exc:
+        why = "; ".join(str(error["msg"]).removeprefix("Value error, ") for error in exc.errors())
+        raise InvalidRequestError(
+            f"workspace {root!r} cannot be the session Pod's workspace: {why}"
+        ) from None
