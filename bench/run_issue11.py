@@ -4,9 +4,11 @@ Run: PYTHONPATH=. .venv/bin/python bench/run_issue11.py [--quick] [--no-gvisor] 
 
 1. warm ``true``: agent channel (≤ 2x host ``sh -c true``) and the bash tool (≤ 2.5x), runc and gVisor;
 2. 16 sessions x 100 commands in parallel (≥ 300 commands/s, 0 failures, 0 containers left), runc and
-   gVisor, the exec transport as anchor;
+   gVisor, the exec transport as anchor, and the runtime's in-sandbox floor (the same 16 containers each
+   starting 100 processes from a loop inside: the most commands/s any channel could reach there);
 3. 200 MB with a 4 KiB cap (≥ 1 GB/s, host RSS growth < 20 MB), runc;
-4. session start + first command vs raw docker-py create + start + first exec (≤ 1.1x), runc and gVisor;
+4. session start + first command vs raw docker-py create + start + first exec (≤ 1.1x), runc and gVisor
+   (step by step, and against the start-up probe before step 6: ``bench/split_start.py``);
 5. the warm Rust pipeline in a Docker session (p50 ≤ 0.35 s) vs the same pipeline on the host;
 6. CPU per command, agent vs exec transport (runc).
 Every row is measured side by side with its anchor; the load average is printed before each benchmark.

@@ -29,13 +29,30 @@ __all__ = ["PROBE_SECONDS", "verify_from_inside"]
 #: How long the start-up check may take.
 PROBE_SECONDS = 30.0
 # Prints "setid-allowed" when a set-id mode can be set in the container (it must not: see _seccomp).
+# Shell builtins but chmod: each process costs the runtime a fork and an exec (gVisor: several ms each,
+# every session start pays them), so the scratch file is made by a noclobber redirection (an exclusive
+# create, as mktemp's, at a random name where mktemp would put it) rather than by mktemp, the nonce is read
+# by the read builtin rather than by cat, and rm replaces the shell. ``{token}``: see _probe_script.
 _PROBE_SETID = (
-    'f=$(mktemp) && { if chmod 4755 "$f" 2>/dev/null; then echo setid-allowed; else echo setid-refused; fi; '
-    'rm -f "$f"; }'
+    'set -C; f="${{TMPDIR:-/tmp}}/.adk-sandbox-probe-{token}"; '
+    'if {{ : >"$f"; }} 2>/dev/null; then '
+    'if chmod 4755 "$f" 2>/dev/null; then echo setid-allowed; else echo setid-refused; fi; fi'
 )
 
 # The capability sets a command holds (hexadecimal masks): both must be 0 when all are dropped.
 _PROBE_CAPS = "grep -E '^Cap(Bnd|Eff):' /proc/self/status"
+# The workspace nonce, read by the read builtin (its file has no newline: read then fails but sets t).
+_PROBE_NONCE = '{ t=; IFS= read -r t <"$1"; echo "$t"; } 2>/dev/null'
+# Last, in place of the shell (no fork): the scratch file is removed whatever came before.
+_PROBE_CLEAN_UP = 'exec rm -f -- "$f"'
+
+
+def _probe_script(token: str, *, capabilities: bool, nonce: bool) -> str:
+    """The start-up check's ``sh -c`` script: set-id, then capabilities and the nonce if asked, clean-up."""
+    parts = [_PROBE_SETID.format(token=token)]
+    parts += [_PROBE_CAPS] if capabilities else []
+    parts += [_PROBE_NONCE] if nonce else []
+    return "; ".join([*parts, _PROBE_CLEAN_UP])
 
 
 def verify_from_inside(
@@ -53,8 +70,7 @@ def verify_from_inside(
     """
     nonce = _IdentityNonce.create(workspace) if workspace else None
     try:
-        caps = " ; " + _PROBE_CAPS if no_capabilities else ""
-        script = _PROBE_SETID + caps + (' ; cat -- "$1" 2>/dev/null' if nonce else "")
+        script = _probe_script(uuid.uuid4().hex, capabilities=no_capabilities, nonce=nonce is not None)
         argv = ("/bin/sh", "-c", script, "adk-sandbox-probe") + ((nonce.path,) if nonce else ())
         probe = PreparedCommand(
             argv=argv, env=dict(base_env), user=user, workdir="/", stdin=None, marker=uuid.uuid4().hex
