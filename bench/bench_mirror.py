@@ -26,7 +26,8 @@ from _timing import Row, interleaved, parser, print_section
 
 from executor import ExecRequest, Language
 from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker._workspace import RACY_NS, MirrorWorkspace
+from executor.backends.docker._racy import RACY_NS
+from executor.backends.docker._workspace import MirrorWorkspace, Run
 
 #: The last commit with the full scan on both sides (every host entry lstat'ed into an Entry, every
 #: container record parsed with Decimal), the anchor of the sync rows.
@@ -60,14 +61,21 @@ def mirror_of(session: DockerSession) -> MirrorWorkspace:
     return mirror
 
 
+def sync_run(session: DockerSession) -> Run:
+    """The session's own sync step runner (a command as the user, outside any request and its sync)."""
+    synced = session._workspace
+    assert synced is not None
+    return synced.run
+
+
 def in_container(session: DockerSession, script: str) -> None:
-    result = session._sync_run(("/bin/sh", "-c", script), None, 1 << 20)  # no sync around it
+    result = sync_run(session)(("/bin/sh", "-c", script), None, 1 << 20)  # no sync around it
     assert result.exit_code == 0, result.stderr
 
 
 def sync_rows(session: DockerSession, root: Path, files: int, repeat: int) -> list[Row]:
     """The sync around a command that changed nothing: the cut against the old full scan, same session."""
-    mirror, run = mirror_of(session), session._sync_run
+    mirror, run = mirror_of(session), sync_run(session)
     # The steady state: files written less than RACY_NS before a scan have their content checked (the
     # tree was just made), which a session pays once after a big change, not on every command.
     time.sleep(RACY_NS / 1e9)
@@ -126,7 +134,7 @@ def scenario(backend: DockerBackend, files: int, repeat: int, sync_only: bool = 
         with backend.session(workspace=root) as session:
             mirror = mirror_of(session)
             cid, ws = session.container_id, str(root)
-            run = session._sync_run
+            run = sync_run(session)
             rows += sync_rows(session, root, files, repeat * 4)
             if sync_only:
                 return rows

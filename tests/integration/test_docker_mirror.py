@@ -56,12 +56,18 @@ def workspace(tmp_path: Path) -> Path:
 Mirrored = Callable[..., SessionFactory]
 
 
+def docker_mirrored(request: pytest.FixtureRequest) -> Mirrored:
+    """The Docker backends of the requesting module, by cap: its ``mirror_backend`` (64 MiB) and
+    ``small_mirror_backend`` (16 MiB) fixtures (test_docker_remote_conformance.py gives remote ones)."""
+    backends = {64: "mirror_backend", 16: "small_mirror_backend"}
+    return lambda cap_mb=64: request.getfixturevalue(backends[cap_mb])
+
+
 @pytest.fixture(params=["docker", "kubernetes"])
 def mirrored(request: pytest.FixtureRequest) -> Iterator[Mirrored]:
     """A backend mirroring workspaces, by its copy's cap: Docker's, or Kubernetes' over a stand-in Pod."""
     if request.param == "docker":
-        backends = {64: "mirror_backend", 16: "small_mirror_backend"}
-        yield lambda cap_mb=64: request.getfixturevalue(backends[cap_mb])
+        yield docker_mirrored(request)
         return
     with docker_pod_api() as api:
         made: list[KubernetesBackend] = []

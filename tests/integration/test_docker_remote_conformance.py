@@ -24,6 +24,8 @@ from executor.backends.docker import DockerBackend, Engine
 from executor.backends.docker.images import BASE_IMAGE
 from tests.integration.private_engine import PrivateEngine, PrivateSshd
 from tests.integration.test_docker_mirror import (
+    Mirrored,
+    docker_mirrored,
     test_a_disk_bomb_stops_at_the_cap_and_no_more_comes_back,
     test_devtools_over_a_mirrored_workspace,
     test_hostile_pull_back_writes_nothing_outside_and_nothing_in_git,
@@ -72,6 +74,16 @@ def mirror_backend(remote_engine: Engine) -> Iterator[DockerBackend]:
     with DockerBackend(engine=remote_engine, mirror_size_mb=64) as backend:
         assert backend.capabilities().workspace == "mirror"
         yield backend
+
+
+@pytest.fixture
+def mirrored(request: pytest.FixtureRequest, remote_engine: Engine) -> Mirrored:
+    """The mirror suite's backends, here on the remote engine (TLS or ssh): no Kubernetes variant.
+
+    ``remote_engine`` is asked for by name so that pytest parametrizes the tests by it (the backends are
+    looked up by name, which a parametrized fixture does not allow on its own).
+    """
+    return docker_mirrored(request)
 
 
 @pytest.fixture(scope="module")

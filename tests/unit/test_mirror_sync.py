@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from executor.backends.docker import _workspace
+from executor.backends.docker import _racy, _workspace
 from executor.backends.docker._workspace import AutoChoices, MirrorWorkspace, RunResult
+from executor.errors import SandboxFailedError
+from tests.conftest import require
 
 
 @dataclass
@@ -74,6 +79,14 @@ def host(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def keys_of(root: Path) -> dict[str, tuple[int, ...]]:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return dict(_workspace.host_keys(fd))
+    finally:
+        os.close(fd)
+
+
 def mirror_of(host: Path) -> MirrorWorkspace:
     return MirrorWorkspace(str(host), 16, (os.getuid(), os.getgid()))
 
@@ -102,11 +115,11 @@ def test_a_host_file_changed_again_with_the_same_stat_is_pushed_again(
     host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A file system with a coarse (or another machine's) clock: f.txt, written just now, is racy.
-    monkeypatch.setattr(_workspace, "racy_window_ns", lambda root: _workspace.RACY_NS)
+    monkeypatch.setattr(_workspace, "window_ns", lambda root: _racy.RACY_NS)
     container = FakeContainer()
     mirror = mirror_of(host)
     mirror.started(container.run)  # f.txt is racy: its pushed content is remembered
-    stale = _workspace.host_keys(str(host))
+    stale = keys_of(host)
     (host / "f.txt").write_bytes(b"ONE\n")  # the same size...
     monkeypatch.setattr(_workspace, "host_keys", lambda root: dict(stale))  # ...and a coarse clock's stat
     mirror.before_command(container.run)
@@ -135,7 +148,7 @@ def test_a_directory_swapped_for_a_link_after_the_scan_sends_nothing_through_it(
     (host / "sub" / "f.txt").write_bytes(b"new\n")
     real_keys = _workspace.host_keys
 
-    def scan_then_swap(root: str) -> dict[str, tuple[int, int, int, int, int]]:
+    def scan_then_swap(root: int) -> dict[str, tuple[int, ...]]:
         keys = real_keys(root)  # the scan sees sub/f.txt as a new regular file...
         (host / "sub" / "f.txt").unlink()
         (host / "sub").rmdir()  # ...then sub becomes a link before the push reads it
@@ -152,32 +165,7 @@ def test_a_directory_swapped_for_a_link_after_the_scan_sends_nothing_through_it(
     assert b"SECRET\n" not in [content for content, *_ in container.files.values()]
 
 
-MOUNTINFO = """\
-22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-23 22 0:21 / /dev/shm rw,nosuid,nodev shared:2 - tmpfs tmpfs rw
-40 22 0:40 / /mnt/work rw,relatime - nfs4 server:/export rw,vers=4.2
-41 40 0:41 / /mnt/work/scratch rw - tmpfs tmpfs rw
-42 22 0:42 / /home/a\\040b rw master:3 - fuse.sshfs host: rw
-"""
-
-
-@pytest.mark.parametrize(
-    ("path", "kind"),
-    [
-        ("/", "ext4"),
-        ("/srv/ws", "ext4"),
-        ("/dev/shm/adk-copy", "tmpfs"),
-        ("/mnt/work/repo", "nfs4"),
-        ("/mnt/work/scratch/x", "tmpfs"),  # the deepest mount point wins
-        ("/mnt/workshop", "ext4"),  # a prefix of the name is not a parent
-        ("/home/a b/ws", "fuse.sshfs"),  # mountinfo's octal escapes
-    ],
-)
-def test_the_file_system_of_a_path_is_its_deepest_mount(path: str, kind: str) -> None:
-    assert _workspace.filesystem_type(path, MOUNTINFO) == kind
-
-
-def test_the_racy_window_is_a_tick_on_a_local_file_system_and_two_seconds_elsewhere() -> None:
+def test_the_racy_window_is_a_tick_on_a_local_file_system_and_two_seconds_elsewhere(tmp_path: Path) -> None:
     now = 1_000 * 10**9 + 123_456_789
     files = {
         "10ms": now - 10_000_000,
@@ -187,11 +175,43 @@ def test_the_racy_window_is_a_tick_on_a_local_file_system_and_two_seconds_elsewh
         "future": now + 10**9,  # a clock ahead
         "3s": now - 3 * 10**9,
     }
-    host = {name: _workspace.Entry("f", 0o644, 1, ctime, ctime_ns=ctime) for name, ctime in files.items()}
-    local = _workspace._racy_host(host, now, _workspace.LOCAL_RACY_NS)
-    assert local == {"10ms", "whole-second", "future"}
-    remote = _workspace._racy_host(host, now, _workspace.RACY_NS)
-    assert remote == {"10ms", "100ms", "1s", "whole-second", "future"}
+    assert _racy.racy(files.items(), now, _racy.LOCAL_RACY_NS) == {"10ms", "whole-second", "future"}
+    remote = {"10ms", "100ms", "1s", "whole-second", "future"}
+    assert _racy.racy(files.items(), now, _racy.RACY_NS) == remote
+    for path, window in ((tmp_path, _racy.LOCAL_RACY_NS), (Path("/dev/shm"), _racy.LOCAL_RACY_NS),
+                         (Path("/proc"), _racy.RACY_NS)):  # fmt: skip
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert _racy.window_ns(fd) == window, path  # fstatfs of the open directory itself
+        finally:
+            os.close(fd)
+
+
+def test_the_scan_clock_is_the_file_systems_own() -> None:
+    """A file's ctime comes from the coarse clock: a scan on it never reads later than a later edit."""
+    before = _racy.scan_clock_ns()
+    with tempfile.NamedTemporaryFile() as handle:
+        assert os.fstat(handle.fileno()).st_ctime_ns >= before
+
+
+def test_a_mount_inside_the_workspace_gets_the_wide_window(tmp_path: Path) -> None:
+    """Another file system mounted inside the tree (NFS, FUSE...) may stamp with another clock."""
+    require(os.geteuid() == 0, "mounting a tmpfs inside the workspace needs root")
+    (tmp_path / "mnt").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tmp_path / "mnt")], check=True)
+    try:
+        (tmp_path / "top.txt").write_bytes(b"a")
+        (tmp_path / "mnt" / "in.txt").write_bytes(b"b")
+        mirror = mirror_of(tmp_path)
+        scanned, keys = mirror._scan()
+        host = {p: e for p, k in keys.items() if (e := _workspace._host_entry(mirror._tree, p, k))}
+        assert mirror._racy_ns == _racy.LOCAL_RACY_NS  # the root's own file system is local...
+        time.sleep(0.2)
+        scanned, keys = mirror._scan()
+        assert mirror._racy(host, keys, scanned) == {"top.txt", "mnt/in.txt"}  # ...but not all the tree is
+        mirror.close()
+    finally:
+        subprocess.run(["umount", str(tmp_path / "mnt")], check=True)
 
 
 def test_a_fresh_local_tree_is_not_read_again_once_a_tick_has_passed(
@@ -200,11 +220,10 @@ def test_a_fresh_local_tree_is_not_read_again_once_a_tick_has_passed(
     """A copy just made (the warm pool's copy_of) used to be re-read in full by every command for 2 s."""
     for index in range(50):
         (tmp_path / f"f{index}.txt").write_bytes(b"x" * index)
-    assert _workspace.racy_window_ns(str(tmp_path)) == _workspace.LOCAL_RACY_NS  # pytest's tmp is local
     container = FakeContainer()
     mirror = mirror_of(tmp_path)
     mirror.started(container.run)
-    time.sleep(0.2)  # four local ticks (LOCAL_RACY_NS), a tenth of the old 2 s window
+    time.sleep(0.2)  # four times LOCAL_RACY_NS, a tenth of the old 2 s window
     reads: list[str] = []
     real_read = _workspace._read_host_file
 
@@ -219,6 +238,85 @@ def test_a_fresh_local_tree_is_not_read_again_once_a_tick_has_passed(
     reads.clear()
     mirror.before_command(container.run)
     assert reads == []
+
+
+def test_a_file_the_push_could_not_read_is_pushed_once_it_can_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Swapped for a link during the push, then swapped back: not recorded as in sync, pushed next time."""
+    host = tmp_path / "ws"
+    (host / "sub").mkdir(parents=True)
+    container = FakeContainer()
+    mirror = mirror_of(host)
+    mirror.started(container.run)
+    (host / "sub" / "f.txt").write_bytes(b"new\n")
+    time.sleep(0.2)  # past the racy window: only the scan's record says whether it is in sync
+    real_read = _workspace._read_host_file
+
+    def read_while_swapped(tree: object, rel: str) -> bytes | None:
+        (host / "sub").rename(host / "kept")  # a rename keeps every stat of what is inside
+        (host / "sub").symlink_to(host / "kept")
+        try:
+            return real_read(tree, rel)  # type: ignore[arg-type]
+        finally:
+            (host / "sub").unlink()
+            (host / "kept").rename(host / "sub")
+
+    monkeypatch.setattr(_workspace, "_read_host_file", read_while_swapped)
+    mirror.before_command(container.run)
+    assert "sub/f.txt" not in container.files  # not reachable as written: not sent
+    monkeypatch.setattr(_workspace, "_read_host_file", real_read)
+    mirror.before_command(container.run)
+    assert container.files["sub/f.txt"][0] == b"new\n"
+
+
+def test_a_directory_swapped_for_a_link_during_the_scan_lists_nothing_through_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the walk's lstat of ``sub`` and its open, ``sub`` becomes a link out: no name from there."""
+    host = tmp_path / "ws"
+    (host / "sub").mkdir(parents=True)
+    outside = tmp_path / "private"
+    outside.mkdir()
+    (outside / "private-project-name").mkdir()
+    (outside / "token-link").symlink_to("/root/.ssh/id_ed25519")
+    real_open = os.open
+
+    def open_after_a_swap(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if (
+            path == "sub"
+            and dir_fd is not None
+            and (host / "sub").is_dir()
+            and not (host / "sub").is_symlink()
+        ):
+            (host / "sub").rmdir()
+            (host / "sub").symlink_to(outside)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    fd = real_open(host, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        monkeypatch.setattr(_workspace.os, "open", open_after_a_swap)
+        keys = _workspace.host_keys(fd)
+    finally:
+        monkeypatch.undo()
+        os.close(fd)
+    assert (host / "sub").is_symlink()  # the swap happened, between the lstat and the open
+    assert not [path for path in keys if path.startswith("sub/")]
+
+
+def test_a_replaced_workspace_directory_fails_the_sync_clearly(tmp_path: Path) -> None:
+    host = tmp_path / "ws"
+    host.mkdir()
+    (host / "f.txt").write_bytes(b"one\n")
+    container = FakeContainer()
+    mirror = mirror_of(host)
+    mirror.started(container.run)
+    shutil.rmtree(host)
+    host.mkdir()
+    (host / "f.txt").write_bytes(b"two\n")
+    with pytest.raises(SandboxFailedError, match="removed or replaced on the host"):
+        mirror.before_command(container.run)
+    assert container.files["f.txt"][0] == b"one\n"
 
 
 def test_auto_choices_remember_a_failed_check_and_key_by_engine_and_directory(tmp_path: Path) -> None:

@@ -40,11 +40,11 @@ import stat
 import tarfile
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from executor.backends.docker._racy import RACY_NS, racy, scan_clock_ns, window_ns
 from executor.errors import PolicyNotEnforceableError, SandboxFailedError
 
 if TYPE_CHECKING:
@@ -77,20 +77,6 @@ DEFAULT_MIRROR_MB = 1024
 SYNC_SECONDS = 300.0
 #: Refusals said at the end of a command's stderr, at most.
 MAX_REPORTED = 10
-#: A host file changed less than this before a scan is "racy": its content is checked at the next scan,
-#: since a later edit in the same tick of the file system's clock (or of an NFS server's, running ahead)
-#: could leave every stat field as it was.
-RACY_NS = 2_000_000_000
-#: The same on a local file system whose timestamps are this machine's clock to the nanosecond: its tick
-#: is the kernel's coarse clock (a jiffy, at most 10 ms), so a file older than this cannot share a tick
-#: with a later edit. Files whose ctime has no sub-second part keep RACY_NS (a whole-second file system,
-#: such as ext4 with 128-byte inodes).
-LOCAL_RACY_NS = 50_000_000
-#: File systems that stamp files with this machine's own clock at nanosecond granularity. Any other
-#: (NFS, CIFS, FUSE, 9p, vfat, ...) may stamp with another machine's clock or a coarse one: RACY_NS.
-LOCAL_FILESYSTEMS = frozenset(
-    {"tmpfs", "ramfs", "ext4", "xfs", "btrfs", "f2fs", "overlay", "zfs", "bcachefs"}
-)
 
 
 @dataclass(frozen=True)
@@ -214,8 +200,8 @@ AUTO_CHOICES = AutoChoices()
 # -- the mirror ----------------------------------------------------------------------------------------
 
 Kind = Literal["f", "d", "l", "o"]
-#: A host entry's lstat as a scan compares it: st_mode, size, mtime, ctime, inode.
-_Key = tuple[int, int, int, int, int]
+#: A host entry's lstat as a scan compares it: st_mode, size, mtime, ctime, inode, device.
+_Key = tuple[int, int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -320,8 +306,9 @@ class MirrorWorkspace:
         """The container's listing record of each entry at the last listing, while it is in sync."""
         # "Racy" entries: changed so recently that a later change could carry the same timestamps (a
         # clock's granularity; no kernel before 6.13 makes a stat'ed inode's next ctime differ).
-        self._racy_ns = racy_window_ns(root)
-        """How recent a host file's ctime makes it racy (:data:`LOCAL_RACY_NS` or :data:`RACY_NS`)."""
+        self._root_id = (os.fstat(self._tree.fd).st_dev, os.fstat(self._tree.fd).st_ino)
+        self._racy_ns = window_ns(self._tree.fd)
+        """How recent a host file's ctime makes it racy (see :mod:`._racy`): the root's file system's."""
         self._host_racy: set[str] = set()
         """Host files whose ctime was within the racy window of the last scan: content checked next time."""
         self._digests: dict[str, bytes] = {}
@@ -332,14 +319,14 @@ class MirrorWorkspace:
     # -- the four moments ----------------------------------------------------------------------------
     def started(self, run: Run) -> None:
         """Push the whole host tree into the fresh volume, then take the container's listing as the base."""
-        scanned = time.time_ns()
-        keys = host_keys(self.root)
-        host = {path: entry for path, key in keys.items() if (entry := _host_entry(self.root, path, key))}
+        scanned, keys = self._scan()
+        host = {path: entry for path, key in keys.items() if (entry := _host_entry(self._tree, path, key))}
         check_fits(self.root, host, self.cap_bytes, self.cap_setting)
         self._host, self._inside, self._records, self._digests = {}, {}, {}, {}
         self._inside_racy = set()
-        racy = _racy_host(host, scanned, self._racy_ns)
-        self._push(run, host, sorted(host), removed=[], racy=racy)
+        racy = self._racy(host, keys, scanned)
+        skipped = self._push(run, host, sorted(host), removed=[], racy=racy)
+        _forget(skipped, host, keys)
         records, now, complete = self._list(run)
         if not complete:
             raise SandboxFailedError(
@@ -355,8 +342,7 @@ class MirrorWorkspace:
 
     def before_command(self, run: Run) -> None:
         """Push what changed on the host since the last sync (host-side diff: lstat of every entry)."""
-        scanned = time.time_ns()
-        keys = host_keys(self.root)
+        scanned, keys = self._scan()
         host: dict[str, Entry] = {}
         changed: list[str] = []
         for path, key in keys.items():
@@ -364,7 +350,7 @@ class MirrorWorkspace:
             if known is not None and self._host_keys.get(path) == key and path not in self._host_racy:
                 host[path] = known  # not one stat field moved since the last scan (and it was in sync then)
                 continue
-            entry = _host_entry(self.root, path, key)
+            entry = _host_entry(self._tree, path, key)
             if entry is None:
                 continue
             host[path] = entry
@@ -373,12 +359,42 @@ class MirrorWorkspace:
         removed = [path for path in self._host if path not in host]
         # An entry that changed kind is removed first: tar does not replace a directory by a file.
         retyped = [p for p in changed if p in self._host and self._host[p].kind != host[p].kind]
-        racy = _racy_host(host, scanned, self._racy_ns)
+        racy = self._racy(host, keys, scanned)
         if changed or removed:
-            self._push(run, host, sorted(changed), removed=sorted(set(removed) | set(retyped)), racy=racy)
+            skipped = self._push(
+                run, host, sorted(changed), removed=sorted(set(removed) | set(retyped)), racy=racy
+            )
+            _forget(skipped, host, keys)
         self._host, self._host_keys, self._host_racy = host, keys, racy
         for path in [p for p in self._digests if p not in racy]:
             del self._digests[path]
+
+    def _scan(self) -> tuple[int, dict[str, _Key]]:
+        """The scan's time (the file systems' clock) and the host tree's keys, walked from the held root.
+
+        Refuses to go on when the workspace directory was replaced on the host (removed and made again,
+        renamed over): the walk and every read go through the directory this session opened, and a sync
+        of a directory no one sees any more would copy nothing, silently.
+        """
+        scanned = scan_clock_ns()
+        try:
+            now = os.stat(self.root, follow_symlinks=False)
+            same = (now.st_dev, now.st_ino) == self._root_id
+        except OSError:
+            same = False
+        if not same:
+            raise SandboxFailedError(
+                f"the workspace directory {self.root} was removed or replaced on the host while its "
+                "session was open, so its copy in the sandbox can no longer be synced; nothing ran "
+                "(open a new session)"
+            )
+        return scanned, host_keys(self._tree.fd)
+
+    def _racy(self, host: dict[str, Entry], keys: dict[str, _Key], scanned: int) -> set[str]:
+        """The racy host files of this scan: the root's window, or RACY_NS when a mount is inside."""
+        device = self._root_id[0]
+        window = self._racy_ns if all(key[5] == device for key in keys.values()) else RACY_NS
+        return racy(((p, e.ctime_ns) for p, e in host.items() if e.kind == "f"), scanned, window)
 
     def _same_content(self, path: str) -> bool:
         """Whether the racy host file ``path`` still holds what the container was given (or gave back)."""
@@ -488,8 +504,14 @@ class MirrorWorkspace:
 
     def _push(
         self, run: Run, host: dict[str, Entry], paths: list[str], removed: list[str], racy: set[str]
-    ) -> None:
+    ) -> list[str]:
+        """Remove ``removed`` and send ``paths`` into the container; the files it could not read.
+
+        A file skipped (gone, or not reachable as written since the scan) must not be recorded as in sync:
+        the caller drops it from the scan, so the next sync sees it as new.
+        """
         self._forget_records((*removed, *paths))
+        skipped: list[str] = []
         if removed:
             result = run(
                 ("/bin/sh", "-c", _REMOVE_SCRIPT, "adk-sandbox-remove", self.root),
@@ -501,7 +523,7 @@ class MirrorWorkspace:
                 for known in [p for p in self._inside if p == path or p.startswith(path + "/")]:
                     del self._inside[known]
         if not paths:
-            return
+            return skipped
         uid, gid = self.owner
         data = io.BytesIO()
         with tarfile.open(fileobj=data, mode="w", format=tarfile.GNU_FORMAT) as archive:
@@ -519,7 +541,8 @@ class MirrorWorkspace:
                 else:
                     content = _read_host_file(self._tree, path)
                     if content is None:
-                        continue  # gone or no longer a file since the scan: the next sync sees it
+                        skipped.append(path)  # gone or no longer reachable as scanned: the next sync sees it
+                        continue
                     info.size = len(content)
                     archive.addfile(info, io.BytesIO(content))
                     if path in racy:
@@ -548,6 +571,7 @@ class MirrorWorkspace:
                 + f"copying host files into the sandbox failed ({why or f'exit status {result.exit_code}'}); "
                 "nothing ran"
             )
+        return skipped
 
     # -- host side -----------------------------------------------------------------------------------
     def _apply(  # noqa: PLR0912 - one pass over the kinds of change, in the order they must land
@@ -717,17 +741,21 @@ def safe_name(path: str) -> bool:
     return all(part not in ("", ".", "..", ".git") for part in path.split("/"))
 
 
-def host_keys(root: str) -> dict[str, _Key]:
-    """The lstat of every entry below ``root`` (files, directories, links, special files), never following.
+def host_keys(root: int) -> dict[str, _Key]:
+    """The lstat of every entry below the open directory ``root`` (files, directories, links, special files).
 
     The one walk of a host scan: one ``lstat`` per entry (a change inside a file moves no directory's
-    times, so no directory can be skipped), nothing read.
+    times, so no directory can be skipped), nothing read. Walked by descriptor: each directory is opened
+    from its parent with ``O_NOFOLLOW`` and must be the one its ``lstat`` saw (device and inode), so a
+    directory swapped for a link during the walk is left out (the next scan sees the link), and no name
+    from outside the workspace is ever listed.
     """
     found: dict[str, _Key] = {}
 
-    def walk(directory: str, prefix: str) -> None:
+    def walk(directory: int, prefix: str) -> None:
         try:
-            entries = list(os.scandir(directory))
+            with os.scandir(directory) as listing:
+                entries = list(listing)
         except OSError:
             return
         for item in entries:
@@ -736,79 +764,60 @@ def host_keys(root: str) -> dict[str, _Key]:
             except OSError:
                 continue
             rel = prefix + item.name
-            found[rel] = (info.st_mode, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+            found[rel] = (
+                info.st_mode, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, info.st_dev,
+            )  # fmt: skip
             if stat.S_ISDIR(info.st_mode):
-                walk(item.path, rel + "/")
+                try:
+                    below = os.open(item.name, _DIRECTORY_FLAGS, dir_fd=directory)
+                except OSError:
+                    continue  # unreadable, or no longer a directory: listed as it was seen, not entered
+                try:
+                    opened = os.fstat(below)
+                    if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+                        del found[rel]  # replaced between the lstat and the open: the next scan sees it
+                        continue
+                    walk(below, rel + "/")
+                finally:
+                    os.close(below)
 
     walk(root, "")
     return found
 
 
-def _host_entry(root: str, rel: str, key: _Key) -> Entry | None:
-    """The entry a host scan's ``key`` of ``rel`` is (None: a special file, or a link gone meanwhile)."""
-    mode, size, mtime_ns, ctime_ns, inode = key
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _host_entry(tree: RootDir, rel: str, key: _Key) -> Entry | None:
+    """The entry a host scan's ``key`` of ``rel`` is (None: a special file, or a link not read as such)."""
+    mode, size, mtime_ns, ctime_ns, inode, _ = key
     if stat.S_ISDIR(mode):
         return Entry("d", stat.S_IMODE(mode) & 0o777, mtime_ns=mtime_ns)
     if stat.S_ISREG(mode):
         return Entry("f", mode & 0o777, size, mtime_ns, inode=inode, ctime_ns=ctime_ns)
     if stat.S_ISLNK(mode):
-        with contextlib.suppress(OSError):
-            return Entry("l", 0o777, target=os.readlink(os.path.join(root, rel)))
+        target = _read_host_link(tree, rel)
+        return Entry("l", 0o777, target=target) if target is not None else None
     return None
 
 
 def scan_host(root: str) -> dict[str, Entry]:
     """The host tree below ``root`` (files, directories, links; special files left out), never following."""
-    keys = host_keys(root)
-    return {rel: entry for rel, key in keys.items() if (entry := _host_entry(root, rel, key)) is not None}
+    from devtools._beneath import RootDir  # noqa: PLC0415 - see MirrorWorkspace
+
+    tree = RootDir(root)
+    try:
+        keys = host_keys(tree.fd)
+        return {rel: entry for rel, key in keys.items() if (entry := _host_entry(tree, rel, key)) is not None}
+    finally:
+        tree.close()
 
 
-def _racy_host(host: dict[str, Entry], scanned_ns: int, window_ns: int = RACY_NS) -> set[str]:
-    """The host files changed less than ``window_ns`` before ``scanned_ns`` (or after: a clock ahead).
-
-    A file whose ctime has no sub-second part gets :data:`RACY_NS` whatever the window: its file system
-    may count whole seconds.
-    """
-    since, coarse_since = scanned_ns - window_ns, scanned_ns - RACY_NS
-    return {
-        path
-        for path, entry in host.items()
-        if entry.kind == "f"
-        and (
-            entry.ctime_ns >= since
-            or (entry.ctime_ns % 1_000_000_000 == 0 and entry.ctime_ns >= coarse_since)
-        )
-    }
-
-
-def racy_window_ns(root: str) -> int:
-    """:data:`LOCAL_RACY_NS` when ``root`` is on one of :data:`LOCAL_FILESYSTEMS`, else :data:`RACY_NS`."""
-    return LOCAL_RACY_NS if filesystem_type(root) in LOCAL_FILESYSTEMS else RACY_NS
-
-
-def filesystem_type(path: str, mountinfo: str | None = None) -> str | None:
-    """The type of the file system ``path`` (absolute, resolved) is on, from ``/proc/self/mountinfo``.
-
-    The mount whose mount point is the longest prefix of ``path`` (by component) decides; None when it
-    cannot be read. ``mountinfo`` is that file's text (tests).
-    """
-    if mountinfo is None:
-        try:
-            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as handle:
-                mountinfo = handle.read()
-        except OSError:
-            return None
-    best, found = -1, None
-    for line in mountinfo.splitlines():
-        fields = line.split(" ")
-        if "-" not in fields[6:] or len(fields) < 5:
-            continue
-        mount_point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        after = fields[fields.index("-", 6) + 1 :]
-        inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
-        if after and inside and len(mount_point) >= best:
-            best, found = len(mount_point), after[0]  # a later mount over the same point hides the earlier
-    return found
+def _forget(skipped: list[str], host: dict[str, Entry], keys: dict[str, _Key]) -> None:
+    """Drop files a push skipped from a scan, so the next sync sees them as new rather than in sync."""
+    for path in skipped:
+        host.pop(path, None)
+        keys.pop(path, None)
 
 
 def check_fits(
@@ -1085,6 +1094,27 @@ def _read_host_file(tree: RootDir, rel: str) -> bytes | None:
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
         return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_host_link(tree: RootDir, rel: str) -> str | None:
+    """The target of the host link at ``rel``, its directory reached as written (no link followed)."""
+    from devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
+
+    directory = posixpath.dirname(rel)
+    try:
+        fd = tree.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except (OSError, EscapeError):
+        return None
+    try:
+        if tree.real_path(fd) != os.path.join(tree.path, directory).rstrip("/"):
+            return None
+        return os.readlink(posixpath.basename(rel), dir_fd=fd)
+    except OSError:
+        return None
     finally:
         os.close(fd)
 
