@@ -22,13 +22,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from devtools import DevToolset, Workspace
 from executor import ExecRequest, ExecResult, Language
 from executor.backend import SandboxSession, SessionFactory
 from executor.backends.docker import DockerBackend
-from executor.backends.docker._workspace import Entry, _parse_record, safe_name
+from executor.backends.docker._workspace import Entry, MirrorWorkspace, Run, _parse_record, safe_name
 from executor.backends.kubernetes import KubernetesBackend
 from executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from tests.integration.k8s_on_docker import backend_on, docker_pod_api
@@ -395,3 +396,22 @@ def test_bad_arguments_are_refused() -> None:
         DockerBackend(mirror_size_mb=0)
     with pytest.raises(InvalidRequestError, match="attached"):
         DockerBackend(workspace_transport="mirror", container="some-service")
+
+
+def test_a_close_whose_last_pull_back_fails_still_removes_the_container(
+    mirror_backend: DockerBackend, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever the last pull-back raises (not only the documented errors), the container goes."""
+
+    def broken(self: MirrorWorkspace, run: Run) -> None:
+        raise RuntimeError("a bug in the last pull-back")
+
+    session = mirror_backend.session(workspace=workspace)
+    assert sh(session, "true").exit_code == 0
+    container = session.container_id
+    monkeypatch.setattr(MirrorWorkspace, "closing", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        session.close()
+    assert session.closed
+    with pytest.raises(docker.errors.NotFound):
+        mirror_backend._client.api.inspect_container(container)

@@ -501,15 +501,7 @@ def test_a_session_over_ssh_is_hardened_uses_the_agent_and_mirrors_a_workspace(
 def test_more_streams_than_one_ssh_connection_allows_are_spread_over_connections(over_ssh: Engine) -> None:
     """sshd allows 10 channels per connection (MaxSessions): twelve open at once, each answering a ping."""
     connections = [over_ssh.dial(30, stream=True) for _ in range(12)]
-    try:
-        for connection in connections:
-            connection.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
-        for connection in connections:
-            connection.settimeout(30)
-            assert connection.recv(4096).startswith(b"HTTP/1.1 200 OK")
-    finally:
-        for connection in connections:
-            connection.close()
+    ping_all(connections)
 
 
 def test_a_server_that_allows_fewer_channels_than_we_count_gets_more_connections(
@@ -526,12 +518,17 @@ def test_a_server_that_allows_fewer_channels_than_we_count_gets_more_connections
         monkeypatch.setenv("HOME", str(daemon.home))
         engine = Engine(host=daemon.host)
         connections = [engine.dial(30, stream=True) for _ in range(6)]
-        try:
-            for connection in connections:
-                connection.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
-            for connection in connections:
-                connection.settimeout(30)
-                assert connection.recv(4096).startswith(b"HTTP/1.1 200 OK")
-        finally:
-            for connection in connections:
-                connection.close()
+        ping_all(connections)
+
+
+def ping_all(connections: list[socket.socket]) -> None:
+    """Send every stream the engine's ``/_ping`` at once, then check each answers; close them all."""
+    try:
+        for connection in connections:
+            connection.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+        for connection in connections:
+            connection.settimeout(30)
+            assert connection.recv(4096).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for connection in connections:
+            connection.close()

@@ -10,7 +10,6 @@ Docker ones in test_docker_mirror.py (its ``mirrored`` fixture).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +17,15 @@ import docker
 import pytest
 
 from executor import ExecRequest, ExecResult, Language
+from executor.backends.docker._workspace import MirrorWorkspace, Run
 from executor.backends.kubernetes import KubernetesSession
 from executor.errors import PolicyNotEnforceableError
 from tests.integration.k8s_on_docker import DockerPodApi, backend_on, docker_pod_api
+from tests.integration.test_docker_mirror import workspace
 
 pytestmark = [pytest.mark.docker]
+
+__all__ = ["workspace"]  # the mirror suite's fixture: a uid-1000 workspace beside an ``outside``
 
 
 @pytest.fixture
@@ -30,16 +33,6 @@ def pod_api() -> Iterator[DockerPodApi]:
     """The stand-in API; every container it made is gone after the test (checked)."""
     with docker_pod_api() as api:
         yield api
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    """A workspace owned by uid 1000 (the Pod's user) inside a parent watched for escapes (``outside``)."""
-    root = tmp_path / "ws"
-    root.mkdir()
-    (tmp_path / "outside").mkdir()
-    os.chown(root, 1000, 1000)
-    return root
 
 
 def sh(session: KubernetesSession, code: str, timeout: float = 60) -> ExecResult:
@@ -118,3 +111,24 @@ def test_the_backend_reports_the_mirror_and_a_session_without_a_workspace_none(p
             assert session.capabilities().workspace is None and session.mirror is None
             assert sh(session, "pwd").stdout == "/workspace\n"
     assert len(pod_api.deleted) == 2
+
+
+def test_a_close_whose_last_pull_back_fails_still_deletes_the_pod(
+    pod_api: DockerPodApi, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not only the documented errors: whatever the last pull-back raises, the Pod goes (it leaked)."""
+
+    def broken(self: MirrorWorkspace, run: Run) -> None:
+        raise RuntimeError("a bug in the last pull-back")
+
+    with backend_on(pod_api) as backend:
+        session = backend.session(workspace=workspace)
+        assert sh(session, "true").exit_code == 0
+        name = session.pod_name
+        container = pod_api.containers[name]
+        monkeypatch.setattr(MirrorWorkspace, "closing", broken)
+        with pytest.raises(RuntimeError, match="a bug"):
+            session.close()
+        assert session.closed and pod_api.deleted == [name]
+        with pytest.raises(docker.errors.NotFound):
+            pod_api.client.api.inspect_container(container)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,13 @@ def test_a_workspace_that_is_no_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(InvalidRequestError, match="not a directory"):
         KubernetesBackend(CONFIG, api=FakeApi()).session(workspace=tmp_path / "file")
+
+
+def test_a_workspace_whose_path_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    odd = os.path.join(os.fsencode(tmp_path), b"caf\xe9")
+    os.mkdir(odd)
+    with pytest.raises(InvalidRequestError, match="not valid UTF-8"):
+        KubernetesBackend(CONFIG, api=FakeApi()).session(workspace=os.fsdecode(odd))
 
 
 class ClaimingApi(FakeApi):

@@ -30,9 +30,10 @@ __all__ = ["PROBE_SECONDS", "verify_from_inside"]
 PROBE_SECONDS = 30.0
 # Prints "setid-allowed" when a set-id mode can be set in the container (it must not: see _seccomp).
 # Shell builtins but chmod: each process costs the runtime a fork and an exec (gVisor: several ms each,
-# every session start pays them), so the scratch file is made by a noclobber redirection (an exclusive
-# create, as mktemp's, at a random name where mktemp would put it) rather than by mktemp, the nonce is read
-# by the read builtin rather than by cat, and rm replaces the shell. ``{token}``: see _probe_script.
+# every session start pays them), so the scratch file is made by a noclobber redirection (which refuses an
+# existing regular file; the name is 128 random bits, where mktemp would put it) rather than by mktemp,
+# the nonce is read by the read builtin rather than by cat, and rm replaces the shell.
+# ``{token}``: see _probe_script.
 _PROBE_SETID = (
     'set -C; f="${{TMPDIR:-/tmp}}/.adk-sandbox-probe-{token}"; '
     'if {{ : >"$f"; }} 2>/dev/null; then '

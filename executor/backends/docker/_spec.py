@@ -175,7 +175,8 @@ def tmpfs_options(limits: ResourceLimits) -> str:
 #: The tmpfs mounts every session container has: an extra one may not sit on, above or below them.
 BUILTIN_TMPFS = ("/tmp", HOME_DIR)
 #: Kernel filesystems the runtime mounts: a tmpfs over (or in) them would hide what the runtime masks.
-_KERNEL_PATHS = ("/proc", "/sys", "/dev")
+#: What the runtime mounts and masks itself: no workspace or tmpfs may sit in or over them.
+KERNEL_PATHS = ("/proc", "/sys", "/dev")
 MAX_EXTRA_TMPFS = 16
 MAX_TMPFS_MB = 64 * 1024
 
@@ -210,7 +211,7 @@ def validate_tmpfs(tmpfs: Mapping[str, int]) -> dict[str, int]:
             )
         if path == "/":
             raise InvalidRequestError("tmpfs path '/' would hide the whole image; name a directory")
-        for reserved in (*_KERNEL_PATHS, *BUILTIN_TMPFS):
+        for reserved in (*KERNEL_PATHS, *BUILTIN_TMPFS):
             if _overlaps(path, reserved):
                 raise InvalidRequestError(
                     f"tmpfs path {path!r} overlaps {reserved}, which the sandbox mounts itself; "

@@ -294,19 +294,21 @@ class DockerSession(SandboxSession):
         Idempotent.
         """
         with self._lock:
-            if not self._closed and self._transport is not None and self._workspace is not None:
-                self._workspace.closing()
             already = self._closed
-            self._closed = True
-            self._discard_container()
-            if self._workspace is not None:
-                self._workspace.close()
-            copy = self._config.spec.workspace
-            if self._config.workspace_is_copy and copy is not None and not already:
-                # After the last pull-back; descriptor-based, so a link pulled back is removed, not followed.
-                shutil.rmtree(copy, ignore_errors=True)
-                if os.path.lexists(copy):
-                    log.warning("the workspace copy %s of a closed session could not be removed", copy)
+            try:
+                if not already and self._transport is not None and self._workspace is not None:
+                    self._workspace.closing()
+            finally:  # whatever the last pull-back raised, the container (and a copy_of copy) goes
+                self._closed = True
+                self._discard_container()
+                if self._workspace is not None:
+                    self._workspace.close()
+                copy = self._config.spec.workspace
+                if self._config.workspace_is_copy and copy is not None and not already:
+                    # After the last pull-back; descriptor-based: a link pulled back is removed, not followed.
+                    shutil.rmtree(copy, ignore_errors=True)
+                    if os.path.lexists(copy):
+                        log.warning("the workspace copy %s of a closed session could not be removed", copy)
 
     def _open_container(self) -> None:
         """Open a verified container with its workspace (``auto``: bind, else a mirror; lock held)."""

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from executor.backends.docker._spec import HOME_DIR
+from executor.backends.docker._spec import HOME_DIR, KERNEL_PATHS
 from executor.backends.docker.images import BASE_IMAGE
 from executor.types import ResourceLimits, parse_user
 
@@ -19,7 +19,6 @@ __all__ = ["LABEL_PREFIX", "KubernetesConfig", "validate_label_key", "validate_l
 LABEL_PREFIX = "io.adk-sandbox."
 
 #: Kernel filesystems the runtime mounts: the workspace may be neither on nor below them.
-_KERNEL_PATHS = ("/proc", "/sys", "/dev")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -130,7 +129,7 @@ class KubernetesConfig(BaseModel):
             )
         if path in ("/tmp", HOME_DIR):
             raise ValueError(f"workspace_path {path!r} is a path the Pod mounts itself")
-        for kernel in _KERNEL_PATHS:
+        for kernel in KERNEL_PATHS:
             if path == kernel or path.startswith(kernel + "/"):
                 # An emptyDir there would hide what the runtime mounts and masks (/proc/kcore, /sys/firmware).
                 raise ValueError(

@@ -190,13 +190,19 @@ class KubernetesSession(SandboxSession):
         self._transport = AgentTransport(None, self.pod_name, "", open_stream=self._open_stream)
         verify_from_inside(self._transport, dict(self._base_env), config.user, None)
         if self._workspace_root is not None:
-            info = os.stat(self._workspace_root)
-            mirror = MirrorWorkspace(
-                self._workspace_root,
-                config.workspace_mb,
-                (info.st_uid, info.st_gid),  # what pull-back creates on the host is the workspace owner's
-                cap_setting="KubernetesConfig(workspace_mb=...)",
-            )
+            try:
+                info = os.stat(self._workspace_root)
+                mirror = MirrorWorkspace(
+                    self._workspace_root,
+                    config.workspace_mb,
+                    (info.st_uid, info.st_gid),  # what pull-back creates on the host is the workspace owner's
+                    cap_setting="KubernetesConfig(workspace_mb=...)",
+                )
+            except OSError as exc:
+                raise InvalidRequestError(
+                    f"the workspace directory {self._workspace_root} cannot be opened ({exc.strerror}); "
+                    "nothing ran"
+                ) from exc
             self._workspace = SyncedWorkspace(mirror, self._sync_channel)
             self._workspace.started()
         if not config.network:
@@ -286,10 +292,12 @@ class KubernetesSession(SandboxSession):
         with self._lock:
             if self._closed:
                 return
-            if self._transport is not None and self._workspace is not None:
-                self._workspace.closing()
-            self._closed = True
-            self._discard()
+            try:
+                if self._transport is not None and self._workspace is not None:
+                    self._workspace.closing()
+            finally:  # whatever the last pull-back raised, the Pod goes
+                self._closed = True
+                self._discard()
 
     # -- what is enforced ----------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -503,6 +511,12 @@ def workspace_config(
     root = str(Path(workspace).resolve(strict=False))
     if not os.path.isdir(root):
         raise InvalidRequestError(f"workspace {str(workspace)!r} is not a directory")
+    try:
+        root.encode("utf-8")
+    except UnicodeEncodeError:  # a Pod spec is JSON: its paths are text
+        raise InvalidRequestError(
+            f"workspace {root!r} is not valid UTF-8, which a Pod's mount path must be; rename it"
+        ) from None
     try:
         return KubernetesConfig.model_validate({**config.model_dump(), "workspace_path": root}), root
     except ValidationError as exc:
