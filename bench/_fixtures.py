@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import docker
 
-from executor import ExecRequest, Language
+from executor import ExecRequest, Language, ResourceLimits
+from executor.backends.docker import BASE_IMAGE
 from executor.backends.docker._reaper import OWNER_PID
+from executor.backends.docker._spec import ContainerSpec, host_config_arguments
 
 FLOOD_BYTES = 200_000_000
 TRUE = ExecRequest(language=Language.COMMAND, code="true", timeout=60)
@@ -37,3 +40,17 @@ def containers_of_this_process(client: docker.DockerClient) -> list[str]:
 def runtime_name(runtime: str | None) -> str:
     """How a table names the runtime."""
     return "gVisor (runsc)" if runtime == "runsc" else "runc"
+
+
+def raw_host_config(client: docker.DockerClient, runtime: str | None, workspace: str) -> Any:
+    """The raw anchors' host config: the library's own hardening of a session container, for docker-py."""
+    spec = ContainerSpec(image=BASE_IMAGE, limits=ResourceLimits(), runtime=runtime, workspace=workspace)
+    return client.api.create_host_config(**host_config_arguments(spec))
+
+
+def create_raw_container(client: docker.DockerClient, host_config: Any, workspace: str) -> str:
+    """A raw docker-py create of the base image idling in ``sleep`` with that host config: its id."""
+    created = client.api.create_container(
+        BASE_IMAGE, entrypoint=["sleep"], command=["600"], host_config=host_config, working_dir=workspace
+    )
+    return str(created["Id"])

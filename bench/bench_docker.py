@@ -18,12 +18,11 @@ import tempfile
 from collections.abc import Callable
 
 import docker
-from _fixtures import TRUE, owned_workspace, runtime_name
+from _fixtures import TRUE, create_raw_container, owned_workspace, raw_host_config, runtime_name
 from _timing import Row, Stats, interleaved, print_section, timed
 
-from executor import ExecRequest, Language, ResourceLimits
+from executor import ExecRequest, Language
 from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession
-from executor.backends.docker._spec import ContainerSpec, host_config_arguments
 
 FLOOD_BYTES = 200_000_000
 
@@ -43,21 +42,15 @@ def start_first_command(runtime: str | None, repeat: int) -> list[Row]:
     client = docker.from_env()
     workspace = owned_workspace()
     backend = DockerBackend(runtime=runtime)
-    host_config = client.api.create_host_config(
-        **host_config_arguments(
-            ContainerSpec(image=BASE_IMAGE, limits=ResourceLimits(), runtime=runtime, workspace=workspace)
-        )
-    )
+    host_config = raw_host_config(client, runtime, workspace)
     made: list[str] = []
     sessions: list[DockerSession] = []
 
     def raw() -> None:
-        created = client.api.create_container(
-            BASE_IMAGE, entrypoint=["sleep"], command=["600"], host_config=host_config, working_dir=workspace
-        )
-        made.append(created["Id"])
-        client.api.start(created["Id"])
-        exit_code, _ = client.containers.get(created["Id"]).exec_run("true", user="1000:1000")
+        raw_id = create_raw_container(client, host_config, workspace)
+        made.append(raw_id)
+        client.api.start(raw_id)
+        exit_code, _ = client.containers.get(raw_id).exec_run("true", user="1000:1000")
         assert exit_code == 0
 
     def ours() -> None:
@@ -105,20 +98,12 @@ def main() -> None:  # noqa: PLR0915 - one table, built in order
     client = docker.from_env()
     workspace = tempfile.mkdtemp()
     backend = DockerBackend(runtime=args.runtime)
-    host_config = client.api.create_host_config(
-        **host_config_arguments(
-            ContainerSpec(
-                image=BASE_IMAGE, limits=ResourceLimits(), runtime=args.runtime, workspace=workspace
-            )
-        )
-    )
+    host_config = raw_host_config(client, args.runtime, workspace)
 
     def raw_session() -> None:
-        created = client.api.create_container(
-            BASE_IMAGE, entrypoint=["sleep"], command=["600"], host_config=host_config, working_dir=workspace
-        )
-        client.api.start(created["Id"])
-        client.api.remove_container(created["Id"], force=True)
+        raw_id = create_raw_container(client, host_config, workspace)
+        client.api.start(raw_id)
+        client.api.remove_container(raw_id, force=True)
 
     def our_session() -> None:
         with backend.session(workspace=workspace) as session:

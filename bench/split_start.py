@@ -20,12 +20,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import docker
-from _fixtures import TRUE, owned_workspace, runtime_name
+from _fixtures import TRUE, create_raw_container, owned_workspace, raw_host_config, runtime_name
 from _timing import Row, Stats, interleaved, parser, print_section
 
-from executor import ExecRequest, Language, ResourceLimits
+from executor import ExecRequest, Language
 from executor.backends.docker import (
-    BASE_IMAGE,
     DockerBackend,
     DockerSession,
     _agent_transport,
@@ -33,7 +32,6 @@ from executor.backends.docker import (
     _probe,
 )
 from executor.backends.docker import session as session_module
-from executor.backends.docker._spec import ContainerSpec, host_config_arguments
 
 
 @contextlib.contextmanager
@@ -88,14 +86,12 @@ def raw_split(
 ) -> dict[str, float]:
     """Raw docker-py create + start + first ``exec_run('true')`` (benchmark 4's anchor), split (ms)."""
     marks = [time.perf_counter()]
-    created = client.api.create_container(
-        BASE_IMAGE, entrypoint=["sleep"], command=["600"], host_config=host_config, working_dir=workspace
-    )
-    made.append(created["Id"])
+    raw_id = create_raw_container(client, host_config, workspace)
+    made.append(raw_id)
     marks.append(time.perf_counter())
-    client.api.start(created["Id"])
+    client.api.start(raw_id)
     marks.append(time.perf_counter())
-    container = client.containers.get(created["Id"])
+    container = client.containers.get(raw_id)
     marks.append(time.perf_counter())
     exit_code, _ = container.exec_run("true", user="1000:1000")
     marks.append(time.perf_counter())
@@ -147,11 +143,7 @@ def start_split(runtime: str | None, repeat: int) -> tuple[list[Row], list[str]]
     client = docker.from_env()
     workspace = owned_workspace()
     backend = DockerBackend(runtime=runtime)
-    host_config = client.api.create_host_config(
-        **host_config_arguments(
-            ContainerSpec(image=BASE_IMAGE, limits=ResourceLimits(), runtime=runtime, workspace=workspace)
-        )
-    )
+    host_config = raw_host_config(client, runtime, workspace)
     made: list[str] = []
     sessions: list[DockerSession] = []
     samples: dict[str, list[dict[str, float]]] = {"raw": [], "ours": [], "old probe": []}

@@ -40,6 +40,7 @@ from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
 from executor.backends.kubernetes._channel import CLOSE, ERROR, STDIN, ChannelProtocol
 from executor.backends.kubernetes._exec import WebSocketLike
 from tests.conftest import require
+from tests.k8s_api_stubs import ClusterWithoutClaims
 
 __all__ = ["STANDIN_LABEL", "DockerExecWebSocket", "DockerPodApi", "backend_on", "docker_pod_api"]
 
@@ -162,17 +163,21 @@ class DockerExecWebSocket:
         self._sock.close()
 
 
-class DockerPodApi:
-    """``KubernetesApi`` whose Pods are local containers (see the module docstring); records the calls."""
+class DockerPodApi(ClusterWithoutClaims):
+    """``KubernetesApi`` whose Pods are local containers (see the module docstring); records the calls.
+
+    Its NetworkPolicies are stored as given: the container has no network, so the in-Pod probe finds no
+    route.
+    """
 
     def __init__(self, client: docker.DockerClient) -> None:
+        super().__init__()
         self.client = client
         self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []
         self.containers: dict[str, str] = {}
         """The container standing in for each Pod, by Pod name."""
         self.execs: list[DockerExecWebSocket] = []
-        self.policies: list[dict[str, Any]] = []
 
     def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
         """Start the Pod's container."""
@@ -196,39 +201,6 @@ class DockerPodApi:
         if container is not None:
             with contextlib.suppress(docker.errors.NotFound):
                 self.client.api.remove_container(container, force=True)
-
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        """Nothing leaked."""
-        return []
-
-    def read_runtime_class(self, name: str) -> dict[str, Any] | None:
-        """No RuntimeClasses here."""
-        return None
-
-    def apply_network_policy(self, namespace: str, policy: dict[str, Any]) -> dict[str, Any]:
-        """Stored as given (the container has no network, so the in-Pod probe finds no route)."""
-        self.policies.append(policy)
-        return policy
-
-    def has_claims(self) -> bool:
-        """No agent-sandbox CRDs."""
-        return False
-
-    def create_claim(self, namespace: str, claim: dict[str, Any]) -> dict[str, Any]:
-        """Never called without the CRDs."""
-        raise AssertionError("no claims here")
-
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """Never called without the CRDs."""
-        raise AssertionError("no claims here")
-
-    def delete_claim(self, namespace: str, name: str) -> None:
-        """Never called without the CRDs."""
-        raise AssertionError("no claims here")
-
-    def read_sandbox(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """Never called without the CRDs."""
-        raise AssertionError("no claims here")
 
     def open_exec(self, namespace: str, pod: str, container: str, argv: Sequence[str]) -> WebSocketLike:
         """``pods/exec`` into the Pod's container: a real docker exec in the v5 framing."""

@@ -13,6 +13,7 @@ import pytest
 from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig, api_error
 from executor.backends.kubernetes._exec import WebSocketLike
 from executor.errors import BackendUnavailableError, InvalidRequestError, PolicyNotEnforceableError
+from tests.k8s_api_stubs import ClusterWithoutClaims
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 
@@ -21,15 +22,15 @@ def load(name: str) -> Any:
     return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
-class FakeApi:
+class FakeApi(ClusterWithoutClaims):
     """Answers ``read_pod`` with recorded Pods (the last one repeats); records creates and deletes."""
 
     def __init__(self, pods: Sequence[dict[str, Any]] = (), create_error: str | None = None) -> None:
+        super().__init__()
         self.pods = list(pods)
         self.create_error = create_error
         self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []
-        self.policies: list[dict[str, Any]] = []
 
     def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
         if self.create_error:
@@ -44,24 +45,6 @@ class FakeApi:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self.deleted.append(name)
-
-    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return []  # nothing leaked (tests/unit/test_k8s_reaper.py lists some)
-
-    def read_runtime_class(self, name: str) -> dict[str, Any] | None:
-        return None
-
-    def apply_network_policy(self, namespace: str, policy: dict[str, Any]) -> dict[str, Any]:
-        self.policies.append(policy)
-        return policy
-
-    def has_claims(self) -> bool:
-        return False
-
-    def create_claim(self, namespace: str, claim: dict[str, Any]) -> dict[str, Any]:
-        raise AssertionError("no claims here")
-
-    read_claim = read_sandbox = delete_claim = create_claim  # type: ignore[assignment]
 
     def open_exec(self, namespace: str, pod: str, container: str, argv: Sequence[str]) -> WebSocketLike:
         raise AssertionError("the start must fail before any exec")
