@@ -306,7 +306,9 @@ class MirrorWorkspace:
         """The container's listing record of each entry at the last listing, while it is in sync."""
         # "Racy" entries: changed so recently that a later change could carry the same timestamps (a
         # clock's granularity; no kernel before 6.13 makes a stat'ed inode's next ctime differ).
-        self._root_id = (os.fstat(self._tree.fd).st_dev, os.fstat(self._tree.fd).st_ino)
+        held = os.fstat(self._tree.fd)
+        self._root_id = (held.st_dev, held.st_ino)
+        """The workspace directory this copy syncs (a replaced one fails the next sync)."""
         self._racy_ns = window_ns(self._tree.fd)
         """How recent a host file's ctime makes it racy (see :mod:`._racy`): the root's file system's."""
         self._host_racy: set[str] = set()
