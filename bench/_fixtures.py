@@ -8,10 +8,10 @@ from typing import Any
 
 import docker
 
-from executor import ExecRequest, Language, ResourceLimits
-from executor.backends.docker import BASE_IMAGE
-from executor.backends.docker._reaper import OWNER_PID
-from executor.backends.docker._spec import ContainerSpec, host_config_arguments
+from adk_sandbox.executor import ExecRequest, Language, ResourceLimits
+from adk_sandbox.executor.backends.docker import BASE_IMAGE
+from adk_sandbox.executor.backends.docker._reaper import OWNER_PID
+from adk_sandbox.executor.backends.docker._spec import ContainerSpec, host_config_arguments
 
 FLOOD_BYTES = 200_000_000
 TRUE = ExecRequest(language=Language.COMMAND, code="true", timeout=60)

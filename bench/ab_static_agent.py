@@ -16,9 +16,9 @@ import subprocess
 from _fixtures import TRUE, owned_workspace
 from _timing import Row, interleaved, parser, print_section
 
-from devtools import DevToolset, Workspace
-from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker import _static_agent as static_agent
+from adk_sandbox.devtools import DevToolset, Workspace
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker import _static_agent as static_agent
 
 HOST_ANCHOR = 'host `subprocess.run(["sh","-c","true"])`'
 

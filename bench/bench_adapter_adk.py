@@ -17,9 +17,9 @@ from typing import Any
 
 from _timing import Row, interleaved, parser, print_section
 
-from devtools import DevToolset, InvalidArgumentsError, Workspace
-from devtools.adapters.adk import AdkTool, SandboxToolset
-from executor.backends.docker import DockerBackend
+from adk_sandbox.devtools import DevToolset, InvalidArgumentsError, Workspace
+from adk_sandbox.devtools.adapters.adk import AdkTool, SandboxToolset
+from adk_sandbox.executor.backends.docker import DockerBackend
 
 Make = Callable[[], Coroutine[Any, Any, object]]
 

@@ -13,8 +13,8 @@ import asyncio
 
 from _timing import Row, interleaved, parser, print_section
 
-from devtools.adapters.inspect_sandbox import AdkSandboxConfig, AdkSandboxEnvironment
-from executor.types import ExecRequest
+from adk_sandbox.devtools.adapters.inspect_sandbox import AdkSandboxConfig, AdkSandboxEnvironment
+from adk_sandbox.executor.types import ExecRequest
 
 TASK = "bench_adapter_inspect"
 

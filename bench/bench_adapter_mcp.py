@@ -25,8 +25,8 @@ from _timing import Row, interleaved, parser, print_section
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from devtools import DevToolset, Workspace
-from executor.backends.docker import DockerBackend
+from adk_sandbox.devtools import DevToolset, Workspace
+from adk_sandbox.executor.backends.docker import DockerBackend
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -55,7 +55,7 @@ async def hold_session(root: Path, ready: Future[ClientSession], done: asyncio.E
     """Connect to ``adk-sandbox mcp`` for ``root`` and keep the session open until ``done``."""
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "executor", "mcp", "--workspace", str(root)],
+        args=["-m", "adk_sandbox", "mcp", "--workspace", str(root)],
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     async with contextlib.AsyncExitStack() as stack:

@@ -3,8 +3,8 @@
 Run: PYTHONPATH=. .venv/bin/python bench/bench_agent.py [--quick] [--runtimes runc,runsc]
 Prints Markdown tables (p50/p99, ratios, targets) for BENCHMARKS.md:
 * ``true`` in a warm session (agent channel) vs host ``subprocess.run(["sh", "-c", "true"])`` (≤ 2x), and
-  the bash tool through ``devtools.DevToolset`` on a Docker workspace vs the same anchor (≤ 2.5x); the
-  exec transport (one Docker exec per command) alongside; for each runtime;
+  the bash tool through ``adk_sandbox.devtools.DevToolset`` on a Docker workspace vs the same anchor (≤ 2.5x);
+  the exec transport (one Docker exec per command) alongside; for each runtime;
 * 200 MB with a 4 KiB cap: effective GB/s (≥ 1 GB/s) against a bare host pipe drain and the exec
   transport, and this process's RSS growth during it (< 20 MB), sampled in a thread;
 * CPU time per ``true``, agent vs exec transport: the whole machine (/proc/stat) and its split over this
@@ -33,9 +33,9 @@ from _timing import (
     process_cpu_seconds,
 )
 
-from devtools import DevToolset, Workspace
-from executor import ExecRequest
-from executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.devtools import DevToolset, Workspace
+from adk_sandbox.executor import ExecRequest
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 
 HOST_ANCHOR = 'host `subprocess.run(["sh","-c","true"])`'
 

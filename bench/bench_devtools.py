@@ -22,10 +22,10 @@ import regex
 from _timing import timed
 from wcmatch import fnmatch as wcfnmatch
 
-from devtools import Workspace
-from devtools.tools._common import SKIP_DIRS, is_binary
-from devtools.tools.glob import glob_files
-from devtools.tools.grep import MAX_GREP_FILE_BYTES, grep_lines
+from adk_sandbox.devtools import Workspace
+from adk_sandbox.devtools.tools._common import SKIP_DIRS, is_binary
+from adk_sandbox.devtools.tools.glob import glob_files
+from adk_sandbox.devtools.tools.grep import MAX_GREP_FILE_BYTES, grep_lines
 
 PATTERNS = [r"def \w+\(self", r"frozenset", r"^import (os|sys)$"]
 RG = shutil.which("rg") or "/usr/bin/rg"

@@ -21,8 +21,8 @@ import docker
 from _fixtures import TRUE, create_raw_container, owned_workspace, raw_host_config, runtime_name
 from _timing import Row, Stats, interleaved, print_section, timed
 
-from executor import ExecRequest, Language
-from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession
+from adk_sandbox.executor import ExecRequest, Language
+from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession
 
 FLOOD_BYTES = 200_000_000
 

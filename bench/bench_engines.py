@@ -20,8 +20,8 @@ from pathlib import Path
 
 from _timing import Row, interleaved, parser, print_section
 
-from executor import ExecRequest, Language
-from executor.backends.docker import BASE_IMAGE, DockerBackend, Engine
+from adk_sandbox.executor import ExecRequest, Language
+from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, Engine
 from tests.integration.private_engine import PrivateEngine, PrivateSshd, find_sshd
 
 TRUE = ExecRequest(language=Language.COMMAND, code="true", timeout=30)

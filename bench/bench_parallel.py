@@ -22,8 +22,8 @@ import docker
 from _fixtures import containers_of_this_process, owned_workspace, runtime_name
 from _timing import Row, Stats, parser, print_section
 
-from executor import ExecRequest, Language
-from executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor import ExecRequest, Language
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 
 
 @dataclass(frozen=True)

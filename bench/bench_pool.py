@@ -32,8 +32,8 @@ from _fixtures import TRUE, containers_of_this_process, owned_workspace, runtime
 from _timing import Row, Stats, parser, print_section
 from bench_mirror import make_tree
 
-from executor.backends.docker import DockerBackend, DockerSession, PoolConfig
-from executor.tools import SandboxTool
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession, PoolConfig
+from adk_sandbox.executor.tools import SandboxTool
 
 POOL_SIZE = 4
 TREE_FILES = 2000

@@ -16,7 +16,14 @@ from collections.abc import Callable
 
 from _timing import timed
 
-from executor import ExecRequest, Language, ProcessBackend, SandboxPolicy, bwrap_arguments, get_enforcer
+from adk_sandbox.executor import (
+    ExecRequest,
+    Language,
+    ProcessBackend,
+    SandboxPolicy,
+    bwrap_arguments,
+    get_enforcer,
+)
 
 FLOOD_BYTES = 200_000_000
 

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 
 from _timing import Row, Stats, percentile
 
-from executor import ExecRequest, Language, ProcessBackend, SandboxBackend
-from executor.rust import RustExecutor, RustExecutorConfig, host_rust, wrap_in_harness
+from adk_sandbox.executor import ExecRequest, Language, ProcessBackend, SandboxBackend
+from adk_sandbox.executor.rust import RustExecutor, RustExecutorConfig, host_rust, wrap_in_harness
 
 REGISTRY = "/usr/share/cargo/registry"
 
@@ -170,7 +170,7 @@ def open_backend(name: str, scratch: str) -> Iterator[tuple[SandboxBackend, str,
         with ProcessBackend() as backend:
             yield backend, os.path.join(scratch, "cargo-project"), env
     else:
-        from executor.backends.docker import DockerBackend  # noqa: PLC0415
+        from adk_sandbox.executor.backends.docker import DockerBackend  # noqa: PLC0415
 
         with DockerBackend(image=RUST_IMAGE).session(workspace=scratch) as session:
             yield session, "/tmp/adk-bench/cargo-project", {"CARGO_HOME": "/tmp/adk-bench/cargo-home"}

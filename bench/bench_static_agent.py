@@ -18,10 +18,10 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from executor import ExecRequest, Language
-from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker._agent_transport import AgentTransport
-from executor.backends.docker._daemon import daemon_socket_path
+from adk_sandbox.executor import ExecRequest, Language
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor.backends.docker._daemon import daemon_socket_path
 
 FLOOD_BYTES = 200_000_000
 FLAVOURS = ("python", "static")

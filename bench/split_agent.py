@@ -25,11 +25,11 @@ import time
 from _fixtures import TRUE, owned_workspace, runtime_name
 from _timing import Row, cgroup_cpu_seconds, interleaved, parser, print_section, process_cpu_seconds
 
-from executor import ExecRequest, Language
-from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker._agent import AGENT_ARGV0
-from executor.backends.docker._frames import Frame, FrameType, encode
-from executor.backends.docker._in_container import in_container_program
+from adk_sandbox.executor import ExecRequest, Language
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker._agent import AGENT_ARGV0
+from adk_sandbox.executor.backends.docker._frames import Frame, FrameType, encode
+from adk_sandbox.executor.backends.docker._in_container import in_container_program
 
 STEPS_BODY = r"""import json, os, signal, sys, time
 # @PRELUDE@

@@ -23,15 +23,15 @@ import docker
 from _fixtures import TRUE, create_raw_container, owned_workspace, raw_host_config, runtime_name
 from _timing import Row, Stats, interleaved, parser, print_section
 
-from executor import ExecRequest, Language
-from executor.backends.docker import (
+from adk_sandbox.executor import ExecRequest, Language
+from adk_sandbox.executor.backends.docker import (
     DockerBackend,
     DockerSession,
     _agent_transport,
     _container,
     _probe,
 )
-from executor.backends.docker import session as session_module
+from adk_sandbox.executor.backends.docker import session as session_module
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-r"""adk-sandbox devtools: a contained workspace and the six agent tools on top of :mod:`executor`.
+r"""adk-sandbox devtools: a contained workspace and the six agent tools on top of :mod:`adk_sandbox.executor`.
 
 >>> import asyncio, tempfile
 >>> from devtools import DevToolset, Workspace
@@ -12,7 +12,7 @@ File tools run on the host and open everything through a descriptor of the root 
 ``bash`` runs through the workspace's sandbox backend.
 """
 
-from devtools.errors import (
+from adk_sandbox.devtools.errors import (
     AmbiguousMatchError,
     BashDisabledError,
     BinaryFileError,
@@ -30,9 +30,9 @@ from devtools.errors import (
     ToolError,
     UnknownToolError,
 )
-from devtools.tools.bash import ProgressCallback
-from devtools.toolset import DevToolset, Tool
-from devtools.workspace import DEFAULT_ENV_ALLOWLIST, SessionFactory, Workspace
+from adk_sandbox.devtools.tools.bash import ProgressCallback
+from adk_sandbox.devtools.toolset import DevToolset, Tool
+from adk_sandbox.devtools.workspace import DEFAULT_ENV_ALLOWLIST, SessionFactory, Workspace
 
 __all__ = [
     "DEFAULT_ENV_ALLOWLIST",

@@ -21,14 +21,14 @@
 
 Where an error resembles a builtin it subclasses it too, so generic handlers (``except PermissionError``)
 keep working. ``ToolError``, ``UnknownToolError`` and ``InvalidArgumentsError`` are the classes of
-:mod:`executor.tool_protocol` (the one tool shape); adapters for agent frameworks turn any ``ToolError`` into
-an error result there (``call_tool``).
+:mod:`adk_sandbox.executor.tool_protocol` (the one tool shape); adapters for agent frameworks turn any
+``ToolError`` into an error result there (``call_tool``).
 """
 
 from __future__ import annotations
 
 # The base and the two errors every tool shares live with the one tool protocol; re-exported here.
-from executor.tool_protocol import InvalidArgumentsError, ToolError, UnknownToolError
+from adk_sandbox.executor.tool_protocol import InvalidArgumentsError, ToolError, UnknownToolError
 
 __all__ = [
     "AmbiguousMatchError",

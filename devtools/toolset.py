@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from devtools.errors import BashDisabledError, ReadOnlyError
-from devtools.tools import bash as bash_tool
-from devtools.tools import edit_file as edit_tool
-from devtools.tools import glob as glob_tool
-from devtools.tools import grep as grep_tool
-from devtools.tools import read_file as read_tool
-from devtools.tools import write_file as write_tool
-from devtools.tools._common import ToolArgs
-from devtools.workspace import Workspace
-from executor._bridge import run_blocking
-from executor.tool_protocol import AgentTool, ProgressCallback, find_tool
+from adk_sandbox.devtools.errors import BashDisabledError, ReadOnlyError
+from adk_sandbox.devtools.tools import bash as bash_tool
+from adk_sandbox.devtools.tools import edit_file as edit_tool
+from adk_sandbox.devtools.tools import glob as glob_tool
+from adk_sandbox.devtools.tools import grep as grep_tool
+from adk_sandbox.devtools.tools import read_file as read_tool
+from adk_sandbox.devtools.tools import write_file as write_tool
+from adk_sandbox.devtools.tools._common import ToolArgs
+from adk_sandbox.devtools.workspace import Workspace
+from adk_sandbox.executor._bridge import run_blocking
+from adk_sandbox.executor.tool_protocol import AgentTool, ProgressCallback, find_tool
 
 __all__ = ["DevToolset", "Tool"]
 
@@ -23,7 +23,7 @@ _BlockingRunner = Callable[[Workspace, Any], dict[str, Any]]
 
 
 class Tool(AgentTool):
-    """One workspace tool, bound to its workspace: an :class:`~executor.tool_protocol.AgentTool`.
+    """One workspace tool, bound to its workspace: an :class:`~adk_sandbox.executor.tool_protocol.AgentTool`.
 
     ``await tool.run(arguments, on_progress)`` validates and runs it; failures raise a ``ToolError``.
     """
@@ -93,7 +93,8 @@ class DevToolset:
     ) -> dict[str, Any]:
         """Validate ``args`` and run tool ``name``; returns its result dict, raises a ``ToolError``.
 
-        Blocking work runs in a thread of its own per call (``executor``'s one bridge, ``run_blocking``).
+        Blocking work runs in a thread of its own per call (``adk_sandbox.executor``'s one bridge,
+        ``run_blocking``).
         ``on_progress(stream, chunk)`` receives bash output while the command runs (other tools ignore it).
         """
         if name not in self._every:

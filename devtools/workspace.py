@@ -15,8 +15,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from devtools._beneath import NAMES_DIRECTORY, NOT_A_DIRECTORY, EscapeError, Located, RootDir, climbs_out
-from devtools.errors import (
+from adk_sandbox.devtools._beneath import (
+    NAMES_DIRECTORY,
+    NOT_A_DIRECTORY,
+    EscapeError,
+    Located,
+    RootDir,
+    climbs_out,
+)
+from adk_sandbox.devtools.errors import (
     FilePermissionError,
     InvalidPathError,
     NotRegularFileError,
@@ -25,7 +32,13 @@ from devtools.errors import (
     StaleReadError,
     ToolError,
 )
-from executor import DEFAULT_MAX_OUTPUT_BYTES, Capabilities, ProcessBackend, SandboxBackend, SessionFactory
+from adk_sandbox.executor import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    Capabilities,
+    ProcessBackend,
+    SandboxBackend,
+    SessionFactory,
+)
 
 __all__ = [
     "DEFAULT_ENV_ALLOWLIST",
@@ -69,7 +82,7 @@ class Workspace:
 
     File tools run on the host and open everything through a descriptor of ``root`` held for the
     workspace's life (see ``docs/DEVTOOLS.md``); ``bash`` runs through ``sandbox`` (default: a host
-    :class:`~executor.ProcessBackend` working in ``root``). Use as a context manager, or call
+    :class:`~adk_sandbox.executor.ProcessBackend` working in ``root``). Use as a context manager, or call
     :meth:`close`.
 
     ``bash_timeout`` is both the default and the ceiling of a ``bash`` call's timeout, in seconds;
@@ -77,7 +90,8 @@ class Workspace:
     named in ``env_allowlist`` unless ``inherit_env`` is set, and ``inherit_env`` applies only where the
     backend reports ``host_environment`` (a plain host process, see :meth:`command_env`): a container or
     another sandbox never receives the host's environment. ``sandbox`` is a backend used as given, or an
-    :class:`~executor.SessionFactory` (``DockerBackend``) from which one session bound to ``root`` is opened.
+    :class:`~adk_sandbox.executor.SessionFactory` (``DockerBackend``) from which one session bound to ``root``
+    is opened.
     """
 
     def __init__(

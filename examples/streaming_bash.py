@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 
-from devtools import DevToolset, Workspace
+from adk_sandbox.devtools import DevToolset, Workspace
 
 COMMAND = 'for i in 1 2 3 4 5; do echo "step $i in $(pwd)"; sleep 1; done; echo "done" >&2'
 

@@ -9,12 +9,12 @@ r"""adk-sandbox executor: run agent code in sandboxes that report the isolation 
 
 from typing import TYPE_CHECKING, Any
 
-from executor.backend import OutputCallback, SandboxBackend, SessionFactory
-from executor.backends.bwrap import BubblewrapEnforcer, bwrap_arguments, get_enforcer
-from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.enforcer import Confinement, Enforcer
-from executor.backends.process import ProcessBackend
-from executor.errors import (
+from adk_sandbox.executor.backend import OutputCallback, SandboxBackend, SessionFactory
+from adk_sandbox.executor.backends.bwrap import BubblewrapEnforcer, bwrap_arguments, get_enforcer
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.enforcer import Confinement, Enforcer
+from adk_sandbox.executor.backends.process import ProcessBackend
+from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     EnforcerUnavailableError,
     ExecutorError,
@@ -22,10 +22,10 @@ from executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
-from executor.policy import AllowedPath, SandboxPolicy, SandboxPolicyBuilder
-from executor.rust import RustExecutor, RustExecutorConfig, RustResult
-from executor.tools import CodeTool, SandboxTool
-from executor.types import (
+from adk_sandbox.executor.policy import AllowedPath, SandboxPolicy, SandboxPolicyBuilder
+from adk_sandbox.executor.rust import RustExecutor, RustExecutorConfig, RustResult
+from adk_sandbox.executor.tools import CodeTool, SandboxTool
+from adk_sandbox.executor.types import (
     DEFAULT_MAX_OUTPUT_BYTES,
     MAX_BACKGROUND_GROUPS,
     Capabilities,
@@ -38,8 +38,8 @@ from executor.types import (
 )
 
 if TYPE_CHECKING:
-    from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
-    from executor.backends.wasm import WasmBackend
+    from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
+    from adk_sandbox.executor.backends.wasm import WasmBackend
 
 __version__ = "0.1.0"
 
@@ -47,12 +47,12 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     # WasmBackend needs the optional wasmtime: imported on first use so `import executor` works without.
     if name == "WasmBackend":
-        from executor.backends.wasm import WasmBackend  # noqa: PLC0415 - lazy on purpose
+        from adk_sandbox.executor.backends.wasm import WasmBackend  # noqa: PLC0415 - lazy on purpose
 
         return WasmBackend
     if name in ("KubernetesBackend", "KubernetesConfig"):
         # Lazy like WasmBackend: the kubernetes client itself is imported only when a backend connects.
-        from executor.backends import kubernetes  # noqa: PLC0415 - lazy on purpose
+        from adk_sandbox.executor.backends import kubernetes  # noqa: PLC0415 - lazy on purpose
 
         return getattr(kubernetes, name)
     raise AttributeError(f"module 'executor' has no attribute {name!r}")

@@ -1,7 +1,7 @@
-"""``python -m executor`` runs the ``adk-sandbox`` command."""
+"""``python -m adk_sandbox.executor`` runs the ``adk-sandbox`` command (as ``python -m adk_sandbox`` does)."""
 
 import sys
 
-from executor.cli import main
+from adk_sandbox.executor.cli import main
 
 sys.exit(main())

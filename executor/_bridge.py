@@ -1,7 +1,7 @@
 """The one sync-to-async bridge: every tool runs its blocking work through :func:`run_blocking`.
 
-``executor`` is synchronous (SPEC §1) and the tools are awaited from an agent's event loop, so each tool
-call hands its blocking work to a thread. Two properties decide how, and ``asyncio.to_thread`` has
+``adk_sandbox.executor`` is synchronous (SPEC §1) and the tools are awaited from an agent's event loop, so
+each tool call hands its blocking work to a thread. Two properties decide how, and ``asyncio.to_thread`` has
 neither:
 
 * **A thread of its own per call, not the loop's default executor.** That executor has a handful of

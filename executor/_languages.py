@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from executor.errors import InvalidRequestError
-from executor.types import ExecRequest, Language
+from adk_sandbox.executor.errors import InvalidRequestError
+from adk_sandbox.executor.types import ExecRequest, Language
 
 __all__ = [
     "LANGUAGES",

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from executor.types import Stream
+from adk_sandbox.executor.types import Stream
 
 __all__ = [
     "CHUNK_SIZE",

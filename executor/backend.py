@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar, runtime_checkable
 
-from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Stream
+from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Stream
 
 __all__ = [
     "OutputCallback",
@@ -112,7 +112,7 @@ class SandboxSession(SandboxBackend):
 
     What :meth:`SessionBackend.session` returns. The sandbox is made by :meth:`start` -- on entry
     (``with backend.session() as session``) or on first use -- and removed by :meth:`close`, after which
-    the session refuses to run anything (:class:`~executor.errors.SandboxFailedError`).
+    the session refuses to run anything (:class:`~adk_sandbox.executor.errors.SandboxFailedError`).
     """
 
     _closed: bool = False
@@ -239,7 +239,7 @@ def _close_quietly(session: SandboxBackend, what: str) -> None:
 
 
 if TYPE_CHECKING:  # checked by mypy, never run: the Docker backend is a SessionFactory as it is written
-    from executor.backends.docker.backend import DockerBackend
+    from adk_sandbox.executor.backends.docker.backend import DockerBackend
 
     def _docker_backend_opens_sessions(backend: DockerBackend) -> SessionFactory:
         return backend

@@ -1,4 +1,4 @@
-"""The ``adk-sandbox`` command (also ``python -m executor``): run commands in hardened sandboxes.
+"""The ``adk-sandbox`` command (also ``python -m adk_sandbox``): run commands in hardened sandboxes.
 
 ``run`` runs a command in a per-session container with a workspace mounted, streaming its output and
 exiting with its exit code (124 on timeout); ``doctor`` lists each backend available on this machine with
@@ -25,14 +25,14 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from executor.backends.bwrap import get_enforcer
-from executor.backends.docker.config import DockerConfig, config_from_options
-from executor.backends.docker.engine import Engine
-from executor.backends.docker.images import BASE_IMAGE
-from executor.backends.process import ProcessBackend
-from executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
-from executor.policy import SandboxPolicy
-from executor.types import Capabilities, ExecRequest, ExecResult, Language, ResourceLimits, Stream
+from adk_sandbox.executor.backends.bwrap import get_enforcer
+from adk_sandbox.executor.backends.docker.config import DockerConfig, config_from_options
+from adk_sandbox.executor.backends.docker.engine import Engine
+from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor.backends.process import ProcessBackend
+from adk_sandbox.executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
+from adk_sandbox.executor.policy import SandboxPolicy
+from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, ResourceLimits, Stream
 
 __all__ = ["main"]
 
@@ -83,9 +83,9 @@ def engine_lines(engine: Engine, dialect: str, version: str = "") -> list[str]:
 
 def _doctor_engine() -> None:
     """The engine the Docker backend would use and its dialect (or why it does not answer)."""
-    from executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
-    from executor.backends.docker._dialect import dialect_of  # noqa: PLC0415
-    from executor.backends.docker.engine import resolve_engine  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
+    from adk_sandbox.executor.backends.docker._dialect import dialect_of  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker.engine import resolve_engine  # noqa: PLC0415
 
     try:
         engine = resolve_engine()
@@ -110,7 +110,7 @@ def _doctor_engine() -> None:
 
 def _doctor_docker() -> bool:
     """The engine, each runtime's real container (runc, runsc) and the images; True when runc works."""
-    from executor.backends.docker import DockerBackend, images  # noqa: PLC0415 - docker-py loads lazily
+    from adk_sandbox.executor.backends.docker import DockerBackend, images  # noqa: PLC0415 - docker-py loads lazily
 
     _doctor_engine()
     works = False
@@ -160,7 +160,7 @@ def _workspace_of(workspace: str | None) -> str:
 
 def _doctor_wasm() -> None:
     try:
-        from executor.backends.wasm import WasmBackend  # noqa: PLC0415 - optional extra "wasm"
+        from adk_sandbox.executor.backends.wasm import WasmBackend  # noqa: PLC0415 - optional extra "wasm"
     except ImportError as exc:
         print(f"{'wasm':<16} {'unavailable':<16} {exc} (pip install 'adk-sandbox[wasm]')")
         return
@@ -184,7 +184,7 @@ EXAMPLE_COMMAND = ("sh", "demo.sh")
 
 def run(args: argparse.Namespace) -> int:
     """``adk-sandbox run``: one command in a per-session container, output streamed live."""
-    from executor.backends.docker import DockerBackend  # noqa: PLC0415 - docker-py loads lazily
+    from adk_sandbox.executor.backends.docker import DockerBackend  # noqa: PLC0415 - docker-py loads lazily
 
     command = list(args.cmd)
     if command[:1] == ["--"]:
@@ -306,8 +306,8 @@ def _example_workspace() -> Iterator[str]:
 
 def cleanup_pods(context: str | None, namespace: str) -> int:
     """``adk-sandbox cleanup --kubernetes``: delete the namespace's leaked session Pods (extra ``k8s``)."""
-    from executor.backends.kubernetes._api import ClientApi  # noqa: PLC0415 - the optional k8s extra
-    from executor.backends.kubernetes._reaper import reap_leaked_pods  # noqa: PLC0415
+    from adk_sandbox.executor.backends.kubernetes._api import ClientApi  # noqa: PLC0415 - the optional k8s extra
+    from adk_sandbox.executor.backends.kubernetes._reaper import reap_leaked_pods  # noqa: PLC0415
 
     removed = reap_leaked_pods(ClientApi(context), namespace)
     for pod in removed:
@@ -318,8 +318,8 @@ def cleanup_pods(context: str | None, namespace: str) -> int:
 
 def cleanup(session: str | None = None) -> int:
     """``adk-sandbox cleanup``: remove this project's leaked containers, or one session's (by label)."""
-    from executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
-    from executor.backends.docker._reaper import cleanup_session, reap_leaked  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
+    from adk_sandbox.executor.backends.docker._reaper import cleanup_session, reap_leaked  # noqa: PLC0415
 
     if session is not None:
         ids = cleanup_session(session)
@@ -395,7 +395,7 @@ class _LiveDisplay:
 
 def images_build(*, base_image: str | None, force: bool) -> int:
     """``adk-sandbox images build``: build what is missing or outdated, showing progress."""
-    from executor.backends.docker.images import ImageBuildError, build_images  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker.images import ImageBuildError, build_images  # noqa: PLC0415
 
     display = _LiveDisplay(sys.stdout)
     try:
@@ -421,7 +421,7 @@ def images_build(*, base_image: str | None, force: bool) -> int:
 
 def images_push(*, engine: str, names: Sequence[str]) -> int:
     """``adk-sandbox images push``: copy images to another engine, bytes sent shown; skip what it has."""
-    from executor.backends.docker.images import push_images  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker.images import push_images  # noqa: PLC0415
 
     display = _LiveDisplay(sys.stdout)
     try:
@@ -436,7 +436,7 @@ def images_push(*, engine: str, names: Sequence[str]) -> int:
 def mcp_server(args: argparse.Namespace) -> int:
     """``adk-sandbox mcp``: serve the workspace tools to an MCP host over stdio (extra ``mcp``)."""
     try:
-        from devtools.adapters import mcp  # noqa: PLC0415 - the mcp SDK is an optional extra
+        from adk_sandbox.devtools.adapters import mcp  # noqa: PLC0415 - the mcp SDK is an optional extra
     except ImportError as exc:
         print(
             f"adk-sandbox: error: {exc}; install the extra: pip install 'adk-sandbox[mcp]'", file=sys.stderr

@@ -1,8 +1,9 @@
-"""The exceptions raised by :mod:`executor`.
+"""The exceptions raised by :mod:`adk_sandbox.executor`.
 
 Every failure of the library is an :class:`ExecutorError`. A command that runs and fails (non-zero exit,
-a signal, a timeout, an OOM kill) is **not** an error: it is an :class:`~executor.types.ExecResult`.
-Exceptions are for requests that must not run and for infrastructure that cannot run them::
+a signal, a timeout, an OOM kill) is **not** an error: it is an
+:class:`~adk_sandbox.executor.types.ExecResult`. Exceptions are for requests that must not run and for
+infrastructure that cannot run them::
 
     ExecutorError
     ├── InvalidRequestError          the request itself is wrong (bad language, timeout, env); nothing ran
@@ -31,7 +32,7 @@ __all__ = [
 
 
 class ExecutorError(Exception):
-    """Base class of every exception raised by :mod:`executor`."""
+    """Base class of every exception raised by :mod:`adk_sandbox.executor`."""
 
 
 class InvalidRequestError(ExecutorError, ValueError):

@@ -7,7 +7,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from executor.types import validate_env
+from adk_sandbox.executor.types import validate_env
 
 __all__ = ["AllowedPath", "SandboxPolicy", "SandboxPolicyBuilder"]
 

@@ -1,12 +1,12 @@
 r"""A fake backend shipped with the library, for unit tests of code that drives a sandbox.
 
-:class:`FakeBackend` runs nothing. It answers every :class:`~executor.types.ExecRequest` with a result you
-choose (a fixed :class:`~executor.types.ExecResult`, or a function of the request), streams that result's
-output to ``on_output`` as a real backend would, records every request, and can play broken
-infrastructure by raising. Use it to test an agent's tool handling without Docker::
+:class:`FakeBackend` runs nothing. It answers every :class:`~adk_sandbox.executor.types.ExecRequest` with a
+result you choose (a fixed :class:`~adk_sandbox.executor.types.ExecResult`, or a function of the request),
+streams that result's output to ``on_output`` as a real backend would, records every request, and can play
+broken infrastructure by raising. Use it to test an agent's tool handling without Docker::
 
-    from executor.testing import FakeBackend
-    from executor.tools import SandboxTool
+    from adk_sandbox.executor.testing import FakeBackend
+    from adk_sandbox.executor.tools import SandboxTool
 
     fake = FakeBackend(stdout="hello\n")
     assert SandboxTool(fake).run_sync({"language": "command", "code": "echo hello"})["stdout"] == "hello\n"
@@ -21,8 +21,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from executor.backend import OutputCallback, SandboxBackend
-from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream
+from adk_sandbox.executor.backend import OutputCallback, SandboxBackend
+from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream
 
 __all__ = ["FakeBackend", "container_capabilities"]
 

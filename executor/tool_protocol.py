@@ -1,10 +1,10 @@
 """The one shape every agent-facing tool has, and the one way adapters call a tool.
 
-Every tool of the project — the six workspace tools of :mod:`devtools` and ``code_exec`` /
-``sandbox_exec`` of :mod:`executor.tools` — is an :class:`AgentTool`: a ``name``, a ``description``, a
-pydantic ``args_model`` whose JSON schema is ``parameters``, and ``async run(arguments, on_progress)``
-returning a JSON-ready dict. Arguments are parsed by one function, :func:`parse_arguments`, so every tool
-words a bad argument the same way.
+Every tool of the project — the six workspace tools of :mod:`adk_sandbox.devtools` and ``code_exec`` /
+``sandbox_exec`` of :mod:`adk_sandbox.executor.tools` — is an :class:`AgentTool`: a ``name``, a
+``description``, a pydantic ``args_model`` whose JSON schema is ``parameters``, and ``async run(arguments,
+on_progress)`` returning a JSON-ready dict. Arguments are parsed by one function, :func:`parse_arguments`, so
+every tool words a bad argument the same way.
 
 Errors are information, in one of two ways, fixed per tool by ``errors_are_results``:
 
@@ -17,7 +17,7 @@ returns a :class:`ToolOutcome` whose ``payload`` is the result, or ``{"status": 
 for any failure, so nothing a tool raises can abort an agent's run. Cancellation is the exception: it
 propagates (after the tool has killed what it started), because the caller asked for it.
 
-The error tree (``devtools.errors`` adds the file-tool errors under :class:`ToolError`)::
+The error tree (``adk_sandbox.devtools.errors`` adds the file-tool errors under :class:`ToolError`)::
 
     ToolError
     ├── InvalidArgumentsError  (also ValueError)   arguments that fail validation (field and reason)
@@ -36,8 +36,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
-from executor.errors import ExecutorError
-from executor.types import Stream
+from adk_sandbox.executor.errors import ExecutorError
+from adk_sandbox.executor.types import Stream
 
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
@@ -215,9 +215,9 @@ async def call_tool(
 ) -> ToolOutcome:
     """Run ``tool``; every failure becomes an error outcome, so an adapter's agent run never aborts.
 
-    Project errors (:class:`ToolError`, :class:`~executor.errors.ExecutorError`) keep their message.
-    Anything else is a bug or a broken dependency: it is logged with its traceback and reported by type
-    and message. ``CancelledError`` propagates.
+    Project errors (:class:`ToolError`, :class:`~adk_sandbox.executor.errors.ExecutorError`) keep their
+    message. Anything else is a bug or a broken dependency: it is logged with its traceback and reported by
+    type and message. ``CancelledError`` propagates.
     """
     try:
         result = await tool.run(arguments, on_progress)

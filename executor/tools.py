@@ -9,11 +9,11 @@ is refused before it is parsed (Python's parser would hit its recursion limit), 
 harness; deeper input would silently arrive as ``null``).
 
 ``run(arguments)`` is ``async`` and runs the blocking work in a thread of its own (the project's one bridge,
-``executor._bridge.run_blocking``), so an agent's event loop stays free and long calls do not hold the
-loop's default executor; cancelling the awaiting task kills what the call started, and ``CancelledError``
+``adk_sandbox.executor._bridge.run_blocking``), so an agent's event loop stays free and long calls do not hold
+the loop's default executor; cancelling the awaiting task kills what the call started, and ``CancelledError``
 reaches the caller only once it is dead. ``run_sync(arguments)`` is the same call for synchronous code.
-Both are ``executor.tool_protocol.AgentTool`` tools (``errors_are_results``), the one tool shape the
-adapters for agent frameworks take.
+Both are ``adk_sandbox.executor.tool_protocol.AgentTool`` tools (``errors_are_results``), the one tool shape
+the adapters for agent frameworks take.
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
-from executor._bridge import run_blocking
-from executor.backend import OwnedSession, SandboxBackend, SessionFactory
-from executor.errors import SandboxFailedError
-from executor.rust.pipeline import RustExecutor, RustExecutorConfig, RustResult
-from executor.tool_protocol import (
+from adk_sandbox.executor._bridge import run_blocking
+from adk_sandbox.executor.backend import OwnedSession, SandboxBackend, SessionFactory
+from adk_sandbox.executor.errors import SandboxFailedError
+from adk_sandbox.executor.rust.pipeline import RustExecutor, RustExecutorConfig, RustResult
+from adk_sandbox.executor.tool_protocol import (
     MAX_ARGUMENT_DEPTH,
     AgentTool,
     InvalidArgumentsError,
     ProgressCallback,
     error_payload,
 )
-from executor.types import ExecRequest, ExecResult, Language
+from adk_sandbox.executor.types import ExecRequest, ExecResult, Language
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECS",

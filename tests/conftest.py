@@ -11,6 +11,7 @@ import contextlib
 import os
 import random
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from executor import (
+from adk_sandbox.executor import (
     BackendUnavailableError,
     BubblewrapEnforcer,
     Capabilities,
@@ -26,10 +27,29 @@ from executor import (
     Language,
     get_enforcer,
 )
-from executor.backends.docker import BASE_IMAGE, DockerBackend
-from executor.testing import container_capabilities
+from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend
+from adk_sandbox.executor.testing import container_capabilities
 
 IN_CI = bool(os.environ.get("CI"))
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_copy_of_each_module() -> Iterator[None]:
+    """Fails the run if anything imported the repository's folders as top-level ``executor``/``devtools``.
+
+    pytest puts the repository root on ``sys.path`` (``tests`` is a package), so a stray ``import executor``
+    would load a second copy of every module beside ``adk_sandbox.executor``: two ``ExecutorError`` classes,
+    two caches, and an install that only works from a checkout.
+    """
+    yield
+    strays = sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if name.split(".")[0] in ("executor", "devtools")
+        and str(getattr(module, "__file__", "") or "").startswith(str(REPOSITORY))
+    )
+    assert not strays, f"modules imported outside the adk_sandbox root: {strays[:10]}"
 
 
 def require(available: bool, reason: str) -> None:

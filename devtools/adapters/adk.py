@@ -3,9 +3,9 @@
 Usage::
 
     from google.adk.agents import Agent
-    from devtools import Workspace
-    from devtools.adapters.adk import SandboxCodeExecutor, SandboxToolset
-    from executor.backends.docker import DockerBackend
+    from adk_sandbox.devtools import Workspace
+    from adk_sandbox.devtools.adapters.adk import SandboxCodeExecutor, SandboxToolset
+    from adk_sandbox.executor.backends.docker import DockerBackend
 
     toolset = SandboxToolset(Workspace("/src/project", sandbox=DockerBackend()))
     agent = Agent(name="coder", model="gemini-2.5-flash", tools=[toolset])
@@ -15,13 +15,13 @@ Usage::
 * :class:`SandboxToolset` -- a ``BaseToolset`` of the workspace's tools (``DevToolset(workspace).tools``:
   read_file, glob, grep, write_file, edit_file, bash; a read-only workspace exposes read_file, glob and
   grep only, with no bash even if the workspace allows it) plus any extra ``AgentTool`` such as
-  :class:`~executor.tools.CodeTool` or :class:`~executor.tools.SandboxTool`.
+  :class:`~adk_sandbox.executor.tools.CodeTool` or :class:`~adk_sandbox.executor.tools.SandboxTool`.
 * :class:`AdkTool` -- one ``AgentTool`` as an ADK ``BaseTool``. Its declaration is built for ADK's Gemini
   conversion (``google.adk.tools._gemini_schema_util._to_gemini_schema``) by :func:`gemini_parameters`:
   what the Gemini ``Schema`` type cannot carry (``additionalProperties: false``, ``exclusiveMinimum``, a
   value of any JSON type) is said in the descriptions or given a type, so nothing is lost silently.
   A call never raises: every failure comes back to the model as ``{"status": "error", "message"}``
-  (:func:`executor.tool_protocol.call_tool`), so a tool error never aborts the agent's run.
+  (:func:`adk_sandbox.executor.tool_protocol.call_tool`), so a tool error never aborts the agent's run.
 * :class:`SandboxCodeExecutor` -- a ``BaseCodeExecutor`` that runs the model's Python code blocks in a
   sandbox backend (one session of a ``DockerBackend``, like ``SandboxTool``).
 
@@ -43,11 +43,11 @@ from google.adk.tools.base_toolset import BaseToolset, ToolPredicate
 from google.genai import types
 from pydantic import Field, PrivateAttr
 
-from devtools.toolset import DevToolset
-from devtools.workspace import Workspace
-from executor.backend import SandboxBackend, SessionFactory
-from executor.tool_protocol import AgentTool, call_tool, error_payload
-from executor.tools import DEFAULT_TIMEOUT_SECS, SandboxTool
+from adk_sandbox.devtools.toolset import DevToolset
+from adk_sandbox.devtools.workspace import Workspace
+from adk_sandbox.executor.backend import SandboxBackend, SessionFactory
+from adk_sandbox.executor.tool_protocol import AgentTool, call_tool, error_payload
+from adk_sandbox.executor.tools import DEFAULT_TIMEOUT_SECS, SandboxTool
 
 if TYPE_CHECKING:
     from google.adk.agents.invocation_context import InvocationContext
@@ -190,7 +190,7 @@ def gemini_parameters(tool: AgentTool) -> tuple[dict[str, Any], tuple[str, ...]]
 
 
 class AdkTool(BaseTool):
-    """One :class:`~executor.tool_protocol.AgentTool` as a google-adk ``BaseTool``.
+    """One :class:`~adk_sandbox.executor.tool_protocol.AgentTool` as a google-adk ``BaseTool``.
 
     The declaration is :func:`gemini_parameters` through ADK's own Gemini conversion, with
     :data:`ONLY_LISTED_ARGUMENTS` appended to the description. ``run_async`` never raises (cancellation
@@ -235,9 +235,10 @@ class SandboxToolset(BaseToolset):
     """The workspace's tools (and ``extra_tools``) for a google-adk agent: ``Agent(tools=[toolset])``.
 
     The tools are ``DevToolset(workspace).tools`` in its order, then ``extra_tools`` (e.g. a
-    :class:`~executor.tools.CodeTool` or :class:`~executor.tools.SandboxTool`). A workspace that is not
-    writable exposes read_file, glob and grep only: bash is left out even where the workspace allows it,
-    because a command could change the files the read-only toolset promises to leave alone.
+    :class:`~adk_sandbox.executor.tools.CodeTool` or :class:`~adk_sandbox.executor.tools.SandboxTool`). A
+    workspace that is not writable exposes read_file, glob and grep only: bash is left out even where the
+    workspace allows it, because a command could change the files the read-only toolset promises to leave
+    alone.
 
     ``close()`` (ADK's runner calls it when it closes) closes the workspace and every extra tool that has a
     ``close`` method -- the sessions and containers they opened -- unless ``owns_resources`` is false.
@@ -286,10 +287,11 @@ class SandboxCodeExecutor(BaseCodeExecutor):
     """A google-adk code executor that runs the model's Python code blocks in a sandbox backend.
 
     ``Agent(code_executor=SandboxCodeExecutor(DockerBackend()))``. Each code block runs as
-    ``python`` in ``backend``; given a :class:`~executor.SessionFactory` (``DockerBackend``) every block
-    runs in **one** session opened on the first (one container; files a block writes are there for the
+    ``python`` in ``backend``; given a :class:`~adk_sandbox.executor.SessionFactory` (``DockerBackend``) every
+    block runs in **one** session opened on the first (one container; files a block writes are there for the
     next, Python variables are not: ``stateful`` is false), removed by :meth:`close` -- the session
-    handling of :class:`~executor.tools.SandboxTool`, which runs the code. A failure to run is reported in
+    handling of :class:`~adk_sandbox.executor.tools.SandboxTool`, which runs the code. A failure to run is
+    reported in
     ``stderr`` of the result, never raised, so it reaches the model instead of ending the run.
 
     ``timeout_seconds`` (default 30) bounds each block, clamped to 1..300 like ``sandbox_exec``.

@@ -7,7 +7,8 @@ imports it through the ``inspect_ai`` plugin entry point in pyproject.toml, so a
     eval(task, sandbox=("adk-sandbox", "adk-sandbox.yaml"))             # a YAML/JSON file of the fields
     eval(task, sandbox=SandboxEnvironmentSpec("adk-sandbox", AdkSandboxConfig(runtime="runsc")))
 
-Each sample gets one :class:`~executor.backends.docker.DockerSession` (one container, the agent channel):
+Each sample gets one :class:`~adk_sandbox.executor.backends.docker.DockerSession` (one container, the agent
+channel):
 ``exec`` is one request on it, ``read_file``/``write_file`` are file operations performed inside the
 container as the command user (``DockerSession.files``), so every path of the container is reachable
 with the container's own permissions. There is no host workspace: the sample's working directory is the
@@ -50,12 +51,17 @@ from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from executor._bridge import run_blocking
-from executor.backends.docker import DockerBackend, DockerSession, cleanup_labelled, cleanup_session
-from executor.backends.docker.images import BASE_IMAGE
-from executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
-from executor.types import ExecRequest, ResourceLimits, parse_user
-from executor.types import ExecResult as CoreExecResult
+from adk_sandbox.executor._bridge import run_blocking
+from adk_sandbox.executor.backends.docker import (
+    DockerBackend,
+    DockerSession,
+    cleanup_labelled,
+    cleanup_session,
+)
+from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.types import ExecRequest, ResourceLimits, parse_user
+from adk_sandbox.executor.types import ExecResult as CoreExecResult
 
 __all__ = [
     "PROVIDER_LABEL",
@@ -129,7 +135,7 @@ class AdkSandboxConfig(BaseModel):
 
 @sandboxenv(name="adk-sandbox")
 class AdkSandboxEnvironment(SandboxEnvironment):
-    """One sample's sandbox: a hardened container of :class:`~executor.backends.docker.DockerBackend`.
+    """One sample's sandbox: a hardened container of a :class:`DockerBackend`.
 
     Made by :meth:`sample_init` (one per sample), removed by :meth:`sample_cleanup`. The backends (one per
     task and configuration, labelled with the task's name) are closed by :meth:`task_cleanup`.

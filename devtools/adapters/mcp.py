@@ -1,12 +1,14 @@
 """An MCP server over stdio for the project's tools (extra ``mcp``; started by ``adk-sandbox mcp``).
 
-A thin module over :mod:`executor.tool_protocol`: every :class:`~executor.tool_protocol.AgentTool` becomes
-one MCP tool whose ``inputSchema`` is the tool's ``parameters`` unchanged (``additionalProperties: false``
-and every bound kept), and every call goes through :func:`~executor.tool_protocol.call_tool`, so:
+A thin module over :mod:`adk_sandbox.executor.tool_protocol`: every
+:class:`~adk_sandbox.executor.tool_protocol.AgentTool` becomes one MCP tool whose ``inputSchema`` is the
+tool's ``parameters`` unchanged (``additionalProperties: false`` and every bound kept), and every call goes
+through :func:`~adk_sandbox.executor.tool_protocol.call_tool`, so:
 
 * a result is its JSON dict twice, as text content (what every host shows the model) and as
   ``structuredContent``; a failure is the same with ``isError: true`` and ``{"status": "error", "message"}``;
-* arguments are validated by the tool itself (:func:`~executor.tool_protocol.parse_arguments`), never by the
+* arguments are validated by the tool itself (:func:`~adk_sandbox.executor.tool_protocol.parse_arguments`),
+never by the
   SDK: an unknown argument is refused with the project's message naming it and the accepted ones, and the
   tool does not run;
 * bash output goes to the client while the command runs, as ``notifications/progress`` on the call's
@@ -37,13 +39,19 @@ import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 
-from devtools.toolset import DevToolset
-from devtools.workspace import Workspace
-from executor.tool_protocol import AgentTool, ProgressCallback, UnknownToolError, call_tool, find_tool
-from executor.types import Stream
+from adk_sandbox.devtools.toolset import DevToolset
+from adk_sandbox.devtools.workspace import Workspace
+from adk_sandbox.executor.tool_protocol import (
+    AgentTool,
+    ProgressCallback,
+    UnknownToolError,
+    call_tool,
+    find_tool,
+)
+from adk_sandbox.executor.types import Stream
 
 if TYPE_CHECKING:
-    from executor.backends.docker import DockerConfig
+    from adk_sandbox.executor.backends.docker import DockerConfig
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -256,9 +264,9 @@ def workspace_tools(
     a command could write. ``code_exec`` adds the Rust tool on its own backend, the same settings with the
     image ``adk-sandbox/rust``.
     """
-    from executor.backends.docker import DockerBackend, DockerConfig  # noqa: PLC0415 - docker-py loads lazily
-    from executor.backends.docker.images import RUST_IMAGE  # noqa: PLC0415
-    from executor.tools import CodeTool, SandboxTool  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker import DockerBackend, DockerConfig  # noqa: PLC0415 - docker-py loads lazily
+    from adk_sandbox.executor.backends.docker.images import RUST_IMAGE  # noqa: PLC0415
+    from adk_sandbox.executor.tools import CodeTool, SandboxTool  # noqa: PLC0415
 
     settings = config or DockerConfig()
 

@@ -10,12 +10,12 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from devtools.errors import BashDisabledError
-from devtools.tools._common import ToolArgs
-from devtools.workspace import Workspace
-from executor import ExecRequest, ExecResult, IsolationClass, Language, Stream
-from executor._bridge import run_blocking
-from executor.tool_protocol import ProgressCallback
+from adk_sandbox.devtools.errors import BashDisabledError
+from adk_sandbox.devtools.tools._common import ToolArgs
+from adk_sandbox.devtools.workspace import Workspace
+from adk_sandbox.executor import ExecRequest, ExecResult, IsolationClass, Language, Stream
+from adk_sandbox.executor._bridge import run_blocking
+from adk_sandbox.executor.tool_protocol import ProgressCallback
 
 __all__ = ["DESCRIPTION", "BashArgs", "ProgressCallback", "bash"]
 
@@ -41,8 +41,8 @@ async def bash(ws: Workspace, args: BashArgs, on_progress: ProgressCallback | No
     """Run bash.
 
     The blocking part (opening the workspace's session, asking its capabilities, the command) runs in a
-    thread of its own through ``executor``'s one bridge (``run_blocking``). Cancelling the awaiting task
-    kills the command's process tree, waits until it is dead, delivers the output so far to
+    thread of its own through ``adk_sandbox.executor``'s one bridge (``run_blocking``). Cancelling the
+    awaiting task kills the command's process tree, waits until it is dead, delivers the output so far to
     ``on_progress``, and then re-raises ``CancelledError``.
     """
     if not ws.allow_bash:

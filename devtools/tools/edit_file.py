@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field
 
-from devtools.errors import (
+from adk_sandbox.devtools.errors import (
     AmbiguousMatchError,
     BinaryFileError,
     InvalidArgumentsError,
@@ -18,9 +18,9 @@ from devtools.errors import (
     PathNotFoundError,
     ReadOnlyError,
 )
-from devtools.tools._common import ToolArgs, read_all
-from devtools.tools.write_file import encode_content
-from devtools.workspace import Workspace, check_permitted
+from adk_sandbox.devtools.tools._common import ToolArgs, read_all
+from adk_sandbox.devtools.tools.write_file import encode_content
+from adk_sandbox.devtools.workspace import Workspace, check_permitted
 
 __all__ = ["DESCRIPTION", "EditFileArgs", "edit_file"]
 

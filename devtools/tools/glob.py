@@ -11,9 +11,9 @@ from wcmatch import fnmatch as wcfnmatch
 from wcmatch import glob as wcglob
 from wcmatch._wcparse import PatternLimitException  # not re-exported by wcmatch's public modules
 
-from devtools.errors import InvalidArgumentsError, PathEscapeError, PathNotFoundError
-from devtools.tools._common import ToolArgs, walk_files
-from devtools.workspace import Workspace
+from adk_sandbox.devtools.errors import InvalidArgumentsError, PathEscapeError, PathNotFoundError
+from adk_sandbox.devtools.tools._common import ToolArgs, walk_files
+from adk_sandbox.devtools.workspace import Workspace
 
 __all__ = [
     "DESCRIPTION",

@@ -9,10 +9,10 @@ from typing import Any
 import regex
 from pydantic import Field
 
-from devtools.errors import InvalidArgumentsError, PatternTimeoutError
-from devtools.tools._common import MAX_LINE_CHARS, ToolArgs, is_binary, read_all, walk_files
-from devtools.tools.glob import compile_glob
-from devtools.workspace import Workspace
+from adk_sandbox.devtools.errors import InvalidArgumentsError, PatternTimeoutError
+from adk_sandbox.devtools.tools._common import MAX_LINE_CHARS, ToolArgs, is_binary, read_all, walk_files
+from adk_sandbox.devtools.tools.glob import compile_glob
+from adk_sandbox.devtools.workspace import Workspace
 
 __all__ = [
     "DESCRIPTION",

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from devtools.errors import BinaryFileError
-from devtools.tools._common import MAX_LINE_CHARS, ToolArgs, is_binary
-from devtools.workspace import Workspace
+from adk_sandbox.devtools.errors import BinaryFileError
+from adk_sandbox.devtools.tools._common import MAX_LINE_CHARS, ToolArgs, is_binary
+from adk_sandbox.devtools.workspace import Workspace
 
 __all__ = ["DEFAULT_READ_LIMIT", "DESCRIPTION", "ReadFileArgs", "read_file"]
 

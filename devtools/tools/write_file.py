@@ -6,9 +6,9 @@ from typing import Any
 
 from pydantic import Field
 
-from devtools.errors import InvalidArgumentsError, ReadOnlyError
-from devtools.tools._common import ToolArgs
-from devtools.workspace import Workspace
+from adk_sandbox.devtools.errors import InvalidArgumentsError, ReadOnlyError
+from adk_sandbox.devtools.tools._common import ToolArgs
+from adk_sandbox.devtools.workspace import Workspace
 
 __all__ = ["DESCRIPTION", "WriteFileArgs", "encode_content", "write_file"]
 

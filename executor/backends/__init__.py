@@ -1,1 +1,1 @@
-"""Sandbox backends. Import the concrete ones from ``executor`` (the Docker and WASM ones load lazily)."""
+"""Sandbox backends. Import them from ``adk_sandbox.executor`` (the Docker and WASM ones load lazily)."""

@@ -1,11 +1,12 @@
 """A session's workspace synced over the session's own command channel: one place for the container backends.
 
-The Docker session (:class:`executor.backends.docker.DockerSession`) and the Kubernetes session
-(:class:`executor.backends.kubernetes.KubernetesSession`) both hand the host workspace to their sandbox
-through a :class:`~executor.backends.docker._workspace.WorkspaceTransport` (a bind mount, or the mirror: a
-copy pushed in and pulled back). What they share is here, written once:
+The Docker session (:class:`adk_sandbox.executor.backends.docker.DockerSession`) and the Kubernetes session
+(:class:`adk_sandbox.executor.backends.kubernetes.KubernetesSession`) both hand the host workspace to their
+sandbox through a :class:`~adk_sandbox.executor.backends.docker._workspace.WorkspaceTransport` (a bind mount,
+or the mirror: a copy pushed in and pulled back). What they share is here, written once:
 
-* the sync :data:`~executor.backends.docker._workspace.Run`: each sync step is a command on the session's
+* the sync :data:`~adk_sandbox.executor.backends.docker._workspace.Run`: each sync step is a command on the
+session's
   channel (Docker's agent or exec; the agent over ``pods/exec``), as the command user, with the sandbox's
   base environment, in ``/``, outside any request and its deadline (:data:`SYNC_SECONDS` instead);
 * the four moments (started, before and after each command, closing), one at a time under one lock
@@ -23,16 +24,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from executor._output import OutputCapture
-from executor.backends.docker._transport import CommandTransport, PreparedCommand
-from executor.backends.docker._workspace import (
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backends.docker._transport import CommandTransport, PreparedCommand
+from adk_sandbox.executor.backends.docker._workspace import (
     MAX_REPORTED,
     SYNC_SECONDS,
     MirrorWorkspace,
     RunResult,
     WorkspaceTransport,
 )
-from executor.errors import ExecutorError, SandboxFailedError
+from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
 
 __all__ = ["SyncChannel", "SyncedWorkspace", "refusal_note"]
 

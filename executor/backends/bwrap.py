@@ -10,9 +10,9 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 
-from executor.backends.enforcer import Confinement, Enforcer
-from executor.errors import EnforcerUnavailableError, PolicyNotEnforceableError
-from executor.policy import SandboxPolicy
+from adk_sandbox.executor.backends.enforcer import Confinement, Enforcer
+from adk_sandbox.executor.errors import EnforcerUnavailableError, PolicyNotEnforceableError
+from adk_sandbox.executor.policy import SandboxPolicy
 
 __all__ = ["RUNTIME_READ_ONLY_PATHS", "BubblewrapEnforcer", "bwrap_arguments", "get_enforcer"]
 

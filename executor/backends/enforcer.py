@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from executor.policy import SandboxPolicy
+from adk_sandbox.executor.policy import SandboxPolicy
 
 __all__ = ["Confinement", "Enforcer"]
 

@@ -19,21 +19,29 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from executor._env import build_child_env
-from executor._languages import LANGUAGES, RUSTC_EDITION, check_argument_sizes, inline_argv
-from executor._output import OutputCapture, start_pipe_reader
-from executor._proctree import kill_process_group, wait_for_exit_unreaped
-from executor.backend import OutputCallback, SandboxBackend
-from executor.backends.bwrap import RUNTIME_READ_ONLY_PATHS
-from executor.backends.enforcer import Confinement, Enforcer
-from executor.errors import (
+from adk_sandbox.executor._env import build_child_env
+from adk_sandbox.executor._languages import LANGUAGES, RUSTC_EDITION, check_argument_sizes, inline_argv
+from adk_sandbox.executor._output import OutputCapture, start_pipe_reader
+from adk_sandbox.executor._proctree import kill_process_group, wait_for_exit_unreaped
+from adk_sandbox.executor.backend import OutputCallback, SandboxBackend
+from adk_sandbox.executor.backends.bwrap import RUNTIME_READ_ONLY_PATHS
+from adk_sandbox.executor.backends.enforcer import Confinement, Enforcer
+from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     InvalidRequestError,
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
-from executor.policy import SandboxPolicy
-from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream, parse_user
+from adk_sandbox.executor.policy import SandboxPolicy
+from adk_sandbox.executor.types import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    IsolationClass,
+    Language,
+    Stream,
+    parse_user,
+)
 
 __all__ = ["ProcessBackend", "Toolchain", "probe_toolchain", "resolve_program"]
 
@@ -366,7 +374,8 @@ class ProcessBackend(SandboxBackend):
 def probe_toolchain(language: Language, search_path: str | None) -> Toolchain | None:
     """How to start ``language``'s program found on ``search_path`` in a cleared environment, or None.
 
-    Also used by the Rust pipeline (``executor.rust``), which runs rustc through ``sh`` on host backends.
+    Also used by the Rust pipeline (``adk_sandbox.executor.rust``), which runs rustc through ``sh`` on host
+    backends.
     """
     program = resolve_program(LANGUAGES[language].program, search_path)
     if program is None:

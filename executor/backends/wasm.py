@@ -23,10 +23,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Literal
 
-from executor._output import OutputCapture
-from executor.backend import OutputCallback, SandboxBackend
-from executor.errors import BackendUnavailableError, InvalidRequestError, PolicyNotEnforceableError
-from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backend import OutputCallback, SandboxBackend
+from adk_sandbox.executor.errors import (
+    BackendUnavailableError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+)
+from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream
 
 try:
     import wasmtime

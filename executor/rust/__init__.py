@@ -1,9 +1,9 @@
 """The Rust compile-run pipeline (SPEC §5): ``fn run(input: Value) -> Value`` snippets on any backend."""
 
-from executor.rust.diagnostics import Diagnostic, DiagnosticChild, DiagnosticSpan
-from executor.rust.harness import validation_error, wrap_in_harness
-from executor.rust.host import HostRust, host_rust
-from executor.rust.pipeline import (
+from adk_sandbox.executor.rust.diagnostics import Diagnostic, DiagnosticChild, DiagnosticSpan
+from adk_sandbox.executor.rust.harness import validation_error, wrap_in_harness
+from adk_sandbox.executor.rust.host import HostRust, host_rust
+from adk_sandbox.executor.rust.pipeline import (
     CONTAINER_DEPS_DIR,
     CONTAINER_WORK_DIR,
     DEFAULT_RUSTC_ARGS,

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from executor.rust.harness import SOURCE_FILE
+from adk_sandbox.executor.rust.harness import SOURCE_FILE
 
 __all__ = [
     "HARNESS_FILE",

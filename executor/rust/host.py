@@ -13,8 +13,8 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from executor.backends.process import probe_toolchain
-from executor.types import Language
+from adk_sandbox.executor.backends.process import probe_toolchain
+from adk_sandbox.executor.types import Language
 
 __all__ = ["BUILD_DEPS_SCRIPT", "HostRust", "host_rust", "rust_deps_cache_dir"]
 

@@ -36,17 +36,17 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.backend import OwnedSession, SandboxBackend, SessionFactory
-from executor.errors import InvalidRequestError
-from executor.rust.diagnostics import (
+from adk_sandbox.executor.backend import OwnedSession, SandboxBackend, SessionFactory
+from adk_sandbox.executor.errors import InvalidRequestError
+from adk_sandbox.executor.rust.diagnostics import (
     CompilerOutput,
     Diagnostic,
     is_metadata_notice,
     parse_compiler_output,
 )
-from executor.rust.harness import SOURCE_FILE, validation_error, wrap_in_harness
-from executor.rust.host import BUILD_DEPS_SCRIPT, host_rust
-from executor.types import Capabilities, ExecRequest, ExecResult, Language, Stream
+from adk_sandbox.executor.rust.harness import SOURCE_FILE, validation_error, wrap_in_harness
+from adk_sandbox.executor.rust.host import BUILD_DEPS_SCRIPT, host_rust
+from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, Stream
 
 __all__ = [
     "CONTAINER_DEPS_DIR",
@@ -171,10 +171,10 @@ class RustExecutor:
     """Compiles and runs ``fn run(input: Value) -> Value`` snippets on ``backend``. Thread-safe.
 
     The program built by one step is run by the next, so the steps need one filesystem: a host backend,
-    or a Docker *session*. Given a :class:`~executor.SessionFactory` (``DockerBackend``, whose ``execute``
-    uses a throw-away container per call), the executor opens one session (no workspace) and runs every
-    step of every snippet in it; ``close()`` closes that session and removes its container. Otherwise the
-    executor does not own the backend; ``close()`` removes only the work directory it created itself.
+    or a Docker *session*. Given a :class:`~adk_sandbox.executor.SessionFactory` (``DockerBackend``, whose
+    ``execute`` uses a throw-away container per call), the executor opens one session (no workspace) and runs
+    every step of every snippet in it; ``close()`` closes that session and removes its container. Otherwise
+    the executor does not own the backend; ``close()`` removes only the work directory it created itself.
     Where rustc, serde_json and the work directory are follows ``capabilities().host_programs``: the
     host's toolchain and a host temporary directory, or the image's (``/opt/rust-deps``, ``/tmp/adk-rust``).
     """
@@ -307,7 +307,7 @@ class RustExecutor:
         ``timeout`` bounds the whole call (all stages); each stage is also bounded by its own limit from
         the config. Outcomes of the code, including a missing toolchain or serde_json, are results;
         exceptions of the backend (unavailable, refused request, broken sandbox) propagate as
-        :class:`~executor.errors.ExecutorError`.
+        :class:`~adk_sandbox.executor.errors.ExecutorError`.
         """
         started = time.monotonic()
         stdin_json = ""

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from executor import CodeTool, ProcessBackend, SandboxPolicy, get_enforcer
-from executor.backends.docker import RUST_IMAGE, DockerBackend
-from executor.errors import BackendUnavailableError, EnforcerUnavailableError
-from executor.rust import RustExecutor, RustExecutorConfig, RustResult, host_rust
+from adk_sandbox.executor import CodeTool, ProcessBackend, SandboxPolicy, get_enforcer
+from adk_sandbox.executor.backends.docker import RUST_IMAGE, DockerBackend
+from adk_sandbox.executor.errors import BackendUnavailableError, EnforcerUnavailableError
+from adk_sandbox.executor.rust import RustExecutor, RustExecutorConfig, RustResult, host_rust
 from tests.conftest import require
 
 

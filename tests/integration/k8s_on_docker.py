@@ -33,12 +33,12 @@ from typing import Any
 import docker
 import docker.errors
 
-from executor.backends.docker._daemon import engine_of
-from executor.backends.docker._transport import DockerExecTransport, DockerStreamSplitter
-from executor.backends.docker.images import BASE_IMAGE
-from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
-from executor.backends.kubernetes._channel import CLOSE, ERROR, STDIN, ChannelProtocol
-from executor.backends.kubernetes._exec import WebSocketLike
+from adk_sandbox.executor.backends.docker._daemon import engine_of
+from adk_sandbox.executor.backends.docker._transport import DockerExecTransport, DockerStreamSplitter
+from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
+from adk_sandbox.executor.backends.kubernetes._channel import CLOSE, ERROR, STDIN, ChannelProtocol
+from adk_sandbox.executor.backends.kubernetes._exec import WebSocketLike
 from tests.conftest import require
 from tests.k8s_api_stubs import ClusterWithoutClaims
 

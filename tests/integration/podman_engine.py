@@ -26,7 +26,7 @@ from pathlib import Path
 
 import docker
 
-from executor.backends.docker.engine import Engine
+from adk_sandbox.executor.backends.docker.engine import Engine
 from tests.conftest import live_processes_whose_cmdline_has
 
 __all__ = ["PODMAN", "PodmanEngine", "PodmanEngineError"]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import docker
 
-from executor.backends.docker.engine import Engine
+from adk_sandbox.executor.backends.docker.engine import Engine
 
 __all__ = ["DOCKERD", "PrivateEngine", "PrivateEngineError"]
 

@@ -27,11 +27,16 @@ from google.adk.tools._gemini_schema_util import _to_gemini_schema
 from google.genai import types
 from pydantic import BaseModel, Field
 
-from devtools import DevToolset, Workspace
-from devtools.adapters.adk import ONLY_LISTED_ARGUMENTS, AdkTool, SandboxCodeExecutor, SandboxToolset
-from executor import BackendUnavailableError, CodeTool, ProcessBackend, SandboxTool
-from executor.backends.docker import RUST_IMAGE, DockerBackend
-from executor.tool_protocol import AgentTool, ProgressCallback
+from adk_sandbox.devtools import DevToolset, Workspace
+from adk_sandbox.devtools.adapters.adk import (
+    ONLY_LISTED_ARGUMENTS,
+    AdkTool,
+    SandboxCodeExecutor,
+    SandboxToolset,
+)
+from adk_sandbox.executor import BackendUnavailableError, CodeTool, ProcessBackend, SandboxTool
+from adk_sandbox.executor.backends.docker import RUST_IMAGE, DockerBackend
+from adk_sandbox.executor.tool_protocol import AgentTool, ProgressCallback
 from tests.conftest import containers_mounting, project_containers, require
 
 # -- a scripted model ------------------------------------------------------------------------------------

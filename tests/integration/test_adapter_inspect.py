@@ -34,7 +34,7 @@ try:
     from inspect_ai.util._sandbox.limits import override_max_exec_output_size
     from inspect_ai.util._sandbox.self_check import *  # noqa: F403 - inspect's checks, collected here
 
-    from devtools.adapters.inspect_sandbox import (
+    from adk_sandbox.devtools.adapters.inspect_sandbox import (
         PROVIDER_LABEL,
         AdkSandboxConfig,
         AdkSandboxEnvironment,

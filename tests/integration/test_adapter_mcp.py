@@ -19,8 +19,8 @@ import anyio
 import docker
 import pytest
 
-from devtools import DevToolset, Workspace
-from executor.tools import CodeTool, SandboxTool
+from adk_sandbox.devtools import DevToolset, Workspace
+from adk_sandbox.executor.tools import CodeTool, SandboxTool
 from tests.conftest import (
     IN_CI,
     containers_mounting,
@@ -48,7 +48,7 @@ def server_parameters(workspace: Path, *flags: str) -> StdioServerParameters:
     """The server as a host starts it; PYTHONPATH so this checkout's code is what runs."""
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "executor", "mcp", "--workspace", str(workspace), *flags],
+        args=["-m", "adk_sandbox", "mcp", "--workspace", str(workspace), *flags],
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
@@ -330,7 +330,7 @@ def test_bad_sandbox_options_are_refused_before_anything_starts(owned_workspace:
         (("--engine", "ftp://nowhere"), "engine"),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "executor", "mcp", "--workspace", str(owned_workspace), *flags],
+            [sys.executable, "-m", "adk_sandbox", "mcp", "--workspace", str(owned_workspace), *flags],
             capture_output=True,
             text=True,
             timeout=60,
@@ -343,7 +343,7 @@ def test_bad_sandbox_options_are_refused_before_anything_starts(owned_workspace:
 
 @pytest.mark.slow
 def test_code_exec_is_served_on_request(owned_workspace: Path, engine: docker.DockerClient) -> None:
-    from executor.backends.docker.images import RUST_IMAGE  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker.images import RUST_IMAGE  # noqa: PLC0415
 
     images = {tag for image in engine.images.list() for tag in image.tags}
     require(RUST_IMAGE in images, f"{RUST_IMAGE} is missing: run `adk-sandbox images build`")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from executor import (
+from adk_sandbox.executor import (
     BubblewrapEnforcer,
     ExecRequest,
     ExecResult,

@@ -11,7 +11,11 @@ import pytest
 @pytest.mark.bwrap
 def test_doctor_lists_each_backend_with_its_isolation(bwrap_enforcer: object) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "executor", "doctor"], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "adk_sandbox", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

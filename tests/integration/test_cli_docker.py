@@ -14,8 +14,8 @@ import docker
 import docker.errors
 import pytest
 
-from executor import ExecRequest, IsolationClass, Language
-from executor.backends.docker import BASE_IMAGE, DockerBackend
+from adk_sandbox.executor import ExecRequest, IsolationClass, Language
+from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend
 from tests.conftest import containers_mounting
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def adk(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "executor", *args],
+        [sys.executable, "-m", "adk_sandbox", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -154,7 +154,7 @@ def test_ctrl_c_kills_the_command_and_removes_the_container(
     docker_backend: DockerBackend, owned_workspace: Path
 ) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "executor", "run", "--workspace", str(owned_workspace), "--",
+        [sys.executable, "-m", "adk_sandbox", "run", "--workspace", str(owned_workspace), "--",
          "sh", "-c", "echo started; setsid sleep 301 & sleep 302"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from devtools import DevToolset, ToolError, Workspace
-from executor import ProcessBackend, SandboxBackend
+from adk_sandbox.devtools import DevToolset, ToolError, Workspace
+from adk_sandbox.executor import ProcessBackend, SandboxBackend
 from tests.conftest import kill_all, live_processes_with_args, unique_sleep_seconds, wait_until_gone
 
 

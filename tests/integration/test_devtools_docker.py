@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from devtools import DevToolset, PathEscapeError, Workspace
-from executor.backends.docker import DockerBackend
+from adk_sandbox.devtools import DevToolset, PathEscapeError, Workspace
+from adk_sandbox.executor.backends.docker import DockerBackend
 from tests.conftest import project_containers
 
 pytestmark = pytest.mark.docker

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from devtools import DevToolset, Workspace
-from executor.backends.docker import DockerBackend
+from adk_sandbox.devtools import DevToolset, Workspace
+from adk_sandbox.executor.backends.docker import DockerBackend
 
 pytestmark = pytest.mark.docker
 

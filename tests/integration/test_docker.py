@@ -18,7 +18,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from executor import (
+from adk_sandbox.executor import (
     BackendUnavailableError,
     ExecRequest,
     IsolationClass,
@@ -27,8 +27,8 @@ from executor import (
     ResourceLimits,
     SandboxPolicy,
 )
-from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker._seccomp import profile_option
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker._seccomp import profile_option
 from tests.conftest import project_containers, require
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -322,7 +322,7 @@ def test_a_killed_owners_container_is_reaped_by_the_next_backend(owned_workspace
             "-c",
             textwrap.dedent(f"""
             import sys, time
-            from executor.backends.docker import DockerBackend
+            from adk_sandbox.executor.backends.docker import DockerBackend
             session = DockerBackend().session(workspace={str(owned_workspace)!r})
             print(session.container_id, flush=True)
             time.sleep(600)

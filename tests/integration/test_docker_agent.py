@@ -17,14 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
-from executor._output import OutputCapture
-from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker._agent_transport import AgentTransport
-from executor.backends.docker._daemon import daemon_socket_path
-from executor.backends.docker._frames import FILE_OPS, FrameType, encode
-from executor.backends.docker._transport import PreparedCommand
-from executor.backends.docker.files import SandboxFiles
+from adk_sandbox.executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor.backends.docker._daemon import daemon_socket_path
+from adk_sandbox.executor.backends.docker._frames import FILE_OPS, FrameType, encode
+from adk_sandbox.executor.backends.docker._transport import PreparedCommand
+from adk_sandbox.executor.backends.docker.files import SandboxFiles
 from tests.conftest import project_containers, unique_sleep_seconds
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

@@ -24,9 +24,9 @@ from typing import Any
 import docker
 import pytest
 
-from executor import ExecRequest, ExecResult, Language, PolicyNotEnforceableError
-from executor.backends.docker import DockerBackend, _agent, _supervisor
-from executor.backends.docker._seccomp import load_profile, profile_option
+from adk_sandbox.executor import ExecRequest, ExecResult, Language, PolicyNotEnforceableError
+from adk_sandbox.executor.backends.docker import DockerBackend, _agent, _supervisor
+from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option
 from tests.conftest import require
 
 pytestmark = pytest.mark.docker
@@ -402,8 +402,8 @@ def test_the_committed_profile_is_the_one_in_force(
 SPLIT_BRAIN = textwrap.dedent(
     """\
     import sys
-    from executor import ExecRequest, PolicyNotEnforceableError
-    from executor.backends.docker import DockerBackend
+    from adk_sandbox.executor import ExecRequest, PolicyNotEnforceableError
+    from adk_sandbox.executor.backends.docker import DockerBackend
     try:
         with DockerBackend(workspace_transport="bind") as forced, forced.session(workspace=sys.argv[1]) as s:
             s.start()

@@ -18,9 +18,9 @@ from pathlib import Path
 import docker.errors
 import pytest
 
-from executor import MAX_BACKGROUND_GROUPS, ExecRequest, ExecResult, InvalidRequestError, Language
-from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor import MAX_BACKGROUND_GROUPS, ExecRequest, ExecResult, InvalidRequestError, Language
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 from tests.conftest import require, unique_sleep_seconds
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, InvalidRequestError, Language
-from executor.backends.docker import (
+from adk_sandbox.executor import ExecRequest, InvalidRequestError, Language
+from adk_sandbox.executor.backends.docker import (
     DockerBackend,
     DockerConfig,
     DockerSession,
@@ -43,7 +43,7 @@ def backend_for(runtime: str, **kwargs: object) -> DockerBackend:
 
 def adk(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "executor", *args],
+        [sys.executable, "-m", "adk_sandbox", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, ExecResult, InvalidRequestError, Language, ResourceLimits
-from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker import _container as container_module
-from executor.backends.docker._agent_transport import AgentTransport
-from executor.backends.docker._frames import FrameType, encode
-from executor.backends.docker.files import DirEntry
+from adk_sandbox.executor import ExecRequest, ExecResult, InvalidRequestError, Language, ResourceLimits
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker import _container as container_module
+from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor.backends.docker._frames import FrameType, encode
+from adk_sandbox.executor.backends.docker.files import DirEntry
 from tests.conftest import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

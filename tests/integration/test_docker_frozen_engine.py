@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, ExecResult, Language, SandboxFailedError
-from executor.backends.docker import DockerBackend
-from executor.backends.docker._daemon import DEFAULT_SOCKET
+from adk_sandbox.executor import ExecRequest, ExecResult, Language, SandboxFailedError
+from adk_sandbox.executor.backends.docker import DockerBackend
+from adk_sandbox.executor.backends.docker._daemon import DEFAULT_SOCKET
 from tests.conftest import project_containers, unique_sleep_seconds
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

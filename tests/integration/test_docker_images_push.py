@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import docker.errors
 import pytest
 
-from executor import ExecRequest, Language
-from executor.backends.docker import DockerBackend
-from executor.backends.docker.images import ImageMismatchWarning, ImagePushError, push_images
-from executor.cli import _doctor_engine, main
-from executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor import ExecRequest, Language
+from adk_sandbox.executor.backends.docker import DockerBackend
+from adk_sandbox.executor.backends.docker.images import ImageMismatchWarning, ImagePushError, push_images
+from adk_sandbox.executor.cli import _doctor_engine, main
+from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from tests.conftest import require
 from tests.integration.private_engine import DOCKERD, PrivateEngine, PrivateEngineError
 from tests.integration.test_docker_static_agent import _busybox_rootfs

@@ -16,10 +16,10 @@ import docker
 import docker.errors
 import pytest
 
-from executor import ExecRequest, ExecutorError, Language, ResourceLimits, SandboxFailedError
-from executor.backend import SandboxBackend
-from executor.backends.docker import BASE_IMAGE, DockerBackend, images
-from executor.backends.docker._daemon import connect
+from adk_sandbox.executor import ExecRequest, ExecutorError, Language, ResourceLimits, SandboxFailedError
+from adk_sandbox.executor.backend import SandboxBackend
+from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, images
+from adk_sandbox.executor.backends.docker._daemon import connect
 from tests.conftest import project_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -88,7 +88,7 @@ def test_an_invalid_base_image_reference_is_a_library_error() -> None:
 
 def test_images_build_with_an_invalid_base_image_fails_in_one_line_without_a_traceback() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "executor", "images", "build", "--base-image", "NOT A VALID REF!!"],
+        [sys.executable, "-m", "adk_sandbox", "images", "build", "--base-image", "NOT A VALID REF!!"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -23,10 +23,16 @@ import docker
 import pytest
 from pydantic import ValidationError
 
-from executor import ExecRequest, InvalidRequestError, Language, PolicyNotEnforceableError, SandboxFailedError
-from executor.backends.docker import DockerBackend, DockerSession, PoolConfig, SessionPool
-from executor.backends.docker.pool import POOL_LABEL
-from executor.tools import SandboxTool
+from adk_sandbox.executor import (
+    ExecRequest,
+    InvalidRequestError,
+    Language,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession, PoolConfig, SessionPool
+from adk_sandbox.executor.backends.docker.pool import POOL_LABEL
+from adk_sandbox.executor.tools import SandboxTool
 from tests.conftest import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -168,7 +174,7 @@ def test_a_sigkilled_owners_pool_is_reaped_by_the_next_backend() -> None:
             "-c",
             textwrap.dedent("""
             import time
-            from executor.backends.docker import DockerBackend
+            from adk_sandbox.executor.backends.docker import DockerBackend
             backend = DockerBackend(pool=2)
             session = backend.session()  # one handed out, two ready
             assert backend.pool.wait_ready(120)
@@ -204,7 +210,7 @@ def test_a_pool_its_owner_forgot_to_close_is_drained_at_exit() -> None:
             sys.executable,
             "-c",
             textwrap.dedent("""
-            from executor.backends.docker import DockerBackend
+            from adk_sandbox.executor.backends.docker import DockerBackend
             backend = DockerBackend(pool=2)
             backend.session().close()
             assert backend.pool.wait_ready(120)
@@ -414,7 +420,7 @@ def _seconds(created: str) -> float:
 
 
 def test_the_file_tools_work_over_a_pooled_copy(tmp_path: Path) -> None:
-    from devtools import DevToolset, Workspace  # noqa: PLC0415 - only this test needs the tool layer
+    from adk_sandbox.devtools import DevToolset, Workspace  # noqa: PLC0415 - only this test needs the tool layer
 
     source = make_source(tmp_path)
     backend, _ = copies_pool(1)
@@ -562,7 +568,7 @@ def test_a_sigkilled_owners_copies_are_removed_by_the_next_backend(tmp_path: Pat
             "-c",
             textwrap.dedent(f"""
             import time
-            from executor.backends.docker import DockerBackend, PoolConfig
+            from adk_sandbox.executor.backends.docker import DockerBackend, PoolConfig
             backend = DockerBackend(pool=PoolConfig(size=1, workspace="mirror"))
             pooled = backend.session(copy_of={str(source)!r})  # a copy handed out, one member ready
             cold = DockerBackend().session(copy_of={str(source)!r})

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, IsolationClass
-from executor.backends.docker import DockerBackend, Engine
-from executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor import ExecRequest, IsolationClass
+from adk_sandbox.executor.backends.docker import DockerBackend, Engine
+from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from tests.integration.private_engine import PrivateEngine, PrivateSshd
 from tests.integration.test_docker_mirror import (
     Mirrored,

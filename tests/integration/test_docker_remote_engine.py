@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError
-from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine, _reaper
-from executor.backends.docker._spec import PROJECT_LABEL
-from executor.backends.docker._workspace import AUTO_CHOICES
-from executor.errors import PolicyNotEnforceableError
-from executor.policy import SandboxPolicy
+from adk_sandbox.executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError
+from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine, _reaper
+from adk_sandbox.executor.backends.docker._spec import PROJECT_LABEL
+from adk_sandbox.executor.backends.docker._workspace import AUTO_CHOICES
+from adk_sandbox.executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor.policy import SandboxPolicy
 from tests.conftest import live_processes_with_args, project_containers, require, unique_sleep_seconds
 from tests.integration.private_engine import (
     DOCKERD,

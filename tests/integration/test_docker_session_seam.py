@@ -12,16 +12,16 @@ from pathlib import Path
 import docker
 import pytest
 
-from executor import ExecRequest, Language, PolicyNotEnforceableError
-from executor._output import OutputCapture
-from executor.backends.docker import DockerBackend
-from executor.backends.docker._transport import (
+from adk_sandbox.executor import ExecRequest, Language, PolicyNotEnforceableError
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backends.docker import DockerBackend
+from adk_sandbox.executor.backends.docker._transport import (
     CommandOutcome,
     CommandTransport,
     DockerExecTransport,
     PreparedCommand,
 )
-from executor.backends.docker.session import TRANSPORTS, DockerSession
+from adk_sandbox.executor.backends.docker.session import TRANSPORTS, DockerSession
 from tests.conftest import containers_mounting, project_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -123,7 +123,7 @@ def test_a_transport_that_lets_set_id_modes_through_is_refused_at_start(
 
 def test_sandbox_tool_on_a_docker_backend_holds_one_session(docker_backend: DockerBackend) -> None:
     """sandbox_exec rides on one session's channel: one container for every call, removed at close."""
-    from executor import SandboxTool  # noqa: PLC0415 - the tool under test
+    from adk_sandbox.executor import SandboxTool  # noqa: PLC0415 - the tool under test
 
     before = set(project_containers(docker_backend._client, os.getpid()))
     with SandboxTool(docker_backend) as tool:

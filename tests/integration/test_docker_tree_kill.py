@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, ExecResult, Language, SandboxFailedError
-from executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor import ExecRequest, ExecResult, Language, SandboxFailedError
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from tests.conftest import project_containers, unique_sleep_seconds
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

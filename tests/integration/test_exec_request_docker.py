@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
-from executor.backends.docker import DockerBackend, DockerSession
-from executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from executor import (
+from adk_sandbox.executor import (
     BubblewrapEnforcer,
     ExecRequest,
     InvalidRequestError,
@@ -24,7 +24,7 @@ from executor import (
     ProcessBackend,
     SandboxPolicy,
 )
-from executor._languages import MAX_ARGUMENT_BYTES, inline_argv
+from adk_sandbox.executor._languages import MAX_ARGUMENT_BYTES, inline_argv
 from tests.conftest import require
 
 HOSTILE = "$(id) ; rm -rf x `id` * && echo pwned | cat > y"
@@ -229,7 +229,7 @@ _WASM_HEX = """(module
 @pytest.fixture
 def wasm_backend() -> Any:
     require(importlib.util.find_spec("wasmtime") is not None, "wasmtime is not installed (extra `wasm`)")
-    from executor import WasmBackend  # noqa: PLC0415 - only once require() has seen wasmtime
+    from adk_sandbox.executor import WasmBackend  # noqa: PLC0415 - only once require() has seen wasmtime
 
     return WasmBackend()
 

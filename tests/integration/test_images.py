@@ -20,8 +20,8 @@ import docker
 import docker.errors
 import pytest
 
-from executor import __version__
-from executor.backends.docker import images
+from adk_sandbox.executor import __version__
+from adk_sandbox.executor.backends.docker import images
 from tests.conftest import require
 
 TEST_LABEL = "io.adk-sandbox.test"
@@ -80,7 +80,7 @@ def test_images_build_is_a_noop_when_current(client: Any) -> None:
     before = {tag: client.images.get(tag).id for tag in (images.BASE_IMAGE, images.RUST_IMAGE)}
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "executor", "images", "build"],
+        [sys.executable, "-m", "adk_sandbox", "images", "build"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -99,7 +99,7 @@ def test_images_build_is_a_noop_when_current(client: Any) -> None:
 
 def test_images_build_help_and_a_bad_base_image_fail_in_one_line() -> None:
     help_ = subprocess.run(
-        [sys.executable, "-m", "executor", "images", "build", "--help"],
+        [sys.executable, "-m", "adk_sandbox", "images", "build", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -108,7 +108,15 @@ def test_images_build_help_and_a_bad_base_image_fail_in_one_line() -> None:
     assert help_.returncode == 0
     assert "--base-image" in help_.stdout and "--force" in help_.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "executor", "images", "build", "--base-image", "adk-sandbox-test/absent:nope"],
+        [
+            sys.executable,
+            "-m",
+            "adk_sandbox",
+            "images",
+            "build",
+            "--base-image",
+            "adk-sandbox-test/absent:nope",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

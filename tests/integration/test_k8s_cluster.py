@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, IsolationClass, Language
-from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
-from executor.errors import BackendUnavailableError, PolicyNotEnforceableError
+from adk_sandbox.executor import ExecRequest, IsolationClass, Language
+from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
+from adk_sandbox.executor.errors import BackendUnavailableError, PolicyNotEnforceableError
 
 CONTEXT = os.environ.get("ADK_SANDBOX_K8S_CONTEXT")
 pytestmark = pytest.mark.skipif(

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from executor import ExecRequest, Language, ProcessBackend
+from adk_sandbox.executor import ExecRequest, Language, ProcessBackend
 from tests.conftest import kill_all, live_processes_with_args, require, unique_sleep_seconds, wait_until_gone
 
 #: Generous "does not hang" bound: the commands below would run for a minute if not stopped.
@@ -43,7 +43,7 @@ def test_process_backend_kills_the_command_and_raises() -> None:
 
 def test_wasm_backend_interrupts_the_module_and_raises() -> None:
     require(importlib.util.find_spec("wasmtime") is not None, "wasmtime is not installed (extra `wasm`)")
-    from executor import WasmBackend  # noqa: PLC0415 - only once require() has seen wasmtime
+    from adk_sandbox.executor import WasmBackend  # noqa: PLC0415 - only once require() has seen wasmtime
 
     forever = """(module
   (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))

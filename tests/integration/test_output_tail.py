@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, Language, ProcessBackend, SandboxBackend, SandboxPolicy
-from executor.backends.docker import DockerBackend
+from adk_sandbox.executor import ExecRequest, Language, ProcessBackend, SandboxBackend, SandboxPolicy
+from adk_sandbox.executor.backends.docker import DockerBackend
 
 SCRIPT = "i=0; while [ $i -lt 2000 ]; do printf 'line %04d\\n' $i; i=$((i+1)); done; echo err-end >&2"
 EXPECTED = (

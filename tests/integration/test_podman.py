@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from executor import ExecRequest, ExecResult, IsolationClass, Language, ResourceLimits
-from executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession
-from executor.backends.docker._dialect import Dialect, dialect_of
-from executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor import ExecRequest, ExecResult, IsolationClass, Language, ResourceLimits
+from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker._dialect import Dialect, dialect_of
+from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from tests.conftest import require
 from tests.integration.podman_engine import PODMAN, PodmanEngine, PodmanEngineError
 from tests.integration.test_docker_tree_kill import alive, check_no_descendant_survives

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from executor import (
+from adk_sandbox.executor import (
     BackendUnavailableError,
     BubblewrapEnforcer,
     ExecRequest,
@@ -24,7 +24,7 @@ from executor import (
     SandboxFailedError,
     SandboxPolicy,
 )
-from executor.backends.process import resolve_program
+from adk_sandbox.executor.backends.process import resolve_program
 from tests.conftest import kill_all, live_processes_with_args, require, unique_sleep_seconds, wait_until_gone
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from executor import (
+from adk_sandbox.executor import (
     BubblewrapEnforcer,
     CodeTool,
     InvalidRequestError,
@@ -19,7 +19,7 @@ from executor import (
     SandboxPolicy,
     SandboxTool,
 )
-from executor.rust import RustExecutor, RustExecutorConfig, host_rust
+from adk_sandbox.executor.rust import RustExecutor, RustExecutorConfig, host_rust
 from tests.conftest import require, unique_sleep_seconds, wait_until_gone
 
 

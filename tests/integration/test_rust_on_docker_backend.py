@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from executor import BackendUnavailableError, CodeTool, RustExecutor, RustExecutorConfig
-from executor.backends.docker import RUST_IMAGE, DockerBackend
+from adk_sandbox.executor import BackendUnavailableError, CodeTool, RustExecutor, RustExecutorConfig
+from adk_sandbox.executor.backends.docker import RUST_IMAGE, DockerBackend
 from tests.conftest import project_containers, require
 from tests.contract.test_rust_pipeline import LINKED_WITH
 

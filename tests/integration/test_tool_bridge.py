@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from devtools import DevToolset, Workspace
-from executor import CodeTool, ProcessBackend, SandboxTool
-from executor.rust import host_rust
+from adk_sandbox.devtools import DevToolset, Workspace
+from adk_sandbox.executor import CodeTool, ProcessBackend, SandboxTool
+from adk_sandbox.executor.rust import host_rust
 from tests.conftest import kill_all, live_processes_with_args, require, unique_sleep_seconds
 
 CONCURRENT = 20  # more than the loop's default executor has workers here (min(32, cpus + 4))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from executor import ExecRequest, InvalidRequestError, IsolationClass, Language, SandboxTool
+from adk_sandbox.executor import ExecRequest, InvalidRequestError, IsolationClass, Language, SandboxTool
 from tests.conftest import require
 
 pytestmark = pytest.mark.usefixtures("wasmtime_available")
@@ -44,7 +44,7 @@ def wasmtime_available() -> None:
 
 
 def _backend(**kwargs: Any) -> Any:
-    from executor import WasmBackend  # noqa: PLC0415 - only once require() has seen wasmtime
+    from adk_sandbox.executor import WasmBackend  # noqa: PLC0415 - only once require() has seen wasmtime
 
     return WasmBackend(**kwargs)
 

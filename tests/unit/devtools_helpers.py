@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from devtools import Workspace
-from devtools._beneath import openat2_available
+from adk_sandbox.devtools import Workspace
+from adk_sandbox.devtools._beneath import openat2_available
 
 RESOLVERS = ["openat2", "walk"]
 

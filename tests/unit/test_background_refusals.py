@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from executor import ExecRequest, InvalidRequestError, Language, ProcessBackend
-from executor.backends.wasm import _check_wasm_request
+from adk_sandbox.executor import ExecRequest, InvalidRequestError, Language, ProcessBackend
+from adk_sandbox.executor.backends.wasm import _check_wasm_request
 
 
 def test_the_host_process_backend_refuses_background() -> None:

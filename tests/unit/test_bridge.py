@@ -1,4 +1,5 @@
-"""The one sync-to-async bridge (``executor._bridge.run_blocking``): pure logic with plain blocking calls.
+"""The one sync-to-async bridge (``adk_sandbox.executor._bridge.run_blocking``): pure logic with plain
+blocking calls.
 
 The real kills on cancellation (``sandbox_exec``, ``code_exec``, ``bash`` on a ProcessBackend) are in
 ``tests/integration/test_tool_bridge.py``.
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from executor._bridge import run_blocking
+from adk_sandbox.executor._bridge import run_blocking
 
 
 def test_the_result_and_the_exception_of_the_call_reach_the_caller() -> None:
@@ -103,7 +104,7 @@ def test_the_wait_after_a_cancel_is_bounded(caplog: pytest.LogCaptureFixture) ->
             await task
         return time.monotonic() - started
 
-    with caplog.at_level(logging.WARNING, logger="executor._bridge"):
+    with caplog.at_level(logging.WARNING, logger="adk_sandbox.executor._bridge"):
         assert asyncio.run(main()) < 1.5
     assert "stubborn did not return within" in caplog.text
 

@@ -6,14 +6,14 @@ import pathlib
 
 import pytest
 
-from executor import (
+from adk_sandbox.executor import (
     EnforcerUnavailableError,
     PolicyNotEnforceableError,
     SandboxPolicy,
     bwrap_arguments,
     get_enforcer,
 )
-from executor.backends.bwrap import BubblewrapEnforcer
+from adk_sandbox.executor.backends.bwrap import BubblewrapEnforcer
 
 SCRATCH = "/tmp/adk-sandbox-scratch"
 ALWAYS = ["--die-with-parent", "--unshare-pid", "--new-session"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from executor import (
+from adk_sandbox.executor import (
     BubblewrapEnforcer,
     Capabilities,
     ExecRequest,
@@ -25,8 +25,8 @@ from executor import (
     SandboxPolicy,
     SandboxPolicyBuilder,
 )
-from executor.backends.docker._spec import capabilities_from_inspect
-from executor.rust import CONTAINER_DEPS_DIR, CONTAINER_WORK_DIR, RustExecutor
+from adk_sandbox.executor.backends.docker._spec import capabilities_from_inspect
+from adk_sandbox.executor.rust import CONTAINER_DEPS_DIR, CONTAINER_WORK_DIR, RustExecutor
 from tests.conftest import full_container_capabilities, require
 
 
@@ -67,7 +67,7 @@ def test_wasm_sees_no_host_state() -> None:
         import wasmtime  # noqa: F401, PLC0415 - the optional wasm extra
     except ImportError as exc:
         require(False, f"the wasm extra is not installed: {exc}")  # fails in CI, skips elsewhere
-    from executor import WasmBackend  # noqa: PLC0415 - needs the optional wasmtime
+    from adk_sandbox.executor import WasmBackend  # noqa: PLC0415 - needs the optional wasmtime
 
     assert _facts(WasmBackend().capabilities()) == (False, False, False)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from executor.backends.docker.engine import Engine
-from executor.cli import engine_lines
+from adk_sandbox.executor.backends.docker.engine import Engine
+from adk_sandbox.executor.cli import engine_lines
 
 
 def test_a_local_socket_engine_is_named_local() -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-import devtools._beneath as beneath
-from devtools import (
+import adk_sandbox.devtools._beneath as beneath
+from adk_sandbox.devtools import (
     InvalidPathError,
     NotRegularFileError,
     PathEscapeError,
@@ -28,8 +28,8 @@ from devtools import (
     ToolError,
     Workspace,
 )
-from devtools.tools.read_file import ReadFileArgs, read_file
-from devtools.tools.write_file import WriteFileArgs, write_file
+from adk_sandbox.devtools.tools.read_file import ReadFileArgs, read_file
+from adk_sandbox.devtools.tools.write_file import WriteFileArgs, write_file
 from tests.unit.devtools_helpers import RESOLVERS, make_workspace
 
 CANARY = "CANARY-outside-9f1c2e"

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from devtools import ToolError
-from devtools.tools.edit_file import EditFileArgs, edit_file
-from devtools.tools.glob import glob_files
-from devtools.tools.grep import grep_lines
-from devtools.tools.read_file import ReadFileArgs, read_file
-from devtools.tools.write_file import WriteFileArgs, write_file
+from adk_sandbox.devtools import ToolError
+from adk_sandbox.devtools.tools.edit_file import EditFileArgs, edit_file
+from adk_sandbox.devtools.tools.glob import glob_files
+from adk_sandbox.devtools.tools.grep import grep_lines
+from adk_sandbox.devtools.tools.read_file import ReadFileArgs, read_file
+from adk_sandbox.devtools.tools.write_file import WriteFileArgs, write_file
 from tests.unit.devtools_helpers import RESOLVERS, make_workspace
 
 CANARY = "CANARY-race-0b7d4a"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from devtools import Workspace
-from executor import (
+from adk_sandbox.devtools import Workspace
+from adk_sandbox.executor import (
     Capabilities,
     ExecRequest,
     ExecResult,

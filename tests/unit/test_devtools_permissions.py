@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from devtools import DevToolset, FilePermissionError, ToolError, Workspace
+from adk_sandbox.devtools import DevToolset, FilePermissionError, ToolError, Workspace
 from tests.conftest import require
 
 USER = 1000

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devtools import (
+from adk_sandbox.devtools import (
     DevToolset,
     InvalidArgumentsError,
     InvalidPathError,

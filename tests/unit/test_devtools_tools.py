@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from devtools import (
+from adk_sandbox.devtools import (
     AmbiguousMatchError,
     BashDisabledError,
     BinaryFileError,

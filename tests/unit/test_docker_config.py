@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from executor import DockerBackend, InvalidRequestError, PolicyNotEnforceableError, ResourceLimits
-from executor.backends.docker import DockerConfig, PoolConfig
-from executor.backends.docker.config import DEFAULT_LIFETIME_SECONDS
-from executor.errors import BackendUnavailableError
-from executor.policy import SandboxPolicy
+from adk_sandbox.executor import DockerBackend, InvalidRequestError, PolicyNotEnforceableError, ResourceLimits
+from adk_sandbox.executor.backends.docker import DockerConfig, PoolConfig
+from adk_sandbox.executor.backends.docker.config import DEFAULT_LIFETIME_SECONDS
+from adk_sandbox.executor.errors import BackendUnavailableError
+from adk_sandbox.executor.policy import SandboxPolicy
 
 SPAWN = SandboxPolicy.builder().allow_process_spawn()
 

@@ -8,7 +8,7 @@ from typing import Any
 import docker
 import pytest
 
-from executor.backends.docker import _daemon
+from adk_sandbox.executor.backends.docker import _daemon
 
 
 def test_the_client_session_ignores_proxy_and_ca_variables(

@@ -10,9 +10,13 @@ from typing import Any
 
 import pytest
 
-from executor.backends.docker._dialect import Dialect, _profile_path, dialect_of, podman_view
-from executor.backends.docker._spec import ContainerSpec, hardening_violations, host_config_arguments
-from executor.types import ResourceLimits
+from adk_sandbox.executor.backends.docker._dialect import Dialect, _profile_path, dialect_of, podman_view
+from adk_sandbox.executor.backends.docker._spec import (
+    ContainerSpec,
+    hardening_violations,
+    host_config_arguments,
+)
+from adk_sandbox.executor.types import ResourceLimits
 
 _DEFAULT_CAPS = [
     "AUDIT_WRITE",

@@ -1,4 +1,5 @@
-"""Choosing the Docker engine (:mod:`executor.backends.docker.engine`) and judging owners across hosts.
+"""Choosing the Docker engine (:mod:`adk_sandbox.executor.backends.docker.engine`) and judging owners across
+hosts.
 
 Pure logic: environment variables, context metadata on disk, the refusals, and the reaper's rule that a
 pid means something only on its own host and pid namespace. The engines themselves are exercised in
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from executor.backends.docker import _reaper
-from executor.backends.docker import engine as engine_module
-from executor.backends.docker.engine import (
+from adk_sandbox.executor.backends.docker import _reaper
+from adk_sandbox.executor.backends.docker import engine as engine_module
+from adk_sandbox.executor.backends.docker.engine import (
     DEFAULT_HOST,
     Engine,
     _bridge,
@@ -27,7 +28,7 @@ from executor.backends.docker.engine import (
     engine_from_env,
     resolve_engine,
 )
-from executor.errors import InvalidRequestError
+from adk_sandbox.executor.errors import InvalidRequestError
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import docker.errors
 import pytest
 import requests
 
-from executor._output import OutputCapture
-from executor.backends.docker import _daemon
-from executor.backends.docker._reaper import (
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backends.docker import _daemon
+from adk_sandbox.executor.backends.docker._reaper import (
     EXPIRES,
     OWNER_BOOT,
     OWNER_PID,
@@ -24,8 +24,8 @@ from executor.backends.docker._reaper import (
     leak_reason,
     owner_labels,
 )
-from executor.backends.docker._seccomp import profile_option
-from executor.backends.docker._spec import (
+from adk_sandbox.executor.backends.docker._seccomp import profile_option
+from adk_sandbox.executor.backends.docker._spec import (
     ContainerSpec,
     capabilities_from_inspect,
     hardening_violations,
@@ -34,14 +34,14 @@ from executor.backends.docker._spec import (
     validate_labels,
     validate_tmpfs,
 )
-from executor.backends.docker._transport import FrameDemultiplexer
-from executor.errors import (
+from adk_sandbox.executor.backends.docker._transport import FrameDemultiplexer
+from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
     InvalidRequestError,
     SandboxFailedError,
 )
-from executor.types import IsolationClass, Language, ResourceLimits
+from adk_sandbox.executor.types import IsolationClass, Language, ResourceLimits
 
 MIB = 1024 * 1024
 LIMITS = ResourceLimits(memory_mb=256, cpus=1.5, pids=100, tmpfs_mb=64, file_size_mb=10, nofile=1024)

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from executor import ExecRequest, ExecResult, Language, SandboxFailedError
-from executor.testing import FakeBackend, container_capabilities
-from executor.tools import SandboxTool
+from adk_sandbox.executor import ExecRequest, ExecResult, Language, SandboxFailedError
+from adk_sandbox.executor.testing import FakeBackend, container_capabilities
+from adk_sandbox.executor.tools import SandboxTool
 
 
 def test_the_docstring_example() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from executor.backends.docker.images import context_hash, image_specs, images_dir
+from adk_sandbox.executor.backends.docker.images import context_hash, image_specs, images_dir
 
 ARGS = {"BASE_IMAGE": "adk-sandbox/debian:trixie"}
 BASE_ID = "sha256:" + "a" * 64

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from executor.backends.docker import DockerBackend
-from executor.backends.docker.images import ExpectedImage, image_mismatch
-from executor.errors import InvalidRequestError
+from adk_sandbox.executor.backends.docker import DockerBackend
+from adk_sandbox.executor.backends.docker.images import ExpectedImage, image_mismatch
+from adk_sandbox.executor.errors import InvalidRequestError
 
 ID = "sha256:" + "ab" * 32
 OTHER = "sha256:" + "cd" * 32

@@ -7,8 +7,8 @@ import collections
 
 import pytest
 
-from executor.backends.docker import _agent, _supervisor
-from executor.backends.docker._in_container import PRELUDE_LINE, in_container_program
+from adk_sandbox.executor.backends.docker import _agent, _supervisor
+from adk_sandbox.executor.backends.docker._in_container import PRELUDE_LINE, in_container_program
 
 
 @pytest.mark.parametrize("source", [_agent.AGENT_SOURCE, _supervisor.SCRIPT], ids=["agent", "supervisor"])

@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from executor.backends.docker._reaper import owner_labels
-from executor.backends.kubernetes import KubernetesConfig, claim_object, claim_state, sandbox_pod_name
+from adk_sandbox.executor.backends.docker._reaper import owner_labels
+from adk_sandbox.executor.backends.kubernetes import (
+    KubernetesConfig,
+    claim_object,
+    claim_state,
+    sandbox_pod_name,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 CLAIMS = json.loads((FIXTURES / "sandbox_claims.json").read_text())

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from executor._output import OutputCapture
-from executor.backends.docker._agent_transport import AgentTransport
-from executor.backends.docker._frames import HOST_TO_AGENT, FrameDecoder, FrameType, encode
-from executor.backends.docker._transport import DockerStreamSplitter, PreparedCommand
-from executor.backends.kubernetes._channel import (
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor.backends.docker._frames import HOST_TO_AGENT, FrameDecoder, FrameType, encode
+from adk_sandbox.executor.backends.docker._transport import DockerStreamSplitter, PreparedCommand
+from adk_sandbox.executor.backends.kubernetes._channel import (
     ChannelProtocol,
     ChannelProtocolError,
     decode,
@@ -30,7 +30,7 @@ from executor.backends.kubernetes._channel import (
     negotiated,
     parse_status,
 )
-from executor.backends.kubernetes._exec import ExecBridge
+from adk_sandbox.executor.backends.kubernetes._exec import ExecBridge
 
 RECORDINGS = json.loads((Path(__file__).parent / "fixtures" / "k8s" / "exec_recordings.json").read_text())
 

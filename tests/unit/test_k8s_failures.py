@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from executor.backends.kubernetes import api_error, pod_failure
-from executor.backends.kubernetes._failures import pod_waiting_reason
-from executor.errors import (
+from adk_sandbox.executor.backends.kubernetes import api_error, pod_failure
+from adk_sandbox.executor.backends.kubernetes._failures import pod_waiting_reason
+from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
     PolicyNotEnforceableError,

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from executor.backends.kubernetes import (
+from adk_sandbox.executor.backends.kubernetes import (
     KubernetesConfig,
     capabilities_from_pod,
     isolation_of_pod,
     pod_violations,
 )
-from executor.types import IsolationClass, Language
+from adk_sandbox.executor.types import IsolationClass, Language
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 CONFIG = KubernetesConfig(namespace="evals", image="registry.example.com/adk-sandbox/base:1.4")

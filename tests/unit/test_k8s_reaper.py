@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from executor.backends.docker._reaper import (
+from adk_sandbox.executor.backends.docker._reaper import (
     EXPIRES,
     OWNER_HOST,
     OWNER_PID,
@@ -18,10 +18,14 @@ from executor.backends.docker._reaper import (
     OWNER_START,
     owner_labels,
 )
-from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig, api_error, pod_spec
-from executor.backends.kubernetes._reaper import PROJECT_SELECTOR, find_leaked_pods, reap_leaked_pods
-from executor.backends.kubernetes._spec import owner_labels_of_pod, pod_owner_labels
-from executor.cli import main
+from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig, api_error, pod_spec
+from adk_sandbox.executor.backends.kubernetes._reaper import (
+    PROJECT_SELECTOR,
+    find_leaked_pods,
+    reap_leaked_pods,
+)
+from adk_sandbox.executor.backends.kubernetes._spec import owner_labels_of_pod, pod_owner_labels
+from adk_sandbox.executor.cli import main
 from tests.unit.test_k8s_session import FakeApi
 
 CONFIG = KubernetesConfig(image="registry.example/adk-sandbox/base:1")

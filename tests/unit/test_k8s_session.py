@@ -10,9 +10,13 @@ from typing import Any
 
 import pytest
 
-from executor.backends.kubernetes import KubernetesBackend, KubernetesConfig, api_error
-from executor.backends.kubernetes._exec import WebSocketLike
-from executor.errors import BackendUnavailableError, InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig, api_error
+from adk_sandbox.executor.backends.kubernetes._exec import WebSocketLike
+from adk_sandbox.executor.errors import (
+    BackendUnavailableError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+)
 from tests.k8s_api_stubs import ClusterWithoutClaims
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"

@@ -7,16 +7,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from executor.backends.docker._reaper import owner_labels
-from executor.backends.kubernetes import KubernetesConfig, network_policy, pod_spec
-from executor.backends.kubernetes._spec import (
+from adk_sandbox.executor.backends.docker._reaper import owner_labels
+from adk_sandbox.executor.backends.kubernetes import KubernetesConfig, network_policy, pod_spec
+from adk_sandbox.executor.backends.kubernetes._spec import (
     NETWORK_LABEL,
     PER_SESSION_FIELDS,
     network_policy_in_force,
     network_probe_found_no_route,
     pod_violations,
 )
-from executor.types import ResourceLimits
+from adk_sandbox.executor.types import ResourceLimits
 
 CONFIG = KubernetesConfig(
     namespace="evals",

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from executor._languages import (
+from adk_sandbox.executor._languages import (
     LANGUAGES,
     MAX_ARGUMENT_BYTES,
     MAX_INLINE_CODE_BYTES,
     check_argument_sizes,
     inline_argv,
 )
-from executor.errors import InvalidRequestError
-from executor.types import Language
+from adk_sandbox.executor.errors import InvalidRequestError
+from adk_sandbox.executor.types import Language
 
 
 def test_every_program_language_is_in_the_table() -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from executor.backends.docker import _racy, _workspace
-from executor.backends.docker._workspace import AutoChoices, MirrorWorkspace, RunResult
-from executor.errors import SandboxFailedError
+from adk_sandbox.executor.backends.docker import _racy, _workspace
+from adk_sandbox.executor.backends.docker._workspace import AutoChoices, MirrorWorkspace, RunResult
+from adk_sandbox.executor.errors import SandboxFailedError
 from tests.conftest import require
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of the capped, streaming, UTF-8-safe output capture (``executor._output``)."""
+"""Unit tests of the capped, streaming, UTF-8-safe output capture (``adk_sandbox.executor._output``)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor._output import (
+from adk_sandbox.executor._output import (
     CHUNK_SIZE,
     OutputCapture,
     PipeReader,
     start_pipe_reader,
     utf8_safe_cut,
 )
-from executor.types import Stream
+from adk_sandbox.executor.types import Stream
 
 E_ACUTE = "\u00e9"  # 2 bytes: c3 a9
 EURO = "\u20ac"  # 3 bytes: e2 82 ac

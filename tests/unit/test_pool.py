@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from executor import PolicyNotEnforceableError, ResourceLimits, SandboxFailedError
-from executor.backends.docker._container import ContainerProvider
-from executor.backends.docker._spec import ContainerSpec
-from executor.backends.docker.pool import PoolConfig, SessionPool
-from executor.backends.docker.session import SessionConfig
+from adk_sandbox.executor import PolicyNotEnforceableError, ResourceLimits, SandboxFailedError
+from adk_sandbox.executor.backends.docker._container import ContainerProvider
+from adk_sandbox.executor.backends.docker._spec import ContainerSpec
+from adk_sandbox.executor.backends.docker.pool import PoolConfig, SessionPool
+from adk_sandbox.executor.backends.docker.session import SessionConfig
 
 CONFIG = SessionConfig(spec=ContainerSpec(image="img", limits=ResourceLimits()), user=None, policy_env={})
 

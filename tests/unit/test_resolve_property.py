@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devtools import PathEscapeError, ToolError
+from adk_sandbox.devtools import PathEscapeError, ToolError
 from tests.unit.devtools_helpers import RESOLVERS, make_workspace
 
 DIRS = ["a", "b", "a/c", "b/d"]

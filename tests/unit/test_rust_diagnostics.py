@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from executor.rust.diagnostics import HARNESS_FILE, is_metadata_notice, parse_compiler_output
+from adk_sandbox.executor.rust.diagnostics import HARNESS_FILE, is_metadata_notice, parse_compiler_output
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from executor import ExecRequest, ExecResult, Language, RustExecutor, SandboxFailedError
-from executor.backend import OutputCallback, SandboxBackend
-from executor.types import Capabilities
+from adk_sandbox.executor import ExecRequest, ExecResult, Language, RustExecutor, SandboxFailedError
+from adk_sandbox.executor.backend import OutputCallback, SandboxBackend
+from adk_sandbox.executor.types import Capabilities
 from tests.conftest import full_container_capabilities
 
 

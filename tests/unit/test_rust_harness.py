@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from executor.rust.harness import (
+from adk_sandbox.executor.rust.harness import (
     HARNESS,
     blank_comments_and_literals,
     validation_error,

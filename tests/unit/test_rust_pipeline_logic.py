@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from executor import (
+from adk_sandbox.executor import (
     Capabilities,
     ExecRequest,
     ExecResult,
@@ -21,8 +21,8 @@ from executor import (
     OutputCallback,
     SandboxBackend,
 )
-from executor.rust import CONTAINER_DEPS_DIR, CONTAINER_WORK_DIR, RustExecutor, RustExecutorConfig
-from executor.rust.pipeline import _LLD_PROBE
+from adk_sandbox.executor.rust import CONTAINER_DEPS_DIR, CONTAINER_WORK_DIR, RustExecutor, RustExecutorConfig
+from adk_sandbox.executor.rust.pipeline import _LLD_PROBE
 from tests.conftest import full_container_capabilities
 
 METADATA = json.dumps({"$message_type": "artifact", "artifact": "./libmain.rmeta", "emit": "metadata"})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.backends.docker._seccomp import (
+from adk_sandbox.executor.backends.docker._seccomp import (
     INSTALL_FILTER_SOURCE,
     MODE_ARGUMENTS,
     SETID_BITS,

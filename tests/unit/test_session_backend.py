@@ -1,5 +1,6 @@
-"""``executor.backend.SessionBackend``: what a session-opening backend holds, runs and remembers (fakes
-only: the bookkeeping; the Docker and Kubernetes backends built on it are tested against their engines)."""
+"""``adk_sandbox.executor.backend.SessionBackend``: what a session-opening backend holds, runs and remembers
+(fakes only: the bookkeeping; the Docker and Kubernetes backends built on it are tested against their
+engines)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ import threading
 
 import pytest
 
-from executor import Capabilities, ExecRequest, ExecResult, Language, OutputCallback, SandboxFailedError
-from executor.backend import SandboxSession, SessionBackend
+from adk_sandbox.executor import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    Language,
+    OutputCallback,
+    SandboxFailedError,
+)
+from adk_sandbox.executor.backend import SandboxSession, SessionBackend
 from tests.conftest import full_container_capabilities
 
 

@@ -1,5 +1,5 @@
-"""``executor.SessionFactory``: the one session protocol, used by Workspace and RustExecutor (fakes only:
-which object is asked for what; real sessions are in the Docker integration tests)."""
+"""``adk_sandbox.executor.SessionFactory``: the one session protocol, used by Workspace and RustExecutor
+(fakes only: which object is asked for what; real sessions are in the Docker integration tests)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import devtools
-import executor
-from devtools import Workspace
-from executor import (
+from adk_sandbox import devtools, executor
+from adk_sandbox.devtools import Workspace
+from adk_sandbox.executor import (
     Capabilities,
     DockerBackend,
     ExecRequest,

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor import CodeTool, SandboxTool
-from executor.testing import FakeBackend
-from executor.tools import MAX_ARGUMENT_DEPTH, MAX_INPUT_DEPTH, CodeExecArgs
+from adk_sandbox.executor import CodeTool, SandboxTool
+from adk_sandbox.executor.testing import FakeBackend
+from adk_sandbox.executor.tools import MAX_ARGUMENT_DEPTH, MAX_INPUT_DEPTH, CodeExecArgs
 
 STATUSES = {"success", "compile_error", "runtime_error", "timeout", "memory_exceeded", "rejected", "error"}
 DEEP = 1990  # far past Python's recursion limit of 1000

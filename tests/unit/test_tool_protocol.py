@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from devtools import DevToolset, PathNotFoundError, Workspace
-from devtools.errors import ToolError as DevtoolsToolError
-from executor.errors import SandboxFailedError
-from executor.testing import FakeBackend
-from executor.tool_protocol import (
+from adk_sandbox.devtools import DevToolset, PathNotFoundError, Workspace
+from adk_sandbox.devtools.errors import ToolError as DevtoolsToolError
+from adk_sandbox.executor.errors import SandboxFailedError
+from adk_sandbox.executor.testing import FakeBackend
+from adk_sandbox.executor.tool_protocol import (
     AgentTool,
     InvalidArgumentsError,
     ProgressCallback,
@@ -24,7 +24,7 @@ from executor.tool_protocol import (
     find_tool,
     parse_arguments,
 )
-from executor.tools import CodeTool, SandboxTool
+from adk_sandbox.executor.tools import CodeTool, SandboxTool
 
 
 class _Args(BaseModel):
@@ -115,7 +115,7 @@ def test_call_tool_reports_bad_arguments_and_success() -> None:
 
 
 def test_call_tool_logs_an_unexpected_error(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR, logger="executor.tool_protocol"):
+    with caplog.at_level(logging.ERROR, logger="adk_sandbox.executor.tool_protocol"):
         asyncio.run(call_tool(_Raising(KeyError("k")), {"n": 1}))
     assert "tool raising failed unexpectedly" in caplog.text
 

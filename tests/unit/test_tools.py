@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from executor import (
+from adk_sandbox.executor import (
     CodeTool,
     ExecResult,
     InvalidRequestError,
     SandboxTool,
 )
-from executor.testing import FakeBackend
-from executor.tools import CodeExecArgs
+from adk_sandbox.executor.testing import FakeBackend
+from adk_sandbox.executor.tools import CodeExecArgs
 
 
 def _error_message(result: dict[str, Any]) -> str:

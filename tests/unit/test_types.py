@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-import executor
-from executor import errors as errors_module
-from executor._env import build_child_env
-from executor.errors import (
+from adk_sandbox import executor
+from adk_sandbox.executor import errors as errors_module
+from adk_sandbox.executor._env import build_child_env
+from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     EnforcerUnavailableError,
     ExecutorError,
@@ -25,8 +25,8 @@ from executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
-from executor.policy import AllowedPath, SandboxPolicy, SandboxPolicyBuilder
-from executor.types import (
+from adk_sandbox.executor.policy import AllowedPath, SandboxPolicy, SandboxPolicyBuilder
+from adk_sandbox.executor.types import (
     DEFAULT_MAX_OUTPUT_BYTES,
     ExecRequest,
     ExecResult,

@@ -57,7 +57,7 @@ Signals go through a pidfd after re-checking the target's start time (a reused p
 
 from __future__ import annotations
 
-from executor.backends.docker._in_container import in_container_program
+from adk_sandbox.executor.backends.docker._in_container import in_container_program
 
 __all__ = ["AGENT_ARGV0", "AGENT_SOURCE", "agent_argv"]
 

@@ -36,8 +36,8 @@ from typing import Any, ClassVar
 
 import docker
 
-from executor._output import OutputCapture
-from executor.backends.docker._frames import (
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backends.docker._frames import (
     Frame,
     FrameDecoder,
     FrameType,
@@ -45,13 +45,13 @@ from executor.backends.docker._frames import (
     encode,
     validate_result_for,
 )
-from executor.backends.docker._static_agent import (
+from adk_sandbox.executor.backends.docker._static_agent import (
     AgentFlavour,
     AgentLaunch,
     StaticAgentUnavailableError,
     agent_launches,
 )
-from executor.backends.docker._transport import (
+from adk_sandbox.executor.backends.docker._transport import (
     CANCEL_POLL_SECONDS,
     KILL_ON_ERROR_SECONDS,
     CommandOutcome,
@@ -60,9 +60,9 @@ from executor.backends.docker._transport import (
     DockerStreamSplitter,
     PreparedCommand,
 )
-from executor.backends.docker.engine import Engine
-from executor.errors import InvalidRequestError, SandboxFailedError
-from executor.types import Stream
+from adk_sandbox.executor.backends.docker.engine import Engine
+from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.types import Stream
 
 __all__ = ["AGENT_GRACE_SECONDS", "AgentStreamOpener", "AgentTransport", "FileOpCancelledError"]
 
@@ -306,7 +306,7 @@ def _next_event(agent: _Agent, channel: _Channel, wait: float, unknown: str) -> 
 #: Starts one agent process in the sandbox: ``(argv, user, until)`` -> a connected socket carrying the
 #: process's stdin (written raw) and its stdout/stderr in Docker's attach framing, and any bytes already
 #: read from it. Docker's exec is one (:meth:`AgentTransport._docker_stream`); the Kubernetes backend
-#: bridges a ``pods/exec`` websocket to a socket pair (``executor.backends.kubernetes._exec``).
+#: bridges a ``pods/exec`` websocket to a socket pair (``adk_sandbox.executor.backends.kubernetes._exec``).
 AgentStreamOpener = Callable[[list[str], str, float], tuple[socket.socket, bytes]]
 
 

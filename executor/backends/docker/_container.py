@@ -19,17 +19,22 @@ from typing import Any
 import docker
 import docker.errors
 
-from executor.backends.docker._daemon import DEFAULT_SOCKET, engine_of, idempotent, remove_container
-from executor.backends.docker._dialect import Dialect, dialect_of, podman_host_config, podman_view
-from executor.backends.docker._reaper import note_unremoved, owner_labels
-from executor.backends.docker._spec import (
+from adk_sandbox.executor.backends.docker._daemon import (
+    DEFAULT_SOCKET,
+    engine_of,
+    idempotent,
+    remove_container,
+)
+from adk_sandbox.executor.backends.docker._dialect import Dialect, dialect_of, podman_host_config, podman_view
+from adk_sandbox.executor.backends.docker._reaper import note_unremoved, owner_labels
+from adk_sandbox.executor.backends.docker._spec import (
     GVISOR_RUNTIME,
     HOME_DIR,
     ContainerSpec,
     hardening_violations,
     host_config_arguments,
 )
-from executor.errors import ExecutorError, PolicyNotEnforceableError, SandboxFailedError
+from adk_sandbox.executor.errors import ExecutorError, PolicyNotEnforceableError, SandboxFailedError
 
 __all__ = [
     "ContainerProvider",

@@ -1,8 +1,8 @@
 """The one place that talks to the Docker daemon's client library: connecting, retrying, mapping errors.
 
 Every docker-py call of the backend goes through :func:`daemon_errors`, so a caller only ever sees this
-library's exceptions (:mod:`executor.errors`), and through :func:`idempotent` when repeating it is safe
-(ping, create with a fixed name, inspect, remove). User commands are never retried: a command that may
+library's exceptions (:mod:`adk_sandbox.executor.errors`), and through :func:`idempotent` when repeating it is
+safe (ping, create with a fixed name, inspect, remove). User commands are never retried: a command that may
 have started is never started again.
 """
 
@@ -19,8 +19,8 @@ import docker.errors
 import requests
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
-from executor.backends.docker.engine import Engine, resolve_engine
-from executor.errors import BackendUnavailableError, ExecutorError, SandboxFailedError
+from adk_sandbox.executor.backends.docker.engine import Engine, resolve_engine
+from adk_sandbox.executor.errors import BackendUnavailableError, ExecutorError, SandboxFailedError
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -95,7 +95,7 @@ def map_docker_error(exc: BaseException) -> ExecutorError:  # noqa: PLR0911 - on
 
 @contextlib.contextmanager
 def daemon_errors() -> Iterator[None]:
-    """Re-raise docker-py and requests exceptions as :mod:`executor.errors` exceptions."""
+    """Re-raise docker-py and requests exceptions as :mod:`adk_sandbox.executor.errors` exceptions."""
     try:
         yield
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:

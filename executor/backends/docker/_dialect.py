@@ -40,9 +40,9 @@ from typing import Any
 import docker
 from docker.types import Ulimit
 
-from executor.backends.docker._daemon import engine_of, idempotent
-from executor.backends.docker._seccomp import PROFILE_FILE, load_profile
-from executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor.backends.docker._daemon import engine_of, idempotent
+from adk_sandbox.executor.backends.docker._seccomp import PROFILE_FILE, load_profile
+from adk_sandbox.executor.errors import PolicyNotEnforceableError
 
 __all__ = ["PODMAN_ADDED_TMPFS", "Dialect", "PodmanView", "dialect_of", "podman_host_config", "podman_view"]
 

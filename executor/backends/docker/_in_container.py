@@ -20,7 +20,7 @@ Python >= 3.6, standard library only.
 
 from __future__ import annotations
 
-from executor.backends.docker._seccomp import INSTALL_FILTER_SOURCE, native_arch, setid_filter
+from adk_sandbox.executor.backends.docker._seccomp import INSTALL_FILTER_SOURCE, native_arch, setid_filter
 
 __all__ = ["PRELUDE_LINE", "PROCESS_TOOLS_SOURCE", "in_container_program"]
 

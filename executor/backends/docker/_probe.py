@@ -19,10 +19,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from executor._output import OutputCapture
-from executor.backends.docker._container import WorkspaceNotSharedError, split_brain_message
-from executor.backends.docker._transport import CommandTransport, PreparedCommand
-from executor.errors import PolicyNotEnforceableError, SandboxFailedError
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backends.docker._container import WorkspaceNotSharedError, split_brain_message
+from adk_sandbox.executor.backends.docker._transport import CommandTransport, PreparedCommand
+from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 
 __all__ = ["PROBE_SECONDS", "verify_from_inside"]
 

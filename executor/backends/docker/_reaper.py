@@ -23,9 +23,9 @@ from typing import Any
 
 import docker
 
-from executor.backends.docker._daemon import connect, idempotent, remove_container
-from executor.backends.docker._spec import LABEL_PREFIX, PROJECT_LABEL, validate_labels
-from executor.errors import InvalidRequestError
+from adk_sandbox.executor.backends.docker._daemon import connect, idempotent, remove_container
+from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, PROJECT_LABEL, validate_labels
+from adk_sandbox.executor.errors import InvalidRequestError
 
 __all__ = [
     "LeakedContainer",

@@ -17,10 +17,10 @@ from typing import Annotated, Any
 from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 from pydantic import Field, TypeAdapter, ValidationError
 
-from executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
-from executor.errors import InvalidRequestError, PolicyNotEnforceableError
-from executor.policy import AllowedPath
-from executor.types import Capabilities, IsolationClass, Language, ResourceLimits
+from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
+from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.policy import AllowedPath
+from adk_sandbox.executor.types import Capabilities, IsolationClass, Language, ResourceLimits
 
 __all__ = [
     "GVISOR_RUNTIME",

@@ -19,7 +19,7 @@ to its stdin before the first frame):
 The binaries are built once per source into a cache directory named by the SHA-256 of everything that
 goes into them (sources, the set-id filter generated from :mod:`._seccomp`, flags, compiler): a binary that
 does not match the source is never used, a changed source is rebuilt. ``scripts/setup`` builds it
-(``python -m executor.backends.docker._static_agent``); otherwise the first session that wants it builds
+(``main()`` here); otherwise the first session that wants it builds
 it (about a second) when a C compiler with a static libc is present.
 
 Selection (``ADK_SANDBOX_AGENT`` or the transport's ``agent=`` argument): ``static``, ``python`` or
@@ -43,9 +43,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from executor.backends.docker import _agent
-from executor.backends.docker._agent import agent_argv
-from executor.backends.docker._seccomp import native_arch, setid_filter
+from adk_sandbox.executor.backends.docker import _agent
+from adk_sandbox.executor.backends.docker._agent import agent_argv
+from adk_sandbox.executor.backends.docker._seccomp import native_arch, setid_filter
 
 __all__ = [
     "AgentFlavour",
@@ -296,7 +296,7 @@ def agent_launches(
 
 
 def main() -> int:
-    """``python -m executor.backends.docker._static_agent``: build (if needed) and print its directory."""
+    """Build the static agent (if needed) and print its directory (``scripts/setup`` calls this)."""
     try:
         _, directory = build_static_agent(force="--force" in sys.argv[1:])
     except StaticAgentUnavailableError as exc:

@@ -39,7 +39,7 @@ process between the scan of ``/proc`` and the signal is never hit.
 
 from __future__ import annotations
 
-from executor.backends.docker._in_container import in_container_program
+from adk_sandbox.executor.backends.docker._in_container import in_container_program
 
 __all__ = [
     "ARGV0",

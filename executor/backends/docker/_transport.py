@@ -35,17 +35,17 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import docker
 
-from executor._output import OutputCapture
-from executor.backends.docker._daemon import map_docker_error
-from executor.backends.docker._supervisor import (
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backends.docker._daemon import map_docker_error
+from adk_sandbox.executor.backends.docker._supervisor import (
     killer_argv,
     parse_survey,
     supervisor_argv,
     survey_argv,
 )
-from executor.backends.docker.engine import Engine
-from executor.errors import BackendUnavailableError, SandboxFailedError
-from executor.types import Stream
+from adk_sandbox.executor.backends.docker.engine import Engine
+from adk_sandbox.executor.errors import BackendUnavailableError, SandboxFailedError
+from adk_sandbox.executor.types import Stream
 
 __all__ = [
     "EXEC_NO_BACKGROUND",

@@ -9,18 +9,19 @@ A :class:`WorkspaceTransport` is asked at four moments of a session: once the co
   *this* machine's directory.
 * :class:`MirrorWorkspace` (``"mirror"``): a size-capped tmpfs volume at the same absolute path, owned by the
   command user (the Kubernetes backend's: the Pod's memory-backed workspace ``emptyDir``, mounted at that
-  path; :mod:`executor.backends._synced_workspace` drives it for both sessions). The host tree is pushed in at
-  start; after each command the container's tree is listed (GNU ``find -printf``), diffed against what the
-  host last gave it, and only the regular files that changed travel back (one GNU ``tar -c`` of them).
-  Host-side changes (the file tools write the host copy, which stays the truth) are found by a host-side diff
-  and pushed before the next command. All traffic goes over the session's own command channel, as the command
-  user (``tar -x`` in the container, so what it creates is the user's); the image needs GNU ``find`` and
+  path; :mod:`adk_sandbox.executor.backends._synced_workspace` drives it for both sessions). The host tree is
+  pushed in at start; after each command the container's tree is listed (GNU ``find -printf``), diffed against
+  what the host last gave it, and only the regular files that changed travel back (one GNU ``tar -c`` of
+  them). Host-side changes (the file tools write the host copy, which stays the truth) are found by a
+  host-side diff and pushed before the next command. All traffic goes over the session's own command channel,
+  as the command user (``tar -x`` in the container, so what it creates is the user's); the image needs GNU
+  ``find`` and
   ``tar`` (the base image has both).
 
 Pull-back is hostile input (docs/DOCKER.md, "Workspace transport"): names are checked (relative, no
 ``..``/``.``/empty component, no NUL, UTF-8, no ``.git`` component at any depth), every write goes
-through :class:`devtools._beneath.RootDir` descriptors with the literal path checked (no symlink on the
-host is followed by a write), special files are refused, a symlink is recreated only when it resolves
+through :class:`adk_sandbox.devtools._beneath.RootDir` descriptors with the literal path checked (no symlink
+on the host is followed by a write), special files are refused, a symlink is recreated only when it resolves
 inside the workspace (and not into a ``.git``), set-id bits are dropped, ownership stays the workspace
 owner's, and no more than the volume's cap is ever received.
 """
@@ -44,11 +45,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from executor.backends.docker._racy import RACY_NS, racy, scan_clock_ns, window_ns
-from executor.errors import PolicyNotEnforceableError, SandboxFailedError
+from adk_sandbox.executor.backends.docker._racy import RACY_NS, racy, scan_clock_ns, window_ns
+from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 
 if TYPE_CHECKING:
-    from devtools._beneath import RootDir
+    from adk_sandbox.devtools._beneath import RootDir
 
 __all__ = [
     "AUTO_CHOICES",
@@ -283,7 +284,7 @@ class MirrorWorkspace:
         *,
         cap_setting: str = "DockerBackend(mirror_size_mb=...)",
     ) -> None:
-        from devtools._beneath import RootDir  # noqa: PLC0415 - devtools imports executor: load it late
+        from adk_sandbox.devtools._beneath import RootDir  # noqa: PLC0415 - devtools imports executor: load it late
 
         self.root = root
         self.cap_bytes = cap_mb * 1024 * 1024
@@ -805,7 +806,7 @@ def _host_entry(tree: RootDir, rel: str, key: _Key) -> Entry | None:
 
 def scan_host(root: str) -> dict[str, Entry]:
     """The host tree below ``root`` (files, directories, links; special files left out), never following."""
-    from devtools._beneath import RootDir  # noqa: PLC0415 - see MirrorWorkspace
+    from adk_sandbox.devtools._beneath import RootDir  # noqa: PLC0415 - see MirrorWorkspace
 
     tree = RootDir(root)
     try:
@@ -864,7 +865,7 @@ def copy_prefix(kind: Literal["pool", "copy"]) -> str:
     The owner is told as the container labels tell it (:mod:`._reaper`): boot, pid namespace, pid and the
     process's start time, so :func:`reap_copies` removes what a killed owner left and nothing else.
     """
-    from executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - the reaper's own rule
+    from adk_sandbox.executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - the reaper's own rule
 
     return f"adk-sandbox-{kind}-{_boot_tag()}-{_pid_namespace()}-{os.getpid()}-{_start_time(os.getpid())}-"
 
@@ -877,7 +878,7 @@ def reap_copies(directory: str | None = None) -> list[str]:
     boot. ``DockerBackend()`` calls this as it reaps leaked containers: a killed owner's copies live in
     memory (``/dev/shm``). Returns the paths removed.
     """
-    from executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - see copy_prefix
+    from adk_sandbox.executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - see copy_prefix
 
     where = directory or copies_dir()
     boot, namespace = _boot_tag(), str(_pid_namespace())
@@ -906,7 +907,7 @@ def reap_copies(directory: str | None = None) -> list[str]:
 
 
 def _boot_tag() -> str:
-    from executor.backends.docker._reaper import _boot_id  # noqa: PLC0415 - see copy_prefix
+    from adk_sandbox.executor.backends.docker._reaper import _boot_id  # noqa: PLC0415 - see copy_prefix
 
     return (
         _boot_id().replace("-", "")[:8].ljust(8, "0")
@@ -939,7 +940,7 @@ def copy_tree(source: str, dest: str, cap_bytes: int) -> list[str]:
     Modes and file mtimes are kept (a directory gets its own mode after its contents are written); as root
     the copy is owned by ``dest``'s owner.
     """
-    from devtools._beneath import RootDir  # noqa: PLC0415 - see MirrorWorkspace
+    from adk_sandbox.devtools._beneath import RootDir  # noqa: PLC0415 - see MirrorWorkspace
 
     host = scan_host(source)
     check_fits(source, host, cap_bytes)
@@ -1083,7 +1084,7 @@ def _read_host_file(tree: RootDir, rel: str) -> bytes | None:
     from elsewhere (outside, or another name inside) into the sandbox. None: gone, not a regular file, or
     not reachable as written; the next sync sees what it became.
     """
-    from devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
+    from adk_sandbox.devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
 
     try:
         fd = tree.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -1104,7 +1105,7 @@ def _read_host_file(tree: RootDir, rel: str) -> bytes | None:
 
 def _read_host_link(tree: RootDir, rel: str) -> str | None:
     """The target of the host link at ``rel``, its directory reached as written (no link followed)."""
-    from devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
+    from adk_sandbox.devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
 
     directory = posixpath.dirname(rel)
     try:
@@ -1136,7 +1137,7 @@ class _HostTree:
     @contextlib.contextmanager
     def parent(self, rel: str, *, create: bool) -> Iterator[int]:
         """A descriptor of ``rel``'s directory, which must be the literal path (no link followed)."""
-        from devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
+        from adk_sandbox.devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
 
         directory = posixpath.dirname(rel)
         try:
@@ -1251,7 +1252,7 @@ class _HostTree:
 
     def link_stays_inside(self, rel: str) -> bool:
         """Whether the link at ``rel`` resolves inside the workspace (and out of ``.git``), or dangles."""
-        from devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
+        from adk_sandbox.devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
 
         try:
             fd = self.tree.open(rel, os.O_PATH)

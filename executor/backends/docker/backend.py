@@ -11,18 +11,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from executor.backend import SessionBackend
-from executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
-from executor.backends.docker._daemon import connect
-from executor.backends.docker._reaper import cleanup_session, reap_leaked
-from executor.backends.docker._spec import (
+from adk_sandbox.executor.backend import SessionBackend
+from adk_sandbox.executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
+from adk_sandbox.executor.backends.docker._daemon import connect
+from adk_sandbox.executor.backends.docker._reaper import cleanup_session, reap_leaked
+from adk_sandbox.executor.backends.docker._spec import (
     MIB,
     ContainerSpec,
     GitProtection,
     git_protection,
     tmpfs_overlap,
 )
-from executor.backends.docker._workspace import (
+from adk_sandbox.executor.backends.docker._workspace import (
     AUTO_CHOICES,
     DEFAULT_MIRROR_MB,
     copies_dir,
@@ -30,14 +30,18 @@ from executor.backends.docker._workspace import (
     copy_tree,
     reap_copies,
 )
-from executor.backends.docker.config import DEFAULT_LIFETIME_SECONDS, DockerConfig, config_from_options
-from executor.backends.docker.engine import Engine, resolve_engine
-from executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
-from executor.backends.docker.pool import PoolConfig, SessionPool
-from executor.backends.docker.session import DockerSession, SessionConfig
-from executor.errors import InvalidRequestError, PolicyNotEnforceableError
-from executor.policy import SandboxPolicy
-from executor.types import Capabilities, ResourceLimits
+from adk_sandbox.executor.backends.docker.config import (
+    DEFAULT_LIFETIME_SECONDS,
+    DockerConfig,
+    config_from_options,
+)
+from adk_sandbox.executor.backends.docker.engine import Engine, resolve_engine
+from adk_sandbox.executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
+from adk_sandbox.executor.backends.docker.pool import PoolConfig, SessionPool
+from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
+from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.policy import SandboxPolicy
+from adk_sandbox.executor.types import Capabilities, ResourceLimits
 
 __all__ = ["DockerBackend"]
 
@@ -93,9 +97,9 @@ class DockerBackend(SessionBackend[DockerSession]):
     ) -> None:
         """Connect to the daemon and reap leaked containers.
 
-        The settings are a :class:`~executor.backends.docker.config.DockerConfig`: either ``config=``, or
-        the keyword options, which build one (each option is the field of the same name, where it is
-        documented; None means the default) -- not both. Invalid settings raise
+        The settings are a :class:`~adk_sandbox.executor.backends.docker.config.DockerConfig`: either
+        ``config=``, or the keyword options, which build one (each option is the field of the same name, where
+        it is documented; None means the default) -- not both. Invalid settings raise
         :class:`InvalidRequestError` (:class:`PolicyNotEnforceableError` for a policy that does not allow
         spawning processes) before anything connects.
 
@@ -106,8 +110,9 @@ class DockerBackend(SessionBackend[DockerSession]):
         engine (default: the one the Docker CLI would use); ``workspace_transport`` (``"auto"``,
         ``"bind"``, ``"mirror"``) and ``mirror_size_mb`` say how a workspace reaches the container (a
         policy's host paths are bound, so a remote engine refuses them); ``image_id`` pins the image;
-        ``pool`` keeps that many containers (or as a :class:`~executor.backends.docker.pool.PoolConfig`
-        says) started for workspace-less sessions, or with ``PoolConfig(workspace="mirror")`` for
+        ``pool`` keeps that many containers (or as a
+        :class:`~adk_sandbox.executor.backends.docker.pool.PoolConfig` says) started for workspace-less
+        sessions, or with ``PoolConfig(workspace="mirror")`` for
         ``session(copy_of=...)`` (docs/DOCKER.md, "Warm pool").
         """
         options: dict[str, object] = {
@@ -317,8 +322,8 @@ class DockerBackend(SessionBackend[DockerSession]):
     def cleanup(self, session_id: str) -> list[str]:
         """Remove the containers of the session ``session_id`` (from any process); return their ids.
 
-        See :func:`executor.backends.docker.cleanup_session`. A session of this backend that is still open
-        gets a fresh container on its next command.
+        See :func:`adk_sandbox.executor.backends.docker.cleanup_session`. A session of this backend that is
+        still open gets a fresh container on its next command.
         """
         return cleanup_session(session_id, self._client)
 

@@ -1,10 +1,11 @@
-"""DockerConfig: every setting of a :class:`~executor.backends.docker.DockerBackend`, checked in one model.
+"""DockerConfig: every setting of a :class:`~.docker.DockerBackend`, checked in one model.
 
 ``DockerBackend(config=DockerConfig(...))`` and ``DockerBackend(...)`` with the same keyword options are
 the same backend: the keywords build this model. Its checks raise what the backend's constructor always
-raised -- :class:`~executor.errors.InvalidRequestError` (a ``ValueError``, so built directly the model
-reports it inside pydantic's ``ValidationError``) and :class:`~executor.errors.PolicyNotEnforceableError`
-for a policy a container cannot enforce -- with the same messages.
+raised -- :class:`~adk_sandbox.executor.errors.InvalidRequestError` (a ``ValueError``, so built directly the
+model reports it inside pydantic's ``ValidationError``) and
+:class:`~adk_sandbox.executor.errors.PolicyNotEnforceableError` for a policy a container cannot enforce --
+with the same messages.
 """
 
 from __future__ import annotations
@@ -15,15 +16,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from executor.backends.docker._spec import MAX_TMPFS_MB, tmpfs_overlap, validate_labels, validate_tmpfs
-from executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
-from executor.backends.docker.engine import Engine
-from executor.backends.docker.images import BASE_IMAGE, ExpectedImage
-from executor.backends.docker.pool import PoolConfig
-from executor.backends.docker.session import TRANSPORTS
-from executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
-from executor.policy import SandboxPolicy
-from executor.types import ResourceLimits
+from adk_sandbox.executor.backends.docker._spec import (
+    MAX_TMPFS_MB,
+    tmpfs_overlap,
+    validate_labels,
+    validate_tmpfs,
+)
+from adk_sandbox.executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
+from adk_sandbox.executor.backends.docker.engine import Engine
+from adk_sandbox.executor.backends.docker.images import BASE_IMAGE, ExpectedImage
+from adk_sandbox.executor.backends.docker.pool import PoolConfig
+from adk_sandbox.executor.backends.docker.session import TRANSPORTS
+from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.policy import SandboxPolicy
+from adk_sandbox.executor.types import ResourceLimits
 
 __all__ = ["DEFAULT_LIFETIME_SECONDS", "DockerConfig", "config_from_options"]
 
@@ -33,7 +39,7 @@ _IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
 
 
 class DockerConfig(BaseModel):
-    """How a :class:`~executor.backends.docker.DockerBackend` makes (or attaches to) its containers.
+    """How a :class:`~.docker.DockerBackend` makes (or attaches to) its containers.
 
     >>> config = DockerConfig(runtime="runsc", limits=ResourceLimits(memory_mb=512), pool=2)
     >>> config.pool.size
@@ -74,7 +80,7 @@ class DockerConfig(BaseModel):
     """Labels added to every container this backend creates (keys in this project's ``io.adk-sandbox.``
     namespace are refused: the reaper relies on them); not with ``container``."""
     engine: Engine | str | None = None
-    """The Docker engine: an :class:`~executor.backends.docker.engine.Engine`, a URL (``unix://``,
+    """The Docker engine: an :class:`~adk_sandbox.executor.backends.docker.engine.Engine`, a URL (``unix://``,
     ``tcp://`` with TLS from ``DOCKER_TLS_VERIFY``/``DOCKER_CERT_PATH``, ``ssh://``) or a Docker context's
     name; None: the one the Docker CLI would use. Resolved when the backend connects
     (:attr:`DockerBackend.engine`)."""

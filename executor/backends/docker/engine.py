@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from executor.errors import BackendUnavailableError, InvalidRequestError
+from adk_sandbox.executor.errors import BackendUnavailableError, InvalidRequestError
 
 __all__ = ["DEFAULT_HOST", "Engine", "EngineKind", "engine_from_context", "engine_from_env", "resolve_engine"]
 

@@ -14,16 +14,17 @@ Errors:
   ``FileExistsError``, ...; plain ``OSError`` with ``errno.EROFS`` / ``errno.ENOSPC`` for a read-only or
   full filesystem), with ``filename`` the path in the container. These are the errors a caller already
   handles for local files, so code written against :mod:`pathlib` ports unchanged; they are not
-  :class:`~executor.errors.ExecutorError` because the sandbox did not fail: the file operation did.
+  :class:`~adk_sandbox.executor.errors.ExecutorError` because the sandbox did not fail: the file operation
+  did.
 * an operation not finished by its deadline is cancelled inside the container and raises
   :class:`FileOpCancelledError` (a :class:`TimeoutError`); a write then leaves its path unchanged.
 * invalid arguments (a relative path, a NUL, a mode with set-id bits, a negative offset) raise
-  :class:`~executor.errors.InvalidRequestError`: nothing was sent.
+  :class:`~adk_sandbox.executor.errors.InvalidRequestError`: nothing was sent.
 * the channel failing (the agent killed, stopped, or sending garbage) raises
-  :class:`~executor.errors.SandboxFailedError`; the operation is not retried (its effect is unknown) and
-  the next operation or command starts a new agent.
+  :class:`~adk_sandbox.executor.errors.SandboxFailedError`; the operation is not retried (its effect is
+  unknown) and the next operation or command starts a new agent.
 * a session on the exec transport (``DockerBackend(transport="exec")``) has no agent to perform them:
-  every operation raises :class:`~executor.errors.InvalidRequestError` saying so.
+  every operation raises :class:`~adk_sandbox.executor.errors.InvalidRequestError` saying so.
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from executor.backends.docker._agent_transport import FileOpCancelledError
-from executor.backends.docker._frames import split_entries
-from executor.errors import InvalidRequestError
+from adk_sandbox.executor.backends.docker._agent_transport import FileOpCancelledError
+from adk_sandbox.executor.backends.docker._frames import split_entries
+from adk_sandbox.executor.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from executor.backends.docker.session import DockerSession
+    from adk_sandbox.executor.backends.docker.session import DockerSession
 
 __all__ = [
     "DEFAULT_READ_LIMIT",

@@ -36,9 +36,9 @@ import docker
 import docker.errors
 import docker.utils
 
-from executor.backends.docker._daemon import connect, daemon_errors, idempotent
-from executor.backends.docker.engine import Engine, resolve_engine
-from executor.errors import BackendUnavailableError, ExecutorError
+from adk_sandbox.executor.backends.docker._daemon import connect, daemon_errors, idempotent
+from adk_sandbox.executor.backends.docker.engine import Engine, resolve_engine
+from adk_sandbox.executor.errors import BackendUnavailableError, ExecutorError
 
 __all__ = [
     "BASE_IMAGE",
@@ -143,7 +143,7 @@ class ImageStatus:
 
 
 def _version() -> str:
-    from executor import __version__  # noqa: PLC0415 - executor imports the backends
+    from adk_sandbox.executor import __version__  # noqa: PLC0415 - executor imports the backends
 
     return __version__
 

@@ -10,8 +10,8 @@ creating a container (docs/DOCKER.md, "Warm pool"):
   runtime, limits, network, tmpfs, labels, user, command channel) with no workspace: every member of a
   pool is interchangeable, described by its :class:`PoolKey`. The session id is assigned when the member
   is created (its provider's ``io.adk-sandbox.session`` label) and the session that gets the member
-  keeps it, so :func:`~executor.backends.docker.cleanup_session` and the reaper find a handed-out member
-  like any session's container. Members also carry ``io.adk-sandbox.pool=<pool id>``.
+  keeps it, so :func:`~adk_sandbox.executor.backends.docker.cleanup_session` and the reaper find a handed-out
+  member like any session's container. Members also carry ``io.adk-sandbox.pool=<pool id>``.
 * **Acquire** pops the oldest ready member, checks it answers a ping (its agent's PONG, or the engine
   saying it runs on the exec transport) and that it is younger than ``max_age_seconds`` and of the
   newest image digest, else replaces it (counted in :attr:`PoolStats.replaced`) and takes the next. With
@@ -66,12 +66,12 @@ from typing import Annotated, Literal
 import docker
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.backends.docker._container import ContainerProvider, OpenedContainer
-from executor.backends.docker._spec import LABEL_PREFIX, MIB, ContainerSpec
-from executor.backends.docker._workspace import copies_dir, copy_prefix, copy_tree
-from executor.backends.docker.session import DockerSession, SessionConfig
-from executor.errors import ExecutorError, SandboxFailedError
-from executor.types import ResourceLimits
+from adk_sandbox.executor.backends.docker._container import ContainerProvider, OpenedContainer
+from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, MIB, ContainerSpec
+from adk_sandbox.executor.backends.docker._workspace import copies_dir, copy_prefix, copy_tree
+from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
+from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
+from adk_sandbox.executor.types import ResourceLimits
 
 __all__ = ["POOL_LABEL", "PoolConfig", "PoolKey", "PoolStats", "SessionPool"]
 

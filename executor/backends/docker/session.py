@@ -24,28 +24,28 @@ from typing import Any
 import docker
 import docker.errors
 
-from executor._env import build_child_env
-from executor._languages import LANGUAGES, request_argv
-from executor._output import OutputCapture
-from executor.backend import OutputCallback, SandboxSession
-from executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
-from executor.backends.docker._agent_transport import AgentTransport
-from executor.backends.docker._container import (
+from adk_sandbox.executor._env import build_child_env
+from adk_sandbox.executor._languages import LANGUAGES, request_argv
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backend import OutputCallback, SandboxSession
+from adk_sandbox.executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
+from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor.backends.docker._container import (
     ContainerProvider,
     OomCounter,
     OpenedContainer,
     WorkspaceNotSharedError,
 )
-from executor.backends.docker._daemon import engine_of
-from executor.backends.docker._dialect import Dialect
-from executor.backends.docker._probe import verify_from_inside
-from executor.backends.docker._spec import (
+from adk_sandbox.executor.backends.docker._daemon import engine_of
+from adk_sandbox.executor.backends.docker._dialect import Dialect
+from adk_sandbox.executor.backends.docker._probe import verify_from_inside
+from adk_sandbox.executor.backends.docker._spec import (
     ContainerSpec,
     MirrorVolume,
     capabilities_from_inspect,
     isolation_of,
 )
-from executor.backends.docker._transport import (
+from adk_sandbox.executor.backends.docker._transport import (
     EXEC_NO_BACKGROUND,
     CommandOutcome,
     CommandTransport,
@@ -53,17 +53,29 @@ from executor.backends.docker._transport import (
     DockerExecTransport,
     PreparedCommand,
 )
-from executor.backends.docker._workspace import (
+from adk_sandbox.executor.backends.docker._workspace import (
     AUTO_CHOICES,
     DEFAULT_MIRROR_MB,
     BindWorkspace,
     MirrorWorkspace,
     mirror_mount_violations,
 )
-from executor.backends.docker.files import SandboxFiles
-from executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
-from executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
-from executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, parse_user
+from adk_sandbox.executor.backends.docker.files import SandboxFiles
+from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
+from adk_sandbox.executor.errors import (
+    ExecutorError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
+from adk_sandbox.executor.types import (
+    Capabilities,
+    ExecRequest,
+    ExecResult,
+    IsolationClass,
+    Language,
+    parse_user,
+)
 
 __all__ = ["TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
 
@@ -200,7 +212,7 @@ class DockerSession(SandboxSession):
     def session_id(self) -> str:
         """The session's id: the ``io.adk-sandbox.session`` label of its containers (replacements too).
 
-        Known before the container starts; :func:`executor.backends.docker.cleanup_session` (or
+        Known before the container starts; :func:`adk_sandbox.executor.backends.docker.cleanup_session` (or
         ``adk-sandbox cleanup --session ID``) removes the session's containers from any process.
         """
         return self._provider.session_id

@@ -4,11 +4,16 @@ Extra ``k8s`` (the ``kubernetes`` client), imported only when a backend connects
 needs nothing beyond the core. Not run against a cluster where it was written: see docs/KUBERNETES.md.
 """
 
-from executor.backends.kubernetes._channel import ChannelProtocol, ExecStatus
-from executor.backends.kubernetes._claim import ClaimState, claim_object, claim_state, sandbox_pod_name
-from executor.backends.kubernetes._config import KubernetesConfig
-from executor.backends.kubernetes._failures import api_error, pod_failure
-from executor.backends.kubernetes._spec import (
+from adk_sandbox.executor.backends.kubernetes._channel import ChannelProtocol, ExecStatus
+from adk_sandbox.executor.backends.kubernetes._claim import (
+    ClaimState,
+    claim_object,
+    claim_state,
+    sandbox_pod_name,
+)
+from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
+from adk_sandbox.executor.backends.kubernetes._failures import api_error, pod_failure
+from adk_sandbox.executor.backends.kubernetes._spec import (
     PER_SESSION_FIELDS,
     capabilities_from_pod,
     isolation_of_pod,
@@ -16,7 +21,11 @@ from executor.backends.kubernetes._spec import (
     pod_spec,
     pod_violations,
 )
-from executor.backends.kubernetes.backend import KubernetesBackend, KubernetesSession, workspace_config
+from adk_sandbox.executor.backends.kubernetes.backend import (
+    KubernetesBackend,
+    KubernetesSession,
+    workspace_config,
+)
 
 __all__ = [
     "PER_SESSION_FIELDS",

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from executor.backends.kubernetes._claim import (
+from adk_sandbox.executor.backends.kubernetes._claim import (
     CLAIM_GROUP,
     CLAIM_PLURAL,
     CLAIM_VERSION,
@@ -20,9 +20,9 @@ from executor.backends.kubernetes._claim import (
     SANDBOX_PLURAL,
     SANDBOX_VERSION,
 )
-from executor.backends.kubernetes._exec import WebSocketClientAdapter, WebSocketLike
-from executor.backends.kubernetes._failures import api_error
-from executor.errors import BackendUnavailableError
+from adk_sandbox.executor.backends.kubernetes._exec import WebSocketClientAdapter, WebSocketLike
+from adk_sandbox.executor.backends.kubernetes._failures import api_error
+from adk_sandbox.executor.errors import BackendUnavailableError
 
 __all__ = ["ClientApi", "KubernetesApi"]
 

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from executor.backends.docker._reaper import SESSION
-from executor.backends.docker._spec import PROJECT_LABEL
-from executor.backends.kubernetes._config import KubernetesConfig
+from adk_sandbox.executor.backends.docker._reaper import SESSION
+from adk_sandbox.executor.backends.docker._spec import PROJECT_LABEL
+from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
 
 __all__ = [
     "CLAIM_GROUP",

@@ -8,9 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from executor.backends.docker._spec import HOME_DIR, KERNEL_PATHS
-from executor.backends.docker.images import BASE_IMAGE
-from executor.types import ResourceLimits, parse_user
+from adk_sandbox.executor.backends.docker._spec import HOME_DIR, KERNEL_PATHS
+from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor.types import ResourceLimits, parse_user
 
 __all__ = ["LABEL_PREFIX", "KubernetesConfig", "validate_label_key", "validate_label_value"]
 

@@ -1,7 +1,7 @@
 """The agent's stream over a ``pods/exec`` websocket: a bridge to the socket the agent channel reads.
 
-The agent channel (:class:`executor.backends.docker._agent_transport.AgentTransport`) speaks to one
-connected socket: it writes the agent's stdin raw and reads its stdout and stderr in Docker's attach
+The agent channel (:class:`adk_sandbox.executor.backends.docker._agent_transport.AgentTransport`) speaks to
+one connected socket: it writes the agent's stdin raw and reads its stdout and stderr in Docker's attach
 framing (8-byte headers). :class:`ExecBridge` gives it exactly that over a websocket: a socket pair,
 one end handed to the channel, the other pumped by two threads:
 
@@ -25,7 +25,7 @@ import struct
 import threading
 from typing import Protocol
 
-from executor.backends.kubernetes._channel import (
+from adk_sandbox.executor.backends.kubernetes._channel import (
     STDERR,
     STDIN,
     ChannelProtocol,

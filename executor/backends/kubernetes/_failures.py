@@ -21,7 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from executor.errors import (
+from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
     PolicyNotEnforceableError,

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from executor.backends.docker._reaper import (
+from adk_sandbox.executor.backends.docker._reaper import (
     EXPIRES,
     OWNER_BOOT,
     OWNER_HOST,
@@ -27,9 +27,9 @@ from executor.backends.docker._reaper import (
     OWNER_START,
     SESSION,
 )
-from executor.backends.docker._spec import HOME_DIR, PROJECT_LABEL
-from executor.backends.kubernetes._config import LABEL_PREFIX, KubernetesConfig
-from executor.types import Capabilities, IsolationClass, Language
+from adk_sandbox.executor.backends.docker._spec import HOME_DIR, PROJECT_LABEL
+from adk_sandbox.executor.backends.kubernetes._config import LABEL_PREFIX, KubernetesConfig
+from adk_sandbox.executor.types import Capabilities, IsolationClass, Language
 
 __all__ = [
     "CONTAINER_NAME",
@@ -129,7 +129,8 @@ def pod_spec(
 ) -> dict[str, Any]:
     """The Pod of a session as a JSON object for ``POST /api/v1/namespaces/{ns}/pods``.
 
-    ``session`` are the per-session labels (:func:`executor.backends.docker._reaper.owner_labels`) and
+    ``session`` are the per-session labels (:func:`adk_sandbox.executor.backends.docker._reaper.owner_labels`)
+    and
     ``name`` the Pod's name; without them the result is the warm-pool template (``metadata`` without a
     name), identical for every session of ``config``.
     """

@@ -25,25 +25,25 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from executor._env import build_child_env
-from executor._languages import LANGUAGES, request_argv
-from executor._output import OutputCapture
-from executor.backend import OutputCallback, SandboxSession, SessionBackend
-from executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
-from executor.backends.docker._agent_transport import AgentTransport
-from executor.backends.docker._container import DEFAULT_PATH
-from executor.backends.docker._probe import verify_from_inside
-from executor.backends.docker._reaper import owner_labels
-from executor.backends.docker._spec import HOME_DIR
-from executor.backends.docker._transport import PreparedCommand
-from executor.backends.docker._workspace import MirrorWorkspace
-from executor.backends.kubernetes._api import ClientApi, KubernetesApi
-from executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
-from executor.backends.kubernetes._config import KubernetesConfig
-from executor.backends.kubernetes._exec import ExecBridge
-from executor.backends.kubernetes._failures import pod_failure, pod_waiting_reason
-from executor.backends.kubernetes._reaper import LeakedPod, reap_leaked_pods
-from executor.backends.kubernetes._spec import (
+from adk_sandbox.executor._env import build_child_env
+from adk_sandbox.executor._languages import LANGUAGES, request_argv
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backend import OutputCallback, SandboxSession, SessionBackend
+from adk_sandbox.executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
+from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor.backends.docker._container import DEFAULT_PATH
+from adk_sandbox.executor.backends.docker._probe import verify_from_inside
+from adk_sandbox.executor.backends.docker._reaper import owner_labels
+from adk_sandbox.executor.backends.docker._spec import HOME_DIR
+from adk_sandbox.executor.backends.docker._transport import PreparedCommand
+from adk_sandbox.executor.backends.docker._workspace import MirrorWorkspace
+from adk_sandbox.executor.backends.kubernetes._api import ClientApi, KubernetesApi
+from adk_sandbox.executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
+from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
+from adk_sandbox.executor.backends.kubernetes._exec import ExecBridge
+from adk_sandbox.executor.backends.kubernetes._failures import pod_failure, pod_waiting_reason
+from adk_sandbox.executor.backends.kubernetes._reaper import LeakedPod, reap_leaked_pods
+from adk_sandbox.executor.backends.kubernetes._spec import (
     CONTAINER_NAME,
     capabilities_from_pod,
     network_policy,
@@ -54,14 +54,14 @@ from executor.backends.kubernetes._spec import (
     pod_spec,
     pod_violations,
 )
-from executor.errors import (
+from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
     InvalidRequestError,
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
-from executor.types import Capabilities, ExecRequest, ExecResult, Language, parse_user
+from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, parse_user
 
 __all__ = ["KubernetesBackend", "KubernetesSession", "workspace_config"]
 
@@ -86,8 +86,8 @@ class KubernetesSession(SandboxSession):
 
     With a host ``workspace`` (a resolved directory; ``config.workspace_path`` must be it, see
     :func:`workspace_config`) the ``emptyDir`` at that same path holds a mirror of it
-    (:class:`~executor.backends.docker._workspace.MirrorWorkspace`, capped at ``workspace_mb``): pushed in
-    once the Pod is verified, host changes pushed before each command, the Pod's changes pulled back
+    (:class:`~adk_sandbox.executor.backends.docker._workspace.MirrorWorkspace`, capped at ``workspace_mb``):
+    pushed in once the Pod is verified, host changes pushed before each command, the Pod's changes pulled back
     after each command and at close, all over the same ``pods/exec`` agent channel, as the Pod's user.
     """
 
@@ -398,10 +398,11 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
     >>> with KubernetesBackend(config).session() as session:                    # doctest: +SKIP
     ...     session.execute(ExecRequest(language="command", code="id -u", timeout=10)).stdout
 
-    The Pod is :func:`~executor.backends.kubernetes.pod_spec` of the config; with ``network=False`` the
-    namespace gets the default-deny NetworkPolicy (:func:`~executor.backends.kubernetes.network_policy`),
-    and ``network`` is reported denied only when the policy selects the Pod and an in-Pod probe finds no
-    route. With ``warm_pool`` set and agent-sandbox's CRDs installed, sessions are claimed from that pool.
+    The Pod is :func:`~adk_sandbox.executor.backends.kubernetes.pod_spec` of the config; with
+    ``network=False`` the namespace gets the default-deny NetworkPolicy
+    (:func:`~adk_sandbox.executor.backends.kubernetes.network_policy`), and ``network`` is reported denied
+    only when the policy selects the Pod and an in-Pod probe finds no route. With ``warm_pool`` set and
+    agent-sandbox's CRDs installed, sessions are claimed from that pool.
     ``session(workspace=dir)`` mirrors ``dir`` into the Pod at its own path (not with ``warm_pool``).
 
     **What was not run:** no Kubernetes API server exists where this was written (none in Debian, PyPI or
