@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from adk_sandbox.executor import PolicyNotEnforceableError
+from adk_sandbox.executor import PolicyNotEnforceableError, _owner
 from adk_sandbox.executor.backends.docker import _workspace
 from adk_sandbox.executor.backends.docker._workspace import copy_prefix, copy_tree, reap_copies, scan_host
 
@@ -154,10 +154,8 @@ def test_a_file_that_grows_past_the_cap_meanwhile_is_refused(
 
 
 def test_the_copies_of_gone_owners_are_reaped_and_no_others(tmp_path: Path) -> None:
-    from adk_sandbox.executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - the reaper's own rule
-
     child = subprocess.Popen(["sleep", "30"])
-    start = _start_time(child.pid)
+    start = _owner.start_time(child.pid)
     child.kill()
     child.wait()
     live = copy_prefix("copy")  # this process's own

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from adk_sandbox.executor import _owner
 from adk_sandbox.executor.backends.docker._racy import RACY_NS, racy, scan_clock_ns, window_ns
 from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 
@@ -862,12 +863,12 @@ _COPY_NAME = re.compile(r"adk-sandbox-(?:pool|copy)-([0-9a-f]{8})-(\d+)-(\d+)-(\
 def copy_prefix(kind: Literal["pool", "copy"]) -> str:
     """The ``mkdtemp`` prefix of a copies directory this process makes: it names the owner, for the reaper.
 
-    The owner is told as the container labels tell it (:mod:`._reaper`): boot, pid namespace, pid and the
-    process's start time, so :func:`reap_copies` removes what a killed owner left and nothing else.
+    The owner is told as the container labels tell it (:mod:`adk_sandbox.executor._owner`): boot, pid
+    namespace, pid and the process's start time, so :func:`reap_copies` removes what a killed owner left and
+    nothing else.
     """
-    from adk_sandbox.executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - the reaper's own rule
-
-    return f"adk-sandbox-{kind}-{_boot_tag()}-{_pid_namespace()}-{os.getpid()}-{_start_time(os.getpid())}-"
+    pid = os.getpid()
+    return f"adk-sandbox-{kind}-{_boot_tag()}-{_owner.pid_namespace()}-{pid}-{_owner.start_time(pid)}-"
 
 
 def reap_copies(directory: str | None = None) -> list[str]:
@@ -878,10 +879,8 @@ def reap_copies(directory: str | None = None) -> list[str]:
     boot. ``DockerBackend()`` calls this as it reaps leaked containers: a killed owner's copies live in
     memory (``/dev/shm``). Returns the paths removed.
     """
-    from adk_sandbox.executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - see copy_prefix
-
     where = directory or copies_dir()
-    boot, namespace = _boot_tag(), str(_pid_namespace())
+    boot, namespace = _boot_tag(), str(_owner.pid_namespace())
     removed: list[str] = []
     try:
         names = os.listdir(where)
@@ -892,7 +891,7 @@ def reap_copies(directory: str | None = None) -> list[str]:
         if match is None:
             continue
         owner_boot, owner_ns, pid, start = match.groups()
-        if owner_boot == boot and (owner_ns != namespace or _start_time(int(pid)) == start):
+        if owner_boot == boot and (owner_ns != namespace or _owner.start_time(int(pid)) == start):
             continue  # its owner runs (or is one this process cannot see)
         path = os.path.join(where, name)
         try:
@@ -907,20 +906,11 @@ def reap_copies(directory: str | None = None) -> list[str]:
 
 
 def _boot_tag() -> str:
-    from adk_sandbox.executor.backends.docker._reaper import _boot_id  # noqa: PLC0415 - see copy_prefix
-
     return (
-        _boot_id().replace("-", "")[:8].ljust(8, "0")
-        if re.fullmatch(r"[0-9a-f-]{8,}", _boot_id())
+        _owner.boot_id().replace("-", "")[:8].ljust(8, "0")
+        if re.fullmatch(r"[0-9a-f-]{8,}", _owner.boot_id())
         else "0" * 8
     )
-
-
-def _pid_namespace() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:  # pragma: no cover - every Linux has it
-        return 0
 
 
 def copy_tree(source: str, dest: str, cap_bytes: int) -> list[str]:
