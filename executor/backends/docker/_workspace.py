@@ -20,10 +20,10 @@ A :class:`WorkspaceTransport` is asked at four moments of a session: once the co
 
 Pull-back is hostile input (docs/DOCKER.md, "Workspace transport"): names are checked (relative, no
 ``..``/``.``/empty component, no NUL, UTF-8, no ``.git`` component at any depth), every write goes
-through :class:`adk_sandbox.devtools._beneath.RootDir` descriptors with the literal path checked (no symlink
-on the host is followed by a write), special files are refused, a symlink is recreated only when it resolves
-inside the workspace (and not into a ``.git``), set-id bits are dropped, ownership stays the workspace
-owner's, and no more than the volume's cap is ever received.
+through :class:`adk_sandbox.executor.workspace.beneath.RootDir` descriptors with the literal path checked
+(no symlink on the host is followed by a write), special files are refused, a symlink is recreated only
+when it resolves inside the workspace (and not into a ``.git``), set-id bits are dropped, ownership stays
+the workspace owner's, and no more than the volume's cap is ever received.
 """
 
 from __future__ import annotations
@@ -43,14 +43,12 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from adk_sandbox.executor import _owner
 from adk_sandbox.executor.backends.docker._racy import RACY_NS, racy, scan_clock_ns, window_ns
 from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
-
-if TYPE_CHECKING:
-    from adk_sandbox.devtools._beneath import RootDir
+from adk_sandbox.executor.workspace.beneath import EscapeError, RootDir
 
 __all__ = [
     "AUTO_CHOICES",
@@ -285,8 +283,6 @@ class MirrorWorkspace:
         *,
         cap_setting: str = "DockerBackend(mirror_size_mb=...)",
     ) -> None:
-        from adk_sandbox.devtools._beneath import RootDir  # noqa: PLC0415 - devtools imports executor: load it late
-
         self.root = root
         self.cap_bytes = cap_mb * 1024 * 1024
         self.owner = owner
@@ -807,8 +803,6 @@ def _host_entry(tree: RootDir, rel: str, key: _Key) -> Entry | None:
 
 def scan_host(root: str) -> dict[str, Entry]:
     """The host tree below ``root`` (files, directories, links; special files left out), never following."""
-    from adk_sandbox.devtools._beneath import RootDir  # noqa: PLC0415 - see MirrorWorkspace
-
     tree = RootDir(root)
     try:
         keys = host_keys(tree.fd)
@@ -930,8 +924,6 @@ def copy_tree(source: str, dest: str, cap_bytes: int) -> list[str]:
     Modes and file mtimes are kept (a directory gets its own mode after its contents are written); as root
     the copy is owned by ``dest``'s owner.
     """
-    from adk_sandbox.devtools._beneath import RootDir  # noqa: PLC0415 - see MirrorWorkspace
-
     host = scan_host(source)
     check_fits(source, host, cap_bytes)
     info = os.stat(dest)
@@ -1074,8 +1066,6 @@ def _read_host_file(tree: RootDir, rel: str) -> bytes | None:
     from elsewhere (outside, or another name inside) into the sandbox. None: gone, not a regular file, or
     not reachable as written; the next sync sees what it became.
     """
-    from adk_sandbox.devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
-
     try:
         fd = tree.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except (OSError, EscapeError):
@@ -1095,8 +1085,6 @@ def _read_host_file(tree: RootDir, rel: str) -> bytes | None:
 
 def _read_host_link(tree: RootDir, rel: str) -> str | None:
     """The target of the host link at ``rel``, its directory reached as written (no link followed)."""
-    from adk_sandbox.devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
-
     directory = posixpath.dirname(rel)
     try:
         fd = tree.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -1127,8 +1115,6 @@ class _HostTree:
     @contextlib.contextmanager
     def parent(self, rel: str, *, create: bool) -> Iterator[int]:
         """A descriptor of ``rel``'s directory, which must be the literal path (no link followed)."""
-        from adk_sandbox.devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
-
         directory = posixpath.dirname(rel)
         try:
             if create and directory:
@@ -1242,8 +1228,6 @@ class _HostTree:
 
     def link_stays_inside(self, rel: str) -> bool:
         """Whether the link at ``rel`` resolves inside the workspace (and out of ``.git``), or dangles."""
-        from adk_sandbox.devtools._beneath import EscapeError  # noqa: PLC0415 - see MirrorWorkspace
-
         try:
             fd = self.tree.open(rel, os.O_PATH)
         except EscapeError:
