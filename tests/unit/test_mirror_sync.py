@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from adk_sandbox.executor.backends.docker import _racy, _workspace
+from adk_sandbox.executor.backends.docker import _workspace
 from adk_sandbox.executor.backends.docker._workspace import AutoChoices, MirrorWorkspace, RunResult
 from adk_sandbox.executor.errors import SandboxFailedError
+from adk_sandbox.executor.workspace import racy
 from tests.conftest import require
 
 
@@ -115,7 +116,7 @@ def test_a_host_file_changed_again_with_the_same_stat_is_pushed_again(
     host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A file system with a coarse (or another machine's) clock: f.txt, written just now, is racy.
-    monkeypatch.setattr(_workspace, "window_ns", lambda root: _racy.RACY_NS)
+    monkeypatch.setattr(_workspace, "window_ns", lambda root: racy.RACY_NS)
     container = FakeContainer()
     mirror = mirror_of(host)
     mirror.started(container.run)  # f.txt is racy: its pushed content is remembered
@@ -175,21 +176,21 @@ def test_the_racy_window_is_a_tick_on_a_local_file_system_and_two_seconds_elsewh
         "future": now + 10**9,  # a clock ahead
         "3s": now - 3 * 10**9,
     }
-    assert _racy.racy(files.items(), now, _racy.LOCAL_RACY_NS) == {"10ms", "whole-second", "future"}
+    assert racy.racy(files.items(), now, racy.LOCAL_RACY_NS) == {"10ms", "whole-second", "future"}
     remote = {"10ms", "100ms", "1s", "whole-second", "future"}
-    assert _racy.racy(files.items(), now, _racy.RACY_NS) == remote
-    for path, window in ((tmp_path, _racy.LOCAL_RACY_NS), (Path("/dev/shm"), _racy.LOCAL_RACY_NS),
-                         (Path("/proc"), _racy.RACY_NS)):  # fmt: skip
+    assert racy.racy(files.items(), now, racy.RACY_NS) == remote
+    for path, window in ((tmp_path, racy.LOCAL_RACY_NS), (Path("/dev/shm"), racy.LOCAL_RACY_NS),
+                         (Path("/proc"), racy.RACY_NS)):  # fmt: skip
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            assert _racy.window_ns(fd) == window, path  # fstatfs of the open directory itself
+            assert racy.window_ns(fd) == window, path  # fstatfs of the open directory itself
         finally:
             os.close(fd)
 
 
 def test_the_scan_clock_is_the_file_systems_own() -> None:
     """A file's ctime comes from the coarse clock: a scan on it never reads later than a later edit."""
-    before = _racy.scan_clock_ns()
+    before = racy.scan_clock_ns()
     with tempfile.NamedTemporaryFile() as handle:
         assert os.fstat(handle.fileno()).st_ctime_ns >= before
 
@@ -205,7 +206,7 @@ def test_a_mount_inside_the_workspace_gets_the_wide_window(tmp_path: Path) -> No
         mirror = mirror_of(tmp_path)
         scanned, keys = mirror._scan()
         host = {p: e for p, k in keys.items() if (e := _workspace._host_entry(mirror._tree, p, k))}
-        assert mirror._racy_ns == _racy.LOCAL_RACY_NS  # the root's own file system is local...
+        assert mirror._racy_ns == racy.LOCAL_RACY_NS  # the root's own file system is local...
         time.sleep(0.2)
         scanned, keys = mirror._scan()
         assert mirror._racy(host, keys, scanned) == {"top.txt", "mnt/in.txt"}  # ...but not all the tree is

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from adk_sandbox.executor import _owner
-from adk_sandbox.executor.backends.docker._racy import RACY_NS, racy, scan_clock_ns, window_ns
 from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor.workspace.beneath import EscapeError, RootDir
+from adk_sandbox.executor.workspace.racy import RACY_NS, racy, scan_clock_ns, window_ns
 
 __all__ = [
     "AUTO_CHOICES",
