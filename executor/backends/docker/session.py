@@ -28,7 +28,6 @@ from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession
-from adk_sandbox.executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
 from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 from adk_sandbox.executor.backends.docker._container import (
     ContainerProvider,
@@ -76,6 +75,7 @@ from adk_sandbox.executor.types import (
     Language,
     parse_user,
 )
+from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace, refusal_note
 
 __all__ = ["TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
 

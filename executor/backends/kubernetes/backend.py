@@ -29,7 +29,6 @@ from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession, SessionBackend
-from adk_sandbox.executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
 from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 from adk_sandbox.executor.backends.docker._container import DEFAULT_PATH
 from adk_sandbox.executor.backends.docker._probe import verify_from_inside
@@ -62,6 +61,7 @@ from adk_sandbox.executor.errors import (
     SandboxFailedError,
 )
 from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, parse_user
+from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace, refusal_note
 
 __all__ = ["KubernetesBackend", "KubernetesSession", "workspace_config"]
 

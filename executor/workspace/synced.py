@@ -25,7 +25,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backends.docker._transport import CommandTransport, PreparedCommand
+from adk_sandbox.executor.backends.docker._transport import (  # MERGE: channel.transport
+    CommandTransport,
+    PreparedCommand,
+)
 from adk_sandbox.executor.backends.docker._workspace import (
     MAX_REPORTED,
     SYNC_SECONDS,
