@@ -29,14 +29,14 @@ from adk_sandbox.executor.backends.docker._transport import (  # MERGE: channel.
     CommandTransport,
     PreparedCommand,
 )
-from adk_sandbox.executor.backends.docker._workspace import (
+from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
+from adk_sandbox.executor.workspace.mirror import (
     MAX_REPORTED,
     SYNC_SECONDS,
     MirrorWorkspace,
     RunResult,
     WorkspaceTransport,
 )
-from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
 
 __all__ = ["SyncChannel", "SyncedWorkspace", "refusal_note"]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from adk_sandbox.executor import PolicyNotEnforceableError, _owner
-from adk_sandbox.executor.backends.docker import _workspace
-from adk_sandbox.executor.backends.docker._workspace import copy_prefix, copy_tree, reap_copies, scan_host
+from adk_sandbox.executor.workspace import mirror as _workspace
+from adk_sandbox.executor.workspace.mirror import copy_prefix, copy_tree, reap_copies, scan_host
 
 MIB = 1024 * 1024
 

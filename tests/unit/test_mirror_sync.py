@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from adk_sandbox.executor.backends.docker import _workspace
-from adk_sandbox.executor.backends.docker._workspace import AutoChoices, MirrorWorkspace, RunResult
 from adk_sandbox.executor.errors import SandboxFailedError
+from adk_sandbox.executor.workspace import mirror as _workspace
 from adk_sandbox.executor.workspace import racy
+from adk_sandbox.executor.workspace.mirror import AutoChoices, MirrorWorkspace, RunResult
 from tests.conftest import require
 
 

@@ -22,14 +22,6 @@ from adk_sandbox.executor.backends.docker._spec import (
     git_protection,
     tmpfs_overlap,
 )
-from adk_sandbox.executor.backends.docker._workspace import (
-    AUTO_CHOICES,
-    DEFAULT_MIRROR_MB,
-    copies_dir,
-    copy_prefix,
-    copy_tree,
-    reap_copies,
-)
 from adk_sandbox.executor.backends.docker.config import (
     DEFAULT_LIFETIME_SECONDS,
     DockerConfig,
@@ -42,6 +34,14 @@ from adk_sandbox.executor.backends.docker.session import DockerSession, SessionC
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import Capabilities, ResourceLimits
+from adk_sandbox.executor.workspace.mirror import (
+    AUTO_CHOICES,
+    DEFAULT_MIRROR_MB,
+    copies_dir,
+    copy_prefix,
+    copy_tree,
+    reap_copies,
+)
 
 __all__ = ["DockerBackend"]
 

@@ -52,13 +52,6 @@ from adk_sandbox.executor.backends.docker._transport import (
     DockerExecTransport,
     PreparedCommand,
 )
-from adk_sandbox.executor.backends.docker._workspace import (
-    AUTO_CHOICES,
-    DEFAULT_MIRROR_MB,
-    BindWorkspace,
-    MirrorWorkspace,
-    mirror_mount_violations,
-)
 from adk_sandbox.executor.backends.docker.files import SandboxFiles
 from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
 from adk_sandbox.executor.errors import (
@@ -74,6 +67,13 @@ from adk_sandbox.executor.types import (
     IsolationClass,
     Language,
     parse_user,
+)
+from adk_sandbox.executor.workspace.mirror import (
+    AUTO_CHOICES,
+    DEFAULT_MIRROR_MB,
+    BindWorkspace,
+    MirrorWorkspace,
+    mirror_mount_violations,
 )
 from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace, refusal_note
 

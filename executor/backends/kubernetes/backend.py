@@ -35,7 +35,6 @@ from adk_sandbox.executor.backends.docker._probe import verify_from_inside
 from adk_sandbox.executor.backends.docker._reaper import owner_labels
 from adk_sandbox.executor.backends.docker._spec import HOME_DIR
 from adk_sandbox.executor.backends.docker._transport import PreparedCommand
-from adk_sandbox.executor.backends.docker._workspace import MirrorWorkspace
 from adk_sandbox.executor.backends.kubernetes._api import ClientApi, KubernetesApi
 from adk_sandbox.executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
 from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
@@ -61,6 +60,7 @@ from adk_sandbox.executor.errors import (
     SandboxFailedError,
 )
 from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, parse_user
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
 from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace, refusal_note
 
 __all__ = ["KubernetesBackend", "KubernetesSession", "workspace_config"]
