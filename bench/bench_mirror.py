@@ -26,7 +26,8 @@ from _timing import Row, interleaved, parser, print_section
 
 from adk_sandbox.executor import ExecRequest, Language
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
-from adk_sandbox.executor.workspace.mirror import MirrorWorkspace, Run
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
+from adk_sandbox.executor.workspace.protocol import Run
 from adk_sandbox.executor.workspace.racy import RACY_NS
 
 #: The last commit with the full scan on both sides (every host entry lstat'ed into an Entry, every

@@ -19,7 +19,8 @@ import pytest
 from adk_sandbox.executor import ExecRequest, ExecResult, Language
 from adk_sandbox.executor.backends.kubernetes import KubernetesSession
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
-from adk_sandbox.executor.workspace.mirror import MirrorWorkspace, Run
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
+from adk_sandbox.executor.workspace.protocol import Run
 from tests.integration.k8s_on_docker import DockerPodApi, backend_on, docker_pod_api
 from tests.integration.test_docker_mirror import workspace
 

@@ -34,14 +34,9 @@ from adk_sandbox.executor.backends.docker.session import DockerSession, SessionC
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import Capabilities, ResourceLimits
-from adk_sandbox.executor.workspace.mirror import (
-    AUTO_CHOICES,
-    DEFAULT_MIRROR_MB,
-    copies_dir,
-    copy_prefix,
-    copy_tree,
-    reap_copies,
-)
+from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
+from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree, reap_copies
+from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB
 
 __all__ = ["DockerBackend"]
 

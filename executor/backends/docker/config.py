@@ -29,7 +29,8 @@ from adk_sandbox.executor.backends.docker.session import TRANSPORTS
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import ResourceLimits
-from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
+from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB
+from adk_sandbox.executor.workspace.protocol import WORKSPACE_TRANSPORTS
 
 __all__ = ["DEFAULT_LIFETIME_SECONDS", "DockerConfig", "config_from_options"]
 

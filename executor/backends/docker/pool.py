@@ -71,7 +71,7 @@ from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, MIB, Contai
 from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
 from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
 from adk_sandbox.executor.types import ResourceLimits
-from adk_sandbox.executor.workspace.mirror import copies_dir, copy_prefix, copy_tree
+from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree
 
 __all__ = ["POOL_LABEL", "PoolConfig", "PoolKey", "PoolStats", "SessionPool"]
 

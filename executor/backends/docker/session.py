@@ -43,6 +43,7 @@ from adk_sandbox.executor.backends.docker._spec import (
     MirrorVolume,
     capabilities_from_inspect,
     isolation_of,
+    mirror_mount_violations,
 )
 from adk_sandbox.executor.backends.docker._transport import (
     EXEC_NO_BACKGROUND,
@@ -68,13 +69,9 @@ from adk_sandbox.executor.types import (
     Language,
     parse_user,
 )
-from adk_sandbox.executor.workspace.mirror import (
-    AUTO_CHOICES,
-    DEFAULT_MIRROR_MB,
-    BindWorkspace,
-    MirrorWorkspace,
-    mirror_mount_violations,
-)
+from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
+from adk_sandbox.executor.workspace.bind import BindWorkspace
+from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB, MirrorWorkspace
 from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace, refusal_note
 
 __all__ = ["TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
