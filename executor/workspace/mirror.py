@@ -109,7 +109,7 @@ class MirrorWorkspace:
         self._root_id = (held.st_dev, held.st_ino)
         """The workspace directory this copy syncs (a replaced one fails the next sync)."""
         self._racy_ns = window_ns(self._tree.fd)
-        """How recent a host file's ctime makes it racy (see :mod:`._racy`): the root's file system's."""
+        """How recent a host file's ctime makes it racy (see :mod:`.racy`): the root's file system's."""
         self._host_racy: set[str] = set()
         """Host files whose ctime was within the racy window of the last scan: content checked next time."""
         self._digests: dict[str, bytes] = {}

@@ -334,7 +334,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         settings decide (``workspace_transport`` forced, a remote engine, an attached container), and
         ``"auto"`` where ``"auto"`` decides per workspace at each session's start (a local engine). Given
         ``workspace=``, the answer is for that directory: what ``"auto"`` found for it before on this
-        engine (:class:`~._workspace.AutoChoices`), else what a session of it finds (one is started).
+        engine (:class:`~adk_sandbox.executor.workspace.auto.AutoChoices`), else what a session of it finds
+        (one is started).
         """
         mode = self._workspace_mode_for(workspace)
         return super().capabilities().model_copy(update={"workspace": mode})

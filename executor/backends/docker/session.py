@@ -124,7 +124,7 @@ class SessionConfig:
     """How commands reach the container: ``"agent"`` (one long-lived agent) or ``"exec"`` (an exec each)."""
     workspace_transport: str = "bind"
     """How the workspace reaches it: ``"bind"``, ``"mirror"`` or ``"auto"`` (bind unless the engine does not
-    see this machine's directory, then mirror); see :mod:`._workspace`."""
+    see this machine's directory, then mirror); see :mod:`adk_sandbox.executor.workspace`."""
     mirror_mb: int = DEFAULT_MIRROR_MB
     """Size cap of a mirrored workspace's volume, in MiB."""
     expect_image: ExpectedImage | None = None

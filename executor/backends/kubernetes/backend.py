@@ -86,7 +86,7 @@ class KubernetesSession(SandboxSession):
 
     With a host ``workspace`` (a resolved directory; ``config.workspace_path`` must be it, see
     :func:`workspace_config`) the ``emptyDir`` at that same path holds a mirror of it
-    (:class:`~adk_sandbox.executor.backends.docker._workspace.MirrorWorkspace`, capped at ``workspace_mb``):
+    (:class:`~adk_sandbox.executor.workspace.mirror.MirrorWorkspace`, capped at ``workspace_mb``):
     pushed in once the Pod is verified, host changes pushed before each command, the Pod's changes pulled back
     after each command and at close, all over the same ``pods/exec`` agent channel, as the Pod's user.
     """
