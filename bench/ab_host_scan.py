@@ -22,7 +22,7 @@ from typing import Any
 from _timing import Row, interleaved, parser, print_section
 from bench_mirror import make_tree
 
-from adk_sandbox.executor.backends.docker._workspace import MirrorWorkspace
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
 from tests.unit.test_mirror_sync import FakeContainer
 
 

@@ -26,8 +26,9 @@ from _timing import Row, interleaved, parser, print_section
 
 from adk_sandbox.executor import ExecRequest, Language
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
-from adk_sandbox.executor.backends.docker._racy import RACY_NS
-from adk_sandbox.executor.backends.docker._workspace import MirrorWorkspace, Run
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
+from adk_sandbox.executor.workspace.protocol import Run
+from adk_sandbox.executor.workspace.racy import RACY_NS
 
 #: The last commit with the full scan on both sides (every host entry lstat'ed into an Entry, every
 #: container record parsed with Decimal), the anchor of the sync rows.

@@ -15,14 +15,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from adk_sandbox.devtools._beneath import (
-    NAMES_DIRECTORY,
-    NOT_A_DIRECTORY,
-    EscapeError,
-    Located,
-    RootDir,
-    climbs_out,
-)
 from adk_sandbox.devtools.errors import (
     FilePermissionError,
     InvalidPathError,
@@ -38,6 +30,14 @@ from adk_sandbox.executor import (
     ProcessBackend,
     SandboxBackend,
     SessionFactory,
+)
+from adk_sandbox.executor.workspace.beneath import (
+    NAMES_DIRECTORY,
+    NOT_A_DIRECTORY,
+    EscapeError,
+    Located,
+    RootDir,
+    climbs_out,
 )
 
 __all__ = [

@@ -29,15 +29,12 @@ from adk_sandbox.devtools import DevToolset, Workspace
 from adk_sandbox.executor import ExecRequest, ExecResult, Language
 from adk_sandbox.executor.backend import SandboxSession, SessionFactory
 from adk_sandbox.executor.backends.docker import DockerBackend
-from adk_sandbox.executor.backends.docker._workspace import (
-    Entry,
-    MirrorWorkspace,
-    Run,
-    _parse_record,
-    safe_name,
-)
 from adk_sandbox.executor.backends.kubernetes import KubernetesBackend
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace, _parse_record
+from adk_sandbox.executor.workspace.protocol import Run
+from adk_sandbox.executor.workspace.pullback import safe_name
+from adk_sandbox.executor.workspace.scan import Entry
 from tests.integration.k8s_on_docker import backend_on, docker_pod_api
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

@@ -28,9 +28,9 @@ import pytest
 from adk_sandbox.executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError
 from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine, _reaper
 from adk_sandbox.executor.backends.docker._spec import PROJECT_LABEL
-from adk_sandbox.executor.backends.docker._workspace import AUTO_CHOICES
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
+from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
 from tests.conftest import live_processes_with_args, project_containers, require, unique_sleep_seconds
 from tests.integration.private_engine import (
     DOCKERD,

@@ -17,9 +17,10 @@ import docker
 import pytest
 
 from adk_sandbox.executor import ExecRequest, ExecResult, Language
-from adk_sandbox.executor.backends.docker._workspace import MirrorWorkspace, Run
 from adk_sandbox.executor.backends.kubernetes import KubernetesSession
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
+from adk_sandbox.executor.workspace.protocol import Run
 from tests.integration.k8s_on_docker import DockerPodApi, backend_on, docker_pod_api
 from tests.integration.test_docker_mirror import workspace
 

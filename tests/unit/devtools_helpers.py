@@ -7,7 +7,7 @@ import os
 import pytest
 
 from adk_sandbox.devtools import Workspace
-from adk_sandbox.devtools._beneath import openat2_available
+from adk_sandbox.executor.workspace.beneath import openat2_available
 
 RESOLVERS = ["openat2", "walk"]
 

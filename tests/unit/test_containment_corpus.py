@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-import adk_sandbox.devtools._beneath as beneath
 from adk_sandbox.devtools import (
     InvalidPathError,
     NotRegularFileError,
@@ -30,6 +29,7 @@ from adk_sandbox.devtools import (
 )
 from adk_sandbox.devtools.tools.read_file import ReadFileArgs, read_file
 from adk_sandbox.devtools.tools.write_file import WriteFileArgs, write_file
+from adk_sandbox.executor.workspace import beneath
 from tests.unit.devtools_helpers import RESOLVERS, make_workspace
 
 CANARY = "CANARY-outside-9f1c2e"

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from adk_sandbox.executor import PolicyNotEnforceableError
-from adk_sandbox.executor.backends.docker import _workspace
-from adk_sandbox.executor.backends.docker._workspace import copy_prefix, copy_tree, reap_copies, scan_host
+from adk_sandbox.executor import PolicyNotEnforceableError, _owner
+from adk_sandbox.executor.workspace import copies
+from adk_sandbox.executor.workspace.copies import copy_prefix, copy_tree, reap_copies
+from adk_sandbox.executor.workspace.scan import scan_host
 
 MIB = 1024 * 1024
 
@@ -126,7 +127,7 @@ def test_entries_swapped_after_the_scan_are_not_followed(
     (source / "pkg" / "mod.py").symlink_to(secret / "key")
     (source / "run.sh").unlink()
     os.mkfifo(source / "run.sh")
-    monkeypatch.setattr(_workspace, "scan_host", lambda root: scanned)
+    monkeypatch.setattr(copies, "scan_host", lambda root: scanned)
     skipped = copy_tree(str(source), str(dest), 64 * MIB)
     copied = tree(dest)
     assert all(b"host secret" not in str(what).encode() for *_, what in copied.values())
@@ -148,16 +149,14 @@ def test_a_file_that_grows_past_the_cap_meanwhile_is_refused(
 ) -> None:
     scanned = scan_host(str(source))
     (source / "pkg" / "mod.py").write_bytes(b"x" * (2 * MIB))  # grew after the scan
-    monkeypatch.setattr(_workspace, "scan_host", lambda root: scanned)
+    monkeypatch.setattr(copies, "scan_host", lambda root: scanned)
     with pytest.raises(PolicyNotEnforceableError, match="grew past the cap"):
         copy_tree(str(source), str(dest), 1 * MIB)
 
 
 def test_the_copies_of_gone_owners_are_reaped_and_no_others(tmp_path: Path) -> None:
-    from adk_sandbox.executor.backends.docker._reaper import _start_time  # noqa: PLC0415 - the reaper's own rule
-
     child = subprocess.Popen(["sleep", "30"])
-    start = _start_time(child.pid)
+    start = _owner.start_time(child.pid)
     child.kill()
     child.wait()
     live = copy_prefix("copy")  # this process's own

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from adk_sandbox.executor import _owner
 from adk_sandbox.executor.backends.docker import _reaper
 from adk_sandbox.executor.backends.docker import engine as engine_module
 from adk_sandbox.executor.backends.docker.engine import (
@@ -193,11 +194,11 @@ def test_the_bridge_drains_what_tls_holds_before_waiting(
 # -- reaping across hosts ---------------------------------------------------------------------------------
 def owner(**changes: str) -> dict[str, str]:
     """Labels of a container whose owner process is gone, made on this host; ``changes`` override."""
-    host, namespace = _reaper._host()
+    host, namespace = _owner.host()
     labels = {
         _reaper.OWNER_PID: "999999",
         _reaper.OWNER_START: "1",
-        _reaper.OWNER_BOOT: _reaper._boot_id(),
+        _reaper.OWNER_BOOT: _owner.boot_id(),
         _reaper.OWNER_HOST: host,
         _reaper.OWNER_PIDNS: namespace,
         _reaper.EXPIRES: str(int(time.time()) + 3600),

@@ -20,9 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from adk_sandbox.executor.backends.docker import _racy, _workspace
-from adk_sandbox.executor.backends.docker._workspace import AutoChoices, MirrorWorkspace, RunResult
 from adk_sandbox.executor.errors import SandboxFailedError
+from adk_sandbox.executor.workspace import mirror as mirror_module
+from adk_sandbox.executor.workspace import racy, scan
+from adk_sandbox.executor.workspace.auto import AutoChoices
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
+from adk_sandbox.executor.workspace.protocol import RunResult
 from tests.conftest import require
 
 
@@ -82,7 +85,7 @@ def host(tmp_path: Path) -> Path:
 def keys_of(root: Path) -> dict[str, tuple[int, ...]]:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return dict(_workspace.host_keys(fd))
+        return dict(scan.host_keys(fd))
     finally:
         os.close(fd)
 
@@ -115,13 +118,13 @@ def test_a_host_file_changed_again_with_the_same_stat_is_pushed_again(
     host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A file system with a coarse (or another machine's) clock: f.txt, written just now, is racy.
-    monkeypatch.setattr(_workspace, "window_ns", lambda root: _racy.RACY_NS)
+    monkeypatch.setattr(mirror_module, "window_ns", lambda root: racy.RACY_NS)
     container = FakeContainer()
     mirror = mirror_of(host)
     mirror.started(container.run)  # f.txt is racy: its pushed content is remembered
     stale = keys_of(host)
     (host / "f.txt").write_bytes(b"ONE\n")  # the same size...
-    monkeypatch.setattr(_workspace, "host_keys", lambda root: dict(stale))  # ...and a coarse clock's stat
+    monkeypatch.setattr(mirror_module, "host_keys", lambda root: dict(stale))  # ...and a coarse clock's stat
     mirror.before_command(container.run)
     assert container.files["f.txt"][0] == b"ONE\n"
     pushed = container.files["f.txt"]
@@ -146,7 +149,7 @@ def test_a_directory_swapped_for_a_link_after_the_scan_sends_nothing_through_it(
     mirror = mirror_of(host)
     mirror.started(container.run)
     (host / "sub" / "f.txt").write_bytes(b"new\n")
-    real_keys = _workspace.host_keys
+    real_keys = scan.host_keys
 
     def scan_then_swap(root: int) -> dict[str, tuple[int, ...]]:
         keys = real_keys(root)  # the scan sees sub/f.txt as a new regular file...
@@ -155,12 +158,12 @@ def test_a_directory_swapped_for_a_link_after_the_scan_sends_nothing_through_it(
         (host / "sub").symlink_to(outside if link_to == "outside" else host / "other")
         return keys
 
-    monkeypatch.setattr(_workspace, "host_keys", scan_then_swap)
+    monkeypatch.setattr(mirror_module, "host_keys", scan_then_swap)
     mirror.before_command(container.run)
     sent = [content for content, *_ in container.files.values()]
     assert b"SECRET\n" not in sent
     assert container.files.get("sub/f.txt", (None,))[0] is None
-    monkeypatch.setattr(_workspace, "host_keys", real_keys)
+    monkeypatch.setattr(mirror_module, "host_keys", real_keys)
     mirror.before_command(container.run)  # the next sync sees the link for what it is
     assert b"SECRET\n" not in [content for content, *_ in container.files.values()]
 
@@ -175,21 +178,21 @@ def test_the_racy_window_is_a_tick_on_a_local_file_system_and_two_seconds_elsewh
         "future": now + 10**9,  # a clock ahead
         "3s": now - 3 * 10**9,
     }
-    assert _racy.racy(files.items(), now, _racy.LOCAL_RACY_NS) == {"10ms", "whole-second", "future"}
+    assert racy.racy(files.items(), now, racy.LOCAL_RACY_NS) == {"10ms", "whole-second", "future"}
     remote = {"10ms", "100ms", "1s", "whole-second", "future"}
-    assert _racy.racy(files.items(), now, _racy.RACY_NS) == remote
-    for path, window in ((tmp_path, _racy.LOCAL_RACY_NS), (Path("/dev/shm"), _racy.LOCAL_RACY_NS),
-                         (Path("/proc"), _racy.RACY_NS)):  # fmt: skip
+    assert racy.racy(files.items(), now, racy.RACY_NS) == remote
+    for path, window in ((tmp_path, racy.LOCAL_RACY_NS), (Path("/dev/shm"), racy.LOCAL_RACY_NS),
+                         (Path("/proc"), racy.RACY_NS)):  # fmt: skip
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            assert _racy.window_ns(fd) == window, path  # fstatfs of the open directory itself
+            assert racy.window_ns(fd) == window, path  # fstatfs of the open directory itself
         finally:
             os.close(fd)
 
 
 def test_the_scan_clock_is_the_file_systems_own() -> None:
     """A file's ctime comes from the coarse clock: a scan on it never reads later than a later edit."""
-    before = _racy.scan_clock_ns()
+    before = racy.scan_clock_ns()
     with tempfile.NamedTemporaryFile() as handle:
         assert os.fstat(handle.fileno()).st_ctime_ns >= before
 
@@ -204,8 +207,8 @@ def test_a_mount_inside_the_workspace_gets_the_wide_window(tmp_path: Path) -> No
         (tmp_path / "mnt" / "in.txt").write_bytes(b"b")
         mirror = mirror_of(tmp_path)
         scanned, keys = mirror._scan()
-        host = {p: e for p, k in keys.items() if (e := _workspace._host_entry(mirror._tree, p, k))}
-        assert mirror._racy_ns == _racy.LOCAL_RACY_NS  # the root's own file system is local...
+        host = {p: e for p, k in keys.items() if (e := scan._host_entry(mirror._tree, p, k))}
+        assert mirror._racy_ns == racy.LOCAL_RACY_NS  # the root's own file system is local...
         time.sleep(0.2)
         scanned, keys = mirror._scan()
         assert mirror._racy(host, keys, scanned) == {"top.txt", "mnt/in.txt"}  # ...but not all the tree is
@@ -225,13 +228,13 @@ def test_a_fresh_local_tree_is_not_read_again_once_a_tick_has_passed(
     mirror.started(container.run)
     time.sleep(0.2)  # four times LOCAL_RACY_NS, a tenth of the old 2 s window
     reads: list[str] = []
-    real_read = _workspace._read_host_file
+    real_read = mirror_module._read_host_file
 
     def counted(tree: object, rel: str) -> bytes | None:
         reads.append(rel)
         return real_read(tree, rel)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_workspace, "_read_host_file", counted)
+    monkeypatch.setattr(mirror_module, "_read_host_file", counted)
     mirror.before_command(container.run)  # settles what was racy at the start
     mirror.before_command(container.run)
     assert len(reads) <= 50  # at most the one check of what the start's scan found racy
@@ -251,7 +254,7 @@ def test_a_file_the_push_could_not_read_is_pushed_once_it_can_be(
     mirror.started(container.run)
     (host / "sub" / "f.txt").write_bytes(b"new\n")
     time.sleep(0.2)  # past the racy window: only the scan's record says whether it is in sync
-    real_read = _workspace._read_host_file
+    real_read = mirror_module._read_host_file
 
     def read_while_swapped(tree: object, rel: str) -> bytes | None:
         (host / "sub").rename(host / "kept")  # a rename keeps every stat of what is inside
@@ -262,10 +265,10 @@ def test_a_file_the_push_could_not_read_is_pushed_once_it_can_be(
             (host / "sub").unlink()
             (host / "kept").rename(host / "sub")
 
-    monkeypatch.setattr(_workspace, "_read_host_file", read_while_swapped)
+    monkeypatch.setattr(mirror_module, "_read_host_file", read_while_swapped)
     mirror.before_command(container.run)
     assert "sub/f.txt" not in container.files  # not reachable as written: not sent
-    monkeypatch.setattr(_workspace, "_read_host_file", real_read)
+    monkeypatch.setattr(mirror_module, "_read_host_file", real_read)
     mirror.before_command(container.run)
     assert container.files["sub/f.txt"][0] == b"new\n"
 
@@ -295,8 +298,8 @@ def test_a_directory_swapped_for_a_link_during_the_scan_lists_nothing_through_it
 
     fd = real_open(host, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        monkeypatch.setattr(_workspace.os, "open", open_after_a_swap)
-        keys = _workspace.host_keys(fd)
+        monkeypatch.setattr(scan.os, "open", open_after_a_swap)
+        keys = scan.host_keys(fd)
     finally:
         monkeypatch.undo()
         os.close(fd)

@@ -11,10 +11,8 @@ owner labels (for example a compose service) are never touched.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -23,6 +21,7 @@ from typing import Any
 
 import docker
 
+from adk_sandbox.executor import _owner
 from adk_sandbox.executor.backends.docker._daemon import connect, idempotent, remove_container
 from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, PROJECT_LABEL, validate_labels
 from adk_sandbox.executor.errors import InvalidRequestError
@@ -57,35 +56,6 @@ def note_unremoved(container_id: str) -> None:
         _unremoved.add(container_id)
 
 
-@functools.cache
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as handle:
-            return handle.read().strip()
-    except OSError:  # pragma: no cover - every Linux has it
-        return "unknown"
-
-
-@functools.cache
-def _host() -> tuple[str, str]:
-    """The host name and the pid namespace of this process: where an owner pid means something."""
-    try:
-        namespace = os.readlink("/proc/self/ns/pid")
-    except OSError:  # pragma: no cover - every Linux has it
-        namespace = "unknown"
-    return socket.gethostname(), namespace
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-    return fields[19].decode()
-
-
 def owner_labels(session_id: str, lifetime_seconds: int) -> dict[str, str]:
     """The labels that tie a new container to this process and bound its life."""
     pid = os.getpid()
@@ -93,10 +63,10 @@ def owner_labels(session_id: str, lifetime_seconds: int) -> dict[str, str]:
         PROJECT_LABEL: "adk-sandbox",
         SESSION: session_id,
         OWNER_PID: str(pid),
-        OWNER_START: _start_time(pid) or "",
-        OWNER_BOOT: _boot_id(),
-        OWNER_HOST: _host()[0],
-        OWNER_PIDNS: _host()[1],
+        OWNER_START: _owner.start_time(pid) or "",
+        OWNER_BOOT: _owner.boot_id(),
+        OWNER_HOST: _owner.host()[0],
+        OWNER_PIDNS: _owner.host()[1],
         EXPIRES: str(int(time.time()) + lifetime_seconds),
     }
 
@@ -116,14 +86,14 @@ def leak_reason(labels: Mapping[str, str], now: float) -> str | None:
     if expires.isdigit() and int(expires) < now:
         return "its expiry time has passed"
     pid, start = labels.get(OWNER_PID, ""), labels.get(OWNER_START)
-    if not pid.isdigit() or labels.get(OWNER_BOOT) != _boot_id():
+    if not pid.isdigit() or labels.get(OWNER_BOOT) != _owner.boot_id():
         return None  # not owned by a process of this machine's current boot: only expiry applies
-    host, namespace = _host()
+    host, namespace = _owner.host()
     if labels.get(OWNER_HOST, host) != host or labels.get(OWNER_PIDNS, namespace) != namespace:
         return None  # another host (or container) sharing the engine: its pids are not ours to look up
     if int(pid) == os.getpid():
         return None
-    if _start_time(int(pid)) != start:
+    if _owner.start_time(int(pid)) != start:
         return f"its owner process {pid} is gone"
     return None
 

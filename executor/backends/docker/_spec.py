@@ -37,6 +37,7 @@ __all__ = [
     "hardening_violations",
     "host_config_arguments",
     "isolation_of",
+    "mirror_mount_violations",
     "tmpfs_overlap",
     "unconfined_mounts",
     "validate_labels",
@@ -54,7 +55,10 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class MirrorVolume:
-    """A tmpfs volume holding a copy of the workspace at its path (:mod:`._workspace`, mirror mode)."""
+    """A tmpfs volume holding a copy of the workspace at its path (mirror mode).
+
+    The sandbox side of :class:`adk_sandbox.executor.workspace.mirror.MirrorWorkspace`.
+    """
 
     size_mb: int
     uid: int
@@ -68,6 +72,20 @@ class MirrorVolume:
         options = f"size={self.size_mb}m,uid={self.uid},gid={self.gid},mode={self.mode:04o},nosuid,nodev"
         config = DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": options})
         return Mount(target=target, source=None, type="volume", driver_config=config)
+
+
+def mirror_mount_violations(inspect: dict[str, Any] | Any, workspace: str) -> list[str]:
+    """What is wrong with the mirror volume of an inspected container (empty when it is as asked)."""
+    mounts = [m for m in inspect.get("Mounts") or [] if m.get("Destination") == workspace]
+    if len(mounts) != 1:
+        return [f"the workspace copy is not mounted at {workspace}"]
+    mount = mounts[0]
+    problems = []
+    if mount.get("Type") != "volume" or mount.get("Driver") != "local":
+        problems.append(f"{workspace} is a {mount.get('Type')} mount, not the local tmpfs volume asked for")
+    if not mount.get("RW"):
+        problems.append(f"{workspace} is mounted read-only")
+    return problems
 
 
 @dataclass(frozen=True)

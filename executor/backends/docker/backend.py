@@ -22,14 +22,6 @@ from adk_sandbox.executor.backends.docker._spec import (
     git_protection,
     tmpfs_overlap,
 )
-from adk_sandbox.executor.backends.docker._workspace import (
-    AUTO_CHOICES,
-    DEFAULT_MIRROR_MB,
-    copies_dir,
-    copy_prefix,
-    copy_tree,
-    reap_copies,
-)
 from adk_sandbox.executor.backends.docker.config import (
     DEFAULT_LIFETIME_SECONDS,
     DockerConfig,
@@ -42,6 +34,9 @@ from adk_sandbox.executor.backends.docker.session import DockerSession, SessionC
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import Capabilities, ResourceLimits
+from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
+from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree, reap_copies
+from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB
 
 __all__ = ["DockerBackend"]
 
@@ -339,7 +334,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         settings decide (``workspace_transport`` forced, a remote engine, an attached container), and
         ``"auto"`` where ``"auto"`` decides per workspace at each session's start (a local engine). Given
         ``workspace=``, the answer is for that directory: what ``"auto"`` found for it before on this
-        engine (:class:`~._workspace.AutoChoices`), else what a session of it finds (one is started).
+        engine (:class:`~adk_sandbox.executor.workspace.auto.AutoChoices`), else what a session of it finds
+        (one is started).
         """
         mode = self._workspace_mode_for(workspace)
         return super().capabilities().model_copy(update={"workspace": mode})

@@ -22,7 +22,6 @@ from adk_sandbox.executor.backends.docker._spec import (
     validate_labels,
     validate_tmpfs,
 )
-from adk_sandbox.executor.backends.docker._workspace import DEFAULT_MIRROR_MB, WORKSPACE_TRANSPORTS
 from adk_sandbox.executor.backends.docker.engine import Engine
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE, ExpectedImage
 from adk_sandbox.executor.backends.docker.pool import PoolConfig
@@ -30,6 +29,8 @@ from adk_sandbox.executor.backends.docker.session import TRANSPORTS
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import ResourceLimits
+from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB
+from adk_sandbox.executor.workspace.protocol import WORKSPACE_TRANSPORTS
 
 __all__ = ["DEFAULT_LIFETIME_SECONDS", "DockerConfig", "config_from_options"]
 

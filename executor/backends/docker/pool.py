@@ -34,16 +34,17 @@ is a *copy* of a workspace, ``backend.session(copy_of=X)``, with ``PoolConfig(wo
 
 * **A workspace path chosen ahead.** Each member is created with an empty mirror volume at a directory
   the pool made for it, ``P`` (one per member, below a root of the pool's own, mode 0700, made by this
-  process in :func:`~._workspace.copies_dir`, ``/dev/shm`` when it is a tmpfs), at the same path inside
-  as on the host.
+  process in :func:`~adk_sandbox.executor.workspace.copies.copies_dir`, ``/dev/shm`` when it is a tmpfs),
+  at the same path inside as on the host.
   Commands run as ``P``'s owner (this process's user) unless the backend's ``user`` says otherwise, as
   for any mirrored workspace.
 * **Acquire with a source** pops a member as above, then copies ``X`` into ``P`` on the host
-  (:func:`~._workspace.copy_tree`: ``X`` only read, no link followed out of it, special files left out)
-  and pushes it into the member (:meth:`DockerSession.push_workspace`); from then on the session is a
-  mirrored session on ``P``. A member's ``P`` is removed with the member: when the session closes (after
-  its last pull-back), or when the pool replaces or drains it. A killed owner's are removed by the next
-  backend (:func:`~._workspace.reap_copies`: the root's name says who made it).
+  (:func:`~adk_sandbox.executor.workspace.copies.copy_tree`: ``X`` only read, no link followed out of it,
+  special files left out) and pushes it into the member (:meth:`DockerSession.push_workspace`); from then
+  on the session is a mirrored session on ``P``. A member's ``P`` is removed with the member: when the
+  session closes (after its last pull-back), or when the pool replaces or drains it. A killed owner's are
+  removed by the next backend (:func:`~adk_sandbox.executor.workspace.copies.reap_copies`: the root's name
+  says who made it).
 """
 
 from __future__ import annotations
@@ -68,10 +69,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, OpenedContainer
 from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, MIB, ContainerSpec
-from adk_sandbox.executor.backends.docker._workspace import copies_dir, copy_prefix, copy_tree
 from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
 from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
 from adk_sandbox.executor.types import ResourceLimits
+from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree
 
 __all__ = ["POOL_LABEL", "PoolConfig", "PoolKey", "PoolStats", "SessionPool"]
 

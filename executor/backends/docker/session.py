@@ -28,7 +28,6 @@ from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession
-from adk_sandbox.executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
 from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 from adk_sandbox.executor.backends.docker._container import (
     ContainerProvider,
@@ -44,6 +43,7 @@ from adk_sandbox.executor.backends.docker._spec import (
     MirrorVolume,
     capabilities_from_inspect,
     isolation_of,
+    mirror_mount_violations,
 )
 from adk_sandbox.executor.backends.docker._transport import (
     EXEC_NO_BACKGROUND,
@@ -52,13 +52,6 @@ from adk_sandbox.executor.backends.docker._transport import (
     ContainerGoneError,
     DockerExecTransport,
     PreparedCommand,
-)
-from adk_sandbox.executor.backends.docker._workspace import (
-    AUTO_CHOICES,
-    DEFAULT_MIRROR_MB,
-    BindWorkspace,
-    MirrorWorkspace,
-    mirror_mount_violations,
 )
 from adk_sandbox.executor.backends.docker.files import SandboxFiles
 from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
@@ -76,6 +69,10 @@ from adk_sandbox.executor.types import (
     Language,
     parse_user,
 )
+from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
+from adk_sandbox.executor.workspace.bind import BindWorkspace
+from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB, MirrorWorkspace
+from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace, refusal_note
 
 __all__ = ["TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
 
@@ -127,7 +124,7 @@ class SessionConfig:
     """How commands reach the container: ``"agent"`` (one long-lived agent) or ``"exec"`` (an exec each)."""
     workspace_transport: str = "bind"
     """How the workspace reaches it: ``"bind"``, ``"mirror"`` or ``"auto"`` (bind unless the engine does not
-    see this machine's directory, then mirror); see :mod:`._workspace`."""
+    see this machine's directory, then mirror); see :mod:`adk_sandbox.executor.workspace`."""
     mirror_mb: int = DEFAULT_MIRROR_MB
     """Size cap of a mirrored workspace's volume, in MiB."""
     expect_image: ExpectedImage | None = None

@@ -29,14 +29,12 @@ from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession, SessionBackend
-from adk_sandbox.executor.backends._synced_workspace import SyncChannel, SyncedWorkspace, refusal_note
 from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 from adk_sandbox.executor.backends.docker._container import DEFAULT_PATH
 from adk_sandbox.executor.backends.docker._probe import verify_from_inside
 from adk_sandbox.executor.backends.docker._reaper import owner_labels
 from adk_sandbox.executor.backends.docker._spec import HOME_DIR
 from adk_sandbox.executor.backends.docker._transport import PreparedCommand
-from adk_sandbox.executor.backends.docker._workspace import MirrorWorkspace
 from adk_sandbox.executor.backends.kubernetes._api import ClientApi, KubernetesApi
 from adk_sandbox.executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
 from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
@@ -62,6 +60,8 @@ from adk_sandbox.executor.errors import (
     SandboxFailedError,
 )
 from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, parse_user
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
+from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace, refusal_note
 
 __all__ = ["KubernetesBackend", "KubernetesSession", "workspace_config"]
 
@@ -86,7 +86,7 @@ class KubernetesSession(SandboxSession):
 
     With a host ``workspace`` (a resolved directory; ``config.workspace_path`` must be it, see
     :func:`workspace_config`) the ``emptyDir`` at that same path holds a mirror of it
-    (:class:`~adk_sandbox.executor.backends.docker._workspace.MirrorWorkspace`, capped at ``workspace_mb``):
+    (:class:`~adk_sandbox.executor.workspace.mirror.MirrorWorkspace`, capped at ``workspace_mb``):
     pushed in once the Pod is verified, host changes pushed before each command, the Pod's changes pulled back
     after each command and at close, all over the same ``pods/exec`` agent channel, as the Pod's user.
     """

@@ -2,13 +2,12 @@
 
 The Docker session (:class:`adk_sandbox.executor.backends.docker.DockerSession`) and the Kubernetes session
 (:class:`adk_sandbox.executor.backends.kubernetes.KubernetesSession`) both hand the host workspace to their
-sandbox through a :class:`~adk_sandbox.executor.backends.docker._workspace.WorkspaceTransport` (a bind mount,
+sandbox through a :class:`~adk_sandbox.executor.workspace.protocol.WorkspaceTransport` (a bind mount,
 or the mirror: a copy pushed in and pulled back). What they share is here, written once:
 
-* the sync :data:`~adk_sandbox.executor.backends.docker._workspace.Run`: each sync step is a command on the
-session's
-  channel (Docker's agent or exec; the agent over ``pods/exec``), as the command user, with the sandbox's
-  base environment, in ``/``, outside any request and its deadline (:data:`SYNC_SECONDS` instead);
+* the sync :data:`~adk_sandbox.executor.workspace.protocol.Run`: each sync step is a command on the
+  session's channel (Docker's agent or exec; the agent over ``pods/exec``), as the command user, with the
+  sandbox's base environment, in ``/``, outside any request and its deadline (:data:`SYNC_SECONDS` instead);
 * the four moments (started, before and after each command, closing), one at a time under one lock
   (commands of a session may overlap; two syncs of one copy must not);
 * what pull-back refused, said at the end of the command's stderr (:func:`refusal_note`) for the model.
@@ -25,19 +24,22 @@ from dataclasses import dataclass
 from typing import Literal
 
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backends.docker._transport import CommandTransport, PreparedCommand
-from adk_sandbox.executor.backends.docker._workspace import (
-    MAX_REPORTED,
-    SYNC_SECONDS,
-    MirrorWorkspace,
-    RunResult,
-    WorkspaceTransport,
+from adk_sandbox.executor.backends.docker._transport import (  # MERGE: channel.transport
+    CommandTransport,
+    PreparedCommand,
 )
 from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
+from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
+from adk_sandbox.executor.workspace.protocol import RunResult, WorkspaceTransport
 
-__all__ = ["SyncChannel", "SyncedWorkspace", "refusal_note"]
+__all__ = ["MAX_REPORTED", "SYNC_SECONDS", "SyncChannel", "SyncedWorkspace", "refusal_note"]
 
 log = logging.getLogger(__name__)
+
+#: How long one sync step (a listing, a push, a fetch) may take.
+SYNC_SECONDS = 300.0
+#: Refusals said at the end of a command's stderr, at most.
+MAX_REPORTED = 10
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ stamps the file:
 
 The file system is asked of the open workspace directory itself (``fstatfs``), not looked up by path, and
 a tree with another device mounted inside it gets :data:`RACY_NS` for all of it (see
-:meth:`adk_sandbox.executor.backends.docker._workspace.MirrorWorkspace`).
+:meth:`adk_sandbox.executor.workspace.mirror.MirrorWorkspace`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ bind-mounted directory concurrently) cannot redirect a read or a write outside:
 
 Errors: :class:`EscapeError` for a path leading outside, otherwise ``OSError`` with the errno of the step
 that failed; the workspace maps both to tool errors in one place.
+
+Its users: the file tools (:class:`adk_sandbox.devtools.Workspace`), and the mirror's host side (its scan,
+push reads, pull-back writes and the workspace copies), which is why it sits in this executor package
+that devtools imports, not in devtools.
 """
 
 from __future__ import annotations
