@@ -9,8 +9,8 @@ from typing import Any
 import docker
 
 from adk_sandbox.executor import ExecRequest, Language, ResourceLimits
+from adk_sandbox.executor._owner import OWNER_PID
 from adk_sandbox.executor.backends.docker import BASE_IMAGE
-from adk_sandbox.executor.backends.docker._reaper import OWNER_PID
 from adk_sandbox.executor.backends.docker._spec import ContainerSpec, host_config_arguments
 
 FLOOD_BYTES = 200_000_000

@@ -1,4 +1,4 @@
-"""Who this process is, as the owner of what it leaves behind: boot, process start time, host, pid namespace.
+"""Who owns a sandbox: this process's identity (boot, start time, host, pid namespace) and the owner labels.
 
 Whatever outlives a session when its owner is killed (a container, a Pod, a workspace copy in ``/dev/shm``)
 is named or labelled with its owner, so a later reaping can tell a dead owner from a live one: the pid alone
@@ -6,6 +6,11 @@ is not enough (pids are reused; a pid means something only on the same host, boo
 the process's start time, the machine's boot id, the host name and the pid namespace go with it. The
 Docker reaper (:mod:`adk_sandbox.executor.backends.docker._reaper`) labels containers with these, the
 workspace copies (:mod:`adk_sandbox.executor.workspace.copies`) carry them in their names.
+
+The labels (:func:`owner_labels`) and the rule that judges them (:func:`leak_reason`) are the same for
+every engine: Docker labels its containers with them, Kubernetes its Pods (its label keys are valid
+Kubernetes keys as they are). Each engine's reaper lists its own sandboxes by :data:`PROJECT_LABEL` and
+removes those :func:`leak_reason` condemns.
 """
 
 from __future__ import annotations
@@ -13,8 +18,38 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import time
+from collections.abc import Mapping
 
-__all__ = ["boot_id", "host", "pid_namespace", "start_time"]
+__all__ = [
+    "EXPIRES",
+    "LABEL_PREFIX",
+    "OWNER_BOOT",
+    "OWNER_HOST",
+    "OWNER_PID",
+    "OWNER_PIDNS",
+    "OWNER_START",
+    "PROJECT_LABEL",
+    "SESSION",
+    "boot_id",
+    "host",
+    "leak_reason",
+    "owner_labels",
+    "pid_namespace",
+    "start_time",
+]
+
+LABEL_PREFIX = "io.adk-sandbox."
+#: Every sandbox this project creates carries this label; cleanup selects by it, never by name.
+PROJECT_LABEL = LABEL_PREFIX + "project"
+
+OWNER_PID = LABEL_PREFIX + "owner-pid"
+OWNER_START = LABEL_PREFIX + "owner-start"
+OWNER_BOOT = LABEL_PREFIX + "owner-boot"
+EXPIRES = LABEL_PREFIX + "expires"
+SESSION = LABEL_PREFIX + "session"
+OWNER_HOST = LABEL_PREFIX + "owner-host"
+OWNER_PIDNS = LABEL_PREFIX + "owner-pidns"
 
 
 @functools.cache
@@ -53,3 +88,36 @@ def pid_namespace() -> int:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:  # pragma: no cover - every Linux has it
         return 0
+
+
+def owner_labels(session_id: str, lifetime_seconds: int) -> dict[str, str]:
+    """The labels that tie a new sandbox to this process and bound its life."""
+    pid = os.getpid()
+    return {
+        PROJECT_LABEL: "adk-sandbox",
+        SESSION: session_id,
+        OWNER_PID: str(pid),
+        OWNER_START: start_time(pid) or "",
+        OWNER_BOOT: boot_id(),
+        OWNER_HOST: host()[0],
+        OWNER_PIDNS: host()[1],
+        EXPIRES: str(int(time.time()) + lifetime_seconds),
+    }
+
+
+def leak_reason(labels: Mapping[str, str], now: float) -> str | None:
+    """Why a sandbox with these labels is leaked, or None when its owner may still need it."""
+    expires = labels.get(EXPIRES, "")
+    if expires.isdigit() and int(expires) < now:
+        return "its expiry time has passed"
+    pid, start = labels.get(OWNER_PID, ""), labels.get(OWNER_START)
+    if not pid.isdigit() or labels.get(OWNER_BOOT) != boot_id():
+        return None  # not owned by a process of this machine's current boot: only expiry applies
+    here, namespace = host()
+    if labels.get(OWNER_HOST, here) != here or labels.get(OWNER_PIDNS, namespace) != namespace:
+        return None  # another host (or container) sharing the engine: its pids are not ours to look up
+    if int(pid) == os.getpid():
+        return None
+    if start_time(int(pid)) != start:
+        return f"its owner process {pid} is gone"
+    return None

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from adk_sandbox.executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError
+from adk_sandbox.executor._owner import PROJECT_LABEL
 from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine, _reaper
-from adk_sandbox.executor.backends.docker._spec import PROJECT_LABEL
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.workspace.auto import AUTO_CHOICES

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from adk_sandbox.executor import _owner
-from adk_sandbox.executor.backends.docker import _reaper
 from adk_sandbox.executor.backends.docker import engine as engine_module
 from adk_sandbox.executor.backends.docker.engine import (
     DEFAULT_HOST,
@@ -196,26 +195,26 @@ def owner(**changes: str) -> dict[str, str]:
     """Labels of a container whose owner process is gone, made on this host; ``changes`` override."""
     host, namespace = _owner.host()
     labels = {
-        _reaper.OWNER_PID: "999999",
-        _reaper.OWNER_START: "1",
-        _reaper.OWNER_BOOT: _owner.boot_id(),
-        _reaper.OWNER_HOST: host,
-        _reaper.OWNER_PIDNS: namespace,
-        _reaper.EXPIRES: str(int(time.time()) + 3600),
+        _owner.OWNER_PID: "999999",
+        _owner.OWNER_START: "1",
+        _owner.OWNER_BOOT: _owner.boot_id(),
+        _owner.OWNER_HOST: host,
+        _owner.OWNER_PIDNS: namespace,
+        _owner.EXPIRES: str(int(time.time()) + 3600),
     }
     return labels | changes
 
 
 def test_a_dead_owner_on_this_host_is_reaped_but_not_one_on_another_host_or_pid_namespace() -> None:
     now = time.time()
-    assert _reaper.leak_reason(owner(), now) == "its owner process 999999 is gone"
-    assert _reaper.leak_reason(owner(**{_reaper.OWNER_HOST: "another-machine"}), now) is None
-    assert _reaper.leak_reason(owner(**{_reaper.OWNER_PIDNS: "pid:[1]"}), now) is None
-    expired = owner(**{_reaper.OWNER_HOST: "another-machine", _reaper.EXPIRES: "1"})
-    assert _reaper.leak_reason(expired, now) == "its expiry time has passed"
+    assert _owner.leak_reason(owner(), now) == "its owner process 999999 is gone"
+    assert _owner.leak_reason(owner(**{_owner.OWNER_HOST: "another-machine"}), now) is None
+    assert _owner.leak_reason(owner(**{_owner.OWNER_PIDNS: "pid:[1]"}), now) is None
+    expired = owner(**{_owner.OWNER_HOST: "another-machine", _owner.EXPIRES: "1"})
+    assert _owner.leak_reason(expired, now) == "its expiry time has passed"
 
 
 def test_new_containers_carry_the_owner_host_and_pid_namespace() -> None:
-    labels = _reaper.owner_labels("abc", 60)
-    assert labels[_reaper.OWNER_HOST] == socket.gethostname()
-    assert labels[_reaper.OWNER_PIDNS] == os.readlink("/proc/self/ns/pid")
+    labels = _owner.owner_labels("abc", 60)
+    assert labels[_owner.OWNER_HOST] == socket.gethostname()
+    assert labels[_owner.OWNER_PIDNS] == os.readlink("/proc/self/ns/pid")

@@ -15,8 +15,7 @@ import pytest
 import requests
 
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backends.docker import _daemon
-from adk_sandbox.executor.backends.docker._reaper import (
+from adk_sandbox.executor._owner import (
     EXPIRES,
     OWNER_BOOT,
     OWNER_PID,
@@ -24,6 +23,7 @@ from adk_sandbox.executor.backends.docker._reaper import (
     leak_reason,
     owner_labels,
 )
+from adk_sandbox.executor.backends.docker import _daemon
 from adk_sandbox.executor.backends.docker._seccomp import profile_option
 from adk_sandbox.executor.backends.docker._spec import (
     ContainerSpec,

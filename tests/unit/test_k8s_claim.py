@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from adk_sandbox.executor.backends.docker._reaper import owner_labels
+from adk_sandbox.executor._owner import owner_labels
 from adk_sandbox.executor.backends.kubernetes import (
     KubernetesConfig,
     claim_object,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from adk_sandbox.executor.backends.docker._reaper import (
+from adk_sandbox.executor._owner import (
     EXPIRES,
     OWNER_HOST,
     OWNER_PID,

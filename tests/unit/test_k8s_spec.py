@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from adk_sandbox.executor.backends.docker._reaper import owner_labels
+from adk_sandbox.executor._owner import owner_labels
 from adk_sandbox.executor.backends.kubernetes import KubernetesConfig, network_policy, pod_spec
 from adk_sandbox.executor.backends.kubernetes._spec import (
     NETWORK_LABEL,

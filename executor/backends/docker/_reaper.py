@@ -11,7 +11,6 @@ owner labels (for example a compose service) are never touched.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -21,9 +20,14 @@ from typing import Any
 
 import docker
 
-from adk_sandbox.executor import _owner
+from adk_sandbox.executor._owner import (  # the labels are every engine's; re-exported for Docker's modules
+    PROJECT_LABEL,
+    SESSION,
+    leak_reason,
+    owner_labels,
+)
 from adk_sandbox.executor.backends.docker._daemon import connect, idempotent, remove_container
-from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, PROJECT_LABEL, validate_labels
+from adk_sandbox.executor.backends.docker._spec import validate_labels
 from adk_sandbox.executor.errors import InvalidRequestError
 
 __all__ = [
@@ -35,14 +39,6 @@ __all__ = [
     "owner_labels",
     "reap_leaked",
 ]
-
-OWNER_PID = LABEL_PREFIX + "owner-pid"
-OWNER_START = LABEL_PREFIX + "owner-start"
-OWNER_BOOT = LABEL_PREFIX + "owner-boot"
-EXPIRES = LABEL_PREFIX + "expires"
-SESSION = LABEL_PREFIX + "session"
-OWNER_HOST = LABEL_PREFIX + "owner-host"
-OWNER_PIDNS = LABEL_PREFIX + "owner-pidns"
 
 
 #: Ids of this process's containers that their closed sessions could not remove (see the module docstring).
@@ -56,21 +52,6 @@ def note_unremoved(container_id: str) -> None:
         _unremoved.add(container_id)
 
 
-def owner_labels(session_id: str, lifetime_seconds: int) -> dict[str, str]:
-    """The labels that tie a new container to this process and bound its life."""
-    pid = os.getpid()
-    return {
-        PROJECT_LABEL: "adk-sandbox",
-        SESSION: session_id,
-        OWNER_PID: str(pid),
-        OWNER_START: _owner.start_time(pid) or "",
-        OWNER_BOOT: _owner.boot_id(),
-        OWNER_HOST: _owner.host()[0],
-        OWNER_PIDNS: _owner.host()[1],
-        EXPIRES: str(int(time.time()) + lifetime_seconds),
-    }
-
-
 @dataclass(frozen=True)
 class LeakedContainer:
     """A container of this project that nobody owns any more."""
@@ -78,24 +59,6 @@ class LeakedContainer:
     id: str
     name: str
     reason: str
-
-
-def leak_reason(labels: Mapping[str, str], now: float) -> str | None:
-    """Why a container with these labels is leaked, or None when its owner may still need it."""
-    expires = labels.get(EXPIRES, "")
-    if expires.isdigit() and int(expires) < now:
-        return "its expiry time has passed"
-    pid, start = labels.get(OWNER_PID, ""), labels.get(OWNER_START)
-    if not pid.isdigit() or labels.get(OWNER_BOOT) != _owner.boot_id():
-        return None  # not owned by a process of this machine's current boot: only expiry applies
-    host, namespace = _owner.host()
-    if labels.get(OWNER_HOST, host) != host or labels.get(OWNER_PIDNS, namespace) != namespace:
-        return None  # another host (or container) sharing the engine: its pids are not ours to look up
-    if int(pid) == os.getpid():
-        return None
-    if _owner.start_time(int(pid)) != start:
-        return f"its owner process {pid} is gone"
-    return None
 
 
 def find_leaked(client: docker.DockerClient) -> list[LeakedContainer]:

@@ -17,6 +17,8 @@ from typing import Annotated, Any
 from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 from pydantic import Field, TypeAdapter, ValidationError
 
+from adk_sandbox.executor._layout import HOME_DIR, KERNEL_PATHS
+from adk_sandbox.executor._owner import LABEL_PREFIX, PROJECT_LABEL
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.policy import AllowedPath
@@ -45,10 +47,6 @@ __all__ = [
 ]
 
 GVISOR_RUNTIME = "runsc"
-HOME_DIR = "/home/sandbox"
-LABEL_PREFIX = "io.adk-sandbox."
-#: Every container this project creates carries this label; cleanup selects by it, never by name.
-PROJECT_LABEL = LABEL_PREFIX + "project"
 
 MIB = 1024 * 1024
 
@@ -194,7 +192,6 @@ def tmpfs_options(limits: ResourceLimits) -> str:
 BUILTIN_TMPFS = ("/tmp", HOME_DIR)
 #: Kernel filesystems the runtime mounts: a tmpfs over (or in) them would hide what the runtime masks.
 #: What the runtime mounts and masks itself: no workspace or tmpfs may sit in or over them.
-KERNEL_PATHS = ("/proc", "/sys", "/dev")
 MAX_EXTRA_TMPFS = 16
 MAX_TMPFS_MB = 64 * 1024
 

@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adk_sandbox.executor.backends.docker._reaper import SESSION
-from adk_sandbox.executor.backends.docker._spec import PROJECT_LABEL
+from adk_sandbox.executor._owner import PROJECT_LABEL, SESSION
 from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
 
 __all__ = [

@@ -8,17 +8,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adk_sandbox.executor.backends.docker._spec import HOME_DIR, KERNEL_PATHS
+from adk_sandbox.executor._layout import HOME_DIR, KERNEL_PATHS
+from adk_sandbox.executor._owner import LABEL_PREFIX  # the owner labels' namespace, valid as Kubernetes keys
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.types import ResourceLimits, parse_user
 
 __all__ = ["LABEL_PREFIX", "KubernetesConfig", "validate_label_key", "validate_label_value"]
 
-#: The same label namespace the Docker reaper uses (``io.adk-sandbox.*``): valid Kubernetes label keys
-#: as they are (a key without a ``/`` prefix is a bare name of at most 63 characters).
-LABEL_PREFIX = "io.adk-sandbox."
 
-#: Kernel filesystems the runtime mounts: the workspace may be neither on nor below them.
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")

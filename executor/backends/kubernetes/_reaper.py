@@ -1,6 +1,6 @@
 """Leak protection for session Pods: the Docker reaper's rule applied to the Pods of a namespace.
 
-The rule is :func:`adk_sandbox.executor.backends.docker._reaper.leak_reason`, one place for both backends.
+The rule is :func:`adk_sandbox.executor._owner.leak_reason`, one place for both backends.
 
 A session Pod carries the same owner labels as a container (owner pid, its start time, boot id, host and
 pid namespace, expiry). The kubelet already ends a Pod at its ``activeDeadlineSeconds``, but the Pod object
@@ -19,8 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from adk_sandbox.executor.backends.docker._reaper import EXPIRES, leak_reason
-from adk_sandbox.executor.backends.docker._spec import PROJECT_LABEL
+from adk_sandbox.executor._owner import EXPIRES, PROJECT_LABEL, leak_reason
 from adk_sandbox.executor.backends.kubernetes._api import KubernetesApi
 from adk_sandbox.executor.backends.kubernetes._spec import owner_labels_of_pod
 

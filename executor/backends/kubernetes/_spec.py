@@ -18,16 +18,17 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from adk_sandbox.executor.backends.docker._reaper import (
+from adk_sandbox.executor._layout import HOME_DIR
+from adk_sandbox.executor._owner import (
     EXPIRES,
     OWNER_BOOT,
     OWNER_HOST,
     OWNER_PID,
     OWNER_PIDNS,
     OWNER_START,
+    PROJECT_LABEL,
     SESSION,
 )
-from adk_sandbox.executor.backends.docker._spec import HOME_DIR, PROJECT_LABEL
 from adk_sandbox.executor.backends.kubernetes._config import LABEL_PREFIX, KubernetesConfig
 from adk_sandbox.executor.types import Capabilities, IsolationClass, Language
 
@@ -129,7 +130,7 @@ def pod_spec(
 ) -> dict[str, Any]:
     """The Pod of a session as a JSON object for ``POST /api/v1/namespaces/{ns}/pods``.
 
-    ``session`` are the per-session labels (:func:`adk_sandbox.executor.backends.docker._reaper.owner_labels`)
+    ``session`` are the per-session labels (:func:`adk_sandbox.executor._owner.owner_labels`)
     and
     ``name`` the Pod's name; without them the result is the warm-pool template (``metadata`` without a
     name), identical for every session of ``config``.

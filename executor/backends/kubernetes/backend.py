@@ -27,13 +27,13 @@ from pydantic import ValidationError
 
 from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
+from adk_sandbox.executor._layout import HOME_DIR
 from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor._owner import owner_labels
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 from adk_sandbox.executor.backends.docker._container import DEFAULT_PATH
 from adk_sandbox.executor.backends.docker._probe import verify_from_inside
-from adk_sandbox.executor.backends.docker._reaper import owner_labels
-from adk_sandbox.executor.backends.docker._spec import HOME_DIR
 from adk_sandbox.executor.backends.docker._transport import PreparedCommand
 from adk_sandbox.executor.backends.kubernetes._api import ClientApi, KubernetesApi
 from adk_sandbox.executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name

@@ -1,0 +1,14 @@
+"""Where things are inside every sandbox this project starts, whatever the engine.
+
+A container and a Pod give commands the same home directory and refuse the same kernel paths as mount
+points, so a workspace, a tmpfs or a policy path means the same thing on each engine.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HOME_DIR", "KERNEL_PATHS"]
+
+#: HOME of every command: a size-limited tmpfs (Docker) or memory-backed emptyDir (Kubernetes).
+HOME_DIR = "/home/sandbox"
+#: The kernel's file systems: never a workspace, a tmpfs or a policy mount, nor under one.
+KERNEL_PATHS = ("/proc", "/sys", "/dev")
