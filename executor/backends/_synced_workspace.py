@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backends.docker._transport import CommandTransport, PreparedCommand
 from adk_sandbox.executor.backends.docker._workspace import (
     MAX_REPORTED,
     SYNC_SECONDS,
@@ -33,6 +32,7 @@ from adk_sandbox.executor.backends.docker._workspace import (
     RunResult,
     WorkspaceTransport,
 )
+from adk_sandbox.executor.channel.transport import CommandTransport, PreparedCommand
 from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
 
 __all__ = ["SyncChannel", "SyncedWorkspace", "refusal_note"]

@@ -25,8 +25,10 @@ import docker
 import pytest
 
 from adk_sandbox.executor import ExecRequest, ExecResult, Language, PolicyNotEnforceableError
-from adk_sandbox.executor.backends.docker import DockerBackend, _agent, _supervisor
+from adk_sandbox.executor.backends.docker import DockerBackend
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option
+from adk_sandbox.executor.channel import agent as _agent
+from adk_sandbox.executor.channel import supervisor as _supervisor
 from tests.conftest import require
 
 pytestmark = pytest.mark.docker

@@ -16,6 +16,7 @@ import requests
 
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker import _daemon
+from adk_sandbox.executor.backends.docker._exec import FrameDemultiplexer
 from adk_sandbox.executor.backends.docker._reaper import (
     EXPIRES,
     OWNER_BOOT,
@@ -34,7 +35,6 @@ from adk_sandbox.executor.backends.docker._spec import (
     validate_labels,
     validate_tmpfs,
 )
-from adk_sandbox.executor.backends.docker._transport import FrameDemultiplexer
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,

@@ -7,8 +7,9 @@ import collections
 
 import pytest
 
-from adk_sandbox.executor.backends.docker import _agent, _supervisor
-from adk_sandbox.executor.backends.docker._in_container import PRELUDE_LINE, in_container_program
+from adk_sandbox.executor.channel import agent as _agent
+from adk_sandbox.executor.channel import supervisor as _supervisor
+from adk_sandbox.executor.channel.programs import PRELUDE_LINE, in_container_program
 
 
 @pytest.mark.parametrize("source", [_agent.AGENT_SOURCE, _supervisor.SCRIPT], ids=["agent", "supervisor"])

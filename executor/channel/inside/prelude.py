@@ -1,33 +1,4 @@
-"""Python source shared by the programs that run inside a sandbox container.
 
-The agent (:mod:`._agent`) and the exec transport's supervisor (:mod:`._supervisor`) are Python programs
-that travel as ``python3 -I -S -c`` arguments, so they cannot import anything of this package inside the
-container. What both need is written once here and spliced into each at the line ``# @PRELUDE@`` by
-:func:`in_container_program`:
-
-* the set-id seccomp filter (:mod:`._seccomp`): ``install_setid_filter`` and ``SETID``, the program for
-  this machine's architecture (``None`` where there is none: commands then refuse to start);
-* the process tools: reading ``/proc`` (``stat_of``, ``scan``: ppid, session, start time, state),
-  ``send`` (a signal through a pidfd after re-checking the start time, so a reused pid is never hit),
-  ``below`` (descendants by ppid), ``kill_all`` (SIGSTOP then SIGKILL in passes until nothing is left,
-  so a fork bomb cannot refill what a kill frees), ``reap_any``, ``argv_of``, ``marker_of`` and
-  ``parse_protected``.
-
-Requirements of a program using it: ``os``, ``signal`` and ``time`` imported, and the globals ``SELF``
-(its own pid, never signalled) and ``MARK`` (``b"ADK_SANDBOX_EXEC="``) defined. Kept compatible with
-Python >= 3.6, standard library only.
-"""
-
-from __future__ import annotations
-
-from adk_sandbox.executor.backends.docker._seccomp import INSTALL_FILTER_SOURCE, native_arch, setid_filter
-
-__all__ = ["PRELUDE_LINE", "PROCESS_TOOLS_SOURCE", "in_container_program"]
-
-#: The line of a program's source replaced by the shared prelude.
-PRELUDE_LINE = "# @PRELUDE@"
-
-PROCESS_TOOLS_SOURCE = r"""
 def stat_of(pid):
     with open("/proc/%d/stat" % pid, "rb") as f:
         data = f.read()
@@ -152,16 +123,3 @@ def marker_of(pid):
 def parse_protected(text):
     return set((int(p), s.encode()) for p, _, s in (e.partition(":") for e in text.split(",") if e))
 
-"""
-
-
-def in_container_program(body: str) -> str:
-    """``body`` with its :data:`PRELUDE_LINE` replaced by the set-id filter and the process tools."""
-    if PRELUDE_LINE not in body:
-        raise ValueError("an in-container program needs a prelude line")
-    try:
-        program = 'bytes.fromhex("' + setid_filter(native_arch()).hex() + '")'
-    except OSError:  # an architecture without a filter: commands refuse to start (fail closed)
-        program = "None"
-    prelude = INSTALL_FILTER_SOURCE + "SETID = " + program + "\n" + PROCESS_TOOLS_SOURCE
-    return body.replace(PRELUDE_LINE, prelude, 1)
