@@ -25,3 +25,13 @@ def test_each_program_has_the_prelude_once_and_compiles(source: str) -> None:
 def test_a_program_without_a_prelude_line_is_refused() -> None:
     with pytest.raises(ValueError, match="prelude"):
         in_container_program("print('no prelude')\n")
+
+
+@pytest.mark.parametrize("source", [_agent.AGENT_SOURCE, _supervisor.SCRIPT], ids=["agent", "supervisor"])
+def test_the_checker_only_lines_are_not_shipped(source: str) -> None:
+    """inside/*.py import the prelude's names for mypy only: nothing of this package runs inside."""
+    tree = ast.parse(source)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not [name for name in imported if name.startswith(("adk_sandbox", "typing", "collections"))]
+    assert "@CHECK-ONLY@" not in source and "@END-CHECK-ONLY@" not in source

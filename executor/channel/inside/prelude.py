@@ -1,11 +1,28 @@
+# The process tools every in-sandbox program shares, spliced in at its prelude line (after
+# setid_filter.py) by executor/channel/programs.py. Python >= 3.6, standard library only: annotations
+# are strings, never evaluated.
+# @CHECK-ONLY@
+# For the checkers only (not shipped): what the program provides the prelude, and the type names.
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
 
-def stat_of(pid):
+SELF = os.getpid()  # the program's own pid, never signalled
+MARK = b"ADK_SANDBOX_EXEC="  # the marker variable of a command's environment
+Proc = tuple[int, int, bytes, bytes]  # ppid, session, start time, state
+Procs = dict[int, Proc]
+# @END-CHECK-ONLY@
+
+
+def stat_of(pid: "int") -> "list[bytes]":
     with open("/proc/%d/stat" % pid, "rb") as f:
         data = f.read()
-    return data[data.rindex(b")") + 2:].split()
+    return data[data.rindex(b")") + 2 :].split()
 
-def scan():
-    procs = {}
+
+def scan() -> "Procs":
+    procs: "Procs" = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
@@ -15,13 +32,15 @@ def scan():
                 pass
     return procs
 
-def start_of(pid):
+
+def start_of(pid: "int") -> "bytes | None":
     try:
         return stat_of(pid)[19]
     except (OSError, ValueError, IndexError):
         return None
 
-def send(pid, start, sig):
+
+def send(pid: "int", start: "bytes | None", sig: "int") -> "None":
     fd = None
     try:
         fd = os.pidfd_open(pid)
@@ -43,11 +62,13 @@ def send(pid, start, sig):
         if fd is not None:
             os.close(fd)
 
-def below(roots, procs):
-    kids = {}
+
+def below(roots: "Iterable[int]", procs: "Procs") -> "set[int]":
+    kids: "dict[int, list[int]]" = {}
     for p, info in procs.items():
         kids.setdefault(info[0], []).append(p)
-    found, todo = set(), list(roots)
+    found: "set[int]" = set()
+    todo = list(roots)
     while todo:
         for c in kids.get(todo.pop(), ()):
             if c not in found:
@@ -55,8 +76,9 @@ def below(roots, procs):
                 todo.append(c)
     return found
 
-def reap_any():
-    out = []
+
+def reap_any() -> "list[tuple[int, int]]":
+    out: "list[tuple[int, int]]" = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -68,7 +90,8 @@ def reap_any():
             return out
         out.append((pid, status))
 
-def uid_of(pid):
+
+def uid_of(pid: "int") -> "int | None":
     # The real uid (/proc/PID/status is readable for every process, non-dumpable ones included).
     try:
         with open("/proc/%d/status" % pid, "rb") as f:
@@ -79,18 +102,27 @@ def uid_of(pid):
         pass
     return None
 
+
 MYUID = os.getuid()
 
-def kill_all(targets, limit=5.0, on_reaped=None):
+
+def kill_all(
+    targets: "Callable[[Procs], Iterable[int]]",
+    limit: "float" = 5.0,
+    on_reaped: "Callable[[int, int], None] | None" = None,
+) -> "Procs":
     # Stop first: a stopped process cannot fork, so a fork bomb cannot refill what a kill frees. Only
     # processes of this uid: no capability lets another user's be signalled (another user's agent and its
     # commands are that user's to kill), and retrying them would only spend the limit.
-    stopped = set()
+    stopped: "set[int]" = set()
     end = time.monotonic() + limit
     while True:
         procs = scan()
-        victims = [p for p in targets(procs)
-                   if p != SELF and p in procs and procs[p][3] not in b"ZX" and uid_of(p) == MYUID]
+        victims = [
+            p
+            for p in targets(procs)
+            if p != SELF and p in procs and procs[p][3] not in b"ZX" and uid_of(p) == MYUID
+        ]
         if not victims or time.monotonic() > end:
             return procs
         fresh = [p for p in victims if p not in stopped]
@@ -103,23 +135,25 @@ def kill_all(targets, limit=5.0, on_reaped=None):
                     on_reaped(pid, status)
             time.sleep(0.001)
 
-def argv_of(pid):
+
+def argv_of(pid: "int") -> "list[bytes]":
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             return f.read().split(b"\0")
     except OSError:
         return []
 
-def marker_of(pid):
+
+def marker_of(pid: "int") -> "bytes | None":
     try:
         with open("/proc/%d/environ" % pid, "rb") as f:
             for entry in f.read().split(b"\0"):
                 if entry.startswith(MARK):
-                    return entry[len(MARK):]
+                    return entry[len(MARK) :]
     except OSError:
         pass
     return None
 
-def parse_protected(text):
-    return set((int(p), s.encode()) for p, _, s in (e.partition(":") for e in text.split(",") if e))
 
+def parse_protected(text: "str") -> "set[tuple[int, bytes]]":
+    return set((int(p), s.encode()) for p, _, s in (e.partition(":") for e in text.split(",") if e))

@@ -4,20 +4,41 @@ import signal
 import sys
 import time
 
+# @CHECK-ONLY@
+# For the checkers only (not shipped, see executor/channel/programs.py): what the prelude defines.
+from collections.abc import Callable
+from types import FrameType
+
+from adk_sandbox.executor.channel.inside.prelude import (
+    Procs,
+    argv_of,
+    below,
+    kill_all,
+    marker_of,
+    parse_protected,
+    scan,
+    send,
+)
+from adk_sandbox.executor.channel.inside.setid_filter import SETID, install_setid_filter
+
+# @END-CHECK-ONLY@
 # @PRELUDE@
 A = sys.argv
 SELF = os.getpid()
 MARK = b"ADK_SANDBOX_EXEC="
 
-def subreaper():
+
+def subreaper() -> "bool":
     try:
         import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # type: ignore[no-any-return]
     except Exception:
         return False
 
-def supervisors(procs):
-    found = {}
+
+def supervisors(procs: "Procs") -> "dict[int, bytes]":
+    found: "dict[int, bytes]" = {}
     for p, info in procs.items():
         if info[0] == 0 and p not in (1, SELF):
             argv = argv_of(p)
@@ -25,7 +46,10 @@ def supervisors(procs):
                 found[p] = argv[7]
     return found
 
-def escapees(procs, mine, protected, strict):
+
+def escapees(
+    procs: "Procs", mine: "bytes", protected: "set[tuple[int, bytes]]", strict: "bool"
+) -> "set[int]":
     roots = [p for p, i in procs.items() if i[0] == 1 and (p, i[2]) not in protected]
     if roots and not strict:
         others = dict((p, m) for p, m in supervisors(procs).items() if m != mine)
@@ -34,7 +58,8 @@ def escapees(procs, mine, protected, strict):
         roots = [p for p in roots if procs[p][1] not in sessions and marker_of(p) not in markers]
     return set(roots) | below(roots, procs)
 
-def reap():
+
+def reap() -> "bool":
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
@@ -42,19 +67,31 @@ def reap():
         return True
     return False
 
-def run():
-    marker, protected, timeout, n = A[3].encode(), parse_protected(A[4]), float(A[5]), int(A[6])
-    env = dict(e.split("=", 1) for e in A[7:7 + n])
-    env["ADK_SANDBOX_EXEC"] = A[3]
-    argv = A[7 + n:]
-    strict = subreaper()
-    skip = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, signal.SIGWINCH, signal.SIGURG,
-            signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
-    handled = []
 
-    def finish():
+def run() -> "None":
+    marker, protected, timeout, n = A[3].encode(), parse_protected(A[4]), float(A[5]), int(A[6])
+    env = dict(e.split("=", 1) for e in A[7 : 7 + n])
+    env["ADK_SANDBOX_EXEC"] = A[3]
+    argv = A[7 + n :]
+    strict = subreaper()
+    skip = (
+        signal.SIGKILL,
+        signal.SIGSTOP,
+        signal.SIGCHLD,
+        signal.SIGCONT,
+        signal.SIGWINCH,
+        signal.SIGURG,
+        signal.SIGTSTP,
+        signal.SIGTTIN,
+        signal.SIGTTOU,
+    )
+    handled: "list[int]" = []
+
+    def finish() -> "None":
         signal.pthread_sigmask(signal.SIG_BLOCK, handled)
-        mine = lambda procs: below([SELF], procs) | escapees(procs, marker, protected, strict)
+        mine: "Callable[[Procs], set[int]]" = lambda procs: (
+            below([SELF], procs) | escapees(procs, marker, protected, strict)
+        )
         end = time.monotonic() + 5
         while True:
             kill_all(mine)
@@ -62,10 +99,11 @@ def run():
                 return
             time.sleep(0.001)
 
-    def on_signal(sig, frame):
+    def on_signal(sig: "int", frame: "FrameType | None") -> "None":
         finish()
         os._exit(137 if sig == signal.SIGALRM else 128 + sig)
 
+    s: "int"
     for s in signal.valid_signals():
         if s not in skip:
             try:
@@ -103,7 +141,8 @@ def run():
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status))
 
-def kill():
+
+def kill() -> "None":
     marker, protected, strict = A[3].encode(), parse_protected(A[4]), A[5] == "strict"
     procs = scan()
     sups = [p for p, m in supervisors(procs).items() if m == marker]
@@ -113,11 +152,17 @@ def kill():
             send(p, procs[p][2], signal.SIGKILL)
     kill_all(lambda procs: escapees(procs, marker, protected, strict))
 
-def survey():
+
+def survey() -> "None":
     procs = scan()
     mine = set([1]) | below([1], procs)
-    sys.stdout.write("%s %s\n" % (
-        "strict" if subreaper() else "lenient",
-        ",".join("%d:%s" % (p, procs[p][2].decode()) for p in sorted(mine) if p in procs)))
+    sys.stdout.write(
+        "%s %s\n"
+        % (
+            "strict" if subreaper() else "lenient",
+            ",".join("%d:%s" % (p, procs[p][2].decode()) for p in sorted(mine) if p in procs),
+        )
+    )
+
 
 {"run": run, "kill": kill, "survey": survey}[A[2]]()
