@@ -406,8 +406,9 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
     **What was not run:** no Kubernetes API server exists where this was written (none in Debian, PyPI or
     npm; kind cannot pull its node image). The Pod/NetworkPolicy/claim objects, the isolation reading, the
     exec framing and the failure mapping are unit-tested against recorded objects and frames, and the agent
-    channel is the Docker backend's (run, with a host workspace's mirror, over a real ``docker exec`` in
-    the ``pods/exec`` framing into a container made from the Pod spec); the calls to a real API server
+    channel is the Docker backend's, engine-neutral in ``executor/channel`` (run, with a host workspace's
+    mirror, over a real ``docker exec`` in the ``pods/exec`` framing into a container made from the Pod
+    spec); the calls to a real API server
     (:class:`._api.ClientApi`), the kubelet's handling of the spec and a CNI's enforcement of the policy
     are exercised only by tests/integration/test_k8s_cluster.py against a real cluster
     (``ADK_SANDBOX_K8S_CONTEXT``).
