@@ -35,3 +35,11 @@ def test_the_checker_only_lines_are_not_shipped(source: str) -> None:
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not [name for name in imported if name.startswith(("adk_sandbox", "typing", "collections"))]
     assert "@CHECK-ONLY@" not in source and "@END-CHECK-ONLY@" not in source
+
+
+@pytest.mark.parametrize("source", [_agent.AGENT_SOURCE, _supervisor.SCRIPT], ids=["agent", "supervisor"])
+def test_the_programs_keep_to_python_3_6_syntax(source: str) -> None:
+    """Old images' python3: string annotations only, no syntax newer than 3.6, no ``__future__`` import."""
+    tree = ast.parse(source, feature_version=(3, 6))
+    modules = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert "__future__" not in modules
