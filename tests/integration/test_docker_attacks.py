@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -197,9 +198,9 @@ def test_commands_cannot_plant_setid_files_on_the_host(
 def _unfiltered(source: str) -> str:
     """An in-container program whose set-id filter installs nothing (the test's stand-in for a runtime
     that would not enforce it)."""
-    head = "def install_setid_filter(program):\n"
-    assert head in source
-    return source.replace(head, head + "    return  # disabled by the test\n", 1)
+    head = re.search(r"^def install_setid_filter\(.*:\n", source, re.MULTILINE)
+    assert head is not None
+    return source.replace(head[0], head[0] + "    return  # disabled by the test\n", 1)
 
 
 @pytest.mark.parametrize("transport", ["agent", "exec"])
