@@ -18,7 +18,7 @@ from _timing import Row, interleaved, parser, print_section
 
 from adk_sandbox.devtools import DevToolset, Workspace
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
-from adk_sandbox.executor.backends.docker import _static_agent as static_agent
+from adk_sandbox.executor.channel import static_agent
 
 HOST_ANCHOR = 'host `subprocess.run(["sh","-c","true"])`'
 
@@ -38,16 +38,21 @@ def _started_with(source: bytes | None, backend: DockerBackend, workspace: str) 
         static_agent._static_or_reason.cache_clear()
 
 
+def _agent_c_at(rev: str) -> bytes:
+    """agent.c as of ``rev`` (executor/channel/inside/, before that executor/backends/docker/agent/)."""
+    for path in ("executor/channel/inside/agent.c", "executor/backends/docker/agent/agent.c"):
+        shown = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, check=False)
+        if shown.returncode == 0:
+            return shown.stdout
+    raise SystemExit(f"no agent.c at {rev}")
+
+
 def main() -> None:
     args = parser(__doc__)
     args.add_argument("rev", help="the git revision whose agent.c is the baseline")
     args.add_argument("--runtime", help="the container runtime (runsc: gVisor); default runc")
     options = args.parse_args()
-    old_source = subprocess.run(
-        ["git", "show", f"{options.rev}:executor/backends/docker/agent/agent.c"],
-        capture_output=True,
-        check=True,
-    ).stdout
+    old_source = _agent_c_at(options.rev)
     workspace = owned_workspace()
     backends = [DockerBackend(runtime=options.runtime) for _ in range(3)]
     loop = asyncio.new_event_loop()

@@ -20,8 +20,9 @@ from collections.abc import Callable
 
 from adk_sandbox.executor import ExecRequest, Language
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 from adk_sandbox.executor.backends.docker._daemon import daemon_socket_path
+from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
 
 FLOOD_BYTES = 200_000_000
 FLAVOURS = ("python", "static")
@@ -44,11 +45,9 @@ def agent_start(backend: DockerBackend, session: DockerSession, flavour: str) ->
     """One agent started to HELLO in the session's container, then closed."""
 
     def start() -> None:
+        opener = DockerExecTransport(backend._client, session.container_id, daemon_socket_path())
         transport = AgentTransport(
-            backend._client,
-            session.container_id,
-            daemon_socket_path(),
-            agent="static" if flavour == "static" else "python",
+            opener.open_agent_stream, agent="static" if flavour == "static" else "python"
         )
         try:
             transport._agent_for(session._user, time.monotonic() + 60)

@@ -27,9 +27,9 @@ from _timing import Row, cgroup_cpu_seconds, interleaved, parser, print_section,
 
 from adk_sandbox.executor import ExecRequest, Language
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
-from adk_sandbox.executor.backends.docker._agent import AGENT_ARGV0
-from adk_sandbox.executor.backends.docker._frames import Frame, FrameType, encode
-from adk_sandbox.executor.backends.docker._in_container import in_container_program
+from adk_sandbox.executor.channel.agent import AGENT_ARGV0
+from adk_sandbox.executor.channel.frames import Frame, FrameType, encode
+from adk_sandbox.executor.channel.programs import in_container_program
 
 STEPS_BODY = r"""import json, os, signal, sys, time
 # @PRELUDE@

@@ -24,14 +24,10 @@ from _fixtures import TRUE, create_raw_container, owned_workspace, raw_host_conf
 from _timing import Row, Stats, interleaved, parser, print_section
 
 from adk_sandbox.executor import ExecRequest, Language
-from adk_sandbox.executor.backends.docker import (
-    DockerBackend,
-    DockerSession,
-    _agent_transport,
-    _container,
-    _probe,
-)
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession, _container, _exec
 from adk_sandbox.executor.backends.docker import session as session_module
+from adk_sandbox.executor.channel import agent_transport as _agent_transport
+from adk_sandbox.executor.channel import probe as _probe
 
 
 @contextlib.contextmanager
@@ -59,7 +55,7 @@ def ours_split(backend: DockerBackend, workspace: str, sessions: list[DockerSess
     with contextlib.ExitStack() as stack:
         stack.enter_context(_wrapped(_container.ContainerProvider, "_create", raw, "create"))
         stack.enter_context(_wrapped(_container.ContainerProvider, "open", raw, "open"))
-        stack.enter_context(_wrapped(_agent_transport.AgentTransport, "_docker_stream", raw, "agent exec"))
+        stack.enter_context(_wrapped(_exec.DockerExecTransport, "open_agent_stream", raw, "agent exec"))
         stack.enter_context(_wrapped(_agent_transport.AgentTransport, "_start_launch", raw, "launch"))
         stack.enter_context(_wrapped(session_module, "verify_from_inside", raw, "verify_from_inside"))
         started = time.perf_counter()

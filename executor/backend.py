@@ -14,7 +14,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar, runtime_checkable
+from typing import Generic, Protocol, Self, TypeVar, runtime_checkable
 
 from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Stream
 
@@ -236,10 +236,3 @@ def _close_quietly(session: SandboxBackend, what: str) -> None:
         session.close()
     except Exception:  # also runs from a finalizer, where raising helps nobody
         log.warning("closing %s's sandbox session failed", what, exc_info=True)
-
-
-if TYPE_CHECKING:  # checked by mypy, never run: the Docker backend is a SessionFactory as it is written
-    from adk_sandbox.executor.backends.docker.backend import DockerBackend
-
-    def _docker_backend_opens_sessions(backend: DockerBackend) -> SessionFactory:
-        return backend

@@ -1,7 +1,7 @@
 """The bind transport: the host directory bind-mounted at its own path, so there is nothing to copy.
 
 Whether the engine mounted *this* machine's directory is the Docker backend's start-up probe's to check
-(a nonce file, :mod:`adk_sandbox.executor.backends.docker._probe`); a failed check goes to the mirror.
+(a nonce file, :mod:`adk_sandbox.executor.channel.probe`); a failed check goes to the mirror.
 """
 
 from __future__ import annotations

@@ -24,10 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backends.docker._transport import (  # MERGE: channel.transport
-    CommandTransport,
-    PreparedCommand,
-)
+from adk_sandbox.executor.channel.transport import CommandTransport, PreparedCommand
 from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
 from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
 from adk_sandbox.executor.workspace.protocol import RunResult, WorkspaceTransport

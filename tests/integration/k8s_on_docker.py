@@ -34,7 +34,7 @@ import docker
 import docker.errors
 
 from adk_sandbox.executor.backends.docker._daemon import engine_of
-from adk_sandbox.executor.backends.docker._transport import DockerExecTransport, DockerStreamSplitter
+from adk_sandbox.executor.backends.docker._exec import DockerExecTransport, DockerStreamSplitter
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
 from adk_sandbox.executor.backends.kubernetes._channel import CLOSE, ERROR, STDIN, ChannelProtocol

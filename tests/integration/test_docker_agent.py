@@ -20,11 +20,13 @@ from hypothesis import strategies as st
 from adk_sandbox.executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 from adk_sandbox.executor.backends.docker._daemon import daemon_socket_path
-from adk_sandbox.executor.backends.docker._frames import FILE_OPS, FrameType, encode
-from adk_sandbox.executor.backends.docker._transport import PreparedCommand
-from adk_sandbox.executor.backends.docker.files import SandboxFiles
+from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.files import SandboxFiles
+from adk_sandbox.executor.channel.frames import FILE_OPS, FrameType, encode
+from adk_sandbox.executor.channel.streams import AgentStreamOpener
+from adk_sandbox.executor.channel.transport import PreparedCommand
 from tests.conftest import project_containers, unique_sleep_seconds
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
@@ -198,10 +200,15 @@ time.sleep(float(sys.argv[2]))
 HELLO = encode(FrameType.HELLO, 0, {"protocol": 1, "pid": 1, "subreaper": True})
 
 
+def _opener(session: DockerSession) -> AgentStreamOpener:
+    """Opens agent streams into the session's container with Docker's exec, as the session does."""
+    return DockerExecTransport(session._client, session.container_id, daemon_socket_path()).open_agent_stream
+
+
 def liar_run(session: DockerSession, output: bytes, linger: float = 0.0) -> None:
     """Run one command through a transport whose 'agent' writes ``output`` and lingers."""
     source = LIAR.replace("sys.argv[1]", repr(output.hex())).replace("sys.argv[2]", repr(str(linger)))
-    transport = AgentTransport(session._client, session.container_id, daemon_socket_path(), source=source)
+    transport = AgentTransport(_opener(session), source=source)
     command = PreparedCommand(
         argv=("true",), env={}, user="1000:1000", workdir="/", stdin=None, marker="liar"
     )
@@ -276,7 +283,7 @@ def file_liar(
 ) -> None:
     """One file operation through a transport whose 'agent' reads the request, then writes ``output``."""
     source = FILE_LIAR.replace("HELLO_HEX", repr(hello.hex())).replace("OUTPUT_HEX", repr(output.hex()))
-    transport = AgentTransport(session._client, session.container_id, daemon_socket_path(), source=source)
+    transport = AgentTransport(_opener(session), source=source)
     request = {"path": str(workspace / "target"), **op}
     data = b"new" if op["op"] == "write" else None
     try:

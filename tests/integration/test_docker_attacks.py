@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -25,8 +26,10 @@ import docker
 import pytest
 
 from adk_sandbox.executor import ExecRequest, ExecResult, Language, PolicyNotEnforceableError
-from adk_sandbox.executor.backends.docker import DockerBackend, _agent, _supervisor
+from adk_sandbox.executor.backends.docker import DockerBackend
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option
+from adk_sandbox.executor.channel import agent as _agent
+from adk_sandbox.executor.channel import supervisor as _supervisor
 from tests.conftest import require
 
 pytestmark = pytest.mark.docker
@@ -195,9 +198,9 @@ def test_commands_cannot_plant_setid_files_on_the_host(
 def _unfiltered(source: str) -> str:
     """An in-container program whose set-id filter installs nothing (the test's stand-in for a runtime
     that would not enforce it)."""
-    head = "def install_setid_filter(program):\n"
-    assert head in source
-    return source.replace(head, head + "    return  # disabled by the test\n", 1)
+    head = re.search(r"^def install_setid_filter\(.*:\n", source, re.MULTILINE)
+    assert head is not None
+    return source.replace(head[0], head[0] + "    return  # disabled by the test\n", 1)
 
 
 @pytest.mark.parametrize("transport", ["agent", "exec"])

@@ -20,7 +20,7 @@ import pytest
 
 from adk_sandbox.executor import MAX_BACKGROUND_GROUPS, ExecRequest, ExecResult, InvalidRequestError, Language
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from tests.conftest import require, unique_sleep_seconds
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

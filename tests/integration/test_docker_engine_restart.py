@@ -19,7 +19,7 @@ import pytest
 
 from adk_sandbox.executor import ExecRequest, ExecResult, ExecutorError, Language, SandboxFailedError
 from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, _daemon
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from tests.conftest import live_processes_with_args, require, unique_sleep_seconds, wait_until_gone
 from tests.integration.private_engine import DOCKERD, PrivateEngine, PrivateEngineError
 

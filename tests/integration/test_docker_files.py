@@ -19,9 +19,9 @@ import pytest
 from adk_sandbox.executor import ExecRequest, ExecResult, InvalidRequestError, Language, ResourceLimits
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.backends.docker import _container as container_module
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
-from adk_sandbox.executor.backends.docker._frames import FrameType, encode
-from adk_sandbox.executor.backends.docker.files import DirEntry
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.files import DirEntry
+from adk_sandbox.executor.channel.frames import FrameType, encode
 from tests.conftest import require
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

@@ -15,13 +15,9 @@ import pytest
 from adk_sandbox.executor import ExecRequest, Language, PolicyNotEnforceableError
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker import DockerBackend
-from adk_sandbox.executor.backends.docker._transport import (
-    CommandOutcome,
-    CommandTransport,
-    DockerExecTransport,
-    PreparedCommand,
-)
+from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
 from adk_sandbox.executor.backends.docker.session import TRANSPORTS, DockerSession
+from adk_sandbox.executor.channel.transport import CommandOutcome, CommandTransport, PreparedCommand
 from tests.conftest import containers_mounting, project_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

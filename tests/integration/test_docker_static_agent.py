@@ -23,8 +23,8 @@ import pytest
 
 from adk_sandbox.executor import ExecRequest, ExecResult, Language, SandboxFailedError
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
-from adk_sandbox.executor.backends.docker._frames import FILE_OPS, FrameType, encode
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.frames import FILE_OPS, FrameType, encode
 from tests.conftest import require, unique_sleep_seconds
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]

@@ -18,7 +18,7 @@ import pytest
 
 from adk_sandbox.executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 

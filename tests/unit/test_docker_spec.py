@@ -24,6 +24,7 @@ from adk_sandbox.executor._owner import (
     owner_labels,
 )
 from adk_sandbox.executor.backends.docker import _daemon
+from adk_sandbox.executor.backends.docker._exec import FrameDemultiplexer
 from adk_sandbox.executor.backends.docker._seccomp import profile_option
 from adk_sandbox.executor.backends.docker._spec import (
     ContainerSpec,
@@ -34,7 +35,6 @@ from adk_sandbox.executor.backends.docker._spec import (
     validate_labels,
     validate_tmpfs,
 )
-from adk_sandbox.executor.backends.docker._transport import FrameDemultiplexer
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adk_sandbox.executor.backends.docker._frames import (
+from adk_sandbox.executor.channel.frames import (
     HEADER,
     HOST_TO_AGENT,
     MAX_PAYLOAD,

@@ -2,7 +2,7 @@
 
 The stub websocket replays server messages recorded in tests/unit/fixtures/k8s/exec_recordings.json
 (written from the channel.k8s.io protocol as the kubernetes client's ws_client.py implements it) and
-records what the client sends. The last test runs a command through the Docker backend's real
+records what the client sends. The last test runs a command through the agent channel's real
 ``AgentTransport`` over the bridge, with a stub server that answers like an agent.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import queue
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,6 @@ from typing import Any
 import pytest
 
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
-from adk_sandbox.executor.backends.docker._frames import HOST_TO_AGENT, FrameDecoder, FrameType, encode
-from adk_sandbox.executor.backends.docker._transport import DockerStreamSplitter, PreparedCommand
 from adk_sandbox.executor.backends.kubernetes._channel import (
     ChannelProtocol,
     ChannelProtocolError,
@@ -31,6 +27,9 @@ from adk_sandbox.executor.backends.kubernetes._channel import (
     parse_status,
 )
 from adk_sandbox.executor.backends.kubernetes._exec import ExecBridge
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.frames import HOST_TO_AGENT, FrameDecoder, FrameType, encode
+from adk_sandbox.executor.channel.transport import PreparedCommand
 
 RECORDINGS = json.loads((Path(__file__).parent / "fixtures" / "k8s" / "exec_recordings.json").read_text())
 
@@ -65,13 +64,13 @@ class StubWebSocket:
         self._inbox.put(None)
 
 
-def read_all(sock: socket.socket) -> dict[int, bytes]:
-    sock.settimeout(5)
-    splitter = DockerStreamSplitter()
+def read_all(bridge: ExecBridge) -> dict[int, bytes]:
+    """What the bridge gives the agent channel to its end, by stream number (1 stdout, 2 stderr)."""
     streams: dict[int, bytes] = {}
-    while chunk := sock.recv(65536):
-        for stream, piece in splitter.feed(chunk):
-            streams[stream] = streams.get(stream, b"") + piece
+    while (pieces := bridge.read()) is not None:
+        for stream, piece in pieces:
+            number = 1 if stream == "stdout" else 2
+            streams[number] = streams.get(number, b"") + piece
     return streams
 
 
@@ -145,7 +144,7 @@ def test_bridge_replays_recorded_traffic(case: str) -> None:
     recording = RECORDINGS[case]
     ws = StubWebSocket(recording["subprotocol"], [bytes.fromhex(m) for m in recording["server"]] + [None])
     bridge = ExecBridge(ws)
-    streams = read_all(bridge.sock)
+    streams = read_all(bridge)
     assert streams.get(1, b"") == bytes.fromhex(recording["stdout"])
     if recording["stderr"] is not None:
         assert streams.get(2, b"") == bytes.fromhex(recording["stderr"])
@@ -157,7 +156,7 @@ def test_bridge_replays_recorded_traffic(case: str) -> None:
         recording["status"]["exit_code"],
     )
     assert bridge.failure is None
-    bridge.sock.close()
+    bridge.close()
     bridge.join(5)
 
 
@@ -170,10 +169,10 @@ def test_closing_the_channel_closes_stdin_on_v5_and_the_connection_on_both(
 ) -> None:
     ws = StubWebSocket(subprotocol)
     bridge = ExecBridge(ws)
-    bridge.sock.sendall(b"RUN")
+    bridge.write(b"RUN", time.monotonic() + 5)
     time.sleep(0.2)  # the writer forwards it before the end
-    bridge.sock.shutdown(socket.SHUT_RDWR)
-    bridge.sock.close()
+    bridge.shutdown()
+    bridge.close()
     bridge.join(5)
     assert ws.sent == last  # v5's close of stdin (the agent sees EOF and ends its commands); v4 cannot say it
     assert ws.closed
@@ -182,9 +181,9 @@ def test_closing_the_channel_closes_stdin_on_v5_and_the_connection_on_both(
 def test_a_broken_frame_ends_the_stream_with_a_reason() -> None:
     ws = StubWebSocket("v4.channel.k8s.io", [b"\x01ok", b"\xff\x00"])
     bridge = ExecBridge(ws)
-    assert read_all(bridge.sock) == {1: b"ok"}
+    assert read_all(bridge) == {1: b"ok"}
     assert bridge.failure is not None and "stream 255" in bridge.failure
-    bridge.sock.close()
+    bridge.close()
     bridge.join(5)
 
 
@@ -211,16 +210,16 @@ def _agent_stub(subprotocol: str) -> StubWebSocket:
 
 
 @pytest.mark.parametrize("subprotocol", ["v5.channel.k8s.io", "v4.channel.k8s.io"])
-def test_the_docker_agent_channel_runs_a_command_over_the_bridge(subprotocol: str) -> None:
+def test_the_agent_channel_runs_a_command_over_the_bridge(subprotocol: str) -> None:
     opened: list[tuple[list[str], StubWebSocket, ExecBridge]] = []
 
-    def open_stream(argv: list[str], user: str, until: float) -> tuple[socket.socket, bytes]:
+    def open_stream(argv: list[str], user: str, until: float) -> ExecBridge:
         ws = _agent_stub(subprotocol)
         bridge = ExecBridge(ws)
         opened.append((argv, ws, bridge))
-        return bridge.sock, b""
+        return bridge
 
-    transport = AgentTransport(None, "adk-sandbox-3f9c2a7d10be", "", open_stream=open_stream, agent="python")
+    transport = AgentTransport(open_stream, agent="python")
     command = PreparedCommand(argv=("echo", "hi"), env={}, user="1000:1000", workdir="/workspace", stdin=None,
                               marker="m")  # fmt: skip
     capture = OutputCapture(1024)

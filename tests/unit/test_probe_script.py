@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from adk_sandbox.executor.backends.docker._probe import _probe_script
+from adk_sandbox.executor.channel.probe import _probe_script
 
 RANDOM_PART = "0123456789abcdef0123456789abcdef"
 

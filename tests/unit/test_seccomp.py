@@ -9,16 +9,14 @@ from pathlib import Path
 import pytest
 
 from adk_sandbox.executor.backends.docker._seccomp import (
-    INSTALL_FILTER_SOURCE,
     MODE_ARGUMENTS,
-    SETID_BITS,
     derive_profile,
     docker_default_profile,
     load_profile,
-    native_arch,
     seccomp_profile_of,
-    setid_filter,
 )
+from adk_sandbox.executor.channel.programs import INSTALL_FILTER_SOURCE
+from adk_sandbox.executor.channel.setid import SETID_BITS, native_arch, setid_filter
 
 
 def test_the_committed_profile_is_derived_from_the_vendored_default() -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from adk_sandbox.executor.backends.docker import _static_agent
-from adk_sandbox.executor.backends.docker._seccomp import native_arch, setid_filter
-from adk_sandbox.executor.backends.docker._static_agent import (
+from adk_sandbox.executor.channel import static_agent as _static_agent
+from adk_sandbox.executor.channel.setid import native_arch, setid_filter
+from adk_sandbox.executor.channel.static_agent import (
     StaticAgentUnavailableError,
     agent_launches,
     build_static_agent,

@@ -4,10 +4,10 @@ from adk_sandbox.executor.backends.docker._reaper import cleanup_labelled, clean
 from adk_sandbox.executor.backends.docker.backend import DockerBackend
 from adk_sandbox.executor.backends.docker.config import DockerConfig
 from adk_sandbox.executor.backends.docker.engine import Engine, resolve_engine
-from adk_sandbox.executor.backends.docker.files import DirEntry, FileStat, SandboxFiles
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE, RUST_IMAGE
 from adk_sandbox.executor.backends.docker.pool import PoolConfig, PoolStats, SessionPool
 from adk_sandbox.executor.backends.docker.session import DockerSession
+from adk_sandbox.executor.channel.files import DirEntry, FileStat, SandboxFiles
 
 __all__ = [
     "BASE_IMAGE",

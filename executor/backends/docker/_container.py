@@ -3,8 +3,8 @@
 :class:`ContainerProvider` creates (or adopts) one hardened container, verifies from ``docker inspect``
 that its hardening is really in force, and removes it: nothing about commands. What a session needs to run
 commands in the container it got is an :class:`OpenedContainer`. The session (:mod:`.session`) owns the
-lifecycle and the restarts; the command transport (:mod:`._transport`, :mod:`._agent_transport`) talks to
-the container.
+lifecycle and the restarts; the command transport (:mod:`adk_sandbox.executor.channel.agent_transport`
+over a stream of :mod:`._exec`, or :mod:`._exec` alone) talks to the container.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from adk_sandbox.executor.backends.docker._spec import (
     hardening_violations,
     host_config_arguments,
 )
+from adk_sandbox.executor.channel.probe import WorkspaceNotSharedError, split_brain_message
+from adk_sandbox.executor.channel.transport import DEFAULT_PATH
 from adk_sandbox.executor.errors import ExecutorError, PolicyNotEnforceableError, SandboxFailedError
 
 __all__ = [
@@ -43,8 +45,6 @@ __all__ = [
     "WorkspaceNotSharedError",
     "split_brain_message",
 ]
-
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -364,20 +364,6 @@ def _mount_source_of(inspect: Mapping[str, Any], path: str) -> str | None:
         ):
             return str(mount["Source"])
     return None
-
-
-class WorkspaceNotSharedError(PolicyNotEnforceableError):
-    """The engine does not see this machine's workspace at its path (``"auto"`` then mirrors it)."""
-
-
-def split_brain_message(workspace: str | None, evidence: object) -> str:
-    """The error for a daemon that mounts another machine's (or namespace's) directory at the path."""
-    return (
-        f"the Docker daemon does not see this machine's {workspace} ({evidence}): it mounts a different "
-        "directory at that path (a daemon in another mount namespace: rootless Docker, Docker Desktop, a "
-        "remote or DinD engine). Commands would run against other files; use a daemon that shares this "
-        "machine's filesystem"
-    )
 
 
 def _runtime_hint(runtime: str) -> str:

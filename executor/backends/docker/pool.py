@@ -1,10 +1,10 @@
 """The warm pool: started, never-reused sandbox containers kept ready, so a session starts in milliseconds.
 
 ``DockerBackend(pool=N)`` keeps ``N`` sessions *started*: container created and started, hardening
-verified from ``docker inspect``, the start-up check run from inside (:mod:`._probe`), and so the
-in-sandbox agent of the commands' user up. A workspace-less ``backend.session()`` (and what is built on
-it: the throw-away ``backend.execute``, ``SandboxTool``, ``CodeTool``) then pops one instead of
-creating a container (docs/DOCKER.md, "Warm pool"):
+verified from ``docker inspect``, the start-up check run from inside
+(:mod:`adk_sandbox.executor.channel.probe`), and so the in-sandbox agent of the commands' user up. A
+workspace-less ``backend.session()`` (and what is built on it: the throw-away ``backend.execute``,
+``SandboxTool``, ``CodeTool``) then pops one instead of creating a container (docs/DOCKER.md, "Warm pool"):
 
 * **Nothing per-session in a member's spec.** A member is made from the backend's settings alone (image,
   runtime, limits, network, tmpfs, labels, user, command channel) with no workspace: every member of a

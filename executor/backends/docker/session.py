@@ -1,10 +1,11 @@
 """A session: one hardened container, reused by every command, removed at close.
 
 Three parts with one job each: the container provider (:mod:`._container`: create, verify, remove), the
-command transport (:mod:`._agent_transport` or :mod:`._transport`: how a command reaches the container),
+command transport (the engine-neutral agent channel of :mod:`adk_sandbox.executor.channel`, over an exec
+stream of :mod:`._exec`, or :mod:`._exec`'s one exec per command: how a command reaches the container),
 and this session, which owns the lifecycle: it opens a container, checks it from inside
-(:mod:`._probe`), runs commands through the transport, and replaces the container (or its agent) when it
-died, counting that in :attr:`DockerSession.restarts`.
+(:mod:`adk_sandbox.executor.channel.probe`), runs commands through the transport, and replaces the
+container (or its agent) when it died, counting that in :attr:`DockerSession.restarts`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
 from adk_sandbox.executor.backends.docker._container import (
     ContainerProvider,
     OomCounter,
@@ -37,7 +37,7 @@ from adk_sandbox.executor.backends.docker._container import (
 )
 from adk_sandbox.executor.backends.docker._daemon import engine_of
 from adk_sandbox.executor.backends.docker._dialect import Dialect
-from adk_sandbox.executor.backends.docker._probe import verify_from_inside
+from adk_sandbox.executor.backends.docker._exec import EXEC_NO_BACKGROUND, DockerExecTransport
 from adk_sandbox.executor.backends.docker._spec import (
     ContainerSpec,
     MirrorVolume,
@@ -45,16 +45,16 @@ from adk_sandbox.executor.backends.docker._spec import (
     isolation_of,
     mirror_mount_violations,
 )
-from adk_sandbox.executor.backends.docker._transport import (
-    EXEC_NO_BACKGROUND,
+from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.files import SandboxFiles
+from adk_sandbox.executor.channel.probe import verify_from_inside
+from adk_sandbox.executor.channel.transport import (
     CommandOutcome,
     CommandTransport,
     ContainerGoneError,
-    DockerExecTransport,
     PreparedCommand,
 )
-from adk_sandbox.executor.backends.docker.files import SandboxFiles
-from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
 from adk_sandbox.executor.errors import (
     ExecutorError,
     InvalidRequestError,
@@ -96,7 +96,8 @@ TransportFactory = Callable[[docker.DockerClient, str, Callable[[str], None]], C
 def _agent_transport(
     client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
 ) -> CommandTransport:
-    return AgentTransport(client, container_id, engine_of(client), on_restart=on_restart)
+    opener = DockerExecTransport(client, container_id, engine_of(client)).open_agent_stream
+    return AgentTransport(opener, on_restart=on_restart)
 
 
 def _exec_transport(

@@ -1,19 +1,19 @@
-"""The agent's stream over a ``pods/exec`` websocket: a bridge to the socket the agent channel reads.
+"""The agent's stream over a ``pods/exec`` websocket: :class:`ExecBridge`, the agent channel's stream.
 
-The agent channel (:class:`adk_sandbox.executor.backends.docker._agent_transport.AgentTransport`) speaks to
-one connected socket: it writes the agent's stdin raw and reads its stdout and stderr in Docker's attach
-framing (8-byte headers). :class:`ExecBridge` gives it exactly that over a websocket: a socket pair,
-one end handed to the channel, the other pumped by two threads:
+The agent channel (:class:`adk_sandbox.executor.channel.agent_transport.AgentTransport`) reads and writes
+an :class:`~adk_sandbox.executor.channel.streams.AgentStream`: stdout and stderr pieces one way, the agent's
+stdin the other. :class:`ExecBridge` is one over a websocket:
 
-* websocket -> socket: each stdout/stderr message (:mod:`._channel`) becomes one Docker-framed piece;
-  the final status (channel 3) is kept in :attr:`ExecBridge.status` and, when the process failed to
-  start, its message is written as stderr so the channel's error says why; the websocket ending shuts
-  the socket's write side (the channel sees the agent end).
-* socket -> websocket: what the channel writes goes out as stdin messages; when the channel closes its
-  end (it gives the agent up), v5 sends the close of stdin (the agent then kills its commands and exits),
-  then the websocket is closed (on v4, closing the websocket is the only way to end stdin).
+* reading: each stdout/stderr message (:mod:`._channel`) is one piece, read by the channel's own reader
+  thread; the final status (channel 3) is kept in :attr:`ExecBridge.status` and, when the process failed to
+  start, its message is read as stderr so the channel's error says why; the websocket ending (or breaking:
+  :attr:`ExecBridge.failure`) ends the stream (the channel sees the agent end).
+* writing: what the channel writes goes into a socket pair (so a write is bounded by its deadline however
+  the websocket library blocks), whose other end one thread pumps out as stdin messages; when the channel
+  shuts its end (it gives the agent up), v5 sends the close of stdin (the agent then kills its commands and
+  exits), then the websocket is closed (on v4, closing the websocket is the only way to end stdin).
 
-So the frames, deadlines, restarts and file operations above are the Docker backend's, unchanged.
+So the frames, deadlines, restarts and file operations above are the agent channel's, as on Docker.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import struct
 import threading
 from typing import Protocol
 
 from adk_sandbox.executor.backends.kubernetes._channel import (
-    STDERR,
     STDIN,
+    STDOUT,
     ChannelProtocol,
     ChannelProtocolError,
     ExecStatus,
@@ -36,8 +35,10 @@ from adk_sandbox.executor.backends.kubernetes._channel import (
     encode_stdin,
     negotiated,
 )
+from adk_sandbox.executor.channel.streams import SocketStream
+from adk_sandbox.executor.types import Stream
 
-__all__ = ["ExecBridge", "WebSocketLike", "docker_frame"]
+__all__ = ["ExecBridge", "WebSocketLike"]
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +66,12 @@ class WebSocketLike(Protocol):
         ...
 
 
-def docker_frame(stream: int, data: bytes) -> bytes:
-    """``data`` in Docker's attach framing (stream, 0, 0, 0, big-endian length), as the channel reads."""
-    return struct.pack(">BxxxL", stream, len(data)) + data
+class ExecBridge(SocketStream):
+    """One exec websocket as an :class:`AgentStream` (see the module docstring).
 
-
-class ExecBridge:
-    """Pumps one exec websocket to a socket pair (see the module docstring); :attr:`sock` is the channel's."""
+    :meth:`read`, :meth:`write`, :meth:`shutdown` and :meth:`close` are the channel's; :meth:`disconnect`
+    drops the websocket itself (the session's end).
+    """
 
     def __init__(self, websocket: WebSocketLike) -> None:
         self.protocol: ChannelProtocol = negotiated(websocket.subprotocol)
@@ -81,47 +81,43 @@ class ExecBridge:
         self.failure: str | None = None
         """Why the websocket side broke (a framing error, a dropped connection), if it did."""
         self._ws = websocket
-        self.sock, self._peer = socket.socketpair()
+        sock, self._peer = socket.socketpair()
+        super().__init__(sock)
         self._closed = threading.Event()
-        self._reader = threading.Thread(target=self._from_server, name="adk-sandbox-k8s-exec-in", daemon=True)
+        self._ended = False
         self._writer = threading.Thread(target=self._to_server, name="adk-sandbox-k8s-exec-out", daemon=True)
-        self._reader.start()
         self._writer.start()
 
-    def _from_server(self) -> None:
-        try:
-            while True:
-                try:
-                    message = self._ws.recv_message()
-                except Exception as exc:  # the library's own exceptions: the connection is gone
-                    if not self._closed.is_set():
-                        self.failure = f"the exec websocket broke: {exc}"
-                    return
-                if message is None:
-                    return
+    def read(self) -> list[tuple[Stream, bytes]] | None:
+        """The next stdout or stderr piece from the server; None once the websocket ended (or broke)."""
+        while not self._ended:
+            try:
+                message = self._ws.recv_message()
+            except Exception as exc:  # the library's own exceptions: the connection is gone
+                if not self._closed.is_set():
+                    self.failure = f"the exec websocket broke: {exc}"
+                break
+            if message is None:
+                break
+            try:
                 decoded = decode(message, self.protocol)
-                if decoded is None or decoded.kind == "close":
-                    continue  # a stream opening, or the server done with one: the status or end follows
-                if decoded.kind == "status":
-                    self.status = decoded.status
-                    if (
-                        decoded.status is not None
-                        and decoded.status.exit_code is None
-                        and decoded.status.message
-                    ):
-                        # Could not start (no python3, a bad argv): the channel quotes its stderr.
-                        self._peer.sendall(docker_frame(STDERR, decoded.status.message.encode()))
-                    continue
-                self._peer.sendall(docker_frame(decoded.stream, decoded.data))
-        except ChannelProtocolError as exc:
-            self.failure = f"the exec stream broke {self.protocol.value}: {exc}"
-        except OSError:
-            pass  # the channel closed its end: nothing to deliver to
-        finally:
-            with contextlib.suppress(OSError):
-                self._peer.shutdown(socket.SHUT_WR)
+            except ChannelProtocolError as exc:
+                self.failure = f"the exec stream broke {self.protocol.value}: {exc}"
+                break
+            if decoded is None or decoded.kind == "close":
+                continue  # a stream opening, or the server done with one: the status or end follows
+            if decoded.kind == "status":
+                self.status = decoded.status
+                if decoded.status is not None and decoded.status.exit_code is None and decoded.status.message:
+                    # Could not start (no python3, a bad argv): the channel quotes its stderr.
+                    return [("stderr", decoded.status.message.encode())]
+                continue
+            return [("stdout" if decoded.stream == STDOUT else "stderr", decoded.data)]
+        if not self._ended:
+            self._ended = True
             if self.failure:
                 log.warning("%s", self.failure)
+        return None
 
     def _to_server(self) -> None:
         try:
@@ -135,9 +131,9 @@ class ExecBridge:
         except Exception as exc:  # a send on a broken websocket: the reader sees the end too
             log.debug("exec websocket write failed: %s", exc)
         finally:
-            self.close()
+            self.disconnect()
 
-    def close(self) -> None:
+    def disconnect(self) -> None:
         """Close the websocket and the pump's end of the pair (the channel closes its own end)."""
         self._closed.set()
         with contextlib.suppress(Exception):
@@ -146,8 +142,7 @@ class ExecBridge:
             self._peer.shutdown(socket.SHUT_RDWR)
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for both pumps to end (tests; the channel never waits)."""
-        self._reader.join(timeout)
+        """Wait for the pump to end (tests; the channel never waits)."""
         self._writer.join(timeout)
         self._peer.close()
 

@@ -15,7 +15,6 @@ import contextlib
 import datetime
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -31,10 +30,6 @@ from adk_sandbox.executor._layout import HOME_DIR
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor._owner import owner_labels
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession, SessionBackend
-from adk_sandbox.executor.backends.docker._agent_transport import AgentTransport
-from adk_sandbox.executor.backends.docker._container import DEFAULT_PATH
-from adk_sandbox.executor.backends.docker._probe import verify_from_inside
-from adk_sandbox.executor.backends.docker._transport import PreparedCommand
 from adk_sandbox.executor.backends.kubernetes._api import ClientApi, KubernetesApi
 from adk_sandbox.executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
 from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
@@ -52,6 +47,9 @@ from adk_sandbox.executor.backends.kubernetes._spec import (
     pod_spec,
     pod_violations,
 )
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.probe import verify_from_inside
+from adk_sandbox.executor.channel.transport import DEFAULT_PATH, PreparedCommand
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
@@ -187,7 +185,7 @@ class KubernetesSession(SandboxSession):
         runtime = (pod.get("spec") or {}).get("runtimeClassName")
         self._runtime_class = self._api.read_runtime_class(runtime) if runtime else None
         self._pod = pod
-        self._transport = AgentTransport(None, self.pod_name, "", open_stream=self._open_stream)
+        self._transport = AgentTransport(self._open_stream)
         verify_from_inside(self._transport, dict(self._base_env), config.user, None)
         if self._workspace_root is not None:
             try:
@@ -255,12 +253,12 @@ class KubernetesSession(SandboxSession):
                 )
             time.sleep(POLL_SECONDS)
 
-    def _open_stream(self, argv: list[str], user: str, until: float) -> tuple[socket.socket, bytes]:
+    def _open_stream(self, argv: list[str], user: str, until: float) -> ExecBridge:
         assert self.pod_name is not None  # noqa: S101 - the transport exists only once the Pod does
         websocket = self._api.open_exec(self._config.namespace, self.pod_name, CONTAINER_NAME, argv)
         bridge = ExecBridge(websocket)
         self._bridges = [b for b in self._bridges if b.status is None] + [bridge]
-        return bridge.sock, b""
+        return bridge
 
     def _probe_network(self) -> bool:
         probe = self.execute(ExecRequest(argv=network_probe_argv(), timeout=30))
@@ -275,7 +273,7 @@ class KubernetesSession(SandboxSession):
         if transport is not None:
             transport.close()
         for bridge in self._bridges:
-            bridge.close()
+            bridge.disconnect()
         self._bridges = []
         namespace = self._config.namespace
         if self._claim is not None:
@@ -408,8 +406,9 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
     **What was not run:** no Kubernetes API server exists where this was written (none in Debian, PyPI or
     npm; kind cannot pull its node image). The Pod/NetworkPolicy/claim objects, the isolation reading, the
     exec framing and the failure mapping are unit-tested against recorded objects and frames, and the agent
-    channel is the Docker backend's (run, with a host workspace's mirror, over a real ``docker exec`` in
-    the ``pods/exec`` framing into a container made from the Pod spec); the calls to a real API server
+    channel is the Docker backend's, engine-neutral in ``executor/channel`` (run, with a host workspace's
+    mirror, over a real ``docker exec`` in the ``pods/exec`` framing into a container made from the Pod
+    spec); the calls to a real API server
     (:class:`._api.ClientApi`), the kubelet's handling of the spec and a CNI's enforcement of the policy
     are exercised only by tests/integration/test_k8s_cluster.py against a real cluster
     (``ADK_SANDBOX_K8S_CONTEXT``).

@@ -1,17 +1,21 @@
-"""How a command reaches a session container and how its process tree is killed there.
+"""Docker's exec API: the exec transport, and the stream the agent channel gets from an exec.
 
-This is the one small interface between a :class:`DockerSession` and the container
-(:class:`CommandTransport`): run a prepared command with a deadline, feed its output to the shared
-capture, kill its whole tree. :class:`DockerExecTransport` implements it with Docker's exec API; a faster
-channel (a long-lived agent in the container) can replace it without touching the session.
+The one small interface between a :class:`DockerSession` and the container is
+:class:`~adk_sandbox.executor.channel.transport.CommandTransport` (run a prepared command with a deadline,
+feed its output to the shared capture, kill its whole tree). :class:`DockerExecTransport` implements it with
+Docker's exec API, one exec per command; the agent channel
+(:class:`~adk_sandbox.executor.channel.agent_transport.AgentTransport`, the default) replaces it without
+touching the session, over the stream of **one** exec that :meth:`DockerExecTransport.open_agent_stream`
+opens (:class:`DockerAgentStream`: stdin raw one way, Docker's multiplexed stdout and stderr the other,
+split by :class:`DockerStreamSplitter`).
 
-Process trees (Docker's exec API does not kill them: killing the client leaves the process running):
-every command runs under the supervisor of :mod:`._supervisor`, which kills the command's descendants
-when it ends, whatever they did to hide, and never touches another command's processes. On a timeout or
-a cancel, or when an exception interrupts the caller's thread while the output is read, a second exec
-(the *killer*) kills that one command's tree. When the exec ends without its supervisor finishing
-normally (status 137: the supervisor itself was SIGKILLed, or no status at all), the killer runs as an
-orphan sweep.
+Process trees (Docker's exec API does not kill them: killing the client leaves the process running): every
+command runs under the supervisor of :mod:`adk_sandbox.executor.channel.supervisor`, which kills the
+command's descendants when it ends, whatever they did to hide, and never touches another command's
+processes. On a timeout or a cancel, or when an exception interrupts the caller's thread while the output is
+read, a second exec (the *killer*) kills that one command's tree. When the exec ends without its supervisor
+finishing normally (status 137: the supervisor itself was SIGKILLed, or no status at all), the killer runs
+as an orphan sweep.
 
 Every call to the daemon made for a command is bounded by the command's deadline plus
 :data:`DAEMON_GRACE_SECONDS`: the transport speaks HTTP to the daemon's Unix socket itself, with a socket
@@ -30,45 +34,47 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 import docker
 
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker._daemon import map_docker_error
-from adk_sandbox.executor.backends.docker._supervisor import (
+from adk_sandbox.executor.backends.docker.engine import Engine
+from adk_sandbox.executor.channel.frames import ProtocolError
+from adk_sandbox.executor.channel.streams import SocketStream
+from adk_sandbox.executor.channel.supervisor import (
     killer_argv,
     parse_survey,
     supervisor_argv,
     survey_argv,
 )
-from adk_sandbox.executor.backends.docker.engine import Engine
+from adk_sandbox.executor.channel.transport import (
+    CANCEL_POLL_SECONDS,
+    KILL_ON_ERROR_SECONDS,
+    CommandOutcome,
+    ContainerGoneError,
+    PreparedCommand,
+)
 from adk_sandbox.executor.errors import BackendUnavailableError, SandboxFailedError
 from adk_sandbox.executor.types import Stream
 
 __all__ = [
     "EXEC_NO_BACKGROUND",
-    "CommandOutcome",
-    "CommandTransport",
-    "ContainerGoneError",
+    "DaemonSocket",
     "DaemonTimeoutError",
+    "DockerAgentStream",
     "DockerExecTransport",
     "DockerStreamSplitter",
     "FrameDemultiplexer",
-    "PreparedCommand",
 ]
 
 log = logging.getLogger(__name__)
 
 #: After the kill, how long the remaining output may take to drain before the stream is closed.
 DRAIN_AFTER_KILL_SECONDS = 2.0
-#: How often a cancel event is polled while waiting for output.
-CANCEL_POLL_SECONDS = 0.05
 #: Every daemon call made for a command must be answered by the command's deadline plus this.
 DAEMON_GRACE_SECONDS = 5.0
-#: When an exception interrupts the caller, at most this long is spent killing the command.
-KILL_ON_ERROR_SECONDS = 5.0
 #: How often the killer is tried when it cannot start (a fork bomb filling the pids limit).
 KILL_ATTEMPTS = 5
 _READ_SIZE = 65536
@@ -80,75 +86,16 @@ _KILLED = 137
 _KillResult = Literal["done", "no_room", "no_answer"]
 
 
-class ContainerGoneError(SandboxFailedError):
-    """The container stopped or vanished before the command could start (nothing ran)."""
-
-
 class DaemonTimeoutError(SandboxFailedError):
     """The Docker daemon did not answer a call in time (by the command's deadline plus the grace)."""
-
-
-@dataclass(frozen=True)
-class PreparedCommand:
-    """A command ready for the container: the program, its environment and where and as whom it runs."""
-
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    user: str
-    workdir: str
-    stdin: bytes | None
-    marker: str
-    background: bool = False
-    """Keep what the command leaves running after its normal exit (ExecRequest.background): agent only."""
-
-
-@dataclass(frozen=True)
-class CommandOutcome:
-    """How a command ended (its output went to the capture)."""
-
-    exit_code: int | None
-    timed_out: bool = False
-    cancelled: bool = False
-    kill_failed: bool = False
-    """The tree could not be killed from inside (e.g. a fork bomb left no room for the killer)."""
-    oom_kills: int | None = None
-    """Processes the OOM killer killed in the container while the command ran, as counted inside it (the
-    agent's EXIT); None when the transport cannot tell (the host's own counter is then the fallback)."""
-
-
-class CommandTransport(Protocol):
-    """Runs commands in one container and kills their process trees."""
-
-    #: The channel's name as reported to users: ``"agent"`` or ``"exec"``.
-    channel: ClassVar[str]
-
-    def close(self) -> None:
-        """Release what the transport holds in the container (an agent); idempotent."""
-        ...
-
-    def run(
-        self,
-        command: PreparedCommand,
-        capture: OutputCapture,
-        *,
-        deadline: float,
-        cancel: threading.Event | None,
-    ) -> CommandOutcome:
-        """Run ``command`` until it ends or ``deadline`` (monotonic) passes or ``cancel`` is set.
-
-        Whenever it returns or raises, the command's whole tree is dead or its kill is pending (done
-        before the next command): on the deadline or cancellation the output produced so far stays in
-        ``capture``; an exception raised while the output is read (by ``capture``'s callback, or a
-        ``KeyboardInterrupt``) propagates after the kill. Other commands' processes are never touched.
-        """
-        ...
 
 
 class DockerStreamSplitter:
     """Splits Docker's multiplexed attach stream (8-byte headers: stream, 0, 0, 0, big-endian size).
 
     The one parser of that framing: the exec transport feeds its pieces to the output capture
-    (:class:`FrameDemultiplexer`), the agent transport to the agent's frame decoder.
+    (:class:`FrameDemultiplexer`), the agent channel's stream (:class:`DockerAgentStream`) to the agent's
+    frame decoder.
     """
 
     def __init__(self) -> None:
@@ -174,6 +121,48 @@ class DockerStreamSplitter:
                 self._stream, self._remaining = struct.unpack(">BxxxL", self._header)
                 self._header.clear()
         return out
+
+
+class DockerAgentStream(SocketStream):
+    """The agent channel's stream over a hijacked exec connection (an :class:`AgentStream`).
+
+    What the agent writes arrives in Docker's attach framing, split here into stdout and stderr pieces;
+    ``early`` is what the connection's upgrade already read.
+    """
+
+    _STREAMS: ClassVar[dict[int, Stream]] = {1: "stdout", 2: "stderr"}
+
+    def __init__(self, sock: socket.socket, early: bytes) -> None:
+        super().__init__(sock)
+        self._early = early
+        self._splitter = DockerStreamSplitter()
+        self._broken: ProtocolError | None = None
+
+    def read(self) -> list[tuple[Stream, bytes]] | None:
+        """See :meth:`AgentStream.read <adk_sandbox.executor.channel.streams.AgentStream.read>`."""
+        if self._broken is not None:
+            raise self._broken
+        if self._early:
+            data, self._early = self._early, b""
+        else:
+            while True:
+                try:
+                    data = self.sock.recv(1 << 20)
+                    break
+                except TimeoutError:
+                    continue  # a timeout someone set on the socket, not a broken stream: idle is fine
+        if not data:
+            return None
+        pieces: list[tuple[Stream, bytes]] = []
+        for number, piece in self._splitter.feed(data):
+            stream = self._STREAMS.get(number)
+            if stream is None:
+                self._broken = ProtocolError(f"unexpected Docker stream {number}")
+                if not pieces:
+                    raise self._broken
+                return pieces  # what came before it first; the next read raises
+            pieces.append((stream, piece))
+        return pieces
 
 
 class FrameDemultiplexer:
@@ -359,6 +348,16 @@ class DockerExecTransport:
 
     def close(self) -> None:
         """Nothing is held between commands (each is its own exec)."""
+
+    def open_agent_stream(self, argv: list[str], user: str, until: float) -> DockerAgentStream:
+        """Start ``argv`` as ``user`` in the container with stdin attached: the agent channel's opener.
+
+        An :data:`~adk_sandbox.executor.channel.streams.AgentStreamOpener`: the exec is created and
+        started over a raw hijacked connection (as every exec of this transport), in ``/``.
+        """
+        exec_id = self._create_exec(argv, user, "/", True, until)
+        sock, early = self._start_exec(exec_id, until)
+        return DockerAgentStream(sock, early)
 
     def run(
         self,

@@ -1,9 +1,11 @@
-"""The host side of the agent channel: :class:`AgentTransport`, a :class:`CommandTransport` over one exec.
+"""The host side of the agent channel: :class:`AgentTransport`, a :class:`CommandTransport` over one stream.
 
-The agent (:mod:`._agent`) is started on first use through **one** Docker exec with stdin attached, over
-a raw hijacked connection to the daemon's socket (as :class:`DockerExecTransport` starts its execs). One
-reader thread splits Docker's stream framing, then decodes the agent's frames (:mod:`._frames`) into
-per-channel queues; writes are serialised by a lock and bounded by a socket timeout.
+The agent (:mod:`.agent`, or the static one of :mod:`.static_agent`) is started on first use through
+**one** exec with stdin attached, whose byte stream the engine opens (the :data:`AgentStreamOpener` it
+supplies, :mod:`.streams`: a Docker exec over a hijacked connection to the engine's socket, a Kubernetes
+``pods/exec`` websocket). One reader thread reads the stream's stdout and stderr pieces, decodes the
+agent's frames (:mod:`.frames`) into per-channel queues; writes are serialised by a lock and bounded by the
+stream's deadline.
 
 The agent runs as the same uid as the commands, so a command can kill, stop or impersonate it. The host
 never depends on its honesty: every frame is checked (:class:`FrameDecoder`), every wait is bounded by
@@ -25,8 +27,6 @@ import contextlib
 import errno
 import logging
 import queue
-import select
-import socket
 import threading
 import time
 import uuid
@@ -34,10 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import docker
-
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backends.docker._frames import (
+from adk_sandbox.executor.channel.frames import (
     Frame,
     FrameDecoder,
     FrameType,
@@ -45,22 +43,20 @@ from adk_sandbox.executor.backends.docker._frames import (
     encode,
     validate_result_for,
 )
-from adk_sandbox.executor.backends.docker._static_agent import (
+from adk_sandbox.executor.channel.static_agent import (
     AgentFlavour,
     AgentLaunch,
     StaticAgentUnavailableError,
     agent_launches,
 )
-from adk_sandbox.executor.backends.docker._transport import (
+from adk_sandbox.executor.channel.streams import AgentStream, AgentStreamOpener
+from adk_sandbox.executor.channel.transport import (
     CANCEL_POLL_SECONDS,
     KILL_ON_ERROR_SECONDS,
     CommandOutcome,
     ContainerGoneError,
-    DockerExecTransport,
-    DockerStreamSplitter,
     PreparedCommand,
 )
-from adk_sandbox.executor.backends.docker.engine import Engine
 from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
 from adk_sandbox.executor.types import Stream
 
@@ -92,13 +88,10 @@ class _Channel:
 
 
 class _Agent:
-    """One running agent: its socket, reader thread and channels."""
+    """One running agent: its stream, reader thread and channels."""
 
-    def __init__(self, sock: socket.socket, early: bytes, user: str) -> None:
-        # The reader waits on this socket for as long as the agent lives (idle included): no timeout on
-        # it. Writes are bounded by select() instead of a socket timeout, which the reader would share.
-        sock.settimeout(None)
-        self.sock = sock
+    def __init__(self, stream: AgentStream, user: str) -> None:
+        self.stream = stream
         self.user = user
         self.hello: dict[str, Any] | None = None
         self.broken: str | None = None
@@ -110,47 +103,38 @@ class _Agent:
         #: PINGs in flight, by token: set when the PONG with that token comes back (or the agent breaks).
         self._pongs: dict[str, threading.Event] = {}
         self._stderr = bytearray()
-        self._docker = DockerStreamSplitter()
         self._decoder = FrameDecoder()
-        self._thread = threading.Thread(
-            target=self._read, args=(early,), name="adk-sandbox-agent", daemon=True
-        )
+        self._thread = threading.Thread(target=self._read, name="adk-sandbox-agent", daemon=True)
         self._thread.start()
 
     # -- reading -------------------------------------------------------------------------------------
-    def _read(self, early: bytes) -> None:
+    def _read(self) -> None:
         try:
-            if early:
-                self._dispatch(early)
             while self.broken is None:
                 try:
-                    data = self.sock.recv(1 << 20)
-                except TimeoutError:
-                    continue  # the timeout a writer set for its send, not a broken stream: idle is fine
+                    pieces = self.stream.read()
                 except OSError as exc:
                     self._fail(f"the connection to the in-sandbox agent broke: {exc}")
                     return
-                if not data:
+                if pieces is None:
                     self._fail(
                         "the in-sandbox agent ended (killed in the container, or the container or the Docker "
                         "engine stopped)" + self._diagnostics()
                     )
                     return
-                self._dispatch(data)
+                self._dispatch(pieces)
         except ProtocolError as exc:
             self._fail(f"the in-sandbox agent broke protocol version 1: {exc}")
         except BaseException as exc:  # never let the reader die silently
             self._fail(f"the in-sandbox agent's reader failed: {exc!r}")
 
-    def _dispatch(self, data: bytes) -> None:
-        for stream, piece in self._docker.feed(data):
-            if stream == 2:
+    def _dispatch(self, pieces: list[tuple[Stream, bytes]]) -> None:
+        for stream, piece in pieces:
+            if stream == "stderr":
                 room = _STDERR_KEPT - len(self._stderr)
                 if room > 0:
                     self._stderr += piece[:room]
                 continue
-            if stream != 1:
-                raise ProtocolError(f"unexpected Docker stream {stream}")
             for frame in self._decoder.feed(piece):
                 self._deliver(frame)
 
@@ -205,13 +189,12 @@ class _Agent:
         for channel in channels:
             with contextlib.suppress(queue.Full):
                 channel.events.put_nowait(("broken", why))
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
+        self.stream.shutdown()
 
     def close(self, why: str = "closed") -> None:
         """Give the agent up: close the stream (the agent kills its commands when its stdin ends)."""
         self._fail(why)
-        self.sock.close()
+        self.stream.close()
 
     def wait_hello(self, until: float, requirement: str) -> dict[str, Any]:
         self._hello_seen.wait(max(until - time.monotonic(), 0))
@@ -264,7 +247,7 @@ class _Agent:
         try:
             if self.broken is not None:
                 raise SandboxFailedError(self.broken)
-            _send_all(self.sock, data, until)
+            self.stream.write(data, until)
         except OSError as exc:
             self._fail(f"could not write to the in-sandbox agent: {exc}")
             raise SandboxFailedError(
@@ -272,22 +255,6 @@ class _Agent:
             ) from exc
         finally:
             self._write_lock.release()
-
-
-def _send_all(sock: socket.socket, data: bytes, until: float) -> None:
-    """Write all of ``data`` by ``until`` (else ``TimeoutError``), leaving the socket's own timeout alone."""
-    view = memoryview(data)
-    poller = select.poll()  # not select.select: that fails for descriptors above 1023 in a busy process
-    poller.register(sock, select.POLLOUT)
-    while view:
-        left = until - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("timed out")
-        if poller.poll(max(int(left * 1000), 1)):
-            try:
-                view = view[sock.send(view, socket.MSG_DONTWAIT) :]
-            except BlockingIOError:
-                continue
 
 
 def _next_event(agent: _Agent, channel: _Channel, wait: float, unknown: str) -> _Event | None:
@@ -303,38 +270,25 @@ def _next_event(agent: _Agent, channel: _Channel, wait: float, unknown: str) -> 
         return None
 
 
-#: Starts one agent process in the sandbox: ``(argv, user, until)`` -> a connected socket carrying the
-#: process's stdin (written raw) and its stdout/stderr in Docker's attach framing, and any bytes already
-#: read from it. Docker's exec is one (:meth:`AgentTransport._docker_stream`); the Kubernetes backend
-#: bridges a ``pods/exec`` websocket to a socket pair (``adk_sandbox.executor.backends.kubernetes._exec``).
-AgentStreamOpener = Callable[[list[str], str, float], tuple[socket.socket, bytes]]
-
-
 class AgentTransport:
     """:class:`CommandTransport` over one long-lived agent per container (see the module docstring).
 
-    ``open_stream`` replaces how an agent's stream is opened (default: a Docker exec into
-    ``container_id``); everything above it (frames, channels, deadlines, restarts) is shared.
+    ``open_stream`` is how the engine starts an agent process and opens its stream (:mod:`.streams`);
+    everything above it (frames, channels, deadlines, restarts, file operations) is the same on every
+    engine. ``on_restart`` is told why when an agent had to be replaced; ``source`` (a Python agent
+    program, for tests) and ``agent`` choose the agent (:func:`.static_agent.agent_launches`).
     """
 
     channel: ClassVar[str] = "agent"
 
     def __init__(
         self,
-        client: docker.DockerClient | None,
-        container_id: str,
-        engine: Engine | str,
+        open_stream: AgentStreamOpener,
         *,
         on_restart: Callable[[str], None] | None = None,
         source: str | None = None,
         agent: AgentFlavour | None = None,
-        open_stream: AgentStreamOpener | None = None,
     ) -> None:
-        if open_stream is None:
-            if client is None:
-                raise ValueError("AgentTransport needs a Docker client or an open_stream")
-            self._exec = DockerExecTransport(client, container_id, engine)
-            open_stream = self._docker_stream
         self._open_stream = open_stream
         self._lock = threading.Lock()
         self._agents: dict[str, _Agent] = {}
@@ -373,8 +327,9 @@ class AgentTransport:
     def ping(self, user: str, timeout: float) -> bool:
         """True when ``user``'s running agent answers a PING within ``timeout`` (starts no agent).
 
-        The warm pool's health check (:mod:`.pool`): a round trip through the agent's stream, so a
-        container killed or frozen from outside, or an agent that died, answers False.
+        The Docker warm pool's health check (``executor/backends/docker/pool.py``): a round trip through
+        the agent's stream, so a container killed or frozen from outside, or an agent that died, answers
+        False.
         """
         with self._lock:
             agent = self._agents.get(user)
@@ -442,8 +397,7 @@ class AgentTransport:
         raise SandboxFailedError("no in-sandbox agent flavour to start")  # pragma: no cover - never empty
 
     def _start_launch(self, launch: AgentLaunch, user: str, start_by: float) -> tuple[_Agent, dict[str, Any]]:
-        sock, early = self._open_stream(launch.argv, user, start_by)
-        agent = _Agent(sock, early, user)
+        agent = _Agent(self._open_stream(launch.argv, user, start_by), user)
         try:
             if launch.preamble:
                 try:
@@ -456,10 +410,6 @@ class AgentTransport:
         except BaseException:
             agent.close()
             raise
-
-    def _docker_stream(self, argv: list[str], user: str, until: float) -> tuple[socket.socket, bytes]:
-        exec_id = self._exec._create_exec(argv, user, "/", True, until)
-        return self._exec._start_exec(exec_id, until)
 
     @property
     def agent_flavour(self) -> str | None:

@@ -1,4 +1,4 @@
-"""The start-up check run inside every new session container, through the command transport.
+"""The start-up check run inside every new sandbox, through its command transport (any engine).
 
 ``docker inspect`` cannot show two things a session relies on, so they are checked from inside, exactly
 as a command runs (under its supervisor or agent shim, with its filter):
@@ -20,15 +20,14 @@ import uuid
 from dataclasses import dataclass
 
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backends.docker._container import WorkspaceNotSharedError, split_brain_message
-from adk_sandbox.executor.backends.docker._transport import CommandTransport, PreparedCommand
+from adk_sandbox.executor.channel.transport import CommandTransport, PreparedCommand
 from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 
-__all__ = ["PROBE_SECONDS", "verify_from_inside"]
+__all__ = ["PROBE_SECONDS", "WorkspaceNotSharedError", "split_brain_message", "verify_from_inside"]
 
 #: How long the start-up check may take.
 PROBE_SECONDS = 30.0
-# Prints "setid-allowed" when a set-id mode can be set in the container (it must not: see _seccomp).
+# Prints "setid-allowed" when a set-id mode can be set in the container (it must not: see .setid).
 # Shell builtins but chmod: each process costs the runtime a fork and an exec (gVisor: several ms each,
 # every session start pays them), so the scratch file is made by a noclobber redirection (which refuses an
 # existing regular file; the name is 128 random bits, where mktemp would put it) rather than by mktemp,
@@ -46,6 +45,20 @@ _PROBE_CAPS = "grep -E '^Cap(Bnd|Eff):' /proc/self/status"
 _PROBE_NONCE = '{ t=; IFS= read -r t <"$1"; echo "$t"; } 2>/dev/null'
 # Last, in place of the shell (no fork): the scratch file is removed whatever came before.
 _PROBE_CLEAN_UP = 'exec rm -f -- "$f"'
+
+
+class WorkspaceNotSharedError(PolicyNotEnforceableError):
+    """The engine does not see this machine's workspace at its path (``"auto"`` then mirrors it)."""
+
+
+def split_brain_message(workspace: str | None, evidence: object) -> str:
+    """The error for a daemon that mounts another machine's (or namespace's) directory at the path."""
+    return (
+        f"the Docker daemon does not see this machine's {workspace} ({evidence}): it mounts a different "
+        "directory at that path (a daemon in another mount namespace: rootless Docker, Docker Desktop, a "
+        "remote or DinD engine). Commands would run against other files; use a daemon that shares this "
+        "machine's filesystem"
+    )
 
 
 def _probe_script(token: str, *, capabilities: bool, nonce: bool) -> str:

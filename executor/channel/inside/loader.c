@@ -1,4 +1,4 @@
-/* adk-sandbox agent loader: the first stage of the static agent (executor/backends/docker/_static_agent.py).
+/* adk-sandbox agent loader: the first stage of the static agent (executor/channel/static_agent.py).
  *
  * Written into the container by /bin/sh's printf builtin (so it must stay tiny: no libc, raw system
  * calls) and started as  LOADER <bytes> [agent arguments...]  with the exec's stdin attached:

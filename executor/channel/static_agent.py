@@ -1,15 +1,15 @@
 """How an agent is started in a container: the Python agent, or the static one for images without python3.
 
-The agent channel (:mod:`._agent_transport`) is one mechanism; what differs between the two agent
+The agent channel (:mod:`.agent_transport`) is one mechanism; what differs between the two agent
 *flavours* is only how the exec starts one, an :class:`AgentLaunch` (the exec's argv, and bytes written
 to its stdin before the first frame):
 
-* ``python``: ``python3 -I -S -c AGENT_SOURCE adk-sandbox-agent [<protected>]`` (:mod:`._agent`), nothing
+* ``python``: ``python3 -I -S -c AGENT_SOURCE adk-sandbox-agent [<protected>]`` (:mod:`.agent`), nothing
   on stdin. Needs ``python3`` in the image.
-* ``static``: ``agent/agent.c``, the same protocol and process-tree rules in C, built on the host as a fully
+* ``static``: ``inside/agent.c``, the same protocol and process-tree rules in C, built on the host as a fully
   static binary (``gcc -static``, glibc's ``libc.a``; the agent never uses the name service, so static
   glibc is safe). It reaches the container without a file: ``/bin/sh -c SCRIPT`` writes the tiny
-  ``agent/loader.c`` (about 1.5 KiB, no libc) with the ``printf`` builtin to a fresh, randomly named file
+  ``inside/loader.c`` (about 1.5 KiB, no libc) with the ``printf`` builtin to a fresh, randomly named file
   in ``/tmp`` (else ``$HOME``, ``/dev/shm``), ``chmod 700`` and ``exec`` it; the loader makes itself
   non-dumpable, unlinks its file, reads exactly the agent's bytes from stdin into a sealed ``memfd`` and
   ``execveat``s it as ``adk-sandbox-agent [<protected>]``. Needs ``/bin/sh`` (``printf`` builtin),
@@ -17,7 +17,7 @@ to its stdin before the first frame):
   ever a file a command could replace, and each start streams a fresh copy.
 
 The binaries are built once per source into a cache directory named by the SHA-256 of everything that
-goes into them (sources, the set-id filter generated from :mod:`._seccomp`, flags, compiler): a binary that
+goes into them (sources, the set-id filter generated from :mod:`.setid`, flags, compiler): a binary that
 does not match the source is never used, a changed source is rebuilt. ``scripts/setup`` builds it
 (``main()`` here); otherwise the first session that wants it builds
 it (about a second) when a C compiler with a static libc is present.
@@ -43,9 +43,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from adk_sandbox.executor.backends.docker import _agent
-from adk_sandbox.executor.backends.docker._agent import agent_argv
-from adk_sandbox.executor.backends.docker._seccomp import native_arch, setid_filter
+from adk_sandbox.executor.channel import agent as _agent
+from adk_sandbox.executor.channel.agent import agent_argv
+from adk_sandbox.executor.channel.setid import native_arch, setid_filter
 
 __all__ = [
     "AgentFlavour",
@@ -100,14 +100,14 @@ class AgentLaunch:
 
 
 def filter_header(arch: int) -> str:
-    """The C header of the set-id filter: :func:`._seccomp.setid_filter` as bytes (one source of truth)."""
+    """The C header of the set-id filter: :func:`.setid.setid_filter` as bytes (one source of truth)."""
     try:
         program = setid_filter(arch)
     except KeyError:
         program = b""  # no filter for this architecture: the agent refuses to start commands
     body = ",".join(str(b) for b in program) or "0"
     return (
-        "/* generated from executor/backends/docker/_seccomp.py setid_filter(): do not edit */\n"
+        "/* generated from executor/channel/setid.py setid_filter(): do not edit */\n"
         f"static const unsigned char SETID_FILTER[] __attribute__((aligned(8))) = {{{body}}};\n"
         f"#define SETID_FILTER_LEN {len(program)}\n"
     )
@@ -121,7 +121,7 @@ def _compiler() -> str | None:
 
 
 def _source_text(name: str) -> bytes:
-    return resources.files(__package__).joinpath("agent", name).read_bytes()
+    return resources.files(__package__).joinpath("inside", name).read_bytes()
 
 
 def _digest(compiler: str, header: str) -> str:

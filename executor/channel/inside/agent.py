@@ -1,99 +1,65 @@
-"""The in-sandbox agent: one long-lived process per session that runs every command (protocol version 1).
+# adk-sandbox agent, protocol 1 (executor/channel/inside/agent.py)
+import errno
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import time
 
-:data:`AGENT_SOURCE` is a standard-library-only Python program (compatible with Python >= 3.6), started
-through **one** Docker exec per container as ``python3 -I -S -c AGENT_SOURCE adk-sandbox-agent
-[<protected>]`` with stdin attached. Frames (:mod:`._frames`) travel on its stdin and stdout; its stderr
-carries diagnostics only. No file is installed in the image, no port, socket or mount is needed.
+# @CHECK-ONLY@
+# For the checkers only (not shipped, see executor/channel/programs.py): what the prelude defines.
+from typing import Any
 
-What it does:
+from adk_sandbox.executor.channel.inside.prelude import (
+    Procs,
+    argv_of,
+    below,
+    kill_all,
+    marker_of,
+    parse_protected,
+    reap_any,
+    scan,
+    send,
+    start_of,
+)
+from adk_sandbox.executor.channel.inside.setid_filter import SETID, install_setid_filter
 
-* At start: ``prctl(PR_SET_DUMPABLE, 0)``, so commands (same uid, no capabilities) cannot open
-  ``/proc/<agent>/fd/*`` nor ptrace it (they can still signal it: the host copes with that); moves its
-  framing pipes to private descriptors (``/dev/null`` on 0 and 1); becomes a child subreaper
-  (``PR_SET_CHILD_SUBREAPER``, refused by older gVisor: the *lenient* mode below); kills processes earlier
-  agents of the container left behind (another agent, or orphans re-parented to PID 1 that are not among
-  the ``protected`` survey of the container's own processes); sends HELLO.
-* RUN: forks a **shim** for the command (a copy of the agent, itself a child subreaper, non-dumpable), with
-  the command's pipes on 0, 1, 2 and every other descriptor closed; the shim carries the set-id seccomp
-  filter of :mod:`._seccomp` that the agent installed on itself at start (with no_new_privs: inherited by
-  everything it starts, never lifted; once per agent rather than per command), enters the cwd, and
-  spawns the command (``posix_spawn``, no copy of the Python process; fork and exec before Python 3.8)
-  into its own session (``setsid``) with exactly the RUN's environment (it travels in the frame, never on
-  an argv). When the command exits and the shim has no child left, nothing of the
-  command is left either (every orphan comes back to the shim). Orphans of the
-  command are re-parented to its shim, so each process is attributed to its command by descent alone. The
-  shim reaps everything; when the command exits it SIGSTOPs then SIGKILLs every process below itself (read
-  from the ppid fields of ``/proc/*/stat``, which nothing can hide), reports the command's status to the
-  agent on a private pipe and exits.
-* Output: read in chunks, at most ``max_output_bytes`` per stream sent as STDOUT/STDERR frames; the rest
-  is read and discarded *inside the container* and only counted in EXIT.
-* Timeout (enforced here too) and KILL: stop then kill the shim and everything below it. A shim killed by
-  its own command (same uid) leaves its processes re-parented to the agent: any child of the agent that is
-  not a live shim is such a stray and is killed with its descendants (a neighbour's orphans go to the
-  neighbour's live shim, never to the agent, so they are never strays).
-* Background (RUN ``"background": true``): at the command's normal exit the shim reports its status and
-  stays as the *keeper* of what is left (reaping until nothing is); the agent sends EXIT once the output
-  already in the pipes is read, then reads and drops what the group writes, never counts a keeper as a
-  stray, and kills every group at the end of its stdin. At most ``MAX_GROUPS`` (16) background commands,
-  running or kept: one more gets ERROR ``"refused": true``. Timeout and KILL kill the tree as for any command.
-* Lenient mode (no child subreapers): orphans go to PID 1. After every command the agent kills children of
-  PID 1 that are not protected and cannot be attributed to a live command (its session id, or its marker
-  ``ADK_SANDBOX_EXEC`` in the environment); a neighbour's orphan that cleared its environment *and* called
-  ``setsid`` is killed too (the weaker mode, as documented for the supervisor).
-* End of its stdin (the host went away): kills every command's tree and exits.
-* FILE: forks a **worker** per operation (non-dumpable, other descriptors closed, umask 0, the set-id
-  filter installed) that performs it as the agent's user and streams bytes over pipes, so the loop never
-  waits on a file. A write's data reaches the worker as (u32 length, bytes) chunks ending with a 0 length:
-  a pipe ending without that mark is an abandoned write. The temporary file of a write is named by the
-  agent, which removes it when the worker dies or is KILLed. A write replacing an existing regular file
-  first opens it ``O_WRONLY|O_NOFOLLOW`` (no truncation) as the proof the user may write it (else EACCES,
-  nothing changed) and gives the replacement its mode and owner. Reads open with ``O_NONBLOCK`` and refuse
-  non-regular files. Workers are not strays. See docs/DOCKER.md, "File operations".
-* EXIT carries ``oom_kills``: the difference of the memory cgroup's ``oom_kill`` counter, read inside the
-  container before and after the command (null when unreadable).
-
-Signals go through a pidfd after re-checking the target's start time (a reused pid is never hit).
-"""
-
-from __future__ import annotations
-
-from adk_sandbox.executor.backends.docker._in_container import in_container_program
-
-__all__ = ["AGENT_ARGV0", "AGENT_SOURCE", "agent_argv"]
-
-#: The argument after the script: names the agent in ``ps`` and in ``/proc/PID/cmdline``.
-AGENT_ARGV0 = "adk-sandbox-agent"
-
-_AGENT_BODY = r"""# adk-sandbox agent, protocol 1 (executor/backends/docker/_agent.py)
-import errno, json, os, select, signal, struct, sys, time
+# @END-CHECK-ONLY@
 # @PRELUDE@
 HDR = struct.Struct(">BBHII")
 HELLO, RUN, STDIN, STDOUT, STDERR, EXIT, KILL, PING, PONG, ERROR, FILE, RESULT = range(1, 13)
 OPS = ["read", "write", "stat", "list", "mkdir", "remove", "rename"]
-MAXP = 4 << 20  # _frames.MAX_PAYLOAD
+MAXP = 4 << 20  # frames.MAX_PAYLOAD
 SELF = os.getpid()
 MARK = b"ADK_SANDBOX_EXEC="
 MAX_GROUPS = 16  # executor.types.MAX_BACKGROUND_GROUPS
+LIBC: "ctypes.CDLL | None"
 try:
     import ctypes
+
     LIBC = ctypes.CDLL(None, use_errno=True)
 except Exception:
     LIBC = None
 
-def prctl(op, arg):
+
+def prctl(op: "int", arg: "int") -> "bool":
     try:
         return LIBC is not None and LIBC.prctl(op, arg, 0, 0, 0) == 0
     except Exception:
         return False
 
-def has_children():
+
+def has_children() -> "bool":
     try:
         os.waitpid(-1, os.WNOHANG)
     except ChildProcessError:
         return False
     return True
 
-def fork_with_room():
+
+def fork_with_room() -> "int":
     # A full pids limit (a fork bomb next door) may free up: try for about a second before giving up.
     for attempt in range(20):
         try:
@@ -102,19 +68,23 @@ def fork_with_room():
             time.sleep(0.05)
     raise OSError(errno.EAGAIN, "no room for a process (pids limit)")
 
-def close_all(fds):
+
+def close_all(fds: "list[int]") -> "None":
     for fd in fds:
         try:
             os.close(fd)
         except OSError:
             pass
 
-def nonblock(fd):
+
+def nonblock(fd: "int") -> "None":
     os.set_blocking(fd, False)
+
 
 DEFAULT_SIGNALS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGHUP, signal.SIGPIPE)
 
-def resolve(name, env):
+
+def resolve(name: "str", env: "dict[str, str]") -> "str":
     if "/" in name:
         return name
     for d in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
@@ -123,7 +93,8 @@ def resolve(name, env):
             return path
     raise OSError(errno.ENOENT, "No such file or directory")
 
-def set_oom_score_adj():
+
+def set_oom_score_adj() -> "None":
     # 500: the OOM killer takes the command before the agent. Non-dumpable (inherited from the agent),
     # /proc/self/* belongs to root, so a shim of any other uid gets EACCES writing it: the shim becomes
     # dumpable for this one write, then non-dumpable again before it starts anything. What that window
@@ -141,7 +112,8 @@ def set_oom_score_adj():
     finally:
         prctl(4, 0)
 
-def start_command(argv, env, cwd, status_w):
+
+def start_command(argv: "list[str]", env: "dict[str, str]", cwd: "str", status_w: "int") -> "int":
     # In the shim: what the command inherits (oom_score_adj, cwd, the set-id filter with no_new_privs) is
     # set on the shim itself, then the command is spawned into its own session with its exact env.
     try:
@@ -168,8 +140,9 @@ def start_command(argv, env, cwd, status_w):
         os.write(status_w, ("E %d\n" % (127 if e.errno == errno.ENOENT else 126)).encode())
         os._exit(0)
 
+
 # -- the shim: one per command, a forked copy of the agent -------------------------------------------
-def shim(spec, fds, status_w):
+def shim(spec: "dict[str, Any]", fds: "tuple[int, int, int]", status_w: "int") -> "None":
     global SELF
     SELF = os.getpid()
     try:
@@ -192,7 +165,9 @@ def shim(spec, fds, status_w):
                     os.close(fd)
                 except OSError:
                     pass
-        argv, env, cwd = spec["argv"], spec["env"], spec["cwd"]
+        argv: "list[str]" = spec["argv"]
+        env: "dict[str, str]" = spec["env"]
+        cwd: "str" = spec["cwd"]
     except BaseException as e:
         try:
             os.write(2, ("adk-sandbox: cannot start the command: %s\n" % e).encode())
@@ -201,7 +176,7 @@ def shim(spec, fds, status_w):
     child = start_command(argv, env, cwd, status_w)
     for fd in (0, 1, 2):
         os.close(fd)
-    status = None
+    status: "int | None" = None
     while True:
         try:
             pid, st = os.waitpid(-1, 0)
@@ -227,7 +202,8 @@ def shim(spec, fds, status_w):
     report(status, status_w)
     os._exit(0)
 
-def report(status, status_w):
+
+def report(status: "int | None", status_w: "int") -> "None":
     if status is not None:
         if os.WIFSIGNALED(status):
             msg = "S %d\n" % os.WTERMSIG(status)
@@ -235,7 +211,8 @@ def report(status, status_w):
             msg = "E %d\n" % os.WEXITSTATUS(status)
         os.write(status_w, msg.encode())
 
-def keep_group(status, status_w):
+
+def keep_group(status: "int | None", status_w: "int") -> "None":
     # A background command: its status goes out now, and the shim stays as the keeper of what the
     # command left, reaping (orphans still come back here) until nothing is left; the agent kills the
     # whole group when the session ends.
@@ -250,10 +227,12 @@ def keep_group(status, status_w):
             pass
     os._exit(0)
 
+
 # -- memory cgroup OOM-kill counter, read inside the container ----------------------------------------
 OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")  # v1, v2
 
-def oom_kills():
+
+def oom_kills() -> "int | None":
     for path in OOM_FILES:
         try:
             with open(path, "rb") as f:
@@ -265,16 +244,18 @@ def oom_kills():
             pass
     return None
 
+
 # -- file operations: each in a forked worker, so nothing it waits for holds the agent's loop ----------
-def write_all(fd, data):
+def write_all(fd: "int", data: "bytes | bytearray") -> "None":
     view = memoryview(data)
     while view:
         try:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         except InterruptedError:
             pass
 
-def read_exact(fd, n):
+
+def read_exact(fd: "int", n: "int") -> "bytes | None":
     out = bytearray()
     while len(out) < n:
         try:
@@ -286,7 +267,8 @@ def read_exact(fd, n):
         out += part
     return bytes(out)
 
-def copy_in(src, dst):
+
+def copy_in(src: "int", dst: "int") -> "int":
     # The agent frames the write's data as (u32 length, bytes) chunks ending with a 0 length: a pipe that
     # ends without that end mark (the agent died, the host gave up) is an abandoned write, never a short one.
     size = 0
@@ -294,7 +276,7 @@ def copy_in(src, dst):
         head = read_exact(src, 4)
         if head is None:
             raise OSError(errno.ECANCELED, "the data of this write did not arrive in full")
-        n = struct.unpack(">I", head)[0]
+        n: "int" = struct.unpack(">I", head)[0]
         if n == 0:
             return size
         chunk = read_exact(src, n)
@@ -303,13 +285,15 @@ def copy_in(src, dst):
         write_all(dst, chunk)
         size += n
 
-def want_int(req, key, default=None):
+
+def want_int(req: "dict[str, Any]", key: "str", default: "int | None" = None) -> "int":
     value = req.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError("%s must be an integer >= 0" % key)
     return value
 
-def want_mode(req, default):
+
+def want_mode(req: "dict[str, Any]", default: "int") -> "int":
     mode = want_int(req, "mode", default)
     if mode > 0o7777:
         raise ValueError("mode %o is out of range" % mode)
@@ -317,22 +301,27 @@ def want_mode(req, default):
         raise OSError(errno.EPERM, "set-id and sticky bits are not allowed")
     return mode
 
-def want_path(value):
+
+def want_path(value: "object") -> "bytes":
     if not isinstance(value, str) or not value.startswith("/") or "\0" in value:
         raise ValueError("a path must be an absolute string without NUL")
     return os.fsencode(value)
 
-def kind_of(mode):
+
+def kind_of(mode: "int") -> "str":
     import stat as S
+
     if S.S_ISREG(mode):
         return "file"
     if S.S_ISDIR(mode):
         return "dir"
     return "symlink" if S.S_ISLNK(mode) else "other"
 
-def open_regular(path, flags, mode=0):
+
+def open_regular(path: "bytes", flags: "int", mode: "int" = 0) -> "tuple[int, os.stat_result]":
     # O_NONBLOCK: opening a FIFO (or a device) must not wait for a peer; only regular files are used.
     import stat as S
+
     fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, mode)
     st = os.fstat(fd)
     if not S.S_ISREG(st.st_mode):
@@ -342,7 +331,8 @@ def open_regular(path, flags, mode=0):
         raise OSError(errno.EINVAL, "not a regular file")
     return fd, st
 
-def make_dirs(path, mode):
+
+def make_dirs(path: "bytes", mode: "int") -> "None":
     todo = [path]
     while todo:
         p = todo[-1]
@@ -359,9 +349,11 @@ def make_dirs(path, mode):
                 raise
         todo.pop()
 
+
 REFUSED = "Permission denied: the command user may not write this file; it was left unchanged"
 
-def existing_target(path):
+
+def existing_target(path: "bytes") -> "os.stat_result | None":
     # What a write that replaces its path finds there (as agent.c's existing_target): the stat of a regular
     # file the command user may write, None for nothing to keep (no entry, a symlink, a FIFO, socket or
     # device: replaced as a new file), OSError when refused. Opening it O_WRONLY (no O_TRUNC: nothing
@@ -370,6 +362,7 @@ def existing_target(path):
     # for writing (ETXTBSY) yet may be replaced: access(W_OK) decides. The rename later replaces the
     # directory entry only, so whatever the command swaps in meanwhile is replaced, never written through.
     import stat as S
+
     try:
         fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
@@ -391,7 +384,8 @@ def existing_target(path):
         os.close(fd)
     return st if S.S_ISREG(st.st_mode) else None
 
-def keep_owner_and_mode(fd, old):
+
+def keep_owner_and_mode(fd: "int", old: "os.stat_result") -> "None":
     # As far as the command user may give it (no CAP_CHOWN: its own uid, a group it is in), then the
     # permission bits (after fchown, which clears set-id bits; never set-id bits).
     now = os.fstat(fd)
@@ -405,7 +399,8 @@ def keep_owner_and_mode(fd, old):
                 pass
     os.fchmod(fd, old.st_mode & 0o777)
 
-def file_op(req, out, data_in, tmp):
+
+def file_op(req: "dict[str, Any]", out: "int", data_in: "Any", tmp: "Any") -> "dict[str, Any]":
     op, path = req["op"], want_path(req["path"])
     if op == "read":
         offset, limit = want_int(req, "offset", 0), want_int(req, "limit")
@@ -431,6 +426,7 @@ def file_op(req, out, data_in, tmp):
             finally:
                 os.close(fd)
         import stat as S
+
         try:
             if S.S_ISDIR(os.lstat(path).st_mode):
                 raise OSError(errno.EISDIR, "Is a directory")
@@ -462,8 +458,14 @@ def file_op(req, out, data_in, tmp):
         return {"size": size}
     if op == "stat":
         st = os.stat(path) if req.get("follow", True) else os.lstat(path)
-        return {"type": kind_of(st.st_mode), "size": st.st_size, "mode": st.st_mode & 0o7777,
-                "mtime": st.st_mtime, "uid": st.st_uid, "gid": st.st_gid}
+        return {
+            "type": kind_of(st.st_mode),
+            "size": st.st_size,
+            "mode": st.st_mode & 0o7777,
+            "mtime": st.st_mtime,
+            "uid": st.st_uid,
+            "gid": st.st_gid,
+        }
     if op == "list":
         count, buf = 0, bytearray()
         it = os.scandir(path)
@@ -495,9 +497,11 @@ def file_op(req, out, data_in, tmp):
         return {}
     if op == "remove":
         import stat as S
+
         if S.S_ISDIR(os.lstat(path).st_mode):  # lstat: a symlink is removed itself, never followed
             if req.get("recursive"):
                 import shutil
+
                 shutil.rmtree(path)  # the fd-based walk: never follows a symlink inside the tree
             else:
                 os.rmdir(path)
@@ -509,10 +513,14 @@ def file_op(req, out, data_in, tmp):
         return {}
     raise ValueError("unknown op %r" % (op,))
 
-def op_error(code, message):
+
+def op_error(code: "int", message: "str") -> "dict[str, Any]":
     return {"error": {"errno": code, "name": errno.errorcode.get(code, "EIO"), "message": message}}
 
-def worker(req, out, status_w, data_in, tmp):
+
+def worker(
+    req: "dict[str, Any]", out: "int", status_w: "int", data_in: "int | None", tmp: "bytes | None"
+) -> "None":
     # In the forked worker: as the command user, with the set-id filter, modes exact (umask 0).
     global SELF
     SELF = os.getpid()
@@ -542,27 +550,59 @@ def worker(req, out, status_w, data_in, tmp):
     finally:
         os._exit(0)
 
-# -- the agent ---------------------------------------------------------------------------------------
-class Cmd(object):
-    pass
 
-class Agent(object):
-    def __init__(self, rfd, wfd, protected, strict):
+# -- the agent ---------------------------------------------------------------------------------------
+class Cmd:
+    # A command (RUN) or a file operation (FILE) in flight: its channel, pipes and state.
+    ch: "int"
+    cap: "int"
+    tail_cap: "int"
+    tail: "dict[int, bytearray]"
+    timeout: "float"
+    background: "bool"
+    stdin: "int | None"
+    shim: "int"
+    shim_start: "bytes | None"
+    sid: "None"
+    marker: "bytes"
+    status_fd: "int | None"
+    status: "bytes"
+    status_cap: "int"
+    oom_before: "int | None"
+    out: "dict[int, int]"
+    sent: "dict[int, int]"
+    dropped: "dict[int, int]"
+    pending: "bytearray"
+    stdin_eof: "bool"
+    deadline: "float"
+    timed_out: "bool"
+    killed: "bool"
+    shim_done: "int | None"
+    drain_until: "Any"  # the time its last output may still come, once its shim or worker ended
+    kept: "bool"
+    tmp: "bytes | None"  # a file operation's: its worker's pid, start time, temporary file, status
+    pid: "int"
+    start: "bytes | None"
+    done: "int | None"
+
+
+class Agent:
+    def __init__(self, rfd: "int", wfd: "int", protected: "set[tuple[int, bytes]]", strict: "bool") -> "None":
         self.rfd, self.wfd = rfd, wfd
         self.protected, self.strict = protected, strict
         self.inbuf = bytearray()
-        self.cmds = {}      # channel -> Cmd
-        self.shims = {}     # shim pid -> Cmd
-        self.fds = {}       # fd -> (Cmd or Op, what)
-        self.ops = {}       # channel -> Op (a file operation)
-        self.workers = {}   # worker pid -> Op
-        self.groups = {}    # keeper (shim) pid -> the Cmd of a background command that exited
+        self.cmds: "dict[int, Cmd]" = {}  # channel -> Cmd
+        self.shims: "dict[int, Cmd]" = {}  # shim pid -> Cmd
+        self.fds: "dict[int, tuple[Cmd, Any]]" = {}  # fd -> (Cmd or Op, what)
+        self.ops: "dict[int, Cmd]" = {}  # channel -> Op (a file operation)
+        self.workers: "dict[int, Cmd]" = {}  # worker pid -> Op
+        self.groups: "dict[int, Cmd]" = {}  # keeper (shim) pid -> the Cmd of a background command that exited
         self.eof = False
 
-    def background_count(self):
+    def background_count(self) -> "int":
         return len(self.groups) + sum(1 for c in self.cmds.values() if c.background)
 
-    def prune_groups(self, procs=None):
+    def prune_groups(self, procs: "Procs | None" = None) -> "None":
         # A group ends when its keeper has exited; without subreapers (lenient mode) what it left went
         # to PID 1, so it lasts while a process there still carries its marker.
         if procs is None:
@@ -574,20 +614,20 @@ class Agent(object):
                 continue
             self.drop_group(g)
 
-    def drop_group(self, g):
+    def drop_group(self, g: "Cmd") -> "None":
         self.groups.pop(g.shim, None)
         for fd in list(g.out.values()):
             self.fds.pop(fd, None)
             os.close(fd)
         g.out = {}
 
-    def kill_groups(self):
+    def kill_groups(self) -> "None":
         for g in list(self.groups.values()):
             kill_all(lambda procs: self.group_tree(g, procs), on_reaped=self.reaped)
             self.drop_group(g)
 
-    def group_tree(self, g, procs):
-        found = set()
+    def group_tree(self, g: "Cmd", procs: "Procs") -> "set[int]":
+        found: "set[int]" = set()
         if g.shim in procs and procs[g.shim][2] == g.shim_start:
             found.add(g.shim)
             found |= below([g.shim], procs)
@@ -596,7 +636,7 @@ class Agent(object):
             found |= set(roots) | below(roots, procs)
         return found
 
-    def out(self, kind, channel, payload=b""):
+    def out(self, kind: "int", channel: "int", payload: "bytes | dict[str, Any]" = b"") -> "None":
         if isinstance(payload, dict):
             payload = json.dumps(payload, separators=(",", ":")).encode()
         data = HDR.pack(kind, 0, 0, channel, len(payload)) + payload
@@ -609,7 +649,7 @@ class Agent(object):
             view = view[n:]
 
     # RUN ----------------------------------------------------------------------------------------
-    def run(self, ch, spec):
+    def run(self, ch: "int", spec: "dict[str, Any]") -> "None":
         if ch in self.cmds:
             self.out(ERROR, ch, {"message": "channel %d is in use" % ch})
             return
@@ -634,12 +674,20 @@ class Agent(object):
         if c.background and self.background_count() >= MAX_GROUPS:
             self.prune_groups()
             if self.background_count() >= MAX_GROUPS:
-                self.out(ERROR, ch, {"refused": True, "message": (
-                    "at most %d background commands may keep processes at once in this session (per "
-                    "user); end the processes one of them left (they count until the last one exits) or "
-                    "run this one without background" % MAX_GROUPS)})
+                self.out(
+                    ERROR,
+                    ch,
+                    {
+                        "refused": True,
+                        "message": (
+                            "at most %d background commands may keep processes at once in this session (per "
+                            "user); end the processes one of them left (they count until the last one exits) or "
+                            "run this one without background" % MAX_GROUPS
+                        ),
+                    },
+                )
                 return
-        pipes = []
+        pipes: "list[int]" = []
         try:
             if want_stdin:
                 r, w = os.pipe()
@@ -687,20 +735,20 @@ class Agent(object):
         self.shims[pid] = c
 
     # killing --------------------------------------------------------------------------------------
-    def tree_of(self, c, procs):
-        found = set()
+    def tree_of(self, c: "Cmd", procs: "Procs") -> "set[int]":
+        found: "set[int]" = set()
         if c.shim in procs and procs[c.shim][2] == c.shim_start:
             found.add(c.shim)
             found |= below([c.shim], procs)
         return found | self.strays(procs)
 
-    def strays(self, procs):
+    def strays(self, procs: "Procs") -> "set[int]":
         # Children of the agent that are not live shims: orphans of a shim its command killed.
         live = set(p for p, c in self.shims.items() if c.shim_done is None) | set(self.workers)
         roots = [p for p, i in procs.items() if i[0] == SELF and p not in live]
         return set(roots) | below(roots, procs)
 
-    def escapees(self, procs):
+    def escapees(self, procs: "Procs") -> "set[int]":
         # Orphans at PID 1 (not the container's own processes): left by a dead agent, or, without child
         # subreapers, by any command; those attributable to a live command are spared.
         roots = [p for p, i in procs.items() if i[0] == 1 and (p, i[2]) not in self.protected]
@@ -711,15 +759,15 @@ class Agent(object):
             roots = [p for p in roots if procs[p][1] not in sessions and marker_of(p) not in markers]
         return set(roots) | below(roots, procs)
 
-    def kill(self, c):
+    def kill(self, c: "Cmd") -> "None":
         kill_all(lambda procs: self.tree_of(c, procs), on_reaped=self.reaped)
 
-    def sweep(self):
+    def sweep(self) -> "None":
         procs = kill_all(lambda procs: self.strays(procs) | self.escapees(procs), on_reaped=self.reaped)
         if self.groups and not self.strict:
             self.prune_groups(procs)
 
-    def reaped(self, pid, status):
+    def reaped(self, pid: "int", status: "int") -> "None":
         o = self.workers.pop(pid, None)
         if o is not None:
             o.done = status
@@ -733,7 +781,7 @@ class Agent(object):
                 self.drop_group(c)  # its last process is gone (every orphan came back to the keeper)
 
     # output ---------------------------------------------------------------------------------------
-    def readable(self, fd):
+    def readable(self, fd: "int") -> "bool":
         # True when bytes came (more may be waiting)
         c, what = self.fds[fd]
         try:
@@ -746,30 +794,30 @@ class Agent(object):
             self.close_fd(fd)
             return False
         if what == "status":
-            c.status += data[:c.status_cap]
+            c.status += data[: c.status_cap]
             return True
         if getattr(c, "kept", False):
             return True  # a kept group's output, after its command's exit: read and dropped
         self.take(c, what, data)
         return True
 
-    def take(self, c, what, data):
+    def take(self, c: "Cmd", what: "int", data: "bytes") -> "None":
         room = c.cap - c.sent[what]
         if room > 0:
             part = data[:room]
             c.sent[what] += len(part)
             self.out(what, c.ch, part)
-            data = data[len(part):]
+            data = data[len(part) :]
         if getattr(c, "tail_cap", 0) and data:  # a command's stream (file operations keep no tail)
             tail = c.tail[what]
             tail += data
             if len(tail) > 2 * c.tail_cap:  # trimmed in batches: each byte is moved O(1) times
                 c.dropped[what] += len(tail) - c.tail_cap
-                del tail[:len(tail) - c.tail_cap]
+                del tail[: len(tail) - c.tail_cap]
             return
         c.dropped[what] += len(data)
 
-    def close_fd(self, fd):
+    def close_fd(self, fd: "int") -> "None":
         c, what = self.fds.pop(fd)
         os.close(fd)
         if what == "status":
@@ -777,7 +825,7 @@ class Agent(object):
         else:
             del c.out[what]
 
-    def write_stdin(self, c):
+    def write_stdin(self, c: "Cmd") -> "None":
         if c.stdin is None:
             return
         try:
@@ -793,7 +841,7 @@ class Agent(object):
             os.close(c.stdin)
             c.stdin = None
 
-    def finish(self, c, keep=False):
+    def finish(self, c: "Cmd", keep: "bool" = False) -> "None":
         # keep: a background command that exited; its group's pipes stay open (and drained) until they end
         for fd in ([] if keep else list(c.out.values())) + ([c.status_fd] if c.status_fd is not None else []):
             self.fds.pop(fd, None)
@@ -809,10 +857,11 @@ class Agent(object):
             tail = c.tail[what]
             if len(tail) > c.tail_cap:
                 c.dropped[what] += len(tail) - c.tail_cap
-                del tail[:len(tail) - c.tail_cap]
+                del tail[: len(tail) - c.tail_cap]
             for i in range(0, len(tail), 65536):
-                self.out(what, c.ch, bytes(tail[i:i + 65536]))
-        code = sig = None
+                self.out(what, c.ch, bytes(tail[i : i + 65536]))
+        code: "int | None" = None
+        sig: "int | None" = None
         after = oom_kills()
         ooms = after - c.oom_before if after is not None and c.oom_before is not None else None
         words = c.status.split()
@@ -824,12 +873,21 @@ class Agent(object):
             sig = int(words[1])
         else:
             sig = signal.SIGKILL  # the shim itself was killed (by its command): as if SIGKILLed
-        self.out(EXIT, c.ch, {"exit_code": code, "signal": sig, "timed_out": c.timed_out,
-                              "stdout_dropped": c.dropped[STDOUT], "stderr_dropped": c.dropped[STDERR],
-                              "oom_kills": ooms})
+        self.out(
+            EXIT,
+            c.ch,
+            {
+                "exit_code": code,
+                "signal": sig,
+                "timed_out": c.timed_out,
+                "stdout_dropped": c.dropped[STDOUT],
+                "stderr_dropped": c.dropped[STDERR],
+                "oom_kills": ooms,
+            },
+        )
 
     # FILE ---------------------------------------------------------------------------------------
-    def start_op(self, ch, req):
+    def start_op(self, ch: "int", req: "dict[str, Any]") -> "None":
         if ch in self.cmds or ch in self.ops:
             self.out(RESULT, ch, op_error(errno.EBUSY, "channel %d is in use" % ch))
             return
@@ -847,11 +905,12 @@ class Agent(object):
         except (KeyError, TypeError, ValueError) as e:
             self.out(RESULT, ch, op_error(errno.EINVAL, "bad FILE request: %s" % e))
             return
-        pipes = []
+        pipes: "list[int]" = []
         try:
             dr, dw = os.pipe()
             sr, sw = os.pipe()
             pipes += [dr, dw, sr, sw]
+            in_r: "int | None"
             in_r = o.stdin = None
             if op == "write":
                 in_r, o.stdin = os.pipe()
@@ -880,14 +939,14 @@ class Agent(object):
         self.ops[ch] = o
         self.workers[pid] = o
 
-    def op_input(self, o, payload):
+    def op_input(self, o: "Cmd", payload: "bytes") -> "None":
         if o.stdin is None or o.stdin_eof:
             return
         o.pending += struct.pack(">I", len(payload)) + payload  # framed: see copy_in
         o.stdin_eof = not payload
         self.write_stdin(o)
 
-    def kill_op(self, o):
+    def kill_op(self, o: "Cmd") -> "None":
         o.killed = True
         if o.stdin is not None:
             os.close(o.stdin)
@@ -895,14 +954,14 @@ class Agent(object):
         if o.done is None:
             send(o.pid, o.start, signal.SIGKILL)
 
-    def finish_op(self, o):
+    def finish_op(self, o: "Cmd") -> "None":
         for fd in list(o.out.values()) + ([o.status_fd] if o.status_fd is not None else []):
             self.fds.pop(fd, None)
             os.close(fd)
         if o.stdin is not None:
             os.close(o.stdin)
         del self.ops[o.ch]
-        result = None
+        result: "Any" = None
         try:
             result = json.loads(o.status.decode())  # a worker that finished before a KILL: its result
         except ValueError:
@@ -920,15 +979,15 @@ class Agent(object):
         self.out(RESULT, o.ch, result)
 
     # frames from the host -------------------------------------------------------------------------
-    def frames(self):
+    def frames(self) -> "None":
         while len(self.inbuf) >= HDR.size:
             kind, flags, res, ch, n = HDR.unpack_from(self.inbuf)
             if n > MAXP:
                 raise SystemExit("adk-sandbox-agent: oversized frame from the host")
             if len(self.inbuf) < HDR.size + n:
                 return
-            payload = bytes(self.inbuf[HDR.size:HDR.size + n])
-            del self.inbuf[:HDR.size + n]
+            payload = bytes(self.inbuf[HDR.size : HDR.size + n])
+            del self.inbuf[: HDR.size + n]
             c = self.cmds.get(ch)
             if kind == RUN:
                 try:
@@ -964,7 +1023,7 @@ class Agent(object):
             elif kind == PING:
                 self.out(PONG, 0, payload or b"{}")
 
-    def loop(self, wake):
+    def loop(self, wake: "int") -> "None":
         while True:
             now = time.monotonic()
             for c in list(self.cmds.values()):
@@ -995,10 +1054,10 @@ class Agent(object):
                         # Strays of a shim its command killed; without subreapers, orphans at PID 1.
                         self.sweep()
                         swept = True
-                    if not c.out and c.status_fd is None or time.monotonic() > c.drain_until:
+                    if (not c.out and c.status_fd is None) or time.monotonic() > c.drain_until:
                         self.finish(c)
             for o in list(self.ops.values()):
-                if o.done is not None and (not o.out and o.status_fd is None or now > o.drain_until):
+                if o.done is not None and ((not o.out and o.status_fd is None) or now > o.drain_until):
                     if o.status_fd is not None:
                         self.readable(o.status_fd)
                     self.finish_op(o)
@@ -1047,8 +1106,9 @@ class Agent(object):
                 elif fd in self.fds:
                     self.readable(fd)
 
-def other_agents(procs):
-    found = []
+
+def other_agents(procs: "Procs") -> "list[int]":
+    found: "list[int]" = []
     for p, info in procs.items():
         if p != SELF and info[0] == 0:
             a = argv_of(p)
@@ -1056,9 +1116,11 @@ def other_agents(procs):
                 found.append(p)
     return found
 
+
 FILTERED = [False]  # the set-id filter is on the agent (so on every shim, worker and command it starts)
 
-def main():
+
+def main() -> "None":
     prctl(4, 0)  # PR_SET_DUMPABLE 0: commands cannot open /proc/<agent>/fd or ptrace the agent
     # Once, here, rather than in every shim (ctypes costs ~1 ms a command): the agent never needs a set-id
     # mode itself. Without a filter for this architecture the agent still runs but refuses every RUN.
@@ -1092,19 +1154,20 @@ def main():
     # and orphans at PID 1.
     olds = other_agents(procs)
     kill_all(lambda procs: set(olds) | below(olds, procs) | agent.escapees(procs))
-    agent.out(HELLO, 0, {"protocol": 1, "pid": SELF, "subreaper": strict,
-                         "protected": ",".join("%d:%s" % (p, s.decode()) for p, s in sorted(protected)),
-                         "python": "%d.%d" % sys.version_info[:2], "agent": "python", "ops": OPS})
+    agent.out(
+        HELLO,
+        0,
+        {
+            "protocol": 1,
+            "pid": SELF,
+            "subreaper": strict,
+            "protected": ",".join("%d:%s" % (p, s.decode()) for p, s in sorted(protected)),
+            "python": "%d.%d" % sys.version_info[:2],
+            "agent": "python",
+            "ops": OPS,
+        },
+    )
     agent.loop(wr)
 
+
 main()
-"""
-
-
-#: The agent program (run with ``python3 -I -S -c``).
-AGENT_SOURCE = in_container_program(_AGENT_BODY)
-
-
-def agent_argv(protected: str | None = None, source: str = AGENT_SOURCE) -> list[str]:
-    """The exec argv that starts an agent; ``protected`` is the container's own processes from a HELLO."""
-    return ["python3", "-I", "-S", "-c", source, AGENT_ARGV0, *([protected] if protected else [])]

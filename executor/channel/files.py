@@ -1,6 +1,6 @@
-"""File operations inside a Docker session's container: :class:`SandboxFiles` (``DockerSession.files``).
+"""File operations inside a session's sandbox: :class:`SandboxFiles` (``DockerSession.files``).
 
-Each operation is one FILE frame to the session's in-sandbox agent (protocol in :mod:`._frames`), which
+Each operation is one FILE frame to the session's in-sandbox agent (protocol in :mod:`.frames`), which
 performs it in a forked worker **as the session's command user**, with the container's own view of the
 filesystem and its permissions: ``/etc`` of a read-only root is read-only, a root-owned workspace is not
 writable by a uid-1000 session, and a file written into the workspace lands on the host owned by the
@@ -32,16 +32,13 @@ from __future__ import annotations
 import errno as errno_codes
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from adk_sandbox.executor.backends.docker._agent_transport import FileOpCancelledError
-from adk_sandbox.executor.backends.docker._frames import split_entries
+from adk_sandbox.executor.channel.agent_transport import FileOpCancelledError
+from adk_sandbox.executor.channel.frames import split_entries
 from adk_sandbox.executor.errors import InvalidRequestError
-
-if TYPE_CHECKING:
-    from adk_sandbox.executor.backends.docker.session import DockerSession
 
 __all__ = [
     "DEFAULT_READ_LIMIT",
@@ -49,6 +46,7 @@ __all__ = [
     "MAX_LIST_BYTES",
     "DirEntry",
     "FileOpCancelledError",
+    "FileOperator",
     "FileStat",
     "SandboxFiles",
 ]
@@ -155,14 +153,27 @@ class DirEntry:
         return self.name.decode("utf-8", "replace")
 
 
+class FileOperator(Protocol):
+    """What :class:`SandboxFiles` needs of a session (a ``DockerSession``): its agent's FILE operation."""
+
+    def file_operation(
+        self, request: dict[str, Any], data: bytes | None, *, deadline: float, max_output: int
+    ) -> tuple[dict[str, Any], bytes]:
+        """One FILE operation as the command user: the RESULT body and the bytes sent before it.
+
+        Starts the session if needed; :class:`InvalidRequestError` when the session has no agent.
+        """
+        ...
+
+
 class SandboxFiles:
-    """Read, write and manage files inside a :class:`DockerSession`'s container (see the module docstring).
+    """Read, write and manage files inside a session's sandbox (see the module docstring).
 
     Each call starts the session if needed and is bounded by ``timeout`` seconds (then cancelled in the
     container). Paths are absolute paths inside the container.
     """
 
-    def __init__(self, session: DockerSession, *, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+    def __init__(self, session: FileOperator, *, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
         if not timeout > 0:
             raise InvalidRequestError(f"timeout must be > 0 seconds, not {timeout!r}")
         self._session = session

@@ -3,12 +3,13 @@
 Docker's exec API cannot kill a command's process tree, and a process can hide from every marker a
 killer could look for (a cleared environment, ``setsid``, ``PR_SET_DUMPABLE=0`` hiding
 ``/proc/PID/environ``, a double fork). What it cannot hide is its parentage. So each command runs under
-:data:`SCRIPT`, started through the exec as ``python3 -I -S -c SCRIPT adk-sandbox run <marker> ...``
+:data:`SCRIPT` (the file ``inside/supervisor.py`` with the shared prelude of :mod:`.programs`), started
+through the exec as ``python3 -I -S -c SCRIPT adk-sandbox run <marker> ...``
 (``python3`` is the only thing a session image must provide; no file is installed in the image):
 
 * ``run``: become a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), so every orphan of the tree is
   re-parented to the supervisor instead of the container's init; fork the command into its own session
-  with exactly the prepared environment and the set-id seccomp filter installed (``_seccomp``: gVisor
+  with exactly the prepared environment and the set-id seccomp filter installed (:mod:`.setid`: gVisor
   does not apply the container's profile to exec'd processes); reap every child as it exits
   (re-parented orphans included, so zombies never fill the pids limit); when the command exits, SIGSTOP
   then SIGKILL every descendant (found through the ppid fields of ``/proc/*/stat``, readable even for
@@ -39,7 +40,7 @@ process between the scan of ``/proc`` and the signal is never hit.
 
 from __future__ import annotations
 
-from adk_sandbox.executor.backends.docker._in_container import in_container_program
+from adk_sandbox.executor.channel.programs import in_container_program, program_text
 
 __all__ = [
     "ARGV0",
@@ -62,131 +63,9 @@ ARGV0 = "adk-sandbox"
 #: killer normally comes first; this backstop only matters when the host cannot reach the daemon.
 BACKSTOP_SECONDS = 1.0
 
-# Runs as `python3 -I -S -c SCRIPT adk-sandbox MODE ...`: sys.argv[0] is "-c", then ARGV0, MODE, ...
-# Standard library only, no site: starts in a few milliseconds. Kept compatible with Python >= 3.6.
-_SCRIPT_BODY = r"""# adk-sandbox supervisor (executor/backends/docker/_supervisor.py)
-import os, signal, sys, time
-# @PRELUDE@
-A = sys.argv
-SELF = os.getpid()
-MARK = b"ADK_SANDBOX_EXEC="
-
-def subreaper():
-    try:
-        import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
-    except Exception:
-        return False
-
-def supervisors(procs):
-    found = {}
-    for p, info in procs.items():
-        if info[0] == 0 and p not in (1, SELF):
-            argv = argv_of(p)
-            if len(argv) > 7 and argv[5] == b"adk-sandbox" and argv[6] == b"run":
-                found[p] = argv[7]
-    return found
-
-def escapees(procs, mine, protected, strict):
-    roots = [p for p, i in procs.items() if i[0] == 1 and (p, i[2]) not in protected]
-    if roots and not strict:
-        others = dict((p, m) for p, m in supervisors(procs).items() if m != mine)
-        sessions = set(p for p, i in procs.items() if i[0] in others)
-        markers = set(others.values())
-        roots = [p for p in roots if procs[p][1] not in sessions and marker_of(p) not in markers]
-    return set(roots) | below(roots, procs)
-
-def reap():
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        return True
-    return False
-
-def run():
-    marker, protected, timeout, n = A[3].encode(), parse_protected(A[4]), float(A[5]), int(A[6])
-    env = dict(e.split("=", 1) for e in A[7:7 + n])
-    env["ADK_SANDBOX_EXEC"] = A[3]
-    argv = A[7 + n:]
-    strict = subreaper()
-    skip = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, signal.SIGWINCH, signal.SIGURG,
-            signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
-    handled = []
-
-    def finish():
-        signal.pthread_sigmask(signal.SIG_BLOCK, handled)
-        mine = lambda procs: below([SELF], procs) | escapees(procs, marker, protected, strict)
-        end = time.monotonic() + 5
-        while True:
-            kill_all(mine)
-            if reap() or not strict or time.monotonic() > end:
-                return
-            time.sleep(0.001)
-
-    def on_signal(sig, frame):
-        finish()
-        os._exit(137 if sig == signal.SIGALRM else 128 + sig)
-
-    for s in signal.valid_signals():
-        if s not in skip:
-            try:
-                signal.signal(s, on_signal)
-                handled.append(s)
-            except (OSError, ValueError, RuntimeError):
-                pass
-    for s in (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):  # a command must not stop its supervisor
-        signal.signal(s, signal.SIG_IGN)
-    child = os.fork()
-    if child == 0:
-        try:
-            for s in handled + [signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU]:
-                try:
-                    signal.signal(s, signal.SIG_DFL)  # Python ignores SIGPIPE and SIGXFSZ: not the command
-                except (OSError, ValueError, RuntimeError):
-                    pass
-            os.setsid()
-            if SETID is None:
-                raise OSError(95, "no set-id seccomp filter for this architecture")
-            install_setid_filter(SETID)  # before exec: the command can never lift it
-            os.execvpe(argv[0], argv, env)
-        except OSError as e:
-            os.write(2, ("%s: %s\n" % (argv[0], e.strerror)).encode())
-            os._exit(127 if e.errno == 2 else 126)
-        finally:
-            os._exit(126)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
-    while True:
-        pid, status = os.waitpid(-1, 0)
-        if pid == child:
-            break
-    finish()
-    if os.WIFSIGNALED(status):
-        os._exit(128 + os.WTERMSIG(status))
-    os._exit(os.WEXITSTATUS(status))
-
-def kill():
-    marker, protected, strict = A[3].encode(), parse_protected(A[4]), A[5] == "strict"
-    procs = scan()
-    sups = [p for p, m in supervisors(procs).items() if m == marker]
-    procs = kill_all(lambda procs: below(sups, procs) | escapees(procs, marker, protected, strict))
-    for p in sups:
-        if p in procs:
-            send(p, procs[p][2], signal.SIGKILL)
-    kill_all(lambda procs: escapees(procs, marker, protected, strict))
-
-def survey():
-    procs = scan()
-    mine = set([1]) | below([1], procs)
-    sys.stdout.write("%s %s\n" % (
-        "strict" if subreaper() else "lenient",
-        ",".join("%d:%s" % (p, procs[p][2].decode()) for p in sorted(mine) if p in procs)))
-
-{"run": run, "kill": kill, "survey": survey}[A[2]]()
-"""
-
-
-SCRIPT = in_container_program(_SCRIPT_BODY)
+#: The supervisor program, run as ``python3 -I -S -c SCRIPT adk-sandbox MODE ...`` (``sys.argv[0]`` is ``-c``,
+#: then ARGV0, MODE, ...). Standard library only, no site: starts in a few milliseconds.
+SCRIPT = in_container_program(program_text("supervisor.py"))
 _PREFIX = ("python3", "-I", "-S", "-c", SCRIPT, ARGV0)
 
 

@@ -1,14 +1,14 @@
-/* adk-sandbox static agent, protocol version 1: the C twin of the Python agent (_agent.py).
+/* adk-sandbox static agent, protocol version 1: the C twin of the Python agent (inside/agent.py).
  *
  * For images without python3. Built fully static (gcc -static, glibc's libc.a; no name service is ever
- * used) by executor/backends/docker/_static_agent.py, delivered into the container over the exec's stdin
+ * used) by executor/channel/static_agent.py, delivered into the container over the exec's stdin
  * by loader.c (a memfd, no file), started as  adk-sandbox-agent [<protected>]  with frames on stdin and
- * stdout (framing: the docstring of _frames.py). The process-tree model is the Python agent's, rule for
+ * stdout (framing: the docstring of frames.py). The process-tree model is the Python agent's, rule for
  * rule (docs/DOCKER.md, "The agent channel"):
  *   - the agent: non-dumpable, child subreaper (lenient mode when refused), framing pipes on private
  *     close-on-exec descriptors, /dev/null on 0 and 1; kills what earlier agents left; HELLO;
  *   - per RUN a shim (fork of the agent): subreaper, the command's pipes on 0/1/2 and nothing else,
- *     oom_score_adj 500, cwd, the set-id seccomp filter (SETID_FILTER, generated from _seccomp.py at build
+ *     oom_score_adj 500, cwd, the set-id seccomp filter (SETID_FILTER, generated from setid.py at build
  *     time) with no_new_privs, then the command in its own session with exactly the RUN's environment plus
  *     ADK_SANDBOX_EXEC; when the command exits the shim stops then kills everything below itself; while
  *     no command runs the agent keeps one shim forked ahead of time (a spare, non-dumpable, waiting on a
@@ -54,7 +54,7 @@
 
 enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, ERROR_F, FILE_F, RESULT };
 #define HDR 12
-#define MAXP (4u << 20) /* _frames.MAX_PAYLOAD */
+#define MAXP (4u << 20) /* frames.MAX_PAYLOAD */
 #define MAX_COMMANDS 4096
 #define MAX_GROUPS 16 /* executor.types.MAX_BACKGROUND_GROUPS */
 #define MAX_STDIN_PENDING (256u << 20)
