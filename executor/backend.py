@@ -14,9 +14,13 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from types import TracebackType
-from typing import Generic, Protocol, Self, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Generic, Protocol, Self, TypeVar, runtime_checkable
 
+from adk_sandbox.executor.errors import InvalidRequestError
 from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Stream
+
+if TYPE_CHECKING:
+    from adk_sandbox.executor.channel.files import SandboxFiles
 
 __all__ = [
     "OutputCallback",
@@ -102,7 +106,7 @@ class SessionFactory(Protocol):
     exists, not its signature).
     """
 
-    def session(self, workspace: str | os.PathLike[str] | None = None) -> SandboxBackend:
+    def session(self, workspace: str | os.PathLike[str] | None = None) -> SandboxSession:
         """Open a new session, bound to ``workspace`` when given; the caller closes it."""
         ...
 
@@ -131,6 +135,16 @@ class SandboxSession(SandboxBackend):
     @abstractmethod
     def start(self) -> None:
         """Make the sandbox and verify it (idempotent); ``SandboxFailedError`` once the session is closed."""
+
+    @property
+    def files(self) -> SandboxFiles:
+        """File operations inside the sandbox, as the command user (read, write, stat, list, remove...).
+
+        Every session on the agent channel has them (the Docker and Kubernetes sessions: both are a
+        ``ChannelSession``); a session that cannot offer them raises :class:`InvalidRequestError` here, so
+        an adapter can take any :class:`SessionFactory` and ask.
+        """
+        raise InvalidRequestError(f"a {self.name} session has no file operations inside its sandbox")
 
     def __enter__(self) -> Self:
         self.start()

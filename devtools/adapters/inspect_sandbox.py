@@ -10,7 +10,7 @@ imports it through the ``inspect_ai`` plugin entry point in pyproject.toml, so a
 Each sample gets one :class:`~adk_sandbox.executor.backends.docker.DockerSession` (one container, the agent
 channel):
 ``exec`` is one request on it, ``read_file``/``write_file`` are file operations performed inside the
-container as the command user (``DockerSession.files``), so every path of the container is reachable
+container as the command user (the session's ``files``), so every path of the container is reachable
 with the container's own permissions. There is no host workspace: the sample's working directory is the
 container's ``/tmp`` (a tmpfs), and nothing of the host is mounted (docs/INTEGRATIONS.md, "inspect_ai").
 
@@ -52,12 +52,8 @@ from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from adk_sandbox.executor._bridge import run_blocking
-from adk_sandbox.executor.backends.docker import (
-    DockerBackend,
-    DockerSession,
-    cleanup_labelled,
-    cleanup_session,
-)
+from adk_sandbox.executor.backend import SandboxSession, SessionBackend
+from adk_sandbox.executor.backends.docker import DockerBackend, cleanup_labelled, cleanup_session
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
 from adk_sandbox.executor.types import ExecRequest, ResourceLimits, parse_user
@@ -141,10 +137,12 @@ class AdkSandboxEnvironment(SandboxEnvironment):
     task and configuration, labelled with the task's name) are closed by :meth:`task_cleanup`.
     """
 
-    _backends: dict[tuple[str, str], DockerBackend] = {}  # noqa: RUF012 - shared by the class on purpose
+    # Typed as any session-opening backend: only _backend() knows it makes a DockerBackend; the rest of the
+    # provider speaks the session interface (execute, files, close).
+    _backends: dict[tuple[str, str], SessionBackend[Any]] = {}  # noqa: RUF012 - shared by the class on purpose
     _backends_lock = threading.Lock()
 
-    def __init__(self, session: DockerSession, config: AdkSandboxConfig) -> None:
+    def __init__(self, session: SandboxSession, config: AdkSandboxConfig) -> None:
         super().__init__()
         self._session = session
         self._config = config
@@ -175,8 +173,8 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         """Start the sample's container (verified hardened before it is used): ``{"default": env}``."""
         resolved = resolve_config(config)
 
-        def start(_: threading.Event) -> DockerSession:
-            session = cls._backend(task_name, resolved).session()
+        def start(_: threading.Event) -> SandboxSession:
+            session: SandboxSession = cls._backend(task_name, resolved).session()
             try:
                 session.start()
             except BaseException:
@@ -218,8 +216,9 @@ class AdkSandboxEnvironment(SandboxEnvironment):
                 await run_blocking(_closer(backend), name="adk-sandbox-task-cleanup")
             else:
                 for session in backend.sessions():
+                    sandbox = getattr(session, "container_id", session.session_id)
                     print(
-                        f"adk-sandbox container left running: {session.container_id[:12]}; remove it with "
+                        f"adk-sandbox container left running: {sandbox[:12]}; remove it with "
                         f"`inspect sandbox cleanup adk-sandbox {session.session_id}`"
                     )
 
@@ -244,7 +243,7 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             print(f"removed adk-sandbox container {container}")
 
     @classmethod
-    def _backend(cls, task_name: str, config: AdkSandboxConfig) -> DockerBackend:
+    def _backend(cls, task_name: str, config: AdkSandboxConfig) -> SessionBackend[Any]:
         """The task's backend for ``config`` (created on first use: it connects and reaps leaks)."""
         key = (task_name, config.model_dump_json())
         with cls._backends_lock:
@@ -266,7 +265,9 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         """``inspect sandbox connect``: a ``docker exec`` shell in the sample's container, as its user."""
         if self._session.closed:
             raise ConnectionError("this sample's adk-sandbox container has been removed")
-        container = self._session.container_id
+        container = getattr(self._session, "container_id", None)
+        if not isinstance(container, str):
+            raise ConnectionError(f"a {self._session.name} session offers no interactive connection")
         who = await self._resolve_user(user) if user is not None else self._config.user
         if who is None:
             raise ConnectionError(f"user {user!r} is not in the container's /etc/passwd")
@@ -446,7 +447,7 @@ def _inspect_result(result: CoreExecResult, cmd: list[str], timeout: int | None)
     return ExecResult(status == 0, status, result.stdout, result.stderr)
 
 
-def _closer(backend: DockerBackend) -> Callable[[threading.Event], None]:
+def _closer(backend: SessionBackend[Any]) -> Callable[[threading.Event], None]:
     return lambda _: backend.close()
 
 

@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
@@ -28,7 +27,6 @@ import docker.errors
 from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backend import OutputCallback, SandboxSession
 from adk_sandbox.executor.backends.docker._container import (
     ContainerProvider,
     OomCounter,
@@ -47,8 +45,8 @@ from adk_sandbox.executor.backends.docker._spec import (
 )
 from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
-from adk_sandbox.executor.channel.files import SandboxFiles
 from adk_sandbox.executor.channel.probe import verify_from_inside
+from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import (
     CommandOutcome,
     CommandTransport,
@@ -64,7 +62,6 @@ from adk_sandbox.executor.errors import (
 from adk_sandbox.executor.types import (
     Capabilities,
     ExecRequest,
-    ExecResult,
     IsolationClass,
     Language,
     parse_user,
@@ -72,7 +69,7 @@ from adk_sandbox.executor.types import (
 from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
 from adk_sandbox.executor.workspace.bind import BindWorkspace
 from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB, MirrorWorkspace
-from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace, refusal_note
+from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace
 
 __all__ = ["TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
 
@@ -149,7 +146,7 @@ def container_user(user: str) -> str:
     return f"{uid}:{gid if gid is not None else uid}"
 
 
-class DockerSession(SandboxSession):
+class DockerSession(ChannelSession):
     """One container for the whole session: created at entry (or first use), reused, removed at close.
 
     Every command runs with a cleared environment (the image's own variables, then policy, then request
@@ -167,6 +164,11 @@ class DockerSession(SandboxSession):
     """
 
     name = "docker"
+    _GONE = "the sandbox container is gone; run a command to get a fresh one"
+    _NO_FILES = (
+        "file operations need the agent channel; this session uses the exec transport "
+        "(create the backend with DockerBackend(transport='agent'), the default)"
+    )
 
     def __init__(
         self,
@@ -219,30 +221,6 @@ class DockerSession(SandboxSession):
     def attached(self) -> bool:
         """True when this session uses an existing container it did not create (and will not remove)."""
         return self._provider.attached
-
-    @property
-    def files(self) -> SandboxFiles:
-        """File operations inside the container, as the command user (:mod:`.files`; agent channel only)."""
-        return SandboxFiles(self)
-
-    def file_operation(
-        self, request: dict[str, Any], data: bytes | None, *, deadline: float, max_output: int
-    ) -> tuple[dict[str, Any], bytes]:
-        """One FILE operation of the agent protocol, as the command user: the low level of :attr:`files`.
-
-        Returns the RESULT body and the bytes sent before it. :class:`InvalidRequestError` on the exec
-        transport (file operations need the agent channel).
-        """
-        self.start()
-        transport = self._transport
-        if transport is None:
-            raise SandboxFailedError("the sandbox container is gone; run a command to get a fresh one")
-        if not isinstance(transport, AgentTransport):
-            raise InvalidRequestError(
-                "file operations need the agent channel; this session uses the exec transport "
-                "(create the backend with DockerBackend(transport='agent'), the default)"
-            )
-        return transport.file_op(self._user, request, data, deadline=deadline, max_output=max_output)
 
     @property
     def channel(self) -> str:
@@ -489,16 +467,11 @@ class DockerSession(SandboxSession):
         )
         return capabilities.model_copy(update={"workspace": self.workspace_transport})
 
-    # -- commands ------------------------------------------------------------------------------------
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        """Run ``request`` in the session's container (see the class docstring)."""
-        argv = argv_for(request)
+    # -- commands (the body is ChannelSession.execute) -------------------------------------------------
+    def _command_user(self, requested: str | None) -> str:
+        return container_user(requested) if requested is not None else self._user
+
+    def _refuse(self, request: ExecRequest) -> None:
         container = self._opened()
         if request.background and self.channel != "agent":
             raise InvalidRequestError(EXEC_NO_BACKGROUND)
@@ -512,29 +485,20 @@ class DockerSession(SandboxSession):
                 f"ResourceLimits(memory_mb={request.memory_limit_mb})"
                 + (" or give the attached container that limit" if self.attached else "")
             )
-        started = time.monotonic()
-        self._check_cwd(request, container, started)
-        workspace = self._workspace
-        if workspace is not None:
-            workspace.before_command()
-        capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
-        outcome, oom_killed = self._run(request, argv, container, capture, started=started, cancel=cancel)
-        streams = capture.finish()
-        refused: list[str] = []
-        if self._workspace is not None:
-            refused = self._workspace.after_command()
-        killed = outcome.timed_out or outcome.cancelled or oom_killed
-        return ExecResult(
-            stdout=streams["stdout"].text,
-            stderr=streams["stderr"].text + refusal_note(refused),
-            exit_code=None if killed else outcome.exit_code,
-            timed_out=outcome.timed_out,
-            oom_killed=oom_killed,
-            cancelled=outcome.cancelled,
-            stdout_truncated=streams["stdout"].truncated,
-            stderr_truncated=streams["stderr"].truncated,
-            duration_ms=int((time.monotonic() - started) * 1000),
-        )
+
+    def _before_command(self, request: ExecRequest, started: float) -> None:
+        self._check_cwd(request, self._opened(), started)
+
+    def _run_command(
+        self,
+        request: ExecRequest,
+        argv: tuple[str, ...],
+        capture: OutputCapture,
+        *,
+        started: float,
+        cancel: threading.Event | None,
+    ) -> tuple[CommandOutcome, bool]:
+        return self._run(request, argv, self._opened(), capture, started=started, cancel=cancel)
 
     def _check_cwd(self, request: ExecRequest, container: OpenedContainer, started: float) -> None:
         """Refuse a cwd the command's user cannot enter (nothing of the command ran).
@@ -589,7 +553,7 @@ class DockerSession(SandboxSession):
         command = PreparedCommand(
             argv=argv,
             env=env,
-            user=container_user(request.user) if request.user is not None else self._user,
+            user=self._command_user(request.user),
             workdir=request.cwd if request.cwd is not None else container.workdir,
             stdin=request.stdin_bytes,
             marker=uuid.uuid4().hex,

@@ -25,11 +25,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from adk_sandbox.executor._env import build_child_env
-from adk_sandbox.executor._languages import LANGUAGES, request_argv
+from adk_sandbox.executor._languages import LANGUAGES
 from adk_sandbox.executor._layout import HOME_DIR
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor._owner import owner_labels
-from adk_sandbox.executor.backend import OutputCallback, SandboxSession, SessionBackend
+from adk_sandbox.executor.backend import SessionBackend
 from adk_sandbox.executor.backends.kubernetes._api import ClientApi, KubernetesApi
 from adk_sandbox.executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
 from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
@@ -49,7 +49,8 @@ from adk_sandbox.executor.backends.kubernetes._spec import (
 )
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.probe import verify_from_inside
-from adk_sandbox.executor.channel.transport import DEFAULT_PATH, PreparedCommand
+from adk_sandbox.executor.channel.session import ChannelSession
+from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome, PreparedCommand
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
@@ -57,9 +58,9 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
-from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, parse_user
+from adk_sandbox.executor.types import Capabilities, ExecRequest, Language, parse_user
 from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
-from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace, refusal_note
+from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace
 
 __all__ = ["KubernetesBackend", "KubernetesSession", "workspace_config"]
 
@@ -73,7 +74,7 @@ _PROBE_LANGUAGES = (
 )
 
 
-class KubernetesSession(SandboxSession):
+class KubernetesSession(ChannelSession):
     """One Pod for the whole session: created (or claimed) at entry, reused, deleted at close.
 
     Commands reach it through the agent channel over ``pods/exec`` (v5, else v4), as the Pod's user (an
@@ -90,6 +91,7 @@ class KubernetesSession(SandboxSession):
     """
 
     name = "kubernetes"
+    _GONE = "this Kubernetes session is closed"
 
     def __init__(
         self,
@@ -313,16 +315,11 @@ class KubernetesSession(SandboxSession):
             ).model_copy(update={"workspace": self.workspace_transport})
         return self._capabilities
 
-    # -- commands ------------------------------------------------------------------------------------
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        """Run ``request`` in the session's Pod (see the class docstring)."""
-        argv = request_argv(request, "kubernetes")
+    # -- commands (the body is ChannelSession.execute) -------------------------------------------------
+    def _command_user(self, requested: str | None) -> str:
+        return self._config.user  # an exec into a Pod runs as the Pod's user (others are refused)
+
+    def _refuse(self, request: ExecRequest) -> None:
         config = self._config
         if request.user is not None:
             uid, gid = parse_user(request.user)
@@ -338,43 +335,31 @@ class KubernetesSession(SandboxSession):
                 f"ResourceLimits(memory_mb={request.memory_limit_mb})"
             )
         self.start()
+        if self._transport is None:
+            raise SandboxFailedError("this Kubernetes session is closed")
+
+    def _run_command(
+        self,
+        request: ExecRequest,
+        argv: tuple[str, ...],
+        capture: OutputCapture,
+        *,
+        started: float,
+        cancel: threading.Event | None,
+    ) -> tuple[CommandOutcome, bool]:
         transport = self._transport
         if transport is None:
             raise SandboxFailedError("this Kubernetes session is closed")
-        started = time.monotonic()
         command = PreparedCommand(
             argv=argv,
             env=build_child_env(self._base_env, None, request.env),
-            user=config.user,
-            workdir=request.cwd if request.cwd is not None else config.workspace_path,
+            user=self._config.user,
+            workdir=request.cwd if request.cwd is not None else self._config.workspace_path,
             stdin=request.stdin_bytes,
             marker=uuid.uuid4().hex,
         )
-        capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
-        workspace = self._workspace
-        refused: list[str] = []
-        try:
-            if workspace is not None:
-                workspace.before_command()
-            outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
-            if workspace is not None:
-                refused = workspace.after_command()
-        except SandboxFailedError as exc:
-            raise self._explained(exc) from exc
-        streams = capture.finish()
-        oom_killed = bool(outcome.oom_kills)
-        killed = outcome.timed_out or outcome.cancelled or oom_killed
-        return ExecResult(
-            stdout=streams["stdout"].text,
-            stderr=streams["stderr"].text + refusal_note(refused),
-            exit_code=None if killed else outcome.exit_code,
-            timed_out=outcome.timed_out,
-            oom_killed=oom_killed,
-            cancelled=outcome.cancelled,
-            stdout_truncated=streams["stdout"].truncated,
-            stderr_truncated=streams["stderr"].truncated,
-            duration_ms=int((time.monotonic() - started) * 1000),
-        )
+        outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
+        return outcome, bool(outcome.oom_kills)
 
     def _explained(self, exc: SandboxFailedError) -> ExecutorError:
         """The agent channel broke: the Pod's status says why when the Pod itself failed."""
