@@ -139,27 +139,12 @@ class DockerBackend(SessionBackend[DockerSession]):
                 )
         super().__init__()
         self.config = config
-        """This backend's settings, as checked (built from the keyword options when no config was given)."""
-        self.image = config.image
-        self.limits = config.limits
-        self.runtime = config.runtime
-        self.network = config.network or config.policy.allow_network
-        self.user = config.user
-        self.container = config.container
-        self.policy = config.policy
-        self.lifetime_seconds = config.lifetime_seconds
-        self.transport = config.transport
-        """The command channel of this backend's sessions (``"agent"`` or ``"exec"``)."""
-        self.labels = config.labels
-        """The user labels of this backend's containers, validated."""
-        self.tmpfs = config.tmpfs
-        """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
+        """This backend's settings, as checked (built from the keyword options when no config was given).
+
+        The one copy of them: the attributes of the same names below read it, and every session's
+        :class:`SessionConfig` is made from it (:meth:`_session_config`)."""
         self.engine = resolve_engine(config.engine)
         """The Docker engine this backend's sessions run on."""
-        self.workspace_transport = config.workspace_transport
-        """How sessions' workspaces reach their containers, as asked: ``"auto"``, ``"bind"``, ``"mirror"``."""
-        self.mirror_size_mb = config.mirror_size_mb
-        """Size cap of a mirrored workspace's volume, in MiB."""
         self._client = connect(engine=self.engine)
         self.expect_image = config.pinned_image or _expected_on_remote(self.engine, config.image)
         """The image id sessions' containers must run (pinned) or are expected to (read from this machine)."""
@@ -177,6 +162,72 @@ class DockerBackend(SessionBackend[DockerSession]):
                 self._pool_member,
                 engine=self.engine.describe(),
             )
+
+    # -- the settings, read from self.config (never copied) --------------------------------------------
+    @property
+    def image(self) -> str:
+        """The image of this backend's containers (``config.image``)."""
+        return self.config.image
+
+    @property
+    def limits(self) -> ResourceLimits:
+        """The resource limits of this backend's containers (``config.limits``)."""
+        return self.config.limits
+
+    @property
+    def runtime(self) -> str | None:
+        """The OCI runtime (``"runsc"`` for gVisor; None: the engine's default)."""
+        return self.config.runtime
+
+    @property
+    def network(self) -> bool:
+        """Whether containers get a network: ``config.network``, or a policy that allows it."""
+        return self.config.network or self.config.policy.allow_network
+
+    @property
+    def user(self) -> str | None:
+        """``uid:gid`` commands run as (None: the owner of the workspace root)."""
+        return self.config.user
+
+    @property
+    def container(self) -> str | None:
+        """The existing container sessions attach to (None: each session creates its own)."""
+        return self.config.container
+
+    @property
+    def policy(self) -> SandboxPolicy:
+        """The sandbox policy: extra mounts, environment, network permission."""
+        return self.config.policy
+
+    @property
+    def lifetime_seconds(self) -> int:
+        """How long a container may live before any reaper removes it."""
+        return self.config.lifetime_seconds
+
+    @property
+    def transport(self) -> str:
+        """The command channel of this backend's sessions (``"agent"`` or ``"exec"``)."""
+        return self.config.transport
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        """The user labels of this backend's containers, validated."""
+        return self.config.labels
+
+    @property
+    def tmpfs(self) -> Mapping[str, int]:
+        """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
+        return self.config.tmpfs
+
+    @property
+    def workspace_transport(self) -> str:
+        """How sessions' workspaces reach their containers, as asked: ``"auto"``, ``"bind"``, ``"mirror"``."""
+        return self.config.workspace_transport
+
+    @property
+    def mirror_size_mb(self) -> int:
+        """Size cap of a mirrored workspace's volume, in MiB."""
+        return self.config.mirror_size_mb
 
     def _pool_member(self, config: SessionConfig, provider: ContainerProvider) -> DockerSession:
         return DockerSession(self._client, config, provider=provider)
