@@ -425,7 +425,7 @@ class Workspace:
           there, and the sandbox knows where its programs are and gives a writable HOME.
         * ``host_environment``: commands may be handed the host process's whole environment (only a plain
           host process). Only then does ``inherit_env`` pass all of ``os.environ``; elsewhere it would hand
-          every host secret to the sandbox (SPEC §4: they never enter a container), so only the variables
+          every host secret to the sandbox (they never enter a container), so only the variables
           named in ``env_allowlist`` pass, as without it.
 
         ``backend=None`` means the default host ``ProcessBackend``.

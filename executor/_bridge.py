@@ -1,6 +1,6 @@
 """The one sync-to-async bridge: every tool runs its blocking work through :func:`run_blocking`.
 
-``adk_sandbox.executor`` is synchronous (SPEC §1) and the tools are awaited from an agent's event loop, so
+``adk_sandbox.executor`` is synchronous and the tools are awaited from an agent's event loop, so
 each tool call hands its blocking work to a thread. Two properties decide how, and ``asyncio.to_thread`` has
 neither:
 

@@ -326,7 +326,7 @@ def _sandbox_result_json(result: ExecResult, isolation: str) -> dict[str, Any]:
 
 
 def code_result_json(result: RustResult) -> dict[str, Any]:
-    """The SPEC §5 JSON shape of a pipeline result; which keys appear depends on ``status``.
+    """The JSON shape of a pipeline result (docs/RUST_AND_WASM.md); which keys appear depends on ``status``.
 
     * ``success``: status, stdout, stderr, exit_code, duration_ms, output, diagnostics (warnings),
       truncated

@@ -1,4 +1,4 @@
-"""The Rust compile-run pipeline (SPEC §5): ``fn run(input: Value) -> Value`` snippets on any backend."""
+"""The Rust compile-run pipeline: ``fn run(input: Value) -> Value`` snippets on any backend."""
 
 from adk_sandbox.executor.rust.diagnostics import Diagnostic, DiagnosticChild, DiagnosticSpan
 from adk_sandbox.executor.rust.harness import validation_error, wrap_in_harness

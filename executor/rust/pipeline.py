@@ -79,7 +79,7 @@ an image without lld still links, with GNU ld."""
 RustStatus = Literal[
     "success", "compile_error", "runtime_error", "timeout", "memory_exceeded", "rejected", "error"
 ]
-"""The outcome of a snippet (SPEC §5)."""
+"""The outcome of a snippet (docs/RUST_AND_WASM.md)."""
 
 RustStage = Literal["check", "build", "run"]
 """The pipeline stage a timeout or memory exhaustion happened in."""

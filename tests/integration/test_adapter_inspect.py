@@ -56,7 +56,7 @@ KNOWN_FAILURES: dict[str, dict[str, str]] = {
     runtime: {
         "test_exec_as_user": (
             "adds a user with adduser as root: the base image has no adduser, and the sandbox's root "
-            "filesystem is read-only with every capability dropped (SPEC §4), so /etc/passwd cannot "
+            "filesystem is read-only with every capability dropped, so /etc/passwd cannot "
             "change; running as any existing user (user='root', a uid, a name) works"
         ),
     }

@@ -1,4 +1,4 @@
-"""devtools on Docker: host secrets never enter the container, also with ``inherit_env=True`` (SPEC §4).
+"""devtools on Docker: host secrets never enter the container, also with ``inherit_env=True``.
 Needs the real engine and base image.
 """
 

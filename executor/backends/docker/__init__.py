@@ -1,4 +1,4 @@
-"""The Docker backend: hardened per-session containers (SPEC §4)."""
+"""The Docker backend: hardened per-session containers (docs/DOCKER.md)."""
 
 from adk_sandbox.executor.backends.docker._reaper import cleanup_labelled, cleanup_session
 from adk_sandbox.executor.backends.docker.backend import DockerBackend

@@ -50,7 +50,7 @@ def _expected_on_remote(engine: Engine, image: str) -> ExpectedImage | None:
 
 
 class DockerBackend(SessionBackend[DockerSession]):
-    """Creates :class:`DockerSession` s: one hardened container per session (SPEC §4).
+    """Creates :class:`DockerSession` s: one hardened container per session (docs/DOCKER.md).
 
     >>> backend = DockerBackend()                                  # doctest: +SKIP
     >>> with backend.session(workspace="/path/to/repo") as session:  # doctest: +SKIP
@@ -69,7 +69,7 @@ class DockerBackend(SessionBackend[DockerSession]):
 
     name = "docker"
 
-    def __init__(  # noqa: PLR0917 - SPEC §4 gives these in this order
+    def __init__(  # noqa: PLR0917 - positional order kept for callers
         self,
         image: str = BASE_IMAGE,
         limits: ResourceLimits | None = None,
