@@ -295,7 +295,7 @@ def extra_tmpfs_options(size_mb: int) -> str:
 
 
 def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
-    """Keyword arguments for docker-py's ``create_host_config`` (the hardened defaults, docs/docker/hardening.md)."""
+    """Keyword arguments for docker-py's ``create_host_config``: the hardened defaults (docs/docker/)."""
     mounts = []
     if spec.workspace and spec.mirror is not None:
         mounts.append(spec.mirror.mount(spec.workspace))
