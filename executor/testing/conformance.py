@@ -265,6 +265,16 @@ def _refused_or_ran(context: _Context, request: ExecRequest, marker: str) -> Exe
         raise
 
 
+def _background(marker: str) -> ExecRequest:
+    """A command leaving ``sleep <marker>`` running, asking (``background=True``) that it be kept."""
+    return ExecRequest(
+        language=Language.COMMAND,
+        code=f"sleep {marker} >/dev/null 2>&1 & echo started",
+        background=True,
+        timeout=_QUICK,
+    )
+
+
 @dataclass(frozen=True)
 class _Needs:
     """What a check needs of a target to apply."""
@@ -605,6 +615,26 @@ class ConformanceSuite:
             "ADK_CONFORMANCE_GIVEN=given" in result.stdout.splitlines(), "the request's env did not arrive"
         )
 
+    @_check(sh=True)
+    def test_background(self, conformance: _Context) -> None:
+        """``background=True`` keeps what the command leaves running, or is refused with nothing run.
+
+        Refused means ``InvalidRequestError``; never accepted and then killed at the command's exit.
+        """
+        marker = _marker()
+        try:
+            result = conformance.run(_background(marker))
+        except InvalidRequestError:
+            alive = conformance.survivors(marker)
+            _expect(not alive, f"background=True was refused, yet the command ran: {alive}")
+            return
+        _expect(result.stdout == "started\n", f"the command failed: {_shown(result)}")
+        time.sleep(0.5)  # what is killed at a command's exit is gone by now
+        _expect(
+            bool(conformance.survivors(marker)),
+            "background=True was accepted, but what the command left running was killed at its exit",
+        )
+
     # -- files ----------------------------------------------------------------------------------------
 
     @_check(files=True)
@@ -743,25 +773,15 @@ class ConformanceSuite:
             raise TypeError(f"{factory!r} opens no sessions")
         marker = _marker()
         session = factory.session()
-        kept = False
         with session:
-            try:
-                started = session.execute(
-                    ExecRequest(
-                        language=Language.COMMAND,
-                        code=f"sleep {marker} >/dev/null 2>&1 &",
-                        background=True,
-                        timeout=_QUICK,
-                    )
-                )
-                kept = started.exit_code == 0
-            except InvalidRequestError:  # no background commands here: nothing is kept anyway
-                started = conformance.sh("true", backend=session)
+            if conformance.target.shell:  # something to kill: what background=True keeps, where it does
+                try:
+                    started = session.execute(_background(marker))
+                except InvalidRequestError:
+                    started = conformance.sh("true", backend=session)
+            else:
+                started = conformance.run(conformance.program(lambda p: p.results(0)), backend=session)
             _expect(started.exit_code == 0, f"a command in a fresh session failed: {_shown(started)}")
-            if kept:
-                _expect(
-                    bool(conformance.survivors(marker, backend=session)), "a background command was not kept"
-                )
         if isinstance(session, SandboxSession):
             _expect(session.closed, "the session does not say it is closed")
         refused = False
