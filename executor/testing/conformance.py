@@ -149,7 +149,31 @@ class _Context:
         cancel: threading.Event | None = None,
         backend: SandboxBackend | None = None,
     ) -> ExecResult:
-        return (backend or self.backend).execute(request, on_output, cancel=cancel)
+        """Run ``request``; a backend that does not come back in time fails the check instead of hanging it.
+
+        ``execute`` runs in a thread of its own (left behind if it never returns); its exception is raised.
+        """
+        runner = backend or self.backend
+        results: list[ExecResult] = []
+        failures: list[BaseException] = []
+
+        def execute() -> None:
+            try:
+                results.append(runner.execute(request, on_output, cancel=cancel))
+            except BaseException as exc:  # raised again in the check's thread
+                failures.append(exc)
+
+        worker = threading.Thread(target=execute, name="adk-conformance-execute", daemon=True)
+        worker.start()
+        worker.join(request.timeout + _KILL_SLACK)
+        if worker.is_alive():
+            raise AssertionError(
+                f"execute() did not come back within {_KILL_SLACK:.0f} s of the request's timeout "
+                f"({request.timeout} s): the backend ignores the timeout, or hangs"
+            )
+        if failures:
+            raise failures[0]
+        return results[0]
 
     def sh(self, code: str, *, backend: SandboxBackend | None = None, **fields: Any) -> ExecResult:
         fields.setdefault("timeout", _QUICK)
