@@ -477,7 +477,7 @@ class ConformanceSuite:
     def test_leftovers_die_at_exit(self, conformance: _Context) -> None:
         """What a command leaves running in the background dies when it exits."""
         marker = _marker()
-        result = conformance.sh(f"(sleep {marker}) & sleep {marker} & echo done")
+        result = conformance.sh(f"(sleep {marker}) & (sleep {marker} &); sleep {marker} & echo done")
         _expect((result.exit_code, result.stdout) == (0, "done\n"), f"the command failed: {_shown(result)}")
         conformance.expect_gone(marker, what="background processes of a command that exited are")
 
