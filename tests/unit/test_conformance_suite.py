@@ -20,8 +20,8 @@ import os
 
 import pytest
 
-from adk_sandbox.executor import PolicyNotEnforceableError, ProcessBackend, SandboxFailedError
-from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
+from adk_sandbox.executor import Language, PolicyNotEnforceableError, ProcessBackend, SandboxFailedError
+from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, FakeBackend, KnownDifference
 
 
 class LeaksHostEnvironment(ProcessBackend):
@@ -61,6 +61,11 @@ class KillsOnlyTheShell(ProcessBackend):
         if request.code is not None and request.language == "command":
             request = request.model_copy(update={"code": f"setsid sh -c {request.code!r}"})
         return super().execute(request, on_output, cancel=cancel)
+
+
+def RunsNothing(workdir):
+    """The shipped fake, as if it were a backend: it answers every command with nothing, exit 0."""
+    return FakeBackend(languages=[Language.COMMAND])
 
 
 def target(backend, tmp_path_factory, **known):
@@ -168,6 +173,14 @@ def test_an_ignored_output_cap_is_caught(pytester: pytest.Pytester) -> None:
 def test_a_failed_command_raised_as_an_exception_is_caught(pytester: pytest.Pytester) -> None:
     assert run_checks(pytester, "RaisesOnAFailedCommand", "results") == {"results": "failed"}
     assert "SandboxFailedError: the command failed with 3" in WHY["results"]
+
+
+def test_a_fake_that_runs_nothing_is_caught(pytester: pytest.Pytester) -> None:
+    assert run_checks(pytester, "RunsNothing", "results", "stdin_bytes") == {
+        "results": "failed",
+        "stdin_bytes": "failed",
+    }
+    assert "expected stdout 'out\\n', stderr 'err\\n', exit 3" in WHY["results"]
 
 
 def test_a_capability_claimed_but_not_enforced_is_caught(pytester: pytest.Pytester) -> None:
