@@ -22,13 +22,10 @@ import pytest
 from adk_sandbox.executor import (
     BackendUnavailableError,
     BubblewrapEnforcer,
-    Capabilities,
     EnforcerUnavailableError,
-    Language,
     get_enforcer,
 )
 from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend
-from adk_sandbox.executor.testing import container_capabilities
 
 IN_CI = bool(os.environ.get("CI"))
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -172,8 +169,3 @@ def containers_mounting(client: docker.DockerClient, path: Path) -> list[str]:
         for c in client.containers.list(all=True, sparse=True, filters={"label": "io.adk-sandbox.project"})
         if any(m.get("Source") == str(path) for m in c.attrs.get("Mounts") or [])
     ]
-
-
-def full_container_capabilities(*languages: Language) -> Capabilities:
-    """What a fully enforcing container backend reports: for fake backends in unit tests of logic."""
-    return container_capabilities(*languages)

@@ -1,6 +1,7 @@
 """The conformance a remote engine owes (issue 13, "On that engine over TLS and over ssh"): the mirror
 suite (round trips, 10k files, hostile pull-back, the disk bomb at the cap), the whole tree-kill matrix
-over ssh, and gVisor registered on the remote engine (both ways; its tree kill too).
+over ssh, gVisor registered on the remote engine (both ways; its tree kill too), and the backends'
+conformance suite (``adk_sandbox.testing``) on a session over TLS with a mirrored workspace.
 
 The engine is the private ``dockerd`` of :mod:`tests.integration.private_engine`, started for this module
 (the fixtures are those of :mod:`tests.integration.test_docker_remote_engine`): in a mount namespace of its
@@ -22,6 +23,8 @@ import pytest
 from adk_sandbox.executor import ExecRequest, IsolationClass
 from adk_sandbox.executor.backends.docker import DockerBackend, Engine
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.testing import ConformanceSuite, ConformanceTarget
+from tests.conformance.docker_targets import LIMITS, containers_left
 from tests.integration.private_engine import PrivateEngine, PrivateSshd
 from tests.integration.test_docker_mirror import (
     Mirrored,
@@ -140,3 +143,23 @@ def test_gvisor_on_a_remote_engine_is_reported_from_its_inspect(
 def test_tree_kill_matrix_under_gvisor_on_a_remote_engine(gvisor_backend: DockerBackend, ending: str) -> None:
     with gvisor_backend.session() as session:
         check_tree_kill(gvisor_backend, session, ending)
+
+
+@pytest.fixture(scope="module")
+def conformance_target(remote: PrivateEngine, hidden: Path) -> Iterator[ConformanceTarget]:
+    """A backend on the remote engine over TLS; the shared session's workspace (uid 1000's) is mirrored."""
+    workspace = hidden / "conformance-suite"
+    workspace.mkdir()
+    os.chown(workspace, 1000, 1000)
+    with DockerBackend(engine=remote.engine(), limits=LIMITS) as backend:
+        yield ConformanceTarget(
+            backend,
+            workspace=workspace,
+            memory_limit_mb=LIMITS.memory_mb,
+            pids_limit=LIMITS.pids,
+            leftovers=containers_left(backend._client),
+        )
+
+
+class TestRemoteEngineConformance(ConformanceSuite):
+    """Every check of the suite on a session of the remote engine."""

@@ -7,7 +7,6 @@ configuration, so they are tested here as a table; the integration tests assert 
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -15,19 +14,16 @@ import pytest
 from adk_sandbox.executor import (
     BubblewrapEnforcer,
     Capabilities,
-    ExecRequest,
-    ExecResult,
     IsolationClass,
     Language,
-    OutputCallback,
     ProcessBackend,
-    SandboxBackend,
     SandboxPolicy,
     SandboxPolicyBuilder,
 )
 from adk_sandbox.executor.backends.docker._spec import capabilities_from_inspect
 from adk_sandbox.executor.rust import CONTAINER_DEPS_DIR, CONTAINER_WORK_DIR, RustExecutor
-from tests.conftest import full_container_capabilities, require
+from adk_sandbox.testing import FakeBackend, container_capabilities
+from tests.conftest import require
 
 
 def _spawn() -> SandboxPolicyBuilder:
@@ -87,31 +83,15 @@ def test_a_container_sees_no_host_state_also_with_extra_host_mounts() -> None:
 
 
 def test_the_facts_default_to_false_so_older_constructors_keep_working() -> None:
-    assert _facts(full_container_capabilities(Language.COMMAND)) == (False, False, False)
+    assert _facts(container_capabilities(Language.COMMAND)) == (False, False, False)
 
 
-class Reporting(SandboxBackend):
-    """Reports the given capabilities; the executor's constructor runs nothing."""
-
-    name = "reporting"
-
-    def __init__(self, capabilities: Capabilities) -> None:
-        self._capabilities = capabilities
-
-    def capabilities(self) -> Capabilities:
-        return self._capabilities
-
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        raise AssertionError("not run in this test")
+def reporting(capabilities: Capabilities) -> FakeBackend:
+    """The shipped fake reporting ``capabilities``; the executor's constructor runs nothing."""
+    return FakeBackend(capabilities=capabilities, error=AssertionError("not run in this test"))
 
 
-CONTAINER = full_container_capabilities(Language.COMMAND)
+CONTAINER = container_capabilities(Language.COMMAND)
 LOW_RANK = CONTAINER.model_copy(update={"isolation": IsolationClass.SUBPROCESS_ONLY})
 
 
@@ -132,7 +112,7 @@ LOW_RANK = CONTAINER.model_copy(update={"isolation": IsolationClass.SUBPROCESS_O
 def test_the_rust_layout_follows_host_programs_not_the_rank(
     capabilities: Capabilities, image_layout: bool
 ) -> None:
-    with RustExecutor(Reporting(capabilities)) as executor:
+    with RustExecutor(reporting(capabilities)) as executor:
         if image_layout:
             assert (executor.work_dir, executor.deps_dir) == (CONTAINER_WORK_DIR, CONTAINER_DEPS_DIR)
         else:

@@ -5,48 +5,21 @@ backend is a fake that only reports capabilities; the real Docker case is in the
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
 
 from adk_sandbox.devtools import Workspace
-from adk_sandbox.executor import (
-    Capabilities,
-    ExecRequest,
-    ExecResult,
-    IsolationClass,
-    Language,
-    OutputCallback,
-    SandboxBackend,
-)
-from tests.conftest import full_container_capabilities
+from adk_sandbox.executor import Capabilities, IsolationClass, Language
+from adk_sandbox.testing import FakeBackend, container_capabilities
 
 
-class ReportingBackend(SandboxBackend):
-    """Reports the given capabilities and counts how often it was asked; never runs anything."""
-
-    name = "reporting"
-
-    def __init__(self, capabilities: Capabilities) -> None:
-        self._capabilities = capabilities
-        self.asked = 0
-
-    def capabilities(self) -> Capabilities:
-        self.asked += 1
-        return self._capabilities
-
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        raise AssertionError("not run in this test")
+def reporting(capabilities: Capabilities) -> FakeBackend:
+    """The shipped fake reporting ``capabilities`` (it counts the asks) and refusing to run anything."""
+    return FakeBackend(capabilities=capabilities, error=AssertionError("not run in this test"))
 
 
-CONTAINER = full_container_capabilities(Language.COMMAND)  # host_filesystem, host_environment: False
+CONTAINER = container_capabilities(Language.COMMAND)  # host_filesystem, host_environment: False
 # Reporting isolation "container" while seeing the host's filesystem and environment, to show that the
 # decision follows the two host_* fields, not the isolation class.
 HOST_PROCESS = CONTAINER.model_copy(update={"host_filesystem": True, "host_environment": True})
@@ -81,7 +54,7 @@ def host_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_sandbox_with_its_own_filesystem_gets_only_the_allowlist_minus_host_paths(
     tmp_path: Path, inherit: bool, capabilities: Capabilities
 ) -> None:
-    backend = ReportingBackend(capabilities)
+    backend = reporting(capabilities)
     with Workspace(tmp_path, inherit_env=inherit, sandbox=backend) as ws:
         assert ws.command_env(backend) == {"LANG": "C.UTF-8", "TERM": "xterm"}
     with Workspace(
@@ -92,7 +65,7 @@ def test_a_sandbox_with_its_own_filesystem_gets_only_the_allowlist_minus_host_pa
 
 @pytest.mark.usefixtures("host_env")
 def test_a_backend_on_the_host_filesystem_gets_the_allowlist_or_everything(tmp_path: Path) -> None:
-    backend = ReportingBackend(HOST_PROCESS)
+    backend = reporting(HOST_PROCESS)
     with Workspace(tmp_path, sandbox=backend) as ws:
         env = ws.command_env(backend)
         assert env["PATH"] == "/host/bin" and env["HOME"] == "/home/host"
@@ -130,7 +103,7 @@ SAFE = {"LANG": "C.UTF-8", "TERM": "xterm"}
 def test_the_environment_follows_host_filesystem_and_host_environment(
     tmp_path: Path, capabilities: Capabilities, inherit: bool, expected: dict[str, str] | str
 ) -> None:
-    backend = ReportingBackend(capabilities)
+    backend = reporting(capabilities)
     with Workspace(tmp_path, inherit_env=inherit, sandbox=backend) as ws:
         env = ws.command_env(backend)
     if expected == "everything":
@@ -140,8 +113,8 @@ def test_the_environment_follows_host_filesystem_and_host_environment(
 
 
 def test_the_backend_is_asked_once(tmp_path: Path) -> None:
-    backend = ReportingBackend(CONTAINER)
+    backend = reporting(CONTAINER)
     with Workspace(tmp_path, sandbox=backend) as ws:
         for _ in range(3):
             ws.command_env(backend)
-    assert backend.asked == 1
+    assert backend.capabilities_asked == 1

@@ -1,4 +1,5 @@
-"""The warm pool's logic (limits, failures, health, close) with fake sessions and a fake engine client.
+"""The warm pool's logic (limits, failures, health, close) with fake sessions (the shipped FakeSession, as
+pool members) and a fake engine client.
 
 The real engine's side (never reused, refills, kills from outside, leaks) is
 tests/integration/test_docker_pool.py; these pin what is hard to provoke there: a removal that hangs, a
@@ -23,48 +24,52 @@ from adk_sandbox.executor.backends.docker._container import ContainerProvider
 from adk_sandbox.executor.backends.docker._spec import ContainerSpec
 from adk_sandbox.executor.backends.docker.pool import PoolConfig, SessionPool
 from adk_sandbox.executor.backends.docker.session import SessionConfig
+from adk_sandbox.testing import FakeSession
 
 CONFIG = SessionConfig(spec=ContainerSpec(image="img", limits=ResourceLimits()), user=None, policy_env={})
 
 
-class FakeSession:
-    """A pool member: started, pinged and closed (closing hands its container to the provider)."""
+class PoolMember(FakeSession):
+    """A pool member: the shipped fake session, plus what the pool asks of a DockerSession besides.
+
+    Its start waits for the maker's gate and fails with the maker's ``fail``; ``ping`` answers ``alive``;
+    closing hands its container to the provider (and removes a copy's directory, as a DockerSession does).
+    """
 
     def __init__(self, maker: Maker, config: SessionConfig, provider: ContainerProvider) -> None:
+        super().__init__(session_id=uuid.uuid4().hex[:12], workspace=config.spec.workspace)
         self._maker = maker
         self.config = config
         self._provider = provider
-        self.session_id = uuid.uuid4().hex[:12]
         self.alive = True
-        self.closed = False
 
     def start(self) -> None:
         self._maker.started.wait()
-        if self._maker.fail is not None:
-            raise self._maker.fail
+        self.start_error = self._maker.fail
+        super().start()
 
     def ping(self, timeout: float) -> bool:
         return self.alive
 
     def close(self) -> None:
         if not self.closed:
-            self.closed = True
+            super().close()
             self._provider.remove(f"container-{self.session_id}")
-            if self.config.workspace_is_copy and self.config.spec.workspace:  # as a DockerSession does
+            if self.config.workspace_is_copy and self.config.spec.workspace:
                 shutil.rmtree(self.config.spec.workspace)
 
 
 class Maker:
-    """Makes :class:`FakeSession` s; ``started`` gates their start, ``fail`` makes it raise."""
+    """Makes :class:`PoolMember` s; ``started`` gates their start, ``fail`` makes it raise."""
 
     def __init__(self) -> None:
-        self.made: list[FakeSession] = []
+        self.made: list[PoolMember] = []
         self.started = threading.Event()
         self.started.set()
         self.fail: Exception | None = None
 
     def __call__(self, config: SessionConfig, provider: ContainerProvider) -> Any:
-        session = FakeSession(self, config, provider)
+        session = PoolMember(self, config, provider)
         self.made.append(session)
         return session
 

@@ -23,7 +23,7 @@ from adk_sandbox.executor import (
 )
 from adk_sandbox.executor.rust import CONTAINER_DEPS_DIR, CONTAINER_WORK_DIR, RustExecutor, RustExecutorConfig
 from adk_sandbox.executor.rust.pipeline import _LLD_PROBE
-from tests.conftest import full_container_capabilities
+from adk_sandbox.testing import container_capabilities
 
 METADATA = json.dumps({"$message_type": "artifact", "artifact": "./libmain.rmeta", "emit": "metadata"})
 LINK = json.dumps({"$message_type": "artifact", "artifact": "./main", "emit": "link"})
@@ -43,7 +43,7 @@ class ScriptedContainer(SandboxBackend):
         self.requests: list[ExecRequest] = []
 
     def capabilities(self) -> Capabilities:
-        return full_container_capabilities(Language.COMMAND)
+        return container_capabilities(Language.COMMAND)
 
     def execute(
         self,

@@ -1,71 +1,31 @@
 """``adk_sandbox.executor.backend.SessionBackend``: what a session-opening backend holds, runs and remembers
-(fakes only: the bookkeeping; the Docker and Kubernetes backends built on it are tested against their
-engines)."""
+(with the shipped FakeSession: the bookkeeping; the Docker and Kubernetes backends built on it are tested
+against their engines)."""
 
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
-from adk_sandbox.executor import (
-    Capabilities,
-    ExecRequest,
-    ExecResult,
-    Language,
-    OutputCallback,
-    SandboxFailedError,
-)
-from adk_sandbox.executor.backend import SandboxSession, SessionBackend
-from tests.conftest import full_container_capabilities
+from adk_sandbox.executor import Capabilities, ExecRequest, Language, SandboxFailedError
+from adk_sandbox.executor.backend import SessionBackend
+from adk_sandbox.testing import FakeSession, container_capabilities
 
 
-class Session(SandboxSession):
-    name = "fake-session"
+class Backend(SessionBackend[FakeSession]):
+    """A SessionBackend opening the shipped FakeSessions ``s0``, ``s1``, ... (each answers its own id)."""
 
-    def __init__(self, number: int) -> None:
-        self.number = number
-        self.started = 0
-        self.commands: list[ExecRequest] = []
-
-    @property
-    def session_id(self) -> str:
-        return f"s{self.number}"
-
-    def start(self) -> None:
-        if self._closed:
-            raise SandboxFailedError("this fake session is closed")
-        self.started += 1
-
-    def capabilities(self) -> Capabilities:
-        return full_container_capabilities(Language.COMMAND)
-
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        self.start()
-        self.commands.append(request)
-        return ExecResult(stdout=self.session_id, stderr="", exit_code=0, duration_ms=1)
-
-    def close(self) -> None:
-        self._closed = True
-
-
-class Backend(SessionBackend[Session]):
     name = "fake"
 
     def __init__(self) -> None:
         super().__init__()
-        self.opened: list[Session] = []
+        self.opened: list[FakeSession] = []
         self.probes = 0
 
-    def session(self, workspace: str | os.PathLike[str] | None = None) -> Session:
-        session = Session(len(self.opened))
+    def session(self, workspace: str | os.PathLike[str] | None = None) -> FakeSession:
+        name = f"s{len(self.opened)}"
+        session = FakeSession(stdout=name, session_id=name, languages=[Language.COMMAND], workspace=workspace)
         self.opened.append(session)
         return self._track(session)
 
@@ -103,7 +63,7 @@ def test_execute_runs_each_request_in_a_fresh_session_that_it_closes() -> None:
     assert backend.execute(REQUEST).stdout == "s0"
     assert backend.execute(REQUEST).stdout == "s1"
     assert [s.closed for s in backend.opened] == [True, True]
-    assert [len(s.commands) for s in backend.opened] == [1, 1]
+    assert [len(s.requests) for s in backend.opened] == [1, 1]
 
 
 def test_close_closes_what_the_caller_left_open_and_a_closed_session_refuses() -> None:
@@ -119,7 +79,7 @@ def test_close_closes_what_the_caller_left_open_and_a_closed_session_refuses() -
 
 def test_capabilities_are_probed_once() -> None:
     backend = Backend()
-    assert backend.capabilities() == backend.capabilities() == full_container_capabilities(Language.COMMAND)
+    assert backend.capabilities() == backend.capabilities() == container_capabilities(Language.COMMAND)
     assert backend.probes == 1
     assert backend.isolation() is backend.capabilities().isolation
     assert [s.closed for s in backend.opened] == [True]  # the probe session was closed
@@ -127,4 +87,4 @@ def test_capabilities_are_probed_once() -> None:
 
 def test_entering_a_session_starts_it() -> None:
     with Backend().session() as session:
-        assert session.started == 1
+        assert session.started and session.start_calls == 1
