@@ -39,6 +39,9 @@ from adk_sandbox.executor.workspace.synced import SyncedWorkspace, refusal_note
 
 __all__ = ["ChannelSession"]
 
+# Enters the requested cwd as the command's user, before the command: a cwd it cannot enter is refused.
+_PROBE_CWD = 'cd -- "$1" 2>&1'
+
 
 class ChannelSession(SandboxSession):
     """A session whose commands run through a :class:`CommandTransport` in one sandbox (see the module).
@@ -54,13 +57,23 @@ class ChannelSession(SandboxSession):
     #: Said when a file operation finds the session's commands on another transport than the agent channel.
     _NO_FILES: ClassVar[str] = "file operations need the agent channel; this session does not use it"
 
+    #: How messages name the sandbox ("the Docker session's container").
+    _WHERE: ClassVar[str] = "the session's sandbox"
+    #: (sandbox id, user) pairs known to enter the default working directory (see :meth:`_check_cwd`).
+    _enterable: set[tuple[str, str]]
+
     # -- the engine's parts ---------------------------------------------------------------------------
     @abstractmethod
     def _refuse(self, request: ExecRequest) -> None:
         """Raise for a request this sandbox cannot honour (nothing ran); start the sandbox."""
 
+    @abstractmethod
+    def _working_directory(self) -> tuple[str, str]:
+        """The started sandbox's id and its default working directory (for :meth:`_check_cwd`)."""
+
     def _before_command(self, request: ExecRequest, started: float) -> None:
-        """Checks that need the started sandbox, before the workspace syncs in (default: none)."""
+        """Checks that need the started sandbox, before the workspace syncs in: the cwd can be entered."""
+        self._check_cwd(request, started)
 
     @abstractmethod
     def _run_command(
@@ -123,6 +136,46 @@ class ChannelSession(SandboxSession):
             stderr_truncated=streams["stderr"].truncated,
             duration_ms=int((time.monotonic() - started) * 1000),
         )
+
+    def _check_cwd(self, request: ExecRequest, started: float) -> None:
+        """Refuse a cwd the command's user cannot enter (nothing of the command ran).
+
+        Asked of the sandbox before the command for every explicit ``cwd``, and once per user for the
+        default working directory when another user than the session's runs the call (the workspace
+        root may be closed to it). Without this the program would fail to start with a misleading
+        "Permission denied" or "No such file" about itself.
+        """
+        user = self._command_user(request.user)
+        if request.cwd is None and user == self._command_user(None):
+            return
+        sandbox, workdir = self._working_directory()
+        cwd = request.cwd if request.cwd is not None else workdir
+        known = (sandbox, user)
+        if request.cwd is None and known in self._enterable:
+            return
+        # Started in "/", which every user can enter (the workspace root may be closed to this user).
+        probe = ExecRequest(argv=("/bin/sh", "-c", _PROBE_CWD, "adk-sandbox-cwd", cwd), cwd="/",
+                            user=user, timeout=request.timeout)  # fmt: skip
+        capture = OutputCapture(4096)
+        outcome, _ = self._run_command(probe, probe.argv or (), capture, started=started, cancel=None)
+        if outcome.timed_out:
+            return  # the call's time ran out during the check: the command then times out, a result
+        if outcome.exit_code != 0:
+            streams = capture.finish()
+            why = (
+                streams["stdout"].text + streams["stderr"].text
+            ).strip() or f"exit status {outcome.exit_code}"
+            if request.cwd is None:
+                raise InvalidRequestError(
+                    f"user {user} cannot enter the session's working directory {cwd!r} in {self._WHERE} "
+                    f"({why}); nothing ran. Give a cwd this user can enter"
+                )
+            raise InvalidRequestError(
+                f"cwd {cwd!r} is not a directory the command can enter in {self._WHERE} ({why}); "
+                "nothing ran. Create it first or give another cwd"
+            )
+        if request.cwd is None:
+            self._enterable.add(known)
 
     # -- files ----------------------------------------------------------------------------------------
     @property

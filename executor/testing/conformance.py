@@ -360,11 +360,11 @@ class ConformanceSuite:
         outside = tmp_path_factory.mktemp("conformance-outside")
         with contextlib.ExitStack() as stack:
             sandbox = target.sandbox
-            if isinstance(sandbox, SessionFactory):
-                session = sandbox.session(workspace=target.workspace)
-                backend = stack.enter_context(session)
-            else:
-                backend = sandbox
+            backend: SandboxBackend = (
+                stack.enter_context(sandbox.session(workspace=target.workspace))
+                if isinstance(sandbox, SessionFactory)
+                else sandbox
+            )
             yield _Context(target, backend, backend.capabilities(), outside)
 
     @pytest.fixture(autouse=True)

@@ -52,16 +52,6 @@ def conformance_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Con
             memory_limit_mb=MEMORY_MB,
             leftovers=pods_left(api),
             known_differences={
-                "background": KnownDifference(
-                    "background=True is accepted and ignored: what the command left running is killed at "
-                    "its exit (the README says every backend but a Docker agent session refuses the flag)",
-                    raises=AssertionError,
-                ),
-                "cwd": KnownDifference(
-                    "a cwd the command cannot enter is not refused with InvalidRequestError: the command "
-                    "ends with exit 127 and '/bin/sh: No such file or directory' (nothing of it ran)",
-                    raises=AssertionError,
-                ),
                 "user_other": KnownDifference(
                     "a pods/exec cannot choose the user: commands run as the Pod's user "
                     "(KubernetesConfig(user=...)), another one is refused",

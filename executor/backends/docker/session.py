@@ -83,8 +83,6 @@ _PROGRAM_LANGUAGES = {
 _PROBE_LANGUAGES = (
     f"for p in {' '.join(_PROGRAM_LANGUAGES)}; do command -v $p >/dev/null 2>&1 && echo $p; done"
 )
-# Enters the requested cwd as the command's user, before the command: a cwd it cannot enter is refused.
-_PROBE_CWD = 'cd -- "$1" 2>&1'
 
 #: Makes the transport of one container: (client, container id, called with why when an agent restarts).
 TransportFactory = Callable[[docker.DockerClient, str, Callable[[str], None]], CommandTransport]
@@ -165,6 +163,7 @@ class DockerSession(ChannelSession):
 
     name = "docker"
     _GONE = "the sandbox container is gone; run a command to get a fresh one"
+    _WHERE = "the Docker session's container"
     _NO_FILES = (
         "file operations need the agent channel; this session uses the exec transport "
         "(create the backend with DockerBackend(transport='agent'), the default)"
@@ -486,8 +485,9 @@ class DockerSession(ChannelSession):
                 + (" or give the attached container that limit" if self.attached else "")
             )
 
-    def _before_command(self, request: ExecRequest, started: float) -> None:
-        self._check_cwd(request, self._opened(), started)
+    def _working_directory(self) -> tuple[str, str]:
+        container = self._opened()
+        return container.id, container.workdir
 
     def _run_command(
         self,
@@ -499,45 +499,6 @@ class DockerSession(ChannelSession):
         cancel: threading.Event | None,
     ) -> tuple[CommandOutcome, bool]:
         return self._run(request, argv, self._opened(), capture, started=started, cancel=cancel)
-
-    def _check_cwd(self, request: ExecRequest, container: OpenedContainer, started: float) -> None:
-        """Refuse a cwd the command's user cannot enter (nothing of the command ran).
-
-        Asked of the container before the command for every explicit ``cwd``, and once per user for the
-        default working directory when another user than the session's runs the call (the workspace
-        root may be closed to it). Without this the program would fail to start with a misleading
-        "Permission denied" or "No such file" about itself.
-        """
-        user = container_user(request.user) if request.user is not None else self._user
-        if request.cwd is None and user == self._user:
-            return
-        cwd = request.cwd if request.cwd is not None else container.workdir
-        known = (container.id, user)
-        if request.cwd is None and known in self._enterable:
-            return
-        # Started in "/", which every user can enter (the workspace root may be closed to this user).
-        probe = ExecRequest(argv=("/bin/sh", "-c", _PROBE_CWD, "adk-sandbox-cwd", cwd), cwd="/",
-                            user=user, timeout=request.timeout)  # fmt: skip
-        capture = OutputCapture(4096)
-        outcome, _ = self._run(probe, probe.argv or (), container, capture, started=started, cancel=None)
-        if outcome.timed_out:
-            return  # the call's time ran out during the check: the command then times out, a result
-        if outcome.exit_code != 0:
-            streams = capture.finish()
-            why = (
-                streams["stdout"].text + streams["stderr"].text
-            ).strip() or f"exit status {outcome.exit_code}"
-            if request.cwd is None:
-                raise InvalidRequestError(
-                    f"user {user} cannot enter the session's working directory {cwd!r} in the Docker "
-                    f"session's container ({why}); nothing ran. Give a cwd this user can enter"
-                )
-            raise InvalidRequestError(
-                f"cwd {cwd!r} is not a directory the command can enter in the Docker session's "
-                f"container ({why}); nothing ran. Create it first or give another cwd"
-            )
-        if request.cwd is None:
-            self._enterable.add(known)
 
     def _run(
         self,

@@ -92,6 +92,7 @@ class KubernetesSession(ChannelSession):
 
     name = "kubernetes"
     _GONE = "this Kubernetes session is closed"
+    _WHERE = "the Kubernetes session's Pod"
 
     def __init__(
         self,
@@ -122,6 +123,7 @@ class KubernetesSession(ChannelSession):
         self._capabilities: Capabilities | None = None
         self._network_denied = False
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
+        self._enterable: set[tuple[str, str]] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------------
     @property
@@ -334,9 +336,17 @@ class KubernetesSession(ChannelSession):
                 f"({config.limits.memory_mb} MiB), which is the only one enforced; use "
                 f"ResourceLimits(memory_mb={request.memory_limit_mb})"
             )
+        if request.background:
+            raise InvalidRequestError(
+                "background=True is for Docker sessions on the agent channel; a Kubernetes session kills "
+                "what a command leaves running when it ends. Nothing ran"
+            )
         self.start()
         if self._transport is None:
             raise SandboxFailedError("this Kubernetes session is closed")
+
+    def _working_directory(self) -> tuple[str, str]:
+        return self.pod_name or "", self._config.workspace_path
 
     def _run_command(
         self,
