@@ -180,7 +180,14 @@ class ChannelSession(SandboxSession):
     # -- files ----------------------------------------------------------------------------------------
     @property
     def files(self) -> SandboxFiles:
-        """File operations inside the sandbox, as the command user (:mod:`.files`; agent channel only)."""
+        """File operations inside the sandbox, as the command user (:mod:`.files`).
+
+        They travel over the agent channel: asking starts the session, and a session whose commands use
+        another transport raises :class:`InvalidRequestError` here.
+        """
+        self.start()
+        if self._transport is not None and not isinstance(self._transport, AgentTransport):
+            raise InvalidRequestError(self._NO_FILES)
         return SandboxFiles(self)
 
     def file_operation(

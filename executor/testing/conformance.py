@@ -319,8 +319,13 @@ class _Needs:
             return f"capabilities().{self.claim} is False: the backend does not claim it"
         if self.session and not isinstance(context.target.sandbox, SessionFactory):
             return "the target opens no sessions"
-        if self.files and getattr(context.backend, "files", None) is None:
-            return "the session has no `files`"
+        if self.files:
+            if not isinstance(context.backend, SandboxSession):
+                return "the target opens no sessions (file operations are a session's)"
+            try:
+                context.backend.files  # noqa: B018 - asking is the check: a session without them refuses
+            except InvalidRequestError as exc:
+                return f"the session offers no file operations ({exc})"
         return None
 
 
@@ -671,7 +676,8 @@ class ConformanceSuite:
         ``files`` is used with the surface of the Docker session's ``SandboxFiles`` (``write_bytes``,
         ``read_bytes``, ``stat``, ``list_dir``, ``rename``, ``remove``).
         """
-        files = conformance.backend.files  # type: ignore[attr-defined]
+        assert isinstance(conformance.backend, SandboxSession)  # noqa: S101 - applies to sessions only
+        files = conformance.backend.files
         directory = conformance.target.scratch
         name = f"adk-conformance-{uuid.uuid4().hex[:12]}"
         path, renamed = f"{directory}/{name}.bin", f"{directory}/{name}.moved"
