@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from adk_sandbox.executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError
+from adk_sandbox.executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError, _owner
 from adk_sandbox.executor._owner import PROJECT_LABEL
-from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine, _reaper
+from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
@@ -340,14 +340,14 @@ def test_other_hosts_containers_are_reaped_by_expiry_only(remote: PrivateEngine)
     # An owner process that is gone (pid 999999 with another start time), not expired, of this boot.
     base = {
         PROJECT_LABEL: "adk-sandbox",
-        _reaper.OWNER_PID: "999999",
-        _reaper.OWNER_START: "1",
-        _reaper.OWNER_BOOT: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
-        _reaper.EXPIRES: "9999999999",
+        _owner.OWNER_PID: "999999",
+        _owner.OWNER_START: "1",
+        _owner.OWNER_BOOT: Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+        _owner.EXPIRES: "9999999999",
     }
-    other_host = {**base, _reaper.OWNER_HOST: "another-machine"}
-    expired = {**other_host, _reaper.EXPIRES: "1"}
-    here = {_reaper.OWNER_HOST: socket.gethostname(), _reaper.OWNER_PIDNS: os.readlink("/proc/self/ns/pid")}
+    other_host = {**base, _owner.OWNER_HOST: "another-machine"}
+    expired = {**other_host, _owner.EXPIRES: "1"}
+    here = {_owner.OWNER_HOST: socket.gethostname(), _owner.OWNER_PIDNS: os.readlink("/proc/self/ns/pid")}
     ours = {**base, **here}
     made = {
         name: client.api.create_container(BASE_IMAGE, ["true"], labels=labels)["Id"]
