@@ -28,6 +28,7 @@ import pytest
 from adk_sandbox.executor import ExecRequest, ExecResult, IsolationClass, Language, SandboxFailedError, _owner
 from adk_sandbox.executor._owner import PROJECT_LABEL
 from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine
+from adk_sandbox.executor.backends.docker.engine import _ssh_pools
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
@@ -519,6 +520,31 @@ def test_a_server_that_allows_fewer_channels_than_we_count_gets_more_connections
         engine = Engine(host=daemon.host)
         connections = [engine.dial(30, stream=True) for _ in range(6)]
         ping_all(connections)
+
+
+def test_a_pooled_ssh_connection_that_died_while_idle_is_replaced_on_the_next_dial(
+    remote: PrivateEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection the server dropped is only known dead once used: the dial then takes a fresh one.
+
+    Its transport is closed under it, and it is made to look alive to the first check, as a connection
+    does between the server's drop and the client's reader seeing it. Before the fix the dial failed with
+    "the ssh server ... refused a channel (Channel closed.)", as it did once in CI.
+    """
+    with started_sshd(remote) as daemon:
+        monkeypatch.setenv("HOME", str(daemon.home))
+        engine = Engine(host=daemon.host)
+        ping_all([engine.dial(30, stream=True)])
+        (pooled,) = _ssh_pools[engine.host]
+        deadline = time.monotonic() + 30
+        while pooled.channels and time.monotonic() < deadline:  # the bridge lets its channel go
+            time.sleep(0.01)
+        assert pooled.channels == 0, "the first stream's channel was never released"
+        pooled.client.get_transport().close()  # the connection is dead...
+        looks = iter([True])  # ...but looks alive once (the pool's own check), then as it is
+        monkeypatch.setattr(pooled, "active", lambda: next(looks, False))
+        ping_all([engine.dial(30, stream=True)])
+        assert pooled not in _ssh_pools[engine.host]
 
 
 def ping_all(connections: list[socket.socket]) -> None:

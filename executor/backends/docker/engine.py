@@ -397,6 +397,7 @@ class _SshChannel:
     @classmethod
     def open(cls, engine: Engine, timeout: float) -> _SshChannel:
         paramiko = _require_paramiko()
+        dead_connections = 0
         while True:
             try:
                 connection = _ssh_connection(engine, timeout, paramiko)
@@ -410,6 +411,13 @@ class _SshChannel:
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 shared = connection.channels > 1
                 connection.release()
+                if not connection.active() and dead_connections == 0:
+                    # The cached connection had died (the server dropped it while it sat idle): a
+                    # connection is only known dead once used. Dropped, and the dial made once more on a
+                    # fresh one; a second dead one is a real failure.
+                    dead_connections += 1
+                    connection.full = True
+                    continue
                 if shared:
                     # sshd counts a session as open until its side of the close is done (its
                     # dial-stdio has exited), so a connection can be full before this count says so:
