@@ -26,6 +26,7 @@ from adk_sandbox.executor import (
     get_enforcer,
 )
 from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend
+from adk_sandbox.executor.testing.conformance import live_host_processes
 
 IN_CI = bool(os.environ.get("CI"))
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -80,20 +81,7 @@ def live_processes_with_args(*args: str) -> list[int]:
 
 def live_processes_whose_cmdline_has(needle: bytes) -> list[int]:
     """Pids of live (non-zombie) processes whose NUL-separated ``/proc/PID/cmdline`` contains ``needle``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                cmdline = handle.read()
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in cmdline and state != b"Z":
-            found.append(int(entry))
-    return found
+    return list(live_host_processes(needle))
 
 
 def wait_until_gone(*args: str, timeout: float = 5.0) -> list[int]:

@@ -145,6 +145,8 @@ class ChannelSession(SandboxSession):
         root may be closed to it). Without this the program would fail to start with a misleading
         "Permission denied" or "No such file" about itself.
         """
+        if request.cwd is None and request.user is None:
+            return  # the session's own user in its own working directory: nothing to check
         user = self._command_user(request.user)
         if request.cwd is None and user == self._command_user(None):
             return

@@ -247,10 +247,12 @@ def _marker() -> str:
     return f"{300 + random.randint(1, 10**6) / 10**7:.7f}"  # noqa: S311 - a marker, not a secret
 
 
-def _host_processes_with(marker: str) -> list[str]:
-    """Live (non-zombie) host processes whose command line contains ``marker``."""
-    needle = marker.encode()
-    found = []
+def live_host_processes(needle: bytes) -> dict[int, bytes]:
+    """Live (non-zombie) processes of this machine whose NUL-separated command line contains ``needle``.
+
+    The one ``/proc`` scan of the tests: the suite's leftover checks and the project's own tests use it.
+    """
+    found: dict[int, bytes] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -262,9 +264,15 @@ def _host_processes_with(marker: str) -> list[str]:
         except (OSError, IndexError):
             continue
         if needle in cmdline and state != b"Z":
-            shown = cmdline.replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{entry} {shown}")
+            found[int(entry)] = cmdline
     return found
+
+
+def _host_processes_with(marker: str) -> list[str]:
+    """Live host processes whose command line contains ``marker``, as ``"pid command line"``."""
+    found = live_host_processes(marker.encode())
+    shown = {pid: cmdline.replace(b"\0", b" ").decode(errors="replace") for pid, cmdline in found.items()}
+    return [f"{pid} {line}" for pid, line in shown.items()]
 
 
 def _host_addresses() -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 CHANNEL = Path(__file__).resolve().parents[2] / "executor" / "channel"
@@ -21,3 +22,21 @@ def _imported(path: Path) -> set[str]:
 def test_the_in_sandbox_programs_and_the_c_agent_are_package_files() -> None:
     inside = {path.name for path in (CHANNEL / "inside").iterdir()}
     assert {"agent.py", "supervisor.py", "prelude.py", "setid_filter.py", "agent.c", "loader.c"} <= inside
+
+
+def test_the_checkers_cover_the_in_sandbox_programs() -> None:
+    """ruff and mypy --strict read the programs shipped into sandboxes: nothing excludes ``inside/``."""
+    config = tomllib.loads((CHANNEL.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    mypy, ruff = config["tool"]["mypy"], config["tool"]["ruff"]
+    assert mypy["packages"] == ["adk_sandbox"] and "exclude" not in mypy
+    assert "exclude" not in ruff and "extend-exclude" not in ruff
+    # Style families that cannot fit a program run by python3 >= 3.6 with -I -S may be waived for it;
+    # pyflakes, pycodestyle's errors and the annotation rules may not.
+    ignored = ruff["lint"].get("per-file-ignores", {})
+    for pattern, rules in ignored.items():
+        if "channel" in pattern or "inside" in pattern:
+            assert not {"F", "ANN", "W", "E"} & set(rules), (pattern, rules)
+    # The programs are real Python files (no program source left in a string literal on the host side).
+    assert {"agent.py", "supervisor.py", "prelude.py", "setid_filter.py"} <= {
+        path.name for path in (CHANNEL / "inside").glob("*.py")
+    }
