@@ -219,6 +219,7 @@ class ContainerProvider:
             attached=self.attached,
             engine_sockets=(engine.socket_path or DEFAULT_SOCKET,),
             tmpfs=None if self.attached else host_config_arguments(spec)["tmpfs"],
+            task=spec.task and not self.attached,
         )
         if problems:
             hint = ""
