@@ -172,9 +172,9 @@ def test_attacks_as_root_get_nowhere(session: Any, naive: Any, attack: str) -> N
 def test_another_session_is_out_of_sight(backend: DockerBackend, session: Any) -> None:
     marker = "adk-task-neighbour-" + os.urandom(4).hex()
     with backend.session() as other:
-        started = other.execute(ExecRequest(argv=("bash", "-c", f"exec -a {marker} sleep 120"), timeout=10,
-                                            background=True))  # fmt: skip
-        assert started.exit_code is None or started.exit_code == 0
+        code = f"bash -c 'exec -a {marker} sleep 120' >/dev/null 2>&1 &"
+        started = other.execute(ExecRequest(language=Language.COMMAND, code=code, timeout=10, background=True))
+        assert started.exit_code == 0, started
         assert run(other, f"grep -l ^{marker} /proc/[0-9]*/cmdline | wc -l").stdout.strip() == "1"
         # ptrace, signals and /proc need a pid in sight; the neighbour's are in none of this sandbox's.
         seen = run(session, f"grep -l ^{marker} /proc/[0-9]*/cmdline 2>/dev/null | wc -l")
