@@ -11,25 +11,21 @@ import grp
 import pwd
 
 from adk_sandbox.executor.errors import InvalidRequestError
-from adk_sandbox.executor.types import _USER, parse_user
+from adk_sandbox.executor.types import is_numeric_user as is_numeric
+from adk_sandbox.executor.types import parse_user
 
 __all__ = ["host_user", "is_numeric", "resolve_user"]
 
 
-def is_numeric(user: str) -> bool:
-    """True for ``"uid"`` or ``"uid:gid"`` in numbers (nothing to look up)."""
-    return _USER.fullmatch(user) is not None
-
-
-def _table(text: str, id_field: int) -> dict[str, tuple[int, int]]:
-    """Name -> (id, primary gid or id) of a passwd (``id_field`` 2) or group (2) file; bad lines skipped."""
+def _table(text: str) -> dict[str, tuple[int, int]]:
+    """Name -> (id, primary gid) of a passwd file, or (gid, gid) of a group file; bad lines skipped."""
     table: dict[str, tuple[int, int]] = {}
     for line in text.splitlines():
         fields = line.split(":")
         if len(fields) < 4 or not fields[0]:
             continue
         try:
-            number = int(fields[id_field])
+            number = int(fields[2])
             primary = int(fields[3]) if len(fields) >= 7 else number
         except ValueError:
             continue
@@ -45,7 +41,7 @@ def resolve_user(user: str, passwd: str, group: str, *, where: str = "the sandbo
     is an :class:`InvalidRequestError` saying where it was looked for.
     """
     name, _, group_name = user.partition(":")
-    users = _table(passwd, 2)
+    users = _table(passwd)
     if name.isdigit():
         uid, primary = parse_user(name)[0], None
     elif name in users:
@@ -59,7 +55,7 @@ def resolve_user(user: str, passwd: str, group: str, *, where: str = "the sandbo
         return uid, primary if primary is not None else uid
     if group_name.isdigit():
         return uid, parse_user(group_name)[0]
-    groups = _table(group, 2)
+    groups = _table(group)
     if group_name not in groups:
         raise InvalidRequestError(
             f"group {group_name!r} is not in {where}'s /etc/group; nothing ran. Give a gid, or a group "

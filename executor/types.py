@@ -19,6 +19,7 @@ __all__ = [
     "ResourceLimits",
     "Stream",
     "check_user",
+    "is_numeric_user",
     "parse_user",
     "validate_env",
 ]
@@ -131,7 +132,7 @@ def check_user(user: str) -> str:
     Names are looked up where the command runs (a container's ``/etc/passwd`` and ``/etc/group``);
     ``ValueError`` for anything that is neither a number nor a name.
     """
-    if _USER.fullmatch(user):
+    if is_numeric_user(user):
         parse_user(user)  # the range of the ids
         return user
     if _NAMED_USER.fullmatch(user) is None:
@@ -139,6 +140,11 @@ def check_user(user: str) -> str:
             f"user must be a uid, 'uid:gid', or user and group names ('root', 'app:app'), not {user!r}"
         )
     return user
+
+
+def is_numeric_user(user: str) -> bool:
+    """True for ``"uid"`` or ``"uid:gid"`` in numbers (nothing to look up)."""
+    return _USER.fullmatch(user) is not None
 
 
 def parse_user(user: str) -> tuple[int, int | None]:
