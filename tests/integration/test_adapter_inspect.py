@@ -128,6 +128,11 @@ def test_config_from_a_yaml_file(tmp_path: Any) -> None:
     path.write_text("runtime: runsc\nnetwrok: true\n")
     with pytest.raises(ValueError, match="netwrok"):
         resolve_config(str(path))
+    path.write_text("user: app:app\n")  # names, looked up in the container
+    assert resolve_config(str(path)).user == "app:app"
+    path.write_text("user: 'a b'\n")
+    with pytest.raises(ValueError, match="user"):
+        resolve_config(str(path))
     # inspect round-trips the model through an eval log's spec.
     assert AdkSandboxEnvironment.config_deserialize(config.model_dump()) == config
     assert hash(config) == hash(AdkSandboxConfig.model_validate(config.model_dump()))
