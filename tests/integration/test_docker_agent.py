@@ -276,7 +276,9 @@ os.write(1, bytes.fromhex(OUTPUT_HEX))
 time.sleep(30)
 """
 HELLO_OPS = encode(
-    FrameType.HELLO, 0, {"protocol": 1, "pid": 1, "subreaper": True, "ops": list(FILE_OPS), "setid": "refused"}
+    FrameType.HELLO,
+    0,
+    {"protocol": 1, "pid": 1, "subreaper": True, "ops": list(FILE_OPS), "setid": "refused"},
 )
 BAD_ERROR = {"error": {"errno": "2", "name": "ENOENT", "message": "x"}}
 
