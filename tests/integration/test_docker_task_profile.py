@@ -243,11 +243,17 @@ def workspace() -> Iterator[Path]:
 def test_a_host_workspace_is_a_copy_and_set_id_files_come_back_plain(
     backend: DockerBackend, workspace: Path
 ) -> None:
+    """Inside, the set-id modes are really set (a task sandbox allows them); on the host they are gone.
+
+    Fails on a pull-back that keeps the mode it lists (the host would get a set-uid root shell), and the
+    inside check fails if the sandbox still filtered set-id modes (the pull-back would be untested)."""
     with backend.session(workspace) as session:
         assert session.workspace_transport == "mirror"
-        result = run(session, "cp /bin/sh ./rootshell && chmod 4755 ./rootshell; chmod 2755 ./README; "
-                              "cp /bin/true ./capped && python3 -c 'import os; os.setxattr(\"capped\", "
-                              "\"security.capability\", bytes(20))' 2>/dev/null; echo done")  # fmt: skip
+        result = run(session, "cp /bin/sh ./rootshell && chmod 4755 ./rootshell && chmod 2755 ./README && "
+                              "stat -c '%a %n' rootshell README && cp /bin/true ./capped && "
+                              "python3 -c 'import os; os.setxattr(\"capped\", \"security.capability\", "
+                              "bytes(20))' 2>/dev/null; echo done")  # fmt: skip
+        assert "4755 rootshell" in result.stdout and "2755 README" in result.stdout, result
         assert "done" in result.stdout
     for name in ("rootshell", "README", "capped"):
         path = workspace / name
@@ -255,6 +261,42 @@ def test_a_host_workspace_is_a_copy_and_set_id_files_come_back_plain(
             assert path.stat().st_mode & (stat.S_ISUID | stat.S_ISGID) == 0, name
             assert "security.capability" not in os.listxattr(path), name
     assert (workspace / "rootshell").exists()
+
+
+def _setuid_package(directory: Path) -> Path:
+    """A .deb holding one set-uid root program, as a package like sudo ships, built on the host."""
+    root = directory / "pkg"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        "Package: adk-setuid-probe\nVersion: 1.0\nArchitecture: all\n"
+        "Maintainer: tests <tests@example.invalid>\nDescription: a set-uid program\n"
+    )
+    (root / "usr" / "local" / "bin").mkdir(parents=True)
+    program = root / "usr" / "local" / "bin" / "probe-suid"
+    shutil.copy("/bin/true", program)
+    program.chmod(0o4755)
+    deb = directory / "adk-setuid-probe.deb"
+    import subprocess  # noqa: PLC0415 - only this test builds a package
+
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True,
+                   capture_output=True)  # fmt: skip
+    shutil.rmtree(root)
+    return deb
+
+
+def test_dpkg_installs_a_set_uid_program(backend: DockerBackend, workspace: Path) -> None:
+    """What a task does (apt/dpkg installing sudo, passwd, ...) works: the set-uid file is made in the
+    sandbox's root. Under the per-command set-id filter (the hardened channel) dpkg fails at its chmod."""
+    require(shutil.which("dpkg-deb") is not None, "dpkg-deb is needed to build the test package")
+    _setuid_package(workspace)
+    with backend.session(workspace) as session:
+        program = "/usr/local/bin/probe-suid"
+        result = run(
+            session,
+            f"dpkg -i adk-setuid-probe.deb >/dev/null && stat -c '%a %U' {program} && {program} && echo ran",
+        )
+        assert result.exit_code == 0, result
+        assert result.stdout.split() == ["4755", "root", "ran"]
 
 
 def test_a_forced_bind_is_refused() -> None:

@@ -20,7 +20,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import docker
 import docker.errors
@@ -87,21 +87,39 @@ _PROBE_LANGUAGES = (
     f"for p in {' '.join(_PROGRAM_LANGUAGES)}; do command -v $p >/dev/null 2>&1 && echo $p; done"
 )
 
-#: Makes the transport of one container: (client, container id, called with why when an agent restarts).
-TransportFactory = Callable[[docker.DockerClient, str, Callable[[str], None]], CommandTransport]
+
+class TransportFactory(Protocol):
+    """Makes the transport of one container.
+
+    Called with the client, the container id, a callback told why when an agent restarts, and
+    ``setid_allowed``: True for a task-profile sandbox, whose commands may set set-id modes (dpkg installs
+    set-uid programs; its workspace only travels as a copy whose pull-back strips them), False for the
+    per-command set-id filter. A factory must honour it: the start-up probe checks the choice from inside.
+    """
+
+    def __call__(
+        self,
+        client: docker.DockerClient,
+        container_id: str,
+        on_restart: Callable[[str], None],
+        *,
+        setid_allowed: bool,
+    ) -> CommandTransport:
+        """The transport of ``container_id``, with or without the per-command set-id filter."""
+        ...
 
 
 def _agent_transport(
-    client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
+    client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None], *, setid_allowed: bool
 ) -> CommandTransport:
     opener = DockerExecTransport(client, container_id, engine_of(client)).open_agent_stream
-    return AgentTransport(opener, on_restart=on_restart)
+    return AgentTransport(opener, on_restart=on_restart, setid_allowed=setid_allowed)
 
 
 def _exec_transport(
-    client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
+    client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None], *, setid_allowed: bool
 ) -> CommandTransport:
-    return DockerExecTransport(client, container_id, engine_of(client))
+    return DockerExecTransport(client, container_id, engine_of(client), setid_allowed=setid_allowed)
 
 
 #: The command channels a session can use, by name (see docs/DOCKER.md, "The agent channel").
@@ -355,9 +373,12 @@ class DockerSession(ChannelSession):
             self._check_image(container.inspect)
             if self._config.user is None and container.owner is not None and mode != "mirror":
                 self._user = container.owner
-            transport = self._make_transport(self._client, container.id, self._agent_restarted)
+            task = self._config.spec.task
+            transport = self._make_transport(
+                self._client, container.id, self._agent_restarted, setid_allowed=task
+            )
             self._container, self._transport = container, transport
-            if self._config.spec.task or (self._config.user and not is_numeric(self._config.user)):
+            if task or (self._config.user and not is_numeric(self._config.user)):
                 self._user = self._default_user(container)
             workspace = self._config.spec.workspace
             verify_from_inside(
@@ -366,6 +387,7 @@ class DockerSession(ChannelSession):
                 self._user,
                 workspace if mode == "bind" else None,
                 no_capabilities=container.dialect is Dialect.PODMAN,  # its inspect cannot show it
+                setid_allowed=task,
             )
             if mode == "mirror" and workspace is not None and owner is not None:
                 problems = mirror_mount_violations(container.inspect, workspace)
