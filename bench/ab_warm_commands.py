@@ -4,7 +4,9 @@ Run in each checkout, alternating, and compare the medians:
   PYTHONPATH=. .venv/bin/python bench/ab_warm_commands.py [--commands 1000] [--rounds 5]
 Works with this checkout's import root (``adk_sandbox``) and with the older top-level ``executor`` one, so
 the same file measures a revision from before the import root moved (copy it there).
-Prints one line per round (ms per ``true`` over the agent channel) and their median.
+Prints one line per round (ms per ``true`` over the agent channel) and their median. ``--profile task``
+measures the task profile (root, a writable root layer; from the checkouts that have it) and
+``--starts N`` also times N session starts (create, verify, first command).
 """
 
 from __future__ import annotations
@@ -25,10 +27,21 @@ def main() -> None:
     args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     args.add_argument("--commands", type=int, default=1000)
     args.add_argument("--rounds", type=int, default=5)
+    args.add_argument("--profile", choices=["hardened", "task"], default=None)
+    args.add_argument("--starts", type=int, default=0)
     options = args.parse_args()
     request = ExecRequest(argv=["true"], timeout=10)
     per_command = []
-    with DockerBackend() as backend, backend.session() as session:
+    backend = DockerBackend(profile=options.profile) if options.profile else DockerBackend()
+    if options.starts:
+        starts = []
+        for _ in range(options.starts):
+            started = time.perf_counter()
+            with backend.session() as session:
+                session.execute(request)
+            starts.append((time.perf_counter() - started) * 1000)
+        print(f"session start + first command: median {statistics.median(starts):.0f} ms")
+    with backend, backend.session() as session:
         for _ in range(50):  # warm: the agent is started, caches are hot
             session.execute(request)
         for round_number in range(options.rounds):

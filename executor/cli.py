@@ -126,6 +126,7 @@ def _doctor_docker() -> bool:
                     with tempfile.TemporaryDirectory(prefix="adk-sandbox-doctor-") as scratch:
                         workspace = f"auto:{backend.capabilities(workspace=scratch).workspace}"
                 print(f"{'':<16} {'':<16} workspace: {_workspace_of(workspace)}")
+                print(f"{'':<16} {'':<16} profiles: hardened (default); task: {_task_profile_of(runtime)}")
             works = works or runtime is None
         except ExecutorError as exc:
             print(f"{name:<16} {'unavailable':<16} {_first_line(exc)}")
@@ -137,6 +138,20 @@ def _doctor_docker() -> bool:
     for status in statuses:
         print(f"{'image ' + status.name:<16} {status.state:<16} {status.tag} ({status.detail})")
     return works
+
+
+def _task_profile_of(runtime: str | None) -> str:
+    """Whether ``profile="task"`` works on this engine and runtime, and how its root writes are capped."""
+    from adk_sandbox.executor.backends.docker import DockerBackend  # noqa: PLC0415 - docker-py loads lazily
+
+    try:
+        with DockerBackend(runtime=runtime, profile="task") as backend:
+            cap = backend.root_cap
+    except ExecutorError as exc:
+        return f"refused ({_first_line(exc)})"
+    how = {"memory": "held in memory, within the memory limit", "quota": "an engine storage quota",
+           "watched": "the session stops once its layer passes the cap"}  # fmt: skip
+    return f"root writes capped at {cap[1]} MiB: {how[cap[0]]}" if cap else "unavailable"
 
 
 def _channel_of(channel: str | None) -> str:

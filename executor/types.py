@@ -18,6 +18,8 @@ __all__ = [
     "Language",
     "ResourceLimits",
     "Stream",
+    "check_user",
+    "is_numeric_user",
     "parse_user",
     "validate_env",
 ]
@@ -120,6 +122,31 @@ _USER = re.compile(r"([0-9]{1,10})(?::([0-9]{1,10}))?")
 _MAX_ID = 2**32 - 2  # (uid_t)-1 means "unchanged" to the kernel: never a real id
 
 
+_NAME = r"(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?|[0-9]{1,10})"
+_NAMED_USER = re.compile(f"{_NAME}(?::{_NAME})?")
+
+
+def check_user(user: str) -> str:
+    """``user`` as given if it names a user: ``"uid"``, ``"uid:gid"``, or names (``"root"``, ``"app:app"``).
+
+    Names are looked up where the command runs (a container's ``/etc/passwd`` and ``/etc/group``);
+    ``ValueError`` for anything that is neither a number nor a name.
+    """
+    if is_numeric_user(user):
+        parse_user(user)  # the range of the ids
+        return user
+    if _NAMED_USER.fullmatch(user) is None:
+        raise ValueError(
+            f"user must be a uid, 'uid:gid', or user and group names ('root', 'app:app'), not {user!r}"
+        )
+    return user
+
+
+def is_numeric_user(user: str) -> bool:
+    """True for ``"uid"`` or ``"uid:gid"`` in numbers (nothing to look up)."""
+    return _USER.fullmatch(user) is not None
+
+
 def parse_user(user: str) -> tuple[int, int | None]:
     """``"uid"`` or ``"uid:gid"`` as numbers (gid None when not given); ``ValueError`` for anything else."""
     match = _USER.fullmatch(user)
@@ -165,9 +192,10 @@ class ExecRequest(BaseModel):
     """Working directory for this call, an absolute path as the command sees it (inside the container or
     sandbox); ``None``: the backend's default (a session's workspace root, a host backend's workdir)."""
     user: str | None = None
-    """``"uid"`` or ``"uid:gid"`` (numeric) to run as for this call; ``None``: the backend's default.
-    Only backends that can switch users honour it (a Docker session); others refuse any other identity
-    than their own."""
+    """Who runs this call: ``"uid"``, ``"uid:gid"``, or names (``"root"``, ``"app:app"``, looked up in the
+    sandbox's ``/etc/passwd`` and ``/etc/group``, the host's for a host backend); ``None``: the backend's
+    default. Only backends that can switch users honour it (a Docker session); others refuse any other
+    identity than their own."""
     timeout: Annotated[float, Field(gt=0, le=24 * 3600)]
     """Wall-clock limit in seconds for the whole execution (compile steps included)."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -229,9 +257,9 @@ class ExecRequest(BaseModel):
 
     @field_validator("user")
     @classmethod
-    def _user_is_numeric(cls, user: str | None) -> str | None:
+    def _user_is_valid(cls, user: str | None) -> str | None:
         if user is not None:
-            parse_user(user)
+            check_user(user)
         return user
 
     @field_validator("env")
@@ -355,6 +383,14 @@ class Capabilities(BaseModel):
     ``DockerBackend.capabilities(workspace=...)`` what a given directory gets); always ``"mirror"`` for a
     Kubernetes backend (None with a warm pool, which takes no host workspace); None for backends that work
     on the host's directory itself, or a session without a workspace."""
+    profile: str | None = None
+    """The shape of a container (docs/docker/profiles.md): ``"hardened"`` (read-only root, no capabilities)
+    or ``"task"`` (an evaluation's image as it is: its user, a writable root with a capped layer, a few
+    capabilities); None for backends with one shape."""
+    root_cap: str | None = None
+    """How a writable root filesystem's writes are capped (the task profile): ``"memory"`` (gVisor holds
+    them in memory, within the memory limit), ``"quota"`` (the engine's storage quota) or ``"watched"``
+    (the session stops once its layer passes the cap); None where the root is read-only."""
 
 
 class ResourceLimits(BaseModel):

@@ -52,11 +52,12 @@ from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from adk_sandbox.executor._bridge import run_blocking
+from adk_sandbox.executor._users import resolve_user
 from adk_sandbox.executor.backend import SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.docker import DockerBackend, cleanup_labelled, cleanup_session
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
-from adk_sandbox.executor.types import ExecRequest, ResourceLimits, parse_user
+from adk_sandbox.executor.types import ExecRequest, ResourceLimits, check_user, is_numeric_user, parse_user
 from adk_sandbox.executor.types import ExecResult as CoreExecResult
 
 __all__ = [
@@ -87,9 +88,8 @@ def _starts_tool_server(cmd: list[str]) -> bool:
     return cmd == [SANDBOX_CLI, "start-server"]
 
 
-def _numeric_user(value: str) -> str:
-    parse_user(value)
-    return value
+def _valid_user(value: str) -> str:
+    return check_user(value)
 
 
 class AdkSandboxConfig(BaseModel):
@@ -114,10 +114,11 @@ class AdkSandboxConfig(BaseModel):
     network: bool = False
     """Off by default: the container has network ``none``. True gives it Docker's default bridge (the
     host's network reach); gVisor here is registered with ``--network=none`` and refuses it."""
-    user: Annotated[str, AfterValidator(_numeric_user)] = "65534:65534"
-    """Who commands and file operations run as unless ``exec(user=...)`` says otherwise: numeric
-    ``uid[:gid]`` (default nobody). ``"0:0"`` is root without capabilities: it owns the image's files but
-    cannot override permissions, and the root filesystem stays read-only."""
+    user: Annotated[str, AfterValidator(_valid_user)] = "65534:65534"
+    """Who commands and file operations run as unless ``exec(user=...)`` says otherwise: ``uid[:gid]`` or
+    names from the container's ``/etc/passwd`` and ``/etc/group`` (default nobody). ``"0:0"`` is root
+    without capabilities: it owns the image's files but cannot override permissions, and the root
+    filesystem stays read-only."""
     tmpfs: dict[str, int] = Field(default_factory=lambda: {"/var/tmp": 64})
     """Extra writable tmpfs mounts, path -> MiB, besides ``/tmp`` and HOME. inspect copies its tool
     helpers (``text_editor()``, ``bash_session()``, ``exec_remote()``) into ``/var/tmp`` and runs them."""
@@ -146,7 +147,6 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         super().__init__()
         self._session = session
         self._config = config
-        self._users: dict[str, str] | None = None
         """User names of the container's ``/etc/passwd`` -> ``uid:gid`` (read on first use)."""
 
     # -- configuration and lifecycle -----------------------------------------------------------------
@@ -337,22 +337,24 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         return _inspect_result(result, cmd, timeout)
 
     async def _resolve_user(self, user: str) -> str | None:
-        """``uid:gid`` for ``user`` (a number, or a name in the container's passwd file); None: unknown."""
-        try:
+        """``uid:gid`` for ``user`` (numbers, or names in the container's tables now); None: unknown.
+
+        Read at each call, never kept: a user that ``adduser`` made a moment ago is found.
+        """
+        if is_numeric_user(user):
             uid, gid = parse_user(user)
-        except ValueError:
-            pass
-        else:
             return f"{uid}:{gid}" if gid is not None else str(uid)
-        if self._users is None:
-            passwd = await self._file_call(lambda: self._session.files.read_bytes("/etc/passwd"))
-            users: dict[str, str] = {}
-            for line in passwd.decode("utf-8", "replace").splitlines():
-                fields = line.split(":")
-                if len(fields) >= 4 and fields[2].isdigit() and fields[3].isdigit():
-                    users.setdefault(fields[0], f"{fields[2]}:{fields[3]}")
-            self._users = users
-        return self._users.get(user)
+        files = self._session.files
+        passwd = await self._file_call(lambda: files.read_bytes("/etc/passwd"))
+        try:
+            group = await self._file_call(lambda: files.read_bytes("/etc/group"))
+        except FileNotFoundError:
+            group = b""
+        try:
+            uid, gid = resolve_user(user, passwd.decode("utf-8", "replace"), group.decode("utf-8", "replace"))
+        except InvalidRequestError:
+            return None
+        return f"{uid}:{gid}"
 
     # -- files ---------------------------------------------------------------------------------------
     @overload

@@ -23,6 +23,7 @@ from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, RUSTC_EDITION, check_argument_sizes, inline_argv
 from adk_sandbox.executor._output import OutputCapture, start_pipe_reader
 from adk_sandbox.executor._proctree import kill_process_group, wait_for_exit_unreaped
+from adk_sandbox.executor._users import host_user
 from adk_sandbox.executor.backend import OutputCallback, SandboxBackend
 from adk_sandbox.executor.backends.bwrap import RUNTIME_READ_ONLY_PATHS
 from adk_sandbox.executor.backends.enforcer import Confinement, Enforcer
@@ -40,7 +41,6 @@ from adk_sandbox.executor.types import (
     IsolationClass,
     Language,
     Stream,
-    parse_user,
 )
 
 __all__ = ["ProcessBackend", "Toolchain", "probe_toolchain", "resolve_program"]
@@ -277,9 +277,10 @@ class ProcessBackend(SandboxBackend):
         return runner.run([toolchain.program, source], stdin)
 
     def _check_user(self, user: str | None) -> None:
+        """Refuse any identity but the caller's own (names are the host's: ``pwd``/``grp``)."""
         if user is None:
             return
-        uid, gid = parse_user(user)
+        uid, gid = host_user(user)
         if uid == os.geteuid() and gid in (None, os.getegid()):
             return  # the caller's own identity: nothing to switch
         raise PolicyNotEnforceableError(

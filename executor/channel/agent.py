@@ -3,8 +3,9 @@
 :data:`AGENT_SOURCE` is a standard-library-only Python program (compatible with Python >= 3.6), the file
 ``inside/agent.py`` with the shared prelude spliced in (:mod:`.programs`), started through **one** exec per
 sandbox (a stream the engine opens: :mod:`.streams`) as ``python3 -I -S -c AGENT_SOURCE adk-sandbox-agent
-[<protected>]`` with stdin attached. Frames (:mod:`.frames`) travel on its stdin and stdout; its stderr
-carries diagnostics only. No file is installed in the image, no port, socket or mount is needed.
+[setid-allowed] [<protected>]`` with stdin attached. Frames (:mod:`.frames`) travel on its stdin and
+stdout; its stderr carries diagnostics only. No file is installed in the image, no port, socket or mount
+is needed.
 
 What it does:
 
@@ -14,6 +15,12 @@ What it does:
   (``PR_SET_CHILD_SUBREAPER``, refused by older gVisor: the *lenient* mode below); kills processes earlier
   agents of the container left behind (another agent, or orphans re-parented to PID 1 that are not among
   the ``protected`` survey of the container's own processes); sends HELLO.
+* The set-id filter is a per-channel choice made on the argv, the one thing every engine's exec carries:
+  without :data:`SETID_ALLOWED_WORD` (the default) the agent installs it on itself at start; with it (a
+  sandbox whose workspace only travels as a copy and never as a bind mount, where package managers
+  must install set-uid programs) it installs none. HELLO says which is in force (``"setid"``:
+  ``"refused"`` or ``"allowed"``; ``"unavailable"`` when the filter could not be installed, and then
+  nothing runs), so the host checks it got what it asked for.
 * RUN: forks a **shim** for the command (a copy of the agent, itself a child subreaper, non-dumpable), with
   the command's pipes on 0, 1, 2 and every other descriptor closed; the shim carries the set-id seccomp
   filter of :mod:`.setid` that the agent installed on itself at start (with no_new_privs: inherited by
@@ -60,15 +67,34 @@ from __future__ import annotations
 
 from adk_sandbox.executor.channel.programs import in_container_program, program_text
 
-__all__ = ["AGENT_ARGV0", "AGENT_SOURCE", "agent_argv"]
+__all__ = ["AGENT_ARGV0", "AGENT_SOURCE", "SETID_ALLOWED_WORD", "agent_arguments", "agent_argv"]
 
 #: The argument after the script: names the agent in ``ps`` and in ``/proc/PID/cmdline``.
 AGENT_ARGV0 = "adk-sandbox-agent"
+
+#: The opt-in word that starts an agent (Python or static) without the set-id filter. It comes right after
+#: the agent's name, before the optional protected list: a word with a fixed spelling in a fixed place,
+#: never mistaken for the list (digits, ``:`` and ``,``), and the agents' recognition of each other (by the
+#: name's position) is unchanged.
+SETID_ALLOWED_WORD = "setid-allowed"
 
 #: The agent program (run with ``python3 -I -S -c``).
 AGENT_SOURCE = in_container_program(program_text("agent.py"))
 
 
-def agent_argv(protected: str | None = None, source: str = AGENT_SOURCE) -> list[str]:
-    """The exec argv that starts an agent; ``protected`` is the container's own processes from a HELLO."""
-    return ["python3", "-I", "-S", "-c", source, AGENT_ARGV0, *([protected] if protected else [])]
+def agent_arguments(protected: str | None, *, setid_allowed: bool = False) -> list[str]:
+    """What follows the agent's name on its argv (both flavours): ``[setid-allowed] [<protected>]``."""
+    return [*([SETID_ALLOWED_WORD] if setid_allowed else []), *([protected] if protected else [])]
+
+
+def agent_argv(
+    protected: str | None = None, source: str = AGENT_SOURCE, *, setid_allowed: bool = False
+) -> list[str]:
+    """The exec argv that starts an agent; ``protected`` is the container's own processes from a HELLO.
+
+    ``setid_allowed`` starts it without the set-id filter (see :data:`SETID_ALLOWED_WORD`).
+    """
+    return [
+        "python3", "-I", "-S", "-c", source, AGENT_ARGV0,
+        *agent_arguments(protected, setid_allowed=setid_allowed),
+    ]  # fmt: skip

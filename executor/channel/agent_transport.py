@@ -14,6 +14,12 @@ stream ending, no answer in time — marks the agent broken: its in-flight comma
 :class:`SandboxFailedError` (never re-run), and the next command starts a new agent (logged, counted by
 ``on_restart``), which first kills what the old one left in the container.
 
+The set-id filter is chosen per transport (``setid_allowed``, default False: the filter is on): the choice
+travels on the agent's argv (the one thing every engine's exec carries), and the agent's HELLO says what
+is in force (``"setid"``). An agent whose answer is not what was asked for is refused
+(:class:`PolicyNotEnforceableError`), so a host that wants the filter never runs a command on an agent
+without it. The start-up probe (:func:`.probe.verify_from_inside`) then proves it by a real ``chmod``.
+
 Commands run as the agent's user, so there is one agent per user (``"uid:gid"``), kept in a dict:
 alternating users in one session starts each user's agent once and keeps them all running (a user
 switch is not a restart). Since an agent, when it starts, kills any other agent it is allowed to signal
@@ -57,7 +63,11 @@ from adk_sandbox.executor.channel.transport import (
     ContainerGoneError,
     PreparedCommand,
 )
-from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.errors import (
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
 from adk_sandbox.executor.types import Stream
 
 __all__ = ["AGENT_GRACE_SECONDS", "AgentStreamOpener", "AgentTransport", "FileOpCancelledError"]
@@ -277,6 +287,10 @@ class AgentTransport:
     everything above it (frames, channels, deadlines, restarts, file operations) is the same on every
     engine. ``on_restart`` is told why when an agent had to be replaced; ``source`` (a Python agent
     program, for tests) and ``agent`` choose the agent (:func:`.static_agent.agent_launches`).
+    ``setid_allowed`` starts every agent of this transport without the set-id filter, for a sandbox
+    where set-id files may exist (its workspace never a bind mount of the host's); the default keeps the
+    filter on every command and file operation, and either way an agent whose HELLO does not say what was
+    asked for is refused.
     """
 
     channel: ClassVar[str] = "agent"
@@ -288,8 +302,10 @@ class AgentTransport:
         on_restart: Callable[[str], None] | None = None,
         source: str | None = None,
         agent: AgentFlavour | None = None,
+        setid_allowed: bool = False,
     ) -> None:
         self._open_stream = open_stream
+        self._setid_allowed = setid_allowed
         self._lock = threading.Lock()
         self._agents: dict[str, _Agent] = {}
         self._last: _Agent | None = None
@@ -298,6 +314,11 @@ class AgentTransport:
         self._on_restart = on_restart
         self._source = source
         self._flavour = agent
+
+    @property
+    def setid_allowed(self) -> bool:
+        """True when this transport's agents run without the set-id filter (asked for, and confirmed)."""
+        return self._setid_allowed
 
     @property
     def agent_pid(self) -> int | None:
@@ -374,7 +395,9 @@ class AgentTransport:
         The flavour that answered is kept: a replacement agent of this container starts the same way.
         """
         try:
-            launches = agent_launches(self._flavour, self._protected, self._source)
+            launches = agent_launches(
+                self._flavour, self._protected, self._source, setid_allowed=self._setid_allowed
+            )
         except StaticAgentUnavailableError as exc:
             raise SandboxFailedError(f"the static in-sandbox agent is not available: {exc}") from exc
         failures: list[str] = []
@@ -406,10 +429,32 @@ class AgentTransport:
                     raise SandboxFailedError(
                         f"the in-sandbox agent could not start ({exc}); {launch.requirement}"
                     ) from exc
-            return agent, agent.wait_hello(start_by, launch.requirement)
+            hello = agent.wait_hello(start_by, launch.requirement)
+            self._check_setid(hello, launch)
+            return agent, hello
         except BaseException:
             agent.close()
             raise
+
+    def _check_setid(self, hello: dict[str, Any], launch: AgentLaunch) -> None:
+        """Refuse an agent whose set-id filter is not what this transport asked for.
+
+        Not a fall-back case (``PolicyNotEnforceableError`` is not caught by the flavour loop): an agent
+        that says the wrong thing, or nothing, is not one that could not start. Without the filter a
+        command of a bind-mounted workspace could plant a set-uid file the host honours; with it, a
+        sandbox that must install set-uid programs (dpkg) would fail in ways far from the cause.
+        """
+        wanted = "allowed" if self._setid_allowed else "refused"
+        said = hello.get("setid")
+        if said == wanted:
+            return
+        what = "without" if self._setid_allowed else "with"
+        raise PolicyNotEnforceableError(
+            f"the in-sandbox agent ({launch.flavour}) was started {what} the set-id seccomp filter, but its "
+            f"HELLO says setid={said!r} where {wanted!r} was asked for"
+            + (" (there is no filter for this architecture)" if said == "unavailable" else "")
+            + "; it is refused"
+        )
 
     @property
     def agent_flavour(self) -> str | None:

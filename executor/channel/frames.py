@@ -44,7 +44,11 @@ RESULT    12     agent→host  last frame of a FILE channel: the operation's res
 
 Optional keys (an agent may omit them; the host then falls back): HELLO ``"agent"`` (``"python"`` or
 ``"static"``: which implementation answers) and ``"ops"`` (the FILE operations it performs; the host
-sends no FILE for an op it does not list, so without ``"ops"`` there are no file operations); EXIT
+sends no FILE for an op it does not list, so without ``"ops"`` there are no file operations); HELLO
+``"setid"`` (``"refused"``: the set-id seccomp filter is on everything the agent starts; ``"allowed"``:
+started without it, by the host's opt-in on its argv; ``"unavailable"``: no filter here, nothing runs) —
+the frame is valid without it, but the host starts no command on an agent whose ``"setid"`` is not what
+it asked for (``AgentTransport``), so an agent that does not say is refused; EXIT
 ``"oom_kills"`` (int >= 0 or null: how many processes the kernel's OOM killer killed in the container's
 memory cgroup while the command ran, read inside the container from ``memory.oom_control`` (cgroup v1) or
 ``memory.events`` (v2); null when unreadable).
@@ -117,6 +121,7 @@ __all__ = [
     "HOST_TO_AGENT",
     "MAX_PAYLOAD",
     "PROTOCOL_VERSION",
+    "SETID_STATES",
     "Frame",
     "FrameDecoder",
     "FrameType",
@@ -139,6 +144,8 @@ MAX_PAYLOAD = 4 * 1024 * 1024
 _MAX_CHANNEL = 2**32 - 1
 #: The FILE operations of version 1, in the order of the table above.
 FILE_OPS = ("read", "write", "stat", "list", "mkdir", "remove", "rename")
+#: The values of HELLO's ``"setid"``: whether the set-id filter is on what the agent starts.
+SETID_STATES = ("refused", "allowed", "unavailable")
 _STAT_TYPES = frozenset({"file", "dir", "symlink", "other"})
 _ENTRY_TYPES = frozenset("fdlo")
 
@@ -325,6 +332,8 @@ def validate_hello(body: dict[str, Any]) -> None:
     ops = body.get("ops", [])
     if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
         raise ProtocolError(f"HELLO ops {ops!r} is not a list of strings")
+    if "setid" in body and body["setid"] not in SETID_STATES:
+        raise ProtocolError(f"HELLO setid {body['setid']!r} is not one of {', '.join(SETID_STATES)}")
 
 
 def validate_exit(body: dict[str, Any]) -> None:

@@ -7,7 +7,10 @@ as a command runs (under its supervisor or agent shim, with its filter):
   sidecar, a forwarded socket) bind-mounts *its* copy of the path, and commands would silently run against
   other files. A nonce file written on the host must be visible inside.
 * **no set-id modes**: a runtime may not apply the seccomp profile to exec'd processes (gVisor), so a
-  ``chmod 4755`` on a scratch file in the container's /tmp must fail.
+  ``chmod 4755`` on a scratch file in the container's /tmp must fail. A sandbox that asked for set-id
+  modes instead (``setid_allowed``: its workspace only travels as a copy, and package managers install
+  set-uid programs) must find that same ``chmod`` succeeding: the check proves what the profile says
+  either way, rather than trusting the transport's or the container's configuration.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ __all__ = ["PROBE_SECONDS", "WorkspaceNotSharedError", "split_brain_message", "v
 
 #: How long the start-up check may take.
 PROBE_SECONDS = 30.0
-# Prints "setid-allowed" when a set-id mode can be set in the container (it must not: see .setid).
+# Prints "setid-allowed" when a set-id mode can be set in the container, "setid-refused" when it cannot
+# (see .setid; which one must come depends on what the session asked for).
 # Shell builtins but chmod: each process costs the runtime a fork and an exec (gVisor: several ms each,
 # every session start pays them), so the scratch file is made by a noclobber redirection (which refuses an
 # existing regular file; the name is 128 random bits, where mktemp would put it) rather than by mktemp,
@@ -76,11 +80,15 @@ def verify_from_inside(
     workspace: str | None,
     *,
     no_capabilities: bool = False,
+    setid_allowed: bool = False,
 ) -> None:
     """Raise :class:`PolicyNotEnforceableError` unless the container sees ``workspace`` and refuses set-id.
 
     ``no_capabilities`` also requires the bounding and effective capability sets to be empty, as a
     command sees them (for an engine whose inspect does not say ``CapDrop: ALL``: Podman).
+    ``setid_allowed`` turns the set-id check around: a command must be *able* to set a set-id mode (the
+    transport was asked to start commands without the set-id filter, and the container's profile must
+    allow it too); the default requires it refused.
     """
     nonce = _IdentityNonce.create(workspace) if workspace else None
     try:
@@ -98,12 +106,19 @@ def verify_from_inside(
     if outcome.exit_code is None:
         raise SandboxFailedError("the sandbox container did not answer its start-up check in time")
     words = output.split()
-    if "setid-refused" not in words:
-        if "setid-allowed" not in words:
-            raise PolicyNotEnforceableError(
-                "could not check that commands cannot create setuid files: the start-up probe found no "
-                f"writable /tmp in the container (it printed {output[:200]!r}); give it a /tmp tmpfs"
-            )
+    if "setid-refused" not in words and "setid-allowed" not in words:
+        what = "can" if setid_allowed else "cannot"
+        raise PolicyNotEnforceableError(
+            f"could not check that commands {what} create setuid files: the start-up probe found no "
+            f"writable /tmp in the container (it printed {output[:200]!r}); give it a /tmp tmpfs"
+        )
+    if setid_allowed and "setid-allowed" not in words:
+        raise PolicyNotEnforceableError(
+            "commands in this container cannot create setuid/setgid files although the session asked for "
+            "them (package managers installing set-uid programs would fail): the container's seccomp "
+            "profile or the command's own set-id filter refuses them"
+        )
+    if not setid_allowed and "setid-refused" not in words:
         raise PolicyNotEnforceableError(
             "commands in this container can create setuid/setgid files: neither the sandbox seccomp "
             "profile nor the command's own set-id filter is in force (docs/DOCKER.md, Set-id files)"

@@ -14,7 +14,12 @@ subclasses it and supplies its parts:
   whether the kernel's OOM killer hit it (Docker also replaces a container that died);
 * :meth:`~ChannelSession._explained` -- what a broken channel means for this engine (Kubernetes reads the
   Pod's status); default: the error as it is;
-* :meth:`~ChannelSession._command_user` -- whom a command (and a file operation) runs as.
+* :meth:`~ChannelSession._command_user` -- whom a command (and a file operation) runs as;
+* :meth:`~ChannelSession._refuse_user` -- a user (in numbers) this sandbox cannot switch to.
+
+A request's user given by name (``"root"``, ``"app:app"``) is looked up in the sandbox's own
+``/etc/passwd`` and ``/etc/group`` before anything else of the call (:meth:`ChannelSession._numeric_request`),
+so every part above sees numbers.
 
 File operations (:attr:`ChannelSession.files`) come with the shape: every session on the agent channel
 reads and writes files inside its sandbox the same way (:mod:`.files`).
@@ -25,19 +30,26 @@ from __future__ import annotations
 import threading
 import time
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from adk_sandbox.executor._languages import request_argv
 from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor._users import is_numeric, resolve_user
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.files import SandboxFiles
 from adk_sandbox.executor.channel.transport import CommandOutcome, CommandTransport
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, SandboxFailedError
-from adk_sandbox.executor.types import ExecRequest, ExecResult
+from adk_sandbox.executor.types import ExecRequest, ExecResult, parse_user
 from adk_sandbox.executor.workspace.synced import SyncedWorkspace, refusal_note
 
 __all__ = ["ChannelSession"]
+
+# The sandbox's user and group tables, as they are now (a user added a moment ago is found), split by RS.
+_USER_TABLES = "cat /etc/passwd; printf '\\n\\036\\n'; cat /etc/group"
+#: How long reading them may take.
+_LOOKUP_SECONDS = 30.0
 
 # Enters the requested cwd as the command's user, before the command: a cwd it cannot enter is refused.
 _PROBE_CWD = 'cd -- "$1" 2>&1'
@@ -93,7 +105,51 @@ class ChannelSession(SandboxSession):
 
     @abstractmethod
     def _command_user(self, requested: str | None) -> str:
-        """The ``"uid:gid"`` a command (or file operation) runs as, given the request's ``user``."""
+        """The ``"uid:gid"`` a command (or file operation) runs as, given the request's numeric ``user``."""
+
+    def _refuse_user(self, user: str | None) -> None:
+        """Raise for a user (``"uid:gid"``, from the request) this sandbox cannot run as (default: none)."""
+
+    def _lookup_user(self) -> str:
+        """The ``"uid:gid"`` the user tables are read as (default: the session's own user)."""
+        return self._command_user(None)
+
+    # -- users ----------------------------------------------------------------------------------------
+    def numeric_user(self, user: str) -> str:
+        """``"uid:gid"`` of ``user``: numbers as given, names looked up in the sandbox as they are now.
+
+        A bare uid runs with the group of the same number; names are read from the sandbox's own
+        ``/etc/passwd`` and ``/etc/group``. An unknown name is an :class:`InvalidRequestError` (nothing
+        ran). Starts the session.
+        """
+        if is_numeric(user):
+            uid, gid = parse_user(user)
+            return f"{uid}:{gid if gid is not None else uid}"
+        self.start()
+
+        def run(request: ExecRequest, capture: OutputCapture) -> CommandOutcome:
+            argv = request.argv or ()
+            return self._run_command(request, argv, capture, started=time.monotonic(), cancel=None)[0]
+
+        return self._lookup_numeric(user, run)
+
+    def _lookup_numeric(self, user: str, run: Callable[[ExecRequest, OutputCapture], CommandOutcome]) -> str:
+        """``"uid:gid"`` of the named ``user``, reading the sandbox's user tables through ``run``."""
+        reader = ExecRequest(argv=("/bin/sh", "-c", _USER_TABLES), cwd="/", user=self._lookup_user(),
+                             timeout=_LOOKUP_SECONDS)  # fmt: skip
+        capture = OutputCapture(4 * 1024 * 1024)
+        outcome = run(reader, capture)
+        if outcome.exit_code is None:
+            raise SandboxFailedError(f"reading /etc/passwd in {self._WHERE} did not finish in time")
+        passwd, _, group = capture.finish()["stdout"].text.partition("\n\036\n")
+        uid, gid = resolve_user(user, passwd, group, where=self._WHERE)
+        return f"{uid}:{gid}"
+
+    def _numeric_request(self, request: ExecRequest) -> ExecRequest:
+        """``request`` with its user in numbers (looked up when named)."""
+        if request.user is None or is_numeric(request.user):
+            return request
+        return request.model_copy(update={"user": self.numeric_user(request.user)})
 
     # -- commands -------------------------------------------------------------------------------------
     def execute(
@@ -106,6 +162,8 @@ class ChannelSession(SandboxSession):
         """Run ``request`` in the session's sandbox (see the engine's class docstring)."""
         argv = request_argv(request, self.name)
         self._refuse(request)
+        request = self._numeric_request(request)
+        self._refuse_user(request.user)
         started = time.monotonic()
         self._before_command(request, started)
         capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")

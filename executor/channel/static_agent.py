@@ -4,23 +4,27 @@ The agent channel (:mod:`.agent_transport`) is one mechanism; what differs betwe
 *flavours* is only how the exec starts one, an :class:`AgentLaunch` (the exec's argv, and bytes written
 to its stdin before the first frame):
 
-* ``python``: ``python3 -I -S -c AGENT_SOURCE adk-sandbox-agent [<protected>]`` (:mod:`.agent`), nothing
-  on stdin. Needs ``python3`` in the image.
+* ``python``: ``python3 -I -S -c AGENT_SOURCE adk-sandbox-agent [setid-allowed] [<protected>]``
+  (:mod:`.agent`), nothing on stdin. Needs ``python3`` in the image.
 * ``static``: ``inside/agent.c``, the same protocol and process-tree rules in C, built on the host as a fully
   static binary (``gcc -static``, glibc's ``libc.a``; the agent never uses the name service, so static
   glibc is safe). It reaches the container without a file: ``/bin/sh -c SCRIPT`` writes the tiny
   ``inside/loader.c`` (about 1.5 KiB, no libc) with the ``printf`` builtin to a fresh, randomly named file
   in ``/tmp`` (else ``$HOME``, ``/dev/shm``), ``chmod 700`` and ``exec`` it; the loader makes itself
   non-dumpable, unlinks its file, reads exactly the agent's bytes from stdin into a sealed ``memfd`` and
-  ``execveat``s it as ``adk-sandbox-agent [<protected>]``. Needs ``/bin/sh`` (``printf`` builtin),
-  ``chmod`` and an executable tmpfs (the session's ``/tmp`` is mounted ``exec``). Nothing of the agent is
-  ever a file a command could replace, and each start streams a fresh copy.
+  ``execveat``s it as ``adk-sandbox-agent [setid-allowed] [<protected>]``. Needs ``/bin/sh`` (``printf``
+  builtin), ``chmod`` and an executable tmpfs (the session's ``/tmp`` is mounted ``exec``). Nothing of the
+  agent is ever a file a command could replace, and each start streams a fresh copy.
+
+Both flavours take the same arguments after their name (:func:`.agent.agent_arguments`): the opt-in word
+``setid-allowed`` (:data:`.agent.SETID_ALLOWED_WORD`, also in the generated C header, so both read one
+spelling) starts the agent without the set-id filter; without it the filter is on, as ever.
 
 The binaries are built once per source into a cache directory named by the SHA-256 of everything that
-goes into them (sources, the set-id filter generated from :mod:`.setid`, flags, compiler): a binary that
-does not match the source is never used, a changed source is rebuilt. ``scripts/setup`` builds it
-(``main()`` here); otherwise the first session that wants it builds
-it (about a second) when a C compiler with a static libc is present.
+goes into them (sources, the generated header — the set-id filter of :mod:`.setid` and the opt-in word —,
+flags, compiler): a binary that does not match the source is never used, a changed source (``agent.c``,
+``loader.c``) is rebuilt. ``scripts/setup`` builds it (``main()`` here); otherwise the first session that
+wants it builds it (about a second) when a C compiler with a static libc is present.
 
 Selection (``ADK_SANDBOX_AGENT`` or the transport's ``agent=`` argument): ``static``, ``python`` or
 ``auto`` (the default): the static agent when it is available (built or buildable), else the Python one.
@@ -44,7 +48,7 @@ from pathlib import Path
 from typing import Literal
 
 from adk_sandbox.executor.channel import agent as _agent
-from adk_sandbox.executor.channel.agent import agent_argv
+from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD, agent_arguments, agent_argv
 from adk_sandbox.executor.channel.setid import native_arch, setid_filter
 
 __all__ = [
@@ -100,16 +104,21 @@ class AgentLaunch:
 
 
 def filter_header(arch: int) -> str:
-    """The C header of the set-id filter: :func:`.setid.setid_filter` as bytes (one source of truth)."""
+    """The C header of the set-id rule: the filter and the word that opts out of it.
+
+    :func:`.setid.setid_filter` as bytes and :data:`.agent.SETID_ALLOWED_WORD`: one source of truth for
+    both agents.
+    """
     try:
         program = setid_filter(arch)
     except KeyError:
         program = b""  # no filter for this architecture: the agent refuses to start commands
     body = ",".join(str(b) for b in program) or "0"
     return (
-        "/* generated from executor/channel/setid.py setid_filter(): do not edit */\n"
+        "/* generated from executor/channel/setid.py setid_filter() and agent.py: do not edit */\n"
         f"static const unsigned char SETID_FILTER[] __attribute__((aligned(8))) = {{{body}}};\n"
         f"#define SETID_FILTER_LEN {len(program)}\n"
+        f'#define SETID_ALLOWED_WORD "{SETID_ALLOWED_WORD}"\n'
     )
 
 
@@ -244,12 +253,13 @@ def loader_script(loader: bytes, token: str) -> str:
     )
 
 
-def _static_launch(agent: StaticAgent, protected: str | None) -> AgentLaunch:
+def _static_launch(agent: StaticAgent, protected: str | None, *, setid_allowed: bool = False) -> AgentLaunch:
     script = loader_script(agent.loader, secrets.token_hex(12))
     argv = ["/bin/sh", "-c", script, "adk-sandbox-agent-loader", str(len(agent.agent))]
     return AgentLaunch(
         "static",
-        argv + ([protected] if protected else []),
+        # The loader passes what follows the byte count on to the agent, after its name.
+        argv + agent_arguments(protected, setid_allowed=setid_allowed),
         agent.agent,
         "the static agent needs /bin/sh, chmod and an executable /tmp (or $HOME) in the image",
     )
@@ -263,7 +273,11 @@ def _flavour(requested: str | None) -> str:
 
 
 def agent_launches(
-    requested: str | None, protected: str | None, source: str | None = None
+    requested: str | None,
+    protected: str | None,
+    source: str | None = None,
+    *,
+    setid_allowed: bool = False,
 ) -> list[AgentLaunch]:
     """How to start the next agent, in order of preference: the transport tries each until one answers.
 
@@ -271,11 +285,14 @@ def agent_launches(
     static agent (the same protocol and file operations, about twice as fast per command and a fraction
     of the memory) and falls back to the Python agent when the static one cannot start there (no
     ``/bin/sh`` or no executable ``/tmp``); ``static`` or ``python`` is that one only. ``source`` (a
-    Python agent program, for tests) forces the Python flavour.
+    Python agent program, for tests) forces the Python flavour. ``setid_allowed`` starts every flavour
+    without the set-id filter (the opt-in word on its argv); by default the filter is on.
     """
     flavour = "python" if source is not None else _flavour(requested)
     # Looked up at each start (not bound at import), so the program in force is the module's current one.
-    python = AgentLaunch("python", agent_argv(protected, source or _agent.AGENT_SOURCE))
+    python = AgentLaunch(
+        "python", agent_argv(protected, source or _agent.AGENT_SOURCE, setid_allowed=setid_allowed)
+    )
     if flavour == "python":
         return [python]
     found = _static_or_reason()
@@ -291,7 +308,7 @@ def agent_launches(
                 f"no python3 could not be built: {found})",
             )
         ]
-    static = _static_launch(found, protected)
+    static = _static_launch(found, protected, setid_allowed=setid_allowed)
     return [static] if flavour == "static" else [static, python]
 
 

@@ -17,6 +17,10 @@ through the exec as ``python3 -I -S -c SCRIPT adk-sandbox run <marker> ...``
   command's status (``128 + signal`` when signalled). Any catchable signal, and the command's own
   deadline (its timeout plus a second, a backstop for when the host cannot reach the daemon) do the same
   kill and exit.
+* ``run-setid-allowed``: the same without the set-id filter, for a sandbox whose host asked for set-id
+  modes to work (its workspace never reaches the host as a bind mount, and package managers install
+  set-uid programs); only :func:`supervisor_argv` with ``setid_allowed=True`` asks for it. Every other
+  argument is where ``run`` has it, so the killer and the sweeps find both alike.
 * ``kill <marker>``: the host's killer on timeout or cancel. Finds *only* that command's supervisor (an
   exec root, ppid 0, whose argv carries the marker), kills its descendants, then the supervisor itself
   (which may have been stopped by the command it runs), then sweeps.
@@ -45,6 +49,8 @@ from adk_sandbox.executor.channel.programs import in_container_program, program_
 __all__ = [
     "ARGV0",
     "MARKER_VARIABLE",
+    "RUN",
+    "RUN_SETID_ALLOWED",
     "SCRIPT",
     "killer_argv",
     "parse_survey",
@@ -59,6 +65,11 @@ MARKER_VARIABLE = "ADK_SANDBOX_EXEC"
 #: The first argument after the script: makes the supervisor recognisable in ``ps`` and in ``/proc``.
 ARGV0 = "adk-sandbox"
 
+#: The mode that runs a command under the set-id filter (the default).
+RUN = "run"
+#: The mode that runs a command without the set-id filter: the host's explicit opt-in, never a default.
+RUN_SETID_ALLOWED = "run-setid-allowed"
+
 #: Extra time the supervisor gives the command beyond its timeout before killing it by itself. The host's
 #: killer normally comes first; this backstop only matters when the host cannot reach the daemon.
 BACKSTOP_SECONDS = 1.0
@@ -70,15 +81,23 @@ _PREFIX = ("python3", "-I", "-S", "-c", SCRIPT, ARGV0)
 
 
 def supervisor_argv(
-    marker: str, protected: str, timeout: float, env: dict[str, str], argv: tuple[str, ...]
+    marker: str,
+    protected: str,
+    timeout: float,
+    env: dict[str, str],
+    argv: tuple[str, ...],
+    *,
+    setid_allowed: bool = False,
 ) -> list[str]:
     """The exec argv that runs ``argv`` under a supervisor with exactly ``env`` (plus the marker).
 
     ``protected`` is a :func:`parse_survey` result; the supervisor kills the command by itself
-    :data:`BACKSTOP_SECONDS` after ``timeout``.
+    :data:`BACKSTOP_SECONDS` after ``timeout``. The command gets the set-id filter unless
+    ``setid_allowed`` (mode :data:`RUN_SETID_ALLOWED` instead of :data:`RUN`: the only difference).
     """
+    mode = RUN_SETID_ALLOWED if setid_allowed else RUN
     return [
-        *_PREFIX, "run", marker, protected, f"{timeout + BACKSTOP_SECONDS:.3f}", str(len(env)),
+        *_PREFIX, mode, marker, protected, f"{timeout + BACKSTOP_SECONDS:.3f}", str(len(env)),
         *(f"{name}={value}" for name, value in env.items()), *argv,
     ]  # fmt: skip
 

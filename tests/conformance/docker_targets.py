@@ -24,8 +24,9 @@ GVISOR_KNOWN_DIFFERENCES = {
     "pids_limit": KnownDifference(
         "under gVisor the container's pids limit counts the sandbox's host threads (its sentry "
         "and gofer), not the processes inside: a limit of 128 starves the sentry, and a few "
-        "hundred sleeping processes wedge the sandbox (the session replaces its container) "
-        "before the limit refuses a fork; not run, as it would break the shared session",
+        "hundred sleeping processes kill or wedge the sandbox (the session replaces its "
+        "container) before the limit refuses a fork; not run, as it would break the shared "
+        "session",
         run=False,
     ),
     "memory_limit": KnownDifference(

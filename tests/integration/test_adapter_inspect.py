@@ -128,6 +128,11 @@ def test_config_from_a_yaml_file(tmp_path: Any) -> None:
     path.write_text("runtime: runsc\nnetwrok: true\n")
     with pytest.raises(ValueError, match="netwrok"):
         resolve_config(str(path))
+    path.write_text("user: app:app\n")  # names, looked up in the container
+    assert resolve_config(str(path)).user == "app:app"
+    path.write_text("user: 'a b'\n")
+    with pytest.raises(ValueError, match="user"):
+        resolve_config(str(path))
     # inspect round-trips the model through an eval log's spec.
     assert AdkSandboxEnvironment.config_deserialize(config.model_dump()) == config
     assert hash(config) == hash(AdkSandboxConfig.model_validate(config.model_dump()))
@@ -211,17 +216,6 @@ async def test_kept_samples_are_listed_and_cli_cleanup_removes_one_by_its_contai
 # -- a real eval ----------------------------------------------------------------------------------------
 ALL_TOOLS = ("bash", "python", "text_editor", "bash_session")
 
-_OLD_GVISOR_STATX = (
-    "inspect verifies its tool directory with coreutils `stat`, whose statx call this machine's gVisor "
-    "(runsc 20221219, Debian 12) rejects with EINVAL for every path (`stat /etc/passwd` fails too): the "
-    "tool injection behind text_editor() and bash_session() fails under that runsc"
-)
-#: Why a tool of the eval cannot work yet, by (runtime, tool). Strict xfails: the test fails once it does.
-EVAL_KNOWN_FAILURES = {
-    ("runsc", "bash_session"): _OLD_GVISOR_STATX,
-    ("runsc", "text_editor"): _OLD_GVISOR_STATX,
-}
-
 
 def _scripted_eval_task(runtime: str, tools: tuple[str, ...]) -> Any:
     """A task whose mock model calls each of ``tools`` in the sandbox, then answers; scored from both."""
@@ -303,19 +297,7 @@ def _eval_scores_correct(runtime: str, tools: tuple[str, ...], log_dir: str) -> 
 
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])
-def test_inspect_eval_with_the_tools_that_work_here(runtime: str, tmp_path: Any) -> None:
-    working = tuple(tool for tool in ALL_TOOLS if (runtime, tool) not in EVAL_KNOWN_FAILURES)
-    assert "bash" in working and "python" in working
-    _eval_scores_correct(runtime, working, str(tmp_path))
-
-
-@pytest.mark.parametrize("runtime", ["runc", "runsc"])
-def test_inspect_eval_with_the_four_sandbox_tools(
-    runtime: str, tmp_path: Any, request: pytest.FixtureRequest
-) -> None:
-    pending = [
-        EVAL_KNOWN_FAILURES[runtime, tool] for tool in ALL_TOOLS if (runtime, tool) in EVAL_KNOWN_FAILURES
-    ]
-    if pending:
-        request.node.add_marker(pytest.mark.xfail(reason="; ".join(pending), strict=True))
+def test_inspect_eval_with_the_four_sandbox_tools(runtime: str, tmp_path: Any) -> None:
+    # Under gVisor this needs runsc 20240729 or later (scripts/setup installs it): inspect verifies its
+    # tool directory with coreutils `stat`, whose statx call older runsc rejects with EINVAL.
     _eval_scores_correct(runtime, ALL_TOOLS, str(tmp_path))

@@ -14,7 +14,7 @@ import docker
 import docker.errors
 import pytest
 
-from adk_sandbox.executor import ExecRequest, IsolationClass, Language
+from adk_sandbox.executor import ExecRequest, IsolationClass, Language, ResourceLimits
 from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend
 from tests.conftest import containers_mounting
 
@@ -89,6 +89,11 @@ def test_doctor_lists_every_class_and_exits_zero_when_docker_works(docker_backen
     assert rows["wasm"].split()[1] == "wasm"
     # The default "auto" is said as such, with what a directory of this machine gets (the engine sees it).
     assert "workspace: auto, decided per workspace; a fresh temporary directory here: bind" in done.stdout
+    task = [line.split("task: ", 1)[1] for line in done.stdout.splitlines() if "profiles: hardened" in line]
+    assert task == [  # runc, then gVisor (scripts/setup registers its memory overlay)
+        "root writes capped at 4096 MiB: the session stops once its layer passes the cap",
+        f"root writes capped at {ResourceLimits().memory_mb} MiB: held in memory, within the memory limit",
+    ], task
     images = [line for line in done.stdout.splitlines() if line.startswith("image ")]
     assert len(images) == 2 and all(line.split()[2] == "current" for line in images), images
 

@@ -197,7 +197,8 @@ LIAR = """import os, sys, time
 os.write(1, bytes.fromhex(sys.argv[1]))
 time.sleep(float(sys.argv[2]))
 """
-HELLO = encode(FrameType.HELLO, 0, {"protocol": 1, "pid": 1, "subreaper": True})
+# "setid": "refused", as a real agent started with the filter says: these liars test what follows HELLO.
+HELLO = encode(FrameType.HELLO, 0, {"protocol": 1, "pid": 1, "subreaper": True, "setid": "refused"})
 
 
 def _opener(session: DockerSession) -> AgentStreamOpener:
@@ -274,7 +275,11 @@ while len(got) < 12:
 os.write(1, bytes.fromhex(OUTPUT_HEX))
 time.sleep(30)
 """
-HELLO_OPS = encode(FrameType.HELLO, 0, {"protocol": 1, "pid": 1, "subreaper": True, "ops": list(FILE_OPS)})
+HELLO_OPS = encode(
+    FrameType.HELLO,
+    0,
+    {"protocol": 1, "pid": 1, "subreaper": True, "ops": list(FILE_OPS), "setid": "refused"},
+)
 BAD_ERROR = {"error": {"errno": "2", "name": "ENOENT", "message": "x"}}
 
 

@@ -233,7 +233,7 @@ def test_background_under_gvisor(owned_workspace: Path, agent_flavour: str) -> N
         container = session.container_id
         try:
             assert run(session, f"setsid sleep {mark} & echo ok", background=True).stdout == "ok\n"
-            run(session, "true")  # a command's end sweeps orphans (lenient mode): the kept group stays
+            run(session, "true")  # a command's end sweeps orphans (without subreapers): the kept group stays
             assert len(alive(backend, session, f"sleep {mark}")) == 1
             result = run(session, f"setsid sleep {doomed} & sleep 300", timeout=2, background=True)
             assert result.timed_out

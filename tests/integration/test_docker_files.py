@@ -508,7 +508,7 @@ def test_oom_kills_are_counted_inside_the_container(
 
 
 def test_file_operations_work_under_gvisor(docker_backend: DockerBackend, owned_workspace: Path) -> None:
-    """The worker forks, installs its filter and streams under runsc too (no subreapers, no cgroup files)."""
+    """The worker forks, installs its filter and streams under runsc too."""
     require("runsc" in docker_backend._client.info().get("Runtimes", {}), "gVisor's runsc is not registered")
     with DockerBackend(runtime="runsc") as backend, backend.session(workspace=owned_workspace) as session:
         data = os.urandom(1024 * 1024) + b"\0tail"

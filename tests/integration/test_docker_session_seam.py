@@ -63,9 +63,16 @@ def test_an_injected_transport_carries_every_command_including_the_start_up_chec
     made: list[_CountingTransport] = []
 
     def factory(
-        client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
+        client: docker.DockerClient,
+        container_id: str,
+        on_restart: Callable[[str], None],
+        *,
+        setid_allowed: bool,
     ) -> CommandTransport:
-        made.append(_CountingTransport(TRANSPORTS["exec"](client, container_id, on_restart)))
+        assert not setid_allowed  # a hardened session keeps the filter
+        made.append(
+            _CountingTransport(TRANSPORTS["exec"](client, container_id, on_restart, setid_allowed=False))
+        )
         return made[-1]
 
     config = docker_backend.session(workspace=owned_workspace)._config
@@ -105,9 +112,13 @@ def test_a_transport_that_lets_set_id_modes_through_is_refused_at_start(
             return super().run(command, capture, deadline=deadline, cancel=cancel)
 
     def factory(
-        client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
+        client: docker.DockerClient,
+        container_id: str,
+        on_restart: Callable[[str], None],
+        *,
+        setid_allowed: bool,
     ) -> CommandTransport:
-        return _Lying(TRANSPORTS["exec"](client, container_id, on_restart))
+        return _Lying(TRANSPORTS["exec"](client, container_id, on_restart, setid_allowed=setid_allowed))
 
     config = docker_backend.session(workspace=owned_workspace)._config
     session = DockerSession(docker_backend._client, config, transport=factory)

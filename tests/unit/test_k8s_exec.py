@@ -205,7 +205,8 @@ def _agent_stub(subprotocol: str) -> StubWebSocket:
 
     ws = StubWebSocket(subprotocol, on_send=on_send)
     ws.push(b"\x01")  # the opening empty message
-    ws.push(b"\x01" + encode(FrameType.HELLO, 0, {"protocol": 1, "pid": 9, "subreaper": True}))
+    hello = {"protocol": 1, "pid": 9, "subreaper": True, "setid": "refused"}  # the filter, as asked
+    ws.push(b"\x01" + encode(FrameType.HELLO, 0, hello))
     return ws
 
 

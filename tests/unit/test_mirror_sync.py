@@ -37,6 +37,8 @@ class FakeContainer:
     files: dict[str, tuple[bytes, int, int, int]] = field(default_factory=dict)
     fetched: list[str] = field(default_factory=list)
     inodes: int = 1000
+    modes: dict[str, int] = field(default_factory=dict)
+    """Permission bits a file has in the container (0o644 unless set here)."""
 
     def write(self, path: str, content: bytes, mtime: int | None = None) -> None:
         """A write in the container: the ctime is the clock's (an old inode stays)."""
@@ -60,7 +62,8 @@ class FakeContainer:
             out = b"\0f 0 0 0.0 %d.%09d 0\0\0" % divmod(self.clock, 10**9)
             for path, (content, mtime, ctime, inode) in sorted(self.files.items()):
                 times = b"%d.%09d %d.%09d" % (*divmod(mtime, 10**9), *divmod(ctime, 10**9))
-                out += path.encode() + b"\0f 644 %d %s %d\0\0" % (len(content), times, inode)
+                mode = b"%o" % self.modes.get(path, 0o644)
+                out += path.encode() + b"\0f %s %d %s %d\0\0" % (mode, len(content), times, inode)
         elif what == "adk-sandbox-fetch":
             data = io.BytesIO()
             with tarfile.open(fileobj=data, mode="w", format=tarfile.GNU_FORMAT) as archive:
@@ -69,7 +72,11 @@ class FakeContainer:
                     self.fetched.append(path)
                     content, mtime, _, _ = self.files[path]
                     info = tarfile.TarInfo(path)
-                    info.size, info.mode, info.mtime = len(content), 0o644, mtime // 10**9
+                    info.size, info.mode, info.mtime = (
+                        len(content),
+                        self.modes.get(path, 0o644),
+                        mtime // 10**9,
+                    )
                     archive.addfile(info, io.BytesIO(content))
             out = data.getvalue()
         return RunResult(0, out, b"", truncated=False)
@@ -92,6 +99,22 @@ def keys_of(root: Path) -> dict[str, tuple[int, ...]]:
 
 def mirror_of(host: Path) -> MirrorWorkspace:
     return MirrorWorkspace(str(host), 16, (os.getuid(), os.getgid()))
+
+
+def test_set_id_bits_never_come_back_to_the_host(host: Path) -> None:
+    """A task sandbox (root, set-id modes allowed) lists and sends a set-uid root shell: it lands plain."""
+    container = FakeContainer()
+    mirror = mirror_of(host)
+    mirror.started(container.run)
+    container.clock += 10**9
+    container.write("rootshell", b"#!/bin/sh\n")
+    container.modes["rootshell"] = 0o6755
+    container.write("sticky", b"x")
+    container.modes["sticky"] = 0o1777
+    assert mirror.after_command(container.run) == []
+    assert (host / "rootshell").stat().st_mode & 0o7777 == 0o755
+    assert (host / "sticky").stat().st_mode & 0o7777 == 0o777
+    assert os.listxattr(host / "rootshell") == []  # a fresh file: no capability or other attribute
 
 
 def test_a_container_file_changed_again_in_the_same_tick_is_fetched_again(host: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 from adk_sandbox.executor.backends.docker._seccomp import (
     MODE_ARGUMENTS,
     derive_profile,
+    derive_task_profile,
     docker_default_profile,
     load_profile,
     seccomp_profile_of,
@@ -21,6 +22,22 @@ from adk_sandbox.executor.channel.setid import SETID_BITS, native_arch, setid_fi
 
 def test_the_committed_profile_is_derived_from_the_vendored_default() -> None:
     assert load_profile() == derive_profile(docker_default_profile())
+
+
+def test_the_committed_task_profile_is_derived_from_the_vendored_default() -> None:
+    assert load_profile(task=True) == derive_task_profile(docker_default_profile())
+
+
+def test_the_task_profile_is_dockers_default_without_io_uring() -> None:
+    def allowed(profile: dict[str, object]) -> set[str]:
+        rules = profile["syscalls"]
+        assert isinstance(rules, list)
+        return {name for rule in rules if rule["action"] == "SCMP_ACT_ALLOW" for name in rule["names"]}
+
+    default, task = docker_default_profile(), load_profile(task=True)
+    assert allowed(default) - allowed(task) == {"io_uring_setup", "io_uring_enter", "io_uring_register"}
+    assert allowed(task) <= allowed(default)  # nothing Docker refuses is allowed
+    assert task["defaultAction"] == "SCMP_ACT_ERRNO"
 
 
 def test_the_profile_allows_mode_calls_only_without_setid_bits() -> None:

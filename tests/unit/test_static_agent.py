@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from adk_sandbox.executor.channel import static_agent as _static_agent
+from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD
 from adk_sandbox.executor.channel.setid import native_arch, setid_filter
 from adk_sandbox.executor.channel.static_agent import (
     StaticAgentUnavailableError,
@@ -62,6 +63,32 @@ def test_a_changed_filter_is_a_different_build(cache: Path, monkeypatch: pytest.
     _, second = build_static_agent()
     assert first != second
     shutil.rmtree(second)
+
+
+def test_a_changed_agent_source_is_a_different_build(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache is keyed by the sources' bytes: an edited agent.c never reuses the binary of the old one."""
+    built, first = build_static_agent()
+    original = _static_agent._source_text
+
+    def edited(name: str) -> bytes:
+        text = original(name)
+        return (
+            text + b'\nstatic const char EDITED[] __attribute__((used)) = "edited";\n'
+            if name == "agent.c"
+            else text
+        )
+
+    monkeypatch.setattr(_static_agent, "_source_text", edited)
+    rebuilt, second = build_static_agent()
+    assert first != second and rebuilt.digest != built.digest
+    assert b"edited" in rebuilt.agent and b"edited" not in built.agent
+    shutil.rmtree(second)
+
+
+def test_the_built_agent_knows_the_opt_in_word(cache: Path) -> None:
+    """The word comes from the generated header (agent.SETID_ALLOWED_WORD), so it is in the binary."""
+    built, _ = build_static_agent()
+    assert SETID_ALLOWED_WORD.encode() + b"\0" in built.agent
 
 
 def test_a_damaged_cached_binary_is_rebuilt(cache: Path) -> None:

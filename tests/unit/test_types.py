@@ -255,8 +255,16 @@ def test_numeric_user_is_accepted(user: str) -> None:
     assert _request(user=user).user == user
 
 
+@pytest.mark.parametrize(
+    "user", ["root", "app:app", "1000:staff", "app:0", "_apt", "www-data", "user.name", "m$"]
+)
+def test_user_names_are_accepted(user: str) -> None:
+    assert _request(user=user).user == user  # looked up where the command runs
+
+
 # Fullwidth digits ("\uff11...") are digits to str.isdigit, but not ids.
-@pytest.mark.parametrize("user", ["root", "", ":", "1000:", ":1000", "-1", "1000:1000:1", " 1000", "1e3",
+@pytest.mark.parametrize("user", ["", ":", "1000:", ":1000", "-1", "1000:1000:1", " 1000", "1e3", "a b",
+                                  "root:", "9app", "a:b:c", "x" * 33, "app;id", "../etc",
                                   "4294967295", "0:4294967295", "\uff11\uff10\uff10\uff10"])  # fmt: skip
 def test_non_numeric_or_out_of_range_user_is_rejected(user: str) -> None:
     with pytest.raises(ValidationError) as info:

@@ -219,6 +219,7 @@ class ContainerProvider:
             attached=self.attached,
             engine_sockets=(engine.socket_path or DEFAULT_SOCKET,),
             tmpfs=None if self.attached else host_config_arguments(spec)["tmpfs"],
+            task=spec.task and not self.attached,
         )
         if problems:
             hint = ""
@@ -369,9 +370,10 @@ def _mount_source_of(inspect: Mapping[str, Any], path: str) -> str | None:
 def _runtime_hint(runtime: str) -> str:
     if runtime == GVISOR_RUNTIME:
         return (
-            "install gVisor (`apt install runsc`) and register it in /etc/docker/daemon.json as "
+            "install gVisor's runsc 0.0~20240729 or later (`apt install runsc` on Debian trixie) and "
+            "register it in /etc/docker/daemon.json as "
             '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", '
-            '"runtimeArgs": ["--network=none", "--oci-seccomp"]}}}, '
+            '"runtimeArgs": ["--network=none", "--oci-seccomp", "--overlay2=root:memory"]}}}, '
             "then reload dockerd (scripts/setup does this)"
         )
     return f"register the runtime {runtime!r} with the Docker daemon"

@@ -335,9 +335,24 @@ class DockerExecTransport:
 
     channel: ClassVar[str] = "exec"
 
-    def __init__(self, client: docker.DockerClient, container_id: str, engine: Engine | str) -> None:
-        """``engine``: the client's engine (an :class:`Engine`, or the path of a local engine's socket)."""
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        container_id: str,
+        engine: Engine | str,
+        *,
+        setid_allowed: bool = False,
+    ) -> None:
+        """``engine``: the client's engine (an :class:`Engine`, or the path of a local engine's socket).
+
+        ``setid_allowed`` runs every command's supervisor in the mode without the set-id filter (for a
+        sandbox whose workspace never reaches the host as a bind mount); by default each command gets it.
+        The supervisor has no HELLO: the start-up probe (``verify_from_inside(setid_allowed=...)``) is what
+        proves the choice. It does not concern :meth:`open_agent_stream`, whose argv the agent channel
+        makes (``AgentTransport(setid_allowed=...)``).
+        """
         self._container_id = container_id
+        self._setid_allowed = setid_allowed
         self._daemon = DaemonSocket(engine, client.api.api_version)
         self._lock = threading.Lock()
         self._survey: tuple[bool, str] | None = None
@@ -345,6 +360,11 @@ class DockerExecTransport:
         # daemon did not answer); they are killed before the next command of this container starts, as
         # the user they ran as (a kill as another user would do nothing, with per-call users).
         self._pending: set[tuple[str, str]] = set()
+
+    @property
+    def setid_allowed(self) -> bool:
+        """True when commands run without the set-id filter (asked for at construction)."""
+        return self._setid_allowed
 
     def close(self) -> None:
         """Nothing is held between commands (each is its own exec)."""
@@ -371,7 +391,12 @@ class DockerExecTransport:
         until = deadline + DAEMON_GRACE_SECONDS
         protected = self._prepare(command.user, until)
         argv = supervisor_argv(
-            command.marker, protected, max(deadline - time.monotonic(), 0.0), command.env, command.argv
+            command.marker,
+            protected,
+            max(deadline - time.monotonic(), 0.0),
+            command.env,
+            command.argv,
+            setid_allowed=self._setid_allowed,
         )
         exec_id = self._create_exec(argv, command.user, command.workdir, command.stdin is not None, until)
         try:

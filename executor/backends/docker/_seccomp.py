@@ -19,6 +19,11 @@ Docker's own default profile (``seccomp/docker-default-20.10.json``, vendored un
 The same rule as a filter each command installs on itself (gVisor does not apply the profile to exec'd
 processes) is engine-neutral: :mod:`adk_sandbox.executor.channel.setid`.
 
+The task profile (docs/docker/profiles.md) runs an evaluation's image as root with a writable root
+filesystem and never binds a host directory (its workspace travels as a copy whose pull-back drops set-id
+bits), so it keeps set-id modes — dpkg installs set-uid programs — and takes only the ``io_uring``
+refusal: :func:`derive_task_profile`, committed as ``seccomp/adk-sandbox-task.json``.
+
 The derived profile is committed as ``seccomp/adk-sandbox.json`` (compose files reference it with
 ``security_opt: [seccomp=...]``); a unit test checks it equals :func:`derive_profile` of the vendored
 default, so the two cannot drift.
@@ -37,7 +42,9 @@ from adk_sandbox.executor.channel.setid import CREATING_FLAGS, ENOSYS, SETID_BIT
 __all__ = [
     "PROFILE_FILE",
     "SETID_BITS",
+    "TASK_PROFILE_FILE",
     "derive_profile",
+    "derive_task_profile",
     "load_profile",
     "profile_option",
     "seccomp_profile_of",
@@ -59,6 +66,7 @@ REFUSED_ENOSYS = ("openat2",)
 REFUSED_EPERM = ("io_uring_setup", "io_uring_enter", "io_uring_register")
 
 PROFILE_FILE = "adk-sandbox.json"
+TASK_PROFILE_FILE = "adk-sandbox-task.json"
 _DOCKER_DEFAULT_FILE = "docker-default-20.10.json"
 
 
@@ -108,6 +116,24 @@ def derive_profile(docker_default: dict[str, Any]) -> dict[str, Any]:
     return profile
 
 
+def derive_task_profile(docker_default: dict[str, Any]) -> dict[str, Any]:
+    """The task profile's filter: Docker's default with ``io_uring_*`` refused (``EPERM``, the default). Pure.
+
+    Set-id modes stay allowed: a task container's workspace is a copy whose pull-back strips them, and
+    dpkg installs set-uid programs (``sudo``, ``ssh-keysign``). ``io_uring`` is refused in both profiles:
+    its queued operations are never seen by seccomp, so every other rule here would not apply to them.
+    """
+    profile = copy.deepcopy(docker_default)
+    rules = []
+    for rule in profile["syscalls"]:
+        if rule["action"] == "SCMP_ACT_ALLOW":
+            rule["names"] = [name for name in rule["names"] if name not in REFUSED_EPERM]
+        if rule["names"]:
+            rules.append(rule)
+    profile["syscalls"] = rules
+    return profile
+
+
 def _read(name: str) -> dict[str, Any]:
     text = resources.files(__package__).joinpath("seccomp", name).read_text(encoding="utf-8")
     loaded: dict[str, Any] = json.loads(text)
@@ -115,13 +141,14 @@ def _read(name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def _profile_text() -> str:
-    return json.dumps(_read(PROFILE_FILE), separators=(",", ":"), sort_keys=True)
+def _profile_text(task: bool = False) -> str:
+    profile = _read(TASK_PROFILE_FILE if task else PROFILE_FILE)
+    return json.dumps(profile, separators=(",", ":"), sort_keys=True)
 
 
-def load_profile() -> dict[str, Any]:
-    """The sandbox profile, as committed in ``seccomp/adk-sandbox.json``."""
-    loaded: dict[str, Any] = json.loads(_profile_text())
+def load_profile(*, task: bool = False) -> dict[str, Any]:
+    """The sandbox profile as committed: ``seccomp/adk-sandbox.json``, or ``adk-sandbox-task.json``."""
+    loaded: dict[str, Any] = json.loads(_profile_text(task))
     return loaded
 
 
@@ -130,9 +157,9 @@ def docker_default_profile() -> dict[str, Any]:
     return _read(_DOCKER_DEFAULT_FILE)
 
 
-def profile_option() -> str:
-    """The ``security_opt`` entry that installs the sandbox profile."""
-    return "seccomp=" + _profile_text()
+def profile_option(*, task: bool = False) -> str:
+    """The ``security_opt`` entry that installs the sandbox profile (the task profile's with ``task``)."""
+    return "seccomp=" + _profile_text(task)
 
 
 def seccomp_profile_of(security_options: list[str]) -> dict[str, Any] | str | None:

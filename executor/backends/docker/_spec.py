@@ -29,6 +29,8 @@ __all__ = [
     "HOME_DIR",
     "LABEL_PREFIX",
     "PROJECT_LABEL",
+    "ROOT_CAPS",
+    "TASK_CAPABILITIES",
     "ContainerSpec",
     "GitProtection",
     "MirrorVolume",
@@ -47,6 +49,16 @@ __all__ = [
 ]
 
 GVISOR_RUNTIME = "runsc"
+
+#: What the task profile adds to an empty capability set: what package managers (dpkg, apt dropping to
+#: ``_apt``, pip) and ``adduser`` need -- a subset of Docker's default set. Never SYS_ADMIN, SYS_PTRACE,
+#: SYS_MODULE, NET_ADMIN, NET_RAW or MKNOD; SYS_CHROOT, SETFCAP, SETPCAP and AUDIT_WRITE are left out too
+#: (nothing a package install or a user change needs, and each is something a hostile root could use).
+TASK_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+
+#: How a task container's root-filesystem writes are capped: by gVisor holding them in memory (within the
+#: memory limit), by the engine's storage quota, or by the session stopping once its layer passes the cap.
+ROOT_CAPS = ("memory", "quota", "watched")
 
 MIB = 1024 * 1024
 
@@ -108,6 +120,17 @@ class ContainerSpec:
     lifetime_seconds: int = 12 * 3600
     mirror: MirrorVolume | None = None
     """Mount a copy of the workspace (a tmpfs volume) instead of binding the host directory."""
+    profile: str = "hardened"
+    """``"hardened"`` or ``"task"`` (docs/docker/profiles.md): the task profile's root is writable."""
+    root_cap: str | None = None
+    """How the task profile's root writes are capped (one of :data:`ROOT_CAPS`); None when hardened."""
+    root_size_mb: int = 0
+    """The cap on root writes, in MiB (the task profile)."""
+
+    @property
+    def task(self) -> bool:
+        """True for the task profile."""
+        return self.profile == "task"
 
     @property
     def workdir(self) -> str:
@@ -308,14 +331,20 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
         mounts.append(Mount(target=path, source=path, type="bind", read_only=True))
     limits = spec.limits
     memory = limits.memory_mb * MIB
+    task: dict[str, Any] = {}
+    if spec.task:
+        task["cap_add"] = list(TASK_CAPABILITIES)
+        if spec.root_cap == "quota":
+            task["storage_opt"] = {"size": f"{spec.root_size_mb}M"}
     return {
         "network_mode": "bridge" if spec.network else "none",
         "cap_drop": ["ALL"],
-        # The sandbox seccomp profile: Docker's default minus set-id modes (see _seccomp).
-        "security_opt": ["no-new-privileges", profile_option()],
+        # The sandbox seccomp profile: Docker's default minus set-id modes, or the task profile's (_seccomp).
+        "security_opt": ["no-new-privileges", profile_option(task=spec.task)],
         # Its own cgroup namespace (the default is the host's on cgroup v1): no view of the host's tree.
         "cgroupns": "private",
-        "read_only": True,
+        "read_only": not spec.task,
+        **task,
         "tmpfs": {
             "/tmp": tmpfs_options(limits),
             HOME_DIR: tmpfs_options(limits),
@@ -345,7 +374,7 @@ def isolation_of(inspect: Mapping[str, Any]) -> IsolationClass:
     return IsolationClass.GVISOR if runtime == GVISOR_RUNTIME else IsolationClass.CONTAINER
 
 
-def hardening_violations(  # noqa: PLR0915 - one check per line reads best as one function
+def hardening_violations(  # noqa: PLR0912, PLR0915 - one check per line reads best as one function
     inspect: Mapping[str, Any],
     *,
     network: bool = False,
@@ -355,8 +384,12 @@ def hardening_violations(  # noqa: PLR0915 - one check per line reads best as on
     attached: bool = False,
     engine_sockets: Iterable[str] = (),
     tmpfs: Mapping[str, str] | None = None,
+    task: bool = False,
 ) -> list[str]:
     """What the inspected container lacks of the hardening asked for (empty when all is in force).
+
+    ``task``: the task profile's shape is what is asked (docs/docker/profiles.md): a writable root, the
+    capabilities of :data:`TASK_CAPABILITIES` at most, and the task seccomp profile.
 
     ``limits`` None means "any limit, but some limit" (attach mode: the compose file chose the values).
     ``mounts`` are the host paths expected as bind-mount sources. Any other host mount is a violation,
@@ -377,7 +410,9 @@ def hardening_violations(  # noqa: PLR0915 - one check per line reads best as on
         want(host.get("NetworkMode") == "none", f"network is {host.get('NetworkMode')!r}, not 'none'")
     want(not host.get("Privileged"), "the container is privileged")
     want("ALL" in [cap.upper() for cap in host.get("CapDrop") or []], "capabilities are not all dropped")
-    want(not host.get("CapAdd"), f"capabilities are added: {host.get('CapAdd')}")
+    added = {cap.upper().removeprefix("CAP_") for cap in host.get("CapAdd") or []}
+    allowed_caps = set(TASK_CAPABILITIES) if task else set()
+    want(added <= allowed_caps, f"capabilities are added: {sorted(added - allowed_caps)}")
     raw_options = list(host.get("SecurityOpt") or [])
     options = [option.replace(":", "=", 1) for option in raw_options if not option.startswith("seccomp")]
     want(
@@ -392,7 +427,7 @@ def hardening_violations(  # noqa: PLR0915 - one check per line reads best as on
             "the seccomp profile is Docker's default, which lets commands create setuid files on the host; "
             "use the sandbox profile (security_opt seccomp=executor/backends/docker/seccomp/adk-sandbox.json)"
         )
-    elif seccomp != load_profile():
+    elif seccomp != load_profile(task=task):
         problems.append("the seccomp profile is not the sandbox's (a custom profile cannot be verified)")
     want("apparmor=unconfined" not in options, "the AppArmor profile is disabled")
     want("label=disable" not in options, "SELinux labelling is disabled")
@@ -402,7 +437,8 @@ def hardening_violations(  # noqa: PLR0915 - one check per line reads best as on
     )
     want(host.get("CgroupnsMode") != "host", "CgroupnsMode shares the host's cgroup namespace")
     want(not host.get("OomKillDisable"), "the OOM killer is disabled")
-    want(bool(host.get("ReadonlyRootfs")), "the root filesystem is writable")
+    if not task:
+        want(bool(host.get("ReadonlyRootfs")), "the root filesystem is writable")
     for namespace in ("PidMode", "IpcMode", "UTSMode", "UsernsMode"):
         mode = str(host.get(namespace) or "")
         want(mode != "host", f"{namespace} shares the host's namespace")
@@ -461,15 +497,18 @@ def capabilities_from_inspect(
     confined: Sequence[str] = (),
     *,
     channel: str | None = None,
+    root_cap: str | None = None,
 ) -> Capabilities:
     """What a running container enforces, read from its inspected configuration.
 
     ``confined`` are the bind-mount sources the caller asked for; any other host path mounted (an attached
     container's extra volumes) means host reads are not confined, and writes too when it is writable.
-    ``channel`` is how commands reach the container (``"agent"`` or ``"exec"``).
+    ``channel`` is how commands reach the container (``"agent"`` or ``"exec"``). ``root_cap`` is how a
+    writable root's writes are capped (:data:`ROOT_CAPS`): a writable root counts as confined only with one.
     """
     host = inspect.get("HostConfig") or {}
     extra = unconfined_mounts(inspect, confined)
+    read_only = bool(host.get("ReadonlyRootfs"))
     return Capabilities(
         isolation=isolation_of(inspect),
         timeout=True,
@@ -479,8 +518,11 @@ def capabilities_from_inspect(
         network=host.get("NetworkMode") == "none",
         # The container sees its image, the checked mounts and nothing else, unless ``extra`` says more.
         fs_read=not extra,
-        fs_write=bool(host.get("ReadonlyRootfs")) and not any(writable for _, writable in extra),
+        # A task container's root writes go to a per-session, capped layer that no host program reads.
+        fs_write=(read_only or root_cap in ROOT_CAPS) and not any(writable for _, writable in extra),
         env=True,
         languages=languages,
         channel=channel,
+        profile="hardened" if read_only else "task",
+        root_cap=None if read_only else root_cap,
     )

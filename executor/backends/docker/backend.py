@@ -15,6 +15,7 @@ from adk_sandbox.executor.backend import SessionBackend, SessionFactory
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
 from adk_sandbox.executor.backends.docker._daemon import connect
 from adk_sandbox.executor.backends.docker._reaper import cleanup_session, reap_leaked
+from adk_sandbox.executor.backends.docker._rootcap import root_cap_for
 from adk_sandbox.executor.backends.docker._spec import (
     MIB,
     ContainerSpec,
@@ -88,6 +89,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         mirror_size_mb: int = DEFAULT_MIRROR_MB,
         image_id: str | None = None,
         pool: int | PoolConfig | None = None,
+        profile: str = "hardened",
+        root_size_mb: int | None = None,
         config: DockerConfig | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
@@ -98,7 +101,9 @@ class DockerBackend(SessionBackend[DockerSession]):
         :class:`InvalidRequestError` (:class:`PolicyNotEnforceableError` for a policy that does not allow
         spawning processes) before anything connects.
 
-        In short: ``user`` ("uid:gid") overrides running commands as the owner of the workspace root;
+        In short: ``profile`` is ``"hardened"`` (the default) or ``"task"`` (an evaluation's image as it
+        is: its user, a writable root capped at ``root_size_mb``; docs/docker/profiles.md); ``user``
+        ("uid:gid" or names) overrides running commands as the owner of the workspace root;
         ``policy`` adds bind mounts, environment and network permission; ``transport`` is ``"agent"``
         (default) or ``"exec"``; ``tmpfs`` adds writable tmpfs mounts and ``labels`` container labels
         (neither with ``container=``, which attaches to an existing container); ``engine`` picks the Docker
@@ -127,6 +132,8 @@ class DockerBackend(SessionBackend[DockerSession]):
             "mirror_size_mb": mirror_size_mb,
             "image_id": image_id,
             "pool": pool,
+            "profile": profile,
+            "root_size_mb": root_size_mb,
         }
         if config is None:
             config = config_from_options(options)
@@ -148,6 +155,14 @@ class DockerBackend(SessionBackend[DockerSession]):
         self._client = connect(engine=self.engine)
         self.expect_image = config.pinned_image or _expected_on_remote(self.engine, config.image)
         """The image id sessions' containers must run (pinned) or are expected to (read from this machine)."""
+        self.root_cap: tuple[str, int] | None = None
+        """How a task container's root writes are capped here (``"memory"``, ``"quota"`` or ``"watched"``)
+        and the cap in MiB; None in the hardened profile (docs/docker/profiles.md)."""
+        if config.root_cap_mb is not None:
+            self.root_cap = root_cap_for(
+                self._client.info(), config.runtime, config.limits, config.root_cap_mb,
+                explicit=config.root_size_mb is not None,
+            )  # fmt: skip
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self.reaped_copies = reap_copies()
@@ -173,6 +188,11 @@ class DockerBackend(SessionBackend[DockerSession]):
     def limits(self) -> ResourceLimits:
         """The resource limits of this backend's containers (``config.limits``)."""
         return self.config.limits
+
+    @property
+    def profile(self) -> str:
+        """The containers' shape: ``"hardened"`` or ``"task"`` (docs/docker/profiles.md)."""
+        return self.config.profile
 
     @property
     def runtime(self) -> str | None:
@@ -300,8 +320,9 @@ class DockerBackend(SessionBackend[DockerSession]):
         mode = mode or self.workspace_transport
         if self.container is not None:
             mode = "bind"  # an attached container mounts the workspace itself
-        elif mode == "auto" and not self.engine.local:
-            mode = "mirror"  # a remote engine never sees this machine's files
+        elif mode == "auto" and (not self.engine.local or self.profile == "task"):
+            # A remote engine never sees this machine's files; a task container may leave set-uid files.
+            mode = "mirror"
         if not self.engine.local:
             self._refuse_host_paths(workspace if mode == "bind" else None)
         root: str | None = None
@@ -331,6 +352,9 @@ class DockerBackend(SessionBackend[DockerSession]):
             extra_tmpfs=self.tmpfs,
             labels=self.labels,
             lifetime_seconds=self.lifetime_seconds,
+            profile=self.profile,
+            root_cap=self.root_cap[0] if self.root_cap else None,
+            root_size_mb=self.root_cap[1] if self.root_cap else 0,
         )
         return SessionConfig(
             spec=spec,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -28,14 +28,18 @@ from adk_sandbox.executor.backends.docker.pool import PoolConfig
 from adk_sandbox.executor.backends.docker.session import TRANSPORTS
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.policy import SandboxPolicy
-from adk_sandbox.executor.types import ResourceLimits
+from adk_sandbox.executor.types import ResourceLimits, check_user
 from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB
 from adk_sandbox.executor.workspace.protocol import WORKSPACE_TRANSPORTS
 
-__all__ = ["DEFAULT_LIFETIME_SECONDS", "DockerConfig", "config_from_options"]
+__all__ = ["DEFAULT_LIFETIME_SECONDS", "DEFAULT_ROOT_MB", "PROFILES", "DockerConfig", "config_from_options"]
 
 #: How long a container this library creates may live at most (its expiry label; the reaper enforces it).
 DEFAULT_LIFETIME_SECONDS = 12 * 3600
+#: The profiles a container can be made in (docs/docker/profiles.md).
+PROFILES = ("hardened", "task")
+#: The task profile's cap on what a session writes to its root filesystem, unless ``root_size_mb`` says.
+DEFAULT_ROOT_MB = 4096
 _IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
 
 
@@ -54,6 +58,16 @@ class DockerConfig(BaseModel):
 
     image: str = BASE_IMAGE
     """The image of the containers this backend creates (built locally or pushed; never pulled)."""
+    profile: Literal["hardened", "task"] = "hardened"
+    """The shape of the containers (docs/docker/profiles.md). ``"hardened"``: read-only root filesystem, no
+    capabilities, commands as the workspace owner, set-id modes refused -- for an agent editing a user's
+    checkout. ``"task"``: an evaluation's image as it is -- commands as the image's ``USER`` (usually
+    root), a writable root filesystem capped at ``root_size_mb`` and discarded at close, the few
+    capabilities package managers need; the workspace travels only as a copy (``mirror``)."""
+    root_size_mb: int | None = None
+    """The task profile's cap on root-filesystem writes, in MiB (default 4096); refused with ``"hardened"``,
+    whose root is read-only. Enforced by gVisor's memory-backed overlay (within the memory limit), an
+    engine storage quota, or by stopping the session once its writable layer passes it."""
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     """Memory (= memory+swap), cpu, pids, tmpfs size, file size and open files of each container."""
     runtime: str | None = None
@@ -62,7 +76,9 @@ class DockerConfig(BaseModel):
     """Give containers Docker's default bridge network instead of ``none`` (as does a policy that
     allows network: :attr:`DockerBackend.network` is the two together)."""
     user: str | None = None
-    """``"uid:gid"`` commands run as, instead of the owner of the workspace root."""
+    """Who commands run as, instead of the owner of the workspace root (hardened) or the image's ``USER``
+    (task): ``"uid:gid"``, a uid, or names from the container's ``/etc/passwd`` (``"root"``,
+    ``"app:app"``)."""
     container: str | None = None
     """Attach to this existing container (e.g. a compose service) instead of creating them: its hardening
     is verified the same way and it is never removed by this library."""
@@ -168,9 +184,60 @@ class DockerConfig(BaseModel):
             return {"size": pool}
         return pool
 
+    @field_validator("root_size_mb", mode="before")
+    @classmethod
+    def _root_size(cls, size: object) -> object:
+        wrong = isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_TMPFS_MB
+        if size is not None and wrong:
+            raise InvalidRequestError(f"root_size_mb must be an integer from 1 to {MAX_TMPFS_MB} (MiB)")
+        return size
+
+    @field_validator("user")
+    @classmethod
+    def _user_format(cls, user: str | None) -> str | None:
+        if user is not None:
+            check_user(user)
+        return user
+
+    @property
+    def root_cap_mb(self) -> int | None:
+        """The cap on root-filesystem writes in MiB: None in the hardened profile (its root is read-only)."""
+        if self.profile != "task":
+            return None
+        return self.root_size_mb if self.root_size_mb is not None else DEFAULT_ROOT_MB
+
+    def _task_checks(self) -> None:
+        """What the task profile cannot go with: its root is writable as root, so no host path may be."""
+        if self.profile != "task":
+            if self.root_size_mb is not None:
+                raise InvalidRequestError(
+                    "root_size_mb caps writes to a task container's root filesystem; the hardened profile's "
+                    "root is read-only (use profile='task', or leave root_size_mb out)"
+                )
+            return
+        if self.container is not None:
+            raise InvalidRequestError(
+                "profile='task' shapes the containers this backend creates; an attached container "
+                "(container=) keeps the shape its compose file gave it"
+            )
+        if self.workspace_transport == "bind":
+            raise InvalidRequestError(
+                "profile='task' runs commands as root with set-id modes allowed, so a host workspace travels "
+                "only as a copy (workspace_transport='mirror' or 'auto'): a bind mount would let the sandbox "
+                "leave set-uid programs in a host directory"
+            )
+        writable = self.policy.read_write_paths
+        if writable:
+            raise PolicyNotEnforceableError(
+                f"profile='task' cannot bind host paths read-write ({', '.join(writable)}): root in the "
+                "sandbox could leave set-uid programs there. Allow them read-only, or pass files through "
+                "the workspace"
+            )
+
     @model_validator(mode="after")
     def _fits_together(self) -> DockerConfig:
         """The checks between fields (after each field's own), in the order the backend always made them."""
+        self._task_checks()
         attached = self.container is not None
         if self.workspace_transport == "mirror" and attached:
             raise InvalidRequestError(

@@ -15,11 +15,12 @@ import logging
 import os
 import shutil
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import docker
 import docker.errors
@@ -27,6 +28,7 @@ import docker.errors
 from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
 from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor._users import is_numeric
 from adk_sandbox.executor.backends.docker._container import (
     ContainerProvider,
     OomCounter,
@@ -36,6 +38,7 @@ from adk_sandbox.executor.backends.docker._container import (
 from adk_sandbox.executor.backends.docker._daemon import engine_of
 from adk_sandbox.executor.backends.docker._dialect import Dialect
 from adk_sandbox.executor.backends.docker._exec import EXEC_NO_BACKGROUND, DockerExecTransport
+from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
     ContainerSpec,
     MirrorVolume,
@@ -84,21 +87,39 @@ _PROBE_LANGUAGES = (
     f"for p in {' '.join(_PROGRAM_LANGUAGES)}; do command -v $p >/dev/null 2>&1 && echo $p; done"
 )
 
-#: Makes the transport of one container: (client, container id, called with why when an agent restarts).
-TransportFactory = Callable[[docker.DockerClient, str, Callable[[str], None]], CommandTransport]
+
+class TransportFactory(Protocol):
+    """Makes the transport of one container.
+
+    Called with the client, the container id, a callback told why when an agent restarts, and
+    ``setid_allowed``: True for a task-profile sandbox, whose commands may set set-id modes (dpkg installs
+    set-uid programs; its workspace only travels as a copy whose pull-back strips them), False for the
+    per-command set-id filter. A factory must honour it: the start-up probe checks the choice from inside.
+    """
+
+    def __call__(
+        self,
+        client: docker.DockerClient,
+        container_id: str,
+        on_restart: Callable[[str], None],
+        *,
+        setid_allowed: bool,
+    ) -> CommandTransport:
+        """The transport of ``container_id``, with or without the per-command set-id filter."""
+        ...
 
 
 def _agent_transport(
-    client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
+    client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None], *, setid_allowed: bool
 ) -> CommandTransport:
     opener = DockerExecTransport(client, container_id, engine_of(client)).open_agent_stream
-    return AgentTransport(opener, on_restart=on_restart)
+    return AgentTransport(opener, on_restart=on_restart, setid_allowed=setid_allowed)
 
 
 def _exec_transport(
-    client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None]
+    client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None], *, setid_allowed: bool
 ) -> CommandTransport:
-    return DockerExecTransport(client, container_id, engine_of(client))
+    return DockerExecTransport(client, container_id, engine_of(client), setid_allowed=setid_allowed)
 
 
 #: The command channels a session can use, by name (see docs/DOCKER.md, "The agent channel").
@@ -200,6 +221,10 @@ class DockerSession(ChannelSession):
         self.restarts = 0
         self._workspace_mode = config.workspace_transport if config.spec.workspace else None
         self._workspace: SyncedWorkspace | None = None
+        #: The task profile's watch on the root layer's size (root_cap "watched"), while a container runs.
+        self._root_watcher: RootWatcher | None = None
+        #: Why the session refuses every further call (its root writes passed their cap), once they did.
+        self._stopped: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     @property
@@ -323,7 +348,11 @@ class DockerSession(ChannelSession):
         spec = self._config.spec
         assert spec.workspace is not None  # noqa: S101 - only called with a workspace
         info = os.stat(spec.workspace)
-        user = container_user(self._config.user) if self._config.user else f"{info.st_uid}:{info.st_gid}"
+        named = self._config.user is not None and not is_numeric(self._config.user)
+        if self._config.user and not named:
+            user = container_user(self._config.user)
+        else:  # the task profile's image user is known once the container runs: the copy is the owner's
+            user = f"{info.st_uid}:{info.st_gid}"
         self._user = user
         uid, gid = (int(part) for part in user.split(":"))
         volume = MirrorVolume(self._config.mirror_mb, uid, gid, info.st_mode & 0o777)
@@ -344,8 +373,13 @@ class DockerSession(ChannelSession):
             self._check_image(container.inspect)
             if self._config.user is None and container.owner is not None and mode != "mirror":
                 self._user = container.owner
-            transport = self._make_transport(self._client, container.id, self._agent_restarted)
+            task = self._config.spec.task
+            transport = self._make_transport(
+                self._client, container.id, self._agent_restarted, setid_allowed=task
+            )
             self._container, self._transport = container, transport
+            if task or (self._config.user and not is_numeric(self._config.user)):
+                self._user = self._default_user(container)
             workspace = self._config.spec.workspace
             verify_from_inside(
                 transport,
@@ -353,6 +387,7 @@ class DockerSession(ChannelSession):
                 self._user,
                 workspace if mode == "bind" else None,
                 no_capabilities=container.dialect is Dialect.PODMAN,  # its inspect cannot show it
+                setid_allowed=task,
             )
             if mode == "mirror" and workspace is not None and owner is not None:
                 problems = mirror_mount_violations(container.inspect, workspace)
@@ -371,6 +406,10 @@ class DockerSession(ChannelSession):
             # machine's (the agent's own count from inside is used there, and preferred everywhere).
             local = engine_of(self._client).local
             self._oom_counter = OomCounter.for_container(container.inspect) if local else None
+            spec = self._config.spec
+            if spec.task and spec.root_cap == "watched":
+                watcher = RootWatcher(self._client, container.id, spec.root_size_mb, self._root_over)
+                self._root_watcher = watcher
         except BaseException:
             with contextlib.suppress(ExecutorError):  # noted for the reaper; report why the start failed
                 self._discard_container(container.id)
@@ -403,7 +442,41 @@ class DockerSession(ChannelSession):
     def _agent_restarted(self, why: str) -> None:
         self.restarts += 1
 
+    def _default_user(self, container: OpenedContainer) -> str:
+        """Who commands run as when a request does not say, in numbers (lock held, the transport up).
+
+        ``user=`` looked up, else the task profile's image ``USER`` (root when it has none).
+        """
+        user = self._config.user
+        if user is None and self._config.spec.task:
+            image = self._client.api.inspect_image(self._config.spec.image)  # type: ignore[no-untyped-call]
+            user = str((image.get("Config") or {}).get("User") or "") or "0:0"
+        if user is None:
+            return self._user
+        if is_numeric(user):
+            return container_user(user)
+
+        def run(request: ExecRequest, capture: OutputCapture) -> CommandOutcome:
+            started = time.monotonic()
+            return self._run(request, request.argv or (), container, capture, started=started, cancel=None)[0]
+
+        return self._lookup_numeric(user, run)
+
+    def _lookup_user(self) -> str:
+        # The task profile's image user may itself be a name: its tables are read as root.
+        return "0:0" if self._config.spec.task else self._user
+
+    def _root_over(self, reason: str) -> None:
+        self._stopped = reason
+
+    def _explained(self, exc: SandboxFailedError) -> ExecutorError:
+        # A command cut short because the root writes passed their cap says so, not "the agent ended".
+        return SandboxFailedError(self._stopped) if self._stopped is not None else exc
+
     def _discard_container(self, container_id: str | None = None) -> None:
+        watcher, self._root_watcher = self._root_watcher, None
+        if watcher is not None:
+            watcher.stop()
         container, self._container = self._container, None
         transport, self._transport = self._transport, None
         if transport is not None:
@@ -418,6 +491,8 @@ class DockerSession(ChannelSession):
         """
         if self._closed:
             raise SandboxFailedError("this Docker session is closed")
+        if self._stopped is not None:
+            raise SandboxFailedError(self._stopped)
         old = self._container.id if self._container else None
         log.warning("sandbox container %s replaced by a fresh one: %s", old, why)
         if self.attached:
@@ -462,7 +537,11 @@ class DockerSession(ChannelSession):
             found = [_PROGRAM_LANGUAGES[word] for word in probe.stdout.split() if word in _PROGRAM_LANGUAGES]
             self._languages = (Language.COMMAND, *found)
         capabilities = capabilities_from_inspect(
-            container.inspect, self._languages, container.confined_mounts, channel=self.channel
+            container.inspect,
+            self._languages,
+            container.confined_mounts,
+            channel=self.channel,
+            root_cap=self._config.spec.root_cap,
         )
         return capabilities.model_copy(update={"workspace": self.workspace_transport})
 
@@ -471,6 +550,8 @@ class DockerSession(ChannelSession):
         return container_user(requested) if requested is not None else self._user
 
     def _refuse(self, request: ExecRequest) -> None:
+        if self._stopped is not None:
+            raise SandboxFailedError(self._stopped)
         container = self._opened()
         if request.background and self.channel != "agent":
             raise InvalidRequestError(EXEC_NO_BACKGROUND)

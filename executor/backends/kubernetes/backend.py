@@ -321,15 +321,18 @@ class KubernetesSession(ChannelSession):
     def _command_user(self, requested: str | None) -> str:
         return self._config.user  # an exec into a Pod runs as the Pod's user (others are refused)
 
-    def _refuse(self, request: ExecRequest) -> None:
+    def _refuse_user(self, user: str | None) -> None:
         config = self._config
-        if request.user is not None:
-            uid, gid = parse_user(request.user)
+        if user is not None:
+            uid, gid = parse_user(user)
             if (uid, gid if gid is not None else uid) != (config.uid, config.gid):
                 raise PolicyNotEnforceableError(
                     f"a Kubernetes session runs commands as its Pod's user {config.user}; pods/exec cannot "
-                    f"run as {request.user} (set KubernetesConfig(user=...) instead)"
+                    f"run as {user} (set KubernetesConfig(user=...) instead)"
                 )
+
+    def _refuse(self, request: ExecRequest) -> None:
+        config = self._config
         if request.memory_limit_mb is not None and request.memory_limit_mb < config.limits.memory_mb:
             raise PolicyNotEnforceableError(
                 f"memory_limit_mb={request.memory_limit_mb} is below the session Pod's limit "

@@ -2,8 +2,11 @@
  *
  * For images without python3. Built fully static (gcc -static, glibc's libc.a; no name service is ever
  * used) by executor/channel/static_agent.py, delivered into the container over the exec's stdin
- * by loader.c (a memfd, no file), started as  adk-sandbox-agent [<protected>]  with frames on stdin and
- * stdout (framing: the docstring of frames.py). The process-tree model is the Python agent's, rule for
+ * by loader.c (a memfd, no file), started as  adk-sandbox-agent [setid-allowed] [<protected>]  with frames
+ * on stdin and stdout (framing: the docstring of frames.py). The set-id filter below is on everything the
+ * agent starts unless the host gave the opt-in word SETID_ALLOWED_WORD (generated with the filter): a
+ * sandbox whose workspace only travels as a copy, where package managers must install set-uid programs;
+ * HELLO's "setid" says which ("refused" or "allowed"), so the host checks it got what it asked for. The process-tree model is the Python agent's, rule for
  * rule (docs/DOCKER.md, "The agent channel"):
  *   - the agent: non-dumpable, child subreaper (lenient mode when refused), framing pipes on private
  *     close-on-exec descriptors, /dev/null on 0 and 1; kills what earlier agents left; HELLO;
@@ -60,6 +63,8 @@ enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, 
 #define MAX_STDIN_PENDING (256u << 20)
 
 static pid_t SELF;
+/* Started with SETID_ALLOWED_WORD: no set-id filter on shims, spares and workers (main). */
+static int setid_allowed = 0;
 static int rfd = -1, wfd = -1, wake_r = -1, wake_w = -1, strict_mode = 0, host_eof = 0;
 static int null_r = -1; /* /dev/null read-only: the stdin of every command without stdin (opened once) */
 
@@ -993,8 +998,10 @@ static void shim_prepare(void) {
     sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
-/* The set-id filter (with no_new_privs) on the shim: 0, or the errno that start_failed reports. */
+/* The set-id filter (with no_new_privs) on the shim: 0, or the errno that start_failed reports. None when
+ * the host opted out of it (setid_allowed): then 0, and the command starts without it. */
 static int shim_filter(void) {
+    if (setid_allowed) return 0;
     if (SETID_FILTER_LEN == 0) return EOPNOTSUPP;
     return install_setid_filter() == 0 ? 0 : (errno ? errno : EINVAL);
 }
@@ -2015,7 +2022,8 @@ static void close_from(int low) {
 }
 
 /* In the forked worker: non-dumpable, nothing but its pipes, umask 0 (modes exact), the set-id filter with
- * no_new_privs; then the operation, its result written in one piece (atomic: below PIPE_BUF) and exit. */
+ * no_new_privs (unless setid_allowed; the file operations refuse set-id modes by themselves either way);
+ * then the operation, its result written in one piece (atomic: below PIPE_BUF) and exit. */
 static void __attribute__((noreturn)) worker(const file_req_t *q, int out_fd, int status_w, int data_in, const char *tmp) {
     SELF = getpid();
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -2034,8 +2042,9 @@ static void __attribute__((noreturn)) worker(const file_req_t *q, int out_fd, in
     umask(0);
     buf_t res = {0};
     const char *msg = NULL;
-    if (SETID_FILTER_LEN == 0) op_error_json(&res, EOPNOTSUPP, "no set-id seccomp filter for this architecture");
-    else if (install_setid_filter() != 0) op_error_json(&res, errno, "cannot install the set-id seccomp filter: %s", strerror(errno));
+    int filter_err = shim_filter();
+    if (filter_err == EOPNOTSUPP && SETID_FILTER_LEN == 0) op_error_json(&res, EOPNOTSUPP, "no set-id seccomp filter for this architecture");
+    else if (filter_err) op_error_json(&res, filter_err, "cannot install the set-id seccomp filter: %s", strerror(filter_err));
     else if (file_op(q, out_fd, data_in, tmp, &res, &msg) != 0) {
         int e = errno ? errno : EIO;
         res.len = 0;
@@ -2445,6 +2454,15 @@ int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* commands cannot open /proc/<agent>/fd or ptrace the agent */
     SELF = getpid();
     agent_argv0 = argc > 0 ? argv[0] : NULL;
+    /* adk-sandbox-agent [setid-allowed] [<protected>]: the word has one spelling and one place (right after
+     * the name), so it is never read as the list nor the list as it; anything more ends the agent. */
+    int next = 1;
+    if (next < argc && strcmp(argv[next], SETID_ALLOWED_WORD) == 0) { setid_allowed = 1; next++; }
+    if (argc - next > 1) {
+        dprintf(2, "adk-sandbox-agent: usage: adk-sandbox-agent [%s] [<protected>]\n", SETID_ALLOWED_WORD);
+        return 2;
+    }
+    const char *protected_arg = next < argc ? argv[next] : NULL;
     close_all_but(-1); /* what the loader or the engine left open (the memory file) */
     rfd = fcntl(0, F_DUPFD_CLOEXEC, 3);
     wfd = fcntl(1, F_DUPFD_CLOEXEC, 3);
@@ -2474,9 +2492,9 @@ int main(int argc, char **argv) {
     sigaction(SIGCHLD, &chld, NULL);
 
     procs_t ps = scan();
-    if (argc > 1) {
+    if (protected_arg) {
         /* "pid:start,pid:start": the container's own processes, surveyed when the first agent started */
-        const char *p = argv[1];
+        const char *p = protected_arg;
         protected_v = xrealloc(NULL, (strlen(p) / 2 + 1) * sizeof *protected_v);
         while (*p) {
             char *end;
@@ -2484,8 +2502,13 @@ int main(int argc, char **argv) {
             if (end == p || *end != ':') break;
             unsigned long long start = strtoull(end + 1, &end, 10);
             protected_v[nprotected++] = (protected_t){(int)pid, start};
+            p = end;
             if (*end != ',') break;
             p = end + 1;
+        }
+        if (*p) { /* not a list (a misspelt word): sparing nothing would kill the container's own processes */
+            dprintf(2, "adk-sandbox-agent: not a protected list: %s\n", protected_arg);
+            return 2;
         }
     } else {
         char *mark = xrealloc(NULL, (size_t)ps.n + 1);
@@ -2513,7 +2536,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nprotected; i++) buf_fmt(&b, "%s%d:%llu", i ? "," : "", protected_v[i].pid, protected_v[i].start);
     buf_str(&b, "\",\"ops\":[");
     for (int i = 0; i < N_OPS; i++) buf_fmt(&b, "%s\"%s\"", i ? "," : "", OP_NAMES[i]);
-    buf_str(&b, "]}");
+    /* What everything it starts gets: the filter ("refused"), none by the host's choice ("allowed"), or
+     * none for want of one on this architecture ("unavailable": every RUN and FILE then fails). */
+    buf_fmt(&b, "],\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
     out_json(HELLO, 0, &b);
     loop();
     return 0;

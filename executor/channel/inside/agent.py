@@ -119,10 +119,11 @@ def start_command(argv: "list[str]", env: "dict[str, str]", cwd: "str", status_w
     try:
         set_oom_score_adj()
         os.chdir(cwd)
-        if not FILTERED[0]:
+        if not SETID_STATE[0]:
             raise OSError(95, "no set-id seccomp filter for this architecture")
         # The filter (with no_new_privs) was installed on the agent itself at start, so this shim and
-        # the command inherit it: the command can never lift it.
+        # the command inherit it: the command can never lift it. Started with the opt-in word instead,
+        # the agent has no filter and neither has anything it starts (SETID_STATE, main()).
         if hasattr(os, "posix_spawn"):
             return os.posix_spawn(resolve(argv[0], env), argv, env, setsid=True, setsigdef=DEFAULT_SIGNALS)
         child = os.fork()
@@ -535,7 +536,7 @@ def worker(
                 except OSError:
                     pass
         os.umask(0)
-        if not FILTERED[0]:  # inherited from the agent otherwise
+        if not SETID_STATE[0]:  # the filter is inherited from the agent (or opted out of at its start)
             raise OSError(95, "no set-id seccomp filter for this architecture")
         result = file_op(req, out, data_in, tmp)
     except OSError as e:
@@ -1108,26 +1109,52 @@ class Agent:
 
 
 def other_agents(procs: "Procs") -> "list[int]":
+    # Exec roots (ppid 0) that are agents, by their name's place on the argv (whatever follows it: the
+    # opt-in word, the protected list): a Python agent's (after the script) or a static agent's (argv[0]),
+    # as agent.c's is_other_agent reads them.
     found: "list[int]" = []
     for p, info in procs.items():
         if p != SELF and info[0] == 0:
             a = argv_of(p)
-            if len(a) > 5 and a[1:4] == [b"-I", b"-S", b"-c"] and a[5] == b"adk-sandbox-agent":
+            python = len(a) > 5 and a[1:4] == [b"-I", b"-S", b"-c"] and a[5] == b"adk-sandbox-agent"
+            if python or a[:1] == [b"adk-sandbox-agent"]:
                 found.append(p)
     return found
 
 
-FILTERED = [False]  # the set-id filter is on the agent (so on every shim, worker and command it starts)
+# What HELLO reports as "setid", and whether anything may start: "refused" (the set-id filter is on the
+# agent, so on every shim, worker and command it starts), "allowed" (started with SETID_ALLOWED_WORD: no
+# filter, by the host's choice), or "" (no filter could be installed: every RUN and FILE is refused, and
+# HELLO says "unavailable").
+SETID_STATE = [""]
+# The opt-in word (executor/channel/agent.py SETID_ALLOWED_WORD): only right after the agent's name, so it
+# can never be read as the protected list (digits, ":" and ","), nor a protected list as it.
+SETID_ALLOWED_WORD = "setid-allowed"
+
+
+def parse_args(args: "list[str]") -> "tuple[bool, str | None]":
+    # [setid-allowed] [<protected>]: anything else ends the agent before it does anything (fail closed).
+    allowed = bool(args) and args[0] == SETID_ALLOWED_WORD
+    rest = args[1:] if allowed else args
+    if len(rest) > 1:
+        os.write(2, b"adk-sandbox-agent: usage: adk-sandbox-agent [setid-allowed] [<protected>]\n")
+        sys.exit(2)
+    return allowed, rest[0] if rest else None
 
 
 def main() -> "None":
     prctl(4, 0)  # PR_SET_DUMPABLE 0: commands cannot open /proc/<agent>/fd or ptrace the agent
+    setid_allowed, protected_arg = parse_args(sys.argv[2:])
     # Once, here, rather than in every shim (ctypes costs ~1 ms a command): the agent never needs a set-id
     # mode itself. Without a filter for this architecture the agent still runs but refuses every RUN.
-    if SETID is not None:
+    # With the opt-in word (a sandbox whose workspace never reaches the host as a bind mount, where
+    # package managers must install set-uid programs) no filter is installed at all.
+    if setid_allowed:
+        SETID_STATE[0] = "allowed"
+    elif SETID is not None:
         try:
             install_setid_filter(SETID)
-            FILTERED[0] = True
+            SETID_STATE[0] = "refused"
         except OSError as e:
             os.write(2, ("adk-sandbox-agent: %s\n" % e).encode())
     rfd, wfd = os.dup(0), os.dup(1)  # private (close-on-exec) copies of the framing pipes
@@ -1144,8 +1171,8 @@ def main() -> "None":
     signal.signal(signal.SIGCHLD, lambda s, f: None)
     signal.set_wakeup_fd(ww)
     procs = scan()
-    if len(sys.argv) > 2:
-        protected = parse_protected(sys.argv[2])
+    if protected_arg is not None:
+        protected = parse_protected(protected_arg)
     else:
         mine = set([1]) | below([1], procs)
         protected = set((p, procs[p][2]) for p in mine if p in procs)
@@ -1165,6 +1192,7 @@ def main() -> "None":
             "python": "%d.%d" % sys.version_info[:2],
             "agent": "python",
             "ops": OPS,
+            "setid": SETID_STATE[0] or "unavailable",
         },
     )
     agent.loop(wr)

@@ -26,6 +26,10 @@ from adk_sandbox.executor.channel.inside.setid_filter import SETID, install_seti
 A = sys.argv
 SELF = os.getpid()
 MARK = b"ADK_SANDBOX_EXEC="
+# The two modes that run a command (executor/channel/supervisor.py): "run" installs the set-id filter on
+# it, "run-setid-allowed" (the host's explicit opt-in) does not. Both keep every other argument where
+# "run" has it, so the killer and the sweeps find either supervisor by the same positions.
+RUN_MODES = (b"run", b"run-setid-allowed")
 
 
 def subreaper() -> "bool":
@@ -42,7 +46,7 @@ def supervisors(procs: "Procs") -> "dict[int, bytes]":
     for p, info in procs.items():
         if info[0] == 0 and p not in (1, SELF):
             argv = argv_of(p)
-            if len(argv) > 7 and argv[5] == b"adk-sandbox" and argv[6] == b"run":
+            if len(argv) > 7 and argv[5] == b"adk-sandbox" and argv[6] in RUN_MODES:
                 found[p] = argv[7]
     return found
 
@@ -68,7 +72,7 @@ def reap() -> "bool":
     return False
 
 
-def run() -> "None":
+def run(filtered: "bool" = True) -> "None":
     marker, protected, timeout, n = A[3].encode(), parse_protected(A[4]), float(A[5]), int(A[6])
     env = dict(e.split("=", 1) for e in A[7 : 7 + n])
     env["ADK_SANDBOX_EXEC"] = A[3]
@@ -122,9 +126,10 @@ def run() -> "None":
                 except (OSError, ValueError, RuntimeError):
                     pass
             os.setsid()
-            if SETID is None:
-                raise OSError(95, "no set-id seccomp filter for this architecture")
-            install_setid_filter(SETID)  # before exec: the command can never lift it
+            if filtered:
+                if SETID is None:
+                    raise OSError(95, "no set-id seccomp filter for this architecture")
+                install_setid_filter(SETID)  # before exec: the command can never lift it
             os.execvpe(argv[0], argv, env)
         except OSError as e:
             os.write(2, ("%s: %s\n" % (argv[0], e.strerror)).encode())
@@ -165,4 +170,10 @@ def survey() -> "None":
     )
 
 
-{"run": run, "kill": kill, "survey": survey}[A[2]]()
+MODES: "dict[str, Callable[[], None]]" = {
+    "run": run,
+    "run-setid-allowed": lambda: run(filtered=False),
+    "kill": kill,
+    "survey": survey,
+}
+MODES[A[2]]()

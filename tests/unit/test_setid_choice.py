@@ -1,0 +1,390 @@
+"""The set-id filter as a per-channel choice: argv building, the in-sandbox programs' parsing and
+recognition of each other, the HELLO check and the start-up probe's verdict (no engine; the real
+containers are tests/integration/test_docker_setid_choice.py).
+
+The in-sandbox programs never run on the host (they would treat the host's processes as their own), so
+their argv parsing and recognition functions are lifted out of the shipped text and run on fake input.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
+from adk_sandbox.executor.channel import static_agent as _static_agent
+from adk_sandbox.executor.channel import supervisor as _supervisor
+from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD, agent_arguments, agent_argv
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.frames import (
+    HOST_TO_AGENT,
+    FrameDecoder,
+    FrameType,
+    ProtocolError,
+    encode,
+    validate_hello,
+)
+from adk_sandbox.executor.channel.probe import verify_from_inside
+from adk_sandbox.executor.channel.programs import program_text
+from adk_sandbox.executor.channel.setid import native_arch
+from adk_sandbox.executor.channel.static_agent import StaticAgent, agent_launches, filter_header
+from adk_sandbox.executor.channel.transport import CommandOutcome, PreparedCommand
+from adk_sandbox.executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor.types import Stream
+
+FAKE_STATIC = StaticAgent(agent=b"\x7fELF agent", loader=b"\x7fELF loader", digest="0" * 64)
+
+
+@pytest.fixture
+def static_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    """agent_launches offers the static flavour without building it (its argv is what is tested)."""
+    monkeypatch.setattr(_static_agent, "_static_or_reason", lambda: FAKE_STATIC)
+
+
+# -- argv building ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("protected", [None, "1:100,7:200"])
+def test_the_python_agents_argv_carries_the_word_only_when_asked(protected: str | None) -> None:
+    default = agent_argv(protected, "SRC")
+    allowed = agent_argv(protected, "SRC", setid_allowed=True)
+    tail = [protected] if protected else []
+    assert default == ["python3", "-I", "-S", "-c", "SRC", "adk-sandbox-agent", *tail]
+    # The word right after the name: the name stays at index 5 (how agents recognise each other), the
+    # protected list stays last.
+    assert allowed == ["python3", "-I", "-S", "-c", "SRC", "adk-sandbox-agent", SETID_ALLOWED_WORD, *tail]
+    assert SETID_ALLOWED_WORD not in default
+
+
+@pytest.mark.usefixtures("static_available")
+@pytest.mark.parametrize("protected", [None, "1:100"])
+def test_both_flavours_launch_with_the_same_arguments_after_their_name(protected: str | None) -> None:
+    for setid_allowed in (False, True):
+        static, python = agent_launches("auto", protected, setid_allowed=setid_allowed)
+        assert (static.flavour, python.flavour) == ("static", "python")
+        # The loader: sh -c SCRIPT NAME BYTES, then the agent's own arguments (passed on after its name).
+        assert static.argv[3:5] == ["adk-sandbox-agent-loader", str(len(FAKE_STATIC.agent))]
+        assert static.preamble == FAKE_STATIC.agent
+        expected = [*([SETID_ALLOWED_WORD] if setid_allowed else []), *([protected] if protected else [])]
+        assert static.argv[5:] == expected
+        assert python.argv[6:] == expected
+
+
+def test_a_test_source_gets_the_word_too() -> None:
+    (launch,) = agent_launches("static", None, source="print(1)", setid_allowed=True)
+    assert launch.argv[5:] == ["adk-sandbox-agent", SETID_ALLOWED_WORD]
+
+
+@pytest.mark.parametrize("setid_allowed", [False, True])
+def test_the_supervisor_mode_is_the_only_difference(setid_allowed: bool) -> None:
+    argv = _supervisor.supervisor_argv(
+        "m1", "1:2", 3.0, {"A": "b"}, ("sh", "-c", "x"), setid_allowed=setid_allowed
+    )
+    default = _supervisor.supervisor_argv("m1", "1:2", 3.0, {"A": "b"}, ("sh", "-c", "x"))
+    assert argv[6] == ("run-setid-allowed" if setid_allowed else "run")
+    assert default[6] == "run"
+    assert argv[:6] == default[:6] and argv[7:] == default[7:]  # marker at 7, as the killer reads it
+    assert default[7:] == ["m1", "1:2", "4.000", "1", "A=b", "sh", "-c", "x"]
+
+
+def test_the_exec_transport_launches_each_command_in_the_mode_it_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client: Any = SimpleNamespace(api=SimpleNamespace(api_version="1.41"))
+    seen: list[list[str]] = []
+
+    class Stop(Exception):
+        pass
+
+    def create(argv: list[str], *args: object) -> str:
+        seen.append(argv)
+        raise Stop
+
+    for setid_allowed in (None, False, True):
+        extra = {} if setid_allowed is None else {"setid_allowed": setid_allowed}
+        transport = DockerExecTransport(client, "c", "/no/such.sock", **extra)
+        monkeypatch.setattr(transport, "_prepare", lambda user, until: "1:2")
+        monkeypatch.setattr(transport, "_create_exec", create)
+        command = PreparedCommand(argv=("true",), env={}, user="0:0", workdir="/", stdin=None, marker="m")
+        with pytest.raises(Stop):
+            transport.run(command, OutputCapture(16), deadline=time.monotonic() + 5, cancel=None)
+        assert transport.setid_allowed is bool(setid_allowed)
+    assert [argv[6] for argv in seen] == ["run", "run", "run-setid-allowed"]
+
+
+# -- the in-sandbox programs: one spelling, strict parsing, recognition ---------------------------------
+def _functions(program: str, names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
+    """The shipped program's top-level functions ``names``, defined in ``namespace`` (nothing else runs)."""
+    tree = ast.parse(program)
+    wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
+    assert sorted(node.name for node in wanted) == sorted(names)
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), "<inside>", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def _parse_args() -> Callable[[list[str]], tuple[bool, str | None]]:
+    namespace = {"os": os, "sys": sys, "SETID_ALLOWED_WORD": SETID_ALLOWED_WORD}
+    return _functions(program_text("agent.py"), ["parse_args"], namespace)["parse_args"]  # type: ignore[no-any-return]
+
+
+def test_one_spelling_of_the_word_everywhere() -> None:
+    agent_text = program_text("agent.py")
+    assert re.search(r'^SETID_ALLOWED_WORD = "([^"]+)"$', agent_text, re.MULTILINE)[1] == SETID_ALLOWED_WORD  # type: ignore[index]
+    assert f'#define SETID_ALLOWED_WORD "{SETID_ALLOWED_WORD}"\n' in filter_header(native_arch())
+    assert "SETID_ALLOWED_WORD" in program_text("agent.c")
+    assert f'b"{_supervisor.RUN}", b"{_supervisor.RUN_SETID_ALLOWED}"' in program_text("supervisor.py")
+    assert f'"{_supervisor.RUN_SETID_ALLOWED}": lambda: run(filtered=False)' in program_text("supervisor.py")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], (False, None)),
+        (["1:100,7:200"], (False, "1:100,7:200")),
+        ([SETID_ALLOWED_WORD], (True, None)),
+        ([SETID_ALLOWED_WORD, "1:100"], (True, "1:100")),
+    ],
+)
+def test_the_python_agent_reads_its_arguments(args: list[str], expected: tuple[bool, str | None]) -> None:
+    namespace = _functions(
+        program_text("agent.py"),
+        ["parse_args"],
+        {"os": os, "sys": sys, "SETID_ALLOWED_WORD": SETID_ALLOWED_WORD},
+    )
+    assert namespace["parse_args"](args) == expected
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["1:100", SETID_ALLOWED_WORD], ["1:100", "2:200"], [SETID_ALLOWED_WORD, SETID_ALLOWED_WORD, "1:1"]],
+)
+def test_the_python_agent_refuses_any_other_arguments(
+    args: list[str], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The word after the list, or anything more: the agent ends before it does anything."""
+    namespace = _functions(
+        program_text("agent.py"),
+        ["parse_args"],
+        {"os": os, "sys": sys, "SETID_ALLOWED_WORD": SETID_ALLOWED_WORD},
+    )
+    with pytest.raises(SystemExit) as ended:
+        namespace["parse_args"](args)
+    assert ended.value.code == 2
+    assert "usage" in capfd.readouterr().err
+
+
+def _cmdline(argv: list[str]) -> list[bytes]:
+    """What ``argv_of`` reads for a process started with ``argv`` (``/proc/PID/cmdline`` split on NUL)."""
+    return [a.encode() for a in argv] + [b""]
+
+
+@pytest.mark.parametrize("protected", [None, "1:100"])
+def test_agents_recognise_each_other_with_and_without_the_word(protected: str | None) -> None:
+    static_tail = agent_arguments(protected, setid_allowed=True)
+    argvs = {
+        10: agent_argv(protected, "SRC"),
+        11: agent_argv(protected, "SRC", setid_allowed=True),
+        12: _supervisor.supervisor_argv("m", "1:2", 1.0, {}, ("true",)),  # not an agent
+        13: agent_argv(protected, "SRC", setid_allowed=True),  # a child (ppid != 0): not an exec root
+        14: ["adk-sandbox-agent", *static_tail],  # a static agent, as its loader executes it
+        15: ["adk-sandbox-agent"],
+        16: ["/bin/sh", "-c", "SCRIPT", "adk-sandbox-agent-loader", "123", *static_tail],  # its loader
+        99: agent_argv(protected, "SRC"),  # the agent itself
+    }
+    namespace = _functions(
+        program_text("agent.py"), ["other_agents"], {"SELF": 99, "argv_of": lambda p: _cmdline(argvs[p])}
+    )
+    procs = {p: (0 if p != 13 else 10, p, b"1") for p in argvs}
+    assert sorted(namespace["other_agents"](procs)) == [10, 11, 14, 15]
+
+
+def test_the_killer_finds_supervisors_of_both_modes() -> None:
+    argvs = {
+        20: _supervisor.supervisor_argv("m-a", "1:2", 1.0, {}, ("true",)),
+        21: _supervisor.supervisor_argv("m-b", "1:2", 1.0, {"X": "y"}, ("true",), setid_allowed=True),
+        22: _supervisor.killer_argv("m-a", "1:2", strict=True),  # the killer itself is no supervisor
+        23: agent_argv(None, "SRC", setid_allowed=True),
+    }
+    namespace = _functions(
+        program_text("supervisor.py"),
+        ["supervisors"],
+        {"SELF": 5, "RUN_MODES": (b"run", b"run-setid-allowed"), "argv_of": lambda p: _cmdline(argvs[p])},
+    )
+    procs = {p: (0, p, b"1") for p in argvs}
+    assert namespace["supervisors"](procs) == {20: b"m-a", 21: b"m-b"}
+
+
+# -- HELLO ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", ["refused", "allowed", "unavailable"])
+def test_hello_setid_values(value: str) -> None:
+    validate_hello({"protocol": 1, "pid": 1, "subreaper": True, "setid": value})
+
+
+@pytest.mark.parametrize("value", [True, "off", None, ""])
+def test_hello_setid_must_be_one_of_the_states(value: object) -> None:
+    with pytest.raises(ProtocolError, match="setid"):
+        validate_hello({"protocol": 1, "pid": 1, "subreaper": True, "setid": value})
+
+
+class _FakeAgentStream:
+    """An agent that says HELLO with ``hello``, then answers each RUN with an EXIT (status 0)."""
+
+    def __init__(self, hello: dict[str, Any]) -> None:
+        self._out: queue.Queue[bytes | None] = queue.Queue()
+        self._out.put(encode(FrameType.HELLO, 0, hello))
+        self._decoder = FrameDecoder(HOST_TO_AGENT, expect_hello=False)
+        self.runs = 0
+        self.closed = threading.Event()
+
+    def read(self) -> list[tuple[Stream, bytes]] | None:
+        data = self._out.get()
+        return None if data is None else [("stdout", data)]
+
+    def write(self, data: bytes, until: float) -> None:
+        for frame in self._decoder.feed(data):
+            if frame.type == FrameType.RUN:
+                self.runs += 1
+                exit_body = {"exit_code": 0, "signal": None, "timed_out": False, "stdout_dropped": 0,
+                             "stderr_dropped": 0}  # fmt: skip
+                self._out.put(encode(FrameType.EXIT, frame.channel, exit_body))
+
+    def shutdown(self) -> None:
+        self.closed.set()
+        self._out.put(None)
+
+    def close(self) -> None:
+        self.shutdown()
+
+
+def _transport(
+    hello: dict[str, Any], **kwargs: Any
+) -> tuple[AgentTransport, list[list[str]], list[_FakeAgentStream]]:
+    argvs: list[list[str]] = []
+    streams: list[_FakeAgentStream] = []
+
+    def open_stream(argv: list[str], user: str, until: float) -> _FakeAgentStream:
+        argvs.append(argv)
+        streams.append(_FakeAgentStream(hello))
+        return streams[-1]
+
+    kwargs.setdefault("agent", "python")
+    return AgentTransport(open_stream, **kwargs), argvs, streams
+
+
+def _run(transport: AgentTransport) -> CommandOutcome:
+    command = PreparedCommand(argv=("true",), env={}, user="0:0", workdir="/", stdin=None, marker="m")
+    return transport.run(command, OutputCapture(64), deadline=time.monotonic() + 10, cancel=None)
+
+
+HELLO = {"protocol": 1, "pid": 5, "subreaper": True, "agent": "python"}
+
+
+@pytest.mark.parametrize("setid_allowed", [False, True])
+def test_an_agent_that_says_what_was_asked_runs_commands(setid_allowed: bool) -> None:
+    said = "allowed" if setid_allowed else "refused"
+    transport, argvs, streams = _transport({**HELLO, "setid": said}, setid_allowed=setid_allowed)
+    try:
+        assert _run(transport).exit_code == 0
+        assert streams[0].runs == 1
+        assert (SETID_ALLOWED_WORD in argvs[0]) is setid_allowed
+        assert transport.setid_allowed is setid_allowed
+    finally:
+        transport.close()
+
+
+@pytest.mark.parametrize(
+    ("setid_allowed", "said"),
+    [(False, "allowed"), (False, "unavailable"), (False, None), (True, "refused"), (True, None)],
+)
+def test_an_agent_that_says_otherwise_is_refused_before_any_command(
+    setid_allowed: bool, said: str | None
+) -> None:
+    hello = {**HELLO, **({"setid": said} if said is not None else {})}
+    transport, _, streams = _transport(hello, setid_allowed=setid_allowed)
+    try:
+        with pytest.raises(PolicyNotEnforceableError, match="set-id") as refused:
+            _run(transport)
+        assert f"setid={said!r}" in str(refused.value)
+        assert streams[0].runs == 0  # nothing was sent to it
+        assert streams[0].closed.is_set()  # and it was given up (its stdin ends: it kills what it has)
+        assert transport.agent_pid is None
+    finally:
+        transport.close()
+
+
+def test_the_default_transport_asks_for_the_filter() -> None:
+    transport, argvs, _ = _transport({**HELLO, "setid": "allowed"})
+    try:
+        with pytest.raises(PolicyNotEnforceableError, match="'refused' was asked for"):
+            _run(transport)
+        assert SETID_ALLOWED_WORD not in argvs[0]
+    finally:
+        transport.close()
+
+
+# -- the start-up probe's verdict -------------------------------------------------------------------------
+class _ScriptedTransport:
+    """Answers the probe with ``stdout`` (what the container would print)."""
+
+    channel = "exec"
+
+    def __init__(self, stdout: str) -> None:
+        self._stdout = stdout
+
+    def close(self) -> None:
+        pass
+
+    def run(
+        self,
+        command: PreparedCommand,
+        capture: OutputCapture,
+        *,
+        deadline: float,
+        cancel: threading.Event | None,
+    ) -> CommandOutcome:
+        capture.feed("stdout", self._stdout.encode())
+        return CommandOutcome(exit_code=0)
+
+
+def _verify(stdout: str, **kwargs: bool) -> Callable[[], None]:
+    return lambda: verify_from_inside(_ScriptedTransport(stdout), {}, "0:0", None, **kwargs)
+
+
+def test_the_probe_requires_set_id_refused_by_default() -> None:
+    _verify("setid-refused\n")()
+    with pytest.raises(PolicyNotEnforceableError, match="can create setuid"):
+        _verify("setid-allowed\n")()
+
+
+def test_the_probe_requires_set_id_allowed_when_asked() -> None:
+    _verify("setid-allowed\n", setid_allowed=True)()
+    with pytest.raises(PolicyNotEnforceableError, match="cannot create setuid/setgid files although"):
+        _verify("setid-refused\n", setid_allowed=True)()
+
+
+@pytest.mark.parametrize("setid_allowed", [False, True])
+def test_a_probe_that_could_not_check_is_never_a_pass(setid_allowed: bool) -> None:
+    with pytest.raises(PolicyNotEnforceableError, match="no writable /tmp"):
+        _verify("", setid_allowed=setid_allowed)()
+
+
+@pytest.mark.usefixtures("static_available")
+def test_a_refused_agent_is_not_a_flavour_that_could_not_start() -> None:
+    """``auto`` falls back to the Python agent when the static one cannot start; an agent that says the
+    wrong thing is no such case (the mismatch is refused at once, not tried again another way)."""
+    transport, argvs, _ = _transport({**HELLO, "setid": "allowed"}, agent="auto")
+    try:
+        with pytest.raises(PolicyNotEnforceableError):
+            _run(transport)
+        assert len(argvs) == 1 and argvs[0][0] == "/bin/sh"  # the static launch only
+    finally:
+        transport.close()

@@ -1,0 +1,141 @@
+"""The task profile's pure parts: its settings, its container shape, its checks, how its root is capped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from adk_sandbox.executor.backends.docker._rootcap import MEMORY_OVERLAY, root_cap_for
+from adk_sandbox.executor.backends.docker._seccomp import profile_option
+from adk_sandbox.executor.backends.docker._spec import (
+    TASK_CAPABILITIES,
+    ContainerSpec,
+    capabilities_from_inspect,
+    hardening_violations,
+    host_config_arguments,
+)
+from adk_sandbox.executor.backends.docker.config import DEFAULT_ROOT_MB, DockerConfig, config_from_options
+from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.policy import SandboxPolicy
+from adk_sandbox.executor.types import Language, ResourceLimits
+from tests.unit.test_docker_spec import LIMITS, hardened_inspect
+
+WRITABLE = SandboxPolicy.builder().allow_process_spawn().allow_read_write("/tmp").build()
+FORBIDDEN = {"SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE", "NET_ADMIN", "NET_RAW", "MKNOD"}
+
+
+def task_inspect(**host: Any) -> dict[str, Any]:
+    base = {"ReadonlyRootfs": False, "CapAdd": list(TASK_CAPABILITIES),
+            "SecurityOpt": ["no-new-privileges", profile_option(task=True)]}  # fmt: skip
+    return hardened_inspect(**{**base, **host})
+
+
+def test_the_default_profile_stays_hardened() -> None:
+    config = DockerConfig()
+    assert config.profile == "hardened" and config.root_cap_mb is None
+    assert DockerConfig(profile="task").root_cap_mb == DEFAULT_ROOT_MB
+    assert DockerConfig(profile="task", root_size_mb=64).root_cap_mb == 64
+
+
+def test_the_task_container_is_writable_with_a_few_capabilities_and_network_off() -> None:
+    spec = ContainerSpec(image="i", limits=LIMITS, profile="task", root_cap="watched", root_size_mb=64)
+    arguments = host_config_arguments(spec)
+    assert arguments["read_only"] is False
+    assert arguments["cap_drop"] == ["ALL"] and set(arguments["cap_add"]) == set(TASK_CAPABILITIES)
+    assert not set(arguments["cap_add"]) & FORBIDDEN
+    assert arguments["security_opt"] == ["no-new-privileges", profile_option(task=True)]
+    assert arguments["network_mode"] == "none" and arguments["pids_limit"] == 100
+    assert "storage_opt" not in arguments  # watched, not a quota
+    quota = host_config_arguments(ContainerSpec(image="i", limits=LIMITS, profile="task", root_cap="quota",
+                                                root_size_mb=64))  # fmt: skip
+    assert quota["storage_opt"] == {"size": "64M"}
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({}, None),
+        ({"CapAdd": ["CHOWN"]}, None),
+        ({"CapAdd": ["CAP_SYS_ADMIN"]}, "capabilities are added: ['SYS_ADMIN']"),
+        ({"CapAdd": [*TASK_CAPABILITIES, "NET_RAW"]}, "capabilities are added: ['NET_RAW']"),
+        ({"CapDrop": []}, "not all dropped"),
+        ({"SecurityOpt": ["no-new-privileges", profile_option()]}, "not the sandbox's"),
+        ({"SecurityOpt": ["no-new-privileges"]}, "Docker's default"),
+        ({"SecurityOpt": [profile_option(task=True)]}, "no-new-privileges is not set"),
+        ({"NetworkMode": "bridge"}, "network is 'bridge'"),
+        ({"Privileged": True}, "privileged"),
+    ],
+)
+def test_task_hardening_is_checked_as_strictly(change: dict[str, Any], problem: str | None) -> None:
+    found = hardening_violations(task_inspect(**change), limits=LIMITS, task=True)
+    if problem is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and problem in found[0], found
+
+
+def test_a_hardened_check_refuses_the_task_shape() -> None:
+    found = hardening_violations(task_inspect(), limits=LIMITS)
+    assert any("capabilities are added" in p for p in found)
+    assert any("root filesystem is writable" in p for p in found)
+
+
+def test_capabilities_say_the_profile_and_how_the_root_is_capped() -> None:
+    task = capabilities_from_inspect(task_inspect(), (Language.COMMAND,), root_cap="watched")
+    assert (task.profile, task.root_cap, task.fs_write) == ("task", "watched", True)
+    uncapped = capabilities_from_inspect(task_inspect(), (Language.COMMAND,))
+    assert uncapped.fs_write is False  # a writable root with no cap is not confined
+    hardened = capabilities_from_inspect(hardened_inspect(), (Language.COMMAND,), root_cap="watched")
+    assert (hardened.profile, hardened.root_cap, hardened.fs_write) == ("hardened", None, True)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        ({"root_size_mb": 64}, InvalidRequestError, "hardened profile's root is read-only"),
+        ({"profile": "task", "container": "c"}, InvalidRequestError, "attached container"),
+        ({"profile": "task", "workspace_transport": "bind"}, InvalidRequestError, "only as a copy"),
+        ({"profile": "task", "root_size_mb": 0}, InvalidRequestError, "root_size_mb must be"),
+        ({"profile": "task", "root_size_mb": "64"}, InvalidRequestError, "root_size_mb must be"),
+        ({"profile": "vm"}, InvalidRequestError, "profile"),
+        ({"user": "a b"}, InvalidRequestError, "user"),
+        ({"profile": "task", "policy": WRITABLE}, PolicyNotEnforceableError, "read-write"),
+    ],
+)  # fmt: skip
+def test_what_the_task_profile_cannot_go_with_is_refused(
+    options: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=says):
+        config_from_options(options)
+
+
+def test_read_only_policy_paths_and_user_names_are_fine() -> None:
+    policy = SandboxPolicy.builder().allow_process_spawn().allow_read("/tmp").build()
+    assert config_from_options({"profile": "task", "policy": policy, "user": "app:app"}).user == "app:app"
+
+
+def _info(
+    runsc_args: list[str] | None = None, driver: str = "overlay2", backing: str = "extfs"
+) -> dict[str, Any]:
+    runtimes = {"runc": {"path": "runc"}}
+    if runsc_args is not None:
+        runtimes["runsc"] = {"path": "/usr/bin/runsc", "runtimeArgs": runsc_args}
+    return {"Runtimes": runtimes, "Driver": driver, "DriverStatus": [["Backing Filesystem", backing]]}
+
+
+def test_how_the_root_is_capped_on_each_engine() -> None:
+    limits = ResourceLimits(memory_mb=512)
+    assert root_cap_for(_info(), None, limits, 100, explicit=True) == ("watched", 100)
+    assert root_cap_for(_info(backing="xfs"), None, limits, 100, explicit=True) == ("quota", 100)
+    memory = _info(["--network=none", MEMORY_OVERLAY])
+    assert root_cap_for(memory, "runsc", limits, 4096, explicit=False) == ("memory", 512)
+    assert root_cap_for(memory, "runsc", limits, 1024, explicit=True) == ("memory", 512)
+
+
+def test_gvisor_without_the_memory_overlay_or_below_the_memory_limit_is_refused() -> None:
+    limits = ResourceLimits(memory_mb=512)
+    with pytest.raises(PolicyNotEnforceableError, match="uncapped file on the host"):
+        root_cap_for(_info(["--network=none"]), "runsc", limits, 4096, explicit=False)
+    with pytest.raises(PolicyNotEnforceableError, match="memory_mb=100"):
+        root_cap_for(_info([MEMORY_OVERLAY]), "runsc", limits, 100, explicit=True)
