@@ -29,11 +29,15 @@ import errno
 import os
 import posixpath
 import shlex
+import stat
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, overload
 
+import docker
+import docker.errors
 import yaml  # type: ignore[import-untyped]  # a dependency of inspect_ai; no stubs installed
 from inspect_ai.util import (
     ExecResult,
@@ -49,8 +53,9 @@ from inspect_ai.util import (
 # private constant is the one place it is defined, and matching it exactly is the point (see below).
 from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.environment import SandboxUnavailableError
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from adk_sandbox.devtools.adapters.inspect_compose import compose_fields, is_compose
 from adk_sandbox.executor._bridge import run_blocking
 from adk_sandbox.executor._users import resolve_user
 from adk_sandbox.executor.backend import SandboxSession, SessionBackend
@@ -66,6 +71,8 @@ __all__ = [
     "WORKING_DIR",
     "AdkSandboxConfig",
     "AdkSandboxEnvironment",
+    "ImageBuild",
+    "build_image",
     "resolve_config",
 ]
 
@@ -75,8 +82,11 @@ T = TypeVar("T")
 PROVIDER_LABEL = "ai.inspect.sandbox"
 #: The name of the inspect task a container belongs to.
 TASK_LABEL = "ai.inspect.task"
-#: The sample's working directory: relative paths of ``exec(cwd=...)`` and the file operations start here.
+#: The hardened sample's working directory: relative paths of ``exec(cwd=...)`` and the file operations
+#: start here (a task sample starts at its image's ``WORKDIR``, or ``working_dir``).
 WORKING_DIR = "/tmp"
+#: Who a hardened sample's commands run as by default.
+NOBODY = "65534:65534"
 #: The longest command inspect may ask for; ``timeout=None`` means this (ExecRequest needs a bound).
 MAX_TIMEOUT_SECONDS = 24 * 3600
 #: What ``exec`` returns as the exit status of a command killed by a signal the core does not name.
@@ -92,21 +102,48 @@ def _valid_user(value: str) -> str:
     return check_user(value)
 
 
+class ImageBuild(BaseModel):
+    """A local image build (a compose file's ``build``), done on the engine when the task starts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    context: str
+    """The build context: an absolute directory on this machine."""
+    dockerfile: str | None = None
+    """The Dockerfile, relative to the context (default ``Dockerfile``)."""
+    args: dict[str, str] = Field(default_factory=dict)
+    """Build arguments."""
+    network: str | None = None
+    """The network ``RUN`` steps get (``host`` to reach a package mirror; default: the engine's)."""
+
+
 class AdkSandboxConfig(BaseModel):
-    """The ``adk-sandbox`` provider's configuration (every field optional; a YAML or JSON file of them).
+    """The ``adk-sandbox`` provider's configuration (every field optional).
+
+    Given as the model, a YAML or JSON file of its fields, or a single-service compose file written for
+    inspect's docker provider (:mod:`.inspect_compose`).
 
     Example ``adk-sandbox.yaml``::
 
-        image: adk-sandbox/base
+        image: my-task-image
         runtime: runsc
         limits: {memory_mb: 1024, pids: 256}
-        tmpfs: {/var/tmp: 128}
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     image: str = BASE_IMAGE
-    """The container image (built locally: ``adk-sandbox images build``; never pulled)."""
+    """The container image (built locally: ``adk-sandbox images build``, or ``build``; never pulled)."""
+    build: ImageBuild | None = None
+    """Build ``image`` from a local Dockerfile when the task starts (the engine's cache makes a repeat
+    cheap)."""
+    profile: Literal["task", "hardened"] = "task"
+    """``task`` (the default): the task image as it is -- its ``USER`` (root when it has none), its
+    ``WORKDIR``, a writable root filesystem capped at ``root_size_mb``, the capabilities package managers
+    and ``adduser`` need, inside the boundary of docs/docker/profiles.md. ``hardened``: a read-only root,
+    no capabilities, nobody by default."""
+    root_size_mb: Annotated[int, Field(gt=0)] | None = None
+    """The cap on a task sandbox's root writes, in MiB (default 4096; under gVisor: the memory limit)."""
     runtime: Literal["runc", "runsc"] = "runc"
     """The OCI runtime: ``runc`` (a plain container) or ``runsc`` (gVisor's user-space kernel)."""
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
@@ -114,16 +151,31 @@ class AdkSandboxConfig(BaseModel):
     network: bool = False
     """Off by default: the container has network ``none``. True gives it Docker's default bridge (the
     host's network reach); gVisor here is registered with ``--network=none`` and refuses it."""
-    user: Annotated[str, AfterValidator(_valid_user)] = "65534:65534"
+    user: Annotated[str, AfterValidator(_valid_user)] | None = None
     """Who commands and file operations run as unless ``exec(user=...)`` says otherwise: ``uid[:gid]`` or
-    names from the container's ``/etc/passwd`` and ``/etc/group`` (default nobody). ``"0:0"`` is root
-    without capabilities: it owns the image's files but cannot override permissions, and the root
-    filesystem stays read-only."""
+    names from the container's ``/etc/passwd`` and ``/etc/group``. Default: the image's ``USER`` (root
+    when it has none) in the task profile, nobody (``65534:65534``) in the hardened one."""
+    working_dir: str | None = None
+    """Where commands start and relative file paths lead (absolute). Default: the image's ``WORKDIR`` in
+    the task profile, ``/tmp`` (a tmpfs) in the hardened one."""
     tmpfs: dict[str, int] = Field(default_factory=lambda: {"/var/tmp": 64})
     """Extra writable tmpfs mounts, path -> MiB, besides ``/tmp`` and HOME. inspect copies its tool
     helpers (``text_editor()``, ``bash_session()``, ``exec_remote()``) into ``/var/tmp`` and runs them."""
     env: dict[str, str] = Field(default_factory=dict)
     """Variables every command gets (after the image's own; ``exec(env=...)`` overrides them)."""
+
+    @field_validator("working_dir")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not posixpath.isabs(value):
+            raise ValueError(f"working_dir must be an absolute path, not {value!r}")
+        return value
+
+    def command_user(self) -> str | None:
+        """Who commands run as by default: the configured user; None: the profile's default."""
+        if self.user is None and self.profile == "hardened":
+            return NOBODY
+        return self.user
 
     def __hash__(self) -> int:
         # inspect keys its sandbox caches by the config; the dict fields break pydantic's own hash.
@@ -143,11 +195,11 @@ class AdkSandboxEnvironment(SandboxEnvironment):
     _backends: dict[tuple[str, str], SessionBackend[Any]] = {}  # noqa: RUF012 - shared by the class on purpose
     _backends_lock = threading.Lock()
 
-    def __init__(self, session: SandboxSession, config: AdkSandboxConfig) -> None:
+    def __init__(self, session: SandboxSession, config: AdkSandboxConfig, start: _SampleStart) -> None:
         super().__init__()
         self._session = session
         self._config = config
-        """User names of the container's ``/etc/passwd`` -> ``uid:gid`` (read on first use)."""
+        self._start = start
 
     # -- configuration and lifecycle -----------------------------------------------------------------
     @classmethod
@@ -173,17 +225,17 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         """Start the sample's container (verified hardened before it is used): ``{"default": env}``."""
         resolved = resolve_config(config)
 
-        def start(_: threading.Event) -> SandboxSession:
+        def start(_: threading.Event) -> tuple[SandboxSession, _SampleStart]:
             session: SandboxSession = cls._backend(task_name, resolved).session()
             try:
                 session.start()
+                return session, _SampleStart.of(session, resolved)
             except BaseException:
                 session.close()
                 raise
-            return session
 
-        session = await _unavailable_on_failure(run_blocking(start, name="adk-sandbox-sample-init"))
-        return {"default": cls(session, resolved)}
+        session, where = await _unavailable_on_failure(run_blocking(start, name="adk-sandbox-sample-init"))
+        return {"default": cls(session, resolved, where)}
 
     @classmethod
     async def sample_cleanup(
@@ -249,12 +301,16 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         with cls._backends_lock:
             backend = cls._backends.get(key)
             if backend is None:
+                if config.build is not None:
+                    build_image(config.image, config.build)
                 backend = DockerBackend(
                     image=config.image,
+                    profile=config.profile,
+                    root_size_mb=config.root_size_mb,
                     limits=config.limits,
                     runtime=config.runtime,
                     network=config.network,
-                    user=config.user,
+                    user=config.command_user(),
                     tmpfs=config.tmpfs,
                     labels={PROVIDER_LABEL: "adk-sandbox", TASK_LABEL: task_name[:4096]},
                 )
@@ -268,11 +324,11 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         container = getattr(self._session, "container_id", None)
         if not isinstance(container, str):
             raise ConnectionError(f"a {self._session.name} session offers no interactive connection")
-        who = await self._resolve_user(user) if user is not None else self._config.user
+        who = await self._resolve_user(user) if user is not None else self._start.user
         if who is None:
             raise ConnectionError(f"user {user!r} is not in the container's /etc/passwd")
         command = shlex.join(
-            ["docker", "exec", "-it", "--user", who, "--workdir", WORKING_DIR, container, "sh"]
+            ["docker", "exec", "-it", "--user", who, "--workdir", self._start.workdir, container, "sh"]
         )
         return SandboxConnection(type="adk-sandbox", command=command, container=container)
 
@@ -307,14 +363,15 @@ class AdkSandboxEnvironment(SandboxEnvironment):
                 return ExecResult(
                     False, 126, "", f"unable to find user {user}: no matching entries in passwd file\n"
                 )
-        directory = posixpath.normpath(posixpath.join(WORKING_DIR, cwd)) if cwd else None
+        workdir = self._start.workdir
+        directory = posixpath.normpath(posixpath.join(workdir, cwd)) if cwd else workdir
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
         try:
             request = ExecRequest(
                 argv=tuple(cmd),
                 stdin=input,
                 # The session's own default is the working directory: not naming it saves a check.
-                cwd=None if directory == WORKING_DIR else directory,
+                cwd=None if directory == self._start.session_workdir else directory,
                 env={**self._config.env, **(env or {})},
                 user=who,
                 timeout=min(timeout, MAX_TIMEOUT_SECONDS) if timeout else MAX_TIMEOUT_SECONDS,
@@ -370,7 +427,7 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         path = self._path(file)
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
         # One byte past the limit tells "exactly at the limit" from "over it" without a stat.
-        data = await self._file_call(lambda: self._session.files.read_bytes(path, limit=limit + 1), file)
+        data = await self._file_call(lambda: self._read(path, limit + 1, file), file)
         if len(data) > limit:
             raise OutputLimitExceededError(
                 limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
@@ -387,6 +444,12 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         data = contents.encode("utf-8") if isinstance(contents, str) else bytes(contents)
         await self._file_call(lambda: self._write(path, data, file), file)
 
+    def _read(self, path: str, limit: int, shown: str) -> bytes:
+        files = self._session.files
+        if self._start.root and not files.stat(path).mode & stat.S_IRUSR:
+            raise PermissionError(errno.EACCES, "Permission denied: its owner may not read it", shown)
+        return files.read_bytes(path, limit=limit)
+
     def _write(self, path: str, data: bytes, shown: str) -> None:
         files = self._session.files
         try:
@@ -397,6 +460,8 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             return
         if found.type == "dir":
             raise IsADirectoryError(errno.EISDIR, "Is a directory: cannot write a file over it", shown)
+        if self._start.root and not found.mode & stat.S_IWUSR:
+            raise PermissionError(errno.EACCES, "Permission denied: its owner may not write it", shown)
         # The agent refuses a file this user may not write (PermissionError, as `open(file, "w")`) and
         # keeps an existing file's mode (docs/DOCKER.md, "Atomic writes").
         files.write_bytes(path, data)
@@ -405,7 +470,7 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         self._session.close()
 
     def _path(self, file: str) -> str:
-        return posixpath.join(WORKING_DIR, file)
+        return posixpath.join(self._start.workdir, file)
 
     async def _file_call(self, call: Callable[[], T], shown: str | None = None) -> T:
         """Run a file operation off the event loop; OSErrors name ``shown`` (the path as inspect gave it)."""
@@ -415,6 +480,67 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             if shown is None or exc.filename == shown or isinstance(exc, TimeoutError):
                 raise
             raise type(exc)(exc.errno, exc.strerror, shown) from exc
+
+
+@dataclass(frozen=True)
+class _SampleStart:
+    """What a started sample's session says of itself, read once by one command at sample start."""
+
+    workdir: str
+    """Where commands start and relative paths lead (the config's ``working_dir``, else the session's)."""
+    session_workdir: str
+    """The session's own default directory (a command there needs no ``cwd``)."""
+    user: str
+    """``uid:gid`` commands run as by default (``inspect sandbox connect`` uses it)."""
+
+    @property
+    def root(self) -> bool:
+        """Commands and file operations run as root: permission bits do not bind them.
+
+        The file operations then honour the owner's bits themselves, as inspect's docker provider does
+        for reads: a ``chmod -r`` / ``chmod -w`` file is a ``PermissionError`` for the model too.
+        """
+        return self.user.split(":")[0] == "0"
+
+    @classmethod
+    def of(cls, session: SandboxSession, config: AdkSandboxConfig) -> _SampleStart:
+        """Ask ``session`` (started) where it starts and as whom; make ``working_dir`` (task profile)."""
+        if config.working_dir is not None and config.profile == "task":
+            # As Docker does for a compose file's working_dir: made when missing, by root.
+            _checked(session, ("mkdir", "-p", "--", config.working_dir), "0:0")
+        output = _checked(session, ("sh", "-c", 'pwd; echo "$(id -u):$(id -g)"'), None)
+        session_workdir, user = output.split("\n")[:2]
+        return cls(config.working_dir or session_workdir, session_workdir, user)
+
+
+def _checked(session: SandboxSession, argv: tuple[str, ...], user: str | None) -> str:
+    result = session.execute(ExecRequest(argv=argv, user=user, timeout=60))
+    if result.exit_code != 0:
+        raise SandboxFailedError(f"{shlex.join(argv)} failed at sample start: {result.stderr.strip()}")
+    return result.stdout
+
+
+def build_image(image: str, build: ImageBuild) -> None:
+    """Build ``image`` from ``build`` on the engine (``DOCKER_HOST``); a failure says why, with the log."""
+    client = docker.from_env()
+    try:
+        client.images.build(
+            path=build.context,
+            dockerfile=build.dockerfile,
+            tag=image,
+            buildargs=dict(build.args),
+            network_mode=build.network,
+            rm=True,
+            forcerm=True,
+        )
+    except docker.errors.BuildError as exc:
+        lines = [str(entry.get("stream") or entry.get("error") or "").rstrip() for entry in exc.build_log]
+        tail = "\n".join(line for line in lines if line)[-2000:]
+        raise ValueError(f"building {image} from {build.context} failed: {exc.msg}\n{tail}") from None
+    except docker.errors.DockerException as exc:
+        raise BackendUnavailableError(f"cannot build {image} from {build.context}: {exc}") from exc
+    finally:
+        client.close()
 
 
 async def _unavailable_on_failure(call: Awaitable[T]) -> T:
@@ -464,6 +590,11 @@ def resolve_config(config: SandboxEnvironmentConfigType | None) -> AdkSandboxCon
         if not path.is_file():
             raise ValueError(f"adk-sandbox config file {config!r} does not exist")
         loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if is_compose(loaded):
+            try:
+                return AdkSandboxConfig.model_validate(compose_fields(loaded, path.resolve()))
+            except ValidationError as exc:
+                raise ValueError(f"compose file {config!r}: {exc}") from None
         if not isinstance(loaded, dict):
             raise ValueError(
                 f"adk-sandbox config file {config!r} must hold a mapping of AdkSandboxConfig fields"

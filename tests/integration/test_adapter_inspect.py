@@ -51,17 +51,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.anyio]
 
 TASK = "test_adapter_inspect"
 
-#: Checks this provider fails, per runtime, and why (strict xfails: each must really fail).
-KNOWN_FAILURES: dict[str, dict[str, str]] = {
-    runtime: {
-        "test_exec_as_user": (
-            "adds a user with adduser as root: the base image has no adduser, and the sandbox's root "
-            "filesystem is read-only with every capability dropped, so /etc/passwd cannot "
-            "change; running as any existing user (user='root', a uid, a name) works"
-        ),
-    }
-    for runtime in ("runc", "runsc")
-}
+#: Checks this provider fails, per runtime, and why (strict xfails: each must really fail). None now: the
+#: task profile (the default) lets ``test_exec_as_user`` add its user with ``adduser`` as root.
+KNOWN_FAILURES: dict[str, dict[str, str]] = {"runc": {}, "runsc": {}}
 
 
 @pytest.fixture
@@ -139,7 +131,7 @@ def test_config_from_a_yaml_file(tmp_path: Any) -> None:
 
 
 async def test_exec_as_users_by_name_and_an_unknown_one(sandbox_env: SandboxEnvironment) -> None:
-    assert (await sandbox_env.exec(["id", "-u"])).stdout == "65534\n"
+    assert (await sandbox_env.exec(["id", "-u"])).stdout == "0\n"  # the task profile: the image's user
     assert (await sandbox_env.exec(["id", "-u"], user="root")).stdout == "0\n"
     assert (await sandbox_env.exec(["id", "-un"], user="daemon")).stdout == "daemon\n"
     assert (await sandbox_env.exec(["id", "-u"], user="1234")).stdout == "1234\n"
@@ -162,7 +154,31 @@ async def test_connection_is_a_working_docker_exec(sandbox_env: SandboxEnvironme
     done = subprocess.run(
         [*argv, "-c", "id -u; pwd"], capture_output=True, text=True, timeout=60, check=False
     )
-    assert done.stdout == "65534\n/tmp\n", done.stderr
+    assert done.stdout == "0\n/home/sandbox\n", done.stderr  # the image's USER (none: root) and WORKDIR
+
+
+async def test_the_hardened_profile_runs_as_nobody_in_tmp_on_a_read_only_root() -> None:
+    """``profile="hardened"`` keeps the old shape: nobody, /tmp, a read-only root, also for connect."""
+    require(INSPECT_MISSING is None, f"inspect_ai is not installed: {INSPECT_MISSING}")
+    _runtime_available("runc")
+    config = AdkSandboxConfig(profile="hardened")
+    environments = await AdkSandboxEnvironment.sample_init("hardened", config, {})
+    environment = environments["default"]
+    try:
+        done = await environment.exec(["sh", "-c", "id -u; pwd; touch /etc/x || echo refused"], user="root")
+        assert done.stdout.split("\n")[1:] == ["/tmp", "refused", ""], done
+        assert (await environment.exec(["id", "-u"])).stdout == "65534\n"
+        await environment.write_file("note.txt", "kept")
+        assert (await environment.exec(["cat", "/tmp/note.txt"])).stdout == "kept"
+        connection = await environment.connection()
+        argv = [arg for arg in shlex.split(connection.command) if arg != "-it"]
+        shown = subprocess.run(
+            [*argv, "-c", "id -u; pwd"], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert shown.stdout == "65534\n/tmp\n", shown.stderr
+    finally:
+        await AdkSandboxEnvironment.sample_cleanup("hardened", config, environments, False)
+        await AdkSandboxEnvironment.task_cleanup("hardened", config, True)
 
 
 async def test_cli_cleanup_removes_a_kept_sample_by_its_session_id() -> None:
@@ -253,7 +269,7 @@ def _scripted_eval_task(runtime: str, tools: tuple[str, ...]) -> Any:
             checks = {"every call answered": sum(map(len, results.values())) == len(outputs) - 1}
             checks["no tool errors"] = not errors
             if "bash" in tools:
-                checks["bash ran as nobody"] = text.get("bash", "").strip() == "65534"
+                checks["bash ran as the image's user (root)"] = text.get("bash", "").strip() == "0"
             if "python" in tools:
                 checks["python read bash's file"] = "HELLO-FROM-BASH" in text.get("python", "")
             if "text_editor" in tools:

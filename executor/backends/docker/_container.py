@@ -168,7 +168,8 @@ class ContainerProvider:
                     entrypoint=["sleep"],
                     command=[str(spec.lifetime_seconds)],
                     user="0:0",  # the keeper; commands run as the workspace owner
-                    working_dir=spec.workdir,
+                    # A task image starts where its WORKDIR says, as under `docker run`.
+                    working_dir=None if spec.task and not spec.workspace else spec.workdir,
                     environment={"HOME": HOME_DIR},
                     labels=dict(spec.labels),
                     host_config=host_config,
@@ -205,7 +206,7 @@ class ContainerProvider:
         mounts = [spec.workspace] if spec.workspace else []
         mounts += [allowed.path for allowed in spec.extra_mounts] + list(spec.read_only_mounts)
         workdir = spec.workdir
-        if self.attached:
+        if self.attached or (spec.task and not spec.workspace):
             workdir = spec.workspace or inspect.get("Config", {}).get("WorkingDir") or "/"
             if spec.workspace:
                 self._check_attached_workspace(inspect, spec.workspace)
