@@ -178,7 +178,8 @@ def engine_versions(host: str) -> dict[str, str]:
     answer = subprocess.run(["docker", "-H", host, "version", "--format", template], check=True,
                             capture_output=True, text=True).stdout.split()  # fmt: skip
     versions = {"engine": answer[0], "api": answer[1]}
-    versions |= dict(part.split("=", 1) for part in answer[2:] if "=" in part and not part.startswith("Engine="))
+    components = (part.split("=", 1) for part in answer[2:] if "=" in part)
+    versions |= {name: version for name, version in components if name != "Engine"}
     compose = subprocess.run(
         ["docker", "compose", "version", "--short"], check=False, capture_output=True, text=True
     )
