@@ -136,8 +136,11 @@ def make_task(spec: SandboxEnvironmentSpec) -> Task:
     )
 
 
-def run_eval(spec: SandboxEnvironmentSpec, log_dir: str) -> None:
-    """One eval of the task on ``spec``; fails unless it scored every sample correct."""
+def run_eval(spec: SandboxEnvironmentSpec, log_dir: str) -> list[float]:
+    """One eval of the task on ``spec``: each sample's ``total_time`` in its log, seconds.
+
+    Fails unless the eval scored every sample correct.
+    """
     model = get_model("mockllm/model", custom_outputs=scripted_model)
     [log] = inspect_eval(make_task(spec), model=model, log_dir=log_dir, display="none")
     assert log.status == "success", log.error
@@ -146,6 +149,7 @@ def run_eval(spec: SandboxEnvironmentSpec, log_dir: str) -> None:
     if accuracy_ != 1.0:
         wrong = [score.explanation for sample in log.samples for score in (sample.scores or {}).values()]
         raise AssertionError(f"accuracy {accuracy_} on {spec.type}: {wrong[:2]}")
+    return [sample.total_time or 0.0 for sample in log.samples]
 
 
 @contextlib.contextmanager
@@ -218,12 +222,16 @@ def main() -> None:
         }
         logs = Path(scratch) / "logs"
 
-        def one(spec: SandboxEnvironmentSpec) -> Callable[[], None]:
-            return lambda: run_eval(spec, str(logs))
+        sample_times: dict[str, list[float]] = {name: [] for name in specs}
 
-        stats = interleaved({name: one(spec) for name, spec in specs.items()}, rounds)
+        def one(name: str, spec: SandboxEnvironmentSpec) -> Callable[[], None]:
+            return lambda: sample_times[name].extend(run_eval(spec, str(logs)))
+
+        stats = interleaved({name: one(name, spec) for name, spec in specs.items()}, rounds)
         assert containers(host) == [], "an eval left a container on the engine"
     anchor = stats["inspect docker"]
+    # Per sample (the untimed first eval's included): seconds as milliseconds, for seconds() and Stats.
+    per_sample = {name: Stats(tuple(1000 * t for t in times)) for name, times in sample_times.items()}
     rows = [
         Row(
             name,
@@ -231,6 +239,17 @@ def main() -> None:
             "inspect's docker provider",
             seconds(anchor),
             stats[name].p50 / anchor.p50,
+        )
+        for name in ("adk-sandbox hardened", "adk-sandbox task")
+    ]
+    anchor_sample = per_sample["inspect docker"]
+    rows += [
+        Row(
+            f"{name}: one sample (its total_time)",
+            seconds(per_sample[name]),
+            "inspect's docker provider",
+            seconds(anchor_sample),
+            per_sample[name].p50 / anchor_sample.p50,
         )
         for name in ("adk-sandbox hardened", "adk-sandbox task")
     ]
