@@ -121,7 +121,7 @@ def test_read_only_policy_paths_and_user_names_are_fine() -> None:
 def _info(
     runsc_args: list[str] | None = None, driver: str = "overlay2", backing: str = "extfs"
 ) -> dict[str, Any]:
-    runtimes = {"runc": {"path": "runc"}}
+    runtimes: dict[str, dict[str, Any]] = {"runc": {"path": "runc"}}
     if runsc_args is not None:
         runtimes["runsc"] = {"path": "/usr/bin/runsc", "runtimeArgs": runsc_args}
     return {"Runtimes": runtimes, "Driver": driver, "DriverStatus": [["Backing Filesystem", backing]]}
@@ -210,8 +210,7 @@ def test_the_size_probe_creates_one_labelled_container_and_removes_it() -> None:
 
 
 def test_the_size_probe_reports_the_engines_refusal() -> None:
-    response = SimpleNamespace(status_code=500, reason="Server Error", url="http://engine")
-    refused = docker.errors.APIError("500 Server Error", response=response, explanation=NO_PQUOTA)
+    refused = docker.errors.APIError("500 Server Error", explanation=NO_PQUOTA)
     client = _client({"task:1": refused})
     assert size_refusal(client, "task:1", 64) == NO_PQUOTA
     assert client.api.removed == []
