@@ -95,8 +95,8 @@ def size_refusal(client: docker.DockerClient, image: str, size_mb: int) -> str |
     ``docker info`` shows an XFS data root mounted without ``pquota`` as it shows one with it; only a create
     with the option tells them apart (overlay2 refuses it: "--storage-opt is supported only for overlay
     over xfs with 'pquota' mount option"). So one container is created from ``image`` (or, missing, any
-    image the engine has), never started, and removed: one create and one remove, about 0.1 s. It carries
-    the project's owner labels, so a reaper removes it if this process dies in between.
+    image the engine has), never started, and removed (10-50 ms here). It carries the project's owner
+    labels, so a reaper removes it if this process dies in between.
     """
     labels = owner_labels(f"rootcap-probe-{uuid.uuid4().hex[:12]}", 300)
     host_config = client.api.create_host_config(network_mode="none", storage_opt={"size": f"{size_mb}M"})
