@@ -28,7 +28,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMPOSE_KEYS", "compose_fields", "is_compose"]
+__all__ = ["COMPOSE_KEYS", "built_name", "compose_fields", "dockerfile_fields", "is_compose", "is_dockerfile"]
 
 #: The service keys read from a compose file (anything else is refused by name).
 COMPOSE_KEYS = (
@@ -56,6 +56,20 @@ _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 def is_compose(loaded: object) -> bool:
     """True for the contents of a compose file (a top-level ``services``)."""
     return isinstance(loaded, dict) and "services" in loaded
+
+
+def is_dockerfile(path: Path) -> bool:
+    """True for a Dockerfile's name (``Dockerfile``, ``Dockerfile.task``, ``task.Dockerfile``)."""
+    return path.name == "Dockerfile" or path.name.startswith("Dockerfile.") or path.suffix == ".Dockerfile"
+
+
+def dockerfile_fields(path: Path) -> dict[str, Any]:
+    """The config of ``sandbox=("adk-sandbox", "Dockerfile")``: built from the file's directory.
+
+    As inspect's docker provider does with a Dockerfile.
+    """
+    build = {"context": str(path.parent.resolve()), "dockerfile": path.name}
+    return {"build": build, "image": built_name(build)}
 
 
 def compose_fields(loaded: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -123,7 +137,7 @@ def _service_fields(service: dict[str, Any], where: str, base: Path) -> dict[str
 def _image(service: dict[str, Any], where: str, base: Path) -> dict[str, Any]:
     if "build" in service:
         build = _build(service["build"], where, base)
-        return {"build": build, "image": str(service.get("image") or _built_name(build))}
+        return {"build": build, "image": str(service.get("image") or built_name(build))}
     if "image" in service:
         return {"image": str(service["image"])}
     raise ValueError(f"{where}: needs `image` or `build`")
@@ -162,7 +176,7 @@ def _build(build: object, where: str, base: Path) -> dict[str, Any]:
     return result
 
 
-def _built_name(build: dict[str, Any]) -> str:
+def built_name(build: dict[str, Any]) -> str:
     """A stable local image name for a build without ``image`` (one per context and Dockerfile)."""
     key = f"{build['context']}\0{build.get('dockerfile', 'Dockerfile')}".encode()
     return f"adk-sandbox-task/{hashlib.sha256(key).hexdigest()[:16]}:latest"

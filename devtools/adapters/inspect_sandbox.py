@@ -55,7 +55,12 @@ from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from adk_sandbox.devtools.adapters.inspect_compose import compose_fields, is_compose
+from adk_sandbox.devtools.adapters.inspect_compose import (
+    compose_fields,
+    dockerfile_fields,
+    is_compose,
+    is_dockerfile,
+)
 from adk_sandbox.executor._bridge import run_blocking
 from adk_sandbox.executor._users import resolve_user
 from adk_sandbox.executor.backend import SandboxSession, SessionBackend
@@ -580,7 +585,10 @@ def _closer(backend: SessionBackend[Any]) -> Callable[[threading.Event], None]:
 
 
 def resolve_config(config: SandboxEnvironmentConfigType | None) -> AdkSandboxConfig:
-    """The configuration inspect hands over: None (defaults), a YAML/JSON file's path, or the model."""
+    """The configuration inspect hands over: None (defaults), a file's path, or the model.
+
+    The file: a YAML/JSON file of the fields, a single-service compose file, or a Dockerfile.
+    """
     if config is None:
         return AdkSandboxConfig()
     if isinstance(config, AdkSandboxConfig):
@@ -589,6 +597,8 @@ def resolve_config(config: SandboxEnvironmentConfigType | None) -> AdkSandboxCon
         path = Path(config)
         if not path.is_file():
             raise ValueError(f"adk-sandbox config file {config!r} does not exist")
+        if is_dockerfile(path):
+            return AdkSandboxConfig.model_validate(dockerfile_fields(path))
         loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         if is_compose(loaded):
             try:

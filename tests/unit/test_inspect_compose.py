@@ -130,3 +130,10 @@ def test_only_a_services_mapping_makes_a_compose_file() -> None:
 def test_working_dir_must_be_absolute() -> None:
     with pytest.raises(ValueError, match="absolute"):
         AdkSandboxConfig(working_dir="testbed")
+
+
+def test_a_dockerfile_path_is_built_from_its_directory(tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM adk-sandbox/base:latest\n")
+    config = resolve_config(str(tmp_path / "Dockerfile"))
+    assert config.build == ImageBuild(context=str(tmp_path.resolve()), dockerfile="Dockerfile")
+    assert config.image.startswith("adk-sandbox-task/") and config.profile == "task"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
+import docker.errors
 import pytest
 
-from adk_sandbox.executor.backends.docker._rootcap import MEMORY_OVERLAY, root_cap_for
+from adk_sandbox.executor._owner import PROJECT_LABEL
+from adk_sandbox.executor.backends.docker._rootcap import MEMORY_OVERLAY, root_cap_for, size_refusal
 from adk_sandbox.executor.backends.docker._seccomp import profile_option
 from adk_sandbox.executor.backends.docker._spec import (
     TASK_CAPABILITIES,
@@ -118,24 +121,115 @@ def test_read_only_policy_paths_and_user_names_are_fine() -> None:
 def _info(
     runsc_args: list[str] | None = None, driver: str = "overlay2", backing: str = "extfs"
 ) -> dict[str, Any]:
-    runtimes = {"runc": {"path": "runc"}}
+    runtimes: dict[str, dict[str, Any]] = {"runc": {"path": "runc"}}
     if runsc_args is not None:
         runtimes["runsc"] = {"path": "/usr/bin/runsc", "runtimeArgs": runsc_args}
     return {"Runtimes": runtimes, "Driver": driver, "DriverStatus": [["Backing Filesystem", backing]]}
 
 
+NO_PQUOTA = "--storage-opt is supported only for overlay over xfs with 'pquota' mount option"
+
+
+class SizeAsked:
+    """A ``size_refused`` answer that records each size it was asked about."""
+
+    def __init__(self, refusal: str | None = None) -> None:
+        self.refusal = refusal
+        self.asked: list[int] = []
+
+    def __call__(self, size_mb: int) -> str | None:
+        self.asked.append(size_mb)
+        return self.refusal
+
+
 def test_how_the_root_is_capped_on_each_engine() -> None:
     limits = ResourceLimits(memory_mb=512)
-    assert root_cap_for(_info(), None, limits, 100, explicit=True) == ("watched", 100)
-    assert root_cap_for(_info(backing="xfs"), None, limits, 100, explicit=True) == ("quota", 100)
+    takes = SizeAsked()
+    assert root_cap_for(_info(), None, limits, 100, explicit=True, size_refused=takes) == ("watched", 100)
+    assert root_cap_for(_info(driver="btrfs", backing="btrfs"), None, limits, 100, explicit=True,
+                        size_refused=takes) == ("watched", 100)  # fmt: skip
+    assert takes.asked == []  # asked only where a quota may hold: overlay2 on XFS
+    assert root_cap_for(_info(backing="xfs"), None, limits, 100, explicit=True, size_refused=takes) == (
+        "quota", 100,
+    )  # fmt: skip
+    assert takes.asked == [100]
     memory = _info(["--network=none", MEMORY_OVERLAY])
-    assert root_cap_for(memory, "runsc", limits, 4096, explicit=False) == ("memory", 512)
-    assert root_cap_for(memory, "runsc", limits, 1024, explicit=True) == ("memory", 512)
+    assert root_cap_for(memory, "runsc", limits, 4096, explicit=False, size_refused=takes) == ("memory", 512)
+    assert root_cap_for(memory, "runsc", limits, 1024, explicit=True, size_refused=takes) == ("memory", 512)
+    assert takes.asked == [100]
+
+
+def test_xfs_without_project_quotas_falls_back_to_the_watch(caplog: pytest.LogCaptureFixture) -> None:
+    """An XFS data root mounted without pquota: the engine refuses the size option, so no quota is used."""
+    refuses = SizeAsked(NO_PQUOTA)
+    cap = root_cap_for(_info(backing="xfs"), None, ResourceLimits(), 64, explicit=True, size_refused=refuses)
+    assert cap == ("watched", 64)
+    assert refuses.asked == [64]
+    assert "pquota" in caplog.text and "watched" in caplog.text
+
+
+class FakeApi:
+    """docker-py's low-level API, as far as :func:`size_refusal` uses it."""
+
+    def __init__(self, errors: dict[str, Exception], images: list[str]) -> None:
+        self.errors = errors
+        self.image_ids = images
+        self.created: list[tuple[str, dict[str, Any]]] = []
+        self.removed: list[str] = []
+
+    def create_host_config(self, **options: Any) -> dict[str, Any]:
+        return options
+
+    def images(self, quiet: bool = False) -> list[str]:
+        return self.image_ids
+
+    def create_container(self, image: str, command: list[str], **options: Any) -> dict[str, str]:
+        self.created.append((image, options))
+        if image in self.errors:
+            raise self.errors[image]
+        return {"Id": f"probe-of-{image}"}
+
+    def remove_container(self, container: str, force: bool = False) -> None:
+        assert force
+        self.removed.append(container)
+
+
+def _client(errors: dict[str, Exception], images: list[str] | None = None) -> Any:
+    return SimpleNamespace(api=FakeApi(errors, images or []))
+
+
+def test_the_size_probe_creates_one_labelled_container_and_removes_it() -> None:
+    client = _client({})
+    assert size_refusal(client, "task:1", 64) is None
+    ((image, options),) = client.api.created
+    assert image == "task:1"
+    assert options["host_config"]["storage_opt"] == {"size": "64M"}
+    assert options["host_config"]["network_mode"] == "none"
+    assert options["labels"][PROJECT_LABEL] == "adk-sandbox"  # reaped if this process dies before remove
+    assert client.api.removed == ["probe-of-task:1"]
+
+
+def test_the_size_probe_reports_the_engines_refusal() -> None:
+    refused = docker.errors.APIError("500 Server Error", explanation=NO_PQUOTA)
+    client = _client({"task:1": refused})
+    assert size_refusal(client, "task:1", 64) == NO_PQUOTA
+    assert client.api.removed == []
+
+
+def test_the_size_probe_uses_another_image_when_the_tasks_is_missing() -> None:
+    missing = docker.errors.ImageNotFound("No such image: task:1")
+    client = _client({"task:1": missing}, images=["sha256:other"])
+    assert size_refusal(client, "task:1", 64) is None
+    assert [image for image, _ in client.api.created] == ["task:1", "sha256:other"]
+    nothing = _client({"task:1": missing})
+    assert "task:1 is missing" in str(size_refusal(nothing, "task:1", 64))
 
 
 def test_gvisor_without_the_memory_overlay_or_below_the_memory_limit_is_refused() -> None:
     limits = ResourceLimits(memory_mb=512)
     with pytest.raises(PolicyNotEnforceableError, match="uncapped file on the host"):
-        root_cap_for(_info(["--network=none"]), "runsc", limits, 4096, explicit=False)
+        root_cap_for(
+            _info(["--network=none"]), "runsc", limits, 4096, explicit=False, size_refused=SizeAsked()
+        )
     with pytest.raises(PolicyNotEnforceableError, match="memory_mb=100"):
-        root_cap_for(_info([MEMORY_OVERLAY]), "runsc", limits, 100, explicit=True)
+        root_cap_for(_info([MEMORY_OVERLAY]), "runsc", limits, 100, explicit=True, size_refused=SizeAsked())

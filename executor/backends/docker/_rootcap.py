@@ -5,7 +5,10 @@ without bound on the host's disk, so before the first container the backend pick
 
 * ``memory`` -- gVisor registered with ``--overlay2=root:memory`` keeps root writes in the sandbox's memory,
   counted against its memory limit: passing it kills the sandbox (an OOM), nothing reaches the disk;
-* ``quota`` -- an overlay2 engine on XFS takes ``--storage-opt size=``: a write past it fails (ENOSPC);
+* ``quota`` -- an overlay2 engine on XFS takes ``--storage-opt size=``: a write past it fails (ENOSPC or
+  EDQUOT) and the session goes on. Only when its data root is mounted with project quotas (``pquota``):
+  ``docker info`` does not say whether it is, so :func:`size_refusal` asks the engine by creating (never
+  starting) one container with the option; an engine that refuses it gets the watch below;
 * ``watched`` -- otherwise (overlay2 on ext4, the usual case): :class:`RootWatcher` reads the container's
   writable layer size from the engine (``SizeRw``) every :data:`WATCH_SECONDS` and kills the container
   once it passes the cap. The layer can overshoot by what the sandbox writes between two reads (each file
@@ -20,17 +23,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import docker
 import docker.errors
 
+from adk_sandbox.executor._owner import owner_labels
 from adk_sandbox.executor.backends.docker._spec import GVISOR_RUNTIME
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.types import ResourceLimits
 
-__all__ = ["MEMORY_OVERLAY", "WATCH_SECONDS", "RootWatcher", "root_cap_for"]
+__all__ = ["MEMORY_OVERLAY", "WATCH_SECONDS", "RootWatcher", "root_cap_for", "size_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +46,20 @@ WATCH_SECONDS = 0.5
 
 
 def root_cap_for(
-    info: Mapping[str, Any], runtime: str | None, limits: ResourceLimits, root_size_mb: int, *, explicit: bool
+    info: Mapping[str, Any],
+    runtime: str | None,
+    limits: ResourceLimits,
+    root_size_mb: int,
+    *,
+    explicit: bool,
+    size_refused: Callable[[int], str | None],
 ) -> tuple[str, int]:
     """How this engine (``docker info``) caps a task container's root writes, and the cap in MiB.
 
     ``explicit``: the user gave ``root_size_mb`` (under gVisor the cap is the memory limit, so a smaller
-    one cannot be kept and is refused).
+    one cannot be kept and is refused). ``size_refused(mb)`` asks the engine whether it takes
+    ``--storage-opt size=<mb>M`` (None: it does; else why not, e.g. :func:`size_refusal`); called only for
+    overlay2 on XFS, where a quota may hold.
     """
     if runtime == GVISOR_RUNTIME:
         registered = (info.get("Runtimes") or {}).get(GVISOR_RUNTIME) or {}
@@ -67,8 +80,42 @@ def root_cap_for(
         return "memory", limits.memory_mb
     status = dict((str(key), str(value)) for key, value in info.get("DriverStatus") or [])
     if info.get("Driver") == "overlay2" and status.get("Backing Filesystem") == "xfs":
-        return "quota", root_size_mb
+        refused = size_refused(root_size_mb)
+        if refused is None:
+            return "quota", root_size_mb
+        # Still capped, by the watch: an XFS data root without project quotas (mounted without pquota).
+        log.warning("the task profile's root cap is watched, not a quota: the engine refused "
+                    "--storage-opt size (%s)", refused)  # fmt: skip
     return "watched", root_size_mb
+
+
+def size_refusal(client: docker.DockerClient, image: str, size_mb: int) -> str | None:
+    """None when the engine creates a container with ``--storage-opt size=<size_mb>M``; else why not.
+
+    ``docker info`` shows an XFS data root mounted without ``pquota`` as it shows one with it; only a create
+    with the option tells them apart (overlay2 refuses it: "--storage-opt is supported only for overlay
+    over xfs with 'pquota' mount option"). So one container is created from ``image`` (or, missing, any
+    image the engine has), never started, and removed (10-50 ms here). It carries the project's owner
+    labels, so a reaper removes it if this process dies in between.
+    """
+    labels = owner_labels(f"rootcap-probe-{uuid.uuid4().hex[:12]}", 300)
+    host_config = client.api.create_host_config(network_mode="none", storage_opt={"size": f"{size_mb}M"})
+    candidates = [image]
+    with contextlib.suppress(docker.errors.DockerException, OSError):
+        candidates += [str(found) for found in client.api.images(quiet=True)][:1]
+    for candidate in candidates:
+        try:
+            created = client.api.create_container(
+                candidate, ["true"], labels=labels, host_config=host_config, network_disabled=True
+            )
+        except docker.errors.ImageNotFound:
+            continue
+        except docker.errors.APIError as exc:
+            return str(exc.explanation or exc)
+        with contextlib.suppress(docker.errors.DockerException, OSError):
+            client.api.remove_container(created["Id"], force=True)
+        return None
+    return f"no image on the engine to try it with ({image} is missing)"
 
 
 class RootWatcher:

@@ -134,8 +134,11 @@ class ContainerSpec:
 
     @property
     def workdir(self) -> str:
-        """Where commands start: the workspace, else the scratch tmpfs (a task container without a
-        workspace starts at its image's ``WORKDIR`` instead: the opened container says)."""
+        """Where commands start: the workspace, else the scratch tmpfs.
+
+        A task container without a workspace starts at its image's ``WORKDIR`` instead: the opened container
+        says.
+        """
         return self.workspace or "/tmp"
 
 

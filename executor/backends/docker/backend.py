@@ -15,7 +15,7 @@ from adk_sandbox.executor.backend import SessionBackend, SessionFactory
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
 from adk_sandbox.executor.backends.docker._daemon import connect
 from adk_sandbox.executor.backends.docker._reaper import cleanup_session, reap_leaked
-from adk_sandbox.executor.backends.docker._rootcap import root_cap_for
+from adk_sandbox.executor.backends.docker._rootcap import root_cap_for, size_refusal
 from adk_sandbox.executor.backends.docker._spec import (
     MIB,
     ContainerSpec,
@@ -159,9 +159,11 @@ class DockerBackend(SessionBackend[DockerSession]):
         """How a task container's root writes are capped here (``"memory"``, ``"quota"`` or ``"watched"``)
         and the cap in MiB; None in the hardened profile (docs/docker/profiles.md)."""
         if config.root_cap_mb is not None:
+            client = self._client
             self.root_cap = root_cap_for(
-                self._client.info(), config.runtime, config.limits, config.root_cap_mb,
+                client.info(), config.runtime, config.limits, config.root_cap_mb,
                 explicit=config.root_size_mb is not None,
+                size_refused=lambda size_mb: size_refusal(client, config.image, size_mb),
             )  # fmt: skip
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
