@@ -146,6 +146,9 @@ class Rule:
     def parse(cls, text: str) -> Self:
         """Parse ``name``, ``*.suffix`` or ``*``, each with an optional ``:port``; ``ValueError`` if bad."""
         name, port = text, None
+        if text.count(":") > 1 and not text.startswith("["):
+            # More than one colon is an IPv6 address (with or without a port), never a name and a port.
+            raise ValueError(f"rule {text!r} is an IP address, not a host name: the policy decides by name")
         if ":" in text:
             name, _, port_text = text.rpartition(":")
             if not port_text.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
@@ -157,12 +160,12 @@ class Rule:
         if name == "*":
             return cls(text=text.lower(), host="", wildcard=True, port=port)
         wildcard = name.startswith("*.")
+        if "*" in (name[2:] if wildcard else name):
+            raise ValueError(f"rule {text!r}: '*' may only stand alone or as the first label ('*.suffix')")
         try:
             host = normalise_host(name[2:] if wildcard else name)
         except ValueError as error:
             raise ValueError(f"rule {text!r}: {error}") from None
-        if "*" in host:
-            raise ValueError(f"rule {text!r}: '*' may only stand alone or as the first label ('*.suffix')")
         shown = ("*." if wildcard else "") + host + (f":{port}" if port is not None else "")
         return cls(text=shown, host=host, wildcard=wildcard, port=port)
 
