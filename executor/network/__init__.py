@@ -9,7 +9,8 @@ connection over the session's channel to the host side, which decides with the m
 * :mod:`.tls_hello`: the server name of a TLS ClientHello, checked against the name decided;
 * :mod:`.addresses`: which resolved addresses may be connected to, and the resolver that returns only
   those (the decision is on the address connected, never on a name resolved twice);
-* :mod:`.log`: the bounded per-session connection log.
+* :mod:`.log`: the bounded per-session connection log;
+* :mod:`.relay`: the host side of one proxied connection, all of the above in order (:func:`relay`).
 
 Nothing here imports a backend, docker-py or :mod:`adk_sandbox.devtools` (``tests/unit/test_layering.py``).
 The decision rules are written down in ``docs/network.md``.
@@ -24,9 +25,11 @@ from adk_sandbox.executor.network.addresses import (
 from adk_sandbox.executor.network.http_head import HeadError, ProxyRequest, head_end, parse_head
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog, LogSnapshot
 from adk_sandbox.executor.network.policy import Decision, NetworkPolicy
+from adk_sandbox.executor.network.relay import ByteStream, relay
 from adk_sandbox.executor.network.tls_hello import ServerName, server_name
 
 __all__ = [
+    "ByteStream",
     "ConnectionEntry",
     "ConnectionLog",
     "Decision",
@@ -40,6 +43,7 @@ __all__ = [
     "head_end",
     "parse_head",
     "refusal",
+    "relay",
     "resolve",
     "server_name",
 ]
