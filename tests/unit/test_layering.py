@@ -25,7 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = ("executor", "devtools")
-BELOW_THE_BACKENDS = ("executor/channel", "executor/workspace")
+BELOW_THE_BACKENDS = ("executor/channel", "executor/workspace", "executor/network")
 FORBIDDEN_BELOW = ("docker", "adk_sandbox.executor.backends", "adk_sandbox.devtools")
 BACKENDS = "adk_sandbox.executor.backends"
 

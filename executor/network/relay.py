@@ -1,0 +1,315 @@
+"""The host side of one proxied connection: read the request, decide, resolve, connect, check, pump.
+
+The sandbox's proxy endpoint hands each accepted connection to the host as a duplex byte stream (over the
+session's channel; in the tests, one end of a ``socket.socketpair``). :func:`relay` serves it:
+
+1. reads the request head, within ``head_timeout`` seconds in all (a slow-loris gets a 408), bounded by
+   :mod:`.http_head` (garbage or an oversized head gets a 400);
+2. decides by name (:meth:`NetworkPolicy.decide`; refused: a 403 whose body names the rule);
+3. resolves the name itself and drops refused addresses (:func:`.addresses.resolve`; all refused: a 403;
+   no such name: a 502), then connects to the first address that answers (``connect_timeout`` each; none:
+   a 502, or a 504 when they all timed out);
+4. for CONNECT: answers 200, reads the ClientHello (again within ``head_timeout``) and checks that its
+   server name is the CONNECT host (:mod:`.tls_hello`). A mismatch, a missing name or a stream that is
+   not TLS closes both sides with a TLS ``access_denied`` alert to the sandbox, **nothing** sent to the
+   server; CONNECT carries TLS only, since plain bytes through a tunnel could carry a ``Host`` of any
+   name to a shared front end;
+5. for plain HTTP: sends the head in origin form (one request per connection, ``Connection: close``);
+   the policy's ``headers`` are **not** added here, where they would cross the network in clear text
+   (they belong to the TLS-terminating path);
+6. pumps both ways, 64 KiB at a time per direction (a slow reader holds back its writer, so memory stays
+   bounded), until the server closes or either side fails; the sandbox closing its sending side is passed
+   on as a half-close so the server can still answer;
+7. records one :class:`~.log.ConnectionEntry` in the session's log.
+
+The server is always reached by an address checked by :func:`.addresses.refusal` (or pinned by the user),
+never by a name, so a name that rebinds between the decision and the connection changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, NoReturn, Protocol
+
+from adk_sandbox.executor.network.addresses import (
+    GetAddrInfo,
+    IPAddress,
+    IPNetwork,
+    RefusedAddressError,
+    ResolutionFailedError,
+    resolve,
+)
+from adk_sandbox.executor.network.http_head import (
+    HeadError,
+    ProxyRequest,
+    bad_gateway,
+    bad_request,
+    connection_established,
+    forbidden,
+    gateway_timeout,
+    head_end,
+    parse_head,
+    request_timeout,
+)
+from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
+from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.network.tls_hello import server_name
+
+__all__ = [
+    "CHUNK",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_HEAD_TIMEOUT",
+    "TLS_ACCESS_DENIED",
+    "ByteStream",
+    "relay",
+]
+
+CHUNK = 64 * 1024
+"""The most bytes read at once per direction, and so held in flight."""
+DEFAULT_HEAD_TIMEOUT = 10.0
+"""Seconds the sandbox has to send a whole request head (and, for CONNECT, its ClientHello)."""
+DEFAULT_CONNECT_TIMEOUT = 10.0
+"""Seconds to connect to each address of the server."""
+TLS_ACCESS_DENIED = b"\x15\x03\x03\x00\x02\x02\x31"
+"""A fatal TLS alert, ``access_denied``: what a client mid-handshake can read as "refused"."""
+
+
+class ByteStream(Protocol):
+    """A duplex byte stream to the sandbox's proxy endpoint (a socket has this shape).
+
+    ``recv`` returns ``b""`` at end of stream and raises ``TimeoutError`` past the timeout set by
+    ``settimeout``; ``close`` must wake a ``recv`` blocked in another thread.
+    """
+
+    def recv(self, size: int, /) -> bytes:
+        """Up to ``size`` bytes; ``b""`` at end of stream."""
+        ...
+
+    def sendall(self, data: bytes, /) -> None:
+        """Send every byte of ``data``."""
+        ...
+
+    def settimeout(self, timeout: float | None, /) -> None:
+        """How long ``recv`` may wait (None: for ever)."""
+        ...
+
+    def close(self) -> None:
+        """Close the stream, waking any blocked ``recv``."""
+        ...
+
+
+class _Refused(Exception):
+    """Ends a relay before any byte reached a server: what to answer and what to log."""
+
+    def __init__(self, answer: bytes, rule: str, detail: str) -> None:
+        super().__init__(detail)
+        self.answer = answer
+        self.rule = rule
+        self.detail = detail
+
+
+@dataclass
+class _Outcome:
+    host: str = ""
+    port: int = 0
+    decision: Literal["allowed", "refused"] = "refused"
+    rule: str = ""
+    detail: str = ""
+    up: int = 0
+    down: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _read_until(
+    stream: ByteStream, buffer: bytes, done: Callable[[bytes], bool], deadline: float, *, what: str
+) -> bytes:
+    """Read into ``buffer`` until ``done(buffer)``, within ``deadline`` (a ``time.monotonic`` value)."""
+    while not done(buffer):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(what)
+        stream.settimeout(remaining)
+        chunk = stream.recv(CHUNK)
+        if not chunk:
+            raise EOFError(what)
+        buffer += chunk
+    return buffer
+
+
+def _read_head(stream: ByteStream, timeout: float) -> tuple[ProxyRequest, bytes]:
+    try:
+        buffer = _read_until(
+            stream, b"", lambda b: head_end(b) is not None, time.monotonic() + timeout, what="head"
+        )
+        end = head_end(buffer) or len(buffer)  # not None: that is when _read_until returns
+        return parse_head(buffer[:end]), buffer[end:]
+    except HeadError as error:
+        raise _Refused(bad_request(str(error)), "bad request", str(error)) from None
+    except TimeoutError:
+        raise _Refused(
+            request_timeout(timeout), "head timeout", f"no complete request head in {timeout:g} s"
+        ) from None
+    except EOFError:
+        raise _Refused(b"", "closed", "the sandbox closed before sending a request head") from None
+
+
+def _connect(
+    request: ProxyRequest, addresses: tuple[IPAddress, ...], timeout: float
+) -> tuple[socket.socket, IPAddress]:
+    failures = []
+    timed_out = True
+    for address in addresses:
+        try:
+            return socket.create_connection((str(address), request.port), timeout=timeout), address
+        except TimeoutError:
+            failures.append(f"{address}: timed out after {timeout:g} s")
+        except OSError as error:
+            timed_out = False
+            failures.append(f"{address}: {error.strerror or error}")
+    why = f"{request.authority}: " + "; ".join(failures)
+    if timed_out:
+        raise _Refused(gateway_timeout(why), "connect timeout", why)
+    raise _Refused(bad_gateway(why), "connect failed", why)
+
+
+def _check_server_name(stream: ByteStream, request: ProxyRequest, early: bytes, timeout: float) -> bytes:
+    """The ClientHello bytes, once their server name is the CONNECT host; else :class:`_Refused`."""
+
+    def complete(buffer: bytes) -> bool:
+        return server_name(buffer).kind != "need_more"
+
+    try:
+        hello = _read_until(stream, early, complete, time.monotonic() + timeout, what="hello")
+    except TimeoutError:
+        raise _Refused(b"", "hello timeout", f"no complete TLS ClientHello in {timeout:g} s") from None
+    except EOFError:
+        raise _Refused(b"", "closed", "the sandbox closed the tunnel before a TLS ClientHello") from None
+    found = server_name(hello)
+    if found.kind == "found" and found.name == request.host:
+        return hello
+    if found.kind == "found":
+        why = f"the TLS server name is {found.name}, not the CONNECT host {request.host}"
+        _deny_tls("sni mismatch", why)
+    if found.kind == "absent":
+        _deny_tls("sni missing", f"the TLS ClientHello names no server (CONNECT {request.authority})")
+    _deny_tls("not tls", f"a CONNECT tunnel carries TLS only: {found.reason}")
+
+
+def _deny_tls(rule: str, why: str) -> NoReturn:
+    raise _Refused(TLS_ACCESS_DENIED, rule, why)
+
+
+def _pump(stream: ByteStream, upstream: socket.socket, outcome: _Outcome) -> None:
+    stream.settimeout(None)
+    upstream.settimeout(None)
+
+    def up() -> None:
+        try:
+            while data := stream.recv(CHUNK):
+                upstream.sendall(data)
+                with outcome.lock:
+                    outcome.up += len(data)
+        except OSError:
+            pass
+        # The sandbox is done sending; the server may still answer (a half-close, passed on).
+        with contextlib.suppress(OSError):
+            upstream.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=up, name="network-relay-up", daemon=True)
+    sender.start()
+    try:
+        while data := upstream.recv(CHUNK):
+            stream.sendall(data)
+            with outcome.lock:
+                outcome.down += len(data)
+    except OSError as error:
+        outcome.detail += f"; ended by {error.strerror or type(error).__name__}"
+    finally:
+        upstream.close()
+        _close(stream)
+        sender.join(timeout=5)
+
+
+def _close(stream: ByteStream) -> None:
+    # A socket's close does not wake a recv blocked in another thread; a shutdown does.
+    shutdown = getattr(stream, "shutdown", None)
+    if shutdown is not None:
+        with contextlib.suppress(OSError):
+            shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        stream.close()
+
+
+def relay(
+    stream: ByteStream,
+    policy: NetworkPolicy,
+    log: ConnectionLog,
+    *,
+    extra_refused: frozenset[IPAddress | IPNetwork] = frozenset(),
+    getaddrinfo: GetAddrInfo = socket.getaddrinfo,
+    head_timeout: float = DEFAULT_HEAD_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+) -> ConnectionEntry:
+    """Serve one connection from the sandbox's proxy endpoint to its end; see the module's docstring.
+
+    Blocks until the connection is over, closes ``stream``, records the entry in ``log`` and returns it.
+    ``extra_refused`` are the engine's own addresses; ``getaddrinfo`` is the resolver (tests pass a fake).
+    """
+    started = time.time()
+    outcome = _Outcome()
+    upstream: socket.socket | None = None
+    try:
+        request, early = _read_head(stream, head_timeout)
+        outcome.host, outcome.port = request.host, request.port
+        decision = policy.decide(request.host, request.port)
+        outcome.rule = decision.rule
+        if not decision.allowed:
+            raise _Refused(forbidden(decision.message, decision.rule), decision.rule, decision.message)
+        try:
+            addresses = resolve(request.host, request.port, policy, getaddrinfo, extra_refused=extra_refused)
+        except RefusedAddressError as error:
+            message = f"the sandbox's network policy refused {request.authority}: {error}"
+            raise _Refused(forbidden(message, "address"), "address", str(error)) from None
+        except ResolutionFailedError as error:
+            raise _Refused(bad_gateway(str(error)), "resolve failed", str(error)) from None
+        upstream, address = _connect(request, addresses, connect_timeout)
+        outcome.detail = f"connected to {address}"
+        if request.is_connect:
+            stream.sendall(connection_established())
+            first = _check_server_name(stream, request, early, head_timeout)
+        else:
+            first = request.forward_head() + early
+        upstream.sendall(first)
+        outcome.decision = "allowed"
+        outcome.up = len(first)
+        _pump(stream, upstream, outcome)
+    except _Refused as refused:
+        outcome.decision, outcome.rule, outcome.detail = "refused", refused.rule, refused.detail
+        if refused.answer:
+            with contextlib.suppress(OSError):
+                stream.sendall(refused.answer)
+    except OSError as error:
+        # The sandbox's side or the server failed mid-way: what was delivered is in the byte counts.
+        outcome.detail += f"; ended by {error.strerror or type(error).__name__}"
+        outcome.rule = outcome.rule or "closed"
+    finally:
+        if upstream is not None:
+            upstream.close()
+        _close(stream)
+    entry = ConnectionEntry(
+        time=started,
+        host=outcome.host,
+        port=outcome.port,
+        decision=outcome.decision,
+        rule=outcome.rule,
+        detail=outcome.detail.removeprefix("; "),
+        bytes_up=outcome.up,
+        bytes_down=outcome.down,
+    )
+    log.record(entry)
+    return entry
