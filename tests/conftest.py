@@ -31,6 +31,10 @@ from adk_sandbox.executor.testing.conformance import live_host_processes
 IN_CI = bool(os.environ.get("CI"))
 REPOSITORY = Path(__file__).resolve().parents[1]
 
+#: The fixture of a current Docker engine beside the system's (``modern_engine``): one for the whole run,
+#: whichever module asks for it.
+pytest_plugins = ["tests.integration.modern_engine"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _one_copy_of_each_module() -> Iterator[None]:

@@ -54,7 +54,12 @@ class PrivateEngine:
 
     Every path is under one short directory in /tmp (a Unix socket path is limited to 108 bytes), which
     :meth:`destroy` removes after stopping the daemon and anything it left (containerd, shims, mounts).
+    A subclass runs another dockerd the same way by overriding :meth:`_config` (its ``--config-file``) and
+    :meth:`_launch_argv` (how the daemon is started: tests/integration/modern_engine.py).
     """
+
+    #: The start of its directory's name in /tmp.
+    prefix = "adk-pe-"
 
     def __init__(self, *, tls: bool = False, hide: Path | None = None, data_in_memory: bool = False) -> None:
         """``tls``: listen on TCP 127.0.0.1 with TLS too; ``hide``: a directory the engine sees empty.
@@ -62,7 +67,7 @@ class PrivateEngine:
         ``data_in_memory`` puts the data root on a tmpfs: a loaded image then goes in faster, and is gone
         at :meth:`destroy` with one unmount (deleting its files from disk takes 15 s here).
         """
-        self.root = Path(tempfile.mkdtemp(prefix="adk-pe-", dir="/tmp"))
+        self.root = Path(tempfile.mkdtemp(prefix=self.prefix, dir="/tmp"))
         self.socket = str(self.root / "docker.sock")
         self.host = f"unix://{self.socket}"
         self.data_root = self.root / "data"
@@ -71,7 +76,7 @@ class PrivateEngine:
         self.log_path = self.root / "dockerd.log"
         self.cgroup_parent = f"/adk-sandbox-private-{uuid.uuid4().hex[:8]}"
         self.config_file = self.root / "daemon.json"
-        self.config_file.write_text(json.dumps(_private_config()))
+        self.config_file.write_text(json.dumps(self._config()))
         self.process: subprocess.Popen[bytes] | None = None
         self.hide = hide
         if data_in_memory:
@@ -101,13 +106,14 @@ class PrivateEngine:
                       client_cert=self.tls_dir / "cert.pem", client_key=self.tls_dir / "key.pem")  # fmt: skip
 
     # -- the daemon ----------------------------------------------------------------------------------
-    def start(self, timeout: float = START_SECONDS) -> None:
-        """Start dockerd and wait until it answers a ping (:class:`PrivateEngineError` if it does not)."""
-        if self.process is not None and self.process.poll() is None:
-            raise PrivateEngineError("the private engine is already running")
-        self._forget_dead_containerd()
+    def _config(self) -> dict[str, object]:
+        """The daemon's ``--config-file``: the system daemon's runtimes, nothing else of its configuration."""
+        return _private_config()
+
+    def _dockerd_argv(self, dockerd: str = DOCKERD) -> list[str]:
+        """``dockerd`` and its options: every path of its own under :attr:`root`, no network changes."""
         argv = [
-            DOCKERD,
+            dockerd,
             f"--config-file={self.config_file}",
             f"--data-root={self.data_root}",
             f"--exec-root={self.exec_root}",
@@ -130,6 +136,12 @@ class PrivateEngine:
                 f"--tlscert={self.tls_dir / 'server-cert.pem'}",
                 f"--tlskey={self.tls_dir / 'server-key.pem'}",
             ]
+        return argv
+
+    def _launch_argv(self) -> list[str]:
+        """The command that starts the daemon; its process must end up being dockerd (exec), which
+        :meth:`stop` signals."""
+        argv = self._dockerd_argv()
         if self.hide is not None:
             # Its own mount namespace, where a tmpfs covers the hidden directory; exec keeps dockerd's pid
             # the one this object stops.
@@ -145,9 +157,16 @@ class PrivateEngine:
                 str(self.hide),
                 *argv,
             ]
+        return argv
+
+    def start(self, timeout: float = START_SECONDS) -> None:
+        """Start dockerd and wait until it answers a ping (:class:`PrivateEngineError` if it does not)."""
+        if self.process is not None and self.process.poll() is None:
+            raise PrivateEngineError("the private engine is already running")
+        self._forget_dead_containerd()
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+                self._launch_argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
             )
         deadline = time.monotonic() + timeout
         while True:

@@ -5,6 +5,9 @@ the boundary is shown by attacks made as root in the sandbox, each checked from 
 also runs in a *naive* task container -- the shape other harnesses use: a writable root, Docker's default
 capabilities and seccomp, network none -- and the test says which of them get through there: those are the
 ones the profile's own choices (the capability subset, the cap on the root, the copied workspace) stop.
+
+The checks themselves (``check_*``, :data:`ATTACKS`) take their session or backend as arguments: the
+modern engine's module (:mod:`tests.integration.test_docker_modern_engine`) runs them there too.
 """
 
 from __future__ import annotations
@@ -87,11 +90,16 @@ def naive_run(container: Any, code: str) -> str:
 
 
 # -- what a task needs ------------------------------------------------------------------------------------
-def test_commands_run_as_the_images_user_with_a_writable_root(session: Any) -> None:
+def check_writable_root(session: Any) -> None:
+    """Commands run as the image's user (root) and write anywhere in the root filesystem."""
     result = run(session, "id -u; echo patched > /etc/motd && cat /etc/motd; mkdir -p /testbed && "
                           "echo x > /testbed/f && sed -i s/x/y/ /testbed/f && cat /testbed/f")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert result.stdout.split() == ["0", "patched", "y"]
+
+
+def test_commands_run_as_the_images_user_with_a_writable_root(session: Any) -> None:
+    check_writable_root(session)
 
 
 def test_users_are_added_and_named(session: Any) -> None:
@@ -164,17 +172,24 @@ ATTACKS: dict[str, tuple[str, bool]] = {
 GVISOR_INSIDE = {"cgroup-release-agent", "mknod-block-device", "unshare"}
 
 
-@pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_attacks_as_root_get_nowhere(backend: DockerBackend, session: Any, naive: Any, attack: str) -> None:
-    code, naive_breaks = ATTACKS[attack]
+def check_attack(runtime: str | None, session: Any, attack: str) -> None:
+    """The profile's side of ``attack`` (a name in :data:`ATTACKS`), made as root in ``session``: nowhere,
+    or under gVisor (``runtime``) only as far as the sentry's own objects (:data:`GVISOR_INSIDE`)."""
+    code, _ = ATTACKS[attack]
     result = run(session, code)
-    if backend.runtime == "runsc" and attack in GVISOR_INSIDE:
+    if runtime == "runsc" and attack in GVISOR_INSIDE:
         assert "ESCAPED" in result.stdout, f"gVisor now refuses {attack}: take it off GVISOR_INSIDE"
         # The node is the sentry's: reading it reaches no host disk.
         device = run(session, "mknod /tmp/sdz b 8 0 2>/dev/null; head -c 512 /tmp/sdz | wc -c")
         assert device.stdout.strip() in ("", "0"), device
     else:
         assert "ESCAPED" not in result.stdout, f"{attack} worked in the task profile: {result.stdout}"
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_attacks_as_root_get_nowhere(backend: DockerBackend, session: Any, naive: Any, attack: str) -> None:
+    check_attack(backend.runtime, session, attack)
+    code, naive_breaks = ATTACKS[attack]
     # The same attack in a naive task container: the test can tell (or Docker's defaults stop it too).
     assert ("ESCAPED" in naive_run(naive, code)) is naive_breaks, attack
 
@@ -201,34 +216,56 @@ def test_a_fork_bomb_is_contained(backend: DockerBackend, session: Any) -> None:
     assert run(session, "echo alive").stdout.strip() == "alive"  # the neighbour and the host go on
 
 
-def test_a_disk_bomb_stops_the_session_at_the_root_cap(backend: DockerBackend) -> None:
+#: Files of 32 MiB (each within the fsize limit) until the disk or the session gives out; exit 3 when a write
+#: fails.
+DISK_BOMB = (
+    "i=0; while [ $i -lt 40 ]; do dd if=/dev/zero of=/bomb$i bs=1M count=32 2>/dev/null || exit 3; "
+    "i=$((i+1)); done; sleep 5"
+)
+
+
+def check_disk_bomb(
+    backend: DockerBackend, client: docker.DockerClient, bomb: str = DISK_BOMB, **options: Any
+) -> None:
+    """A disk bomb (``bomb``) in a task session like ``backend``'s (``options``: more of its arguments, e.g.
+    its engine, which ``client`` reaches) stops at the root cap, however this engine holds it (``root_cap``):
+    gVisor's memory, the storage driver's quota, or the watch on the layer; and the container is gone
+    after."""
     runtime = backend.runtime
     capped = DockerBackend(IMAGE, limits=LIMITS, runtime=runtime, profile="task",
-                           root_size_mb=None if runtime == "runsc" else 64)  # fmt: skip
+                           root_size_mb=None if runtime == "runsc" else 64, **options)  # fmt: skip
     with capped, capped.session() as session:
         container_id = session.container_id
-        with pytest.raises(SandboxFailedError) as info:
-            # Files of 32 MiB (each within the fsize limit) until the disk or the session gives out.
-            for _ in range(3):
-                run(session, "i=0; while [ $i -lt 40 ]; do dd if=/dev/zero of=/bomb$i bs=1M count=32 "
-                             "2>/dev/null || exit 3; i=$((i+1)); done; sleep 5", timeout=120)  # fmt: skip
-        if runtime != "runsc":
-            assert "root_size_mb" in str(info.value)
-            with pytest.raises(SandboxFailedError):
-                run(session, "echo again")  # stopped, not silently replaced by a fresh container
-        else:  # the whole sandbox died of it (an OOM): a next call fails or gets a fresh sandbox
-            with contextlib.suppress(SandboxFailedError):
-                assert run(session, "ls /bomb0").exit_code != 0
+        assert capped.root_cap is not None
+        cap = capped.root_cap[0]
+        if cap == "quota":  # the engine refuses the write past the cap (ENOSPC); the session goes on
+            assert run(session, bomb, timeout=120).exit_code == 3
+            assert run(session, "echo again").stdout.strip() == "again"
+        else:
+            with pytest.raises(SandboxFailedError) as info:
+                for _ in range(3):
+                    run(session, bomb, timeout=120)
+            if cap == "watched":
+                assert "root_size_mb" in str(info.value)
+                with pytest.raises(SandboxFailedError):
+                    run(session, "echo again")  # stopped, not silently replaced by a fresh container
+            else:  # memory: the whole sandbox died of it (an OOM): a next call fails or gets a fresh sandbox
+                with contextlib.suppress(SandboxFailedError):
+                    assert run(session, "ls /bomb0").exit_code != 0
+    for _ in range(120):  # its layer is gone with it (an OOM-killed sandbox may take a moment)
+        try:
+            client.containers.get(container_id)
+        except docker.errors.NotFound:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"the container {container_id[:12]} is still there")
+
+
+def test_a_disk_bomb_stops_the_session_at_the_root_cap(backend: DockerBackend) -> None:
     client = docker.from_env()
     try:
-        for _ in range(120):  # its layer is gone with it (an OOM-killed sandbox may take a moment)
-            try:
-                client.containers.get(container_id)
-            except docker.errors.NotFound:
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the container {container_id[:12]} is still there")
+        check_disk_bomb(backend, client)
     finally:
         client.close()
 
@@ -242,9 +279,7 @@ def workspace() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_a_host_workspace_is_a_copy_and_set_id_files_come_back_plain(
-    backend: DockerBackend, workspace: Path
-) -> None:
+def check_set_id_files_come_back_plain(backend: DockerBackend, workspace: Path) -> None:
     """Inside, the set-id modes are really set (a task sandbox allows them); on the host they are gone.
 
     Fails on a pull-back that keeps the mode it lists (the host would get a set-uid root shell), and the
@@ -263,6 +298,12 @@ def test_a_host_workspace_is_a_copy_and_set_id_files_come_back_plain(
             assert path.stat().st_mode & (stat.S_ISUID | stat.S_ISGID) == 0, name
             assert "security.capability" not in os.listxattr(path), name
     assert (workspace / "rootshell").exists()
+
+
+def test_a_host_workspace_is_a_copy_and_set_id_files_come_back_plain(
+    backend: DockerBackend, workspace: Path
+) -> None:
+    check_set_id_files_come_back_plain(backend, workspace)
 
 
 def _setuid_package(directory: Path) -> Path:
@@ -286,7 +327,7 @@ def _setuid_package(directory: Path) -> Path:
     return deb
 
 
-def test_dpkg_installs_a_set_uid_program(backend: DockerBackend, workspace: Path) -> None:
+def check_dpkg_installs_a_set_uid_program(backend: DockerBackend, workspace: Path) -> None:
     """What a task does (apt/dpkg installing sudo, passwd, ...) works: the set-uid file is made in the
     sandbox's root. Under the per-command set-id filter (the hardened channel) dpkg fails at its chmod."""
     require(shutil.which("dpkg-deb") is not None, "dpkg-deb is needed to build the test package")
@@ -299,6 +340,10 @@ def test_dpkg_installs_a_set_uid_program(backend: DockerBackend, workspace: Path
         )
         assert result.exit_code == 0, result
         assert result.stdout.split() == ["4755", "root", "ran"]
+
+
+def test_dpkg_installs_a_set_uid_program(backend: DockerBackend, workspace: Path) -> None:
+    check_dpkg_installs_a_set_uid_program(backend, workspace)
 
 
 def test_a_forced_bind_is_refused() -> None:
