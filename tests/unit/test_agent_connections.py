@@ -1,4 +1,4 @@
-"""The proxy endpoint over the agent channel: a real agent on the host, its connections ending in handlers.
+"""The proxy endpoint over the agent channel: a real agent (Python, static) on the host, ending in handlers.
 
 The agent runs in namespaces of its own (``unshare``: a user namespace and a PID namespace with its own
 ``/proc``, so it sees, and would kill, nothing of the host's), with the host's network namespace so the
@@ -105,6 +105,7 @@ class Agent:
     """A transport with one running agent (the flavour asked for), and its processes to kill."""
 
     def __init__(self, flavour: str, source: str | None = None) -> None:
+        self.flavour = flavour
         self.streams: list[ProcessStream] = []
 
         def open_stream(argv: list[str], user: str, until: float) -> ProcessStream:
@@ -123,12 +124,14 @@ class Agent:
             stream.close()
 
 
-FLAVOURS = ["python"]
+FLAVOURS = ["python", "static"]
 
 
 @pytest.fixture(params=FLAVOURS)
 def agent(request: pytest.FixtureRequest) -> Iterator[Agent]:
     require(_namespaces_work(), "unshare with user and PID namespaces is needed to run an agent here")
+    if request.param == "static":
+        require(shutil.which("gcc") is not None or shutil.which("cc") is not None, "no C compiler")
     running = Agent(request.param)
     yield running
     running.close()
@@ -166,7 +169,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10) -> None:
 def test_hello_offers_the_endpoint_and_a_connection_reaches_the_handler(agent: Agent) -> None:
     port = agent.serve(echo_upper)
     hello = agent.transport._agents[USER].hello or {}
-    assert hello.get("proxy") == 1
+    assert hello.get("proxy") == 1 and hello.get("agent") == agent.flavour
     with connect(port) as client:
         client.sendall(b"hello")
         assert client.recv(5) == b"HELLO"
