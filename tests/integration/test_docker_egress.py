@@ -171,6 +171,9 @@ def test_http_through_the_policy_and_the_bypasses_fail_closed(
             assert len(upstream.received) == 1
             log = session.network_log()
             assert sorted(entry.decision for entry in log.entries) == ["allowed", "refused"]
+            # Reported as it is: no route out (network denied), and the policy the host's proxy carries.
+            capabilities = session.capabilities()
+            assert (capabilities.network, capabilities.network_policy) == (True, policy)
     finally:
         denied.close()
 

@@ -588,7 +588,9 @@ class DockerSession(ChannelSession):
             channel=self.channel,
             root_cap=self._config.spec.root_cap,
         )
-        return capabilities.model_copy(update={"workspace": self.workspace_transport})
+        return capabilities.model_copy(
+            update={"workspace": self.workspace_transport, "network_policy": self._config.egress}
+        )
 
     # -- commands (the body is ChannelSession.execute) -------------------------------------------------
     def _command_user(self, requested: str | None) -> str:
