@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adk_sandbox.executor.network.policy import NetworkPolicy
+
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "MAX_BACKGROUND_GROUPS",
@@ -345,7 +347,8 @@ class Capabilities(BaseModel):
     pids: bool
     """The number of processes is limited (a fork bomb is contained)."""
     network: bool
-    """Network access is denied."""
+    """Network access is denied: no route out of the sandbox. With :attr:`network_policy` set, the names
+    that policy allows are still reached, through the host's proxy only."""
     fs_read: bool
     """Reads of the host filesystem are confined to what the policy allows."""
     fs_write: bool
@@ -391,6 +394,10 @@ class Capabilities(BaseModel):
     """How a writable root filesystem's writes are capped (the task profile): ``"memory"`` (gVisor holds
     them in memory, within the memory limit), ``"quota"`` (the engine's storage quota) or ``"watched"``
     (the session stops once its layer passes the cap); None where the root is read-only."""
+    network_policy: NetworkPolicy | None = None
+    """The policy in force when the sandbox reaches the network by name (docs/network.md): ``network`` stays
+    True (no route out: network none) and the in-sandbox proxy carries to the host what the policy allows,
+    decided there; None without one."""
 
 
 class ResourceLimits(BaseModel):

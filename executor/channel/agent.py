@@ -60,6 +60,11 @@ What it does:
 * EXIT carries ``oom_kills``: the difference of the memory cgroup's ``oom_kill`` counter, read inside the
   container before and after the command (null when unreadable).
 
+* LISTEN (the proxy endpoint of a network policy; HELLO ``"proxy": 1``): a non-blocking listener on
+  ``127.0.0.1``; each accepted connection gets a connection channel of its own (OPEN), its bytes travel as
+  DATA both ways, never parsed, within per-direction windows returned by CREDIT (a connection is read
+  only while the host has room for it, and holds at most a window of the host's bytes); at most
+  ``MAX_CONNS`` (256) at once, one more is closed at once. See :mod:`.frames` and :mod:`.connections`.
 Signals go through a pidfd after re-checking the target's start time (a reused pid is never hit).
 """
 

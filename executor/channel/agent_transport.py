@@ -41,7 +41,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.channel.connections import ConnectionHandler, Connections
 from adk_sandbox.executor.channel.frames import (
+    CONNECTION_TYPES,
+    PROXY_VERSION,
     Frame,
     FrameDecoder,
     FrameType,
@@ -114,6 +117,8 @@ class _Agent:
         self._pongs: dict[str, threading.Event] = {}
         self._stderr = bytearray()
         self._decoder = FrameDecoder()
+        #: The proxy endpoint's connections (``serve_connections``): their frames go there, not to channels.
+        self.connections = Connections(self.send)
         self._thread = threading.Thread(target=self._read, name="adk-sandbox-agent", daemon=True)
         self._thread.start()
 
@@ -160,6 +165,9 @@ class _Agent:
             if waiter is not None:
                 waiter.set()
             return
+        if frame.type in CONNECTION_TYPES:
+            self.connections.deliver(frame)
+            return
         with self._lock:
             if frame.channel >= self._next_channel:
                 raise ProtocolError(f"frame for channel {frame.channel}, which was never opened")
@@ -194,6 +202,7 @@ class _Agent:
             channels = list(self._channels.values())
             pongs, self._pongs = list(self._pongs.values()), {}
         self._hello_seen.set()
+        self.connections.fail_all(why)
         for waiter in pongs:
             waiter.set()
         for channel in channels:
@@ -355,6 +364,57 @@ class AgentTransport:
         with self._lock:
             agent = self._agents.get(user)
         return agent is not None and agent.broken is None and agent.ping(timeout)
+
+    def serve_connections(
+        self, user: str, handler: ConnectionHandler, *, port: int = 0, timeout: float = AGENT_START_SECONDS
+    ) -> int:
+        """Have ``user``'s agent listen on ``127.0.0.1:port`` (0: any free port); the port it listens on.
+
+        Each connection accepted there is carried over the channel and given to ``handler`` as a
+        :class:`~.connections.ConnectionStream` in a thread of its own (the proxy endpoint, see
+        :mod:`.frames`). An agent whose HELLO does not offer the proxy endpoint is refused with
+        :class:`PolicyNotEnforceableError`: a network policy is never weakened to no policy. The listener
+        lives as long as that agent (a replacement agent has none until this is called again).
+        """
+        until = time.monotonic() + timeout
+        agent = self._agent_for(user, until)
+        hello = agent.hello or {}
+        offered = hello.get("proxy", 0)
+        if not (isinstance(offered, int) and offered >= PROXY_VERSION):
+            raise PolicyNotEnforceableError(
+                f"the in-sandbox agent ({hello.get('agent', 'python')}) does not serve the proxy endpoint "
+                f"(its HELLO says proxy={offered!r}), so a network policy cannot be enforced in this "
+                "sandbox; it is refused"
+            )
+        number, channel = agent.open_channel()
+        agent.connections.add_listener(number, handler)
+        try:
+            agent.send(encode(FrameType.LISTEN, number, {"port": port}), until + AGENT_GRACE_SECONDS)
+            while True:
+                event = _next_event(agent, channel, until - time.monotonic(), "the listener is not known")
+                if event is None:
+                    if time.monotonic() < until:
+                        continue
+                    self._abandon(agent, "it did not answer a LISTEN in time")
+                    raise SandboxFailedError("the in-sandbox agent did not answer a LISTEN in time")
+                kind, value = event
+                if kind == "result" and isinstance(value.get("port"), int) and "error" not in value:
+                    return int(value["port"])
+                if kind == "result":
+                    error = value.get("error") or {}
+                    why = f"the in-sandbox agent cannot listen: {error.get('message')}"
+                    raise OSError(int(error.get("errno", 5)), why)
+                if kind == "broken":
+                    raise SandboxFailedError(f"{value}; the listener is not known")
+                self._abandon(agent, f"it answered a LISTEN with {kind}")
+                raise SandboxFailedError(
+                    f"the in-sandbox agent answered a LISTEN with {kind}; it was replaced"
+                )
+        except BaseException:
+            agent.connections.remove_listener(number)
+            raise
+        finally:
+            agent.close_channel(number)
 
     def _agent_for(self, user: str, until: float) -> _Agent:
         with self._lock:

@@ -39,7 +39,20 @@ FILE      11     host→agent  on a fresh channel: one file operation ``{"op": s
                              STDIN (end of data)
 RESULT    12     agent→host  last frame of a FILE channel: the operation's result object, or
                              ``{"error": {"errno": int, "name": str, "message": str}}``; a ``read`` or
-                             ``list`` sends its bytes as STDOUT frames before it
+                             ``list`` sends its bytes as STDOUT frames before it; also the answer to
+                             LISTEN: ``{"port": int}`` (the port bound) or the same ``error`` object
+LISTEN    13     host→agent  on a fresh channel: ``{"port": int}`` (0..65535, 0: any free port): serve a
+                             TCP listener on ``127.0.0.1:port`` whose connections are carried as below
+                             (proxy endpoint). KILL on that channel closes the listener (no answer)
+OPEN      14     agent→host  a connection accepted, on a fresh **connection channel** the agent allocates
+                             (>= :data:`CONNECTION_BASE`): ``{"listener": int}`` (its LISTEN channel)
+DATA      15     both        raw bytes of a connection, within the window (below); an empty payload is
+                             end-of-file of that direction (a half-close)
+CREDIT    16     both        ``{"bytes": int}`` (1..:data:`MAX_CREDIT`): the receiver of DATA lets its
+                             sender send that many more bytes on that connection
+CLOSE     17     both        ``{}`` or ``{"error": str}``: the last frame of a connection from its sender
+                             (after the DATA it sent, which is still delivered); the receiver forgets the
+                             connection once it has delivered those bytes. No answer
 ========  =====  ==========  =============================================================================
 
 Optional keys (an agent may omit them; the host then falls back): HELLO ``"agent"`` (``"python"`` or
@@ -51,7 +64,24 @@ the frame is valid without it, but the host starts no command on an agent whose 
 it asked for (``AgentTransport``), so an agent that does not say is refused; EXIT
 ``"oom_kills"`` (int >= 0 or null: how many processes the kernel's OOM killer killed in the container's
 memory cgroup while the command ran, read inside the container from ``memory.oom_control`` (cgroup v1) or
-``memory.events`` (v2); null when unreadable).
+``memory.events`` (v2); null when unreadable); HELLO ``"proxy"`` (int >= 0: the version of the proxy
+endpoint below it serves, 1 here; absent or 0: none, and the host refuses a network policy on that agent
+with ``PolicyNotEnforceableError`` rather than weaken it).
+
+**Connections** (the proxy endpoint, issue 23: the sandbox keeps no route out; HELLO ``"proxy": 1`` says
+the agent serves it, and the host never sends LISTEN to an agent that does not say so). The agent does not
+parse what it carries: it accepts on ``127.0.0.1``, allocates a connection channel from
+:data:`CONNECTION_BASE` upwards (never reused by that agent: the host allocates below it, so the two spaces
+never meet; a late frame for a forgotten connection is dropped), sends OPEN and the bytes it reads as DATA.
+The host (:mod:`.connections`) decides everything. **Flow control**: each direction of each connection
+starts with a window of :data:`WINDOW` bytes; a sender never has more DATA bytes outstanding than the
+window plus the CREDIT it received (the host treats more as a protocol error; the agent closes that
+connection); a receiver returns CREDIT as its consumer takes the bytes (the agent: as they are written to
+the local socket; the host: as the relay reads them), so every buffer is bounded by the window and a
+stalled connection stops only itself. The agent reads a local socket only while it has credit for it, holds
+at most :data:`MAX_CONNECTIONS` connections (one more is accepted and closed at once) and closes a
+connection whose CLOSE it received once its pending bytes are written (or after
+:data:`CLOSE_LINGER_SECONDS`). The agent's stdin ending closes the listener and every connection.
 
 **Background commands** (RUN ``"background": true``): at the command's normal exit its shim does not
 kill what is left below it; it reports the status (EXIT follows once the output already written is
@@ -116,12 +146,19 @@ from typing import Any
 
 __all__ = [
     "AGENT_TO_HOST",
+    "CLOSE_LINGER_SECONDS",
+    "CONNECTION_BASE",
+    "CONNECTION_TYPES",
     "FILE_OPS",
     "HEADER",
     "HOST_TO_AGENT",
+    "MAX_CONNECTIONS",
+    "MAX_CREDIT",
     "MAX_PAYLOAD",
     "PROTOCOL_VERSION",
+    "PROXY_VERSION",
     "SETID_STATES",
+    "WINDOW",
     "Frame",
     "FrameDecoder",
     "FrameType",
@@ -146,6 +183,18 @@ _MAX_CHANNEL = 2**32 - 1
 FILE_OPS = ("read", "write", "stat", "list", "mkdir", "remove", "rename")
 #: The values of HELLO's ``"setid"``: whether the set-id filter is on what the agent starts.
 SETID_STATES = ("refused", "allowed", "unavailable")
+#: Connection channels (allocated by the agent) are this and above; the host's channels are below it.
+CONNECTION_BASE = 0x8000_0000
+#: The initial window of each direction of each connection (bytes of DATA before any CREDIT).
+WINDOW = 256 * 1024
+#: The largest CREDIT a frame may carry.
+MAX_CREDIT = 1 << 30
+#: The most connections an agent carries at once; one more is accepted and closed at once.
+MAX_CONNECTIONS = 256
+#: How long an agent keeps a connection the host CLOSEd to write what is still pending to it.
+CLOSE_LINGER_SECONDS = 30.0
+#: The version of the proxy endpoint an agent's HELLO advertises (``"proxy"``).
+PROXY_VERSION = 1
 _STAT_TYPES = frozenset({"file", "dir", "symlink", "other"})
 _ENTRY_TYPES = frozenset("fdlo")
 
@@ -165,9 +214,16 @@ class FrameType(enum.IntEnum):
     ERROR = 10
     FILE = 11
     RESULT = 12
+    LISTEN = 13
+    OPEN = 14
+    DATA = 15
+    CREDIT = 16
+    CLOSE = 17
 
 
-DATA_TYPES = frozenset({FrameType.STDIN, FrameType.STDOUT, FrameType.STDERR})
+DATA_TYPES = frozenset({FrameType.STDIN, FrameType.STDOUT, FrameType.STDERR, FrameType.DATA})
+#: The frames of a connection: only on connection channels (>= :data:`CONNECTION_BASE`).
+CONNECTION_TYPES = frozenset({FrameType.OPEN, FrameType.DATA, FrameType.CREDIT, FrameType.CLOSE})
 AGENT_TO_HOST = frozenset(
     {
         FrameType.HELLO,
@@ -177,9 +233,25 @@ AGENT_TO_HOST = frozenset(
         FrameType.PONG,
         FrameType.ERROR,
         FrameType.RESULT,
+        FrameType.OPEN,
+        FrameType.DATA,
+        FrameType.CREDIT,
+        FrameType.CLOSE,
     }
 )
-HOST_TO_AGENT = frozenset({FrameType.RUN, FrameType.STDIN, FrameType.KILL, FrameType.PING, FrameType.FILE})
+HOST_TO_AGENT = frozenset(
+    {
+        FrameType.RUN,
+        FrameType.STDIN,
+        FrameType.KILL,
+        FrameType.PING,
+        FrameType.FILE,
+        FrameType.LISTEN,
+        FrameType.DATA,
+        FrameType.CREDIT,
+        FrameType.CLOSE,
+    }
+)
 _SESSION_TYPES = frozenset({FrameType.HELLO, FrameType.PING, FrameType.PONG})
 
 
@@ -290,6 +362,11 @@ class FrameDecoder:
             raise ProtocolError(f"frame payload of {length} bytes exceeds {MAX_PAYLOAD}")
         if (channel == 0) != (frame_type in _SESSION_TYPES):
             raise ProtocolError(f"{frame_type.name} frame on channel {channel}")
+        if (channel >= CONNECTION_BASE) != (frame_type in CONNECTION_TYPES) and (
+            frame_type in CONNECTION_TYPES or frame_type not in DATA_TYPES
+        ):
+            where = "a connection channel" if channel >= CONNECTION_BASE else "a host channel"
+            raise ProtocolError(f"{frame_type.name} frame on {where} ({channel})")
         if frame_type == FrameType.HELLO:
             if not self._need_hello:
                 raise ProtocolError("a second HELLO")
@@ -314,6 +391,8 @@ class FrameDecoder:
             validate_result(body)
         elif frame_type == FrameType.ERROR and not isinstance(body.get("message"), str):
             raise ProtocolError("ERROR without a message string")
+        else:
+            _validate_connection(frame_type, body)
         return Frame(frame_type, channel, body=body)
 
 
@@ -334,6 +413,26 @@ def validate_hello(body: dict[str, Any]) -> None:
         raise ProtocolError(f"HELLO ops {ops!r} is not a list of strings")
     if "setid" in body and body["setid"] not in SETID_STATES:
         raise ProtocolError(f"HELLO setid {body['setid']!r} is not one of {', '.join(SETID_STATES)}")
+    if "proxy" in body and not (_is_int(body["proxy"]) and body["proxy"] >= 0):
+        raise ProtocolError(f"HELLO proxy {body['proxy']!r} is not an integer >= 0")
+
+
+def _validate_connection(kind: FrameType, body: dict[str, Any]) -> None:
+    """The bodies of LISTEN, OPEN, CREDIT and CLOSE (the connection frames of the table above)."""
+    if kind == FrameType.LISTEN:
+        port = body.get("port")
+        if not (isinstance(port, int) and _is_int(port) and 0 <= port <= 65535):
+            raise ProtocolError(f"LISTEN port {port!r}")
+    elif kind == FrameType.OPEN:
+        listener = body.get("listener")
+        if not (isinstance(listener, int) and _is_int(listener) and 1 <= listener < CONNECTION_BASE):
+            raise ProtocolError(f"OPEN listener {listener!r}")
+    elif kind == FrameType.CREDIT:
+        amount = body.get("bytes")
+        if not (isinstance(amount, int) and _is_int(amount) and 1 <= amount <= MAX_CREDIT):
+            raise ProtocolError(f"CREDIT bytes {amount!r}")
+    elif kind == FrameType.CLOSE and "error" in body and not isinstance(body["error"], str):
+        raise ProtocolError(f"CLOSE error {body['error']!r} is not a string")
 
 
 def validate_exit(body: dict[str, Any]) -> None:

@@ -11,9 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adk_sandbox.executor.channel.frames import (
+    CONNECTION_BASE,
     HEADER,
     HOST_TO_AGENT,
+    MAX_CREDIT,
     MAX_PAYLOAD,
+    PROXY_VERSION,
+    WINDOW,
     FrameDecoder,
     FrameType,
     ProtocolError,
@@ -295,3 +299,72 @@ def test_fuzzed_results_are_accepted_only_when_well_formed(
     assert frames[0].body == body
     with contextlib.suppress(ProtocolError):
         validate_result_for(op, body, data)
+
+
+# -- connections (the proxy endpoint) --------------------------------------------------------------------
+CONN = CONNECTION_BASE + 5
+
+
+def test_connection_frames_decode_on_connection_channels() -> None:
+    stream = (
+        encode(FrameType.HELLO, 0, {"protocol": 1, "pid": 7, "subreaper": True, "proxy": PROXY_VERSION})
+        + encode(FrameType.RESULT, 1, {"port": 3128})
+        + encode(FrameType.OPEN, CONN, {"listener": 1})
+        + encode(FrameType.DATA, CONN, b"CONNECT a:443 HTTP/1.1\r\n\r\n")
+        + encode(FrameType.DATA, CONN, b"")
+        + encode(FrameType.CREDIT, CONN, {"bytes": WINDOW})
+        + encode(FrameType.CLOSE, CONN, {"error": "reset"})
+    )
+    frames = FrameDecoder().feed(stream)
+    assert [f.type for f in frames[2:]] == [
+        FrameType.OPEN,
+        FrameType.DATA,
+        FrameType.DATA,
+        FrameType.CREDIT,
+        FrameType.CLOSE,
+    ]
+    assert frames[3].data.startswith(b"CONNECT") and frames[4].data == b""
+    host_side = FrameDecoder(HOST_TO_AGENT).feed(
+        encode(FrameType.LISTEN, 3, {"port": 0})
+        + encode(FrameType.DATA, CONN, b"HTTP/1.1 200 OK\r\n\r\n")
+        + encode(FrameType.CREDIT, CONN, {"bytes": 1})
+        + encode(FrameType.CLOSE, CONN, {})
+    )
+    assert [(f.type, f.channel) for f in host_side] == [
+        (FrameType.LISTEN, 3),
+        (FrameType.DATA, CONN),
+        (FrameType.CREDIT, CONN),
+        (FrameType.CLOSE, CONN),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stream", "message"),
+    [
+        (HELLO + raw(14, 7, b'{"listener": 1}'), "on a host channel"),  # OPEN in the host's space
+        (HELLO + raw(15, 7, b"x"), "on a host channel"),
+        (HELLO + raw(16, 7, b'{"bytes": 1}'), "on a host channel"),
+        (HELLO + raw(6, CONN, json.dumps(EXIT).encode()), "on a connection channel"),
+        (HELLO + raw(12, CONN, b"{}"), "on a connection channel"),
+        (HELLO + raw(14, CONN, b'{"listener": 0}'), "OPEN listener"),
+        (HELLO + raw(14, CONN, b'{"listener": "1"}'), "OPEN listener"),
+        (HELLO + raw(14, CONN, json.dumps({"listener": CONN}).encode()), "OPEN listener"),
+        (HELLO + raw(16, CONN, b'{"bytes": 0}'), "CREDIT bytes"),
+        (HELLO + raw(16, CONN, b'{"bytes": true}'), "CREDIT bytes"),
+        (HELLO + raw(16, CONN, json.dumps({"bytes": MAX_CREDIT + 1}).encode()), "CREDIT bytes"),
+        (HELLO + raw(17, CONN, b'{"error": 5}'), "CLOSE error"),
+        (HELLO + raw(17, CONN, b"[]"), "not an object"),
+        (HELLO + raw(13, 1, b'{"port": 1}'), "not allowed in this direction"),  # LISTEN: host to agent
+        (raw(1, 0, b'{"protocol": 1, "pid": 1, "subreaper": true, "proxy": "1"}'), "proxy"),
+        (raw(1, 0, b'{"protocol": 1, "pid": 1, "subreaper": true, "proxy": -1}'), "proxy"),
+    ],
+)
+def test_connection_protocol_errors(stream: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        FrameDecoder().feed(stream)
+
+
+@pytest.mark.parametrize("port", [-1, 65536, "80", None, 1.5])
+def test_a_listen_port_out_of_range_is_refused(port: object) -> None:
+    with pytest.raises(ProtocolError, match="LISTEN port"):
+        FrameDecoder(HOST_TO_AGENT).feed(encode(FrameType.LISTEN, 1, {"port": port}))

@@ -33,6 +33,7 @@ from adk_sandbox.executor.backends.docker.images import BASE_IMAGE, ExpectedImag
 from adk_sandbox.executor.backends.docker.pool import PoolConfig, SessionPool
 from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import Capabilities, ResourceLimits
 from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
@@ -75,7 +76,7 @@ class DockerBackend(SessionBackend[DockerSession]):
         image: str = BASE_IMAGE,
         limits: ResourceLimits | None = None,
         runtime: str | None = None,
-        network: bool = False,
+        network: bool | NetworkPolicy = False,
         user: str | None = None,
         container: str | None = None,
         *,
@@ -115,6 +116,16 @@ class DockerBackend(SessionBackend[DockerSession]):
         sessions, or with ``PoolConfig(workspace="mirror")`` for
         ``session(copy_of=...)`` (docs/DOCKER.md, "Warm pool").
         """
+        # A NetworkPolicy (issue 23, internal for now): the container keeps network none, and its agent serves
+        # an HTTP proxy on 127.0.0.1 whose connections end in the policy's relay on this host.
+        egress = network if isinstance(network, NetworkPolicy) else None
+        if egress is not None:
+            network = False
+            if transport != "agent":
+                raise PolicyNotEnforceableError(
+                    "a NetworkPolicy needs the agent channel (transport='agent'): the exec transport has no "
+                    "proxy endpoint; it is refused"
+                )
         options: dict[str, object] = {
             "image": image,
             "limits": limits,
@@ -145,6 +156,8 @@ class DockerBackend(SessionBackend[DockerSession]):
                     f"{', '.join(given)}); put them in the config (config.model_copy(update={{...}}))"
                 )
         super().__init__()
+        self.egress: NetworkPolicy | None = egress
+        """The network policy of this backend's sessions (None: ``config.network`` as ever)."""
         self.config = config
         """This backend's settings, as checked (built from the keyword options when no config was given).
 
@@ -367,6 +380,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             workspace_transport=mode,
             mirror_mb=self.mirror_size_mb,
             expect_image=self.expect_image,
+            egress=self.egress,
         )
 
     def _open_session(self, config: SessionConfig) -> DockerSession:

@@ -48,6 +48,7 @@ from adk_sandbox.executor.backends.docker._spec import (
 )
 from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.connections import ConnectionStream
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import (
@@ -62,6 +63,9 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
+from adk_sandbox.executor.network.log import ConnectionLog, LogSnapshot
+from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.network.relay import relay
 from adk_sandbox.executor.types import (
     Capabilities,
     ExecRequest,
@@ -146,6 +150,9 @@ class SessionConfig:
     """Size cap of a mirrored workspace's volume, in MiB."""
     expect_image: ExpectedImage | None = None
     """The image id the container must run (refused when pinned, warned about otherwise); None: any."""
+    egress: NetworkPolicy | None = None
+    """A network policy (issue 23): the agent serves an HTTP proxy on 127.0.0.1, each connection decided on
+    this host by :func:`~adk_sandbox.executor.network.relay.relay`; the container keeps network none."""
     workspace_is_copy: bool = False
     """The workspace is a copy this library made for the session (``backend.session(copy_of=...)``, see
     docs/DOCKER.md "Warm pool"): removed from the host once the session closed."""
@@ -209,6 +216,10 @@ class DockerSession(ChannelSession):
         self._lock = threading.Lock()
         self._container: OpenedContainer | None = None
         self._transport: CommandTransport | None = None
+        self._proxy_port: int | None = None
+        self._proxy_agent: int | None = None
+        #: Every connection the sandbox asked for under its network policy (``network_log()``).
+        self.network_log_store = ConnectionLog()
         self._user = config.user or NOBODY
         self._languages: tuple[Language, ...] | None = None
         self._oom_counter: OomCounter | None = None
@@ -389,6 +400,8 @@ class DockerSession(ChannelSession):
                 no_capabilities=container.dialect is Dialect.PODMAN,  # its inspect cannot show it
                 setid_allowed=task,
             )
+            if self._config.egress is not None:
+                self._serve_proxy(transport)
             if mode == "mirror" and workspace is not None and owner is not None:
                 problems = mirror_mount_violations(container.inspect, workspace)
                 if problems:
@@ -414,6 +427,38 @@ class DockerSession(ChannelSession):
             with contextlib.suppress(ExecutorError):  # noted for the reaper; report why the start failed
                 self._discard_container(container.id)
             raise
+
+    def _serve_proxy(self, transport: CommandTransport) -> None:
+        """Have the session user's agent serve the proxy endpoint (again, after an agent restart)."""
+        policy = self._config.egress
+        if policy is None:
+            return
+        if not isinstance(transport, AgentTransport):
+            raise PolicyNotEnforceableError("a NetworkPolicy needs the agent channel; it is refused")
+        pid = transport.agent_pids.get(self._user)
+        if pid is not None and pid == self._proxy_agent and self._proxy_port is not None:
+            return
+        log = self.network_log_store
+
+        def handler(stream: ConnectionStream) -> None:
+            relay(stream, policy, log)
+
+        self._proxy_port = transport.serve_connections(self._user, handler)
+        self._proxy_agent = transport.agent_pids.get(self._user)
+
+    def network_log(self) -> LogSnapshot:
+        """The connections this session's sandbox asked for under its network policy (bounded)."""
+        return self.network_log_store.snapshot()
+
+    def _proxy_env(self) -> dict[str, str]:
+        if self._config.egress is None or self._proxy_port is None:
+            return {}
+        url = f"http://127.0.0.1:{self._proxy_port}"
+        local = "localhost,127.0.0.1"
+        return {
+            "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
+            "NO_PROXY": local, "no_proxy": local,
+        }  # fmt: skip
 
     def _sync_channel(self) -> SyncChannel | None:
         """Where a workspace sync step runs: the current container's transport, as the command user."""
@@ -543,7 +588,9 @@ class DockerSession(ChannelSession):
             channel=self.channel,
             root_cap=self._config.spec.root_cap,
         )
-        return capabilities.model_copy(update={"workspace": self.workspace_transport})
+        return capabilities.model_copy(
+            update={"workspace": self.workspace_transport, "network_policy": self._config.egress}
+        )
 
     # -- commands (the body is ChannelSession.execute) -------------------------------------------------
     def _command_user(self, requested: str | None) -> str:
@@ -591,7 +638,12 @@ class DockerSession(ChannelSession):
         started: float,
         cancel: threading.Event | None,
     ) -> tuple[CommandOutcome, bool]:
-        env = build_child_env(container.base_env, self._config.policy_env, request.env)
+        if self._config.egress is not None and self._transport is not None:
+            self._serve_proxy(self._transport)
+        env = {
+            **self._proxy_env(),
+            **build_child_env(container.base_env, self._config.policy_env, request.env),
+        }
         command = PreparedCommand(
             argv=argv,
             env=env,

@@ -37,6 +37,7 @@
 #include <limits.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -46,6 +47,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -56,6 +58,7 @@
 #include "setid_filter.h" /* generated: SETID_FILTER[] (struct sock_filter bytes), SETID_FILTER_LEN */
 
 enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, ERROR_F, FILE_F, RESULT };
+enum { LISTEN_F = 13, OPEN_F, DATA_F, CREDIT_F, CLOSE_F }; /* the proxy endpoint's connections */
 #define HDR 12
 #define MAXP (4u << 20) /* frames.MAX_PAYLOAD */
 #define MAX_COMMANDS 4096
@@ -967,7 +970,7 @@ static pid_t __attribute__((noinline)) spawn_command(const char *path, char **ar
 }
 
 /* 500: the OOM killer takes the command before the agent. Non-dumpable (inherited from the agent),
- * /proc/self/* belongs to root, so a shim of any other uid gets EACCES writing it: the shim becomes dumpable
+ * /proc/self/... belongs to root, so a shim of any other uid gets EACCES writing it: the shim becomes dumpable
  * for this one open and write, then non-dumpable again before it starts anything. What that window exposes
  * to a same-uid process racing for it is not what non-dumpable guards on the agent: the shim has already
  * closed every descriptor but the command's own pipes and its status pipe (no channel of the agent), and a
@@ -2228,6 +2231,218 @@ static void finish_op(int index) {
     free(o);
 }
 
+/* -- connections: the proxy endpoint (LISTEN, OPEN, DATA, CREDIT, CLOSE; see frames.py) ------------------
+ * Bytes only, never parsed: the host decides everything. Each direction of a connection has a window
+ * (WINDOW, returned by CREDIT): a socket is read only while the host has room for its bytes, and at most a
+ * window of the host's bytes waits here for a client that reads slowly. At most MAX_CONNS at once. */
+#define CONN_BASE 0x80000000u /* frames.CONNECTION_BASE */
+#define WINDOW (256u << 10)   /* frames.WINDOW */
+#define MAX_CONNS 256         /* frames.MAX_CONNECTIONS */
+#define MAX_LISTENERS 16
+#define LINGER 30.0 /* frames.CLOSE_LINGER_SECONDS */
+
+typedef struct { uint32_t ch; int fd; } listener_t;
+static listener_t listeners[MAX_LISTENERS];
+static int nlisteners;
+
+typedef struct {
+    uint32_t ch;
+    int fd;
+    long long credit;  /* DATA bytes the host still lets us send */
+    buf_t pending;     /* the host's bytes not yet written to the socket (at most WINDOW) */
+    size_t pending_at;
+    size_t ungranted;  /* written to the socket, credit not yet returned */
+    int eof_in, eof_out, shut;
+    double closing;    /* > 0: the host CLOSEd it; write what is pending by then, then close */
+} conn_t;
+static conn_t *conns[MAX_CONNS];
+static int nconns;
+static unsigned long long next_conn = CONN_BASE;
+
+static int listener_index(uint32_t ch) {
+    for (int i = 0; i < nlisteners; i++)
+        if (listeners[i].ch == ch) return i;
+    return -1;
+}
+
+static conn_t *conn_of(uint32_t ch) {
+    for (int i = 0; i < nconns; i++)
+        if (conns[i]->ch == ch) return conns[i];
+    return NULL;
+}
+
+static int conn_live(const conn_t *n) {
+    for (int i = 0; i < nconns; i++)
+        if (conns[i] == n) return 1;
+    return 0;
+}
+
+static void close_listener(int i) {
+    close(listeners[i].fd);
+    listeners[i] = listeners[--nlisteners];
+}
+
+static void listen_req(uint32_t ch, const unsigned char *payload, size_t n) {
+    jmember_t *m;
+    int count;
+    const char *err;
+    long long port = -1;
+    if (jobject(payload, n, &m, &count, &err) != 0) { out_op_error(ch, EINVAL, "bad LISTEN: not a JSON object"); return; }
+    const char *why = want_int(m, count, "port", -1, &port);
+    jmembers_free(m, count);
+    if (why || port > 65535) { out_op_error(ch, EINVAL, "bad LISTEN: port must be an integer 0..65535"); return; }
+    if (listener_index(ch) >= 0 || nlisteners >= MAX_LISTENERS) { out_op_error(ch, EBUSY, "no room for another listener"); return; }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof a;
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 128) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &alen) != 0) {
+        int e = errno;
+        char msg[128];
+        snprintf(msg, sizeof msg, "cannot listen on 127.0.0.1:%lld: %s", port, strerror(e));
+        if (fd >= 0) close(fd);
+        out_op_error(ch, e, msg);
+        return;
+    }
+    listeners[nlisteners++] = (listener_t){ch, fd};
+    buf_t b = {0};
+    buf_fmt(&b, "{\"port\":%d}", (int)ntohs(a.sin_port));
+    out_json(RESULT, ch, &b);
+}
+
+static void drop_conn(conn_t *n) {
+    for (int i = 0; i < nconns; i++)
+        if (conns[i] == n) { conns[i] = conns[--nconns]; break; }
+    close(n->fd);
+    buf_free(&n->pending);
+    free(n);
+}
+
+static void abort_conn(conn_t *n, const char *why) {
+    buf_t b = {0};
+    buf_str(&b, "{\"error\":");
+    buf_json_str(&b, why);
+    buf_str(&b, "}");
+    out_json(CLOSE_F, n->ch, &b);
+    drop_conn(n);
+}
+
+static void accept_conns(int li) {
+    uint32_t lch = listeners[li].ch;
+    for (int k = 0; k < 64; k++) { /* a burst, then back to the loop: commands and other connections go on */
+        int fd = accept4(listeners[li].fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return; /* EAGAIN, or EMFILE and the like: the connection waits in the backlog */
+        if (nconns >= MAX_CONNS || next_conn > 0xFFFFFFFFull) { close(fd); continue; } /* the cap holds */
+        conn_t *n = xrealloc(NULL, sizeof *n);
+        *n = (conn_t){0};
+        n->ch = (uint32_t)next_conn++;
+        n->fd = fd;
+        n->credit = WINDOW;
+        conns[nconns++] = n;
+        buf_t b = {0};
+        buf_fmt(&b, "{\"listener\":%u}", lch);
+        out_json(OPEN_F, n->ch, &b);
+    }
+}
+
+static void conn_done(conn_t *n) {
+    /* Both directions ended and everything written: the connection is over. */
+    if (n->eof_out && n->eof_in && n->shut && n->pending.len == n->pending_at) {
+        out(CLOSE_F, n->ch, "{}", 2);
+        drop_conn(n);
+    }
+}
+
+static void conn_write(conn_t *n) {
+    while (n->pending.len > n->pending_at) {
+        size_t want = n->pending.len - n->pending_at;
+        ssize_t w = send(n->fd, n->pending.p + n->pending_at, want > 65536 ? 65536 : want, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+        if (w < 0) {
+            if (n->closing > 0) drop_conn(n);
+            else {
+                char why[96];
+                snprintf(why, sizeof why, "write: %s", strerror(errno));
+                abort_conn(n, why);
+            }
+            return;
+        }
+        n->pending_at += (size_t)w;
+        n->ungranted += (size_t)w;
+    }
+    if (n->pending_at == n->pending.len) n->pending.len = n->pending_at = 0;
+    if (n->closing <= 0 && n->ungranted >= WINDOW / 4) {
+        buf_t b = {0};
+        buf_fmt(&b, "{\"bytes\":%zu}", n->ungranted);
+        out_json(CREDIT_F, n->ch, &b);
+        n->ungranted = 0;
+    }
+    if (n->pending.len) return;
+    if (n->closing > 0) { drop_conn(n); return; }
+    if (n->eof_in && !n->shut) { n->shut = 1; shutdown(n->fd, SHUT_WR); }
+    conn_done(n);
+}
+
+static void conn_read(conn_t *n) {
+    if (n->credit <= 0 || n->eof_out || n->closing > 0) return;
+    size_t want = n->credit < (long long)sizeof chunk ? (size_t)n->credit : sizeof chunk;
+    ssize_t r = recv(n->fd, chunk, want, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (r < 0) {
+        char why[96];
+        snprintf(why, sizeof why, "read: %s", strerror(errno));
+        abort_conn(n, why);
+        return;
+    }
+    if (r > 0) {
+        n->credit -= r;
+        out(DATA_F, n->ch, chunk, (size_t)r);
+        return;
+    }
+    n->eof_out = 1;
+    out(DATA_F, n->ch, "", 0);
+    conn_done(n);
+}
+
+static void conn_frame(int kind, uint32_t ch, const unsigned char *payload, size_t n) {
+    conn_t *c = conn_of(ch);
+    if (!c) return; /* a connection already forgotten: late frames are dropped */
+    if (kind == DATA_F) {
+        if (c->eof_in || c->closing > 0) return;
+        if (!n) c->eof_in = 1;
+        else if (c->pending.len - c->pending_at + n > WINDOW) { abort_conn(c, "the host sent more than the window"); return; }
+        else buf_add(&c->pending, payload, n);
+        conn_write(c);
+    } else if (kind == CREDIT_F) {
+        jmember_t *m;
+        int count;
+        const char *err;
+        long long amount = 0;
+        const char *why = "not a JSON object";
+        if (jobject(payload, n, &m, &count, &err) == 0) {
+            why = want_int(m, count, "bytes", -1, &amount);
+            jmembers_free(m, count);
+        }
+        if (why || amount < 1) { abort_conn(c, "bad CREDIT"); return; }
+        c->credit += amount;
+        if (c->credit > (1ll << 40)) c->credit = 1ll << 40;
+    } else { /* CLOSE: the host is done; write what it sent, then close (no answer) */
+        c->closing = now() + LINGER;
+        c->eof_in = 1;
+        conn_write(c);
+    }
+}
+
+static void close_conns(void) {
+    while (nlisteners) close_listener(nlisteners - 1);
+    while (nconns) drop_conn(conns[nconns - 1]);
+}
+
 static unsigned char *inbuf;
 static size_t inlen;
 
@@ -2238,17 +2453,23 @@ static void frames(void) {
         int kind = h[0];
         uint32_t ch = (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7];
         uint32_t n = (uint32_t)h[8] << 24 | (uint32_t)h[9] << 16 | (uint32_t)h[10] << 8 | h[11];
-        if (kind != RUN && kind != STDIN_F && kind != KILL_F && kind != PING && kind != FILE_F)
+        if (kind != RUN && kind != STDIN_F && kind != KILL_F && kind != PING && kind != FILE_F && kind != LISTEN_F &&
+            kind != DATA_F && kind != CREDIT_F && kind != CLOSE_F)
             protocol_error("frame type %d is not allowed from the host", kind);
         if (h[1] || h[2] || h[3]) protocol_error("non-zero flags or reserved field");
         if (n > MAXP) protocol_error("oversized frame (%u bytes)", n);
         if ((ch == 0) != (kind == PING)) protocol_error("frame type %d on channel %u", kind, ch);
+        if ((ch >= CONN_BASE) != (kind == DATA_F || kind == CREDIT_F || kind == CLOSE_F))
+            protocol_error("frame type %d on channel %u", kind, ch);
         if (inlen - at < HDR + (size_t)n) break;
         const unsigned char *payload = h + HDR;
         at += HDR + n;
         cmd_t *c = cmd_of(ch);
         op_t *o = op_of(ch);
         if (kind == RUN) run(ch, payload, n);
+        else if (kind == LISTEN_F) listen_req(ch, payload, n);
+        else if (kind == DATA_F || kind == CREDIT_F || kind == CLOSE_F) conn_frame(kind, ch, payload, n);
+        else if (kind == KILL_F && listener_index(ch) >= 0) close_listener(listener_index(ch));
         else if (kind == FILE_F) start_op(ch, payload, n);
         else if (kind == STDIN_F && o) op_input(o, payload, n);
         else if (kind == KILL_F && o) kill_op(o);
@@ -2339,7 +2560,11 @@ static void loop(void) {
         if (!ncmds) spare_make(); /* idle: the next RUN's shim, off its path */
         size_t backlog = 0;
         for (int i = 0; i < nops; i++) backlog += ops[i]->pending.len - ops[i]->pending_at;
-        size_t need = 2 + 4 * (size_t)ncmds + 3 * (size_t)nops + 2 * (size_t)ngroups;
+        for (int i = 0; i < nconns;) {
+            if (conns[i]->closing > 0 && now() >= conns[i]->closing) { drop_conn(conns[i]); continue; } /* never read */
+            i++;
+        }
+        size_t need = 2 + 4 * (size_t)ncmds + 3 * (size_t)nops + 2 * (size_t)ngroups + (size_t)nlisteners + (size_t)nconns;
         if (need > pcap) {
             pcap = need * 2;
             pfd = xrealloc(pfd, pcap * sizeof *pfd);
@@ -2369,6 +2594,15 @@ static void loop(void) {
         for (int i = 0; i < ngroups; i++)
             for (int k = 0; k < 2; k++)
                 if (groups[i]->out_fd[k] >= 0) { pfd[np] = (struct pollfd){groups[i]->out_fd[k], POLLIN, 0}; owner[np] = groups[i]; what[np++] = 20 + k; }
+        for (int i = 0; i < nlisteners; i++) { pfd[np] = (struct pollfd){listeners[i].fd, POLLIN, 0}; owner[np] = &listeners[i]; what[np++] = 30; }
+        for (int i = 0; i < nconns; i++) {
+            conn_t *c = conns[i];
+            short ev = 0;
+            if (c->credit > 0 && !c->eof_out && c->closing <= 0) ev |= POLLIN;
+            if (c->pending.len > c->pending_at) ev |= POLLOUT;
+            if (ev) { pfd[np] = (struct pollfd){c->fd, ev, 0}; owner[np] = c; what[np++] = 31; } /* else: nothing to do (not even a hang-up to spin on) */
+            if (c->closing > 0 && (wait_until < 0 || c->closing < wait_until)) wait_until = c->closing;
+        }
         int timeout_ms = -1;
         if (wait_until >= 0) {
             double left = wait_until - now();
@@ -2392,11 +2626,21 @@ static void loop(void) {
                         if (!cmds[k]->shim_done) { cmds[k]->killed = 1; kill_cmd(cmds[k]); }
                     for (int k = 0; k < nops; k++) kill_op(ops[k]);
                     kill_groups();
+                    close_conns();
                     continue;
                 }
                 inlen += (size_t)n;
                 frames();
                 break; /* commands may have finished or started: poll again with fresh descriptors */
+            } else if (what[i] == 30) {
+                listener_t *l = owner[i];
+                int li = (int)(l - listeners);
+                if (li >= 0 && li < nlisteners && listeners[li].fd == pfd[i].fd) accept_conns(li);
+            } else if (what[i] == 31) {
+                conn_t *c = owner[i];
+                if (!conn_live(c) || c->fd != pfd[i].fd) continue;
+                if (pfd[i].revents & (POLLOUT | POLLERR)) conn_write(c);
+                if (conn_live(c) && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) conn_read(c);
             } else if (what[i] >= 20) {
                 cmd_t *g = owner[i];
                 int still = 0;
@@ -2538,7 +2782,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N_OPS; i++) buf_fmt(&b, "%s\"%s\"", i ? "," : "", OP_NAMES[i]);
     /* What everything it starts gets: the filter ("refused"), none by the host's choice ("allowed"), or
      * none for want of one on this architecture ("unavailable": every RUN and FILE then fails). */
-    buf_fmt(&b, "],\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
+    buf_fmt(&b, "],\"proxy\":1,\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
     out_json(HELLO, 0, &b);
     loop();
     return 0;

@@ -30,6 +30,11 @@ from adk_sandbox.executor.channel.inside.setid_filter import SETID, install_seti
 # @PRELUDE@
 HDR = struct.Struct(">BBHII")
 HELLO, RUN, STDIN, STDOUT, STDERR, EXIT, KILL, PING, PONG, ERROR, FILE, RESULT = range(1, 13)
+LISTEN, OPEN, DATA, CREDIT, CLOSE = range(13, 18)  # the proxy endpoint's connections
+CONN_BASE = 0x80000000  # frames.CONNECTION_BASE: the agent allocates connection channels from here
+WINDOW = 256 * 1024  # frames.WINDOW: each direction's initial window
+MAX_CONNS = 256  # frames.MAX_CONNECTIONS
+LINGER = 30.0  # frames.CLOSE_LINGER_SECONDS
 OPS = ["read", "write", "stat", "list", "mkdir", "remove", "rename"]
 MAXP = 4 << 20  # frames.MAX_PAYLOAD
 SELF = os.getpid()
@@ -587,6 +592,20 @@ class Cmd:
     done: "int | None"
 
 
+class Conn:
+    # One connection accepted on a listener (the proxy endpoint): bytes only, never parsed.
+    def __init__(self, sock: "Any", ch: "int") -> "None":
+        self.sock, self.ch = sock, ch
+        self.fd: "int" = sock.fileno()
+        self.credit = WINDOW  # DATA bytes the host still lets us send
+        self.pending = bytearray()  # the host's bytes not yet written to the socket (at most WINDOW)
+        self.ungranted = 0  # bytes written to the socket whose credit the host has not got back yet
+        self.eof_in = False  # the host sent end of file: shut the socket's writing side once flushed
+        self.eof_out = False  # the socket's reader ended: end of file sent to the host
+        self.shut = False
+        self.closing: "float | None" = None  # the host CLOSEd it: flush pending by this time, then close
+
+
 class Agent:
     def __init__(self, rfd: "int", wfd: "int", protected: "set[tuple[int, bytes]]", strict: "bool") -> "None":
         self.rfd, self.wfd = rfd, wfd
@@ -599,6 +618,9 @@ class Agent:
         self.workers: "dict[int, Cmd]" = {}  # worker pid -> Op
         self.groups: "dict[int, Cmd]" = {}  # keeper (shim) pid -> the Cmd of a background command that exited
         self.eof = False
+        self.listeners: "dict[int, Any]" = {}  # LISTEN channel -> listening socket
+        self.conns: "dict[int, Conn]" = {}  # connection channel -> Conn
+        self.next_conn = CONN_BASE
 
     def background_count(self) -> "int":
         return len(self.groups) + sum(1 for c in self.cmds.values() if c.background)
@@ -979,6 +1001,175 @@ class Agent:
                 pass
         self.out(RESULT, o.ch, result)
 
+    # connections (the proxy endpoint) ---------------------------------------------------------------
+    def listen(self, ch: "int", payload: "bytes") -> "None":
+        import socket
+
+        try:
+            body = json.loads(payload.decode())
+            port = body["port"] if isinstance(body, dict) else None
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise ValueError("LISTEN needs a port 0..65535")
+            if ch in self.listeners or ch >= CONN_BASE:
+                raise OSError(errno.EBUSY, "channel %d is in use" % ch)
+        except (ValueError, KeyError) as e:
+            self.out(RESULT, ch, op_error(errno.EINVAL, "bad LISTEN: %s" % e))
+            return
+        except OSError as e:
+            self.out(RESULT, ch, op_error(e.errno or errno.EIO, str(e)))
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError as e:
+            sock.close()
+            self.out(
+                RESULT, ch, op_error(e.errno or errno.EIO, "cannot listen on 127.0.0.1:%d: %s" % (port, e))
+            )
+            return
+        self.listeners[ch] = sock
+        self.out(RESULT, ch, {"port": sock.getsockname()[1]})
+
+    def accept(self, lch: "int") -> "None":
+        sock = self.listeners[lch]
+        for _ in range(64):  # a burst, then back to the loop (commands and other connections go on)
+            try:
+                client, _addr = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # EMFILE and the like: this connection waits in the backlog
+                return
+            if len(self.conns) >= MAX_CONNS or self.next_conn > 0xFFFFFFFF:
+                client.close()  # refused: the connection cap holds
+                continue
+            client.setblocking(False)
+            n = Conn(client, self.next_conn)
+            self.next_conn += 1
+            self.conns[n.ch] = n
+            self.out(OPEN, n.ch, {"listener": lch})
+
+    def conn_frame(self, kind: "int", ch: "int", payload: "bytes") -> "None":
+        n = self.conns.get(ch)
+        if n is None:
+            return  # a connection already forgotten (or never ours): late frames are dropped
+        if kind == DATA:
+            if n.eof_in or n.closing is not None:
+                return
+            if not payload:
+                n.eof_in = True
+            elif len(n.pending) + len(payload) > WINDOW:
+                self.abort_conn(n, "the host sent more than the window")
+                return
+            else:
+                n.pending += payload
+            self.conn_write(n)
+        elif kind == CREDIT:
+            try:
+                amount = json.loads(payload.decode())["bytes"]
+                if isinstance(amount, bool) or not isinstance(amount, int) or amount < 1:
+                    raise ValueError(amount)
+            except (ValueError, KeyError, TypeError):
+                self.abort_conn(n, "bad CREDIT")
+                return
+            n.credit = min(n.credit + amount, 1 << 40)
+        else:  # CLOSE: the host is done; write what it sent, then close (no answer)
+            n.closing = time.monotonic() + LINGER
+            n.eof_in = True
+            self.conn_write(n)
+
+    def conn_events(self, r: "list[int]", w: "list[int]") -> "None":
+        if not self.listeners and not self.conns:
+            return
+        by_fd = dict((n.fd, n) for n in self.conns.values())
+        for fd in w:
+            n = by_fd.get(fd)
+            if n is not None and n.ch in self.conns:
+                self.conn_write(n)
+        for lch, sock in list(self.listeners.items()):
+            if sock.fileno() in r:
+                self.accept(lch)
+        for fd in r:
+            n = by_fd.get(fd)
+            if n is not None and n.ch in self.conns:
+                self.conn_read(n)
+
+    def conn_read(self, n: "Conn") -> "None":
+        if n.credit <= 0 or n.eof_out or n.closing is not None:
+            return
+        try:
+            data = n.sock.recv(min(n.credit, 65536))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.abort_conn(n, "read: %s" % (e.strerror or e))
+            return
+        if data:
+            n.credit -= len(data)
+            self.out(DATA, n.ch, data)
+            return
+        n.eof_out = True
+        self.out(DATA, n.ch, b"")
+        self.conn_done(n)
+
+    def conn_write(self, n: "Conn") -> "None":
+        while n.pending:
+            try:
+                sent = n.sock.send(n.pending[:65536])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                if n.closing is not None:
+                    self.drop_conn(n)
+                else:
+                    self.abort_conn(n, "write: %s" % (e.strerror or e))
+                return
+            del n.pending[:sent]
+            n.ungranted += sent
+        if n.closing is None and n.ungranted >= WINDOW // 4:
+            self.out(CREDIT, n.ch, {"bytes": n.ungranted})
+            n.ungranted = 0
+        if n.pending:
+            return
+        if n.closing is not None:
+            self.drop_conn(n)
+            return
+        if n.eof_in and not n.shut:
+            n.shut = True
+            try:
+                import socket
+
+                n.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        self.conn_done(n)
+
+    def conn_done(self, n: "Conn") -> "None":
+        # Both directions ended and everything written: the connection is over.
+        if n.eof_out and n.eof_in and n.shut and not n.pending and n.ch in self.conns:
+            self.out(CLOSE, n.ch, {})
+            self.drop_conn(n)
+
+    def abort_conn(self, n: "Conn", why: "str") -> "None":
+        self.out(CLOSE, n.ch, {"error": why})
+        self.drop_conn(n)
+
+    def drop_conn(self, n: "Conn") -> "None":
+        self.conns.pop(n.ch, None)
+        try:
+            n.sock.close()
+        except OSError:
+            pass
+
+    def close_conns(self) -> "None":
+        for sock in self.listeners.values():
+            sock.close()
+        self.listeners = {}
+        for n in list(self.conns.values()):
+            self.drop_conn(n)
+
     # frames from the host -------------------------------------------------------------------------
     def frames(self) -> "None":
         while len(self.inbuf) >= HDR.size:
@@ -1008,6 +1199,12 @@ class Agent:
                 self.start_op(ch, body)
             elif kind == STDIN and ch in self.ops:
                 self.op_input(self.ops[ch], payload)
+            elif kind == LISTEN:
+                self.listen(ch, payload)
+            elif kind in (DATA, CREDIT, CLOSE):
+                self.conn_frame(kind, ch, payload)
+            elif kind == KILL and ch in self.listeners:
+                self.listeners.pop(ch).close()
             elif kind == KILL and ch in self.ops:
                 self.kill_op(self.ops[ch])
             elif kind == STDIN:
@@ -1062,20 +1259,29 @@ class Agent:
                     if o.status_fd is not None:
                         self.readable(o.status_fd)
                     self.finish_op(o)
+            for n in list(self.conns.values()):
+                if n.closing is not None and time.monotonic() >= n.closing:
+                    self.drop_conn(n)  # a client that does not read what the host sent: given up
             if self.eof and not self.cmds and not self.ops:
                 return
-            rlist = [wake] + list(self.fds)
+            rlist = [wake] + list(self.fds) + [sock.fileno() for sock in self.listeners.values()]
+            rlist += [
+                n.fd for n in self.conns.values() if n.credit > 0 and not n.eof_out and n.closing is None
+            ]
             if not self.eof:
                 rlist.append(self.rfd)
             pipes = list(self.cmds.values()) + list(self.ops.values())
             wlist = [c.stdin for c in pipes if c.stdin is not None and c.pending]
+            wlist += [n.fd for n in self.conns.values() if n.pending]
             waits = [c.deadline for c in self.cmds.values() if c.shim_done is None]
             waits += [c.drain_until for c in pipes if c.drain_until is not None]
+            waits += [n.closing for n in self.conns.values() if n.closing is not None]
             timeout = max(0.0, min(waits) - time.monotonic()) if waits else None
             try:
                 r, w, _ = select.select(rlist, wlist, [], timeout)
             except InterruptedError:
                 continue
+            self.conn_events(r, w)
             for fd in w:
                 for c in pipes:
                     if c.stdin == fd:
@@ -1101,6 +1307,7 @@ class Agent:
                         for o in list(self.ops.values()):
                             self.kill_op(o)
                         self.kill_groups()
+                        self.close_conns()
                         continue
                     self.inbuf += data
                     self.frames()
@@ -1193,6 +1400,7 @@ def main() -> "None":
             "agent": "python",
             "ops": OPS,
             "setid": SETID_STATE[0] or "unavailable",
+            "proxy": 1,
         },
     )
     agent.loop(wr)

@@ -1,0 +1,279 @@
+"""The host side of the proxy endpoint's connections: one agent's OPEN, DATA, CREDIT and CLOSE frames.
+
+An agent that serves a listener (LISTEN, :mod:`.frames`) carries each connection accepted on it over the
+agent channel, on a connection channel it allocates. :class:`Connections` demultiplexes those frames for
+one agent and gives each connection, as a :class:`ConnectionStream` (the :class:`ByteStream` shape the relay
+of :mod:`adk_sandbox.executor.network.relay` takes), to the listener's handler in a thread of its own.
+
+The agent's reader thread calls :meth:`Connections.deliver` and must never wait there: it only appends to a
+buffer the window bounds (:data:`.frames.WINDOW` plus the credit this side granted; more is a protocol
+error, which gives the agent up) and never writes to the agent (the agent may be blocked writing to us;
+writing from the reader would deadlock). Everything sent (DATA, CREDIT, CLOSE) is sent by the handler's
+thread, through ``send`` (the agent's serialised, deadline-bounded write).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from adk_sandbox.executor.channel.frames import (
+    CONNECTION_BASE,
+    WINDOW,
+    Frame,
+    FrameType,
+    ProtocolError,
+    encode,
+)
+
+__all__ = ["ConnectionHandler", "ConnectionStream", "Connections"]
+
+log = logging.getLogger(__name__)
+
+#: Serves one connection to its end (the session passes ``lambda stream: relay(stream, policy, log)``).
+ConnectionHandler = Callable[["ConnectionStream"], object]
+#: Writes frames to the agent by a monotonic deadline (the agent's ``send``); raises when it cannot.
+Sender = Callable[[bytes, float], None]
+
+#: Bytes of one DATA frame at most.
+DATA_CHUNK = 64 * 1024
+#: How long one write of frames may take before the agent is given up (as for commands' frames).
+_SEND_SECONDS = 10.0
+#: Credit is returned once this many bytes were consumed (a quarter of the window).
+_GRANT_AT = WINDOW // 4
+
+
+class ConnectionStream:
+    """One connection accepted by the agent's listener, as a duplex byte stream (``ByteStream``).
+
+    ``recv`` returns ``b""`` once the sandbox's side ended (end of file, CLOSE, the agent gone) and raises
+    ``TimeoutError`` past :meth:`settimeout`; ``sendall`` waits for credit (the sandbox's client reads
+    slowly: only this connection waits) and raises ``BrokenPipeError`` once the connection is closed;
+    ``shutdown`` and ``close`` wake a ``recv`` or ``sendall`` blocked in another thread.
+    """
+
+    def __init__(self, channel: int, send: Sender, forget: Callable[[int], None]) -> None:
+        self.channel = channel
+        self._send = send
+        self._forget = forget
+        self._cond = threading.Condition()
+        self._buffer = bytearray()
+        self._received = 0  # DATA bytes received in all
+        self._allowed = WINDOW  # what the agent may have sent in all: the window plus the credit granted
+        self._ungranted = 0  # bytes consumed whose credit is not yet returned
+        self._credit = WINDOW  # DATA bytes this side may still send
+        self._timeout: float | None = None
+        self._peer_eof = False  # the sandbox's side ended its direction (or closed, or the agent is gone)
+        self._peer_closed = False  # CLOSE received (or the agent gone): nothing more may be sent
+        self._read_shut = False
+        self._write_shut = False  # end of file sent
+        self._closed = False
+        self.error: str | None = None  # why the sandbox's side ended abnormally (CLOSE's error, agent gone)
+
+    # -- fed by the reader thread (never waits) ------------------------------------------------------
+    def _feed(self, data: bytes) -> None:
+        with self._cond:
+            if not data:
+                self._peer_eof = True
+            else:
+                self._received += len(data)
+                if self._received > self._allowed:
+                    raise ProtocolError(f"connection {self.channel:#x} sent more than its window")
+                if self._peer_eof:
+                    raise ProtocolError(f"connection {self.channel:#x} sent DATA after its end of file")
+                if not self._read_shut and not self._closed:
+                    self._buffer += data
+            self._cond.notify_all()
+
+    def _grant(self, amount: int) -> None:
+        with self._cond:
+            self._credit += amount
+            self._cond.notify_all()
+
+    def _ended(self, error: str | None) -> None:
+        with self._cond:
+            self._peer_eof = self._peer_closed = True
+            if error and self.error is None:
+                self.error = error
+            self._cond.notify_all()
+
+    # -- the ByteStream ------------------------------------------------------------------------------
+    def settimeout(self, timeout: float | None, /) -> None:
+        """How long :meth:`recv` and :meth:`sendall` may wait (None: until the connection ends)."""
+        self._timeout = timeout
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        until = None if self._timeout is None else time.monotonic() + self._timeout
+        while not ready():
+            left = None if until is None else until - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError("timed out")
+            self._cond.wait(left)
+
+    def recv(self, size: int, /) -> bytes:
+        """Up to ``size`` bytes the sandbox's client sent; ``b""`` at its end."""
+        with self._cond:
+            self._wait(lambda: bool(self._buffer) or self._peer_eof or self._read_shut or self._closed)
+            if self._read_shut or self._closed or not self._buffer:
+                return b""
+            data = bytes(self._buffer[:size])
+            del self._buffer[:size]
+            self._ungranted += len(data)
+            grant = 0
+            if self._ungranted >= _GRANT_AT and not self._peer_eof:
+                grant, self._ungranted = self._ungranted, 0
+                self._allowed += grant
+        if grant:
+            with contextlib.suppress(OSError):
+                self._write(encode(FrameType.CREDIT, self.channel, {"bytes": grant}))
+        return data
+
+    def sendall(self, data: bytes, /) -> None:
+        """Send every byte of ``data`` to the sandbox's client, as the window allows."""
+        view = memoryview(data)
+        while view:
+            with self._cond:
+                self._wait(lambda: self._credit > 0 or self._peer_closed or self._write_shut or self._closed)
+                if self._peer_closed or self._write_shut or self._closed:
+                    raise BrokenPipeError(32, "the sandbox's side of the connection is closed")
+                size = min(self._credit, DATA_CHUNK, len(view))
+                self._credit -= size
+            self._write(encode(FrameType.DATA, self.channel, bytes(view[:size])))
+            view = view[size:]
+
+    def shutdown(self, how: int, /) -> None:
+        """``SHUT_WR``: end of file to the sandbox's client; ``SHUT_RD``: wake and end ``recv``."""
+        send_eof = False
+        with self._cond:
+            if how in (socket.SHUT_RD, socket.SHUT_RDWR):
+                self._read_shut = True
+                self._buffer.clear()
+            if how in (socket.SHUT_WR, socket.SHUT_RDWR) and not self._write_shut:
+                self._write_shut = True
+                send_eof = not self._peer_closed and not self._closed
+            self._cond.notify_all()
+        if send_eof:
+            self._write(encode(FrameType.DATA, self.channel, b""))
+
+    def close(self) -> None:
+        """Close the connection: the agent closes its socket once it has written what was sent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._buffer.clear()
+            tell = not self._peer_closed
+            self._cond.notify_all()
+        self._forget(self.channel)
+        if tell:
+            with contextlib.suppress(OSError):
+                self._write(encode(FrameType.CLOSE, self.channel, {}))
+
+    def _write(self, frames: bytes) -> None:
+        try:
+            self._send(frames, time.monotonic() + _SEND_SECONDS)
+        except Exception as exc:  # the agent is gone or stuck: this connection is over
+            self._ended(f"the agent channel failed: {exc}")
+            raise BrokenPipeError(32, f"the agent channel failed: {exc}") from exc
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+
+class Connections:
+    """The connections of one agent: listeners by LISTEN channel, streams by connection channel."""
+
+    def __init__(self, send: Sender) -> None:
+        self._send = send
+        self._lock = threading.Lock()
+        self._handlers: dict[int, ConnectionHandler] = {}
+        self._streams: dict[int, ConnectionStream] = {}
+        self._highest = CONNECTION_BASE - 1  # the last connection channel opened: ids are never reused
+        self._broken: str | None = None
+
+    def add_listener(self, channel: int, handler: ConnectionHandler) -> None:
+        """Serve the connections of the listener opened by LISTEN on ``channel`` with ``handler``."""
+        with self._lock:
+            self._handlers[channel] = handler
+
+    def remove_listener(self, channel: int) -> None:
+        """Forget a listener (connections it already opened go on)."""
+        with self._lock:
+            self._handlers.pop(channel, None)
+
+    @property
+    def open_connections(self) -> int:
+        """How many connections are open (their handler has not closed them)."""
+        with self._lock:
+            return len(self._streams)
+
+    def deliver(self, frame: Frame) -> None:
+        """Take one connection frame (the reader thread: never waits); a :class:`ProtocolError` for a lie."""
+        channel = frame.channel
+        if frame.type == FrameType.OPEN:
+            self._open(channel, int((frame.body or {})["listener"]))
+            return
+        with self._lock:
+            stream = self._streams.get(channel)
+            if stream is None:
+                if channel > self._highest:
+                    what = frame.type.name
+                    raise ProtocolError(f"{what} for connection {channel:#x}, which was never opened")
+                return  # a connection already closed on this side: its late frames are dropped
+            if frame.type == FrameType.CLOSE:
+                self._streams.pop(channel, None)
+        if frame.type == FrameType.DATA:
+            stream._feed(frame.data)
+        elif frame.type == FrameType.CREDIT:
+            stream._grant(int((frame.body or {})["bytes"]))
+        else:
+            error = (frame.body or {}).get("error")
+            stream._ended(error if isinstance(error, str) else None)
+
+    def _open(self, channel: int, listener: int) -> None:
+        with self._lock:
+            if channel <= self._highest:
+                raise ProtocolError(f"OPEN of connection {channel:#x}, which is not a fresh channel")
+            self._highest = channel
+            handler = self._handlers.get(listener)
+            stream = ConnectionStream(channel, self._send, self._forget)
+            if self._broken is None:
+                self._streams[channel] = stream
+        if self._broken is not None:
+            stream._ended(self._broken)
+        if handler is None or self._broken is not None:
+            # No handler here (a listener forgotten, or never asked for): closed, from a thread of its own
+            # (the reader never writes to the agent).
+            threading.Thread(target=stream.close, name="adk-sandbox-connection", daemon=True).start()
+            return
+        threading.Thread(
+            target=self._serve, args=(handler, stream), name="adk-sandbox-connection", daemon=True
+        ).start()
+
+    @staticmethod
+    def _serve(handler: ConnectionHandler, stream: ConnectionStream) -> None:
+        try:
+            handler(stream)
+        except Exception:
+            log.exception("the handler of a proxied connection failed")
+        finally:
+            stream.close()
+
+    def _forget(self, channel: int) -> None:
+        with self._lock:
+            self._streams.pop(channel, None)
+
+    def fail_all(self, why: str) -> None:
+        """The agent is gone: every connection ends (a blocked ``recv`` returns, ``sendall`` raises)."""
+        with self._lock:
+            self._broken = why
+            streams, self._streams = list(self._streams.values()), {}
+            self._handlers.clear()
+        for stream in streams:
+            stream._ended(why)
