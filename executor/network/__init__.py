@@ -10,7 +10,9 @@ connection over the session's channel to the host side, which decides with the m
 * :mod:`.addresses`: which resolved addresses may be connected to, and the resolver that returns only
   those (the decision is on the address connected, never on a name resolved twice);
 * :mod:`.log`: the bounded per-session connection log;
-* :mod:`.relay`: the host side of one proxied connection, all of the above in order (:func:`relay`).
+* :mod:`.relay`: the host side of one proxied connection, all of the above in order (:func:`relay`);
+* :mod:`.intercept`: for hosts with injected headers, TLS terminated with a per-session CA, the headers
+  added, and TLS again to the verified server (imported on its own: it needs ``cryptography``).
 
 Nothing here imports a backend, docker-py or :mod:`adk_sandbox.devtools` (``tests/unit/test_layering.py``).
 The decision rules are written down in ``docs/network.md``.

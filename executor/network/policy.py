@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import ssl
 from dataclasses import dataclass
 from typing import Self
 
@@ -219,6 +220,10 @@ class NetworkPolicy(BaseModel):
     headers: dict[str, dict[str, str]] = Field(default_factory=dict)
     """Per host name, headers the host side adds to requests (credentials); the sandbox never sees them.
     Added only where the host side itself speaks HTTP to the server over TLS, never in clear text."""
+    upstream_ca: tuple[str, ...] = ()
+    """CA certificates (PEM) the host side trusts, besides the system's, when it verifies a server it
+    re-encrypts to (the hosts with ``headers``): for tests and private CAs. Certificates only, never a
+    key; hosts without headers are verified by the sandbox's own client, never by this."""
 
     @field_validator("allow", "deny")
     @classmethod
@@ -279,6 +284,18 @@ class NetworkPolicy(BaseModel):
                     )
             checked[host] = dict(fields)
         return checked
+
+    @field_validator("upstream_ca")
+    @classmethod
+    def _upstream_ca_are_certificates(cls, certificates: tuple[str, ...]) -> tuple[str, ...]:
+        for pem in certificates:
+            if "PRIVATE KEY" in pem:
+                raise ValueError("upstream_ca: give CA certificates only, never a private key")
+            try:
+                ssl.create_default_context().load_verify_locations(cadata=pem)
+            except (ssl.SSLError, ValueError) as error:
+                raise ValueError(f"upstream_ca: not a PEM certificate ({error})") from None
+        return certificates
 
     @model_validator(mode="after")
     def _headers_go_to_allowed_names(self) -> Self:

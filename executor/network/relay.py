@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, NoReturn, Protocol
+from typing import TYPE_CHECKING, Literal, NoReturn, Protocol
 
 from adk_sandbox.executor.network.addresses import (
     GetAddrInfo,
@@ -59,6 +59,9 @@ from adk_sandbox.executor.network.http_head import (
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.tls_hello import server_name
+
+if TYPE_CHECKING:  # intercept.py imports this module (ByteStream)
+    from adk_sandbox.executor.network.intercept import Interceptor
 
 __all__ = [
     "CHUNK",
@@ -111,6 +114,10 @@ class _Refused(Exception):
         self.answer = answer
         self.rule = rule
         self.detail = detail
+
+
+class _Intercepted(Exception):
+    """The intercepted exchange is over (header injection, :mod:`.intercept`): log it like a pumped one."""
 
 
 @dataclass
@@ -245,6 +252,39 @@ def _close(stream: ByteStream) -> None:
         stream.close()
 
 
+# -- header injection (intercept.py): TLS terminated on this side for a host with headers ---------------
+def _intercept(
+    intercept: Interceptor | None,
+    stream: ByteStream,
+    upstream: socket.socket,
+    request: ProxyRequest,
+    hello: bytes,
+    *,
+    policy: NetworkPolicy,
+    outcome: _Outcome,
+    timeout: float,
+) -> None:
+    """Serve a CONNECT tunnel to a host with headers through ``intercept``; then raise :class:`_Intercepted`.
+
+    Returns (the tunnel is pumped untouched) for plain HTTP, a host without headers or no interceptor.
+    """
+    headers = policy.headers_for(request.host) if request.is_connect else {}
+    if intercept is None or not headers:
+        return
+    outcome.decision = "allowed"
+    result = intercept.serve(
+        stream, upstream, host=request.host, port=request.port, hello=hello, headers=headers, timeout=timeout
+    )
+    outcome.up, outcome.down = result.up, result.down
+    outcome.detail += f"; {result.detail}"
+    if result.rule is not None:
+        outcome.decision, outcome.rule = "refused", result.rule
+    raise _Intercepted
+
+
+# -- end of header injection ---------------------------------------------------------------------------
+
+
 def relay(
     stream: ByteStream,
     policy: NetworkPolicy,
@@ -254,11 +294,14 @@ def relay(
     getaddrinfo: GetAddrInfo = socket.getaddrinfo,
     head_timeout: float = DEFAULT_HEAD_TIMEOUT,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    intercept: Interceptor | None = None,
 ) -> ConnectionEntry:
     """Serve one connection from the sandbox's proxy endpoint to its end; see the module's docstring.
 
     Blocks until the connection is over, closes ``stream``, records the entry in ``log`` and returns it.
     ``extra_refused`` are the engine's own addresses; ``getaddrinfo`` is the resolver (tests pass a fake).
+    ``intercept`` (the session's :class:`~.intercept.Interceptor`) serves CONNECT tunnels to hosts with
+    ``headers``: TLS terminated, headers injected; without one, every tunnel is pumped untouched.
     """
     started = time.time()
     outcome = _Outcome()
@@ -284,10 +327,16 @@ def relay(
             first = _check_server_name(stream, request, early, head_timeout)
         else:
             first = request.forward_head() + early
+        # A host with headers: TLS terminated here, headers injected (intercept.py); raises _Intercepted.
+        _intercept(
+            intercept, stream, upstream, request, first, policy=policy, outcome=outcome, timeout=head_timeout
+        )
         upstream.sendall(first)
         outcome.decision = "allowed"
         outcome.up = len(first)
         _pump(stream, upstream, outcome)
+    except _Intercepted:
+        pass
     except _Refused as refused:
         outcome.decision, outcome.rule, outcome.detail = "refused", refused.rule, refused.detail
         if refused.answer:

@@ -20,6 +20,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import docker
@@ -63,6 +64,7 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
+from adk_sandbox.executor.network.intercept import SYSTEM_BUNDLE_PATHS, Interceptor
 from adk_sandbox.executor.network.log import ConnectionLog, LogSnapshot
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import relay
@@ -439,9 +441,10 @@ class DockerSession(ChannelSession):
         if pid is not None and pid == self._proxy_agent and self._proxy_port is not None:
             return
         log = self.network_log_store
+        intercept = self._trust_intercept_ca(transport)  # header injection (see below)
 
         def handler(stream: ConnectionStream) -> None:
-            relay(stream, policy, log)
+            relay(stream, policy, log, intercept=intercept)
 
         self._proxy_port = transport.serve_connections(self._user, handler)
         self._proxy_agent = transport.agent_pids.get(self._user)
@@ -457,8 +460,43 @@ class DockerSession(ChannelSession):
         local = "localhost,127.0.0.1"
         return {
             "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
-            "NO_PROXY": local, "no_proxy": local,
+            "NO_PROXY": local, "no_proxy": local, **self._intercept_env,
         }  # fmt: skip
+
+    # -- header injection (issue 23): the session CA, trusted inside (executor/network/intercept.py) ------
+    _interceptor: Interceptor | None = None
+    _intercept_env: Mapping[str, str] = MappingProxyType({})
+
+    def _trust_intercept_ca(self, transport: AgentTransport) -> Interceptor | None:
+        """For a policy with headers: the session's interceptor, its CA certificate trusted inside.
+
+        The certificate (the public part only) is written after the image's system bundle, so hosts without
+        headers still verify; commands get the variables naming it (:data:`.intercept.TRUST_ENV_NAMES`).
+        """
+        policy = self._config.egress
+        if policy is None or not policy.headers:
+            return None
+        if self._interceptor is None:
+            self._interceptor = Interceptor(policy)
+        deadline, limit = time.monotonic() + 30, 8 << 20
+        system = None
+        for path in SYSTEM_BUNDLE_PATHS:
+            read = {"op": "read", "path": path, "offset": 0, "limit": limit}
+            body, data = transport.file_op(self._user, read, deadline=deadline, max_output=limit)
+            if body.get("error") is None:
+                system = data
+                break
+        trust = self._interceptor.sandbox_trust(system)
+        write = {"op": "write", "path": trust.path, "mode": 0o644, "exclusive": False, "append": False}
+        body, _ = transport.file_op(self._user, write, trust.pem, deadline=deadline)
+        if body.get("error") is not None:
+            raise PolicyNotEnforceableError(
+                f"the session CA could not be written to {trust.path}: {body['error']}"
+            )
+        self._intercept_env = MappingProxyType(dict(trust.env))
+        return self._interceptor
+
+    # -- end of header injection ---------------------------------------------------------------------
 
     def _sync_channel(self) -> SyncChannel | None:
         """Where a workspace sync step runs: the current container's transport, as the command user."""
