@@ -15,7 +15,8 @@ session's channel; in the tests, one end of a ``socket.socketpair``). :func:`rel
    server; CONNECT carries TLS only, since plain bytes through a tunnel could carry a ``Host`` of any
    name to a shared front end;
 5. for plain HTTP: sends the head in origin form (one request per connection, ``Connection: close``);
-   the policy's ``headers`` are **not** added here, where they would cross the network in clear text
+   the policy's ``headers`` are **not** added here, where they would cross the network in clear text (a
+   request to a host with headers is refused before connecting instead)
    (they belong to the TLS-terminating path);
 6. pumps both ways, 64 KiB at a time per direction (a slow reader holds back its writer, so memory stays
    bounded), until the server closes or either side fails; the sandbox closing its sending side is passed
@@ -282,6 +283,25 @@ def _intercept(
     raise _Intercepted
 
 
+def _refuse_uninjectable(request: ProxyRequest, policy: NetworkPolicy, intercept: Interceptor | None) -> None:
+    """Refuse, before connecting, a request to a host with ``headers`` that would go without them.
+
+    The headers are credentials the user asked for: sent without them the request would reach the server
+    unauthenticated, a setting silently not honoured. Plain HTTP never carries them (clear text), and a
+    relay without an interceptor cannot add them.
+    """
+    if not policy.headers_for(request.host):
+        return
+    if not request.is_connect:
+        why = f"{request.host} has headers to inject, which are sent only over HTTPS: use https://"
+    elif intercept is None:
+        why = f"{request.host} has headers to inject, and this sandbox's proxy cannot inject them"
+    else:
+        return
+    message = f"the sandbox's network policy refused {request.authority}: {why}"
+    raise _Refused(forbidden(message, "headers"), "headers", why)
+
+
 # -- end of header injection ---------------------------------------------------------------------------
 
 
@@ -313,6 +333,7 @@ def relay(
         outcome.rule = decision.rule
         if not decision.allowed:
             raise _Refused(forbidden(decision.message, decision.rule), decision.rule, decision.message)
+        _refuse_uninjectable(request, policy, intercept)
         try:
             addresses = resolve(request.host, request.port, policy, getaddrinfo, extra_refused=extra_refused)
         except RefusedAddressError as error:

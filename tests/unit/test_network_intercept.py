@@ -367,13 +367,22 @@ def test_a_host_without_headers_passes_through_untouched(
     assert "injected" not in entry.detail
 
 
-def test_without_an_interceptor_a_tunnel_is_pumped(server: TlsServer, pki: tuple[str, bytes, bytes]) -> None:
+def test_without_an_interceptor_a_host_with_headers_is_refused(
+    server: TlsServer, pki: tuple[str, bytes, bytes]
+) -> None:
+    """Headers that cannot be injected are refused before connecting: never sent without them, unnoticed."""
     sandbox = Sandbox(policy_for(server, pki[0]), None)
-    tls = sandbox.connect(server.port, pki[0])
-    tls.sendall(f"GET / HTTP/1.1\r\nHost: api.test:{server.port}\r\n\r\n".encode())
-    assert read_all(tls).endswith(BODY)
-    sandbox.finish()
-    assert SECRET.encode() not in server.received[0]
+    sandbox.client.sendall(
+        f"CONNECT api.test:{server.port} HTTP/1.1\r\nHost: api.test:{server.port}\r\n\r\n".encode()
+    )
+    answer = b""
+    with contextlib.suppress(OSError):
+        while chunk := sandbox.client.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 403 ") and b"cannot inject" in answer
+    entry = sandbox.finish()
+    assert (entry.decision, entry.rule) == ("refused", "headers")
+    assert server.received == []
 
 
 # -- the session CA and the sandbox's trust ----------------------------------------------------------------
