@@ -22,6 +22,11 @@ session's channel; in the tests, one end of a ``socket.socketpair``). :func:`rel
    on as a half-close so the server can still answer;
 7. records one :class:`~.log.ConnectionEntry` in the session's log.
 
+Once connected, and before any byte is sent either way, ``on_connected(host, port, close)`` is called (when
+given) with a **close handle** for the live connection: ``close(why)`` from any thread ends it (both sides
+closed, ``why`` in the log entry's detail). A session keeps these to cut connections its network no
+longer allows (``set_network``).
+
 The server is always reached by an address checked by :func:`.addresses.refusal` (or pinned by the user),
 never by a name, so a name that rebinds between the decision and the connection changes nothing.
 """
@@ -66,6 +71,8 @@ __all__ = [
     "DEFAULT_HEAD_TIMEOUT",
     "TLS_ACCESS_DENIED",
     "ByteStream",
+    "CloseHandle",
+    "OnConnected",
     "relay",
 ]
 
@@ -101,6 +108,12 @@ class ByteStream(Protocol):
     def close(self) -> None:
         """Close the stream, waking any blocked ``recv``."""
         ...
+
+
+#: Ends one live connection from any thread; the argument says why (kept in the log entry's detail).
+CloseHandle = Callable[[str], None]
+#: Told of each connection once it is connected, before any byte is sent: host, port, its close handle.
+OnConnected = Callable[[str, int, CloseHandle], None]
 
 
 class _Refused(Exception):
@@ -245,6 +258,17 @@ def _close(stream: ByteStream) -> None:
         stream.close()
 
 
+def _close_handle(stream: ByteStream, upstream: socket.socket, outcome: _Outcome) -> CloseHandle:
+    def close(why: str) -> None:
+        with outcome.lock:
+            outcome.detail += f"; closed: {why}"
+        with contextlib.suppress(OSError):  # wakes the relay's recv on the server's side
+            upstream.shutdown(socket.SHUT_RDWR)
+        _close(stream)
+
+    return close
+
+
 def relay(
     stream: ByteStream,
     policy: NetworkPolicy,
@@ -254,11 +278,13 @@ def relay(
     getaddrinfo: GetAddrInfo = socket.getaddrinfo,
     head_timeout: float = DEFAULT_HEAD_TIMEOUT,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    on_connected: OnConnected | None = None,
 ) -> ConnectionEntry:
     """Serve one connection from the sandbox's proxy endpoint to its end; see the module's docstring.
 
     Blocks until the connection is over, closes ``stream``, records the entry in ``log`` and returns it.
-    ``extra_refused`` are the engine's own addresses; ``getaddrinfo`` is the resolver (tests pass a fake).
+    ``extra_refused`` are the engine's own addresses; ``getaddrinfo`` is the resolver (tests pass a fake);
+    ``on_connected`` is given the connection's close handle (see the module's docstring).
     """
     started = time.time()
     outcome = _Outcome()
@@ -279,6 +305,8 @@ def relay(
             raise _Refused(bad_gateway(str(error)), "resolve failed", str(error)) from None
         upstream, address = _connect(request, addresses, connect_timeout)
         outcome.detail = f"connected to {address}"
+        if on_connected is not None:
+            on_connected(request.host, request.port, _close_handle(stream, upstream, outcome))
         if request.is_connect:
             stream.sendall(connection_established())
             first = _check_server_name(stream, request, early, head_timeout)
