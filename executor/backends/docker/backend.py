@@ -166,6 +166,9 @@ class DockerBackend(SessionBackend[DockerSession]):
                 explicit=config.root_size_mb is not None,
                 size_refused=lambda size_mb: size_refusal(client, config.image, size_mb),
             )  # fmt: skip
+        self.proxy_offered: bool | None = None
+        """Whether a session's agent here serves the proxy endpoint a NetworkPolicy needs (its HELLO says
+        ``"proxy"``); None until :meth:`capabilities` probed a session."""
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self.reaped_copies = reap_copies()
@@ -412,7 +415,9 @@ class DockerBackend(SessionBackend[DockerSession]):
     def _probe_capabilities(self) -> Capabilities:
         """What a session container of this backend enforces, read from a workspace-less one."""
         with self.session() as probe:
-            return probe.capabilities()
+            capabilities = probe.capabilities()
+            self.proxy_offered = probe.proxy_offered()
+            return capabilities
 
     def capabilities(self, workspace: str | os.PathLike[str] | None = None) -> Capabilities:
         """What a session container of this backend enforces, read from a real one (probed once).

@@ -585,6 +585,23 @@ class DockerSession(ChannelSession):
             for live in cut:
                 live.close(why)
 
+    def proxy_offered(self) -> bool:
+        """Whether this session's agent serves the proxy endpoint a NetworkPolicy needs (HELLO ``"proxy"``).
+
+        Asks it to listen (the listener then serves this session: while no policy is set, every request
+        gets the 403 of a network that is off). False on the exec transport. Starts the session.
+        """
+        self.start()
+        with self._lock:
+            transport = self._transport
+            if not isinstance(transport, AgentTransport):
+                return False
+            try:
+                self._serve_proxy(transport)
+            except PolicyNotEnforceableError:
+                return False
+            return True
+
     def open_connections(self) -> list[tuple[str, int]]:
         """The live proxied connections, as (host, port)."""
         with self._network_lock:
