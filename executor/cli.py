@@ -31,6 +31,7 @@ from adk_sandbox.executor.backends.docker.engine import Engine
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.backends.process import ProcessBackend
 from adk_sandbox.executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, ResourceLimits, Stream
 
@@ -127,6 +128,7 @@ def _doctor_docker() -> bool:
                         workspace = f"auto:{backend.capabilities(workspace=scratch).workspace}"
                 print(f"{'':<16} {'':<16} workspace: {_workspace_of(workspace)}")
                 print(f"{'':<16} {'':<16} profiles: hardened (default); task: {_task_profile_of(runtime)}")
+                print(f"{'':<16} {'':<16} network policy: {_proxy_of(backend.proxy_offered)}")
             works = works or runtime is None
         except ExecutorError as exc:
             print(f"{name:<16} {'unavailable':<16} {_first_line(exc)}")
@@ -152,6 +154,13 @@ def _task_profile_of(runtime: str | None) -> str:
     how = {"memory": "held in memory, within the memory limit", "quota": "an engine storage quota",
            "watched": "the session stops once its layer passes the cap"}  # fmt: skip
     return f"root writes capped at {cap[1]} MiB: {how[cap[0]]}" if cap else "unavailable"
+
+
+def _proxy_of(offered: bool | None) -> str:
+    """Whether the agent serves the proxy endpoint a NetworkPolicy needs (``--allow-host``): doctor."""
+    if offered:
+        return "yes (the agent serves the proxy endpoint; --allow-host, network=NetworkPolicy)"
+    return "no (the agent does not serve the proxy endpoint: a NetworkPolicy is refused)"
 
 
 def _channel_of(channel: str | None) -> str:
@@ -251,9 +260,21 @@ def docker_config(args: argparse.Namespace, **more: Any) -> DockerConfig:
             "runtime": args.runtime,
             "engine": args.engine,
             "tmpfs": _tmpfs_of(args.tmpfs or []),
+            "network": _network_of(args.allow_host or []),
             **more,
         }
     )
+
+
+def _network_of(allowed: Sequence[str]) -> NetworkPolicy | None:
+    """``--allow-host NAME[:PORT]`` options as a network policy (None without any: network none)."""
+    if not allowed:
+        return None
+    try:
+        return NetworkPolicy(allow=tuple(allowed))
+    except ValidationError as exc:
+        problems = "; ".join(str(error["msg"]).removeprefix("Value error, ") for error in exc.errors())
+        raise InvalidRequestError(f"--allow-host: {problems}") from None
 
 
 def _sandbox_options(parser: argparse.ArgumentParser, *, image_help: str) -> None:
@@ -274,6 +295,14 @@ def _sandbox_options(parser: argparse.ArgumentParser, *, image_help: str) -> Non
         help="the Docker engine: a URL (unix://, tcp://HOST:2376 with DOCKER_TLS_VERIFY/DOCKER_CERT_PATH, "
         "ssh://USER@HOST) or a Docker context name (default: what the docker CLI would use); a workspace "
         "travels to a remote engine as a mirror",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME[:PORT]",
+        help="let commands reach NAME (a host name or *.suffix; without PORT: 80 and 443) through an HTTP "
+        "proxy inside the sandbox, decided on this host; repeatable. The container keeps no route out "
+        "(docs/network.md). Without it: no network",
     )
 
 
@@ -473,10 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
     run_parser = commands.add_parser(
         "run",
         help="run a command in a per-session hardened container",
-        description="Run CMD in a per-session container (network off, capabilities dropped, read-only root, "
-        "limits) with DIR mounted read-write at the same path and as its cwd, as DIR's owner. Output is "
-        "streamed live; the exit status is the command's (124 on timeout, 137 on OOM, 130 on Ctrl-C, "
-        "143 on SIGTERM). "
+        description="Run CMD in a per-session container (network off unless --allow-host names hosts, "
+        "capabilities dropped, read-only root, limits) with DIR mounted read-write at the same path and "
+        "as its cwd, as DIR's owner. Output is streamed live; the exit status is the command's (124 on "
+        "timeout, 137 on OOM, 130 on Ctrl-C, 143 on SIGTERM). "
         "Without --workspace and --container, a bundled example workspace is used (and, without CMD, "
         "its demo).",
     )

@@ -8,7 +8,8 @@ provider. Each key is either honoured or refused with an error naming it; none i
 * ``user``, ``working_dir``, ``environment`` (a mapping or ``KEY=VALUE`` list; a bare ``KEY`` takes the
   value of this process's environment, as compose does);
 * ``mem_limit`` (``512m``, ``2g``, bytes), ``cpus``;
-* ``network_mode: none`` (any other network is refused until per-domain egress lands);
+* ``network_mode: none`` (any other network is refused: for the names a task needs, give a network policy,
+  ``x-adk-sandbox: {network: {allow: [pypi.org]}}``, which keeps ``none`` and proxies what it allows);
 * ``init: true`` (every sandbox runs an init process; ``false`` cannot be honoured);
 * ``command`` only when it keeps the container alive (``tail -f /dev/null``, ``sleep infinity``): the
   container's first process is the library's keeper, so a service command would never run;
@@ -120,7 +121,8 @@ def _service_fields(service: dict[str, Any], where: str, base: Path) -> dict[str
     if network != "none":
         raise ValueError(
             f"{where}: `network_mode: {network}` cannot be honoured: a sandbox has no network "
-            "(`network_mode: none`); set `x-adk-sandbox: {network: true}` for the engine's bridge"
+            "(`network_mode: none`); set `x-adk-sandbox: {network: {allow: [NAME, ...]}}` for a policy "
+            "allowing names, or `x-adk-sandbox: {network: true}` for the engine's bridge"
         )
     fields["network"] = False
     limits = _limits(service, where)

@@ -67,6 +67,7 @@ from adk_sandbox.executor.backend import SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.docker import DockerBackend, cleanup_labelled, cleanup_session
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import ExecRequest, ResourceLimits, check_user, is_numeric_user, parse_user
 from adk_sandbox.executor.types import ExecResult as CoreExecResult
 
@@ -153,9 +154,13 @@ class AdkSandboxConfig(BaseModel):
     """The OCI runtime: ``runc`` (a plain container) or ``runsc`` (gVisor's user-space kernel)."""
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     """Memory, cpu, pids, tmpfs size, file size and open files of each sample's container."""
-    network: bool = False
+    network: bool | NetworkPolicy = False
     """Off by default: the container has network ``none``. True gives it Docker's default bridge (the
-    host's network reach); gVisor here is registered with ``--network=none`` and refuses it."""
+    host's network reach); gVisor here is registered with ``--network=none`` and refuses it. A
+    :class:`~adk_sandbox.executor.network.NetworkPolicy`, in YAML a mapping of its fields
+    (``network: {allow: [pypi.org, "*.pythonhosted.org"], hosts: {...}}``), keeps network ``none`` and
+    lets commands reach the names it allows through an HTTP proxy inside the sandbox, decided on the host
+    (docs/network.md); on runc and gVisor alike."""
     user: Annotated[str, AfterValidator(_valid_user)] | None = None
     """Who commands and file operations run as unless ``exec(user=...)`` says otherwise: ``uid[:gid]`` or
     names from the container's ``/etc/passwd`` and ``/etc/group``. Default: the image's ``USER`` (root
@@ -168,6 +173,17 @@ class AdkSandboxConfig(BaseModel):
     helpers (``text_editor()``, ``bash_session()``, ``exec_remote()``) into ``/var/tmp`` and runs them."""
     env: dict[str, str] = Field(default_factory=dict)
     """Variables every command gets (after the image's own; ``exec(env=...)`` overrides them)."""
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _network_kind(cls, value: object) -> object:
+        # A bool or a policy (a mapping of its fields): not pydantic's lax bool ("yes", 1, "off").
+        if isinstance(value, bool | NetworkPolicy | dict):
+            return value
+        raise ValueError(
+            f"network must be false, true or a NetworkPolicy mapping ({{allow: [...], hosts: {{...}}}}), "
+            f"not {value!r}"
+        )
 
     @field_validator("working_dir")
     @classmethod

@@ -258,11 +258,12 @@ def workspace_tools(
     Writable (default): read_file, glob, grep, write_file, edit_file, bash, sandbox_exec. ``bash`` and
     ``sandbox_exec`` share one Docker session with ``root`` mounted (one container, started here so a
     broken engine or image fails the start, not the first call); file tools work on the host through the
-    workspace's containment. ``config`` makes the container (image, runtime, engine, limits, tmpfs; the
-    defaults without it); on a remote engine the workspace travels as a mirror. ``read_only``: read_file,
-    glob and grep only, and no container at all: a server for exploring is given nothing that writes, and
-    a command could write. ``code_exec`` adds the Rust tool on its own backend, the same settings with the
-    image ``adk-sandbox/rust``.
+    workspace's containment. ``config`` makes the container (image, runtime, engine, limits, tmpfs, and its
+    ``network``: a NetworkPolicy, ``--allow-host``, lets commands reach the names it allows through the
+    sandbox's proxy; the defaults without it); on a remote engine the workspace travels as a mirror.
+    ``read_only``: read_file, glob and grep only, and no container at all: a server for exploring is given
+    nothing that writes, and a command could write. ``code_exec`` adds the Rust tool on its own backend,
+    the same settings with the image ``adk-sandbox/rust``.
     """
     from adk_sandbox.executor.backends.docker import DockerBackend, DockerConfig  # noqa: PLC0415 - docker-py loads lazily
     from adk_sandbox.executor.backends.docker.images import RUST_IMAGE  # noqa: PLC0415

@@ -23,6 +23,11 @@ session's channel; in the tests, one end of a ``socket.socketpair``). :func:`rel
    on as a half-close so the server can still answer;
 7. records one :class:`~.log.ConnectionEntry` in the session's log.
 
+Once connected, and before any byte is sent either way, ``on_connected(host, port, close)`` is called (when
+given) with a **close handle** for the live connection: ``close(why)`` from any thread ends it (both sides
+closed, ``why`` in the log entry's detail). A session keeps these to cut connections its network no
+longer allows (``set_network``).
+
 The server is always reached by an address checked by :func:`.addresses.refusal` (or pinned by the user),
 never by a name, so a name that rebinds between the decision and the connection changes nothing.
 """
@@ -70,6 +75,8 @@ __all__ = [
     "DEFAULT_HEAD_TIMEOUT",
     "TLS_ACCESS_DENIED",
     "ByteStream",
+    "CloseHandle",
+    "OnConnected",
     "relay",
 ]
 
@@ -105,6 +112,12 @@ class ByteStream(Protocol):
     def close(self) -> None:
         """Close the stream, waking any blocked ``recv``."""
         ...
+
+
+#: Ends one live connection from any thread; the argument says why (kept in the log entry's detail).
+CloseHandle = Callable[[str], None]
+#: Told of each connection once it is connected, before any byte is sent: host, port, its close handle.
+OnConnected = Callable[[str, int, CloseHandle], None]
 
 
 class _Refused(Exception):
@@ -305,6 +318,40 @@ def _refuse_uninjectable(request: ProxyRequest, policy: NetworkPolicy, intercept
 # -- end of header injection ---------------------------------------------------------------------------
 
 
+def _close_handle(stream: ByteStream, upstream: socket.socket, outcome: _Outcome) -> CloseHandle:
+    def close(why: str) -> None:
+        with outcome.lock:
+            outcome.detail += f"; closed: {why}"
+        with contextlib.suppress(OSError):  # wakes the relay's recv on the server's side
+            upstream.shutdown(socket.SHUT_RDWR)
+        _close(stream)
+
+    return close
+
+
+def _decide(  # noqa: PLR0917 - the relay's own state, passed on
+    request: ProxyRequest,
+    policy: NetworkPolicy,
+    outcome: _Outcome,
+    intercept: Interceptor | None,
+    getaddrinfo: GetAddrInfo,
+    extra_refused: frozenset[IPAddress | IPNetwork],
+) -> tuple[IPAddress, ...]:
+    """The checked addresses to try for ``request``, or :class:`_Refused` with the answer saying why."""
+    decision = policy.decide(request.host, request.port)
+    outcome.rule = decision.rule
+    if not decision.allowed:
+        raise _Refused(forbidden(decision.message, decision.rule), decision.rule, decision.message)
+    _refuse_uninjectable(request, policy, intercept)
+    try:
+        return resolve(request.host, request.port, policy, getaddrinfo, extra_refused=extra_refused)
+    except RefusedAddressError as error:
+        message = f"the sandbox's network policy refused {request.authority}: {error}"
+        raise _Refused(forbidden(message, "address"), "address", str(error)) from None
+    except ResolutionFailedError as error:
+        raise _Refused(bad_gateway(str(error)), "resolve failed", str(error)) from None
+
+
 def relay(
     stream: ByteStream,
     policy: NetworkPolicy,
@@ -315,13 +362,15 @@ def relay(
     head_timeout: float = DEFAULT_HEAD_TIMEOUT,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     intercept: Interceptor | None = None,
+    on_connected: OnConnected | None = None,
 ) -> ConnectionEntry:
     """Serve one connection from the sandbox's proxy endpoint to its end; see the module's docstring.
 
     Blocks until the connection is over, closes ``stream``, records the entry in ``log`` and returns it.
-    ``extra_refused`` are the engine's own addresses; ``getaddrinfo`` is the resolver (tests pass a fake).
+    ``extra_refused`` are the engine's own addresses; ``getaddrinfo`` is the resolver (tests pass a fake);
+    ``on_connected`` is given the connection's close handle (see the module's docstring).
     ``intercept`` (the session's :class:`~.intercept.Interceptor`) serves CONNECT tunnels to hosts with
-    ``headers``: TLS terminated, headers injected; without one, every tunnel is pumped untouched.
+    ``headers``: TLS terminated, headers injected; without one, a request to such a host is refused.
     """
     started = time.time()
     outcome = _Outcome()
@@ -329,20 +378,11 @@ def relay(
     try:
         request, early = _read_head(stream, head_timeout)
         outcome.host, outcome.port = request.host, request.port
-        decision = policy.decide(request.host, request.port)
-        outcome.rule = decision.rule
-        if not decision.allowed:
-            raise _Refused(forbidden(decision.message, decision.rule), decision.rule, decision.message)
-        _refuse_uninjectable(request, policy, intercept)
-        try:
-            addresses = resolve(request.host, request.port, policy, getaddrinfo, extra_refused=extra_refused)
-        except RefusedAddressError as error:
-            message = f"the sandbox's network policy refused {request.authority}: {error}"
-            raise _Refused(forbidden(message, "address"), "address", str(error)) from None
-        except ResolutionFailedError as error:
-            raise _Refused(bad_gateway(str(error)), "resolve failed", str(error)) from None
+        addresses = _decide(request, policy, outcome, intercept, getaddrinfo, extra_refused)
         upstream, address = _connect(request, addresses, connect_timeout)
         outcome.detail = f"connected to {address}"
+        if on_connected is not None:
+            on_connected(request.host, request.port, _close_handle(stream, upstream, outcome))
         if request.is_connect:
             stream.sendall(connection_established())
             first = _check_server_name(stream, request, early, head_timeout)

@@ -181,6 +181,30 @@ async def test_the_hardened_profile_runs_as_nobody_in_tmp_on_a_read_only_root() 
         await AdkSandboxEnvironment.task_cleanup("hardened", config, True)
 
 
+async def test_a_network_policy_from_the_config_reaches_only_what_it_allows() -> None:
+    """``network: {allow: [...], hosts: {...}}`` as YAML gives it: network none, a proxy, the host decides."""
+    require(INSPECT_MISSING is None, f"inspect_ai is not installed: {INSPECT_MISSING}")
+    _runtime_available("runc")
+    from tests.integration.test_docker_egress import FETCH, Upstream  # noqa: PLC0415 - docker tests' server
+
+    upstream = Upstream()
+    network = {"allow": [f"allowed.test:{upstream.port}"], "hosts": {"allowed.test": ["127.0.0.1"]}}
+    config = AdkSandboxConfig.model_validate({"network": network})
+    environments = await AdkSandboxEnvironment.sample_init("policy", config, {})
+    try:
+        fetch = f"URL = 'http://allowed.test:{upstream.port}/inspect'\n{FETCH}"
+        done = await environments["default"].exec(["python3", "-c", fetch])
+        assert done.stdout.startswith("200 "), done
+        other = f"URL = 'http://other.test:{upstream.port}/'\n{FETCH}"
+        refused = await environments["default"].exec(["python3", "-c", other])
+        assert refused.stdout.startswith("403 ") and "no rule allows it" in refused.stdout, refused
+        assert len(upstream.received) == 1
+    finally:
+        await AdkSandboxEnvironment.sample_cleanup("policy", config, environments, False)
+        await AdkSandboxEnvironment.task_cleanup("policy", config, True)
+        upstream.close()
+
+
 async def test_cli_cleanup_removes_a_kept_sample_by_its_session_id() -> None:
     require(INSPECT_MISSING is None, f"inspect_ai is not installed: {INSPECT_MISSING}")
     _runtime_available("runc")

@@ -13,9 +13,11 @@ from adk_sandbox.executor import DockerBackend, InvalidRequestError, PolicyNotEn
 from adk_sandbox.executor.backends.docker import DockerConfig, PoolConfig
 from adk_sandbox.executor.backends.docker.config import DEFAULT_LIFETIME_SECONDS
 from adk_sandbox.executor.errors import BackendUnavailableError
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import SandboxPolicy
 
 SPAWN = SandboxPolicy.builder().allow_process_spawn()
+POLICY = NetworkPolicy(allow=["pypi.org"])
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +49,17 @@ REFUSED: list[tuple[dict[str, Any], type[Exception], str]] = [
         "overlaps",
     ),
     ({"pool": 1, "container": "svc"}, InvalidRequestError, "an attached container (container=) is one"),
+    ({"network": "yes"}, InvalidRequestError, "network must be False, True or a NetworkPolicy"),
+    ({"network": 1}, InvalidRequestError, "network must be False, True or a NetworkPolicy"),
+    ({"network": {"allow": ["10.0.0.1"]}}, InvalidRequestError, "is an IP address, not a host name"),
+    ({"network": {"alow": ["pypi.org"]}}, InvalidRequestError, "network: not a NetworkPolicy: alow"),
+    ({"network": POLICY, "transport": "exec"}, PolicyNotEnforceableError, "needs the agent channel"),
+    ({"network": POLICY, "container": "svc"}, PolicyNotEnforceableError, "an attached container"),
+    (
+        {"network": POLICY, "policy": SPAWN.allow_network().build()},
+        PolicyNotEnforceableError,
+        "give one or the other",
+    ),
     (
         {"pool": PoolConfig(size=1, max_age_seconds=100), "lifetime_seconds": 100},
         InvalidRequestError,
@@ -117,3 +130,20 @@ def test_the_config_is_frozen_forbids_unknown_fields_and_reads_an_int_pool() -> 
         config.image = "other"  # type: ignore[misc]
     with pytest.raises(ValidationError, match="extra"):
         DockerConfig(imgae="typo")  # type: ignore[call-arg]
+
+
+def test_network_takes_a_bool_a_policy_or_a_policys_mapping_on_both_paths() -> None:
+    assert DockerConfig().network is False and DockerConfig().egress is None
+    assert DockerConfig(network=True).network is True and DockerConfig(network=True).egress is None
+    mapping = {"allow": ["pypi.org", "*.pythonhosted.org"], "hosts": {"Git.Test": ["127.0.0.1"]}}
+    config = DockerConfig(network=mapping)  # as YAML or JSON gives it
+    assert isinstance(config.network, NetworkPolicy) and config.egress == config.network
+    assert config.egress == NetworkPolicy(
+        allow=["pypi.org", "*.pythonhosted.org"], hosts={"git.test": ["127.0.0.1"]}
+    )
+    assert DockerConfig(network=POLICY).egress is POLICY
+    # The keyword path builds the same config (it gets as far as connecting).
+    with pytest.raises(BackendUnavailableError):
+        DockerBackend(network=POLICY)
+    with pytest.raises(BackendUnavailableError):
+        DockerBackend(config=DockerConfig(network=POLICY))

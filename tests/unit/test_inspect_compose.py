@@ -8,6 +8,7 @@ import pytest
 
 from adk_sandbox.devtools.adapters.inspect_compose import compose_fields, is_compose
 from adk_sandbox.devtools.adapters.inspect_sandbox import AdkSandboxConfig, ImageBuild, resolve_config
+from adk_sandbox.executor.network.policy import NetworkPolicy
 
 FULL = """\
 services:
@@ -137,3 +138,31 @@ def test_a_dockerfile_path_is_built_from_its_directory(tmp_path: Path) -> None:
     config = resolve_config(str(tmp_path / "Dockerfile"))
     assert config.build == ImageBuild(context=str(tmp_path.resolve()), dockerfile="Dockerfile")
     assert config.image.startswith("adk-sandbox-task/") and config.profile == "task"
+
+
+def test_a_network_policy_from_yaml_a_compose_file_and_the_model(tmp_path: Path) -> None:
+    policy = NetworkPolicy(allow=["pypi.org", "*.pythonhosted.org"], hosts={"git.test": ["127.0.0.1"]})
+    fields = tmp_path / "adk-sandbox.yaml"
+    fields.write_text(
+        'network:\n  allow: [pypi.org, "*.pythonhosted.org"]\n  hosts: {git.test: [127.0.0.1]}\n'
+    )
+    assert resolve_config(str(fields)).network == policy
+    path = _write(
+        tmp_path,
+        "services:\n  default:\n    image: x\n    network_mode: none\n    x-adk-sandbox:\n      network:\n"
+        '        allow: [pypi.org, "*.pythonhosted.org"]\n        hosts: {git.test: [127.0.0.1]}\n',
+    )
+    config = resolve_config(str(path))
+    assert config.network == policy
+    assert hash(config) == hash(resolve_config(str(path)))  # inspect keys its caches by the config
+    assert AdkSandboxConfig(network=policy).network is policy
+    assert AdkSandboxConfig(network=True).network is True
+
+
+@pytest.mark.parametrize(
+    ("network", "message"),
+    [("yes", "network must be false, true or a NetworkPolicy"), ({"allow": ["10.0.0.1"]}, "IP address")],
+)
+def test_a_network_that_is_neither_a_bool_nor_a_policy_is_refused(network: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AdkSandboxConfig(network=network)

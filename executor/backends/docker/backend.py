@@ -116,16 +116,6 @@ class DockerBackend(SessionBackend[DockerSession]):
         sessions, or with ``PoolConfig(workspace="mirror")`` for
         ``session(copy_of=...)`` (docs/DOCKER.md, "Warm pool").
         """
-        # A NetworkPolicy (issue 23, internal for now): the container keeps network none, and its agent serves
-        # an HTTP proxy on 127.0.0.1 whose connections end in the policy's relay on this host.
-        egress = network if isinstance(network, NetworkPolicy) else None
-        if egress is not None:
-            network = False
-            if transport != "agent":
-                raise PolicyNotEnforceableError(
-                    "a NetworkPolicy needs the agent channel (transport='agent'): the exec transport has no "
-                    "proxy endpoint; it is refused"
-                )
         options: dict[str, object] = {
             "image": image,
             "limits": limits,
@@ -156,8 +146,6 @@ class DockerBackend(SessionBackend[DockerSession]):
                     f"{', '.join(given)}); put them in the config (config.model_copy(update={{...}}))"
                 )
         super().__init__()
-        self.egress: NetworkPolicy | None = egress
-        """The network policy of this backend's sessions (None: ``config.network`` as ever)."""
         self.config = config
         """This backend's settings, as checked (built from the keyword options when no config was given).
 
@@ -178,6 +166,9 @@ class DockerBackend(SessionBackend[DockerSession]):
                 explicit=config.root_size_mb is not None,
                 size_refused=lambda size_mb: size_refusal(client, config.image, size_mb),
             )  # fmt: skip
+        self.proxy_offered: bool | None = None
+        """Whether a session's agent here serves the proxy endpoint a NetworkPolicy needs (its HELLO says
+        ``"proxy"``); None until :meth:`capabilities` probed a session."""
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self.reaped_copies = reap_copies()
@@ -216,8 +207,16 @@ class DockerBackend(SessionBackend[DockerSession]):
 
     @property
     def network(self) -> bool:
-        """Whether containers get a network: ``config.network``, or a policy that allows it."""
-        return self.config.network or self.config.policy.allow_network
+        """Whether containers get Docker's bridge: ``config.network is True``, or a policy that allows it."""
+        return self.config.network is True or self.config.policy.allow_network
+
+    @property
+    def egress(self) -> NetworkPolicy | None:
+        """The network policy of this backend's sessions (``config.network`` when it is one; else None).
+
+        Their containers keep network none; each session's agent serves the proxy (docs/network.md).
+        """
+        return self.config.egress
 
     @property
     def user(self) -> str | None:
@@ -416,7 +415,9 @@ class DockerBackend(SessionBackend[DockerSession]):
     def _probe_capabilities(self) -> Capabilities:
         """What a session container of this backend enforces, read from a workspace-less one."""
         with self.session() as probe:
-            return probe.capabilities()
+            capabilities = probe.capabilities()
+            self.proxy_offered = probe.proxy_offered()
+            return capabilities
 
     def capabilities(self, workspace: str | os.PathLike[str] | None = None) -> Capabilities:
         """What a session container of this backend enforces, read from a real one (probed once).

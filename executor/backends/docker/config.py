@@ -27,6 +27,7 @@ from adk_sandbox.executor.backends.docker.images import BASE_IMAGE, ExpectedImag
 from adk_sandbox.executor.backends.docker.pool import PoolConfig
 from adk_sandbox.executor.backends.docker.session import TRANSPORTS
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import ResourceLimits, check_user
 from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB
@@ -72,9 +73,12 @@ class DockerConfig(BaseModel):
     """Memory (= memory+swap), cpu, pids, tmpfs size, file size and open files of each container."""
     runtime: str | None = None
     """The OCI runtime (``"runsc"`` for gVisor); None: the engine's default (``runc``)."""
-    network: bool = False
-    """Give containers Docker's default bridge network instead of ``none`` (as does a policy that
-    allows network: :attr:`DockerBackend.network` is the two together)."""
+    network: bool | NetworkPolicy = False
+    """``False``: network ``none``. ``True``: Docker's default bridge (as does a policy that allows network:
+    :attr:`DockerBackend.network` is the two together). A :class:`~adk_sandbox.executor.network.NetworkPolicy`
+    (or a mapping of its fields, ``{"allow": [...], "hosts": {...}}``): the container keeps network ``none``
+    and its agent serves an HTTP proxy on ``127.0.0.1`` whose connections the host decides by the policy
+    (docs/network.md); needs the agent channel. ``session.set_network`` changes it at run time."""
     user: str | None = None
     """Who commands run as, instead of the owner of the workspace root (hardened) or the image's ``USER``
     (task): ``"uid:gid"``, a uid, or names from the container's ``/etc/passwd`` (``"root"``,
@@ -115,6 +119,26 @@ class DockerConfig(BaseModel):
     """Keep started containers for workspace-less sessions, each used once (docs/DOCKER.md, "Warm
     pool"); an int ``N`` means ``PoolConfig(size=N)``. ``PoolConfig(workspace="mirror")`` keeps them for
     ``backend.session(copy_of=...)`` instead: each with an empty workspace copy, filled at acquire."""
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _network_kind(cls, network: object) -> object:
+        # Strictly a bool, a policy or a policy's mapping: pydantic would take "yes", 1 or "off" as a bool.
+        if isinstance(network, bool | NetworkPolicy):
+            return network
+        if isinstance(network, Mapping):
+            try:
+                return NetworkPolicy.model_validate(dict(network))
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'policy'}: {e['msg'].removeprefix('Value error, ')}"
+                    for e in exc.errors()
+                )
+                raise InvalidRequestError(f"network: not a NetworkPolicy: {problems}") from None
+        raise InvalidRequestError(
+            f"network must be False, True or a NetworkPolicy (a mapping such as {{'allow': ['pypi.org']}}), "
+            f"not {network!r}"
+        )
 
     @field_validator("transport")
     @classmethod
@@ -234,10 +258,37 @@ class DockerConfig(BaseModel):
                 "the workspace"
             )
 
+    @property
+    def egress(self) -> NetworkPolicy | None:
+        """The network policy of :attr:`network` (None when it is a bool)."""
+        return self.network if isinstance(self.network, NetworkPolicy) else None
+
+    def _egress_checks(self) -> None:
+        """What a NetworkPolicy cannot go with: a route out, a channel without the proxy endpoint."""
+        if self.egress is None:
+            return
+        if self.transport != "agent":
+            raise PolicyNotEnforceableError(
+                "a NetworkPolicy needs the agent channel (transport='agent'): the exec transport has no "
+                "proxy endpoint; it is refused"
+            )
+        if self.policy.allow_network:
+            raise PolicyNotEnforceableError(
+                "the SandboxPolicy allows network (Docker's bridge: a route out) and network= is a "
+                "NetworkPolicy (no route out, names decided on the host): give one or the other"
+            )
+        if self.container is not None:
+            raise PolicyNotEnforceableError(
+                "a NetworkPolicy keeps the containers this backend creates on network none; an attached "
+                "container (container=) has the network its compose file gave it, which this library "
+                "cannot take away: give the service `network_mode: none` and create it here instead"
+            )
+
     @model_validator(mode="after")
     def _fits_together(self) -> DockerConfig:
         """The checks between fields (after each field's own), in the order the backend always made them."""
         self._task_checks()
+        self._egress_checks()
         attached = self.container is not None
         if self.workspace_transport == "mirror" and attached:
             raise InvalidRequestError(

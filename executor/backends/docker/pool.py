@@ -71,6 +71,7 @@ from adk_sandbox.executor.backends.docker._container import ContainerProvider, O
 from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, MIB, ContainerSpec
 from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
 from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import ResourceLimits
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree
 
@@ -126,6 +127,8 @@ class PoolKey:
     runtime: str | None
     limits: ResourceLimits
     network: bool
+    egress: NetworkPolicy | None
+    """The network policy each member's proxy carries (None: none served); see docs/network.md."""
     tmpfs: tuple[tuple[str, int], ...]
     labels: tuple[tuple[str, str], ...]
     user: str | None
@@ -147,6 +150,7 @@ class PoolKey:
             runtime=spec.runtime,
             limits=spec.limits,
             network=spec.network,
+            egress=config.egress,
             tmpfs=tuple(sorted(spec.extra_tmpfs.items())),
             labels=tuple(sorted(spec.labels.items())),
             user=config.user,
