@@ -7,11 +7,6 @@ but no curl, so the clients are Python's ``urllib`` (which honours the proxy var
 
 from __future__ import annotations
 
-import shutil
-import socket
-import ssl
-import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,63 +16,14 @@ from adk_sandbox.executor import ExecRequest, ExecResult, Language
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from tests.conftest import require
+from tests.integration.egress_servers import BODY, Upstream, make_certificate, server_context
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
-
-BODY = b"hello through the policy\n"
-
-
-class Upstream:
-    """A loopback HTTP(S) server on the host that records every request head it received."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.tls = tls
-        self.received: list[bytes] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        conn.settimeout(10)
-        got = b""
-        try:
-            if self.tls is not None:
-                conn = self.tls.wrap_socket(conn, server_side=True)
-            while b"\r\n\r\n" not in got and (chunk := conn.recv(65536)):
-                got += chunk
-            self.received.append(got)
-            conn.sendall(
-                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(BODY) + BODY
-            )
-        except (OSError, ssl.SSLError):
-            self.received.append(got)
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    require(shutil.which("openssl") is not None, "the openssl command is needed to make a test certificate")
-    where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "cert.pem", where / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=allowed.test",
-         "-addext", "subjectAltName=DNS:allowed.test"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
+    return make_certificate(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture
@@ -89,9 +35,7 @@ def upstream() -> Iterator[Upstream]:
 
 @pytest.fixture
 def tls_upstream(certificate: tuple[Path, Path]) -> Iterator[Upstream]:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(*certificate)
-    server = Upstream(context)
+    server = Upstream(server_context(certificate))
     yield server
     server.close()
 

@@ -1,0 +1,141 @@
+"""Servers on the host for the egress tests: each records every byte it was sent, so "nothing was delivered"
+is checked where it matters, on the receiving end.
+
+:class:`Upstream` is an HTTP(S) server; :class:`DnsSink` takes DNS queries over UDP and TCP and never
+answers; :func:`make_certificate` makes a self-signed certificate for ``allowed.test``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+from pathlib import Path
+
+from tests.conftest import require
+
+BODY = b"hello through the policy\n"
+
+
+class Upstream:
+    """An HTTP(S) server on ``host`` that records every request head (``received``) and raw bytes (``raw``).
+
+    ``raw`` holds, per connection, the bytes the server got before any TLS handshake (peeked, for TLS): a
+    connection that sent nothing records ``b""``. ``body`` is what every request is answered with.
+    """
+
+    def __init__(
+        self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1", body: bytes = BODY
+    ) -> None:
+        self.listener = socket.create_server((host, 0), backlog=128)
+        self.port = self.listener.getsockname()[1]
+        self.tls = tls
+        self.body = body
+        self.received: list[bytes] = []
+        self.raw: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def delivered(self) -> int:
+        """Bytes received so far, over every connection."""
+        return sum(len(chunk) for chunk in list(self.raw))
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        got = b""
+        try:
+            if self.tls is not None:
+                first = conn.recv(65536, socket.MSG_PEEK)
+                self.raw.append(first)
+                if not first:
+                    return
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            while b"\r\n\r\n" not in got and (chunk := conn.recv(65536)):
+                got += chunk
+            if self.tls is None:
+                self.raw.append(got)
+            self.received.append(got)
+            head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(self.body)
+            conn.sendall(head + self.body)
+        except (OSError, ssl.SSLError):
+            if self.tls is None:
+                self.raw.append(got)
+            self.received.append(got)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+class DnsSink:
+    """A UDP and a TCP listener on ``host`` (one port) that record what they get and never answer."""
+
+    def __init__(self, host: str) -> None:
+        self.tcp = socket.create_server((host, 0))
+        self.port = self.tcp.getsockname()[1]
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind((host, self.port))
+        self.raw: list[bytes] = []
+        threading.Thread(target=self._datagrams, daemon=True).start()
+        threading.Thread(target=self._streams, daemon=True).start()
+
+    @property
+    def delivered(self) -> int:
+        """Bytes received so far, datagrams and streams."""
+        return sum(len(chunk) for chunk in list(self.raw))
+
+    def _datagrams(self) -> None:
+        while True:
+            try:
+                self.raw.append(self.udp.recv(65536))
+            except OSError:
+                return
+
+    def _streams(self) -> None:
+        while True:
+            try:
+                conn, _ = self.tcp.accept()
+            except OSError:
+                return
+            conn.settimeout(5)
+            try:
+                self.raw.append(conn.recv(65536))
+            except OSError:
+                pass
+            finally:
+                conn.close()
+
+    def close(self) -> None:
+        self.tcp.close()
+        self.udp.close()
+
+
+def make_certificate(where: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and key for ``allowed.test`` in ``where`` (needs the openssl command)."""
+    require(shutil.which("openssl") is not None, "the openssl command is needed to make a test certificate")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=allowed.test",
+         "-addext", "subjectAltName=DNS:allowed.test"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def server_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
+    """A TLS server context with ``certificate`` (a pair from :func:`make_certificate`)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    return context
