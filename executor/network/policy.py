@@ -31,10 +31,13 @@ from __future__ import annotations
 import ipaddress
 import re
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from adk_sandbox.executor.errors import InvalidRequestError
 
 __all__ = [
     "DEFAULT_PORTS",
@@ -42,6 +45,7 @@ __all__ = [
     "NetworkPolicy",
     "Rule",
     "is_numeric_host",
+    "network_setting",
     "normalise_host",
 ]
 
@@ -376,3 +380,27 @@ class NetworkPolicy(BaseModel):
             rule=rule,
             message=f"the sandbox's network policy refused {shown}: {why}",
         )
+
+
+def network_setting(network: object) -> bool | NetworkPolicy:
+    """A backend's ``network=``: ``False``, ``True``, a :class:`NetworkPolicy` or a mapping of its fields.
+
+    Strictly those (pydantic alone would take ``"yes"``, ``1`` or ``"off"`` as a bool);
+    :class:`~adk_sandbox.executor.errors.InvalidRequestError` for anything else, or for a mapping that is
+    no policy (saying which field). The ``mode="before"`` validator of every backend's config.
+    """
+    if isinstance(network, bool | NetworkPolicy):
+        return network
+    if isinstance(network, Mapping):
+        try:
+            return NetworkPolicy.model_validate(dict(network))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'policy'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            )
+            raise InvalidRequestError(f"network: not a NetworkPolicy: {problems}") from None
+    raise InvalidRequestError(
+        f"network must be False, True or a NetworkPolicy (a mapping such as {{'allow': ['pypi.org']}}), "
+        f"not {network!r}"
+    )

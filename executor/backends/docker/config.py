@@ -27,7 +27,7 @@ from adk_sandbox.executor.backends.docker.images import BASE_IMAGE, ExpectedImag
 from adk_sandbox.executor.backends.docker.pool import PoolConfig
 from adk_sandbox.executor.backends.docker.session import TRANSPORTS
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
-from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import ResourceLimits, check_user
 from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB
@@ -123,22 +123,7 @@ class DockerConfig(BaseModel):
     @field_validator("network", mode="before")
     @classmethod
     def _network_kind(cls, network: object) -> object:
-        # Strictly a bool, a policy or a policy's mapping: pydantic would take "yes", 1 or "off" as a bool.
-        if isinstance(network, bool | NetworkPolicy):
-            return network
-        if isinstance(network, Mapping):
-            try:
-                return NetworkPolicy.model_validate(dict(network))
-            except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(map(str, e['loc'])) or 'policy'}: {e['msg'].removeprefix('Value error, ')}"
-                    for e in exc.errors()
-                )
-                raise InvalidRequestError(f"network: not a NetworkPolicy: {problems}") from None
-        raise InvalidRequestError(
-            f"network must be False, True or a NetworkPolicy (a mapping such as {{'allow': ['pypi.org']}}), "
-            f"not {network!r}"
-        )
+        return network_setting(network)
 
     @field_validator("transport")
     @classmethod

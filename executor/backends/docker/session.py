@@ -20,7 +20,6 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from types import MappingProxyType
 from typing import Any, Protocol
 
 import docker
@@ -49,7 +48,7 @@ from adk_sandbox.executor.backends.docker._spec import (
 )
 from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
-from adk_sandbox.executor.channel.connections import ConnectionStream
+from adk_sandbox.executor.channel.egress import NETWORK_OFF_RULE, SessionEgress
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import (
@@ -64,11 +63,9 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
-from adk_sandbox.executor.network.http_head import HeadError, forbidden, head_end, parse_head
-from adk_sandbox.executor.network.intercept import SYSTEM_BUNDLE_PATHS, Interceptor
-from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog, LogSnapshot
+from adk_sandbox.executor.network.intercept import Interceptor
+from adk_sandbox.executor.network.log import ConnectionLog, LogSnapshot
 from adk_sandbox.executor.network.policy import NetworkPolicy
-from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT, CloseHandle, relay
 from adk_sandbox.executor.types import (
     Capabilities,
     ExecRequest,
@@ -86,12 +83,6 @@ __all__ = ["NETWORK_OFF_RULE", "TRANSPORTS", "DockerSession", "SessionConfig", "
 log = logging.getLogger(__name__)
 
 NOBODY = "65534:65534"
-
-#: The rule a request gets in its 403 (and in the log) while ``set_network(False)`` holds.
-NETWORK_OFF_RULE = "network off"
-_OFF_MESSAGE = "the sandbox's network is off (set_network(False)): no connection is made"
-#: The most bytes of a request head read before the 403 of a network that is off.
-_OFF_HEAD_BYTES = 16 * 1024
 
 _PROGRAM_LANGUAGES = {
     LANGUAGES[lang].program: lang for lang in (Language.PYTHON, Language.JAVASCRIPT, Language.RUST)
@@ -137,16 +128,6 @@ def _exec_transport(
 
 #: The command channels a session can use, by name (see docs/DOCKER.md, "The agent channel").
 TRANSPORTS: Mapping[str, TransportFactory] = {"agent": _agent_transport, "exec": _exec_transport}
-
-
-@dataclass(frozen=True)
-class _Live:
-    """One live proxied connection: where it goes and how to end it (``set_network``)."""
-
-    host: str
-    port: int
-    policy: NetworkPolicy
-    close: CloseHandle
 
 
 @dataclass(frozen=True)
@@ -235,19 +216,9 @@ class DockerSession(ChannelSession):
         self._lock = threading.Lock()
         self._container: OpenedContainer | None = None
         self._transport: CommandTransport | None = None
-        self._proxy_port: int | None = None
-        self._proxy_agent: int | None = None
-        #: The network in force: False (none), True (Docker's bridge) or the policy the proxy decides by.
-        self._network: bool | NetworkPolicy = (
-            config.egress if config.egress is not None else config.spec.network
-        )
-        #: Whether the agent serves the proxy endpoint (a policy now or before; off: every request a 403).
-        self._proxied = config.egress is not None
-        #: The live proxied connections, by stream (``set_network`` closes those no longer allowed).
-        self._live: dict[ConnectionStream, _Live] = {}
-        self._network_lock = threading.Lock()
-        #: Every connection the sandbox asked for under its network policy (``network_log()``).
-        self.network_log_store = ConnectionLog()
+        #: The network in force (False: none, True: Docker's bridge, or the policy the proxy decides by),
+        #: the proxy endpoint, the live connections and the log: the engine-neutral part (channel/egress.py).
+        self._egress = SessionEgress(config.egress if config.egress is not None else config.spec.network)
         self._user = config.user or NOBODY
         self._languages: tuple[Language, ...] | None = None
         self._oom_counter: OomCounter | None = None
@@ -428,8 +399,8 @@ class DockerSession(ChannelSession):
                 no_capabilities=container.dialect is Dialect.PODMAN,  # its inspect cannot show it
                 setid_allowed=task,
             )
-            if self._proxied:
-                self._serve_proxy(transport)
+            if self._egress.proxied:
+                self._egress.serve(transport, self._user)
             if mode == "mirror" and workspace is not None and owner is not None:
                 problems = mirror_mount_violations(container.inspect, workspace)
                 if problems:
@@ -456,79 +427,10 @@ class DockerSession(ChannelSession):
                 self._discard_container(container.id)
             raise
 
-    def _serve_proxy(self, transport: CommandTransport) -> None:
-        """Have the session user's agent serve the proxy endpoint (again, after an agent restart)."""
-        if not isinstance(transport, AgentTransport):
-            raise PolicyNotEnforceableError(
-                "a NetworkPolicy needs the agent channel (transport='agent'): the exec transport has no "
-                "proxy endpoint; it is refused"
-            )
-        pid = transport.agent_pids.get(self._user)
-        if pid is not None and pid == self._proxy_agent and self._proxy_port is not None:
-            return
-        self._proxy_port = transport.serve_connections(self._user, self._proxy_connection)
-        if isinstance(self._network, NetworkPolicy):
-            self._trust_intercept_ca(transport, self._network)  # a fresh agent: the CA file again
-        self._proxy_agent = transport.agent_pids.get(self._user)
-
-    def _proxy_connection(self, stream: ConnectionStream) -> None:
-        """Serve one connection of the proxy endpoint under the network in force when it arrived."""
-        with self._network_lock:
-            network = self._network
-        if not isinstance(network, NetworkPolicy):
-            self._refuse_off(stream)
-            return
-
-        def connected(host: str, port: int, close: CloseHandle) -> None:
-            # set_network may have run while this one was deciding: it goes on only if still allowed.
-            with self._network_lock:
-                if _still_allowed(network, self._network, host, port):
-                    self._live[stream] = _Live(host, port, network, close)
-                    return
-            close("the sandbox's network changed before the connection started")
-
-        try:
-            intercept = self._interceptor_for(network)  # header injection (see below)
-            relay(stream, network, self.network_log_store, on_connected=connected, intercept=intercept)
-        finally:
-            with self._network_lock:
-                self._live.pop(stream, None)
-
-    def _refuse_off(self, stream: ConnectionStream) -> None:
-        """The network is off: read the request head (so the client reads the answer) and answer 403."""
-        started, host, port = time.time(), "", 0
-        buffer = b""
-        deadline = time.monotonic() + DEFAULT_HEAD_TIMEOUT
-        try:
-            while head_end(buffer) is None and len(buffer) < _OFF_HEAD_BYTES:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                stream.settimeout(left)
-                chunk = stream.recv(_OFF_HEAD_BYTES)
-                if not chunk:
-                    break
-                buffer += chunk
-            end = head_end(buffer)
-            if end is not None:
-                with contextlib.suppress(HeadError):
-                    request = parse_head(buffer[:end])
-                    host, port = request.host, request.port
-            stream.sendall(forbidden(_OFF_MESSAGE, NETWORK_OFF_RULE))
-        except OSError:  # TimeoutError included: the client gave up or was too slow; it is refused anyway
-            pass
-        finally:
-            stream.close()
-        entry = ConnectionEntry(
-            time=started, host=host, port=port, decision="refused", rule=NETWORK_OFF_RULE, detail=_OFF_MESSAGE
-        )
-        self.network_log_store.record(entry)
-
     @property
     def network(self) -> bool | NetworkPolicy:
         """The network in force: False (none), True (Docker's bridge) or a :class:`NetworkPolicy`."""
-        with self._network_lock:
-            return self._network
+        return self._egress.network
 
     def set_network(self, network: bool | NetworkPolicy) -> None:
         """Change the sandbox's network while it runs (docs/network.md, "Changing it at run time").
@@ -570,26 +472,7 @@ class DockerSession(ChannelSession):
                 raise SandboxFailedError("this Docker session is closed")
             if self._container is None:
                 self._open_container()
-            if isinstance(network, NetworkPolicy) and self._transport is not None:
-                # Before the switch: a refusal leaves the network as it was.
-                self._serve_proxy(self._transport)
-                if isinstance(self._transport, AgentTransport):
-                    self._trust_intercept_ca(self._transport, network)
-                self._proxied = True
-            with self._network_lock:
-                self._network = network
-                cut = [
-                    live
-                    for live in self._live.values()
-                    if not _still_allowed(live.policy, network, live.host, live.port)
-                ]
-            why = (
-                "the sandbox's network was turned off (set_network(False))"
-                if network is False
-                else "the sandbox's new network policy does not allow it"
-            )
-            for live in cut:
-                live.close(why)
+            self._egress.switch(network, self._transport, self._user)
 
     def proxy_offered(self) -> bool:
         """Whether this session's agent serves the proxy endpoint a NetworkPolicy needs (HELLO ``"proxy"``).
@@ -603,78 +486,28 @@ class DockerSession(ChannelSession):
             if not isinstance(transport, AgentTransport):
                 return False
             try:
-                self._serve_proxy(transport)
+                self._egress.serve(transport, self._user)
             except PolicyNotEnforceableError:
                 return False
             return True
 
     def open_connections(self) -> list[tuple[str, int]]:
         """The live proxied connections, as (host, port)."""
-        with self._network_lock:
-            return [(live.host, live.port) for live in self._live.values()]
+        return self._egress.open_connections()
 
     def network_log(self) -> LogSnapshot:
         """The connections this session's sandbox asked for under its network policy (bounded)."""
-        return self.network_log_store.snapshot()
+        return self._egress.snapshot()
 
-    def _proxy_env(self) -> dict[str, str]:
-        if not self._proxied or self._proxy_port is None:
-            return {}
-        url = f"http://127.0.0.1:{self._proxy_port}"
-        local = "localhost,127.0.0.1"
-        return {
-            "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
-            "NO_PROXY": local, "no_proxy": local, **self._intercept_env,
-        }  # fmt: skip
+    @property
+    def network_log_store(self) -> ConnectionLog:
+        """The session's connection log itself (``network_log()`` gives a snapshot of it)."""
+        return self._egress.log
 
-    # -- header injection (issue 23): the session CA, trusted inside (executor/network/intercept.py) ------
-    _interceptor: Interceptor | None = None
-    _interceptor_key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-    _intercept_env: Mapping[str, str] = MappingProxyType({})
-
-    @staticmethod
-    def _intercept_key(policy: NetworkPolicy) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        # What a session CA is made for: its name constraints (the hosts with headers) and upstream trust.
-        return tuple(sorted(policy.headers)), tuple(policy.upstream_ca)
-
-    def _interceptor_for(self, policy: NetworkPolicy) -> Interceptor | None:
-        """The interceptor made for ``policy``'s hosts with headers (None: none, or not made for them)."""
-        if policy.headers and self._interceptor_key == self._intercept_key(policy):
-            return self._interceptor
-        return None
-
-    def _trust_intercept_ca(self, transport: AgentTransport, policy: NetworkPolicy) -> None:
-        """For a policy with headers: the session's interceptor, its CA certificate trusted inside.
-
-        The certificate (the public part only) is written after the image's system bundle, so hosts without
-        headers still verify; commands get the variables naming it (:data:`.intercept.TRUST_ENV_NAMES`). A
-        policy with other hosts with headers (``set_network``) gets a new CA: a CA's name constraints are
-        fixed when it is made.
-        """
-        if not policy.headers:
-            return
-        key = self._intercept_key(policy)
-        if self._interceptor is None or self._interceptor_key != key:
-            self._interceptor, self._interceptor_key = Interceptor(policy), key
-        assert self._interceptor is not None  # noqa: S101 - made just above
-        deadline, limit = time.monotonic() + 30, 8 << 20
-        system = None
-        for path in SYSTEM_BUNDLE_PATHS:
-            read = {"op": "read", "path": path, "offset": 0, "limit": limit}
-            body, data = transport.file_op(self._user, read, deadline=deadline, max_output=limit)
-            if body.get("error") is None:
-                system = data
-                break
-        trust = self._interceptor.sandbox_trust(system)
-        write = {"op": "write", "path": trust.path, "mode": 0o644, "exclusive": False, "append": False}
-        body, _ = transport.file_op(self._user, write, trust.pem, deadline=deadline)
-        if body.get("error") is not None:
-            raise PolicyNotEnforceableError(
-                f"the session CA could not be written to {trust.path}: {body['error']}"
-            )
-        self._intercept_env = MappingProxyType(dict(trust.env))
-
-    # -- end of header injection ---------------------------------------------------------------------
+    @property
+    def _interceptor(self) -> Interceptor | None:
+        """The session's interceptor (header injection), once a policy with headers was in force."""
+        return self._egress.interceptor
 
     def _sync_channel(self) -> SyncChannel | None:
         """Where a workspace sync step runs: the current container's transport, as the command user."""
@@ -858,10 +691,9 @@ class DockerSession(ChannelSession):
         started: float,
         cancel: threading.Event | None,
     ) -> tuple[CommandOutcome, bool]:
-        if self._proxied and self._transport is not None:
-            self._serve_proxy(self._transport)
+        self._egress.ensure(self._transport, self._user)
         env = {
-            **self._proxy_env(),
+            **self._egress.env(),
             **build_child_env(container.base_env, self._config.policy_env, request.env),
         }
         command = PreparedCommand(
@@ -901,14 +733,3 @@ class DockerSession(ChannelSession):
                         self._replace_container("the command's processes could not be killed inside it")
             return outcome, oom_killed
         raise SandboxFailedError("the sandbox container could not be started")  # pragma: no cover
-
-
-def _still_allowed(old: NetworkPolicy, new: bool | NetworkPolicy, host: str, port: int) -> bool:
-    """Whether a connection made under ``old`` to ``host:port`` may go on under ``new``.
-
-    Only under a policy that allows the name, and pins it to the same addresses (or leaves it to DNS as
-    before): a connection to an address the new policy would not reach is closed too.
-    """
-    if not isinstance(new, NetworkPolicy):
-        return False
-    return new.decide(host, port).allowed and new.hosts.get(host) == old.hosts.get(host)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from adk_sandbox.executor._layout import HOME_DIR, KERNEL_PATHS
 from adk_sandbox.executor._owner import LABEL_PREFIX  # the owner labels' namespace, valid as Kubernetes keys
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
 from adk_sandbox.executor.types import ResourceLimits, parse_user
 
 __all__ = ["LABEL_PREFIX", "KubernetesConfig", "validate_label_key", "validate_label_value"]
@@ -83,9 +84,13 @@ class KubernetesConfig(BaseModel):
     active_deadline_seconds: Annotated[int, Field(gt=0)] = 12 * 3600
     """The Pod's ``activeDeadlineSeconds``: the kubelet kills it this long after it started, whatever
     happened to its owner (the self-expiry). A warm-pool Pod's clock starts when the pool made it."""
-    network: bool = False
-    """Allow network access. False: a default-deny NetworkPolicy selects the session Pods (weaker than
-    Docker's ``network=none``: see docs/KUBERNETES.md, "Network")."""
+    network: bool | NetworkPolicy = False
+    """``False``: a default-deny Kubernetes NetworkPolicy selects the session Pods (weaker than Docker's
+    ``network=none``: see docs/KUBERNETES.md, "Network"). ``True``: the cluster network, unrestricted. A
+    :class:`~adk_sandbox.executor.network.NetworkPolicy` (or a mapping of its fields): the Pod is denied
+    as with ``False``, and its agent serves an HTTP proxy on ``127.0.0.1`` whose connections are carried
+    over ``pods/exec`` and decided, resolved and connected by this process, on this host (docs/network.md).
+    ``session.set_network`` switches between ``False`` and a policy at run time."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     """The Pod's ``nodeSelector`` (e.g. nodes with the gVisor runtime)."""
     warm_pool: str | None = None
@@ -93,6 +98,11 @@ class KubernetesConfig(BaseModel):
     creating Pods; its template must be :func:`pod_spec` of this config (checked on each claimed Pod)."""
     startup_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
     """How long a session's Pod may take to be scheduled, pulled and running."""
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _network_kind(cls, network: object) -> object:
+        return network_setting(network)
 
     @field_validator("namespace")
     @classmethod
@@ -160,6 +170,11 @@ class KubernetesConfig(BaseModel):
                     "Pod and which Pods the NetworkPolicy selects; use a key of your own"
                 )
         return labels
+
+    @property
+    def egress(self) -> NetworkPolicy | None:
+        """The network policy of :attr:`network` (None when it is a bool)."""
+        return self.network if isinstance(self.network, NetworkPolicy) else None
 
     @property
     def uid(self) -> int:

@@ -111,7 +111,7 @@ def pod_name(session_id: str) -> str:
 def selector_labels(config: KubernetesConfig) -> dict[str, str]:
     """The labels every Pod of this config carries, whatever the session: the pool's and policy's selector."""
     labels = {PROJECT_LABEL: "adk-sandbox"}
-    if not config.network:
+    if config.network is not True:  # off, or a policy: no route out but the agent's channel
         labels[NETWORK_LABEL] = "off"
     return labels
 

@@ -48,6 +48,7 @@ from adk_sandbox.executor.backends.kubernetes._spec import (
     pod_violations,
 )
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.egress import SessionEgress
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome, PreparedCommand
@@ -58,6 +59,8 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
+from adk_sandbox.executor.network.log import LogSnapshot
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import Capabilities, ExecRequest, Language, parse_user
 from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
 from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace
@@ -88,6 +91,12 @@ class KubernetesSession(ChannelSession):
     (:class:`~adk_sandbox.executor.workspace.mirror.MirrorWorkspace`, capped at ``workspace_mb``):
     pushed in once the Pod is verified, host changes pushed before each command, the Pod's changes pulled back
     after each command and at close, all over the same ``pods/exec`` agent channel, as the Pod's user.
+
+    With a :class:`~adk_sandbox.executor.network.NetworkPolicy` (``config.network``) the Pod is denied as
+    with ``network=False`` and its agent serves an HTTP proxy on ``127.0.0.1``: each connection is carried
+    over the ``pods/exec`` channel to this process, which decides, resolves and connects from this host
+    (:class:`~adk_sandbox.executor.channel.egress.SessionEgress`, shared with the Docker session).
+    Commands get the proxy variables; :meth:`set_network` switches between ``False`` and a policy.
     """
 
     name = "kubernetes"
@@ -122,6 +131,8 @@ class KubernetesSession(ChannelSession):
         self._closed = False
         self._capabilities: Capabilities | None = None
         self._network_denied = False
+        #: The network in force, the proxy endpoint, the live connections and the log (channel/egress.py).
+        self._egress = SessionEgress(config.network)
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
         self._enterable: set[tuple[str, str]] = set()
 
@@ -191,6 +202,8 @@ class KubernetesSession(ChannelSession):
         self._pod = pod
         self._transport = AgentTransport(self._open_stream)
         verify_from_inside(self._transport, dict(self._base_env), config.user, None)
+        if self._egress.proxied:
+            self._egress.serve(self._transport, config.user)
         if self._workspace_root is not None:
             try:
                 info = os.stat(self._workspace_root)
@@ -207,7 +220,7 @@ class KubernetesSession(ChannelSession):
                 ) from exc
             self._workspace = SyncedWorkspace(mirror, self._sync_channel)
             self._workspace.started()
-        if not config.network:
+        if config.network is not True:  # off or a policy: the default-deny NetworkPolicy selects the Pod
             self._network_denied = network_policy_in_force(policy, pod) and self._probe_network()
 
     def _sync_channel(self) -> SyncChannel | None:
@@ -315,7 +328,55 @@ class KubernetesSession(ChannelSession):
                 (Language.COMMAND, *found),
                 network_denied=self._network_denied,
             ).model_copy(update={"workspace": self.workspace_transport})
-        return self._capabilities
+        return self._capabilities.model_copy(update={"network_policy": self._egress.policy})
+
+    # -- the network (docs/network.md) ---------------------------------------------------------------
+    @property
+    def network(self) -> bool | NetworkPolicy:
+        """The network in force: False (none), True (the cluster network) or a :class:`NetworkPolicy`."""
+        return self._egress.network
+
+    def set_network(self, network: bool | NetworkPolicy) -> None:
+        """Change the sandbox's network while it runs (docs/network.md, "Changing it at run time").
+
+        ``False``: every live proxied connection is closed and new ones get a 403 (rule ``network off``);
+        a :class:`NetworkPolicy`: it replaces the policy, and the open connections it does not allow (or
+        whose name it pins elsewhere) are closed. Whether the default-deny NetworkPolicy selects the Pod is
+        fixed when the Pod is made (its label), so a Pod made with ``network=True`` keeps the cluster
+        network (only ``True`` is accepted), and a Pod made with ``False`` or a policy cannot be given it:
+        those are refused with :class:`PolicyNotEnforceableError`. Starts the session (a policy needs its
+        agent).
+        """
+        if not isinstance(network, bool | NetworkPolicy):
+            raise InvalidRequestError(
+                f"set_network takes False, True or a NetworkPolicy, not {type(network).__name__}"
+            )
+        route = self._config.network is True
+        if route or network is True:
+            if network is True and route:
+                return
+            if route:
+                raise PolicyNotEnforceableError(
+                    "this session's Pod has the cluster network (KubernetesConfig(network=True)), which "
+                    "cannot be taken from a running Pod here; create the backend with network=False or a "
+                    "NetworkPolicy to switch between them at run time"
+                )
+            raise PolicyNotEnforceableError(
+                "a Pod started without a route out (the default-deny NetworkPolicy selects it) cannot be "
+                "given the cluster network (network=True) while it runs; switch between False and a "
+                "NetworkPolicy, or create the backend with KubernetesConfig(network=True)"
+            )
+        with self._lock:
+            self.start()
+            self._egress.switch(network, self._transport, self._config.user)
+
+    def open_connections(self) -> list[tuple[str, int]]:
+        """The live proxied connections, as (host, port)."""
+        return self._egress.open_connections()
+
+    def network_log(self) -> LogSnapshot:
+        """The connections this session's sandbox asked for under its network policy (bounded)."""
+        return self._egress.snapshot()
 
     # -- commands (the body is ChannelSession.execute) -------------------------------------------------
     def _command_user(self, requested: str | None) -> str:
@@ -363,9 +424,10 @@ class KubernetesSession(ChannelSession):
         transport = self._transport
         if transport is None:
             raise SandboxFailedError("this Kubernetes session is closed")
+        self._egress.ensure(transport, self._config.user)  # again after an agent restart
         command = PreparedCommand(
             argv=argv,
-            env=build_child_env(self._base_env, None, request.env),
+            env={**self._egress.env(), **build_child_env(self._base_env, None, request.env)},
             user=self._config.user,
             workdir=request.cwd if request.cwd is not None else self._config.workspace_path,
             stdin=request.stdin_bytes,
@@ -395,7 +457,7 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
     ...     session.execute(ExecRequest(language="command", code="id -u", timeout=10)).stdout
 
     The Pod is :func:`~adk_sandbox.executor.backends.kubernetes.pod_spec` of the config; with
-    ``network=False`` the namespace gets the default-deny NetworkPolicy
+    ``network=False`` (or a NetworkPolicy) the namespace gets the default-deny NetworkPolicy
     (:func:`~adk_sandbox.executor.backends.kubernetes.network_policy`), and ``network`` is reported denied
     only when the policy selects the Pod and an in-Pod probe finds no route. With ``warm_pool`` set and
     agent-sandbox's CRDs installed, sessions are claimed from that pool.
@@ -454,7 +516,7 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
 
     def _network_policy(self) -> dict[str, Any] | None:
         """The namespace's default-deny policy as stored, created on first use (network off only)."""
-        if self.config.network:
+        if self.config.network is True:
             return None
         with self._lock:
             if self._policy is None:

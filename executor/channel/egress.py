@@ -1,0 +1,298 @@
+"""A session's network policy on the host side, for every engine whose commands run over the agent channel.
+
+A sandbox under a :class:`~adk_sandbox.executor.network.policy.NetworkPolicy` keeps no route out: its agent
+serves an HTTP proxy on ``127.0.0.1`` (LISTEN, :mod:`.frames`) and carries each connection over the
+channel to this process, where :func:`~adk_sandbox.executor.network.relay.relay` decides, resolves,
+checks and connects (docs/network.md). :class:`SessionEgress` is that host side for one session, the same
+for the Docker and the Kubernetes sessions (each holds one and keeps only what its engine decides: which
+networks it can switch between, and when its agent may be gone):
+
+* the network in force (``False``, ``True`` for an engine's own route out, or a policy) and its switch
+  at run time (:meth:`SessionEgress.switch`: the live connections the new network does not allow are
+  closed; a network that is off answers every request with a 403, rule :data:`NETWORK_OFF_RULE`);
+* the proxy endpoint (:meth:`SessionEgress.serve`): asked of the session user's agent, and again when that
+  agent (or the transport: a replacement container) is a new one;
+* the variables commands get (:meth:`SessionEgress.env`);
+* the registry of live connections (``set_network`` closes from there) and the session's bounded
+  :class:`~adk_sandbox.executor.network.log.ConnectionLog`;
+* header injection: the session's :class:`~adk_sandbox.executor.network.intercept.Interceptor` for the
+  policy's hosts with headers, and its CA certificate trusted inside (written by the agent's file
+  operation after the image's system bundle).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.connections import ConnectionStream
+from adk_sandbox.executor.channel.transport import CommandTransport
+from adk_sandbox.executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor.network.http_head import HeadError, forbidden, head_end, parse_head
+from adk_sandbox.executor.network.intercept import SYSTEM_BUNDLE_PATHS, Interceptor
+from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog, LogSnapshot
+from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT, CloseHandle, relay
+
+__all__ = ["NETWORK_OFF_RULE", "SessionEgress", "still_allowed"]
+
+#: The rule a request gets in its 403 (and in the log) while ``set_network(False)`` holds.
+NETWORK_OFF_RULE = "network off"
+_OFF_MESSAGE = "the sandbox's network is off (set_network(False)): no connection is made"
+#: The most bytes of a request head read before the 403 of a network that is off.
+_OFF_HEAD_BYTES = 16 * 1024
+#: The most bytes of the image's system trust bundle read (to put the session CA after it).
+_BUNDLE_LIMIT = 8 << 20
+
+
+@dataclass(frozen=True)
+class _Live:
+    """One live proxied connection: where it goes and how to end it (``set_network``)."""
+
+    host: str
+    port: int
+    policy: NetworkPolicy
+    close: CloseHandle
+
+
+def still_allowed(old: NetworkPolicy, new: bool | NetworkPolicy, host: str, port: int) -> bool:
+    """Whether a connection made under ``old`` to ``host:port`` may go on under ``new``.
+
+    Only under a policy that allows the name, and pins it to the same addresses (or leaves it to DNS as
+    before): a connection to an address the new policy would not reach is closed too.
+    """
+    if not isinstance(new, NetworkPolicy):
+        return False
+    return new.decide(host, port).allowed and new.hosts.get(host) == old.hosts.get(host)
+
+
+class SessionEgress:
+    """The host side of one session's network (see the module docstring); thread-safe.
+
+    ``network`` is the network the session starts with: ``False`` (none), ``True`` (the engine's route
+    out: nothing is served here) or a policy (the agent serves the proxy endpoint from the start).
+    """
+
+    def __init__(self, network: bool | NetworkPolicy) -> None:
+        self._network = network
+        #: Whether the agent serves the proxy endpoint (a policy now or before; off: every request a 403).
+        self._proxied = isinstance(network, NetworkPolicy)
+        self._lock = threading.Lock()  # the network and the live connections
+        self._serving = threading.RLock()  # one LISTEN at a time, and the CA written once per agent
+        self._live: dict[ConnectionStream, _Live] = {}
+        #: Every connection the sandbox asked for under its network policy (bounded).
+        self.log = ConnectionLog()
+        self._port: int | None = None
+        self._served_by: tuple[AgentTransport, int | None] | None = None
+        self._interceptor: Interceptor | None = None
+        self._interceptor_key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._intercept_env: Mapping[str, str] = MappingProxyType({})
+
+    # -- what is in force ----------------------------------------------------------------------------
+    @property
+    def network(self) -> bool | NetworkPolicy:
+        """The network in force: False (none), True (the engine's route out) or a :class:`NetworkPolicy`."""
+        with self._lock:
+            return self._network
+
+    @property
+    def policy(self) -> NetworkPolicy | None:
+        """The policy in force (None: none, or the network is off); ``capabilities().network_policy``."""
+        network = self.network
+        return network if isinstance(network, NetworkPolicy) else None
+
+    @property
+    def proxied(self) -> bool:
+        """Whether the session's agent serves (or is to serve) the proxy endpoint."""
+        return self._proxied
+
+    @property
+    def port(self) -> int | None:
+        """The port the agent's proxy endpoint listens on inside the sandbox (None: not served yet)."""
+        return self._port
+
+    @property
+    def interceptor(self) -> Interceptor | None:
+        """The session's interceptor (header injection), once a policy with headers was in force."""
+        return self._interceptor
+
+    def open_connections(self) -> list[tuple[str, int]]:
+        """The live proxied connections, as (host, port)."""
+        with self._lock:
+            return [(live.host, live.port) for live in self._live.values()]
+
+    def snapshot(self) -> LogSnapshot:
+        """The connections the sandbox asked for (``session.network_log()``)."""
+        return self.log.snapshot()
+
+    def env(self) -> dict[str, str]:
+        """The variables a command gets: the proxy's (both cases), ``NO_PROXY`` and the CA bundle's."""
+        if not self._proxied or self._port is None:
+            return {}
+        url = f"http://127.0.0.1:{self._port}"
+        local = "localhost,127.0.0.1"
+        return {
+            "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
+            "NO_PROXY": local, "no_proxy": local, **self._intercept_env,
+        }  # fmt: skip
+
+    # -- the endpoint --------------------------------------------------------------------------------
+    def ensure(self, transport: CommandTransport | None, user: str) -> None:
+        """Before a command: the endpoint served by ``user``'s agent, if this session proxies at all."""
+        if self._proxied and transport is not None:
+            self.serve(transport, user)
+
+    def serve(self, transport: CommandTransport, user: str) -> None:
+        """Have ``user``'s agent serve the proxy endpoint (again for a new agent or a new transport).
+
+        :class:`PolicyNotEnforceableError` for a transport without the agent channel, or an agent that does
+        not serve the endpoint: a network policy is never weakened to no policy.
+        """
+        if not isinstance(transport, AgentTransport):
+            raise PolicyNotEnforceableError(
+                "a NetworkPolicy needs the agent channel (transport='agent'): the "
+                f"{transport.channel} transport has no proxy endpoint; it is refused"
+            )
+        with self._serving:
+            pid = transport.agent_pids.get(user)
+            served = self._served_by
+            if (
+                pid is not None
+                and served is not None
+                and served[0] is transport
+                and served[1] == pid
+                and self._port is not None
+            ):
+                return
+            self._port = transport.serve_connections(user, self.handle)
+            network = self.network
+            if isinstance(network, NetworkPolicy):
+                self._trust_intercept_ca(transport, user, network)  # a fresh agent: the CA file again
+            self._served_by = (transport, transport.agent_pids.get(user))
+
+    def switch(self, network: bool | NetworkPolicy, transport: CommandTransport | None, user: str) -> None:
+        """Put ``network`` in force (the engine checked it may); close the connections it does not allow.
+
+        To a policy: the endpoint is served first (a refusal leaves the network as it was), and its hosts
+        with headers get the session CA (a new one for other hosts: its name constraints are fixed).
+        """
+        if isinstance(network, NetworkPolicy) and transport is not None:
+            with self._serving:
+                self.serve(transport, user)
+                if isinstance(transport, AgentTransport):
+                    self._trust_intercept_ca(transport, user, network)
+                self._proxied = True
+        with self._lock:
+            self._network = network
+            cut = [
+                live
+                for live in self._live.values()
+                if not still_allowed(live.policy, network, live.host, live.port)
+            ]
+        why = (
+            "the sandbox's network was turned off (set_network(False))"
+            if network is False
+            else "the sandbox's new network policy does not allow it"
+        )
+        for live in cut:
+            live.close(why)
+
+    # -- one connection ------------------------------------------------------------------------------
+    def handle(self, stream: ConnectionStream) -> None:
+        """Serve one connection of the proxy endpoint under the network in force when it arrived."""
+        with self._lock:
+            network = self._network
+        if not isinstance(network, NetworkPolicy):
+            self._refuse_off(stream)
+            return
+
+        def connected(host: str, port: int, close: CloseHandle) -> None:
+            # switch() may have run while this one was deciding: it goes on only if still allowed.
+            with self._lock:
+                if still_allowed(network, self._network, host, port):
+                    self._live[stream] = _Live(host, port, network, close)
+                    return
+            close("the sandbox's network changed before the connection started")
+
+        try:
+            intercept = self._interceptor_for(network)
+            relay(stream, network, self.log, on_connected=connected, intercept=intercept)
+        finally:
+            with self._lock:
+                self._live.pop(stream, None)
+
+    def _refuse_off(self, stream: ConnectionStream) -> None:
+        """The network is off: read the request head (so the client reads the answer) and answer 403."""
+        started, host, port = time.time(), "", 0
+        buffer = b""
+        deadline = time.monotonic() + DEFAULT_HEAD_TIMEOUT
+        try:
+            while head_end(buffer) is None and len(buffer) < _OFF_HEAD_BYTES:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                stream.settimeout(left)
+                chunk = stream.recv(_OFF_HEAD_BYTES)
+                if not chunk:
+                    break
+                buffer += chunk
+            end = head_end(buffer)
+            if end is not None:
+                with contextlib.suppress(HeadError):
+                    request = parse_head(buffer[:end])
+                    host, port = request.host, request.port
+            stream.sendall(forbidden(_OFF_MESSAGE, NETWORK_OFF_RULE))
+        except OSError:  # TimeoutError included: the client gave up or was too slow; it is refused anyway
+            pass
+        finally:
+            stream.close()
+        entry = ConnectionEntry(
+            time=started, host=host, port=port, decision="refused", rule=NETWORK_OFF_RULE, detail=_OFF_MESSAGE
+        )
+        self.log.record(entry)
+
+    # -- header injection (executor/network/intercept.py) --------------------------------------------
+    @staticmethod
+    def _intercept_key(policy: NetworkPolicy) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        # What a session CA is made for: its name constraints (the hosts with headers) and upstream trust.
+        return tuple(sorted(policy.headers)), tuple(policy.upstream_ca)
+
+    def _interceptor_for(self, policy: NetworkPolicy) -> Interceptor | None:
+        """The interceptor made for ``policy``'s hosts with headers (None: none, or not made for them)."""
+        if policy.headers and self._interceptor_key == self._intercept_key(policy):
+            return self._interceptor
+        return None
+
+    def _trust_intercept_ca(self, transport: AgentTransport, user: str, policy: NetworkPolicy) -> None:
+        """For a policy with headers: the session's interceptor, its CA certificate trusted inside.
+
+        The certificate (the public part only) is written after the image's system bundle, so hosts without
+        headers still verify; commands get the variables naming it (:data:`.intercept.TRUST_ENV_NAMES`).
+        """
+        if not policy.headers:
+            return
+        key = self._intercept_key(policy)
+        if self._interceptor is None or self._interceptor_key != key:
+            self._interceptor, self._interceptor_key = Interceptor(policy), key
+        assert self._interceptor is not None  # noqa: S101 - made just above
+        deadline = time.monotonic() + 30
+        system = None
+        for path in SYSTEM_BUNDLE_PATHS:
+            read = {"op": "read", "path": path, "offset": 0, "limit": _BUNDLE_LIMIT}
+            body, data = transport.file_op(user, read, deadline=deadline, max_output=_BUNDLE_LIMIT)
+            if body.get("error") is None:
+                system = data
+                break
+        trust = self._interceptor.sandbox_trust(system)
+        write = {"op": "write", "path": trust.path, "mode": 0o644, "exclusive": False, "append": False}
+        body, _ = transport.file_op(user, write, trust.pem, deadline=deadline)
+        if body.get("error") is not None:
+            raise PolicyNotEnforceableError(
+                f"the session CA could not be written to {trust.path}: {body['error']}"
+            )
+        self._intercept_env = MappingProxyType(dict(trust.env))
