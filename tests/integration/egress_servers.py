@@ -2,11 +2,13 @@
 is checked where it matters, on the receiving end.
 
 :class:`Upstream` is an HTTP(S) server; :class:`DnsSink` takes DNS queries over UDP and TCP and never
-answers; :func:`make_certificate` makes a self-signed certificate for ``allowed.test``.
+answers; :func:`make_certificate` makes a self-signed certificate for ``allowed.test``. :func:`ensure_image`
+builds the small images the egress suites run their clients in (:data:`TOOLS_IMAGE`: curl, dig, ping).
 """
 
 from __future__ import annotations
 
+import io
 import shutil
 import socket
 import ssl
@@ -14,9 +16,28 @@ import subprocess
 import threading
 from pathlib import Path
 
+import docker
+import docker.errors
+
 from tests.conftest import require
 
 BODY = b"hello through the policy\n"
+
+TOOLS_IMAGE = "adk-sandbox-test/egress-tools:latest"
+TOOLS_DOCKERFILE = b"""FROM adk-sandbox/base:latest
+USER root
+RUN apt-get update && apt-get install -y --no-install-recommends curl bind9-dnsutils iputils-ping \\
+ && rm -rf /var/lib/apt/lists/*
+"""
+
+
+def ensure_image(client: docker.DockerClient, tag: str, dockerfile: bytes) -> str:
+    """``tag``, built from ``dockerfile`` unless the engine has it (``--network host``: apt needs it)."""
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, network_mode="host", rm=True)
+    return tag
 
 
 class Upstream:

@@ -18,7 +18,6 @@ proxy that allows by name alone, such as squid with a ``dstdomain`` list, lets m
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import socket
 import threading
@@ -39,16 +38,19 @@ from adk_sandbox.executor.network.log import ConnectionLog
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import relay
 from tests.conftest import require
-from tests.integration.egress_servers import BODY, DnsSink, Upstream, make_certificate, server_context
+from tests.integration.egress_servers import (
+    BODY,
+    TOOLS_DOCKERFILE,
+    TOOLS_IMAGE,
+    DnsSink,
+    Upstream,
+    ensure_image,
+    make_certificate,
+    server_context,
+)
 
 pytestmark = pytest.mark.docker
 
-TOOLS_IMAGE = "adk-sandbox-test/egress-tools:latest"
-TOOLS_DOCKERFILE = b"""FROM adk-sandbox/base:latest
-USER root
-RUN apt-get update && apt-get install -y --no-install-recommends curl bind9-dnsutils iputils-ping \\
- && rm -rf /var/lib/apt/lists/*
-"""
 LABEL = "adk-sandbox-test.egress-bypass"
 
 
@@ -116,14 +118,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 @pytest.fixture(scope="module")
 def tools_image(docker_backend: DockerBackend) -> str:
     """A small image with curl, dig and ping, built once (``--network host``: the build needs apt)."""
-    client = docker_backend._client
-    try:
-        client.images.get(TOOLS_IMAGE)
-    except docker.errors.ImageNotFound:
-        client.images.build(
-            fileobj=io.BytesIO(TOOLS_DOCKERFILE), tag=TOOLS_IMAGE, network_mode="host", rm=True
-        )
-    return TOOLS_IMAGE
+    return ensure_image(docker_backend._client, TOOLS_IMAGE, TOOLS_DOCKERFILE)
 
 
 @pytest.fixture(scope="module", params=["runc", "runsc"])
