@@ -22,6 +22,7 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
+from adk_sandbox.executor.network import NetworkPolicy
 from adk_sandbox.executor.policy import AllowedPath, SandboxPolicy, SandboxPolicyBuilder
 from adk_sandbox.executor.rust import RustExecutor, RustExecutorConfig, RustResult
 from adk_sandbox.executor.tools import CodeTool, SandboxTool
@@ -79,6 +80,7 @@ __all__ = [
     "KubernetesBackend",
     "KubernetesConfig",
     "Language",
+    "NetworkPolicy",
     "OutputCallback",
     "PolicyNotEnforceableError",
     "ProcessBackend",
