@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
+    "HOP_BY_HOP",
     "MAX_HEAD",
     "MAX_HEADER_LINES",
     "MAX_LINE",
@@ -58,7 +59,8 @@ _IPV6_LITERAL = re.compile(r"\[[0-9A-Fa-f:.]+\]")
 _PORT = re.compile(r"[0-9]{1,5}")
 _TARGET = re.compile(r"[\x21-\x7e]+")
 _VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
-_HOP_BY_HOP = frozenset(
+#: The headers of one hop (and the proxy's own), never forwarded to the server (RFC 9110, 7.6.1).
+HOP_BY_HOP = frozenset(
     {
         "connection",
         "keep-alive",
@@ -68,7 +70,6 @@ _HOP_BY_HOP = frozenset(
         "te",
         "trailer",
         "upgrade",
-        "host",
     }
 )
 
@@ -121,7 +122,7 @@ class ProxyRequest:
             if name.lower() == "connection"
             for token in value.split(",")
         }
-        drop = _HOP_BY_HOP | named_by_connection | {name.lower() for name in extra}
+        drop = HOP_BY_HOP | {"host"} | named_by_connection | {name.lower() for name in extra}
         host = f"[{self.host}]" if ":" in self.host else self.host
         host_value = host if self.port == 80 else f"{host}:{self.port}"
         lines = [f"{self.method} {self.path} {self.version}", f"Host: {host_value}"]

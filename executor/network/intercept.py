@@ -58,6 +58,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from adk_sandbox.executor.network.http_head import (
+    HOP_BY_HOP,
     MAX_LINE,
     HeadError,
     _check_framing,
@@ -110,18 +111,6 @@ TRUST_ENV_NAMES = (
 
 _CHUNK = 64 * 1024
 _UNSAFE_METHODS = frozenset({"TRACE", "TRACK"})
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "upgrade",
-    }
-)
 _ORIGIN_TARGET = re.compile(r"/[\x21-\x7e]*")
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
@@ -507,7 +496,7 @@ def _forward_head(head: bytes, host: str, port: int, headers: Mapping[str, str])
         raise HeadError(f"the Host header names {hosts[0][:80]!r} but the tunnel is to {shown}")
     named = {t.strip().lower() for n, v in fields if n.lower() == "connection" for t in v.split(",")}
     injected = {name.lower() for name in headers}
-    drop = _HOP_BY_HOP | named | injected | {"host"}
+    drop = HOP_BY_HOP | named | injected | {"host"}
     out = [f"{method} {target} {version}", f"Host: {hosts[0] if hosts else shown}"]
     out += [f"{name}: {value}" for name, value in fields if name.lower() not in drop]
     out += [f"{name}: {value}" for name, value in headers.items()]
