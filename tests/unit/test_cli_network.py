@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 import pytest
 
 from adk_sandbox.executor.cli import _proxy_of, _sandbox_options, docker_config, main
 from adk_sandbox.executor.errors import InvalidRequestError
 from adk_sandbox.executor.network.policy import NetworkPolicy
+from tests.conftest import require
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -43,7 +45,7 @@ def test_a_bad_allow_host_is_refused_naming_the_option() -> None:
 def test_run_and_mcp_refuse_a_bad_allow_host_before_starting_anything(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("mcp")
+    require(importlib.util.find_spec("mcp") is not None, "the mcp extra is not installed")
     assert main(argv) == 2
     assert "--allow-host" in capsys.readouterr().err
 

@@ -23,6 +23,7 @@ from adk_sandbox.executor.network.http_head import MAX_HEAD
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import TLS_ACCESS_DENIED, relay
+from tests.conftest import require
 
 BODY = b"hello from upstream\n"
 
@@ -90,8 +91,7 @@ def upstream() -> Iterator[Upstream]:
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for allowed.test, made with the openssl command."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is needed to make a test certificate")
+    require(shutil.which("openssl") is not None, "the openssl command is needed to make a test certificate")
     where = tmp_path_factory.mktemp("tls")
     cert, key = where / "cert.pem", where / "key.pem"
     subprocess.run(
