@@ -25,7 +25,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -35,6 +34,7 @@ from _timing import Row, Stats, parser, print_section
 from adk_sandbox.executor import ExecRequest, Language
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.network.policy import NetworkPolicy
+from tests.integration.egress_servers import LoopbackServer
 
 CHUNK = 1 << 20
 SMALL = b"ok"
@@ -72,23 +72,13 @@ else:
 """
 
 
-class Server:
+class Server(LoopbackServer):
     """A loopback HTTP server: ``/big`` sends ``size`` bytes from one buffer, anything else two bytes."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.block = memoryview(b"x" * CHUNK)
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=128)
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        super().__init__()
 
     def _handle(self, conn: socket.socket) -> None:
         with conn:
@@ -105,10 +95,6 @@ class Server:
             while left > 0:
                 conn.sendall(self.block[: min(left, CHUNK)])
                 left -= CHUNK
-
-    def close(self) -> None:
-        """Stop accepting."""
-        self.listener.close()
 
 
 def client(port: int, mode: str, count: int, via_proxy: bool) -> str:

@@ -40,7 +40,35 @@ def ensure_image(client: docker.DockerClient, tag: str, dockerfile: bytes) -> st
     return tag
 
 
-class Upstream:
+class LoopbackServer:
+    """A TCP server on ``host`` that hands each accepted connection to :meth:`_handle` in a thread of its own.
+
+    The shape every egress test server (and bench/bench_egress.py's) shares; a subclass says what a
+    connection gets.
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.listener = socket.create_server((host, 0), backlog=128)
+        self.port: int = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop accepting (connections being served go on to their end)."""
+        self.listener.close()
+
+
+class Upstream(LoopbackServer):
     """An HTTP(S) server on ``host`` that records every request head (``received``) and raw bytes (``raw``).
 
     ``raw`` holds, per connection, the bytes the server got before any TLS handshake (peeked, for TLS): a
@@ -50,26 +78,16 @@ class Upstream:
     def __init__(
         self, tls: ssl.SSLContext | None = None, host: str = "127.0.0.1", body: bytes = BODY
     ) -> None:
-        self.listener = socket.create_server((host, 0), backlog=128)
-        self.port = self.listener.getsockname()[1]
         self.tls = tls
         self.body = body
         self.received: list[bytes] = []
         self.raw: list[bytes] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(host)
 
     @property
     def delivered(self) -> int:
         """Bytes received so far, over every connection."""
         return sum(len(chunk) for chunk in list(self.raw))
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
         conn.settimeout(10)
@@ -94,9 +112,6 @@ class Upstream:
             self.received.append(got)
         finally:
             conn.close()
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 class DnsSink:

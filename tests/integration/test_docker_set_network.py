@@ -19,6 +19,7 @@ from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.backends.docker.pool import PoolConfig
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.network.policy import NetworkPolicy
+from tests.integration.egress_servers import LoopbackServer
 from tests.integration.test_docker_egress import FETCH, Upstream, runtime
 
 __all__ = ["runtime"]  # the fixture: runc, and gVisor when the engine has it
@@ -28,23 +29,13 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 BODY_SIZE = 64 * 1024 * 1024
 
 
-class SlowServer:
+class SlowServer(LoopbackServer):
     """A loopback HTTP server whose answer to ``/slow`` streams 1 KiB every 20 ms for up to 60 s."""
 
     def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.sent = 0
         self.cut = threading.Event()  # the client's side went away mid-body
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        super().__init__()
 
     def _handle(self, conn: socket.socket) -> None:
         with conn:
@@ -63,9 +54,6 @@ class SlowServer:
                     time.sleep(0.02)
             except OSError:
                 self.cut.set()
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 DOWNLOAD = """
