@@ -33,6 +33,10 @@ class ClusterWithoutClaims:
         """No agent-sandbox CRDs."""
         return False
 
+    def server_host(self) -> str | None:
+        """An API server on this machine (its own addresses are refused anyway)."""
+        return None
+
     def create_claim(self, namespace: str, claim: dict[str, Any]) -> dict[str, Any]:
         """Never called without the CRDs."""
         raise AssertionError("no claims here")

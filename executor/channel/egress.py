@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -33,6 +33,7 @@ from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.connections import ConnectionStream
 from adk_sandbox.executor.channel.transport import CommandTransport
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor.network.addresses import IPAddress, IPNetwork, infrastructure_addresses
 from adk_sandbox.executor.network.http_head import HeadError, forbidden, head_end, parse_head
 from adk_sandbox.executor.network.intercept import SYSTEM_BUNDLE_PATHS, Interceptor
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog, LogSnapshot
@@ -76,10 +77,16 @@ class SessionEgress:
 
     ``network`` is the network the session starts with: ``False`` (none), ``True`` (the engine's route
     out: nothing is served here) or a policy (the agent serves the proxy endpoint from the start).
+    ``engine_hosts`` names the engine's machine when it is not this one (a remote Docker host, the
+    Kubernetes API server): its addresses are refused like this machine's own
+    (:func:`~adk_sandbox.executor.network.addresses.infrastructure_addresses`, looked up once, at the
+    first connection).
     """
 
-    def __init__(self, network: bool | NetworkPolicy) -> None:
+    def __init__(self, network: bool | NetworkPolicy, *, engine_hosts: Sequence[str] = ()) -> None:
         self._network = network
+        self._engine_hosts = tuple(engine_hosts)
+        self._infrastructure: frozenset[IPAddress | IPNetwork] | None = None
         #: Whether the agent serves the proxy endpoint (a policy now or before; off: every request a 403).
         self._proxied = isinstance(network, NetworkPolicy)
         self._lock = threading.Lock()  # the network and the live connections
@@ -221,10 +228,24 @@ class SessionEgress:
 
         try:
             intercept = self._interceptor_for(network)
-            relay(stream, network, self.log, on_connected=connected, intercept=intercept)
+            relay(
+                stream,
+                network,
+                self.log,
+                extra_refused=self.infrastructure(),
+                on_connected=connected,
+                intercept=intercept,
+            )
         finally:
             with self._lock:
                 self._live.pop(stream, None)
+
+    def infrastructure(self) -> frozenset[IPAddress | IPNetwork]:
+        """The engine's own addresses, refused to every connection (unless pinned): found once, kept."""
+        found = self._infrastructure
+        if found is None:
+            found = self._infrastructure = frozenset(infrastructure_addresses(self._engine_hosts))
+        return found
 
     def _refuse_off(self, stream: ConnectionStream) -> None:
         """The network is off: read the request head (so the client reads the answer) and answer 403."""

@@ -18,18 +18,23 @@ since the tunnel's far end, not the address, decides where the bytes go.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from adk_sandbox.executor.network.policy import NetworkPolicy, normalise_host
 
 __all__ = [
+    "ENGINE_REASON",
     "IPAddress",
     "IPNetwork",
     "RefusedAddressError",
     "ResolutionFailedError",
+    "infrastructure_addresses",
+    "machine_addresses",
     "refusal",
     "resolve",
 ]
@@ -177,6 +182,63 @@ def refusal(  # noqa: PLR0911 - one answer per kind of address, in the order the
 
 GetAddrInfo = Callable[..., Sequence[tuple[Any, Any, Any, Any, Any]]]
 """The shape of :func:`socket.getaddrinfo` (what :func:`resolve` calls; tests pass a fake)."""
+
+_FIB_TRIE = Path("/proc/net/fib_trie")
+_IF_INET6 = Path("/proc/net/if_inet6")
+
+
+def machine_addresses(fib_trie: Path = _FIB_TRIE, if_inet6: Path = _IF_INET6) -> frozenset[IPAddress]:
+    """This machine's own addresses, on every interface (Linux; elsewhere empty).
+
+    Read from the kernel's local routing table (each ``/32 host LOCAL`` entry of ``/proc/net/fib_trie``
+    names the address above it) and from ``/proc/net/if_inet6``: interface addresses without the ``ip``
+    command, and without asking DNS what this machine is called.
+    """
+    found: set[IPAddress] = set()
+    with contextlib.suppress(OSError):
+        last: str | None = None
+        for line in fib_trie.read_text().splitlines():
+            stripped = line.strip()
+            if stripped.startswith("|--"):
+                last = stripped[3:].strip()
+            elif stripped.startswith("/32 host LOCAL") and last is not None:
+                with contextlib.suppress(ValueError):
+                    found.add(ipaddress.IPv4Address(last))
+    with contextlib.suppress(OSError):
+        for line in if_inet6.read_text().splitlines():
+            fields = line.split()
+            if fields and len(fields[0]) == 32:
+                with contextlib.suppress(ValueError):
+                    found.add(ipaddress.IPv6Address(int(fields[0], 16)))
+    return frozenset(found)
+
+
+def infrastructure_addresses(
+    hosts: Iterable[str] = (), getaddrinfo: GetAddrInfo = socket.getaddrinfo
+) -> frozenset[IPAddress]:
+    """The addresses a sandbox's connections are refused besides :func:`refusal`'s ranges: ``extra_refused``.
+
+    This machine's own addresses (the relay connects from here: a service on this machine's public address,
+    a Docker engine listening on TCP among them, is the infrastructure, not the internet) and those of
+    ``hosts``, the names of the engine's machine (a remote Docker host, the Kubernetes API server), each
+    an address or a name resolved now (one that does not resolve adds nothing: the engine is not reached
+    by it either). Only addresses :func:`refusal` would let through are kept, so a loopback or private one
+    keeps its own reason in the 403.
+    """
+    found: set[IPAddress] = set(machine_addresses())
+    for host in hosts:
+        bare = host.strip("[]")
+        try:
+            found.add(ipaddress.ip_address(bare))
+            continue
+        except ValueError:
+            pass
+        with contextlib.suppress(OSError, UnicodeError):
+            for family, _type, _proto, _canon, sockaddr in getaddrinfo(bare, None, type=socket.SOCK_STREAM):
+                if family in (socket.AF_INET, socket.AF_INET6):
+                    with contextlib.suppress(ValueError):
+                        found.add(ipaddress.ip_address(str(sockaddr[0]).partition("%")[0]))
+    return frozenset(address for address in found if refusal(address) is None)
 
 
 def resolve(

@@ -30,9 +30,11 @@ from adk_sandbox.executor._owner import PROJECT_LABEL
 from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend, DockerSession, Engine
 from adk_sandbox.executor.backends.docker.engine import _ssh_pools
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
 from tests.conftest import live_processes_with_args, project_containers, require, unique_sleep_seconds
+from tests.integration.egress_servers import BODY, Upstream
 from tests.integration.private_engine import (
     DOCKERD,
     PrivateEngine,
@@ -163,6 +165,42 @@ def test_big_output_and_stdin_cross_the_tls_stream_whole(remote: PrivateEngine, 
         assert result.exit_code == 0, result.stderr
         assert result.stdout == stdin + "x" * 3000000
         assert session.channel == transport
+
+
+FETCH = """
+import socket, sys, urllib.request
+print(urllib.request.urlopen('http://allowed.test:{port}/', timeout=20).read().decode(), end='')
+try:
+    socket.create_connection(('127.0.0.1', {port}), timeout=5)  # the client's loopback, straight
+    print('ESCAPED')
+except OSError as error:
+    print('no route:', error)
+"""
+
+
+def test_egress_under_a_policy_leaves_from_the_client_over_the_tls_stream(remote: PrivateEngine) -> None:
+    """Issue 23 on a remote engine: a sandbox reaches a server on the *client's* loopback, by its policy.
+
+    The server listens on 127.0.0.1 of this machine, which a container of the engine cannot reach by any
+    route (its network is ``none``); the bytes arrive only because the agent's proxy endpoint carries the
+    connection over the engine's TLS stream to the relay in this process.
+    """
+    upstream = Upstream()
+    policy = NetworkPolicy(allow=[f"allowed.test:{upstream.port}"], hosts={"allowed.test": ["127.0.0.1"]})
+    try:
+        with DockerBackend(engine=remote.engine(), network=policy) as backend, backend.session() as session:
+            assert session.capabilities().network_policy == policy
+            code = FETCH.replace("{port}", str(upstream.port))
+            result = session.execute(ExecRequest(language=Language.PYTHON, code=code, timeout=60))
+            assert result.exit_code == 0, result.stderr
+            assert result.stdout.startswith(BODY.decode()) and "no route:" in result.stdout, result.stdout
+            assert len(upstream.received) == 1 and upstream.received[0].startswith(b"GET / HTTP/1.1")
+            (entry,) = session.network_log().entries
+            assert (entry.host, entry.decision, entry.port) == ("allowed.test", "allowed", upstream.port)
+            inspect = remote.client().api.inspect_container(session.container_id)
+            assert inspect["HostConfig"]["NetworkMode"] == "none"
+    finally:
+        upstream.close()
 
 
 def check_tree_kill(backend: DockerBackend, session: DockerSession, ending: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from adk_sandbox.executor.network.addresses import (
     ENGINE_REASON,
     RefusedAddressError,
     ResolutionFailedError,
+    infrastructure_addresses,
+    machine_addresses,
     refusal,
     resolve,
 )
@@ -202,3 +205,43 @@ def test_an_answer_with_no_usable_address_is_a_resolution_failure() -> None:
 def test_the_real_resolver_refuses_localhost() -> None:
     with pytest.raises((RefusedAddressError, ResolutionFailedError)):
         resolve("localhost", 80, NetworkPolicy(allow=["localhost"]))
+
+
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 127.0.0.0/8 2 0 2
+        |-- 127.0.0.1
+           /32 host LOCAL
+     |-- 8.8.4.4
+        /32 host LOCAL
+     |-- 10.0.0.0
+        /24 link UNICAST
+"""
+IF_INET6 = (
+    "00000000000000000000000000000001 01 80 10 80       lo\n"
+    "2a001450400100000000000000000005 02 40 00 80 eth0\n"
+)
+
+
+def test_machine_addresses_are_read_from_the_local_routing_table(tmp_path: Path) -> None:
+    (tmp_path / "fib_trie").write_text(FIB_TRIE)
+    (tmp_path / "if_inet6").write_text(IF_INET6)
+    found = machine_addresses(tmp_path / "fib_trie", tmp_path / "if_inet6")
+    assert found == {ip("127.0.0.1"), ip("8.8.4.4"), ip("::1"), ip("2a00:1450:4001::5")}
+    assert machine_addresses(tmp_path / "missing", tmp_path / "missing") == frozenset()
+
+
+def test_infrastructure_addresses_keep_only_what_refusal_would_let_through() -> None:
+    def dns(host: str, port: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        assert host == "engine.example"
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("9.9.9.9", 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.9", 0)),  # private: its own reason
+        ]
+
+    found = infrastructure_addresses(["engine.example", "[2a00::7]", "127.0.0.1"], getaddrinfo=dns)
+    assert {ip("9.9.9.9"), ip("2a00::7")} <= found
+    assert not any(refusal(address) for address in found)  # loopback and private keep their own reasons
+    assert refusal(ip("9.9.9.9"), extra_refused=frozenset(found)) == ENGINE_REASON

@@ -8,6 +8,7 @@ test_k8s_egress_on_docker.py and the Docker egress tests.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +29,10 @@ from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.connections import ConnectionHandler
 from adk_sandbox.executor.channel.egress import NETWORK_OFF_RULE, SessionEgress, still_allowed
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.network.addresses import ENGINE_REASON
 from adk_sandbox.executor.network.intercept import SANDBOX_CA_PATH
 from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.network.relay import relay
 from tests.k8s_api_stubs import ClusterWithoutClaims
 
 USER = "1000:1000"
@@ -192,3 +195,40 @@ def test_kubernetes_set_network_refuses_what_a_pod_cannot_change() -> None:
         session.set_network(True)  # kept as it is
         with pytest.raises(PolicyNotEnforceableError, match="cannot be taken from a running Pod"):
             session.set_network(False)
+
+
+def test_the_engines_own_host_is_refused_to_a_name_that_resolves_to_it(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote engine's (or API server's) address is refused by the relay, not connected (issue 23)."""
+
+    def engine_dns(*args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("8.8.8.8", 443))]
+
+    monkeypatch.setattr(
+        "adk_sandbox.executor.channel.egress.relay", lambda *a, **k: relay(*a, getaddrinfo=engine_dns, **k)
+    )
+    sandbox, host = pair
+    egress = SessionEgress(NetworkPolicy(allow=["engine.test"]), engine_hosts=("8.8.8.8",))
+    sandbox.sendall(b"CONNECT engine.test:443 HTTP/1.1\r\nHost: engine.test:443\r\n\r\n")
+    egress.handle(host)  # type: ignore[arg-type]  # a socket is a ByteStream
+    answer = sandbox.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 403 ") and ENGINE_REASON.encode() in answer
+    (entry,) = egress.snapshot().entries
+    assert (entry.host, entry.decision, entry.rule) == ("engine.test", "refused", "address")
+
+
+def test_the_sessions_pass_their_engines_machine() -> None:
+    """The Kubernetes session refuses its API server's address; a loopback one adds nothing."""
+
+    class RemoteServer(ClusterWithoutClaims):
+        def server_host(self) -> str | None:
+            return "9.9.9.9"
+
+    with KubernetesBackend(KubernetesConfig(network=POLICY), api=RemoteServer()) as backend:  # type: ignore[arg-type]
+        session = backend.session()
+        assert ipaddress.ip_address("9.9.9.9") in session._egress.infrastructure()
+    assert (
+        ipaddress.ip_address("127.0.0.1")
+        not in SessionEgress(POLICY, engine_hosts=("127.0.0.1",)).infrastructure()
+    )

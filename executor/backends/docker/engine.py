@@ -128,6 +128,15 @@ class Engine(BaseModel):
         return self.kind == "unix"
 
     @property
+    def machine(self) -> str | None:
+        """The host name (or address) of a TCP or SSH engine's machine; None for a local Unix socket.
+
+        >>> Engine(host="ssh://me@build.example:2222").machine
+        'build.example'
+        """
+        return None if self.kind == "unix" else urlsplit(self.host).hostname
+
+    @property
     def socket_path(self) -> str | None:
         """The Unix socket of a local engine (None for TCP and SSH)."""
         return urlsplit(self.host).path if self.kind == "unix" else None

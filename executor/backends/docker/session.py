@@ -218,7 +218,11 @@ class DockerSession(ChannelSession):
         self._transport: CommandTransport | None = None
         #: The network in force (False: none, True: Docker's bridge, or the policy the proxy decides by),
         #: the proxy endpoint, the live connections and the log: the engine-neutral part (channel/egress.py).
-        self._egress = SessionEgress(config.egress if config.egress is not None else config.spec.network)
+        machine = engine_of(client).machine
+        self._egress = SessionEgress(
+            config.egress if config.egress is not None else config.spec.network,
+            engine_hosts=(machine,) if machine else (),
+        )
         self._user = config.user or NOBODY
         self._languages: tuple[Language, ...] | None = None
         self._oom_counter: OomCounter | None = None

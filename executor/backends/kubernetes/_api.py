@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from adk_sandbox.executor.backends.kubernetes._claim import (
     CLAIM_GROUP,
@@ -37,6 +38,7 @@ class KubernetesApi(Protocol):
     def read_runtime_class(self, name: str) -> dict[str, Any] | None: ...
     def apply_network_policy(self, namespace: str, policy: dict[str, Any]) -> dict[str, Any]: ...
     def has_claims(self) -> bool: ...
+    def server_host(self) -> str | None: ...
     def create_claim(self, namespace: str, claim: dict[str, Any]) -> dict[str, Any]: ...
     def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def delete_claim(self, namespace: str, name: str) -> None: ...
@@ -139,6 +141,10 @@ class ClientApi:
         }
         with _mapped("update the sandbox NetworkPolicy"):
             return self._json(self._net.replace_namespaced_network_policy(name, namespace, body))
+
+    def server_host(self) -> str | None:
+        """The API server's host name or address (its addresses are refused to the Pods' connections)."""
+        return urlsplit(str(self._client.configuration.host)).hostname
 
     def has_claims(self) -> bool:
         """True when the API server serves agent-sandbox's SandboxClaim (its CRDs are installed)."""

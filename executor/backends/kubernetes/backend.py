@@ -132,7 +132,8 @@ class KubernetesSession(ChannelSession):
         self._capabilities: Capabilities | None = None
         self._network_denied = False
         #: The network in force, the proxy endpoint, the live connections and the log (channel/egress.py).
-        self._egress = SessionEgress(config.network)
+        server = api.server_host()  # its addresses are refused to the proxied connections
+        self._egress = SessionEgress(config.network, engine_hosts=(server,) if server else ())
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
         self._enterable: set[tuple[str, str]] = set()
 
