@@ -31,11 +31,13 @@ from adk_sandbox.executor import (
     BubblewrapEnforcer,
     ExecRequest,
     ExecResult,
+    PolicyNotEnforceableError,
     ProcessBackend,
     SandboxPolicy,
 )
 from adk_sandbox.executor.network import NetworkPolicy
 from adk_sandbox.executor.network.unix_endpoint import MAX_CONNECTIONS, OVER_LIMIT_RULE
+from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
 from tests.conftest import require
 from tests.integration.egress_servers import BODY, Upstream, make_certificate, server_context
 
@@ -366,3 +368,29 @@ def test_the_log_records_allowed_and_refused(stand: Stand) -> None:
     assert entries[0].rule == f"allow allowed.test:{stand.plain.port}"
     assert entries[0].bytes_down > len(BODY)
     assert entries[1].rule == "no rule allows it"
+
+
+# -- what every backend owes, with the forwarder in front of every command --------------------------------
+class TestBubblewrapEgressConformance(ConformanceSuite):
+    """The conformance suite on bubblewrap under a policy: timeouts, escapees, output caps, stdin, ..."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def conformance_target(
+        cls, bwrap_enforcer: BubblewrapEnforcer, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[ConformanceTarget]:
+        workdir: Path = tmp_path_factory.mktemp("bwrap-egress-workdir")
+        policy = SandboxPolicy.builder().allow_process_spawn().allow_read_write(workdir).build()
+        network = NetworkPolicy(allow=["allowed.test"])
+        with ProcessBackend.with_sandbox(bwrap_enforcer, policy, workdir=workdir, network=network) as backend:
+            yield ConformanceTarget(
+                backend,
+                processes="host",
+                scratch=str(workdir),
+                known_differences={
+                    "user_other": KnownDifference(
+                        "host backends run commands as the calling user; another uid:gid is refused",
+                        raises=PolicyNotEnforceableError,
+                    )
+                },
+            )
