@@ -266,6 +266,15 @@ def test_direct_connection_to_the_hosts_socket_is_judged_by_the_relay(stand: Sta
     assert stand.plain.delivered == delivered
 
 
+def test_killing_the_forwarder_ends_the_command(stand: Stand) -> None:
+    # Its parent is the forwarder, bwrap's first process: the sandbox ends with it (no network left behind).
+    result = sh(stand.backend, "kill -9 $PPID; sleep 5; echo still running")
+    assert result.exit_code == 128 + 9
+    assert "still running" not in result.stdout
+    assert result.duration_ms < 4000
+    test_allowed_name_with_curl_http_and_https(stand)
+
+
 # -- header injection ---------------------------------------------------------------------------------------
 def test_header_injection_keeps_the_secret_on_the_host(
     bwrap_enforcer: BubblewrapEnforcer, certificate: tuple[Path, Path], ca_dir: Path
