@@ -212,6 +212,18 @@ class ProcessBackend(SandboxBackend):
         """The network policy commands run under (None without one)."""
         return self._network if isinstance(self._network, NetworkPolicy) else None
 
+    def set_network(self, network: bool | NetworkPolicy) -> None:
+        """Refused: a host backend has no session whose network could be switched while it runs.
+
+        Each command runs under the backend's ``network``; make another backend for another network.
+        """
+        del network
+        raise PolicyNotEnforceableError(
+            f"backend {self.name!r} cannot change its network at run time (set_network): its commands are "
+            "host processes with no session to switch. Make another ProcessBackend with the network you "
+            "want (network=False, True or a NetworkPolicy), or use a DockerBackend session"
+        )
+
     def network_log(self) -> LogSnapshot:
         """The connections this backend's commands asked for under its network policy (bounded)."""
         return self._network_log.snapshot()
@@ -337,7 +349,11 @@ class ProcessBackend(SandboxBackend):
             from adk_sandbox.executor.network.intercept import Interceptor  # noqa: PLC0415
 
             intercept = Interceptor(policy)
-        with CommandEgress(policy, self._network_log, intercept=intercept) as egress:
+        try:
+            egress = CommandEgress(policy, self._network_log, intercept=intercept)
+        except (OSError, ValueError) as exc:
+            raise SandboxFailedError(f"the network policy's socket could not be set up: {exc}") from exc
+        with egress:
             yield egress
 
     def _run_steps(

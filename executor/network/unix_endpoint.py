@@ -216,7 +216,8 @@ class CommandEgress:
     """One command's host side of its network policy: a private directory, the endpoint, the forwarder.
 
     ``parent`` is where the directory is made (a ``0700`` directory of its own, bound read-only into the
-    sandbox at the same path by the caller). It holds :data:`SOCKET_NAME` (the endpoint's socket),
+    sandbox at the same path by the caller; default: the temporary directory, or ``/tmp`` when that is
+    too long a path for a Unix socket). It holds :data:`SOCKET_NAME` (the endpoint's socket),
     :data:`FORWARDER_NAME` and, when ``intercept`` is given, :data:`TRUST_NAME` (the host's system bundle,
     then the interceptor's CA certificate: certificates only). A context manager; :meth:`close` ends it.
     """
@@ -229,7 +230,7 @@ class CommandEgress:
         parent: str | None = None,
         intercept: Interceptor | None = None,
     ) -> None:
-        self.directory = tempfile.mkdtemp(prefix="adk-egress-", dir=parent)
+        self.directory = tempfile.mkdtemp(prefix="adk-egress-", dir=_socket_parent(parent))
         try:
             self.socket_path = os.path.join(self.directory, SOCKET_NAME)
             self.forwarder_path = os.path.join(self.directory, FORWARDER_NAME)
@@ -273,6 +274,17 @@ class CommandEgress:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _socket_parent(parent: str | None) -> str | None:
+    """``parent``, or ``/tmp`` when the temporary directory is too long a path for a socket in it."""
+    if (
+        parent is None
+        and len(os.fsencode(tempfile.gettempdir())) > _SUN_PATH_MAX - 32
+        and os.path.isdir("/tmp")
+    ):
+        return "/tmp"  # a private 0700 directory of its own is made in it
+    return parent
 
 
 def _system_bundle() -> bytes | None:

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -317,3 +318,21 @@ def test_command_egress_directory_is_private_and_removed(tmp_path: Path) -> None
             "/usr/bin/python3", "-I", "-S", egress.forwarder_path, egress.socket_path,
         ]  # fmt: skip
     assert not os.path.exists(egress.directory)
+
+
+def test_a_long_temporary_directory_falls_back_to_tmp(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with CommandEgress(POLICY, ConnectionLog()) as egress:
+        assert os.path.dirname(egress.directory) == "/tmp"
+        assert os.path.exists(egress.socket_path)
+
+
+def test_set_network_is_refused_clearly() -> None:
+    backend = ProcessBackend.with_sandbox(BubblewrapEnforcer("/usr/bin/bwrap"), _spawning(), network=POLICY)
+    with pytest.raises(PolicyNotEnforceableError, match="cannot change its network at run time"):
+        backend.set_network(False)
+    assert backend.network == POLICY
