@@ -201,11 +201,12 @@ class ProcessBackend(SandboxBackend):
     def network(self) -> bool | NetworkPolicy:
         """The network of every command: a :class:`NetworkPolicy`, or whether there is a route out.
 
-        Without an enforcer nothing is confined, whatever this says (``capabilities().network``).
+        Without an enforcer always True: a plain host process reaches the network as the caller does,
+        whatever ``network=`` said (``capabilities().network`` is False: nothing is confined).
         """
         if isinstance(self._network, NetworkPolicy):
             return self._network
-        return self._network or self._policy.allow_network
+        return self._enforcer is None or self._network or self._policy.allow_network
 
     @property
     def egress(self) -> NetworkPolicy | None:

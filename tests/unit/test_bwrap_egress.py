@@ -194,8 +194,9 @@ def test_true_is_the_policys_allow_network_and_false_leaves_it() -> None:
     assert closed.network is False
     assert "--unshare-net" in bwrap_arguments(closed.policy, workdir=SCRATCH, scratch_dir=SCRATCH)
     assert ProcessBackend.with_sandbox(enforcer, _spawning(allow_network=True)).network is True
-    # Without an enforcer nothing is confined either way, as before.
+    # Without an enforcer nothing is confined either way, as before: there is a route out.
     assert ProcessBackend(network=True).capabilities().network is False
+    assert ProcessBackend(network=False).network is True
 
 
 def test_capabilities_name_the_policy_in_force() -> None:
