@@ -46,12 +46,23 @@ def bwrap_arguments(
     workdir: str,
     scratch_dir: str,
     runtime_paths: Sequence[str] = RUNTIME_READ_ONLY_PATHS,
+    egress_dir: str | None = None,
 ) -> list[str]:
     """Return bwrap's options (everything before ``--``) for ``policy``. Pure: no filesystem access.
 
     Mount order matters: the private ``/tmp`` comes first so that allowed paths and the scratch dir under
     the host's ``/tmp`` are bound on top of it instead of being hidden by it.
+
+    ``egress_dir`` is a network policy's directory (its proxy socket and forwarder,
+    ``executor/network/unix_endpoint.py``): bound read-only at its own path, last, and the network stays
+    unshared (only loopback). A policy that allows network cannot have one
+    (:class:`PolicyNotEnforceableError`).
     """
+    if egress_dir is not None and policy.allow_network:
+        raise PolicyNotEnforceableError(
+            "the SandboxPolicy allows network (a route out) and a NetworkPolicy asks for none but its "
+            "proxy: give one or the other"
+        )
     args = [
         "--die-with-parent",  # killing bwrap (our process group leader) kills the whole sandbox
         "--unshare-pid",  # the sandbox's processes die with its PID 1, setsid or not
@@ -72,6 +83,10 @@ def bwrap_arguments(
         flag = "--bind" if allowed.mode == "read_write" else "--ro-bind"
         args += [flag, allowed.path, allowed.path]
     args += ["--bind", scratch_dir, scratch_dir]
+    if egress_dir is not None:
+        # Read-only: the sandbox can connect() to the socket in it (that works on a read-only mount), but
+        # cannot replace the socket, the forwarder or the trust bundle.
+        args += ["--ro-bind", egress_dir, egress_dir]
     args += ["--proc", "/proc", "--dev", "/dev"]
     # Writes anywhere not bound read-write fail loudly instead of landing in bwrap's throw-away root tmpfs.
     args += ["--remount-ro", "/"]
@@ -96,6 +111,17 @@ class BubblewrapEnforcer(Enforcer):
                 "that; its processes remain confined to a private PID namespace and die with it."
             )
 
+    def check_network_policy(self, policy: SandboxPolicy) -> None:
+        """Carry a NetworkPolicy (no route out, its socket bound read-only) unless the policy allows network.
+
+        A route out and a policy's names decided on the host do not go together.
+        """
+        if policy.allow_network:
+            raise PolicyNotEnforceableError(
+                "the SandboxPolicy allows network (a route out) and network= is a NetworkPolicy (no route "
+                "out, names decided on the host): give one or the other"
+            )
+
     def confinement(self, policy: SandboxPolicy) -> Confinement:
         """Network is confined unless allowed; reads and writes are confined to the bound paths."""
         return Confinement(
@@ -114,10 +140,13 @@ class BubblewrapEnforcer(Enforcer):
         workdir: str,
         scratch_dir: str,
         runtime_paths: Sequence[str],
+        egress_dir: str | None = None,
     ) -> list[str]:
         """Prefix ``argv`` with bwrap and the policy's arguments."""
         paths = [*RUNTIME_READ_ONLY_PATHS, *runtime_paths]
-        options = bwrap_arguments(policy, workdir=workdir, scratch_dir=scratch_dir, runtime_paths=paths)
+        options = bwrap_arguments(
+            policy, workdir=workdir, scratch_dir=scratch_dir, runtime_paths=paths, egress_dir=egress_dir
+        )
         return [self.bwrap_path, *options, "--", *argv]
 
 

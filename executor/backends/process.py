@@ -4,6 +4,12 @@ Every child leads its own process group; the group is SIGKILLed on timeout, on c
 normal exit, so ``cmd &`` leftovers die with the execution. Without an enforcer a process that leaves the
 group (``setsid``) can outlive it, which is why that configuration reports ``SUBPROCESS_ONLY``; under
 bubblewrap the whole PID namespace dies with bwrap.
+
+Under bubblewrap, ``network=`` may be a :class:`~adk_sandbox.executor.network.NetworkPolicy`: the command
+keeps no route out (``--unshare-net``), and a forwarder run before it by the system's Python
+(``executor/network/inside_forward.py``) serves the HTTP proxy on ``127.0.0.1`` inside and carries each
+connection to a Unix socket of the host, where the relay decides, resolves, checks and connects
+(``executor/network/unix_endpoint.py``; docs/network.md, "Host processes under bubblewrap").
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, RUSTC_EDITION, check_argument_sizes, inline_argv
@@ -33,6 +40,9 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
+from adk_sandbox.executor.network.log import ConnectionLog, LogSnapshot
+from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
+from adk_sandbox.executor.network.unix_endpoint import CommandEgress
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.types import (
     Capabilities,
@@ -43,7 +53,21 @@ from adk_sandbox.executor.types import (
     Stream,
 )
 
-__all__ = ["ProcessBackend", "Toolchain", "probe_toolchain", "resolve_program"]
+if TYPE_CHECKING:
+    from adk_sandbox.executor.network.intercept import Interceptor
+
+__all__ = [
+    "SYSTEM_PYTHONS",
+    "ProcessBackend",
+    "Toolchain",
+    "find_system_python",
+    "probe_toolchain",
+    "resolve_program",
+]
+
+SYSTEM_PYTHONS: tuple[str, ...] = ("/usr/bin/python3", "/bin/python3", "/usr/local/bin/python3")
+"""Where the system's Python is looked for, first found first: it runs a network policy's forwarder inside
+the sandbox (visible there through the runtime read-only paths, whatever the caller's own Python is)."""
 
 # How long to keep reading after the process tree was killed. Pipes normally reach EOF at once; only a
 # process that escaped the group (possible without an enforcer) can hold them open longer.
@@ -93,6 +117,13 @@ class ProcessBackend(SandboxBackend):
     Commands run as the caller: a request's ``user`` is accepted only when it names the caller's own
     uid (and gid), and refused with ``PolicyNotEnforceableError`` otherwise -- switching users needs
     privileges this backend deliberately does not use, even when the caller is root.
+
+    ``network`` is ``False`` (the default: as the policy says, no route out under an enforcer unless it
+    allows network), ``True`` (a route out: the policy's ``allow_network``, which is where the enforcer
+    reads it) or a :class:`NetworkPolicy`, also as a mapping of its fields (``{"allow": [...]}``);
+    anything else is an ``InvalidRequestError``. A policy needs the bubblewrap enforcer, a system Python
+    (:data:`SYSTEM_PYTHONS`) and a SandboxPolicy that does not allow network; otherwise it is refused
+    with ``PolicyNotEnforceableError``, never weakened. :meth:`network_log` is what it logged.
     """
 
     def __init__(
@@ -102,15 +133,39 @@ class ProcessBackend(SandboxBackend):
         search_path: str | None = None,
         enforcer: Enforcer | None = None,
         policy: SandboxPolicy | None = None,
+        network: bool | NetworkPolicy | Mapping[str, object] = False,
     ) -> None:
+        setting = network_setting(network)
         if enforcer is not None:
             policy = policy if policy is not None else SandboxPolicy()
+            if setting is True:
+                # One place decides the route out: the policy's allow_network (bwrap_arguments, confinement).
+                policy = policy.model_copy(update={"allow_network": True})
             enforcer.check_policy(policy)
         elif policy is not None:
             raise PolicyNotEnforceableError(
                 "a SandboxPolicy needs an enforcer to be applied to host processes; use "
                 "ProcessBackend.with_sandbox(get_enforcer(), policy)"
             )
+        self._forwarder_python: str | None = None
+        if isinstance(setting, NetworkPolicy):
+            if enforcer is None:
+                raise PolicyNotEnforceableError(
+                    "a NetworkPolicy needs an enforcer that takes the route out away (bubblewrap): a plain "
+                    "host process reaches the network as the caller does; it is refused. Use "
+                    "ProcessBackend.with_sandbox(get_enforcer(), policy, network=...)"
+                )
+            assert policy is not None  # noqa: S101 - set above with the enforcer
+            enforcer.check_network_policy(policy)
+            self._forwarder_python = find_system_python()
+            if self._forwarder_python is None:
+                raise PolicyNotEnforceableError(
+                    "a NetworkPolicy under bubblewrap needs the system's Python 3 (one of "
+                    f"{', '.join(SYSTEM_PYTHONS)}) to serve the proxy inside the sandbox, and none was "
+                    "found; it is refused. Install python3, or use a DockerBackend"
+                )
+        self._network: bool | NetworkPolicy = setting
+        self._network_log = ConnectionLog()
         self._workdir = os.path.abspath(workdir) if workdir is not None else None
         self._search_path = search_path
         self._enforcer = enforcer
@@ -127,17 +182,57 @@ class ProcessBackend(SandboxBackend):
         *,
         workdir: str | os.PathLike[str] | None = None,
         search_path: str | None = None,
+        network: bool | NetworkPolicy | Mapping[str, object] = False,
     ) -> ProcessBackend:
         """A backend whose every child (compile steps included) runs under ``enforcer`` and ``policy``.
 
-        Raises ``PolicyNotEnforceableError`` if the enforcer cannot enforce the policy.
+        Raises ``PolicyNotEnforceableError`` if the enforcer cannot enforce the policy (or ``network``).
         """
-        return cls(workdir=workdir, search_path=search_path, enforcer=enforcer, policy=policy)
+        return cls(
+            workdir=workdir, search_path=search_path, enforcer=enforcer, policy=policy, network=network
+        )
 
     @property
     def policy(self) -> SandboxPolicy:
         """The policy in force (deny-all and unenforced when there is no enforcer)."""
         return self._policy
+
+    @property
+    def network(self) -> bool | NetworkPolicy:
+        """The network of every command: a :class:`NetworkPolicy`, or whether there is a route out.
+
+        Without an enforcer always True: a plain host process reaches the network as the caller does,
+        whatever ``network=`` said (``capabilities().network`` is False: nothing is confined).
+        """
+        if isinstance(self._network, NetworkPolicy):
+            return self._network
+        return self._enforcer is None or self._network or self._policy.allow_network
+
+    @property
+    def egress(self) -> NetworkPolicy | None:
+        """The network policy commands run under (None without one)."""
+        return self._network if isinstance(self._network, NetworkPolicy) else None
+
+    def set_network(self, network: bool | NetworkPolicy) -> None:
+        """Refused: a host backend has no session whose network could be switched while it runs.
+
+        Each command runs under the backend's ``network``; make another backend for another network.
+        """
+        del network
+        raise PolicyNotEnforceableError(
+            f"backend {self.name!r} cannot change its network at run time (set_network): its commands are "
+            "host processes with no session to switch. Make another ProcessBackend with the network you "
+            "want (network=False, True or a NetworkPolicy), or use a DockerBackend session"
+        )
+
+    def network_log(self) -> LogSnapshot:
+        """The connections this backend's commands asked for under its network policy (bounded)."""
+        return self._network_log.snapshot()
+
+    @property
+    def network_log_store(self) -> ConnectionLog:
+        """The connection log itself (``network_log()`` gives a snapshot of it)."""
+        return self._network_log
 
     def isolation(self) -> IsolationClass:
         """OS_ENFORCED under an enforcer, else SUBPROCESS_ONLY (without probing the toolchains)."""
@@ -169,6 +264,8 @@ class ProcessBackend(SandboxBackend):
             # Under an enforcer the host's variables are host state its sandbox keeps out, like the files.
             host_environment=self._enforcer is None,
             host_programs=True,  # bare names resolve on the caller's PATH; bwrap binds their runtimes
+            # Under a policy `network` stays True (no route out): the proxy reaches what it allows.
+            network_policy=self.egress,
         )
 
     def execute(
@@ -207,7 +304,9 @@ class ProcessBackend(SandboxBackend):
         )
         stdin = request.stdin_bytes
 
-        with tempfile.TemporaryDirectory(prefix="adk-sandbox-") as scratch:
+        with tempfile.TemporaryDirectory(prefix="adk-sandbox-") as scratch, self._command_egress() as egress:
+            if egress is not None:
+                env.update(egress.env)  # the trust bundle's variables (header injection); the proxy's: inside
             runner = _StepRunner(
                 enforcer=self._enforcer,
                 policy=self._policy,
@@ -218,6 +317,8 @@ class ProcessBackend(SandboxBackend):
                 capture=capture,
                 deadline=deadline,
                 cancel=stop,
+                egress=egress,
+                forwarder_python=self._forwarder_python,
             )
             outcome = self._run_steps(request, runner, toolchain, scratch, stdin)
 
@@ -234,6 +335,27 @@ class ProcessBackend(SandboxBackend):
         )
 
     # -- internals -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _command_egress(self) -> Iterator[CommandEgress | None]:
+        """One command's host side of the network policy (None without one): its socket and listener."""
+        policy = self.egress
+        if policy is None:
+            yield None
+            return
+        intercept: Interceptor | None = None
+        if policy.headers:
+            # Imported here: only a policy with headers needs cryptography's CA (a fresh one per command,
+            # so nothing of it outlives the command and it never nears its expiry).
+            from adk_sandbox.executor.network.intercept import Interceptor  # noqa: PLC0415
+
+            intercept = Interceptor(policy)
+        try:
+            egress = CommandEgress(policy, self._network_log, intercept=intercept)
+        except (OSError, ValueError) as exc:
+            raise SandboxFailedError(f"the network policy's socket could not be set up: {exc}") from exc
+        with egress:
+            yield egress
 
     def _run_steps(
         self,
@@ -372,6 +494,30 @@ class ProcessBackend(SandboxBackend):
             return self._toolchains[key]
 
 
+def find_system_python() -> str | None:
+    """The system's Python 3 (the first of :data:`SYSTEM_PYTHONS` that runs, 3.8 or later), or None.
+
+    Only one that lies under the runtime read-only paths (its real path too) counts: it must be visible
+    in the sandbox without binding anything more. It is started isolated (``-I -S``) to check.
+    """
+    for candidate in SYSTEM_PYTHONS:
+        real = os.path.realpath(candidate)
+        visible = all(
+            any(path == root or path.startswith(root + "/") for root in RUNTIME_READ_ONLY_PATHS)
+            for path in (candidate, real)
+        )
+        if not visible or not os.access(real, os.X_OK):
+            continue
+        check = [candidate, "-I", "-S", "-c", "import sys; sys.exit(sys.version_info < (3, 8))"]
+        try:
+            done = subprocess.run(check, capture_output=True, timeout=30, env={}, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return candidate
+    return None
+
+
 def probe_toolchain(language: Language, search_path: str | None) -> Toolchain | None:
     """How to start ``language``'s program found on ``search_path`` in a cleared environment, or None.
 
@@ -449,8 +595,16 @@ class _StepRunner:
     capture: OutputCapture
     deadline: float
     cancel: threading.Event | None
+    egress: CommandEgress | None = None
+    forwarder_python: str | None = None
 
     def run(self, argv: list[str], stdin: bytes | None) -> _StepOutcome:
+        egress_dir = None
+        if self.egress is not None:
+            # Checked when the backend was made: a policy has the bubblewrap enforcer and a system Python.
+            assert self.enforcer is not None and self.forwarder_python is not None  # noqa: S101
+            argv = self.egress.wrap(self.forwarder_python, argv)
+            egress_dir = self.egress.directory
         if self.enforcer is not None:
             argv = self.enforcer.wrap(
                 argv,
@@ -458,6 +612,7 @@ class _StepRunner:
                 workdir=self.workdir,
                 scratch_dir=self.scratch,
                 runtime_paths=self.toolchain.install_roots,
+                egress_dir=egress_dir,
             )
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()

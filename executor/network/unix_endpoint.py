@@ -1,0 +1,306 @@
+"""The host side of a network policy for host processes: a Unix socket the sandbox's forwarder connects to.
+
+A host process confined by bubblewrap under a :class:`~.policy.NetworkPolicy` has no network but its own
+loopback. Before the command, the sandbox runs :mod:`.inside_forward` (stdlib only, by the system's
+Python), which serves the HTTP proxy on ``127.0.0.1`` inside and carries each connection, unparsed, to a
+Unix socket in a directory of the host bound read-only into the sandbox. On the host,
+:class:`UnixEndpoint` listens there and serves each accepted connection with
+:func:`~.relay.relay`, which decides, resolves, checks and connects (docs/network.md); a connected Unix
+socket is the relay's ``ByteStream``.
+
+:class:`CommandEgress` is one command's share: the private directory (``0700``) holding the socket, the
+forwarder's source and, for a policy with ``headers``, the trust bundle naming the interceptor's CA (so
+clients inside trust it; the credentials stay in this process), the listener, and the command line prefix
+that starts the forwarder. Closing it stops the listener, closes the live connections and removes the
+directory.
+
+Nothing here trusts the sandbox: it can connect to the socket itself (the relay judges every connection
+the same way), flood it (at most :data:`MAX_CONNECTIONS` are served at once, one more is closed at once),
+or kill its forwarder (then it has no network at all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
+from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.network.relay import CloseHandle, relay
+
+if TYPE_CHECKING:
+    from adk_sandbox.executor.network.intercept import Interceptor
+
+__all__ = [
+    "FORWARDER_NAME",
+    "MAX_CONNECTIONS",
+    "OVER_LIMIT_RULE",
+    "SOCKET_NAME",
+    "TRUST_NAME",
+    "CommandEgress",
+    "UnixEndpoint",
+    "forwarder_source",
+]
+
+MAX_CONNECTIONS = 256
+"""The most connections served at once per endpoint (as the agent's bound, ``channel/frames.py``)."""
+OVER_LIMIT_RULE = "connection limit"
+"""The rule of the one log entry that counts the connections closed over :data:`MAX_CONNECTIONS`."""
+SOCKET_NAME = "egress.sock"
+"""The Unix socket's name in the command's directory."""
+FORWARDER_NAME = "forward.py"
+"""The forwarder's source (:mod:`.inside_forward`) in the command's directory."""
+TRUST_NAME = "ca.pem"
+"""The trust bundle (system certificates, then the interceptor's CA) in the command's directory."""
+#: How long :meth:`UnixEndpoint.close` waits for the relays it ended to record their entries.
+_CLOSE_WAIT_SECONDS = 5.0
+#: The most bytes of the host's system trust bundle read (to put the interceptor's CA after it).
+_BUNDLE_LIMIT = 8 << 20
+#: The longest path a Unix socket may be bound at (``sun_path`` is 108 bytes with its terminating NUL).
+_SUN_PATH_MAX = 107
+
+
+def forwarder_source() -> bytes:
+    """The source of :mod:`.inside_forward`, as the sandbox's Python runs it."""
+    return (
+        importlib.resources.files(__package__ or "adk_sandbox.executor.network")
+        .joinpath("inside_forward.py")
+        .read_bytes()
+    )
+
+
+class UnixEndpoint:
+    """A Unix socket listener on the host serving each connection with :func:`~.relay.relay`; thread-safe.
+
+    Listens at ``path`` from construction; one thread accepts, and each connection is served in a thread
+    of its own, at most ``max_connections`` at once (one more is closed at once and counted; the count is
+    logged once, at :meth:`close`, under rule :data:`OVER_LIMIT_RULE`). :meth:`close` stops the listener
+    and ends every live connection.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        policy: NetworkPolicy,
+        log: ConnectionLog,
+        *,
+        intercept: Interceptor | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        if len(os.fsencode(path)) > _SUN_PATH_MAX:
+            raise ValueError(f"a Unix socket path is at most {_SUN_PATH_MAX} bytes: {path!r}")
+        self.path = path
+        self._policy = policy
+        self._log = log
+        self._intercept = intercept
+        self._max = max_connections
+        self._lock = threading.Lock()
+        self._closed = False
+        self._live: dict[socket.socket, CloseHandle | None] = {}
+        self._handlers: set[threading.Thread] = set()
+        self._turned_away = 0
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._listener.bind(path)
+            os.chmod(path, 0o600)
+            self._listener.listen(max_connections)
+        except OSError:
+            self._listener.close()
+            raise
+        self._acceptor = threading.Thread(target=self._accept, name="network-unix-accept", daemon=True)
+        self._acceptor.start()
+
+    @property
+    def live(self) -> int:
+        """How many connections are being served now."""
+        with self._lock:
+            return len(self._live)
+
+    @property
+    def turned_away(self) -> int:
+        """How many connections were closed at once for being over the bound."""
+        with self._lock:
+            return self._turned_away
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                with self._lock:
+                    if self._closed:
+                        return
+                time.sleep(0.05)  # e.g. out of descriptors for a moment
+                continue
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                if len(self._live) >= self._max:
+                    self._turned_away += 1
+                    conn.close()
+                    continue
+                self._live[conn] = None
+            handler = threading.Thread(
+                target=self._serve, args=(conn,), name="network-unix-relay", daemon=True
+            )
+            with self._lock:
+                self._handlers.add(handler)
+            try:
+                handler.start()
+            except RuntimeError:  # no thread to be had: closed like one over the bound
+                with self._lock:
+                    self._handlers.discard(handler)
+                    self._live.pop(conn, None)
+                    self._turned_away += 1
+                conn.close()
+
+    def _serve(self, conn: socket.socket) -> None:
+        def connected(host: str, port: int, close: CloseHandle) -> None:
+            del host, port
+            with self._lock:
+                if not self._closed:
+                    self._live[conn] = close
+                    return
+            close("the command ended")
+
+        try:
+            relay(conn, self._policy, self._log, intercept=self._intercept, on_connected=connected)
+        finally:
+            with self._lock:
+                self._live.pop(conn, None)
+                self._handlers.discard(threading.current_thread())
+
+    def close(self) -> None:
+        """Stop listening, end every live connection (its entry says so) and remove the socket."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            live = list(self._live.items())
+            handlers = list(self._handlers)
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        self._listener.close()
+        self._acceptor.join(timeout=_CLOSE_WAIT_SECONDS)
+        for conn, close in live:
+            if close is not None:
+                close("the command ended")
+            else:  # still reading its head, or deciding: a shutdown wakes its recv
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
+        for handler in handlers:
+            handler.join(timeout=max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        if self._turned_away:
+            why = f"{self._turned_away} connections closed at once: more than {self._max} open at a time"
+            self._log.record(
+                ConnectionEntry(
+                    time=time.time(), host="", port=0, decision="refused", rule=OVER_LIMIT_RULE, detail=why
+                )
+            )
+
+
+class CommandEgress:
+    """One command's host side of its network policy: a private directory, the endpoint, the forwarder.
+
+    ``parent`` is where the directory is made (a ``0700`` directory of its own, bound read-only into the
+    sandbox at the same path by the caller; default: the temporary directory, or ``/tmp`` when that is
+    too long a path for a Unix socket). It holds :data:`SOCKET_NAME` (the endpoint's socket),
+    :data:`FORWARDER_NAME` and, when ``intercept`` is given, :data:`TRUST_NAME` (the host's system bundle,
+    then the interceptor's CA certificate: certificates only). A context manager; :meth:`close` ends it.
+    """
+
+    def __init__(
+        self,
+        policy: NetworkPolicy,
+        log: ConnectionLog,
+        *,
+        parent: str | None = None,
+        intercept: Interceptor | None = None,
+    ) -> None:
+        self.directory = tempfile.mkdtemp(prefix="adk-egress-", dir=_socket_parent(parent))
+        try:
+            self.socket_path = os.path.join(self.directory, SOCKET_NAME)
+            self.forwarder_path = os.path.join(self.directory, FORWARDER_NAME)
+            _write(self.forwarder_path, forwarder_source())
+            self._env: dict[str, str] = {}
+            if intercept is not None:
+                trust = intercept.sandbox_trust(
+                    _system_bundle(), path=os.path.join(self.directory, TRUST_NAME)
+                )
+                _write(trust.path, trust.pem)
+                self._env = dict(trust.env)
+            self.endpoint = UnixEndpoint(self.socket_path, policy, log, intercept=intercept)
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """Variables the command gets from the host (the trust bundle's; the proxy's come from inside)."""
+        return self._env
+
+    def prefix(self, python: str) -> list[str]:
+        """The command line that runs the forwarder by ``python`` (isolated), before the command's own."""
+        return [python, "-I", "-S", self.forwarder_path, self.socket_path]
+
+    def wrap(self, python: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` started by the forwarder (:meth:`prefix` then ``argv``)."""
+        return [*self.prefix(python), *argv]
+
+    def close(self) -> None:
+        """Stop the endpoint (live connections closed) and remove the directory."""
+        try:
+            self.endpoint.close()
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> CommandEgress:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _socket_parent(parent: str | None) -> str | None:
+    """``parent``, or ``/tmp`` when the temporary directory is too long a path for a socket in it."""
+    if (
+        parent is None
+        and len(os.fsencode(tempfile.gettempdir())) > _SUN_PATH_MAX - 32
+        and os.path.isdir("/tmp")
+    ):
+        return "/tmp"  # a private 0700 directory of its own is made in it
+    return parent
+
+
+def _system_bundle() -> bytes | None:
+    """The host's system trust bundle (the first of ``SYSTEM_BUNDLE_PATHS``), or None without one."""
+    from adk_sandbox.executor.network.intercept import SYSTEM_BUNDLE_PATHS  # noqa: PLC0415 - cryptography
+
+    for path in SYSTEM_BUNDLE_PATHS:
+        try:
+            with open(path, "rb") as handle:
+                return handle.read(_BUNDLE_LIMIT)
+        except OSError:
+            continue
+    return None
+
+
+def _write(path: str, data: bytes) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
