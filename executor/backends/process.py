@@ -40,6 +40,7 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
+from adk_sandbox.executor.network.addresses import IPAddress, IPNetwork, infrastructure_addresses
 from adk_sandbox.executor.network.log import ConnectionLog, LogSnapshot
 from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
 from adk_sandbox.executor.network.unix_endpoint import CommandEgress
@@ -166,6 +167,7 @@ class ProcessBackend(SandboxBackend):
                 )
         self._network: bool | NetworkPolicy = setting
         self._network_log = ConnectionLog()
+        self._infrastructure: frozenset[IPAddress | IPNetwork] | None = None
         self._workdir = os.path.abspath(workdir) if workdir is not None else None
         self._search_path = search_path
         self._enforcer = enforcer
@@ -351,7 +353,11 @@ class ProcessBackend(SandboxBackend):
 
             intercept = Interceptor(policy)
         try:
-            egress = CommandEgress(policy, self._network_log, intercept=intercept)
+            if self._infrastructure is None:  # this machine's own addresses: found once per backend
+                self._infrastructure = infrastructure_addresses()
+            egress = CommandEgress(
+                policy, self._network_log, intercept=intercept, extra_refused=self._infrastructure
+            )
         except (OSError, ValueError) as exc:
             raise SandboxFailedError(f"the network policy's socket could not be set up: {exc}") from exc
         with egress:

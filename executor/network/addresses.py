@@ -188,7 +188,7 @@ _IF_INET6 = Path("/proc/net/if_inet6")
 
 
 def machine_addresses(fib_trie: Path = _FIB_TRIE, if_inet6: Path = _IF_INET6) -> frozenset[IPAddress]:
-    """This machine's own addresses, on every interface (Linux; elsewhere empty).
+    """The addresses of this machine's own interfaces (Linux; elsewhere empty).
 
     Read from the kernel's local routing table (each ``/32 host LOCAL`` entry of ``/proc/net/fib_trie``
     names the address above it) and from ``/proc/net/if_inet6``: interface addresses without the ``ip``

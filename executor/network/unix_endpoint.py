@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from adk_sandbox.executor.network.addresses import IPAddress, IPNetwork
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import CloseHandle, relay
@@ -95,6 +96,7 @@ class UnixEndpoint:
         *,
         intercept: Interceptor | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        extra_refused: frozenset[IPAddress | IPNetwork] = frozenset(),
     ) -> None:
         if len(os.fsencode(path)) > _SUN_PATH_MAX:
             raise ValueError(f"a Unix socket path is at most {_SUN_PATH_MAX} bytes: {path!r}")
@@ -103,6 +105,7 @@ class UnixEndpoint:
         self._log = log
         self._intercept = intercept
         self._max = max_connections
+        self._extra_refused = extra_refused
         self._lock = threading.Lock()
         self._closed = False
         self._live: dict[socket.socket, CloseHandle | None] = {}
@@ -174,7 +177,14 @@ class UnixEndpoint:
             close("the command ended")
 
         try:
-            relay(conn, self._policy, self._log, intercept=self._intercept, on_connected=connected)
+            relay(
+                conn,
+                self._policy,
+                self._log,
+                extra_refused=self._extra_refused,
+                intercept=self._intercept,
+                on_connected=connected,
+            )
         finally:
             with self._lock:
                 self._live.pop(conn, None)
@@ -229,6 +239,7 @@ class CommandEgress:
         *,
         parent: str | None = None,
         intercept: Interceptor | None = None,
+        extra_refused: frozenset[IPAddress | IPNetwork] = frozenset(),
     ) -> None:
         self.directory = tempfile.mkdtemp(prefix="adk-egress-", dir=_socket_parent(parent))
         try:
@@ -242,7 +253,9 @@ class CommandEgress:
                 )
                 _write(trust.path, trust.pem)
                 self._env = dict(trust.env)
-            self.endpoint = UnixEndpoint(self.socket_path, policy, log, intercept=intercept)
+            self.endpoint = UnixEndpoint(
+                self.socket_path, policy, log, intercept=intercept, extra_refused=extra_refused
+            )
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
