@@ -1,6 +1,7 @@
 """Egress under a NetworkPolicy against the same traffic on the host, side by side in one run (issue 23).
 
-Run: PYTHONPATH=. .venv/bin/python bench/bench_egress.py [--quick] [--runtimes runc,runsc] [--megabytes 200]
+Run: PYTHONPATH=. .venv/bin/python bench/bench_egress.py [--quick] [--runtimes runc,runsc,bwrap]
+[--megabytes 200]
 Prints Markdown tables for BENCHMARKS.md, for each runtime:
 
 * a 200 MB download from a loopback HTTP server on the host, through the session's policy (the agent's
@@ -9,9 +10,12 @@ Prints Markdown tables for BENCHMARKS.md, for each runtime:
 * the latency of one small request on a new connection (connect, request, answer, close), many in a row:
   through the policy against the same on the host, and what the policy adds at the median (goal ≤ 2 ms).
 
-The download's floor is measured alongside: the same bytes written straight into a ``docker exec``'s stdin
-(``cat > /dev/null`` in a container of the same runtime, over the hijacked attach connection), which is
-the path the agent channel's host-to-sandbox direction takes through the engine.
+``bwrap`` is the host ``ProcessBackend`` under bubblewrap with the same policy: its proxy is a forwarder
+inside (Python) carrying each connection to a Unix socket of the host, no channel and no engine between.
+
+The download's floor is measured alongside (Docker runtimes): the same bytes written straight into a
+``docker exec``'s stdin (``cat > /dev/null`` in a container of the same runtime, over the hijacked
+attach connection), which is the path the agent channel's host-to-sandbox direction takes through the engine.
 
 Both sides run one client script (Python's standard library, a raw socket, 1 MiB reads), which times
 itself: process start is not counted on either side. The rounds alternate sandbox and host, so machine
@@ -32,8 +36,11 @@ import docker
 from _timing import Row, Stats, parser, print_section
 
 from adk_sandbox.executor import ExecRequest, Language
+from adk_sandbox.executor.backends.bwrap import get_enforcer
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.process import ProcessBackend
 from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.policy import SandboxPolicy
 from tests.integration.egress_servers import LoopbackServer
 
 CHUNK = 1 << 20
@@ -109,7 +116,7 @@ def on_host(code: str) -> dict[str, object]:
     return result
 
 
-def in_sandbox(session: DockerSession, code: str) -> dict[str, object]:
+def in_sandbox(session: DockerSession | ProcessBackend, code: str) -> dict[str, object]:
     done = session.execute(ExecRequest(language=Language.PYTHON, code=code, timeout=300))
     if done.exit_code != 0:
         raise RuntimeError(f"the client failed in the sandbox: {done.stderr or done.stdout}")
@@ -162,8 +169,23 @@ def measure(runtime: str | None, server: Server, rounds: int, requests: int) -> 
     return rows(name, server.size, rounds, seconds, latency)
 
 
+def measure_bwrap(server: Server, rounds: int, requests: int) -> list[Row]:
+    """The same rounds through a host process under bubblewrap and the same policy (no floor: no engine)."""
+    policy = NetworkPolicy(allow=[f"allowed.test:{server.port}"], hosts={"allowed.test": ["127.0.0.1"]})
+    seconds: dict[str, list[float]] = {"sandbox": [], "host": [], "floor": []}
+    latency: dict[str, list[float]] = {"sandbox": [], "host": []}
+    backend = ProcessBackend.with_sandbox(
+        get_enforcer(), SandboxPolicy.builder().allow_process_spawn().build(), network=policy
+    )
+    for _ in range(rounds):
+        rows_for_round(backend, server, requests, seconds, latency)
+    refused = [entry for entry in backend.network_log().entries if entry.decision != "allowed"]
+    assert not refused, refused
+    return [row for row in rows("bwrap", server.size, rounds, seconds, latency) if "floor" not in row.what]
+
+
 def rows_for_round(
-    session: DockerSession,
+    session: DockerSession | ProcessBackend,
     server: Server,
     requests: int,
     seconds: dict[str, list[float]],
@@ -188,7 +210,7 @@ def rows(
 ) -> list[Row]:
     """The table's rows for one runtime."""
     megabytes = size / 1e6
-    floor = statistics.median(seconds["floor"])
+    floor = statistics.median(seconds["floor"] or [float("nan")])
     ours, theirs = statistics.median(seconds["sandbox"]), statistics.median(seconds["host"])
     ratio = theirs / ours
     ours_ms, theirs_ms = Stats(tuple(latency["sandbox"])), Stats(tuple(latency["host"]))
@@ -234,7 +256,10 @@ def main() -> None:
     rows: list[Row] = []
     try:
         for runtime in options.runtimes.split(","):
-            rows += measure(None if runtime == "runc" else runtime, server, rounds, requests)
+            if runtime == "bwrap":
+                rows += measure_bwrap(server, rounds, requests)
+            else:
+                rows += measure(None if runtime == "runc" else runtime, server, rounds, requests)
     finally:
         server.close()
     print_section(

@@ -19,8 +19,9 @@ session's channel; in the tests, one end of a ``socket.socketpair``). :func:`rel
    request to a host with headers is refused before connecting instead)
    (they belong to the TLS-terminating path);
 6. pumps both ways, 64 KiB at a time per direction (a slow reader holds back its writer, so memory stays
-   bounded), until the server closes or either side fails; the sandbox closing its sending side is passed
-   on as a half-close so the server can still answer;
+   bounded; between two real sockets, as under bubblewrap, by ``splice`` in the kernel, 1 MiB at most),
+   until the server closes or either side fails; the sandbox closing its sending side is passed on as a
+   half-close so the server can still answer;
 7. records one :class:`~.log.ConnectionEntry` in the session's log.
 
 Once connected, and before any byte is sent either way, ``on_connected(host, port, close)`` is called (when
@@ -35,6 +36,7 @@ never by a name, so a name that rebinds between the decision and the connection 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -73,6 +75,7 @@ __all__ = [
     "CHUNK",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_HEAD_TIMEOUT",
+    "SPLICE_CHUNK",
     "TLS_ACCESS_DENIED",
     "ByteStream",
     "CloseHandle",
@@ -82,6 +85,8 @@ __all__ = [
 
 CHUNK = 64 * 1024
 """The most bytes read at once per direction, and so held in flight."""
+SPLICE_CHUNK = 1 << 20
+"""The most bytes moved at once per direction between two real sockets (in a pipe, never in Python)."""
 DEFAULT_HEAD_TIMEOUT = 10.0
 """Seconds the sandbox has to send a whole request head (and, for CONNECT, its ClientHello)."""
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -225,18 +230,50 @@ def _deny_tls(rule: str, why: str) -> NoReturn:
     raise _Refused(TLS_ACCESS_DENIED, rule, why)
 
 
+def _splice(source: socket.socket, target: socket.socket, counted: Callable[[int], None]) -> None:
+    """Copy ``source`` to ``target`` until it ends, in the kernel (``splice`` through a pipe).
+
+    For two real sockets (the bubblewrap endpoint's Unix socket and the server's): the bytes never enter
+    this process, which keeps one Python thread per direction from being the download's bottleneck. At
+    most :data:`SPLICE_CHUNK` bytes are in the pipe at once, so memory stays bounded as with ``recv``.
+    """
+    read_end, write_end = os.pipe()
+    try:
+        while moved := os.splice(source.fileno(), write_end, SPLICE_CHUNK):
+            while moved:
+                sent = os.splice(read_end, target.fileno(), moved)
+                moved -= sent
+                counted(sent)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _copy(source: ByteStream, target: ByteStream, counted: Callable[[int], None]) -> None:
+    """Copy ``source`` to ``target`` until it ends: by ``splice`` between two real sockets, else by chunks."""
+    if isinstance(source, socket.socket) and isinstance(target, socket.socket) and hasattr(os, "splice"):
+        _splice(source, target, counted)
+        return
+    while data := source.recv(CHUNK):
+        target.sendall(data)
+        counted(len(data))
+
+
 def _pump(stream: ByteStream, upstream: socket.socket, outcome: _Outcome) -> None:
     stream.settimeout(None)
     upstream.settimeout(None)
 
+    def count_up(size: int) -> None:
+        with outcome.lock:
+            outcome.up += size
+
+    def count_down(size: int) -> None:
+        with outcome.lock:
+            outcome.down += size
+
     def up() -> None:
-        try:
-            while data := stream.recv(CHUNK):
-                upstream.sendall(data)
-                with outcome.lock:
-                    outcome.up += len(data)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            _copy(stream, upstream, count_up)
         # The sandbox is done sending; the server may still answer (a half-close, passed on).
         with contextlib.suppress(OSError):
             upstream.shutdown(socket.SHUT_WR)
@@ -244,10 +281,7 @@ def _pump(stream: ByteStream, upstream: socket.socket, outcome: _Outcome) -> Non
     sender = threading.Thread(target=up, name="network-relay-up", daemon=True)
     sender.start()
     try:
-        while data := upstream.recv(CHUNK):
-            stream.sendall(data)
-            with outcome.lock:
-                outcome.down += len(data)
+        _copy(upstream, stream, count_down)
     except OSError as error:
         outcome.detail += f"; ended by {error.strerror or type(error).__name__}"
     finally:
