@@ -1,4 +1,4 @@
-"""Single-service compose files, as written for inspect's docker provider, read into the provider's config.
+"""Compose files, as written for inspect's docker provider, read into the provider's config.
 
 ``sandbox=("adk-sandbox", "compose.yaml")`` takes the file an eval already has for inspect's ``docker``
 provider. Each key is either honoured or refused with an error naming it; none is ignored:
@@ -11,13 +11,24 @@ provider. Each key is either honoured or refused with an error naming it; none i
 * ``network_mode: none`` (any other network is refused: for the names a task needs, give a network policy,
   ``x-adk-sandbox: {network: {allow: [pypi.org]}}``, which keeps ``none`` and proxies what it allows);
 * ``init: true`` (every sandbox runs an init process; ``false`` cannot be honoured);
-* ``command`` only when it keeps the container alive (``tail -f /dev/null``, ``sleep infinity``): the
-  container's first process is the library's keeper, so a service command would never run;
+* ``command``: for the default service only when it keeps the container alive (``tail -f /dev/null``,
+  ``sleep infinity``): the container's first process is the library's keeper; for any other service, the
+  service's program, started in the background when the sample starts (its output is discarded) and
+  kept until the sample ends;
+* ``expose`` and ``ports`` (only the container side is read: nothing is published on the host): the
+  ports siblings reach this service on, by its name; ``depends_on`` (a list, or a mapping whose
+  ``condition`` is ``service_started``): start-up order;
 * ``x-default``, ``x-local`` (images are never pulled), and ``x-adk-sandbox``: a mapping of
   :class:`AdkSandboxConfig` fields (``runtime: runsc``, ``profile``, ``limits``, ...) applied last.
 
-Top level: ``services`` with exactly one service (several are refused until services get a private
-network), plus ``name``, ``version`` and ``x-`` extension keys (YAML anchors), which change nothing.
+Top level: ``services``, plus ``name``, ``version`` and ``x-`` extension keys (YAML anchors), which change
+nothing, except ``x-adk-sandbox``: fields applied to every service (under the service's own).
+
+Several services (:func:`compose_services`): each runs in a sandbox of its own under its configuration
+(network ``none``, the sample's policy), and reaches its siblings' exposed ports by their names and
+nothing else (docs/network.md, "Several services"). ``healthcheck`` (and ``depends_on`` conditions other
+than ``service_started``) are refused: there is no engine health check here; the provider instead waits,
+at start, until each service accepts on the ports it exposes (bounded).
 """
 
 from __future__ import annotations
@@ -26,10 +37,20 @@ import hashlib
 import os
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["COMPOSE_KEYS", "built_name", "compose_fields", "dockerfile_fields", "is_compose", "is_dockerfile"]
+__all__ = [
+    "COMPOSE_KEYS",
+    "ComposeService",
+    "built_name",
+    "compose_fields",
+    "compose_services",
+    "dockerfile_fields",
+    "is_compose",
+    "is_dockerfile",
+]
 
 #: The service keys read from a compose file (anything else is refused by name).
 COMPOSE_KEYS = (
@@ -43,6 +64,9 @@ COMPOSE_KEYS = (
     "mem_limit",
     "cpus",
     "network_mode",
+    "expose",
+    "ports",
+    "depends_on",
     "x-default",
     "x-local",
     "x-adk-sandbox",
@@ -73,31 +97,205 @@ def dockerfile_fields(path: Path) -> dict[str, Any]:
     return {"build": build, "image": built_name(build)}
 
 
+@dataclass(frozen=True)
+class ComposeService:
+    """One service of a compose file: its config fields and what links it to its siblings."""
+
+    name: str
+    fields: dict[str, Any]
+    """The :class:`AdkSandboxConfig` fields of its sandbox."""
+    command: tuple[str, ...] | None
+    """Its program (started in the background at sample start); None for the default service."""
+    ports: tuple[int, ...]
+    """The ports its siblings reach it on (``expose``, the container side of ``ports``)."""
+    depends_on: tuple[str, ...]
+    default: bool
+
+
 def compose_fields(loaded: dict[str, Any], path: Path) -> dict[str, Any]:
     """The :class:`AdkSandboxConfig` fields a single-service compose file at ``path`` asks for.
 
-    Raises ``ValueError`` naming the key (and the service) of anything that cannot be honoured.
+    Raises ``ValueError`` naming the key (and the service) of anything that cannot be honoured, and for a
+    file of several services (:func:`compose_services` reads those).
+    """
+    services = compose_services(loaded, path)
+    if len(services) > 1:
+        raise ValueError(
+            f"compose file {str(path)!r} has {len(services)} services: read it with compose_services"
+        )
+    return services[0].fields
+
+
+def compose_services(loaded: dict[str, Any], path: Path) -> list[ComposeService]:
+    """The services of a compose file at ``path``: the default one first, then in start-up order.
+
+    The default service is the one named ``default``, else the one with ``x-default: true``, else the first
+    (as inspect's docker provider). Raises ``ValueError`` naming the key (and the service) of anything
+    that cannot be honoured: unknown keys, a ``depends_on`` on no service or in a cycle, a port exposed by
+    two services.
     """
     where = f"compose file {str(path)!r}"
     unknown = [key for key in loaded if key not in _TOP_LEVEL and not str(key).startswith("x-")]
     if unknown:
         raise ValueError(
             f"{where}: adk-sandbox cannot honour the top-level key(s) {', '.join(map(repr, unknown))} "
-            "(it reads `services` with one service; volumes, networks, secrets and configs are not supported)"
+            "(it reads `services`; volumes, networks, secrets and configs are not supported: services reach "
+            "each other by name with no network of the engine's, see docs/network.md)"
         )
     services = loaded["services"]
     if not isinstance(services, dict) or not services:
-        raise ValueError(f"{where}: `services` must map one service name to its settings")
-    if len(services) > 1:
+        raise ValueError(f"{where}: `services` must map service names to their settings")
+    common = loaded.get("x-adk-sandbox") or {}
+    if not isinstance(common, dict):
         raise ValueError(
-            f"{where} has {len(services)} services ({', '.join(map(str, services))}); adk-sandbox runs one "
-            "service per sample until services get a private network of their own: keep the one the "
-            "agent works in, or use inspect's docker provider for this task"
+            f"{where}: the top-level `x-adk-sandbox` must be a mapping of adk-sandbox config fields"
         )
-    ((name, service),) = services.items()
-    if not isinstance(service, dict):
-        raise ValueError(f"{where}: service {name!r} must be a mapping of settings")
-    return _service_fields(service, f"{where}, service {name!r}", path.parent)
+    names = [str(name) for name in services]
+    default = _default_name(services, where)
+    found: dict[str, ComposeService] = {}
+    for name, service in services.items():
+        at = f"{where}, service {name!r}"
+        if not isinstance(service, dict):
+            raise ValueError(f"{at} must be a mapping of settings")
+        is_default = str(name) == default
+        if common:
+            own = service.get("x-adk-sandbox") or {}
+            merged = {**common, **own} if isinstance(own, dict) else own  # not a mapping: refused below
+            service = {**service, "x-adk-sandbox": merged}  # noqa: PLW2901 - the service as read
+        command = service.get("command")
+        if is_default or command is None:
+            fields = _service_fields(service, at, path.parent)
+            argv = None
+        else:
+            fields = _service_fields({k: v for k, v in service.items() if k != "command"}, at, path.parent)
+            argv = _argv(command, at)
+        found[str(name)] = ComposeService(
+            name=str(name),
+            fields=fields,
+            command=argv,
+            ports=_ports(service, at),
+            depends_on=_depends_on(service.get("depends_on"), at, names),
+            default=is_default,
+        )
+    owner: dict[int, str] = {}
+    for service in found.values():
+        for port in service.ports:
+            if port in owner:
+                raise ValueError(
+                    f"{where}: services {owner[port]!r} and {service.name!r} both expose port {port}; "
+                    "each port may be exposed by one service (siblings share one port space on their "
+                    "loopback "
+                    "addresses here, docs/network.md)"
+                )
+            owner[port] = service.name
+    order = _start_order(found, where)
+    return [found[default]] + [found[name] for name in order if name != default]
+
+
+def _default_name(services: dict[str, Any], where: str) -> str:
+    if "default" in services:
+        return "default"
+    marked = [
+        str(name)
+        for name, service in services.items()
+        if isinstance(service, dict) and service.get("x-default")
+    ]
+    if len(marked) > 1:
+        raise ValueError(f"{where}: more than one service has `x-default: true` ({', '.join(marked)})")
+    return marked[0] if marked else str(next(iter(services)))
+
+
+def _argv(command: object, where: str) -> tuple[str, ...]:
+    if isinstance(command, list) and command and all(isinstance(word, (str, int, float)) for word in command):
+        return tuple(map(str, command))
+    if isinstance(command, str) and command.strip():
+        return ("sh", "-c", command)
+    raise ValueError(f"{where}: `command` must be a string or a non-empty list of words")
+
+
+def _ports(service: dict[str, Any], where: str) -> tuple[int, ...]:
+    """The container side of ``ports`` and every ``expose``.
+
+    ``80``, ``"8080:80"``, ``"127.0.0.1:8080:80/tcp"``,
+    ``{target: 80}``; a range or a UDP port is refused.
+    """
+    ports: list[int] = []
+    for key in ("expose", "ports"):
+        entries = service.get(key, [])
+        if not isinstance(entries, list):
+            raise ValueError(f"{where}: `{key}` must be a list")
+        for entry in entries:
+            if isinstance(entry, dict):
+                unknown = [
+                    k
+                    for k in entry
+                    if k not in ("target", "published", "protocol", "host_ip", "mode", "name")
+                ]
+                if unknown or entry.get("protocol", "tcp") != "tcp":
+                    raise ValueError(
+                        f"{where}: `{key}` entry {entry!r} cannot be honoured (a TCP `target` only)"
+                    )
+                text = str(entry.get("target", ""))
+            else:
+                text = str(entry)
+                if text.endswith("/tcp"):
+                    text = text[: -len("/tcp")]
+                text = text.rsplit(":", 1)[-1]
+            if not text.isdigit() or not 1 <= int(text) <= 65535:
+                raise ValueError(
+                    f"{where}: `{key}` entry {entry!r} cannot be honoured (one TCP port 1..65535; "
+                    "ranges and UDP are not carried)"
+                )
+            if int(text) not in ports:
+                ports.append(int(text))
+    return tuple(ports)
+
+
+def _depends_on(value: object, where: str, names: list[str]) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, list):
+        items: list[tuple[str, object]] = [(str(name), {}) for name in value]
+    elif isinstance(value, dict):
+        items = [(str(name), spec or {}) for name, spec in value.items()]
+    else:
+        raise ValueError(f"{where}: `depends_on` must be a list of services or a mapping")
+    for name, spec in items:
+        if name not in names:
+            raise ValueError(f"{where}: `depends_on` names {name!r}, which is not a service of the file")
+        if not isinstance(spec, dict) or any(key not in ("condition", "required") for key in spec):
+            raise ValueError(f"{where}: `depends_on: {name}` reads only `condition` (and `required: true`)")
+        if (
+            spec.get("condition", "service_started") != "service_started"
+            or spec.get("required", True) is not True
+        ):
+            raise ValueError(
+                f"{where}: `depends_on: {name}: {spec}` cannot be honoured: only "
+                "`condition: service_started` (there is no health check here; the provider waits until each "
+                "service accepts on the ports "
+                "it exposes)"
+            )
+    return tuple(name for name, _ in items)
+
+
+def _start_order(services: dict[str, ComposeService], where: str) -> list[str]:
+    order: list[str] = []
+    visiting: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        if name in visiting:
+            raise ValueError(f"{where}: `depends_on` makes a cycle: {' -> '.join([*visiting, name])}")
+        visiting.append(name)
+        for other in services[name].depends_on:
+            visit(other)
+        visiting.pop()
+        order.append(name)
+
+    for name in services:
+        visit(name)
+    return order
 
 
 def _service_fields(service: dict[str, Any], where: str, base: Path) -> dict[str, Any]:
@@ -117,6 +315,8 @@ def _service_fields(service: dict[str, Any], where: str, base: Path) -> dict[str
         raise ValueError(f"{where}: `init: {service['init']}` cannot be honoured: every sandbox runs an init")
     if "command" in service:
         _keep_alive(service["command"], where)
+    for key in ("expose", "ports", "depends_on"):
+        service = {k: v for k, v in service.items() if k != key}  # read by compose_services
     network = service.get("network_mode", "none")
     if network != "none":
         raise ValueError(

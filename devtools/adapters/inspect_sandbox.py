@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import logging
 import os
 import posixpath
 import shlex
@@ -56,7 +58,7 @@ from inspect_ai.util._sandbox.environment import SandboxUnavailableError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adk_sandbox.devtools.adapters.inspect_compose import (
-    compose_fields,
+    compose_services,
     dockerfile_fields,
     is_compose,
     is_dockerfile,
@@ -66,6 +68,8 @@ from adk_sandbox.executor._users import resolve_user
 from adk_sandbox.executor.backend import SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.docker import DockerBackend, cleanup_labelled, cleanup_session
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.services import LinkedService, ServiceLinks, service_addresses
 from adk_sandbox.executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import ExecRequest, ResourceLimits, check_user, is_numeric_user, parse_user
@@ -77,12 +81,16 @@ __all__ = [
     "WORKING_DIR",
     "AdkSandboxConfig",
     "AdkSandboxEnvironment",
+    "AdkSandboxService",
+    "AdkSandboxServices",
     "ImageBuild",
     "build_image",
     "resolve_config",
+    "resolve_sample",
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 #: Every container of this provider carries ``PROVIDER_LABEL=adk-sandbox``: ``cli_cleanup`` selects by it.
 PROVIDER_LABEL = "ai.inspect.sandbox"
@@ -173,6 +181,9 @@ class AdkSandboxConfig(BaseModel):
     helpers (``text_editor()``, ``bash_session()``, ``exec_remote()``) into ``/var/tmp`` and runs them."""
     env: dict[str, str] = Field(default_factory=dict)
     """Variables every command gets (after the image's own; ``exec(env=...)`` overrides them)."""
+    extra_hosts: dict[str, str] = Field(default_factory=dict)
+    """Names in the container's ``/etc/hosts``, name -> an address in ``127.0.0.0/8`` (set for the
+    services of a compose file: how siblings resolve each other, docs/network.md "Several services")."""
 
     @field_validator("network", mode="before")
     @classmethod
@@ -203,6 +214,36 @@ class AdkSandboxConfig(BaseModel):
         return hash(self.model_dump_json())
 
 
+#: How long the start of a sample waits for a service to accept on each port it exposes.
+SERVICE_READY_SECONDS = 30.0
+#: Starts a service's program in the background (its own session; output discarded), then returns.
+_SERVICE_START = 'nohup "$@" </dev/null >/dev/null 2>&1 &'
+
+
+class AdkSandboxService(BaseModel):
+    """One service of a sample of several (a compose file's service): its sandbox and its links."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config: AdkSandboxConfig
+    command: tuple[str, ...] | None = None
+    """Its program, started in the background when the sample starts (None: the default service)."""
+    ports: tuple[int, ...] = ()
+    """The ports its siblings reach it on, by its name."""
+    depends_on: tuple[str, ...] = ()
+
+
+class AdkSandboxServices(BaseModel):
+    """A sample of several services: the default one first, then in start-up order (``depends_on``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    services: dict[str, AdkSandboxService]
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
+
+
 @sandboxenv(name="adk-sandbox")
 class AdkSandboxEnvironment(SandboxEnvironment):
     """One sample's sandbox: a hardened container of a :class:`DockerBackend`.
@@ -216,16 +257,26 @@ class AdkSandboxEnvironment(SandboxEnvironment):
     _backends: dict[tuple[str, str], SessionBackend[Any]] = {}  # noqa: RUF012 - shared by the class on purpose
     _backends_lock = threading.Lock()
 
-    def __init__(self, session: SandboxSession, config: AdkSandboxConfig, start: _SampleStart) -> None:
+    def __init__(
+        self,
+        session: SandboxSession,
+        config: AdkSandboxConfig,
+        start: _SampleStart,
+        links: tuple[ServiceLinks, str] | None = None,
+    ) -> None:
         super().__init__()
         self._session = session
         self._config = config
         self._start = start
+        #: The sample's service links and this service's name (a sample of several services).
+        self._links = links
 
     # -- configuration and lifecycle -----------------------------------------------------------------
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
         """The configuration model of a serialized configuration (an eval log's spec)."""
+        if "services" in config:
+            return AdkSandboxServices.model_validate(config)
         return AdkSandboxConfig.model_validate(config)
 
     @classmethod
@@ -236,15 +287,33 @@ class AdkSandboxEnvironment(SandboxEnvironment):
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
         """Validate the configuration and connect to the Docker engine once for the task."""
-        resolved = resolve_config(config)
-        await run_blocking(lambda _: cls._backend(task_name, resolved), name="adk-sandbox-task-init")
+        resolved = resolve_sample(config)
+        configs = (
+            [service.config for service in resolved.services.values()]
+            if isinstance(resolved, AdkSandboxServices)
+            else [resolved]
+        )
+        for each in configs:
+            await run_blocking(
+                functools.partial(_backend_of, cls, task_name, each), name="adk-sandbox-task-init"
+            )
 
     @classmethod
     async def sample_init(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
     ) -> dict[str, SandboxEnvironment]:
-        """Start the sample's container (verified hardened before it is used): ``{"default": env}``."""
-        resolved = resolve_config(config)
+        """Start the sample's container (verified hardened before it is used): ``{"default": env}``.
+
+        A compose file of several services: one container each, in start-up order, linked by name
+        (docs/network.md, "Several services"); the default service first in the dict.
+        """
+        resolved = resolve_sample(config)
+        if isinstance(resolved, AdkSandboxServices):
+            return await _unavailable_on_failure(
+                run_blocking(
+                    lambda _: cls._start_services(task_name, resolved), name="adk-sandbox-sample-init"
+                )
+            )
 
         def start(_: threading.Event) -> tuple[SandboxSession, _SampleStart]:
             session: SandboxSession = cls._backend(task_name, resolved).session()
@@ -257,6 +326,50 @@ class AdkSandboxEnvironment(SandboxEnvironment):
 
         session, where = await _unavailable_on_failure(run_blocking(start, name="adk-sandbox-sample-init"))
         return {"default": cls(session, resolved, where)}
+
+    @classmethod
+    def _start_services(cls, task_name: str, resolved: AdkSandboxServices) -> dict[str, SandboxEnvironment]:
+        sessions: dict[str, SandboxSession] = {}
+
+        def agent_of(name: str) -> tuple[AgentTransport, str]:
+            session = sessions.get(name)
+            transport = getattr(session, "_transport", None)  # the session's channel (ChannelSession)
+            if session is None or not isinstance(transport, AgentTransport):
+                raise SandboxFailedError(f"service {name!r} is not running")
+            return transport, str(getattr(session, "_user", ""))
+
+        links = ServiceLinks(
+            [
+                LinkedService(name, service.ports, functools.partial(agent_of, name))
+                for name, service in resolved.services.items()
+            ]
+        )
+        order = _start_order(resolved)
+        environments: dict[str, SandboxEnvironment] = {}
+        try:
+            for name in order:
+                service = resolved.services[name]
+                session = cls._backend(task_name, service.config).session()
+                sessions[name] = session
+                session.start()
+                start = _SampleStart.of(session, service.config)
+                links.serve(name)
+                if service.command is not None:
+                    _checked(
+                        session, ("sh", "-c", _SERVICE_START, "sh", *service.command), None, background=True
+                    )
+                late = links.ready(name, SERVICE_READY_SECONDS) if service.ports else []
+                if late:
+                    log.warning(
+                        "service %s does not accept on port(s) %s yet; the sample starts anyway", name, late
+                    )
+                environments[name] = cls(session, service.config, start, (links, name))
+        except BaseException:
+            links.close()
+            for session in sessions.values():
+                session.close()
+            raise
+        return {name: environments[name] for name in resolved.services}
 
     @classmethod
     async def sample_cleanup(
@@ -333,6 +446,7 @@ class AdkSandboxEnvironment(SandboxEnvironment):
                     network=config.network,
                     user=config.command_user(),
                     tmpfs=config.tmpfs,
+                    extra_hosts=config.extra_hosts,
                     labels={PROVIDER_LABEL: "adk-sandbox", TASK_LABEL: task_name[:4096]},
                 )
                 cls._backends[key] = backend
@@ -387,6 +501,10 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         workdir = self._start.workdir
         directory = posixpath.normpath(posixpath.join(workdir, cwd)) if cwd else workdir
         limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        if self._links is not None:
+            links, name = self._links
+            # Its listeners for the siblings again when its agent (or container) was replaced.
+            await _unavailable_on_failure(run_blocking(lambda _: links.serve(name), name="adk-sandbox-links"))
         try:
             request = ExecRequest(
                 argv=tuple(cmd),
@@ -488,6 +606,8 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         files.write_bytes(path, data)
 
     def _close(self, _: threading.Event) -> None:
+        if self._links is not None:
+            self._links[0].close()
         self._session.close()
 
     def _path(self, file: str) -> str:
@@ -534,8 +654,10 @@ class _SampleStart:
         return cls(config.working_dir or session_workdir, session_workdir, user)
 
 
-def _checked(session: SandboxSession, argv: tuple[str, ...], user: str | None) -> str:
-    result = session.execute(ExecRequest(argv=argv, user=user, timeout=60))
+def _checked(
+    session: SandboxSession, argv: tuple[str, ...], user: str | None, *, background: bool = False
+) -> str:
+    result = session.execute(ExecRequest(argv=argv, user=user, timeout=60, background=background))
     if result.exit_code != 0:
         raise SandboxFailedError(f"{shlex.join(argv)} failed at sample start: {result.stderr.strip()}")
     return result.stdout
@@ -600,14 +722,74 @@ def _closer(backend: SessionBackend[Any]) -> Callable[[threading.Event], None]:
     return lambda _: backend.close()
 
 
+def _backend_of(
+    cls: type[AdkSandboxEnvironment], task_name: str, config: AdkSandboxConfig, _: threading.Event
+) -> SessionBackend[Any]:
+    return cls._backend(task_name, config)
+
+
+def _start_order(resolved: AdkSandboxServices) -> list[str]:
+    """The services in an order where each starts after those it depends on (the dict's, when it can)."""
+    order: list[str] = []
+
+    def visit(name: str, seen: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in seen:
+            raise ValueError(f"depends_on makes a cycle: {' -> '.join([*seen, name])}")
+        for other in resolved.services[name].depends_on:
+            visit(other, (*seen, name))
+        order.append(name)
+
+    for name in resolved.services:
+        visit(name, ())
+    return order
+
+
+def _services_config(loaded: dict[str, Any], path: Path) -> AdkSandboxConfig | AdkSandboxServices:
+    """A compose file's config: one service as before; several linked (names, ``NO_PROXY``)."""
+    services = compose_services(loaded, path)
+    if len(services) == 1:
+        return AdkSandboxConfig.model_validate(services[0].fields)
+    names = [service.name for service in services]
+    addresses = service_addresses(names)
+    result: dict[str, AdkSandboxService] = {}
+    for service in services:
+        fields = dict(service.fields)
+        hosts = {name: ("127.0.0.1" if name == service.name else addresses[name]) for name in names}
+        env = dict(fields.get("env") or {})
+        for key in ("NO_PROXY", "no_proxy"):
+            # Siblings are reached directly (a listener of this sandbox), never through the policy's proxy.
+            env[key] = ",".join(filter(None, [env.get(key) or "localhost,127.0.0.1", *names]))
+        fields.update(env=env, extra_hosts=hosts)
+        result[service.name] = AdkSandboxService(
+            config=AdkSandboxConfig.model_validate(fields),
+            command=service.command,
+            ports=service.ports,
+            depends_on=service.depends_on,
+        )
+    return AdkSandboxServices(services=result)
+
+
 def resolve_config(config: SandboxEnvironmentConfigType | None) -> AdkSandboxConfig:
+    """The configuration of a one-container sample (:func:`resolve_sample`); several services: ValueError."""
+    resolved = resolve_sample(config)
+    if isinstance(resolved, AdkSandboxServices):
+        raise ValueError(
+            f"{config!r} has {len(resolved.services)} services: a sample of several (resolve_sample)"
+        )
+    return resolved
+
+
+def resolve_sample(config: SandboxEnvironmentConfigType | None) -> AdkSandboxConfig | AdkSandboxServices:
     """The configuration inspect hands over: None (defaults), a file's path, or the model.
 
-    The file: a YAML/JSON file of the fields, a single-service compose file, or a Dockerfile.
+    The file: a YAML/JSON file of the fields, a compose file (several services give
+    :class:`AdkSandboxServices`), or a Dockerfile.
     """
     if config is None:
         return AdkSandboxConfig()
-    if isinstance(config, AdkSandboxConfig):
+    if isinstance(config, AdkSandboxConfig | AdkSandboxServices):
         return config
     if isinstance(config, str):
         path = Path(config)
@@ -618,7 +800,7 @@ def resolve_config(config: SandboxEnvironmentConfigType | None) -> AdkSandboxCon
         loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         if is_compose(loaded):
             try:
-                return AdkSandboxConfig.model_validate(compose_fields(loaded, path.resolve()))
+                return _services_config(loaded, path.resolve())
             except ValidationError as exc:
                 raise ValueError(f"compose file {config!r}: {exc}") from None
         if not isinstance(loaded, dict):

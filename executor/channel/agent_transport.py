@@ -41,15 +41,17 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.channel.connections import ConnectionHandler, Connections
+from adk_sandbox.executor.channel.connections import ConnectionHandler, Connections, ConnectionStream
 from adk_sandbox.executor.channel.frames import (
     CONNECTION_TYPES,
+    DIAL_VERSION,
     PROXY_VERSION,
     Frame,
     FrameDecoder,
     FrameType,
     ProtocolError,
     encode,
+    validate_listen_address,
     validate_result_for,
 )
 from adk_sandbox.executor.channel.static_agent import (
@@ -366,9 +368,20 @@ class AgentTransport:
         return agent is not None and agent.broken is None and agent.ping(timeout)
 
     def serve_connections(
-        self, user: str, handler: ConnectionHandler, *, port: int = 0, timeout: float = AGENT_START_SECONDS
+        self,
+        user: str,
+        handler: ConnectionHandler,
+        *,
+        port: int = 0,
+        address: str | None = None,
+        timeout: float = AGENT_START_SECONDS,
     ) -> int:
         """Have ``user``'s agent listen on ``127.0.0.1:port`` (0: any free port); the port it listens on.
+
+        ``address`` listens on another loopback address (``127.0.0.0/8`` only, else
+        :class:`InvalidRequestError`; an agent that does not offer dialing is refused with
+        :class:`PolicyNotEnforceableError`: it would listen on ``127.0.0.1`` instead). An address or port
+        in use is an ``OSError`` (``EADDRINUSE``).
 
         Each connection accepted there is carried over the channel and given to ``handler`` as a
         :class:`~.connections.ConnectionStream` in a thread of its own (the proxy endpoint, see
@@ -376,9 +389,17 @@ class AgentTransport:
         :class:`PolicyNotEnforceableError`: a network policy is never weakened to no policy. The listener
         lives as long as that agent (a replacement agent has none until this is called again).
         """
+        listen: dict[str, Any] = {"port": port}
+        if address is not None:
+            try:
+                listen["address"] = validate_listen_address(address)
+            except ProtocolError as exc:
+                raise InvalidRequestError(str(exc)) from None
         until = time.monotonic() + timeout
         agent = self._agent_for(user, until)
         hello = agent.hello or {}
+        if address is not None:
+            self._need_dialing(hello, f"listen on {address}")
         offered = hello.get("proxy", 0)
         if not (isinstance(offered, int) and offered >= PROXY_VERSION):
             raise PolicyNotEnforceableError(
@@ -389,7 +410,7 @@ class AgentTransport:
         number, channel = agent.open_channel()
         agent.connections.add_listener(number, handler)
         try:
-            agent.send(encode(FrameType.LISTEN, number, {"port": port}), until + AGENT_GRACE_SECONDS)
+            agent.send(encode(FrameType.LISTEN, number, listen), until + AGENT_GRACE_SECONDS)
             while True:
                 event = _next_event(agent, channel, until - time.monotonic(), "the listener is not known")
                 if event is None:
@@ -415,6 +436,34 @@ class AgentTransport:
             raise
         finally:
             agent.close_channel(number)
+
+    def dial(self, user: str, port: int, *, timeout: float = AGENT_START_SECONDS) -> ConnectionStream:
+        """A connection to ``127.0.0.1:port`` inside the sandbox, through ``user``'s agent (DIAL).
+
+        Bytes only: the stream (:class:`~.connections.ConnectionStream`) is the same as an accepted one,
+        and the caller closes it. ``ConnectionRefusedError`` when nothing listens there (or the agent holds
+        its most connections), ``TimeoutError`` when the agent did not answer within ``timeout`` (it is
+        not given up for that: a connect may take long), :class:`PolicyNotEnforceableError` for an agent
+        that does not offer dialing.
+        """
+        if not (isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535):
+            raise InvalidRequestError(f"port must be an integer 1..65535, not {port!r}")
+        until = time.monotonic() + timeout
+        agent = self._agent_for(user, until)
+        self._need_dialing(agent.hello or {}, f"connect to port {port}")
+        try:
+            return agent.connections.dial(port, until)
+        except SandboxFailedError as exc:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, f"the in-sandbox agent failed: {exc}") from exc
+
+    @staticmethod
+    def _need_dialing(hello: dict[str, Any], what: str) -> None:
+        offered = hello.get("dial", 0)
+        if not (isinstance(offered, int) and offered >= DIAL_VERSION):
+            raise PolicyNotEnforceableError(
+                f"the in-sandbox agent ({hello.get('agent', 'python')}) does not offer dialing (its HELLO "
+                f"says dial={offered!r}), so it cannot {what}; it is refused"
+            )
 
     def _agent_for(self, user: str, until: float) -> _Agent:
         with self._lock:

@@ -10,11 +10,16 @@ buffer the window bounds (:data:`.frames.WINDOW` plus the credit this side grant
 error, which gives the agent up) and never writes to the agent (the agent may be blocked writing to us;
 writing from the reader would deadlock). Everything sent (DATA, CREDIT, CLOSE) is sent by the handler's
 thread, through ``send`` (the agent's serialised, deadline-bounded write).
+
+:meth:`Connections.dial` opens a connection the other way (DIAL, on a channel this side allocates from
+:data:`.frames.DIAL_BASE`): the agent connects to a port on its own ``127.0.0.1`` and answers OPEN (the
+stream is returned) or CLOSE (``ConnectionRefusedError``); the stream is then the same as an accepted one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import threading
@@ -23,6 +28,7 @@ from collections.abc import Callable
 
 from adk_sandbox.executor.channel.frames import (
     CONNECTION_BASE,
+    DIAL_BASE,
     WINDOW,
     Frame,
     FrameType,
@@ -56,8 +62,12 @@ class ConnectionStream:
     ``shutdown`` and ``close`` wake a ``recv`` or ``sendall`` blocked in another thread.
     """
 
-    def __init__(self, channel: int, send: Sender, forget: Callable[[int], None]) -> None:
+    def __init__(
+        self, channel: int, send: Sender, forget: Callable[[int], None], *, opened: bool = True
+    ) -> None:
         self.channel = channel
+        #: The agent said the connection is open: always for an accepted one, at OPEN for a dialed one.
+        self._opened = opened
         self._send = send
         self._forget = forget
         self._cond = threading.Condition()
@@ -80,6 +90,8 @@ class ConnectionStream:
             if not data:
                 self._peer_eof = True
             else:
+                if not self._opened:
+                    raise ProtocolError(f"DATA on connection {self.channel:#x} before its OPEN")
                 self._received += len(data)
                 if self._received > self._allowed:
                     raise ProtocolError(f"connection {self.channel:#x} sent more than its window")
@@ -87,6 +99,13 @@ class ConnectionStream:
                     raise ProtocolError(f"connection {self.channel:#x} sent DATA after its end of file")
                 if not self._read_shut and not self._closed:
                     self._buffer += data
+            self._cond.notify_all()
+
+    def _open_answer(self) -> None:
+        with self._cond:
+            if self._opened:
+                raise ProtocolError(f"a second OPEN of connection {self.channel:#x}")
+            self._opened = True
             self._cond.notify_all()
 
     def _grant(self, amount: int) -> None:
@@ -195,6 +214,7 @@ class Connections:
         self._handlers: dict[int, ConnectionHandler] = {}
         self._streams: dict[int, ConnectionStream] = {}
         self._highest = CONNECTION_BASE - 1  # the last connection channel opened: ids are never reused
+        self._next_dial = DIAL_BASE  # the next channel of a DIAL: ids are never reused either
         self._broken: str | None = None
 
     def add_listener(self, channel: int, handler: ConnectionHandler) -> None:
@@ -213,22 +233,58 @@ class Connections:
         with self._lock:
             return len(self._streams)
 
+    def dial(self, port: int, until: float) -> ConnectionStream:
+        """A connection to ``127.0.0.1:port`` in the agent's sandbox (DIAL), once the agent says it is open.
+
+        ``ConnectionRefusedError`` (an ``OSError``) when the agent could not connect (with its reason), or
+        holds :data:`.frames.MAX_CONNECTIONS` already; ``TimeoutError`` when it did not answer by the
+        monotonic ``until`` (the connect is then abandoned). The caller closes the stream.
+        """
+        with self._lock:
+            if self._broken is not None:
+                raise ConnectionRefusedError(errno.ECONNREFUSED, f"the agent is gone: {self._broken}")
+            channel = self._next_dial
+            if channel > 0xFFFF_FFFF:
+                raise ConnectionRefusedError(errno.ECONNREFUSED, "no DIAL channel left on this agent")
+            self._next_dial += 1
+            stream = ConnectionStream(channel, self._send, self._forget, opened=False)
+            self._streams[channel] = stream
+        try:
+            stream._write(encode(FrameType.DIAL, channel, {"port": port}))
+            with stream._cond:
+                stream.settimeout(max(until - time.monotonic(), 0.0))
+                stream._wait(lambda: stream._opened or stream._peer_closed)
+                refused = None if stream._opened else (stream.error or "closed")
+        except BaseException:
+            stream.close()
+            raise
+        stream.settimeout(None)
+        if refused is not None:
+            stream.close()
+            raise ConnectionRefusedError(errno.ECONNREFUSED, f"port {port} in the sandbox: {refused}")
+        return stream
+
     def deliver(self, frame: Frame) -> None:
         """Take one connection frame (the reader thread: never waits); a :class:`ProtocolError` for a lie."""
         channel = frame.channel
-        if frame.type == FrameType.OPEN:
+        if frame.type == FrameType.OPEN and channel < DIAL_BASE:
             self._open(channel, int((frame.body or {})["listener"]))
             return
         with self._lock:
             stream = self._streams.get(channel)
             if stream is None:
-                if channel > self._highest:
+                fresh = channel > self._highest if channel < DIAL_BASE else channel >= self._next_dial
+                if fresh:
                     what = frame.type.name
                     raise ProtocolError(f"{what} for connection {channel:#x}, which was never opened")
                 return  # a connection already closed on this side: its late frames are dropped
             if frame.type == FrameType.CLOSE:
                 self._streams.pop(channel, None)
-        if frame.type == FrameType.DATA:
+        if frame.type == FrameType.OPEN:
+            stream._open_answer()
+        elif frame.type == FrameType.CREDIT and not stream._opened:
+            raise ProtocolError(f"CREDIT on connection {channel:#x} before its OPEN")
+        elif frame.type == FrameType.DATA:
             stream._feed(frame.data)
         elif frame.type == FrameType.CREDIT:
             stream._grant(int((frame.body or {})["bytes"]))

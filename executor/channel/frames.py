@@ -41,11 +41,15 @@ RESULT    12     agent→host  last frame of a FILE channel: the operation's res
                              ``{"error": {"errno": int, "name": str, "message": str}}``; a ``read`` or
                              ``list`` sends its bytes as STDOUT frames before it; also the answer to
                              LISTEN: ``{"port": int}`` (the port bound) or the same ``error`` object
-LISTEN    13     host→agent  on a fresh channel: ``{"port": int}`` (0..65535, 0: any free port): serve a
-                             TCP listener on ``127.0.0.1:port`` whose connections are carried as below
-                             (proxy endpoint). KILL on that channel closes the listener (no answer)
+LISTEN    13     host→agent  on a fresh channel: ``{"port": int}`` (0..65535, 0: any free port), optional
+                             ``"address": str`` (a dotted IPv4 address in ``127.0.0.0/8``, default
+                             ``127.0.0.1``; anything else is refused): serve a TCP listener on
+                             ``address:port`` whose connections are carried as below (proxy endpoint).
+                             KILL on that channel closes the listener (no answer)
 OPEN      14     agent→host  a connection accepted, on a fresh **connection channel** the agent allocates
-                             (>= :data:`CONNECTION_BASE`): ``{"listener": int}`` (its LISTEN channel)
+                             (:data:`CONNECTION_BASE` <= channel < :data:`DIAL_BASE`): ``{"listener":
+                             int}`` (its LISTEN channel); or the answer to a DIAL, on the DIAL's channel:
+                             ``{"port": int}`` (connected)
 DATA      15     both        raw bytes of a connection, within the window (below); an empty payload is
                              end-of-file of that direction (a half-close)
 CREDIT    16     both        ``{"bytes": int}`` (1..:data:`MAX_CREDIT`): the receiver of DATA lets its
@@ -53,6 +57,10 @@ CREDIT    16     both        ``{"bytes": int}`` (1..:data:`MAX_CREDIT`): the rec
 CLOSE     17     both        ``{}`` or ``{"error": str}``: the last frame of a connection from its sender
                              (after the DATA it sent, which is still delivered); the receiver forgets the
                              connection once it has delivered those bytes. No answer
+DIAL      18     host→agent  on a fresh connection channel the host allocates (>= :data:`DIAL_BASE`):
+                             ``{"port": int}`` (1..65535): connect to ``127.0.0.1:port`` inside the
+                             sandbox; answered by OPEN ``{"port": int}`` once connected, or by CLOSE
+                             ``{"error": str}`` (refused, unreachable, over :data:`MAX_CONNECTIONS`)
 ========  =====  ==========  =============================================================================
 
 Optional keys (an agent may omit them; the host then falls back): HELLO ``"agent"`` (``"python"`` or
@@ -66,7 +74,9 @@ it asked for (``AgentTransport``), so an agent that does not say is refused; EXI
 memory cgroup while the command ran, read inside the container from ``memory.oom_control`` (cgroup v1) or
 ``memory.events`` (v2); null when unreadable); HELLO ``"proxy"`` (int >= 0: the version of the proxy
 endpoint below it serves, 1 here; absent or 0: none, and the host refuses a network policy on that agent
-with ``PolicyNotEnforceableError`` rather than weaken it).
+with ``PolicyNotEnforceableError`` rather than weaken it); HELLO ``"dial"`` (int >= 0: the version of
+the dialing below it serves, 1 here: DIAL, and LISTEN's ``"address"``; absent or 0: neither, and the host
+sends no DIAL and no LISTEN with an address to it: an older agent would listen on ``127.0.0.1`` instead).
 
 **Connections** (the proxy endpoint, issue 23: the sandbox keeps no route out; HELLO ``"proxy": 1`` says
 the agent serves it, and the host never sends LISTEN to an agent that does not say so). The agent does not
@@ -81,7 +91,17 @@ the local socket; the host: as the relay reads them), so every buffer is bounded
 stalled connection stops only itself. The agent reads a local socket only while it has credit for it, holds
 at most :data:`MAX_CONNECTIONS` connections (one more is accepted and closed at once) and closes a
 connection whose CLOSE it received once its pending bytes are written (or after
-:data:`CLOSE_LINGER_SECONDS`). The agent's stdin ending closes the listener and every connection.
+:data:`CLOSE_LINGER_SECONDS`). The agent's stdin ending closes the listener and every connection. An agent
+serves at most :data:`MAX_LISTENERS` listeners (one more LISTEN is answered with EBUSY).
+
+**Dialed connections** (several services, docs/network.md: the host carries a connection accepted in one
+sandbox into a sibling sandbox of the same sample, bytes only). DIAL opens a connection the other way: the
+host allocates its channel from :data:`DIAL_BASE` upwards (never reused), the agent connects to
+``127.0.0.1:port`` (nothing else: the address is not the host's to choose) and answers OPEN ``{"port":
+port}``, or CLOSE with an error when the connect fails or it already holds :data:`MAX_CONNECTIONS`
+connections (dialed and accepted ones count together). The host sends no DATA before that answer; after
+it, DATA, CREDIT and CLOSE are exactly those of an accepted connection, with the same windows. A CLOSE from
+the host before the answer abandons the connect.
 
 **Background commands** (RUN ``"background": true``): at the command's normal exit its shim does not
 kill what is left below it; it reports the status (EXIT follows once the output already written is
@@ -149,11 +169,14 @@ __all__ = [
     "CLOSE_LINGER_SECONDS",
     "CONNECTION_BASE",
     "CONNECTION_TYPES",
+    "DIAL_BASE",
+    "DIAL_VERSION",
     "FILE_OPS",
     "HEADER",
     "HOST_TO_AGENT",
     "MAX_CONNECTIONS",
     "MAX_CREDIT",
+    "MAX_LISTENERS",
     "MAX_PAYLOAD",
     "PROTOCOL_VERSION",
     "PROXY_VERSION",
@@ -168,6 +191,7 @@ __all__ = [
     "split_entries",
     "validate_exit",
     "validate_hello",
+    "validate_listen_address",
     "validate_result",
     "validate_result_for",
 ]
@@ -185,16 +209,22 @@ FILE_OPS = ("read", "write", "stat", "list", "mkdir", "remove", "rename")
 SETID_STATES = ("refused", "allowed", "unavailable")
 #: Connection channels (allocated by the agent) are this and above; the host's channels are below it.
 CONNECTION_BASE = 0x8000_0000
+#: Connection channels the host allocates (DIAL) are this and above; the agent's stay below it.
+DIAL_BASE = 0xC000_0000
 #: The initial window of each direction of each connection (bytes of DATA before any CREDIT).
 WINDOW = 256 * 1024
 #: The largest CREDIT a frame may carry.
 MAX_CREDIT = 1 << 30
 #: The most connections an agent carries at once; one more is accepted and closed at once.
 MAX_CONNECTIONS = 256
+#: The most listeners an agent serves at once (the proxy endpoint and the sibling services' ports).
+MAX_LISTENERS = 64
 #: How long an agent keeps a connection the host CLOSEd to write what is still pending to it.
 CLOSE_LINGER_SECONDS = 30.0
 #: The version of the proxy endpoint an agent's HELLO advertises (``"proxy"``).
 PROXY_VERSION = 1
+#: The version of dialing (DIAL, LISTEN's ``"address"``) an agent's HELLO advertises (``"dial"``).
+DIAL_VERSION = 1
 _STAT_TYPES = frozenset({"file", "dir", "symlink", "other"})
 _ENTRY_TYPES = frozenset("fdlo")
 
@@ -219,11 +249,14 @@ class FrameType(enum.IntEnum):
     DATA = 15
     CREDIT = 16
     CLOSE = 17
+    DIAL = 18
 
 
 DATA_TYPES = frozenset({FrameType.STDIN, FrameType.STDOUT, FrameType.STDERR, FrameType.DATA})
 #: The frames of a connection: only on connection channels (>= :data:`CONNECTION_BASE`).
-CONNECTION_TYPES = frozenset({FrameType.OPEN, FrameType.DATA, FrameType.CREDIT, FrameType.CLOSE})
+CONNECTION_TYPES = frozenset(
+    {FrameType.OPEN, FrameType.DATA, FrameType.CREDIT, FrameType.CLOSE, FrameType.DIAL}
+)
 AGENT_TO_HOST = frozenset(
     {
         FrameType.HELLO,
@@ -250,6 +283,7 @@ HOST_TO_AGENT = frozenset(
         FrameType.DATA,
         FrameType.CREDIT,
         FrameType.CLOSE,
+        FrameType.DIAL,
     }
 )
 _SESSION_TYPES = frozenset({FrameType.HELLO, FrameType.PING, FrameType.PONG})
@@ -367,6 +401,8 @@ class FrameDecoder:
         ):
             where = "a connection channel" if channel >= CONNECTION_BASE else "a host channel"
             raise ProtocolError(f"{frame_type.name} frame on {where} ({channel})")
+        if frame_type == FrameType.DIAL and channel < DIAL_BASE:
+            raise ProtocolError(f"DIAL frame on channel {channel:#x}, below {DIAL_BASE:#x}")
         if frame_type == FrameType.HELLO:
             if not self._need_hello:
                 raise ProtocolError("a second HELLO")
@@ -392,7 +428,7 @@ class FrameDecoder:
         elif frame_type == FrameType.ERROR and not isinstance(body.get("message"), str):
             raise ProtocolError("ERROR without a message string")
         else:
-            _validate_connection(frame_type, body)
+            _validate_connection(frame_type, body, channel)
         return Frame(frame_type, channel, body=body)
 
 
@@ -413,16 +449,37 @@ def validate_hello(body: dict[str, Any]) -> None:
         raise ProtocolError(f"HELLO ops {ops!r} is not a list of strings")
     if "setid" in body and body["setid"] not in SETID_STATES:
         raise ProtocolError(f"HELLO setid {body['setid']!r} is not one of {', '.join(SETID_STATES)}")
-    if "proxy" in body and not (_is_int(body["proxy"]) and body["proxy"] >= 0):
-        raise ProtocolError(f"HELLO proxy {body['proxy']!r} is not an integer >= 0")
+    for key in ("proxy", "dial"):
+        if key in body and not (_is_int(body[key]) and body[key] >= 0):
+            raise ProtocolError(f"HELLO {key} {body[key]!r} is not an integer >= 0")
 
 
-def _validate_connection(kind: FrameType, body: dict[str, Any]) -> None:
-    """The bodies of LISTEN, OPEN, CREDIT and CLOSE (the connection frames of the table above)."""
+def validate_listen_address(address: object) -> str:
+    """``address`` if it is a dotted IPv4 address in ``127.0.0.0/8`` (LISTEN's ``"address"``).
+
+    Else a :class:`ProtocolError`: four decimal parts 0..255 without leading zeros, as ``inet_pton`` reads.
+    """
+    parts = address.split(".") if isinstance(address, str) else []
+    well_formed = len(parts) == 4 and all(
+        part.isascii() and part.isdigit() and str(int(part)) == part and int(part) <= 255 for part in parts
+    )
+    if not (well_formed and parts[0] == "127"):
+        raise ProtocolError(f"LISTEN address {address!r} is not an IPv4 address in 127.0.0.0/8")
+    return str(address)
+
+
+def _validate_connection(kind: FrameType, body: dict[str, Any], channel: int = 0) -> None:
+    """The bodies of LISTEN, OPEN, CREDIT, CLOSE and DIAL (the connection frames of the table above)."""
     if kind == FrameType.LISTEN:
         port = body.get("port")
         if not (isinstance(port, int) and _is_int(port) and 0 <= port <= 65535):
             raise ProtocolError(f"LISTEN port {port!r}")
+        if "address" in body:
+            validate_listen_address(body["address"])
+    elif kind == FrameType.DIAL or (kind == FrameType.OPEN and channel >= DIAL_BASE):
+        port = body.get("port")
+        if not (isinstance(port, int) and _is_int(port) and 1 <= port <= 65535):
+            raise ProtocolError(f"{kind.name} port {port!r}")
     elif kind == FrameType.OPEN:
         listener = body.get("listener")
         if not (isinstance(listener, int) and _is_int(listener) and 1 <= listener < CONNECTION_BASE):

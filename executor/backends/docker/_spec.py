@@ -7,8 +7,10 @@ the running container really has. Isolation is reported from the second, never f
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import posixpath
+import re
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -126,6 +128,9 @@ class ContainerSpec:
     """How the task profile's root writes are capped (one of :data:`ROOT_CAPS`); None when hardened."""
     root_size_mb: int = 0
     """The cap on root writes, in MiB (the task profile)."""
+    extra_hosts: Mapping[str, str] = field(default_factory=dict)
+    """Names written to the container's ``/etc/hosts`` (name -> loopback address), see
+    :func:`validate_extra_hosts`: how sibling services resolve (docs/network.md, "Several services")."""
 
     @property
     def task(self) -> bool:
@@ -297,6 +302,42 @@ def validate_labels(labels: Mapping[str, str]) -> dict[str, str]:
     return checked
 
 
+_HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?)*$"
+)
+#: The most names a container's ``/etc/hosts`` gets this way.
+MAX_EXTRA_HOSTS = 256
+
+
+def validate_extra_hosts(hosts: Mapping[str, str]) -> dict[str, str]:
+    """Check ``/etc/hosts`` entries (name -> address); :class:`InvalidRequestError` if not.
+
+    Names are host names (letters, digits, ``-``, ``_``, dots between labels); addresses dotted IPv4
+    addresses in ``127.0.0.0/8`` only: such a name leads to something this sandbox itself listens on
+    (the listener of a sibling service, see :mod:`adk_sandbox.executor.channel.services`), never to a
+    route out. At most :data:`MAX_EXTRA_HOSTS`.
+    """
+    if not isinstance(hosts, Mapping):
+        raise InvalidRequestError(f"extra_hosts must map names to addresses, not {hosts!r}")
+    if len(hosts) > MAX_EXTRA_HOSTS:
+        raise InvalidRequestError(f"at most {MAX_EXTRA_HOSTS} extra hosts, not {len(hosts)}")
+    checked: dict[str, str] = {}
+    for name, address in hosts.items():
+        if not (isinstance(name, str) and _HOST_NAME.match(name)):
+            raise InvalidRequestError(f"extra_hosts: {name!r} is not a host name")
+        try:
+            parsed = ipaddress.IPv4Address(address)
+        except (ValueError, TypeError):
+            parsed = None
+        if parsed is None or not parsed.is_loopback or str(parsed) != address:
+            raise InvalidRequestError(
+                f"extra_hosts: {name} -> {address!r}: only IPv4 addresses in 127.0.0.0/8 are accepted (the "
+                "name leads to a listener of this sandbox, never out)"
+            )
+        checked[name] = address
+    return checked
+
+
 def tmpfs_overlap(tmpfs: Iterable[str], mounts: Iterable[str]) -> str | None:
     """Why an extra tmpfs cannot go with these host mounts (workspace, ``.git``, policy paths), or None.
 
@@ -369,6 +410,7 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
         "runtime": spec.runtime,
         # A leaked container removes itself once its keeper process ends (see the session's lifetime).
         "auto_remove": True,
+        **({"extra_hosts": dict(spec.extra_hosts)} if spec.extra_hosts else {}),
     }
 
 

@@ -86,6 +86,7 @@ class DockerBackend(SessionBackend[DockerSession]):
         tmpfs: Mapping[str, int] | None = None,
         labels: Mapping[str, str] | None = None,
         engine: Engine | str | None = None,
+        extra_hosts: Mapping[str, str] | None = None,
         workspace_transport: str = "auto",
         mirror_size_mb: int = DEFAULT_MIRROR_MB,
         image_id: str | None = None,
@@ -128,6 +129,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             "transport": transport,
             "tmpfs": tmpfs,
             "labels": labels,
+            "extra_hosts": extra_hosts,
             "engine": engine,
             "workspace_transport": workspace_transport,
             "mirror_size_mb": mirror_size_mb,
@@ -249,6 +251,11 @@ class DockerBackend(SessionBackend[DockerSession]):
         return self.config.labels
 
     @property
+    def extra_hosts(self) -> Mapping[str, str]:
+        """The names this backend's containers get in ``/etc/hosts`` (name -> loopback address)."""
+        return self.config.extra_hosts
+
+    @property
     def tmpfs(self) -> Mapping[str, int]:
         """The extra tmpfs mounts of this backend's containers (path -> MiB), validated."""
         return self.config.tmpfs
@@ -365,6 +372,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             git_placeholder=protection.placeholder,
             extra_tmpfs=self.tmpfs,
             labels=self.labels,
+            extra_hosts=self.extra_hosts,
             lifetime_seconds=self.lifetime_seconds,
             profile=self.profile,
             root_cap=self.root_cap[0] if self.root_cap else None,

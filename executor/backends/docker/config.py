@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adk_sandbox.executor.backends.docker._spec import (
     MAX_TMPFS_MB,
     tmpfs_overlap,
+    validate_extra_hosts,
     validate_labels,
     validate_tmpfs,
 )
@@ -97,6 +98,10 @@ class DockerConfig(BaseModel):
     tmpfs: dict[str, int] = Field(default_factory=dict)
     """Extra writable tmpfs mounts, absolute path -> MiB (e.g. ``{"/var/tmp": 64}``), mounted
     ``exec,nosuid,nodev`` like ``/tmp`` (docs/DOCKER.md, "Extra tmpfs mounts"); not with ``container``."""
+    extra_hosts: dict[str, str] = Field(default_factory=dict)
+    """Names added to each container's ``/etc/hosts``, name -> an IPv4 address in ``127.0.0.0/8`` (how
+    sibling services of one sample resolve each other, docs/network.md "Several services"); not with
+    ``container``."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Labels added to every container this backend creates (keys in this project's ``io.adk-sandbox.``
     namespace are refused: the reaper relies on them); not with ``container``."""
@@ -180,6 +185,11 @@ class DockerConfig(BaseModel):
     @classmethod
     def _tmpfs_mounts(cls, tmpfs: Mapping[str, int]) -> dict[str, int]:
         return validate_tmpfs(tmpfs)  # its own strict checks, with this backend's messages
+
+    @field_validator("extra_hosts", mode="before")
+    @classmethod
+    def _extra_hosts(cls, hosts: Mapping[str, str]) -> dict[str, str]:
+        return validate_extra_hosts(hosts)
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -284,6 +294,11 @@ class DockerConfig(BaseModel):
             raise InvalidRequestError(
                 "tmpfs= applies to containers this backend creates; an attached container has the "
                 "mounts its compose file gives it (add them there)"
+            )
+        if self.extra_hosts and attached:
+            raise InvalidRequestError(
+                "extra_hosts= applies to containers this backend creates; an attached container keeps its "
+                "own /etc/hosts"
             )
         if self.labels and attached:
             raise InvalidRequestError(

@@ -134,6 +134,8 @@ class PoolKey:
     user: str | None
     channel: str
     workspace: str = "none"
+    hosts: tuple[tuple[str, str], ...] = ()
+    """The members' ``/etc/hosts`` entries (``extra_hosts``)."""
     mirror_mb: int | None = None
     """The cap of a ``"mirror"`` member's volume, in MiB (None: no volume)."""
 
@@ -154,6 +156,7 @@ class PoolKey:
             tmpfs=tuple(sorted(spec.extra_tmpfs.items())),
             labels=tuple(sorted(spec.labels.items())),
             user=config.user,
+            hosts=tuple(sorted(spec.extra_hosts.items())),
             channel=config.transport,
             workspace=workspace,
             mirror_mb=config.mirror_mb if workspace == "mirror" else None,

@@ -31,6 +31,7 @@
  * ends the agent.
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -58,7 +59,7 @@
 #include "setid_filter.h" /* generated: SETID_FILTER[] (struct sock_filter bytes), SETID_FILTER_LEN */
 
 enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, ERROR_F, FILE_F, RESULT };
-enum { LISTEN_F = 13, OPEN_F, DATA_F, CREDIT_F, CLOSE_F }; /* the proxy endpoint's connections */
+enum { LISTEN_F = 13, OPEN_F, DATA_F, CREDIT_F, CLOSE_F, DIAL_F }; /* the proxy endpoint's connections, dialing */
 #define HDR 12
 #define MAXP (4u << 20) /* frames.MAX_PAYLOAD */
 #define MAX_COMMANDS 4096
@@ -2236,9 +2237,10 @@ static void finish_op(int index) {
  * (WINDOW, returned by CREDIT): a socket is read only while the host has room for its bytes, and at most a
  * window of the host's bytes waits here for a client that reads slowly. At most MAX_CONNS at once. */
 #define CONN_BASE 0x80000000u /* frames.CONNECTION_BASE */
+#define DIAL_BASE 0xC0000000u /* frames.DIAL_BASE: the host's DIAL channels; the agent's stay below */
 #define WINDOW (256u << 10)   /* frames.WINDOW */
 #define MAX_CONNS 256         /* frames.MAX_CONNECTIONS */
-#define MAX_LISTENERS 16
+#define MAX_LISTENERS 64      /* frames.MAX_LISTENERS */
 #define LINGER 30.0 /* frames.CLOSE_LINGER_SECONDS */
 
 typedef struct { uint32_t ch; int fd; } listener_t;
@@ -2254,6 +2256,7 @@ typedef struct {
     size_t ungranted;  /* written to the socket, credit not yet returned */
     int eof_in, eof_out, shut;
     double closing;    /* > 0: the host CLOSEd it; write what is pending by then, then close */
+    int connecting;    /* a DIAL's port while its connect is in progress (0: connected) */
 } conn_t;
 static conn_t *conns[MAX_CONNS];
 static int nconns;
@@ -2289,14 +2292,22 @@ static void listen_req(uint32_t ch, const unsigned char *payload, size_t n) {
     long long port = -1;
     if (jobject(payload, n, &m, &count, &err) != 0) { out_op_error(ch, EINVAL, "bad LISTEN: not a JSON object"); return; }
     const char *why = want_int(m, count, "port", -1, &port);
+    /* An optional address, in 127.0.0.0/8 only (a sibling service's name resolves there). */
+    struct in_addr at = {htonl(INADDR_LOOPBACK)};
+    char address[INET_ADDRSTRLEN] = "127.0.0.1";
+    jval_t *given = jget(m, count, "address");
+    int bad_address = given && (given->type != J_STR || inet_pton(AF_INET, given->s, &at) != 1 ||
+                                (ntohl(at.s_addr) >> 24) != 127);
+    if (given && !bad_address) inet_ntop(AF_INET, &at, address, sizeof address);
     jmembers_free(m, count);
     if (why || port > 65535) { out_op_error(ch, EINVAL, "bad LISTEN: port must be an integer 0..65535"); return; }
+    if (bad_address) { out_op_error(ch, EINVAL, "bad LISTEN: the address must be an IPv4 address in 127.0.0.0/8"); return; }
     if (listener_index(ch) >= 0 || nlisteners >= MAX_LISTENERS) { out_op_error(ch, EBUSY, "no room for another listener"); return; }
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {0};
     a.sin_family = AF_INET;
     a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_addr = at;
     socklen_t alen = sizeof a;
     int one = 1;
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
@@ -2304,7 +2315,7 @@ static void listen_req(uint32_t ch, const unsigned char *payload, size_t n) {
         getsockname(fd, (struct sockaddr *)&a, &alen) != 0) {
         int e = errno;
         char msg[128];
-        snprintf(msg, sizeof msg, "cannot listen on 127.0.0.1:%lld: %s", port, strerror(e));
+        snprintf(msg, sizeof msg, "cannot listen on %s:%lld: %s", address, port, strerror(e));
         if (fd >= 0) close(fd);
         out_op_error(ch, e, msg);
         return;
@@ -2337,7 +2348,7 @@ static void accept_conns(int li) {
     for (int k = 0; k < 64; k++) { /* a burst, then back to the loop: commands and other connections go on */
         int fd = accept4(listeners[li].fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return; /* EAGAIN, or EMFILE and the like: the connection waits in the backlog */
-        if (nconns >= MAX_CONNS || next_conn > 0xFFFFFFFFull) { close(fd); continue; } /* the cap holds */
+        if (nconns >= MAX_CONNS || next_conn >= DIAL_BASE) { close(fd); continue; } /* the cap holds */
         conn_t *n = xrealloc(NULL, sizeof *n);
         *n = (conn_t){0};
         n->ch = (uint32_t)next_conn++;
@@ -2359,6 +2370,7 @@ static void conn_done(conn_t *n) {
 }
 
 static void conn_write(conn_t *n) {
+    if (n->connecting) return;
     while (n->pending.len > n->pending_at) {
         size_t want = n->pending.len - n->pending_at;
         ssize_t w = send(n->fd, n->pending.p + n->pending_at, want > 65536 ? 65536 : want, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -2409,9 +2421,74 @@ static void conn_read(conn_t *n) {
     conn_done(n);
 }
 
+/* A dialed connection's connect ended: OPEN when it succeeded, else CLOSE with why. */
+static void connected(conn_t *n) {
+    int port = n->connecting, e = 0;
+    socklen_t elen = sizeof e;
+    n->connecting = 0;
+    if (getsockopt(n->fd, SOL_SOCKET, SO_ERROR, &e, &elen) != 0) e = errno;
+    if (e) {
+        char why[96];
+        snprintf(why, sizeof why, "connect to 127.0.0.1:%d: %s", port, strerror(e));
+        abort_conn(n, why);
+        return;
+    }
+    buf_t b = {0};
+    buf_fmt(&b, "{\"port\":%d}", port);
+    out_json(OPEN_F, n->ch, &b);
+    conn_write(n); /* nothing is pending: the host sends nothing before OPEN */
+}
+
+/* DIAL: the host opens a connection into this sandbox, to 127.0.0.1:port only; answered OPEN or CLOSE. */
+static void dial_req(uint32_t ch, const unsigned char *payload, size_t n) {
+    jmember_t *m;
+    int count;
+    const char *err;
+    long long port = -1;
+    const char *why = "not a JSON object";
+    if (conn_of(ch)) protocol_error("DIAL on channel %u, which is in use", ch);
+    if (jobject(payload, n, &m, &count, &err) == 0) {
+        why = want_int(m, count, "port", -1, &port);
+        jmembers_free(m, count);
+    }
+    if (why || port < 1 || port > 65535) { out(CLOSE_F, ch, "{\"error\":\"bad DIAL: it needs a port 1..65535\"}", 46); return; }
+    if (nconns >= MAX_CONNS) {
+        buf_t b = {0};
+        buf_fmt(&b, "{\"error\":\"too many connections (%d)\"}", MAX_CONNS);
+        out_json(CLOSE_F, ch, &b);
+        return;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int r = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&a, sizeof a);
+    if (r != 0 && (fd < 0 || errno != EINPROGRESS)) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "connect to 127.0.0.1:%lld: %s", port, strerror(errno));
+        if (fd >= 0) close(fd);
+        buf_t b = {0};
+        buf_str(&b, "{\"error\":");
+        buf_json_str(&b, msg);
+        buf_str(&b, "}");
+        out_json(CLOSE_F, ch, &b);
+        return;
+    }
+    conn_t *c = xrealloc(NULL, sizeof *c);
+    *c = (conn_t){0};
+    c->ch = ch;
+    c->fd = fd;
+    c->credit = WINDOW;
+    c->connecting = (int)port;
+    conns[nconns++] = c;
+    if (r == 0) connected(c);
+}
+
 static void conn_frame(int kind, uint32_t ch, const unsigned char *payload, size_t n) {
     conn_t *c = conn_of(ch);
     if (!c) return; /* a connection already forgotten: late frames are dropped */
+    if (c->connecting && kind == CLOSE_F) { drop_conn(c); return; } /* the host gave the connect up */
     if (kind == DATA_F) {
         if (c->eof_in || c->closing > 0) return;
         if (!n) c->eof_in = 1;
@@ -2454,12 +2531,13 @@ static void frames(void) {
         uint32_t ch = (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7];
         uint32_t n = (uint32_t)h[8] << 24 | (uint32_t)h[9] << 16 | (uint32_t)h[10] << 8 | h[11];
         if (kind != RUN && kind != STDIN_F && kind != KILL_F && kind != PING && kind != FILE_F && kind != LISTEN_F &&
-            kind != DATA_F && kind != CREDIT_F && kind != CLOSE_F)
+            kind != DATA_F && kind != CREDIT_F && kind != CLOSE_F && kind != DIAL_F)
             protocol_error("frame type %d is not allowed from the host", kind);
         if (h[1] || h[2] || h[3]) protocol_error("non-zero flags or reserved field");
         if (n > MAXP) protocol_error("oversized frame (%u bytes)", n);
         if ((ch == 0) != (kind == PING)) protocol_error("frame type %d on channel %u", kind, ch);
-        if ((ch >= CONN_BASE) != (kind == DATA_F || kind == CREDIT_F || kind == CLOSE_F))
+        if ((ch >= CONN_BASE) != (kind == DATA_F || kind == CREDIT_F || kind == CLOSE_F || kind == DIAL_F) ||
+            (kind == DIAL_F && ch < DIAL_BASE))
             protocol_error("frame type %d on channel %u", kind, ch);
         if (inlen - at < HDR + (size_t)n) break;
         const unsigned char *payload = h + HDR;
@@ -2469,6 +2547,7 @@ static void frames(void) {
         if (kind == RUN) run(ch, payload, n);
         else if (kind == LISTEN_F) listen_req(ch, payload, n);
         else if (kind == DATA_F || kind == CREDIT_F || kind == CLOSE_F) conn_frame(kind, ch, payload, n);
+        else if (kind == DIAL_F) dial_req(ch, payload, n);
         else if (kind == KILL_F && listener_index(ch) >= 0) close_listener(listener_index(ch));
         else if (kind == FILE_F) start_op(ch, payload, n);
         else if (kind == STDIN_F && o) op_input(o, payload, n);
@@ -2598,8 +2677,8 @@ static void loop(void) {
         for (int i = 0; i < nconns; i++) {
             conn_t *c = conns[i];
             short ev = 0;
-            if (c->credit > 0 && !c->eof_out && c->closing <= 0) ev |= POLLIN;
-            if (c->pending.len > c->pending_at) ev |= POLLOUT;
+            if (c->credit > 0 && !c->eof_out && c->closing <= 0 && !c->connecting) ev |= POLLIN;
+            if (c->pending.len > c->pending_at || c->connecting) ev |= POLLOUT;
             if (ev) { pfd[np] = (struct pollfd){c->fd, ev, 0}; owner[np] = c; what[np++] = 31; } /* else: nothing to do (not even a hang-up to spin on) */
             if (c->closing > 0 && (wait_until < 0 || c->closing < wait_until)) wait_until = c->closing;
         }
@@ -2639,6 +2718,7 @@ static void loop(void) {
             } else if (what[i] == 31) {
                 conn_t *c = owner[i];
                 if (!conn_live(c) || c->fd != pfd[i].fd) continue;
+                if (c->connecting) { connected(c); continue; }
                 if (pfd[i].revents & (POLLOUT | POLLERR)) conn_write(c);
                 if (conn_live(c) && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) conn_read(c);
             } else if (what[i] >= 20) {
@@ -2782,7 +2862,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N_OPS; i++) buf_fmt(&b, "%s\"%s\"", i ? "," : "", OP_NAMES[i]);
     /* What everything it starts gets: the filter ("refused"), none by the host's choice ("allowed"), or
      * none for want of one on this architecture ("unavailable": every RUN and FILE then fails). */
-    buf_fmt(&b, "],\"proxy\":1,\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
+    buf_fmt(&b, "],\"proxy\":1,\"dial\":1,\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
     out_json(HELLO, 0, &b);
     loop();
     return 0;

@@ -30,8 +30,10 @@ from adk_sandbox.executor.channel.inside.setid_filter import SETID, install_seti
 # @PRELUDE@
 HDR = struct.Struct(">BBHII")
 HELLO, RUN, STDIN, STDOUT, STDERR, EXIT, KILL, PING, PONG, ERROR, FILE, RESULT = range(1, 13)
-LISTEN, OPEN, DATA, CREDIT, CLOSE = range(13, 18)  # the proxy endpoint's connections
+LISTEN, OPEN, DATA, CREDIT, CLOSE, DIAL = range(13, 19)  # the proxy endpoint's connections, and dialing
 CONN_BASE = 0x80000000  # frames.CONNECTION_BASE: the agent allocates connection channels from here
+DIAL_BASE = 0xC0000000  # frames.DIAL_BASE: ... up to here; the host's DIAL channels are above
+MAX_LISTENERS = 64  # frames.MAX_LISTENERS
 WINDOW = 256 * 1024  # frames.WINDOW: each direction's initial window
 MAX_CONNS = 256  # frames.MAX_CONNECTIONS
 LINGER = 30.0  # frames.CLOSE_LINGER_SECONDS
@@ -593,9 +595,10 @@ class Cmd:
 
 
 class Conn:
-    # One connection accepted on a listener (the proxy endpoint): bytes only, never parsed.
-    def __init__(self, sock: "Any", ch: "int") -> "None":
+    # One connection accepted on a listener (the proxy endpoint), or dialed: bytes only, never parsed.
+    def __init__(self, sock: "Any", ch: "int", connecting: "int" = 0) -> "None":
         self.sock, self.ch = sock, ch
+        self.connecting = connecting  # a DIAL's port while its connect is in progress (0: connected)
         self.fd: "int" = sock.fileno()
         self.credit = WINDOW  # DATA bytes the host still lets us send
         self.pending = bytearray()  # the host's bytes not yet written to the socket (at most WINDOW)
@@ -1010,8 +1013,15 @@ class Agent:
             port = body["port"] if isinstance(body, dict) else None
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
                 raise ValueError("LISTEN needs a port 0..65535")
-            if ch in self.listeners or ch >= CONN_BASE:
-                raise OSError(errno.EBUSY, "channel %d is in use" % ch)
+            address = body.get("address", "127.0.0.1")
+            try:
+                packed = socket.inet_pton(socket.AF_INET, address)
+            except (OSError, TypeError):
+                packed = b""
+            if packed[:1] != b"\x7f":
+                raise ValueError("the address must be an IPv4 address in 127.0.0.0/8")
+            if ch in self.listeners or ch >= CONN_BASE or len(self.listeners) >= MAX_LISTENERS:
+                raise OSError(errno.EBUSY, "no room for another listener")
         except (ValueError, KeyError) as e:
             self.out(RESULT, ch, op_error(errno.EINVAL, "bad LISTEN: %s" % e))
             return
@@ -1021,14 +1031,13 @@ class Agent:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", port))
+            sock.bind((address, port))
             sock.listen(128)
             sock.setblocking(False)
         except OSError as e:
             sock.close()
-            self.out(
-                RESULT, ch, op_error(e.errno or errno.EIO, "cannot listen on 127.0.0.1:%d: %s" % (port, e))
-            )
+            why = "cannot listen on %s:%d: %s" % (address, port, e.strerror or e)
+            self.out(RESULT, ch, op_error(e.errno or errno.EIO, why))
             return
         self.listeners[ch] = sock
         self.out(RESULT, ch, {"port": sock.getsockname()[1]})
@@ -1042,7 +1051,7 @@ class Agent:
                 return
             except OSError:  # EMFILE and the like: this connection waits in the backlog
                 return
-            if len(self.conns) >= MAX_CONNS or self.next_conn > 0xFFFFFFFF:
+            if len(self.conns) >= MAX_CONNS or self.next_conn >= DIAL_BASE:
                 client.close()  # refused: the connection cap holds
                 continue
             client.setblocking(False)
@@ -1051,10 +1060,54 @@ class Agent:
             self.conns[n.ch] = n
             self.out(OPEN, n.ch, {"listener": lch})
 
+    def dial(self, ch: "int", payload: "bytes") -> "None":
+        # The host opens a connection into this sandbox: to 127.0.0.1:port only, answered OPEN or CLOSE.
+        import socket
+
+        if ch in self.conns:
+            raise SystemExit("adk-sandbox-agent: DIAL on channel %d, which is in use" % ch)
+        try:
+            body = json.loads(payload.decode())
+            port = body["port"] if isinstance(body, dict) else None
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise ValueError(port)
+        except (ValueError, KeyError):
+            self.out(CLOSE, ch, {"error": "bad DIAL: it needs a port 1..65535"})
+            return
+        if len(self.conns) >= MAX_CONNS:
+            self.out(CLOSE, ch, {"error": "too many connections (%d)" % MAX_CONNS})
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        code = sock.connect_ex(("127.0.0.1", port))
+        if code not in (0, errno.EINPROGRESS):
+            sock.close()
+            self.out(CLOSE, ch, {"error": "connect to 127.0.0.1:%d: %s" % (port, os.strerror(code))})
+            return
+        n = Conn(sock, ch, port)
+        self.conns[ch] = n
+        if code == 0:
+            self.connected(n)
+
+    def connected(self, n: "Conn") -> "None":
+        # A dialed connection's connect ended: OPEN when it succeeded, else CLOSE with why.
+        import socket
+
+        port, n.connecting = n.connecting, 0
+        code = n.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            self.abort_conn(n, "connect to 127.0.0.1:%d: %s" % (port, os.strerror(code)))
+            return
+        self.out(OPEN, n.ch, {"port": port})
+        self.conn_write(n)  # nothing is pending: the host sends nothing before OPEN
+
     def conn_frame(self, kind: "int", ch: "int", payload: "bytes") -> "None":
         n = self.conns.get(ch)
         if n is None:
             return  # a connection already forgotten (or never ours): late frames are dropped
+        if n.connecting and kind == CLOSE:
+            self.drop_conn(n)  # the host gave the connect up
+            return
         if kind == DATA:
             if n.eof_in or n.closing is not None:
                 return
@@ -1087,7 +1140,10 @@ class Agent:
         for fd in w:
             n = by_fd.get(fd)
             if n is not None and n.ch in self.conns:
-                self.conn_write(n)
+                if n.connecting:
+                    self.connected(n)
+                else:
+                    self.conn_write(n)
         for lch, sock in list(self.listeners.items()):
             if sock.fileno() in r:
                 self.accept(lch)
@@ -1115,6 +1171,8 @@ class Agent:
         self.conn_done(n)
 
     def conn_write(self, n: "Conn") -> "None":
+        if n.connecting:
+            return
         while n.pending:
             try:
                 sent = n.sock.send(n.pending[:65536])
@@ -1203,6 +1261,8 @@ class Agent:
                 self.listen(ch, payload)
             elif kind in (DATA, CREDIT, CLOSE):
                 self.conn_frame(kind, ch, payload)
+            elif kind == DIAL and ch >= DIAL_BASE:
+                self.dial(ch, payload)
             elif kind == KILL and ch in self.listeners:
                 self.listeners.pop(ch).close()
             elif kind == KILL and ch in self.ops:
@@ -1266,13 +1326,15 @@ class Agent:
                 return
             rlist = [wake] + list(self.fds) + [sock.fileno() for sock in self.listeners.values()]
             rlist += [
-                n.fd for n in self.conns.values() if n.credit > 0 and not n.eof_out and n.closing is None
+                n.fd
+                for n in self.conns.values()
+                if n.credit > 0 and not n.eof_out and n.closing is None and not n.connecting
             ]
             if not self.eof:
                 rlist.append(self.rfd)
             pipes = list(self.cmds.values()) + list(self.ops.values())
             wlist = [c.stdin for c in pipes if c.stdin is not None and c.pending]
-            wlist += [n.fd for n in self.conns.values() if n.pending]
+            wlist += [n.fd for n in self.conns.values() if n.pending or n.connecting]
             waits = [c.deadline for c in self.cmds.values() if c.shim_done is None]
             waits += [c.drain_until for c in pipes if c.drain_until is not None]
             waits += [n.closing for n in self.conns.values() if n.closing is not None]
@@ -1401,6 +1463,7 @@ def main() -> "None":
             "ops": OPS,
             "setid": SETID_STATE[0] or "unavailable",
             "proxy": 1,
+            "dial": 1,
         },
     )
     agent.loop(wr)

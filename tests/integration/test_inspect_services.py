@@ -1,0 +1,176 @@
+"""Several services of one sample (inspect's compose files), on runc and gVisor: linked by name, nothing else.
+
+One sample per runtime, shared by the module: ``default`` (the base image) and ``web``, whose command is a
+small HTTP server on port 8000 that records each request's path. Every container keeps network ``none``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import yaml  # type: ignore[import-untyped]
+
+from tests.conftest import require
+
+inspect_sandbox = pytest.importorskip("adk_sandbox.devtools.adapters.inspect_sandbox")
+
+from adk_sandbox.executor.backends.docker.images import BASE_IMAGE  # noqa: E402
+
+SERVER = textwrap.dedent("""\
+    import http.server
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            open('/tmp/seen', 'a').write(self.path + '\\n')
+            body = b'hello from web\\n'
+            self.send_response(200)
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    http.server.HTTPServer(('0.0.0.0', 8000), H).serve_forever()
+""")
+
+FETCH = textwrap.dedent("""\
+    import sys, urllib.request
+    try:
+        print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode(), end='')
+    except Exception as exc:
+        print('FAILED', type(exc).__name__, exc)
+""")
+
+CONNECT = textwrap.dedent("""\
+    import socket, sys
+    try:
+        socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).sendall(b'secret')
+        print('CONNECTED')
+    except OSError as exc:
+        print('FAILED', exc)
+""")
+
+
+class Recorder:
+    """A server on every address of this host: counts the bytes anyone sends it (a third party)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("", 0))
+        self.port = self.listener.getsockname()[1]
+        self.received = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    while data := conn.recv(4096):
+                        self.received += len(data)
+                except OSError:
+                    pass
+
+
+def _host_address() -> str:
+    """An address of this host other than loopback (where a bridge's gateway would lead)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "172.17.0.1"
+
+
+class Sample:
+    def __init__(self, runtime: str, tmp: Path) -> None:
+        self.runtime = runtime
+        compose = {
+            "x-adk-sandbox": {
+                "network": {"allow": ["allowed.test"]},
+                "runtime": runtime,
+                "profile": "hardened",
+            },
+            "services": {
+                "default": {"image": BASE_IMAGE, "depends_on": ["web"]},
+                "web": {"image": BASE_IMAGE, "command": ["python3", "-c", SERVER], "expose": [8000]},
+            },
+        }
+        path = tmp / "compose.yaml"
+        path.write_text(yaml.safe_dump(compose))
+        self.config = str(path)
+        self.task = f"services-{runtime}"
+        cls = inspect_sandbox.AdkSandboxEnvironment
+        asyncio.run(cls.task_init(self.task, self.config))
+        self.envs: dict[str, Any] = asyncio.run(cls.sample_init(self.task, self.config, {}))
+
+    def run(self, service: str, *argv: str) -> str:
+        result = asyncio.run(self.envs[service].exec(list(argv), timeout=60))
+        return str(result.stdout) + str(result.stderr)
+
+    def close(self) -> None:
+        cls = inspect_sandbox.AdkSandboxEnvironment
+        asyncio.run(cls.sample_cleanup(self.task, self.config, self.envs, False))
+        asyncio.run(cls.task_cleanup(self.task, self.config, True))
+
+
+@pytest.fixture(scope="module", params=["runc", "runsc"])
+def sample(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sample]:
+    if request.param == "runsc":
+        client = docker.from_env()
+        require(
+            "runsc" in (client.info().get("Runtimes") or {}), "gVisor (runsc) is not registered with Docker"
+        )
+    running = Sample(request.param, tmp_path_factory.mktemp(request.param))
+    yield running
+    running.close()
+
+
+def test_the_sample_has_both_services_default_first(sample: Sample) -> None:
+    assert list(sample.envs) == ["default", "web"]
+
+
+def test_default_reaches_web_by_name_and_web_sees_it(sample: Sample) -> None:
+    """Through default's proxy variables (a policy is in force): ``web`` is in NO_PROXY, so the request goes
+    to default's listener on web's loopback address and is carried into web's sandbox."""
+    out = sample.run("default", "python3", "-c", FETCH, f"http://web:8000/from-default-{sample.runtime}")
+    assert out == "hello from web\n"
+    seen = asyncio.run(sample.envs["web"].read_file("/tmp/seen"))
+    assert f"/from-default-{sample.runtime}" in seen
+
+
+def test_web_resolves_itself_and_not_a_port_it_does_not_expose(sample: Sample) -> None:
+    """A naive design (a shared bridge network) would let ``default`` reach any port of ``web``: here only
+    the exposed one is carried."""
+    assert sample.run("web", "python3", "-c", FETCH, "http://web:8000/self") == "hello from web\n"
+    out = sample.run("default", "python3", "-c", CONNECT, "web", "8001")
+    assert out.startswith("FAILED"), out
+
+
+def test_default_cannot_reach_the_host_or_a_third_party(sample: Sample) -> None:
+    """A naive design (services on a shared Docker bridge network) routes to the bridge's gateway, the host:
+    the recorder listening on every address of the host would get the bytes. Here the sandbox has no route."""
+    recorder = Recorder()
+    try:
+        for address in (_host_address(), "172.17.0.1"):
+            out = sample.run("default", "python3", "-c", CONNECT, address, str(recorder.port))
+            assert out.startswith("FAILED"), out
+        assert recorder.received == 0
+    finally:
+        recorder.listener.close()
+
+
+def test_a_name_neither_a_service_nor_allowed_fails(sample: Sample) -> None:
+    """A naive design resolves names through the engine's DNS and connects; here a name that is no
+    sibling goes to the policy's proxy, which refuses it (403), and has no address of its own."""
+    out = sample.run("default", "python3", "-c", FETCH, "http://not-a-service.test:8000/")
+    assert out.startswith("FAILED HTTPError") and "403" in out, out
+    out = sample.run("default", "python3", "-c", CONNECT, "not-a-service.test", "8000")
+    assert out.startswith("FAILED"), out
