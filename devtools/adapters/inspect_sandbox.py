@@ -70,6 +70,7 @@ from adk_sandbox.executor.backends.docker import DockerBackend, cleanup_labelled
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.services import LinkedService, ServiceLinks, service_addresses
+from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import ExecRequest, ResourceLimits, check_user, is_numeric_user, parse_user
@@ -333,10 +334,9 @@ class AdkSandboxEnvironment(SandboxEnvironment):
 
         def agent_of(name: str) -> tuple[AgentTransport, str]:
             session = sessions.get(name)
-            transport = getattr(session, "_transport", None)  # the session's channel (ChannelSession)
-            if session is None or not isinstance(transport, AgentTransport):
+            if not isinstance(session, ChannelSession):
                 raise SandboxFailedError(f"service {name!r} is not running")
-            return transport, str(getattr(session, "_user", ""))
+            return session.agent_channel()
 
         links = ServiceLinks(
             [

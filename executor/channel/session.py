@@ -114,6 +114,16 @@ class ChannelSession(SandboxSession):
         """The ``"uid:gid"`` the user tables are read as (default: the session's own user)."""
         return self._command_user(None)
 
+    def agent_channel(self) -> tuple[AgentTransport, str]:
+        """The session's agent channel and the user its commands run as: for linking sessions (ServiceLinks).
+
+        :class:`SandboxFailedError` while the sandbox is not up, or when its commands use another transport.
+        """
+        transport = self._transport
+        if not isinstance(transport, AgentTransport):
+            raise SandboxFailedError(f"{self._WHERE} is not running on the agent channel")
+        return transport, self._command_user(None)
+
     # -- users ----------------------------------------------------------------------------------------
     def numeric_user(self, user: str) -> str:
         """``"uid:gid"`` of ``user``: numbers as given, names looked up in the sandbox as they are now.
