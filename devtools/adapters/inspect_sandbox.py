@@ -228,7 +228,10 @@ class AdkSandboxService(BaseModel):
 
     config: AdkSandboxConfig
     command: tuple[str, ...] | None = None
-    """Its program, started in the background when the sample starts (None: the default service)."""
+    """Its program, started in the background when the sample starts (None: see ``image_program``)."""
+    image_program: bool = False
+    """Without ``command``: whether its image's ENTRYPOINT and CMD are run instead (:func:`image_program`; a
+    service other than the default, as compose would; the default service's first process is the keeper)."""
     ports: tuple[int, ...] = ()
     """The ports its siblings reach it on, by its name."""
     depends_on: tuple[str, ...] = ()
@@ -354,10 +357,11 @@ class AdkSandboxEnvironment(SandboxEnvironment):
                 session.start()
                 start = _SampleStart.of(session, service.config)
                 links.serve(name)
-                if service.command is not None:
-                    _checked(
-                        session, ("sh", "-c", _SERVICE_START, "sh", *service.command), None, background=True
-                    )
+                program = service.command
+                if program is None and service.image_program:
+                    program = image_program(service.config.image)
+                if program:
+                    _checked(session, ("sh", "-c", _SERVICE_START, "sh", *program), None, background=True)
                 late = links.ready(name, SERVICE_READY_SECONDS) if service.ports else []
                 if late:
                     log.warning(
@@ -663,6 +667,26 @@ def _checked(
     return result.stdout
 
 
+def image_program(image: str) -> tuple[str, ...]:
+    """What ``docker run IMAGE`` would run: the image's ``ENTRYPOINT`` then its ``CMD`` (empty: nothing).
+
+    A service of several without ``command`` runs this, as under compose (its first process is the
+    library's keeper, so the image's own program is started by the provider instead). Read from the engine
+    of ``DOCKER_HOST``, where the backend runs the image.
+    """
+    client = docker.from_env()
+    try:
+        config = client.images.get(image).attrs.get("Config") or {}
+    except docker.errors.DockerException as exc:
+        why = f"the image {image} could not be read for its ENTRYPOINT and CMD: {exc}"
+        raise SandboxFailedError(why) from None
+    finally:
+        client.close()
+    return tuple(str(word) for word in (config.get("Entrypoint") or [])) + tuple(
+        str(word) for word in (config.get("Cmd") or [])
+    )
+
+
 def build_image(image: str, build: ImageBuild) -> None:
     """Build ``image`` from ``build`` on the engine (``DOCKER_HOST``); a failure says why, with the log."""
     client = docker.from_env()
@@ -765,6 +789,7 @@ def _services_config(loaded: dict[str, Any], path: Path) -> AdkSandboxConfig | A
         result[service.name] = AdkSandboxService(
             config=AdkSandboxConfig.model_validate(fields),
             command=service.command,
+            image_program=service.command is None and not service.default,
             ports=service.ports,
             depends_on=service.depends_on,
         )

@@ -1,12 +1,15 @@
 """Several services of one sample (inspect's compose files), on runc and gVisor: linked by name, nothing else.
 
-One sample per runtime, shared by the module: ``default`` (the base image) and ``web``, whose command is a
-small HTTP server on port 8000 that records each request's path. Every container keeps network ``none``.
+One sample per runtime, shared by the module: ``default`` (the base image), ``web``, whose command is a
+small HTTP server on port 8000 that records each request's path, and ``api``, which has no ``command``: its
+image's own ENTRYPOINT and CMD serve a file on port 8002, as ``docker compose up`` would run them. Every
+container keeps network ``none``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import socket
 import textwrap
 import threading
@@ -18,11 +21,18 @@ import docker
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from adk_sandbox.devtools.adapters import inspect_sandbox
+from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from tests.conftest import require
 
-inspect_sandbox = pytest.importorskip("adk_sandbox.devtools.adapters.inspect_sandbox")
-
-from adk_sandbox.executor.backends.docker.images import BASE_IMAGE  # noqa: E402
+#: An image whose own program is a server: ENTRYPOINT and CMD together, a file in its WORKDIR to serve.
+API_IMAGE = "adk-sandbox-test/service-api:latest"
+API_DOCKERFILE = f"""FROM {BASE_IMAGE}
+USER root
+RUN mkdir -p /srv/api && echo 'served by the image CMD' > /srv/api/hello.txt
+ENTRYPOINT ["python3", "-m", "http.server"]
+CMD ["8002", "--directory", "/srv/api"]
+""".encode()
 
 SERVER = textwrap.dedent("""\
     import http.server
@@ -101,6 +111,7 @@ class Sample:
             "services": {
                 "default": {"image": BASE_IMAGE, "depends_on": ["web"]},
                 "web": {"image": BASE_IMAGE, "command": ["python3", "-c", SERVER], "expose": [8000]},
+                "api": {"image": API_IMAGE, "expose": [8002]},
             },
         }
         path = tmp / "compose.yaml"
@@ -128,13 +139,22 @@ def sample(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         require(
             "runsc" in (client.info().get("Runtimes") or {}), "gVisor (runsc) is not registered with Docker"
         )
+    client = docker.from_env()
+    client.images.build(fileobj=io.BytesIO(API_DOCKERFILE), tag=API_IMAGE, rm=True, network_mode="none")
     running = Sample(request.param, tmp_path_factory.mktemp(request.param))
     yield running
     running.close()
 
 
-def test_the_sample_has_both_services_default_first(sample: Sample) -> None:
-    assert list(sample.envs) == ["default", "web"]
+def test_the_sample_has_every_service_default_first(sample: Sample) -> None:
+    assert list(sample.envs)[0] == "default" and set(sample.envs) == {"default", "web", "api"}
+
+
+def test_a_service_without_command_runs_its_images_entrypoint_and_cmd(sample: Sample) -> None:
+    """Without the image's program nothing would listen on api:8002 (the container's first process is the
+    keeper): the fetch would fail."""
+    out = sample.run("default", "python3", "-c", FETCH, "http://api:8002/hello.txt")
+    assert out == "served by the image CMD\n", out
 
 
 def test_default_reaches_web_by_name_and_web_sees_it(sample: Sample) -> None:
