@@ -41,7 +41,7 @@ from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.backends.process import ProcessBackend
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import SandboxPolicy
-from tests.integration.egress_servers import LoopbackServer
+from tests.loopback_server import LoopbackServer
 
 CHUNK = 1 << 20
 SMALL = b"ok"

@@ -20,6 +20,7 @@ import docker
 import docker.errors
 
 from tests.conftest import require
+from tests.loopback_server import LoopbackServer
 
 BODY = b"hello through the policy\n"
 
@@ -38,34 +39,6 @@ def ensure_image(client: docker.DockerClient, tag: str, dockerfile: bytes) -> st
     except docker.errors.ImageNotFound:
         client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, network_mode="host", rm=True)
     return tag
-
-
-class LoopbackServer:
-    """A TCP server on ``host`` that hands each accepted connection to :meth:`_handle` in a thread of its own.
-
-    The shape every egress test server (and bench/bench_egress.py's) shares; a subclass says what a
-    connection gets.
-    """
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.listener = socket.create_server((host, 0), backlog=128)
-        self.port: int = self.listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Stop accepting (connections being served go on to their end)."""
-        self.listener.close()
 
 
 class Upstream(LoopbackServer):

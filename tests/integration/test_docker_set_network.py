@@ -19,8 +19,8 @@ from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.backends.docker.pool import PoolConfig
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.network.policy import NetworkPolicy
-from tests.integration.egress_servers import LoopbackServer
 from tests.integration.test_docker_egress import FETCH, Upstream, runtime
+from tests.loopback_server import LoopbackServer
 
 __all__ = ["runtime"]  # the fixture: runc, and gVisor when the engine has it
 

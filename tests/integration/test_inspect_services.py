@@ -12,7 +12,6 @@ import asyncio
 import io
 import socket
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import yaml  # type: ignore[import-untyped]
 from adk_sandbox.devtools.adapters import inspect_sandbox
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from tests.conftest import require
+from tests.loopback_server import LoopbackServer
 
 #: An image whose own program is a server: ENTRYPOINT and CMD together, a file in its WORKDIR to serve.
 API_IMAGE = "adk-sandbox-test/service-api:latest"
@@ -65,28 +65,21 @@ CONNECT = textwrap.dedent("""\
 """)
 
 
-class Recorder:
+class Recorder(LoopbackServer):
     """A server on every address of this host: counts the bytes anyone sends it (a third party)."""
 
     def __init__(self) -> None:
-        self.listener = socket.create_server(("", 0))
-        self.port = self.listener.getsockname()[1]
         self.received = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__("")
 
-    def _serve(self) -> None:
-        while True:
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
             try:
-                conn, _ = self.listener.accept()
+                while data := conn.recv(4096):
+                    self.received += len(data)
             except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                try:
-                    while data := conn.recv(4096):
-                        self.received += len(data)
-                except OSError:
-                    pass
+                pass
 
 
 def _host_address() -> str:
@@ -147,7 +140,7 @@ def sample(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def test_the_sample_has_every_service_default_first(sample: Sample) -> None:
-    assert list(sample.envs)[0] == "default" and set(sample.envs) == {"default", "web", "api"}
+    assert next(iter(sample.envs)) == "default" and set(sample.envs) == {"default", "web", "api"}
 
 
 def test_a_service_without_command_runs_its_images_entrypoint_and_cmd(sample: Sample) -> None:

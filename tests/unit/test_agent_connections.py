@@ -41,6 +41,7 @@ from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import relay
 from adk_sandbox.executor.types import Stream
 from tests.conftest import require
+from tests.loopback_server import LoopbackServer
 
 USER = "0:0"
 #: Runs the agent as a child (never as the PID namespace's init, whose orphans it would take for its own).
@@ -305,28 +306,21 @@ def test_an_agent_without_the_endpoint_is_refused() -> None:
 
 
 # -- the relay at the end --------------------------------------------------------------------------------
-class Upstream:
+class Upstream(LoopbackServer):
     """A loopback HTTP server that records what it received."""
 
     def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.received: list[bytes] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(10)
-                got = b""
-                while b"\r\n\r\n" not in got and (chunk := conn.recv(65536)):
-                    got += chunk
-                self.received.append(got)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            got = b""
+            while b"\r\n\r\n" not in got and (chunk := conn.recv(65536)):
+                got += chunk
+            self.received.append(got)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
 
 
 def test_connections_end_in_the_relay_which_decides(agent: Agent) -> None:

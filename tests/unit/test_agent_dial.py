@@ -33,6 +33,7 @@ from adk_sandbox.executor.channel.frames import (
 )
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from tests.conftest import require
+from tests.loopback_server import LoopbackServer
 from tests.unit.test_agent_connections import (
     USER,
     Agent,
@@ -46,27 +47,15 @@ from tests.unit.test_agent_connections import (
 __all__ = ["agent"]  # the fixture, shared with the proxy endpoint's tests
 
 
-class Server:
+class Server(LoopbackServer):
     """A loopback server on the host (what a service is inside its sandbox): echoes, then closes."""
 
     def __init__(self, address: str = "127.0.0.1") -> None:
-        self.listener = socket.create_server((address, 0), backlog=512)
-        self.port = self.listener.getsockname()[1]
-        self.accepted = 0
         self.held: list[socket.socket] = []
         self.release = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(address, backlog=512)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    def _echo(self, conn: socket.socket) -> None:
+    def _handle(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(30)
             with contextlib.suppress(OSError):
@@ -74,9 +63,6 @@ class Server:
                     conn.sendall(data)
                 conn.sendall(b"<eof>")
                 conn.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from adk_sandbox.executor.network.intercept import (
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import relay
+from tests.loopback_server import LoopbackServer
 
 SECRET = "Bearer s3cr3t-never-in-the-sandbox"  # noqa: S105 - a test credential
 BODY = b"hello from the api\n"
@@ -91,25 +92,13 @@ def server_context(certificate: bytes, key: bytes, tmp: Any) -> ssl.SSLContext:
     return context
 
 
-class TlsServer:
+class TlsServer(LoopbackServer):
     """A loopback TLS server recording each request (head and body) and answering ``BODY``."""
 
     def __init__(self, context: ssl.SSLContext) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.context = context
         self.received: list[bytes] = []
-        self.connections = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        super().__init__()
 
     def _handle(self, raw: socket.socket) -> None:
         raw.settimeout(10)
@@ -342,7 +331,7 @@ def test_a_client_that_does_not_trust_the_session_ca_fails_and_nothing_is_sent(
         sandbox.connect(server.port, pki[0])  # trusts the real server's CA, not the session's
     entry = sandbox.finish()
     assert (entry.decision, entry.rule) == ("refused", "tls intercept")
-    assert server.connections == 0 or server.received in ([], [b""])
+    assert server.accepted == 0 or server.received in ([], [b""])
 
 
 # -- passthrough -------------------------------------------------------------------------------------------
