@@ -8,6 +8,7 @@ would defeat (docs/snapshots.md, "What a snapshot restores").
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 from pathlib import Path
@@ -102,7 +103,7 @@ def test_the_method_says_copy_when_the_filesystem_cannot_clone(
         calls.append(request)
         raise OSError(errno.EOPNOTSUPP, "no reflinks here")
 
-    monkeypatch.setattr(snapshot_copy.fcntl, "ioctl", refuse)
+    monkeypatch.setattr(fcntl, "ioctl", refuse)
     dest = tmp_path / "dest"
     dest.mkdir()
     report = copy_workspace(str(root), str(dest), MIB, "max_mb")
@@ -122,7 +123,7 @@ def test_the_method_says_reflink_when_every_file_was_cloned(
         os.sendfile(fd_out, fd_in, 0, os.fstat(fd_in).st_size)
         return 0
 
-    monkeypatch.setattr(snapshot_copy.fcntl, "ioctl", clone)
+    monkeypatch.setattr(fcntl, "ioctl", clone)
     dest = tmp_path / "dest"
     dest.mkdir()
     report = copy_workspace(str(root), str(dest), MIB, "max_mb")

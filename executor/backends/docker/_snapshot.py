@@ -24,6 +24,7 @@ The session takes no command while the snapshot is taken and waits for the runni
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -106,12 +107,7 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
         image: str | None = None
         client = session._client
         try:
-            report = CopyReport("none", 0, ())
-            host = session.workspace
-            if host is not None:
-                target = os.path.join(partial, "workspace")
-                os.mkdir(target, 0o700)
-                report = copy_workspace(host, target, cap, setting)
+            report = _copy_host_workspace(session, partial, cap, setting)
             used = report.size_bytes
             skipped = list(report.skipped)
             paths = ("/tmp", HOME_DIR, *sorted(spec.extra_tmpfs))
@@ -155,6 +151,21 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
                 except ExecutorError as exc:  # the reaper removes it (labelled, owner and expiry)
                     log.warning("the root image of a refused snapshot could not be removed: %s", exc)
             raise
+
+
+def _copy_host_workspace(session: DockerSession, partial: str, cap: int, setting: str) -> CopyReport:
+    """Copy the session's host workspace (the truth while no command runs) into the partial snapshot."""
+    host = session.workspace
+    if host is None:
+        return CopyReport("none", 0, ())
+    target = os.path.join(partial, "workspace")
+    os.mkdir(target, 0o700)
+    report = copy_workspace(host, target, cap, setting)
+    if session._config.spec.git_placeholder is not None:
+        # The empty .git made to be mounted read-only over a workspace without one: not one of its files.
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(target, ".git"))
+    return report
 
 
 def _owner_of_now() -> dict[str, str]:
