@@ -120,6 +120,7 @@ def test_a_fork_starts_with_the_parents_files_at_the_parents_path(
 ) -> None:
     assert snap.carries == ("files",) and snap.method in ("copy", "reflink") and snap.workspace == REPO
     assert parent.workspace_inside == REPO and parent.workspace != REPO  # the pool's path inside
+    assert parent.capabilities().snapshots == ("files",) == backend.capabilities().snapshots
     with backend.session(snapshot=snap) as fork:
         assert fork.origin == snap
         assert fork.workspace_inside == REPO and fork.workspace not in (parent.workspace, REPO)
@@ -366,6 +367,7 @@ def test_gvisor_forks_a_hardened_session_and_refuses_a_task_root(store: Snapshot
     with DockerBackend(runtime="runsc", profile="task") as task, task.session() as session:
         task.snapshots = store
         before = os.listdir(store.root)
+        assert session.capabilities().snapshots == ()  # says so before anyone asks for one
         with pytest.raises(PolicyNotEnforceableError, match="gVisor"):
             session.snapshot()
         assert os.listdir(store.root) == before

@@ -210,3 +210,17 @@ def test_the_command_line_lists_and_removes(store: SnapshotStore, capsys: pytest
     assert store.get(taken.id) == taken  # every name is checked before anything is removed
     assert main(["snapshots", "--store", str(store.root), "rm", "prepared"]) == 0
     assert os.listdir(store.root) == []
+
+
+def test_a_pools_fixed_path_is_checked() -> None:
+    """``PoolConfig(path=...)`` puts every member's workspace copy at one path inside (forks come from it)."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from adk_sandbox.executor.backends.docker import PoolConfig  # noqa: PLC0415
+
+    assert PoolConfig(size=2, workspace="mirror", path="/work/repo").path == "/work/repo"
+    for bad in ("relative", "/", "/work/../etc", "/tmp/repo", "/home/sandbox", "/proc/x", "/work/repo/"):
+        with pytest.raises(ValidationError):
+            PoolConfig(size=2, workspace="mirror", path=bad)
+    with pytest.raises(ValidationError, match="workspace='mirror'"):
+        PoolConfig(size=2, path="/work/repo")

@@ -20,7 +20,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import docker
 import docker.errors
@@ -41,6 +41,7 @@ from adk_sandbox.executor.backends.docker._dialect import Dialect
 from adk_sandbox.executor.backends.docker._exec import EXEC_NO_BACKGROUND, DockerExecTransport
 from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
+    GVISOR_RUNTIME,
     ContainerSpec,
     MirrorVolume,
     capabilities_from_inspect,
@@ -801,8 +802,17 @@ class DockerSession(ChannelSession):
             channel=self.channel,
             root_cap=self._config.spec.root_cap,
         )
+        spec = self._config.spec
+        # What take_snapshot refuses: an attached container, and a task root under gVisor.
+        snapshots: tuple[Literal["files"], ...] = (
+            () if self.attached or (spec.task and spec.runtime == GVISOR_RUNTIME) else ("files",)
+        )
         return capabilities.model_copy(
-            update={"workspace": self.workspace_transport, "network_policy": self._policy_in_force()}
+            update={
+                "workspace": self.workspace_transport,
+                "network_policy": self._policy_in_force(),
+                "snapshots": snapshots,
+            }
         )
 
     def _policy_in_force(self) -> NetworkPolicy | None:
