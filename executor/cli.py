@@ -4,13 +4,15 @@
 exiting with its exit code (124 on timeout); ``doctor`` lists each backend available on this machine with
 its isolation class and what it enforces; ``cleanup`` removes leaked sandbox containers; ``images build``
 builds the sandbox images that are missing or outdated; ``images push --engine ENGINE`` copies them to
-another engine (``docker save`` streamed into its load, no registry).
+another engine (``docker save`` streamed into its load, no registry); ``snapshots ls|rm|reap`` lists and
+removes session snapshots (docs/snapshots.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -382,6 +384,68 @@ def cleanup(session: str | None = None) -> int:
     return 0
 
 
+def snapshots_command(args: argparse.Namespace) -> int:
+    """``adk-sandbox snapshots ls|rm|reap``: the snapshots on disk (and their root images)."""
+    import time  # noqa: PLC0415
+
+    from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
+
+    store = SnapshotStore(args.store)
+    if args.snapshots_command == "ls":
+        found = store.list()
+        if args.json:
+            print(json.dumps([snapshot.model_dump(mode="json") for snapshot in found], indent=1))
+            return 0
+        now = time.time()
+        for snapshot in found:
+            owner = snapshot.owner.get("io.adk-sandbox.owner-pid", "none (detached)")
+            leaked = snapshot.leak_reason(now)
+            print(
+                f"{snapshot.id}  {snapshot.name}  {snapshot.size_bytes / (1 << 20):.1f} MiB  "
+                f"{snapshot.method}  "
+                f"root image: {(snapshot.root_image or 'none')[:19]}  owner pid: {owner}  "
+                f"expires in {max(0, int(snapshot.expires - now))} s"
+                + (f"  (leaked: {leaked})" if leaked else "")
+            )
+        print(f"{len(found)} snapshot(s) in {store.root}")
+        return 0
+    client = None
+    try:
+        if args.snapshots_command == "rm":
+            chosen = [store.get(key) for key in args.snapshots]  # every one known before any is removed
+            if any(snapshot.root_image for snapshot in chosen):
+                client = _snapshot_engine()
+            for snapshot in chosen:
+                store.remove(snapshot, _image_remover(client))
+                print(f"removed {snapshot.id} ({snapshot.name})")
+            return 0
+        client = _snapshot_engine()
+        from adk_sandbox.executor.backends.docker._snapshot import reap_snapshots  # noqa: PLC0415
+
+        removed = reap_snapshots(client, store)
+        for line in removed:
+            print(f"removed {line}")
+        print(f"{len(removed)} leaked snapshot(s) or image(s) removed")
+        return 0
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _snapshot_engine() -> Any:
+    from adk_sandbox.executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
+
+    return connect()
+
+
+def _image_remover(client: Any) -> Any:
+    if client is None:
+        return None
+    from adk_sandbox.executor.backends.docker._snapshot import remove_snapshot_image  # noqa: PLC0415
+
+    return lambda image: remove_snapshot_image(client, image)
+
+
 class _LiveDisplay:
     """Build progress: on a terminal one rewriting status line per build step, plain lines otherwise."""
 
@@ -493,7 +557,7 @@ def mcp_server(args: argparse.Namespace) -> int:
     return mcp.main(args.workspace, config=config, read_only=args.read_only, code_exec=args.code_exec)
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one return per command
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911, PLR0915 - one return per command
     """Entry point of the ``adk-sandbox`` command."""
     parser = argparse.ArgumentParser(
         prog="adk-sandbox", description=__doc__.splitlines()[0] if __doc__ else None
@@ -589,8 +653,29 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 - one retur
     mcp_parser.add_argument(
         "--code-exec", action="store_true", help="also serve code_exec (Rust, image adk-sandbox/rust)"
     )
+    snapshots_parser = commands.add_parser(
+        "snapshots",
+        help="list or remove session snapshots (docs/snapshots.md)",
+        description="The snapshots sessions took (session.snapshot(), session.fork()), kept in the cache "
+        "directory with, under the task profile, an engine image of their root layer.",
+    )
+    snapshots_parser.add_argument(
+        "--store", metavar="DIR", help="the snapshot store (default: snapshots in the cache directory)"
+    )
+    snapshots_commands = snapshots_parser.add_subparsers(dest="snapshots_command", required=True)
+    snapshots_ls = snapshots_commands.add_parser("ls", help="list the snapshots, oldest first")
+    snapshots_ls.add_argument("--json", action="store_true", help="print the records as JSON")
+    snapshots_rm = snapshots_commands.add_parser(
+        "rm", help="remove snapshots (directory and root image), by id or name"
+    )
+    snapshots_rm.add_argument("snapshots", nargs="+", metavar="ID", help="snapshot ids or names")
+    snapshots_commands.add_parser(
+        "reap", help="remove the snapshots whose owner process is gone or whose expiry passed"
+    )
     args = parser.parse_args(argv)
     try:
+        if args.command == "snapshots":
+            return snapshots_command(args)
         if args.command == "mcp":
             return mcp_server(args)
         if args.command == "run":

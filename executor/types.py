@@ -398,6 +398,10 @@ class Capabilities(BaseModel):
     """The policy in force when the sandbox reaches the network by name (docs/network.md): ``network`` stays
     True (no route out: network none) and the in-sandbox proxy carries to the host what the policy allows,
     decided there; None without one."""
+    snapshots: tuple[Literal["files", "processes", "memory"], ...] = ()
+    """What a snapshot of a session carries (``session.snapshot()``, docs/snapshots.md): ``("files",)``
+    (workspace, tmpfs directories, the task profile's root layer; no processes or memory yet) where a
+    session can be snapshotted and forked, empty where it cannot."""
 
 
 class ResourceLimits(BaseModel):

@@ -83,8 +83,12 @@ class MirrorWorkspace:
         owner: tuple[int, int],
         *,
         cap_setting: str = "DockerBackend(mirror_size_mb=...)",
+        inside: str | None = None,
     ) -> None:
         self.root = root
+        self.inside = inside or root
+        """The copy's path in the sandbox: ``root`` unless given (a session from a snapshot mirrors a
+        directory of its own at the snapshot's workspace path)."""
         self.cap_bytes = cap_mb * 1024 * 1024
         self.owner = owner
         self.cap_setting = cap_setting
@@ -276,7 +280,7 @@ class MirrorWorkspace:
     def _list(self, run: Run) -> tuple[dict[bytes, bytes], int | None, bool]:
         """The container's listing: records by path, its "now" (ns; None: unknown), whether complete."""
         now_file = f"/tmp/.adk-sandbox-now-{os.urandom(8).hex()}"
-        argv = ("/bin/sh", "-c", _LIST_SCRIPT, "adk-sandbox-list", self.root, now_file)
+        argv = ("/bin/sh", "-c", _LIST_SCRIPT, "adk-sandbox-list", self.inside, now_file)
         result = run(argv, None, 256 * 1024 * 1024)
         _check_tools(result, "find")
         fields = result.stdout.split(b"\0")
@@ -315,7 +319,7 @@ class MirrorWorkspace:
         skipped: list[str] = []
         if removed:
             result = run(
-                ("/bin/sh", "-c", _REMOVE_SCRIPT, "adk-sandbox-remove", self.root),
+                ("/bin/sh", "-c", _REMOVE_SCRIPT, "adk-sandbox-remove", self.inside),
                 b"\0".join(p.encode("utf-8", "surrogateescape") for p in removed) + b"\0",
                 64 * 1024,
             )
@@ -355,7 +359,7 @@ class MirrorWorkspace:
                         entry.kind, entry.mode, entry.size, entry.mtime_ns, entry.target
                     )
         result = run(
-            ("/bin/sh", "-c", _PUSH_SCRIPT, "adk-sandbox-push", self.root), data.getvalue(), 64 * 1024
+            ("/bin/sh", "-c", _PUSH_SCRIPT, "adk-sandbox-push", self.inside), data.getvalue(), 64 * 1024
         )
         _check_tools(result, "tar")
         if result.exit_code != 0:
@@ -450,7 +454,7 @@ class MirrorWorkspace:
         names = b"".join(path.encode("utf-8") + b"\0" for path in files)
         # The files asked for hold at most the cap; tar adds a header (long names: three) per file and an end.
         room = self.cap_bytes + 2048 * (len(files) + 1) + 20 * 512
-        result = run(("/bin/sh", "-c", _FETCH_SCRIPT, "adk-sandbox-fetch", self.root), names, room)
+        result = run(("/bin/sh", "-c", _FETCH_SCRIPT, "adk-sandbox-fetch", self.inside), names, room)
         _check_tools(result, "tar")
         try:
             archive = tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:")  # noqa: SIM115 - with below

@@ -234,7 +234,11 @@ class ContainerProvider:
                 + "; ".join(problems)
                 + hint
             )
-        owner_path = spec.workspace or (_mount_source_of(inspect, workdir) if self.attached else None)
+        # A mirrored workspace's owner is the session's to choose (its host copy may be elsewhere: a session
+        # from a snapshot mirrors its own directory at the snapshot's path, which need not exist here).
+        owner_path = (spec.workspace if spec.mirror is None else None) or (
+            _mount_source_of(inspect, workdir) if self.attached else None
+        )
         owner = None
         # A remote engine's mount sources are paths of another machine: a directory of the same name here
         # says nothing about who owns the one the container sees.

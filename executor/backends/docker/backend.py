@@ -11,6 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import docker
+
 from adk_sandbox.executor.backend import SessionBackend, SessionFactory
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
 from adk_sandbox.executor.backends.docker._daemon import connect
@@ -39,6 +41,10 @@ from adk_sandbox.executor.types import Capabilities, ResourceLimits
 from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree, reap_copies
 from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB
+
+if TYPE_CHECKING:
+    from adk_sandbox.executor.snapshots.model import Snapshot
+    from adk_sandbox.executor.snapshots.store import SnapshotStore
 
 __all__ = ["DockerBackend"]
 
@@ -175,6 +181,14 @@ class DockerBackend(SessionBackend[DockerSession]):
         """Leaked containers this backend removed when it started."""
         self.reaped_copies = reap_copies()
         """Workspace copies (``session(copy_of=...)``) of gone owners this backend removed as it started."""
+        from adk_sandbox.executor.backends.docker._snapshot import reap_snapshots  # noqa: PLC0415 - imports this module
+        from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
+
+        self.snapshots: SnapshotStore = SnapshotStore()
+        """Where this backend's sessions put their snapshots (docs/snapshots.md); replace it to use
+        another."""
+        self.reaped_snapshots = reap_snapshots(self._client, self.snapshots)
+        """Snapshots (expired, or their owner gone) and snapshot images this backend removed as it started."""
         self.pool: SessionPool | None = None
         """The warm pool (``pool=``): of workspace-less sessions, or of copies (``workspace="mirror"``)."""
         if config.pool is not None:
@@ -273,11 +287,50 @@ class DockerBackend(SessionBackend[DockerSession]):
     def _pool_member(self, config: SessionConfig, provider: ContainerProvider) -> DockerSession:
         return DockerSession(self._client, config, provider=provider)
 
+    def _track(self, session: DockerSession) -> DockerSession:
+        """Hold ``session`` (see :class:`SessionBackend`), and give it what its snapshots and forks need."""
+        session.snapshot_store = self.snapshots
+        session._forker = self._fork_from
+        session._image_remover = self._remove_image
+        return super()._track(session)
+
+    def _fork_from(self, snapshot: Snapshot) -> DockerSession:
+        return self.session(snapshot=snapshot)
+
+    def _remove_image(self, image: str) -> None:
+        from adk_sandbox.executor.backends.docker._snapshot import remove_snapshot_image  # noqa: PLC0415
+
+        remove_snapshot_image(self._client, image)
+
+    @property
+    def client(self) -> docker.DockerClient:
+        """The engine connection this backend's sessions use."""
+        return self._client
+
+    def list_snapshots(self) -> list[Snapshot]:
+        """The snapshots in :attr:`snapshots`, oldest first."""
+        return self.snapshots.list()
+
+    def remove_snapshot(self, snapshot: str | Snapshot) -> Snapshot:
+        """Remove a snapshot (by id, name or record): its root image, then its directory; what was removed.
+
+        A snapshot whose root image a running session uses is refused (:class:`InvalidRequestError`) and
+        kept as it was.
+        """
+        return self.snapshots.remove(snapshot, self._remove_image)
+
+    def reap_snapshots(self) -> list[str]:
+        """Remove the leaked snapshots now (expired, or their owner gone); what was removed and why."""
+        from adk_sandbox.executor.backends.docker._snapshot import reap_snapshots  # noqa: PLC0415
+
+        return reap_snapshots(self._client, self.snapshots)
+
     def session(
         self,
         workspace: str | os.PathLike[str] | None = None,
         *,
         copy_of: str | os.PathLike[str] | None = None,
+        snapshot: Snapshot | str | None = None,
     ) -> DockerSession:
         """A new session, its container bound to ``workspace`` (mounted at the same absolute path).
 
@@ -290,7 +343,21 @@ class DockerBackend(SessionBackend[DockerSession]):
         logged), so changes land in the copy only. With ``PoolConfig(workspace="mirror")`` the session
         comes from the warm pool, already started, the copy pushed in; without, it starts cold, a plain
         mirrored session on the copy (docs/DOCKER.md, "Warm pool").
+
+        ``snapshot`` (a :class:`~adk_sandbox.executor.snapshots.Snapshot`, or its id or name in
+        :attr:`snapshots`) starts a session holding the snapshot's files: its workspace at the snapshot's
+        path inside, in a host directory of its own (``session.workspace``, removed at close), its tmpfs
+        directories unpacked, the root layer's image under the task profile (docs/snapshots.md). From the
+        warm pool when its members' workspace is at that path (``PoolConfig(path=...)``), else cold.
         """
+        if snapshot is not None:
+            if workspace is not None or copy_of is not None:
+                raise InvalidRequestError(
+                    "give snapshot= (the session starts from the snapshot's files) alone, not with "
+                    "workspace= "
+                    "or copy_of="
+                )
+            return self._snapshot_session(snapshot)
         if copy_of is not None:
             if workspace is not None:
                 raise InvalidRequestError(
@@ -330,6 +397,62 @@ class DockerBackend(SessionBackend[DockerSession]):
             shutil.rmtree(scratch, ignore_errors=True)
             raise
         return self._open_session(config)
+
+    def _snapshot_session(self, given: Snapshot | str) -> DockerSession:
+        """A session holding a snapshot's files: from the pool when its members fit, else cold."""
+        from adk_sandbox.executor.backends.docker._snapshot import fork_workspace, restore_tmpfs  # noqa: PLC0415
+        from adk_sandbox.executor.snapshots.model import Snapshot  # noqa: PLC0415
+
+        snapshot = given if isinstance(given, Snapshot) else self.snapshots.get(given)
+        self._check_snapshot(snapshot)
+        pool = self.pool
+        if pool is not None and pool.serves_snapshot(snapshot):
+            return self._track(pool.acquire(snapshot=snapshot))
+        host = fork_workspace(snapshot, self.mirror_size_mb * MIB)
+        try:
+            config = self._session_config(host, mode="mirror" if host is not None else None)
+            spec = replace(config.spec, workspace=snapshot.workspace, image=snapshot.root_image or self.image)
+            if snapshot.workspace is not None:
+                spec = replace(spec, read_only_mounts=(), git_placeholder=None)
+            config = replace(
+                config,
+                spec=spec,
+                host_workspace=host,
+                workspace_is_copy=host is not None,
+                # A root image is the snapshot's own, made from the image this backend expects.
+                expect_image=None if snapshot.root_image else config.expect_image,
+            )
+        except BaseException:
+            if host is not None:
+                shutil.rmtree(host, ignore_errors=True)
+            raise
+        session = self._open_session(config)
+        try:
+            session.start()
+            session.restore_notes = restore_tmpfs(session, snapshot)
+        except BaseException:
+            session.close()  # removes the container and the host copy
+            raise
+        session.origin = snapshot
+        return session
+
+    def _check_snapshot(self, snapshot: Snapshot) -> None:
+        """Refuse a snapshot this backend's sessions cannot start from (nothing is made then)."""
+        if self.container is not None:
+            raise InvalidRequestError(
+                "snapshot= makes a container holding the snapshot's files; an attached container "
+                "(container=) "
+                "cannot be given them"
+            )
+        if snapshot.profile != self.profile or snapshot.image != self.image:
+            raise InvalidRequestError(
+                f"snapshot {snapshot.id} was taken of a {snapshot.profile!r} session of image "
+                f"{snapshot.image!r}; "
+                f"this backend makes {self.profile!r} sessions of {self.image!r}: start it on a backend like "
+                "the one it was taken on"
+            )
+        if not os.path.isdir(snapshot.path):
+            raise InvalidRequestError(f"snapshot {snapshot.id} was removed ({snapshot.path} is gone)")
 
     def _session_config(
         self, workspace: str | os.PathLike[str] | None, mode: str | None = None

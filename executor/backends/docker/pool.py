@@ -54,6 +54,7 @@ import contextlib
 import functools
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 import threading
@@ -62,18 +63,22 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import docker
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adk_sandbox.executor._layout import KERNEL_PATHS
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, OpenedContainer
-from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, MIB, ContainerSpec
+from adk_sandbox.executor.backends.docker._spec import BUILTIN_TMPFS, LABEL_PREFIX, MIB, ContainerSpec
 from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
 from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import ResourceLimits
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree
+
+if TYPE_CHECKING:
+    from adk_sandbox.executor.snapshots.model import Snapshot
 
 __all__ = ["POOL_LABEL", "PoolConfig", "PoolKey", "PoolStats", "SessionPool"]
 
@@ -108,6 +113,29 @@ class PoolConfig(BaseModel):
     """What the members serve. ``"none"``: workspace-less ``backend.session()``. ``"mirror"``: copies,
     ``backend.session(copy_of=X)``; each member then holds an empty mirror volume at a directory the pool
     made, which ``X`` is copied into at acquire (``backend.session()`` then starts cold)."""
+    path: str | None = None
+    """With ``workspace="mirror"``: where each member's workspace is inside its sandbox, the same for all
+    (its host directory is still its own). None: at its host directory's path. A pool with a path also
+    serves ``backend.session(snapshot=s)`` for snapshots whose workspace is at that path (forks of its own
+    sessions; docs/snapshots.md)."""
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, path: str | None) -> str | None:
+        if path is None:
+            return None
+        if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+            raise ValueError("must be an absolute, normalised directory path other than /")
+        for reserved in (*KERNEL_PATHS, *BUILTIN_TMPFS):
+            if path == reserved or path.startswith(reserved + "/") or reserved.startswith(path + "/"):
+                raise ValueError(f"overlaps {reserved}, which the sandbox mounts itself")
+        return path
+
+    @model_validator(mode="after")
+    def _path_needs_mirror(self) -> PoolConfig:
+        if self.path is not None and self.workspace != "mirror":
+            raise ValueError("path= is where a member's workspace copy is: it needs workspace='mirror'")
+        return self
 
 
 @dataclass(frozen=True)
@@ -138,10 +166,17 @@ class PoolKey:
     """The members' ``/etc/hosts`` entries (``extra_hosts``)."""
     mirror_mb: int | None = None
     """The cap of a ``"mirror"`` member's volume, in MiB (None: no volume)."""
+    path: str | None = None
+    """Where a ``"mirror"`` member's workspace is inside (None: at its host directory's path)."""
 
     @classmethod
     def of(
-        cls, config: SessionConfig, engine: str, image_id: str | None = None, workspace: str = "none"
+        cls,
+        config: SessionConfig,
+        engine: str,
+        image_id: str | None = None,
+        workspace: str = "none",
+        path: str | None = None,
     ) -> PoolKey:
         """The key of members made from ``config`` on ``engine`` (with ``workspace`` as in PoolConfig)."""
         spec = config.spec
@@ -160,6 +195,7 @@ class PoolKey:
             channel=config.transport,
             workspace=workspace,
             mirror_mb=config.mirror_mb if workspace == "mirror" else None,
+            path=path,
         )
 
 
@@ -312,7 +348,7 @@ class SessionPool:
         self._config = replace(config, spec=spec)
         self._client = client
         self._make_session = make_session
-        self._key = PoolKey.of(config, engine, workspace=settings.workspace)
+        self._key = PoolKey.of(config, engine, workspace=settings.workspace, path=settings.path)
         self.root: str | None = None
         """The host directory holding the members' workspace copies (``workspace="mirror"``), else None."""
         if settings.workspace == "mirror":
@@ -370,15 +406,31 @@ class SessionPool:
         return True
 
     # -- acquire -------------------------------------------------------------------------------------
-    def acquire(self, copy_of: str | None = None) -> DockerSession:
+    def serves_snapshot(self, snapshot: Snapshot) -> bool:
+        """Whether a member can take ``snapshot``'s state: its workspace at this pool's ``path``, no root."""
+        spec = self._config.spec
+        return (
+            self.settings.path is not None
+            and snapshot.workspace == self.settings.path
+            and snapshot.root_image is None
+            and snapshot.image == spec.image
+            and snapshot.profile == spec.profile
+        )
+
+    def acquire(self, copy_of: str | None = None, *, snapshot: Snapshot | None = None) -> DockerSession:
         """A started session no one used before; closing it removes its container (never reused).
 
         With ``workspace="mirror"``, ``copy_of`` (an absolute host directory) is copied into the member's
         workspace and pushed into it before it is handed out; the member is destroyed when that fails
         (the error is raised). :class:`SandboxFailedError` when the pool is closed or no member was ready
         in ``acquire_timeout_seconds``; a failed create's own error when one failed while this waited.
+        With ``snapshot`` (a pool with ``path``, see :meth:`serves_snapshot`) the member takes the
+        snapshot's state instead: its workspace copied in and pushed, its tmpfs archives unpacked.
         """
-        if (copy_of is not None) != (self.settings.workspace == "mirror"):
+        if snapshot is not None:
+            if copy_of is not None or not self.serves_snapshot(snapshot):
+                raise ValueError("this pool's members cannot take that snapshot (see serves_snapshot)")
+        elif (copy_of is not None) != (self.settings.workspace == "mirror"):
             raise ValueError(
                 "a pool of workspace copies (PoolConfig(workspace='mirror')) serves acquire(copy_of=...) only"
                 if copy_of is None
@@ -393,7 +445,9 @@ class SessionPool:
             healthy = member.session.ping(self.settings.ping_timeout_seconds)
             if healthy:
                 try:
-                    if copy_of is not None:
+                    if snapshot is not None:
+                        self._fill_snapshot(member.session, snapshot)
+                    elif copy_of is not None:
                         self._fill_copy(member.session, copy_of)
                 finally:
                     with self._cond:
@@ -416,6 +470,28 @@ class SessionPool:
             session.push_workspace()
         except BaseException:
             _close_quietly(session)  # the copy went into its workspace: never handed out again
+            raise
+
+    def _fill_snapshot(self, session: DockerSession, snapshot: Snapshot) -> None:
+        """Give the member the snapshot's files (workspace copied, pushed; tmpfs unpacked), or destroy it."""
+        from adk_sandbox.executor.backends.docker._snapshot import restore_tmpfs  # noqa: PLC0415
+        from adk_sandbox.executor.snapshots.copy import copy_workspace  # noqa: PLC0415
+
+        workspace = session.workspace
+        try:
+            if workspace is None:  # pragma: no cover - every member of a mirror pool has one
+                raise SandboxFailedError("a warm pool member has no workspace copy")
+            copy_workspace(
+                snapshot.workspace_dir,
+                workspace,
+                self._config.mirror_mb * MIB,
+                "DockerBackend(mirror_size_mb=...)",
+            )
+            session.push_workspace()
+            session.restore_notes = restore_tmpfs(session, snapshot)
+            session.origin = snapshot
+        except BaseException:
+            _close_quietly(session)
             raise
 
     def _take(self, deadline: float) -> _Member:
@@ -496,8 +572,15 @@ class SessionPool:
             return self._config, None
         # The member's volume is mounted at this same path inside.
         workspace = tempfile.mkdtemp(prefix="copy-", dir=self.root)
-        spec = replace(self._config.spec, workspace=workspace)
-        config = replace(self._config, spec=spec, workspace_transport="mirror", workspace_is_copy=True)
+        inside = self.settings.path or workspace
+        spec = replace(self._config.spec, workspace=inside)
+        config = replace(
+            self._config,
+            spec=spec,
+            workspace_transport="mirror",
+            workspace_is_copy=True,
+            host_workspace=workspace if inside != workspace else None,
+        )
         return config, workspace
 
     def _create_one(self) -> None:

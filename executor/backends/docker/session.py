@@ -18,9 +18,9 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import docker
 import docker.errors
@@ -29,6 +29,7 @@ from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor._users import is_numeric
+from adk_sandbox.executor.backend import OutputCallback
 from adk_sandbox.executor.backends.docker._container import (
     ContainerProvider,
     OomCounter,
@@ -40,6 +41,7 @@ from adk_sandbox.executor.backends.docker._dialect import Dialect
 from adk_sandbox.executor.backends.docker._exec import EXEC_NO_BACKGROUND, DockerExecTransport
 from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
+    GVISOR_RUNTIME,
     ContainerSpec,
     MirrorVolume,
     capabilities_from_inspect,
@@ -69,6 +71,7 @@ from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import (
     Capabilities,
     ExecRequest,
+    ExecResult,
     IsolationClass,
     Language,
     parse_user,
@@ -77,6 +80,10 @@ from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
 from adk_sandbox.executor.workspace.bind import BindWorkspace
 from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB, MirrorWorkspace
 from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace
+
+if TYPE_CHECKING:  # the snapshots package imports this module's names: imported where used at run time
+    from adk_sandbox.executor.snapshots.model import Snapshot
+    from adk_sandbox.executor.snapshots.store import SnapshotStore
 
 __all__ = ["NETWORK_OFF_RULE", "TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
 
@@ -156,6 +163,10 @@ class SessionConfig:
     workspace_is_copy: bool = False
     """The workspace is a copy this library made for the session (``backend.session(copy_of=...)``, see
     docs/DOCKER.md "Warm pool"): removed from the host once the session closed."""
+    host_workspace: str | None = None
+    """The workspace's host directory when it is not at ``spec.workspace`` (the path inside): a session
+    from a snapshot mirrors a directory of its own at the snapshot's workspace path (docs/snapshots.md).
+    None: the same path on both sides."""
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
@@ -239,6 +250,21 @@ class DockerSession(ChannelSession):
         self._root_watcher: RootWatcher | None = None
         #: Why the session refuses every further call (its root writes passed their cap), once they did.
         self._stopped: str | None = None
+        #: Commands running now, and whether a snapshot holds new ones back (see _quiesced).
+        self._gate = threading.Condition()
+        self._running = 0
+        self._holding = False
+        self._snapshot_lock = threading.Lock()
+        #: Where snapshots go, and who makes a session from one (set by the backend that opened this one).
+        self.snapshot_store: SnapshotStore | None = None
+        self._forker: Callable[[Snapshot], DockerSession] | None = None
+        self._image_remover: Callable[[str], None] | None = None
+        #: The snapshot fork() took for this session: removed when it closes.
+        self._own_snapshot: Snapshot | None = None
+        self.origin: Snapshot | None = None
+        """The snapshot this session started from (``backend.session(snapshot=...)``, ``fork()``), or None."""
+        self.restore_notes: list[str] = []
+        """What unpacking the snapshot's tmpfs archives complained of (files the sandbox refused), if any."""
 
     # -- lifecycle -----------------------------------------------------------------------------------
     @property
@@ -279,8 +305,14 @@ class DockerSession(ChannelSession):
         """The host directory of the session's workspace (absolute, resolved), or None without one.
 
         For ``backend.session(copy_of=...)`` this is the copy the library made (see docs/DOCKER.md,
-        "Warm pool"): read results from here before the session closes.
+        "Warm pool"): read results from here before the session closes. For a session from a snapshot it is
+        the session's own copy, while the sandbox sees it at :attr:`workspace_inside` (docs/snapshots.md).
         """
+        return self._config.host_workspace or self._config.spec.workspace
+
+    @property
+    def workspace_inside(self) -> str | None:
+        """Where the workspace is inside the sandbox (the same as :attr:`workspace` unless it is a fork)."""
         return self._config.spec.workspace
 
     def push_workspace(self) -> None:
@@ -329,12 +361,14 @@ class DockerSession(ChannelSession):
                 self._discard_container()
                 if self._workspace is not None:
                     self._workspace.close()
-                copy = self._config.spec.workspace
+                copy = self.workspace
                 if self._config.workspace_is_copy and copy is not None and not already:
                     # After the last pull-back; descriptor-based: a link pulled back is removed, not followed.
                     shutil.rmtree(copy, ignore_errors=True)
                     if os.path.lexists(copy):
                         log.warning("the workspace copy %s of a closed session could not be removed", copy)
+                if not already:
+                    self._drop_own_snapshot()
 
     def _open_container(self) -> None:
         """Open a verified container with its workspace (``auto``: bind, else a mirror; lock held)."""
@@ -360,8 +394,9 @@ class DockerSession(ChannelSession):
     def _mirror_spec(self) -> tuple[ContainerSpec, tuple[int, int]]:
         """The spec of a container holding a copy of the workspace, and the host workspace's owner."""
         spec = self._config.spec
-        assert spec.workspace is not None  # noqa: S101 - only called with a workspace
-        info = os.stat(spec.workspace)
+        host = self.workspace
+        assert host is not None  # noqa: S101 - only called with a workspace
+        info = os.stat(host)
         named = self._config.user is not None and not is_numeric(self._config.user)
         if self._config.user and not named:
             user = container_user(self._config.user)
@@ -412,7 +447,8 @@ class DockerSession(ChannelSession):
                         "the workspace copy is not as asked: " + "; ".join(problems)
                     )
                 if self.mirror is None:
-                    mirror = MirrorWorkspace(workspace, self._config.mirror_mb, owner)
+                    host = self.workspace or workspace
+                    mirror = MirrorWorkspace(host, self._config.mirror_mb, owner, inside=workspace)
                     self._workspace = SyncedWorkspace(mirror, self._sync_channel)
                 assert self._workspace is not None  # noqa: S101 - made just above
                 self._workspace.started()  # a fresh container gets the host copy again
@@ -599,6 +635,131 @@ class DockerSession(ChannelSession):
         self._open_container()
         self.restarts += 1
 
+    # -- snapshots (docs/snapshots.md) -----------------------------------------------------------------
+    def execute(
+        self,
+        request: ExecRequest,
+        on_output: OutputCallback | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> ExecResult:
+        """Run ``request`` (see the class docstring); held back while a snapshot of the session is taken."""
+        with self._gate:
+            while self._holding:
+                self._gate.wait()
+            self._running += 1
+        try:
+            return super().execute(request, on_output, cancel=cancel)
+        finally:
+            with self._gate:
+                self._running -= 1
+                self._gate.notify_all()
+
+    @contextlib.contextmanager
+    def _quiesced(self, wait_seconds: float) -> Iterator[None]:
+        """No command runs inside (new ones wait); refused when running ones do not end in time."""
+        with self._snapshot_lock:
+            deadline = time.monotonic() + wait_seconds
+            with self._gate:
+                self._holding = True
+                try:
+                    while self._running:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise InvalidRequestError(
+                                f"{self._running} command(s) of this session still ran after "
+                                f"{wait_seconds:g} s; "
+                                "a snapshot is taken while none runs. Nothing was taken: wait for them (or "
+                                "give a larger wait_seconds)"
+                            )
+                        self._gate.wait(left)
+                except BaseException:
+                    self._holding = False
+                    self._gate.notify_all()
+                    raise
+            try:
+                yield
+            finally:
+                with self._gate:
+                    self._holding = False
+                    self._gate.notify_all()
+
+    def snapshot(
+        self,
+        name: str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        detached: bool = False,
+        max_mb: int | None = None,
+        wait_seconds: float | None = None,
+        store: SnapshotStore | None = None,
+    ) -> Snapshot:
+        """The session's files now, on disk: a :class:`~adk_sandbox.executor.snapshots.Snapshot`.
+
+        The workspace, ``/tmp``, HOME and the extra tmpfs directories, and under the task profile the root
+        filesystem's writes (docs/snapshots.md). No command runs while it is taken: it waits for the running
+        ones (at most ``wait_seconds``) and holds new ones back until it is done. Owned by this process
+        (removed by a reaper once the process is gone) unless ``detached``; expires after ``ttl_seconds``.
+        Over ``max_mb`` it is refused (:class:`PolicyNotEnforceableError`) and nothing of it is kept.
+        Starts the session. ``store`` defaults to the backend's (``backend.snapshots``).
+        """
+        from adk_sandbox.executor.backends.docker._snapshot import take_snapshot  # noqa: PLC0415 - see TYPE_CHECKING
+        from adk_sandbox.executor.snapshots.model import options_from  # noqa: PLC0415
+        from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
+
+        options = options_from(
+            name=name, labels=labels, ttl_seconds=ttl_seconds, detached=detached, max_mb=max_mb,
+            wait_seconds=wait_seconds,
+        )  # fmt: skip
+        if self._closed:
+            raise SandboxFailedError("this Docker session is closed")
+        return take_snapshot(self, options, store or self.snapshot_store or SnapshotStore())
+
+    def fork(
+        self,
+        *,
+        ttl_seconds: int | None = None,
+        max_mb: int | None = None,
+        wait_seconds: float | None = None,
+    ) -> DockerSession:
+        """A new session holding this one's files (:meth:`snapshot`, then ``backend.session(snapshot=...)``).
+
+        Its workspace is at this session's path inside, in a host directory of its own
+        (:attr:`workspace`); nothing it does reaches this session. The snapshot taken for it is removed when
+        the fork closes. For many forks of one state, take one snapshot and start each session from it.
+        """
+        forker = self._forker
+        if forker is None:
+            raise InvalidRequestError(
+                "this session was not opened by a DockerBackend, which a fork needs; take a snapshot "
+                "and give "
+                "it to backend.session(snapshot=...)"
+            )
+        taken = self.snapshot(ttl_seconds=ttl_seconds, max_mb=max_mb, wait_seconds=wait_seconds)
+        try:
+            child = forker(taken)
+        except BaseException:
+            self._remove_snapshot(taken)
+            raise
+        child._own_snapshot = taken
+        return child
+
+    def _remove_snapshot(self, snapshot: Snapshot) -> None:
+        from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
+
+        store = SnapshotStore(os.path.dirname(snapshot.path))
+        try:
+            store.remove(snapshot.id, self._image_remover)
+        except ExecutorError as exc:  # left to a reaper: owned by this process, and it expires
+            log.warning("the snapshot %s of a fork could not be removed: %s", snapshot.id, exc)
+
+    def _drop_own_snapshot(self) -> None:
+        """Remove the snapshot :meth:`fork` took for this session (its container is gone by now)."""
+        own, self._own_snapshot = self._own_snapshot, None
+        if own is not None:
+            self._remove_snapshot(own)
+
     # -- what is enforced ----------------------------------------------------------------------------
     @property
     def deviations(self) -> tuple[str, ...]:
@@ -641,8 +802,17 @@ class DockerSession(ChannelSession):
             channel=self.channel,
             root_cap=self._config.spec.root_cap,
         )
+        spec = self._config.spec
+        # What take_snapshot refuses: an attached container, and a task root under gVisor.
+        snapshots: tuple[Literal["files"], ...] = (
+            () if self.attached or (spec.task and spec.runtime == GVISOR_RUNTIME) else ("files",)
+        )
         return capabilities.model_copy(
-            update={"workspace": self.workspace_transport, "network_policy": self._policy_in_force()}
+            update={
+                "workspace": self.workspace_transport,
+                "network_policy": self._policy_in_force(),
+                "snapshots": snapshots,
+            }
         )
 
     def _policy_in_force(self) -> NetworkPolicy | None:

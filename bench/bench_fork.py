@@ -1,0 +1,290 @@
+"""Snapshots and forks (issue 24), side by side with a cold copy and with ``docker commit`` + a new container.
+
+Run: .venv/bin/python bench/bench_fork.py [--repeat N] [--quick] [--runtime runsc]
+
+The parent: a session from a pool of copies at a fixed path (``PoolConfig(size=8, workspace="mirror",
+path=...)``) holding a 2,000-file workspace (8 KiB files of random bytes, 16 MB) and 50 MB in ``/tmp``
+(50 files of 1 MiB). Rows, each interleaved sample by sample with its anchors (sessions closed untimed):
+
+* ``parent.fork()`` (snapshot: workspace copy, /tmp and HOME archived inside, then a session from the pool
+  taking it: copy, push, unpack) + the fork's first ``true``, against a cold ``session(copy_of=tree)`` of
+  a backend without a pool + first ``true`` (which carries the workspace only, not /tmp), and against
+  ``docker commit`` of the parent's container + create + start of a container from that image (which
+  carries neither the mirrored workspace nor /tmp: a commit sees neither a volume nor a tmpfs);
+* the split of a fork: the snapshot alone, the session from it alone;
+* eight forks at once (one snapshot, eight sessions from it in threads) against eight cold ``copy_of``
+  sessions at once, total time until all eight ran ``true``;
+* the snapshot's size on disk;
+* the task profile's root layer (20 MB written under /opt): ``docker commit`` against an archive of the
+  changed paths (``docker diff``, then ``tar`` of them inside over the channel), to say which is faster.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import docker
+from _fixtures import TRUE, containers_of_this_process, owned_workspace, runtime_name
+from _timing import Row, Stats, parser, print_section
+from bench_mirror import make_tree
+
+from adk_sandbox.executor import ExecRequest, Language, ResourceLimits
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession, PoolConfig
+from adk_sandbox.executor.backends.docker._spec import ContainerSpec, host_config_arguments
+from adk_sandbox.executor.snapshots import SnapshotStore
+from adk_sandbox.executor.workspace.copies import copies_dir
+
+TREE_FILES = 2000
+TMP_MB = 50
+REPO = "/work/repo"
+FORKS = 8
+TARGET_MS = 150.0
+
+
+def command(code: str, timeout: float = 120) -> ExecRequest:
+    return ExecRequest(language=Language.COMMAND, code=code, timeout=timeout)
+
+
+def first(session: DockerSession) -> DockerSession:
+    """``session`` after its first ``true`` ran."""
+    assert session.execute(TRUE).exit_code == 0
+    return session
+
+
+def commit_and_start(client: docker.DockerClient, container_id: str, runtime: str | None) -> tuple[str, str]:
+    """``docker commit`` of the container (paused) and a hardened container started from it: (image, id)."""
+    image = str(client.api.commit(container_id, repository="adk-bench-commit", pause=True)["Id"])
+    spec = ContainerSpec(image=image, limits=ResourceLimits(), runtime=runtime)
+    arguments = {**host_config_arguments(spec), "auto_remove": False}
+    created = client.api.create_container(
+        image, entrypoint=["sleep"], command=["600"], host_config=client.api.create_host_config(**arguments)
+    )
+    client.api.start(created["Id"])
+    return image, str(created["Id"])
+
+
+def forks_side_by_side(
+    *,
+    parent: DockerSession,
+    pooled: DockerBackend,
+    cold: DockerBackend,
+    tree: Path,
+    runtime: str | None,
+    repeat: int,
+) -> tuple[dict[str, Stats], dict[str, Stats]]:
+    """Milliseconds of each way to a second session holding the parent's state (see the docstring)."""
+    client = pooled.client
+    samples: dict[str, list[float]] = {"fork": [], "fork-shm": [], "copy": [], "commit": []}
+    split: dict[str, list[float]] = {"snapshot": [], "session": [], "snapshot-shm": [], "session-shm": []}
+    shm = SnapshotStore(tempfile.mkdtemp(prefix="adk-bench-snapshots-", dir=copies_dir()))
+
+    def forking(store: SnapshotStore, suffix: str) -> Callable[[], Callable[[], None]]:
+        def fork() -> Callable[[], None]:
+            started = time.perf_counter()
+            snap = parent.snapshot(store=store)
+            taken = time.perf_counter()
+            session = first(pooled.session(snapshot=snap))
+            split["snapshot" + suffix].append((taken - started) * 1000)
+            split["session" + suffix].append((time.perf_counter() - taken) * 1000)
+
+            def undo() -> None:
+                session.close()
+                store.remove(snap.id)
+
+            return undo
+
+        return fork
+
+    def copy() -> Callable[[], None]:
+        return first(cold.session(copy_of=tree)).close
+
+    def commit() -> Callable[[], None]:
+        image, container = commit_and_start(client, parent.container_id, runtime)
+
+        def undo() -> None:
+            client.api.remove_container(container, force=True)
+            client.api.remove_image(image, force=True)
+
+        return undo
+
+    fns = {
+        "fork": forking(pooled.snapshots, ""),
+        "fork-shm": forking(shm, "-shm"),
+        "copy": copy,
+        "commit": commit,
+    }
+    order = list(fns)
+    assert pooled.pool is not None
+    for i in range(repeat + 1):  # the first round is the warm-up
+        for name in order[i % 4 :] + order[: i % 4]:
+            assert pooled.pool.wait_ready(120)
+            started = time.perf_counter()
+            undo = fns[name]()
+            elapsed = (time.perf_counter() - started) * 1000
+            undo()
+            if i:
+                samples[name].append(elapsed)
+        if i == 0:
+            split = {name: [] for name in split}
+    shutil.rmtree(shm.root, ignore_errors=True)
+    return (
+        {name: Stats(tuple(values)) for name, values in samples.items()},
+        {name: Stats(tuple(values)) for name, values in split.items()},
+    )
+
+
+def eight_at_once(
+    parent: DockerSession, pooled: DockerBackend, cold: DockerBackend, tree: Path, rounds: int
+) -> tuple[Stats, Stats]:
+    forked: list[float] = []
+    copied: list[float] = []
+    assert pooled.pool is not None
+    for i in range(rounds + 1):
+        pooled.pool.wait_ready(120)
+        started = time.perf_counter()
+        snap = parent.snapshot()
+        with ThreadPoolExecutor(FORKS) as threads:
+            sessions = list(threads.map(lambda _, s=snap: first(pooled.session(snapshot=s)), range(FORKS)))
+        elapsed = (time.perf_counter() - started) * 1000
+        for session in sessions:
+            session.close()
+        pooled.snapshots.remove(snap.id)
+        if i:
+            forked.append(elapsed)
+        started = time.perf_counter()
+        with ThreadPoolExecutor(FORKS) as threads:
+            sessions = list(threads.map(lambda _: first(cold.session(copy_of=tree)), range(FORKS)))
+        elapsed = (time.perf_counter() - started) * 1000
+        for session in sessions:
+            session.close()
+        if i:
+            copied.append(elapsed)
+    return Stats(tuple(forked)), Stats(tuple(copied))
+
+
+def root_layer(runtime: str | None, repeat: int) -> tuple[Stats, Stats, int]:
+    """The task profile's 20 MB of root writes: docker commit against a tar of the changed paths."""
+    with DockerBackend(profile="task", runtime=runtime) as task, task.session() as session:
+        code = (
+            "mkdir -p /opt/data && for i in $(seq 200); do head -c 102400 /dev/urandom > /opt/data/f$i; done"
+        )
+        assert session.execute(command(code)).exit_code == 0
+        client = task.client
+        commits: list[float] = []
+        archives: list[float] = []
+        size = 0
+        for _ in range(repeat):
+            started = time.perf_counter()
+            image = client.api.commit(session.container_id, repository="adk-bench-commit", pause=True)["Id"]
+            commits.append((time.perf_counter() - started) * 1000)
+            client.api.remove_image(image, force=True)
+            started = time.perf_counter()
+            changed = [c["Path"] for c in client.api.diff(session.container_id) if c["Kind"] in (0, 1)]
+            listing = "\n".join(changed)
+            archive = session.execute(
+                ExecRequest(
+                    language=Language.COMMAND,
+                    code="tar -c -f - --no-recursion -T - | wc -c",
+                    stdin=listing,
+                    timeout=120,
+                )
+            )
+            archives.append((time.perf_counter() - started) * 1000)
+            size = int(archive.stdout.strip() or 0)
+        return Stats(tuple(commits)), Stats(tuple(archives)), size
+
+
+def main() -> None:
+    """Print the issue 24 fork table."""
+    args = parser(__doc__)
+    args.add_argument("--repeat", type=int, default=20)
+    args.add_argument("--runtime", default=None, help="e.g. runsc")
+    options = args.parse_args()
+    repeat = 3 if options.quick else options.repeat
+    rt = runtime_name(options.runtime)
+    client = docker.from_env()
+    tree = Path(owned_workspace("adk-bench-fork-tree-"))
+    make_tree(tree, TREE_FILES)
+    store_root = tempfile.mkdtemp(prefix="adk-bench-snapshots-")
+    pooled = DockerBackend(
+        runtime=options.runtime, pool=PoolConfig(size=FORKS, workspace="mirror", path=REPO)
+    )
+    pooled.snapshots = SnapshotStore(store_root)
+    cold = DockerBackend(runtime=options.runtime)
+    try:
+        parent = pooled.session(copy_of=tree)
+        fill = f"for i in $(seq {TMP_MB}); do head -c 1048576 /dev/urandom > /tmp/blob$i; done"
+        assert parent.execute(command(fill)).exit_code == 0
+        sizes = parent.snapshot()
+        du = subprocess.run(
+            ["du", "-sb", sizes.path], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+        pooled.snapshots.remove(sizes.id)
+        stats, split = forks_side_by_side(
+            parent=parent, pooled=pooled, cold=cold, tree=tree, runtime=options.runtime, repeat=repeat
+        )
+        eight, eight_cold = eight_at_once(parent, pooled, cold, tree, max(2, repeat // 4))
+        commit, archive, archived = root_layer(options.runtime, max(3, repeat // 4))
+        parent.close()
+    finally:
+        pooled.close()
+        cold.close()
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(store_root, ignore_errors=True)
+    fork = stats["fork"]
+    rows = [
+        Row.latency(
+            f"{rt}: `parent.fork()` from a pool (snapshot + session) + first `true`",
+            fork,
+            "cold `session(copy_of=tree)` + first `true` (workspace only)",
+            stats["copy"],
+        ),
+        Row.latency(
+            f"{rt}: the same fork, the store on tmpfs (`SnapshotStore('/dev/shm/...')`)",
+            stats["fork-shm"],
+            "cold `session(copy_of=tree)` + first `true` (workspace only)",
+            stats["copy"],
+        ),
+        Row.latency(
+            f"{rt}: the fork (store on disk)",
+            fork,
+            "`docker commit` (paused) + create + start (no workspace, no /tmp)",
+            stats["commit"],
+        ),
+        Row.latency(
+            f"{rt}: {FORKS} forks at once (one snapshot, {FORKS} sessions in threads), total",
+            eight,
+            f"{FORKS} cold `copy_of` sessions at once, total",
+            eight_cold,
+        ),
+        Row.latency(
+            f"{rt}: task root layer (20 MB): `docker commit`", commit, "`docker diff` + tar inside", archive
+        ),
+    ]
+    left = containers_of_this_process(client)
+    notes = [
+        f"target: fork p50 ≤ {TARGET_MS:g} ms: {fork.p50:.0f} ms "
+        f"({'met' if fork.p50 <= TARGET_MS else 'NOT met'})",
+        f"target with the store on tmpfs: {stats['fork-shm'].p50:.0f} ms "
+        f"({'met' if stats['fork-shm'].p50 <= TARGET_MS else 'NOT met'})",
+        f"a fork's split, store on disk (the default, the cache directory): snapshot p50 "
+        f"{split['snapshot'].p50:.0f} ms, session from it p50 {split['session'].p50:.0f} ms; store on tmpfs: "
+        f"snapshot p50 {split['snapshot-shm'].p50:.0f} ms, session p50 {split['session-shm'].p50:.0f} ms "
+        "(the session from the pool: copy in, push, unpack /tmp and HOME, first `true`)",
+        f"the snapshot on disk: {int(du) / 1e6:.1f} MB (`du -sb`; {TREE_FILES} files of 8 KiB + {TMP_MB} MiB "
+        f"of /tmp as an archive), method {sizes.method}, size_bytes {sizes.size_bytes / 1e6:.1f} MB",
+        f"the changed paths' archive: {archived / 1e6:.1f} MB",
+        f"containers of this process left: {len(left)}",
+    ]
+    print_section(f"Issue 24: snapshots and forks ({rt})", rows, notes)
+    client.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The snapshot's workspace copy: :func:`copy_tree`'s safety, by reflink where the host filesystem can.
+
+A snapshot's workspace is a copy of a tree a sandbox wrote into: hostile input. It is copied exactly as a
+workspace copy is (:func:`adk_sandbox.executor.workspace.copies.copy_tree`: every file and directory
+opened by descriptor with ``O_NOFOLLOW`` on both sides, special files left out, set-id bits dropped, a
+link kept only as a link and only when it resolves inside the copy and out of any ``.git``, refused
+beyond the cap before anything is written), and the same again from the snapshot into each session made
+from it. The difference is how a file's data travels: first ``FICLONE`` (a reflink: the copy shares the
+blocks, copy-on-write; btrfs, XFS, bcachefs), else the kernel's ``copy_file_range``, else read and write.
+:class:`CopyReport` says which was used.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+
+from adk_sandbox.executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor.snapshots.model import CopyMethod
+from adk_sandbox.executor.workspace.beneath import RootDir
+from adk_sandbox.executor.workspace.copies import _Copier, _copy_data
+from adk_sandbox.executor.workspace.pullback import _HostTree, _Refused
+from adk_sandbox.executor.workspace.scan import Entry, check_fits, scan_host
+
+__all__ = ["CopyReport", "copy_workspace"]
+
+log = logging.getLogger(__name__)
+
+#: ``FICLONE`` (``_IOW(0x94, 9, int)``): make the destination share the source's blocks.
+FICLONE = 0x40049409
+#: What a filesystem (or a pair of them) that cannot clone answers.
+_NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF}
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    """What :func:`copy_workspace` did: how, how many bytes of files, what it left out and why."""
+
+    method: CopyMethod
+    size_bytes: int
+    skipped: tuple[str, ...]
+
+
+def copy_workspace(source: str, dest: str, cap_bytes: int, setting: str) -> CopyReport:
+    """Copy the host tree ``source`` into the empty host directory ``dest`` (see the module docstring).
+
+    ``setting`` names what raises ``cap_bytes`` in the error that refuses a larger tree (nothing is
+    copied then). ``source`` is only read; ``dest`` must be this process's own fresh directory.
+    """
+    host = scan_host(source)
+    check_fits(source, host, cap_bytes, setting)
+    info = os.stat(dest)
+    copier = _CloningCopier(host, (info.st_uid, info.st_gid), cap_bytes)
+    copier.setting = setting
+    src = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dst = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            copier.directory("", src, dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    skipped = copier.skipped
+    links = sorted(path for path, entry in host.items() if entry.kind == "l" and path in copier.reached)
+    tree_dir = RootDir(dest)
+    try:
+        tree = _HostTree(tree_dir, (info.st_uid, info.st_gid))
+        made = []
+        for path in links:
+            try:
+                tree.make_link(path, host[path].target)
+                made.append(path)
+            except (_Refused, OSError) as exc:
+                skipped.append(f"{path}: {exc}")
+        for path in made:  # a link made later can change where an earlier one leads
+            if not tree.link_stays_inside(path):
+                tree.remove(path)
+                skipped.append(f"{path}: a symbolic link that leads outside the workspace (or into .git)")
+    finally:
+        tree_dir.close()
+    for reason in skipped:
+        log.info("copying %s into %s left out %s", source, dest, reason)
+    method: CopyMethod = "reflink" if copier.cloned and not copier.copied else "copy"
+    return CopyReport(method, cap_bytes - copier.budget, tuple(skipped))
+
+
+@dataclass
+class _CloningCopier(_Copier):
+    """:class:`_Copier` whose file data is cloned when the filesystems can (counted), else copied."""
+
+    cloned: int = 0
+    copied: int = 0
+    setting: str = ""
+    _can_clone: bool = field(default=True)
+
+    def _file(self, path: str, name: str, entry: Entry, src: int, dst: int) -> None:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd_in = os.open(name, flags, dir_fd=src)  # NONBLOCK: a FIFO swapped in does not hang the copy
+        try:
+            info = os.fstat(fd_in)
+            if not stat.S_ISREG(info.st_mode):
+                self.skipped.append(f"{path}: no longer a regular file when it was copied")
+                return
+            out_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd_out = os.open(name, out_flags, 0o600, dir_fd=dst)
+            try:
+                copied = self._data(fd_in, fd_out, info.st_size)
+                if copied > self.budget:  # grew since the scan past what the copy may hold
+                    raise PolicyNotEnforceableError(
+                        f"the workspace's files grew past the snapshot's cap while they were copied "
+                        f"({path}); "
+                        f"nothing was kept. Raise {self.setting}"
+                    )
+                self.budget -= copied
+                if self._as_root:
+                    os.fchown(fd_out, *self.owner)
+                os.fchmod(fd_out, entry.mode & 0o777)  # after fchown, and never a set-id bit
+                os.utime(fd_out, ns=(entry.mtime_ns, entry.mtime_ns))
+            finally:
+                os.close(fd_out)
+        finally:
+            os.close(fd_in)
+
+    def _data(self, fd_in: int, fd_out: int, size: int) -> int:
+        """Clone ``fd_in`` into ``fd_out`` when it fits the budget and the filesystem can, else copy."""
+        if self._can_clone and size <= self.budget:
+            try:
+                fcntl.ioctl(fd_out, FICLONE, fd_in)
+            except OSError as exc:
+                if exc.errno not in _NO_CLONE:
+                    raise
+                self._can_clone = False  # one refusal says it for the whole tree: stop asking
+            else:
+                # The file may have grown between the fstat and the clone: the size counted is the clone's.
+                cloned = os.fstat(fd_out).st_size
+                if cloned <= self.budget:
+                    self.cloned += 1
+                    return cloned
+                return cloned  # over the budget: the caller refuses
+        self.copied += 1
+        return _copy_data(fd_in, fd_out, self.budget + 1)

@@ -1,0 +1,167 @@
+"""What a snapshot is: :class:`Snapshot` (the record, immutable), :class:`SnapshotOptions` (how to take one).
+
+A snapshot is a session's files at one moment, kept on disk so that sessions can start from it
+(``backend.session(snapshot=snap)``, ``session.fork()``; docs/snapshots.md). It carries the workspace (a
+directory on the host, a safe copy), each tmpfs directory of the sandbox (``/tmp``, HOME, extra tmpfs) as an
+archive that is never unpacked on the host, and under the task profile the writable root layer (an engine
+image). Processes and memory are not carried: :attr:`Snapshot.carries` says ``("files",)``.
+
+Its owner and expiry are told with the labels of :mod:`adk_sandbox.executor._owner`, so the rule that
+decides a container is leaked (:func:`~adk_sandbox.executor._owner.leak_reason`) decides a snapshot is too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from adk_sandbox.executor import _owner
+
+__all__ = [
+    "DEFAULT_MAX_MB",
+    "DEFAULT_TTL_SECONDS",
+    "MAX_TTL_SECONDS",
+    "SNAPSHOT_ID",
+    "SNAPSHOT_LABEL",
+    "CopyMethod",
+    "Snapshot",
+    "SnapshotOptions",
+]
+
+#: The label that names the snapshot an engine image holds the root layer of.
+SNAPSHOT_LABEL = _owner.LABEL_PREFIX + "snapshot"
+#: A snapshot id: what this library makes (``snap-`` and 16 hex digits); names are checked the same way.
+SNAPSHOT_ID = re.compile(r"snap-[0-9a-f]{16}")
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+#: User labels as a backend's containers take them (docs/docker/configuration.md, "User labels").
+_LabelKey = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$")]
+_Labels = Annotated[
+    dict[_LabelKey, Annotated[str, Field(strict=True, max_length=4096)]], Field(max_length=64)
+]
+
+#: A snapshot lives a day unless asked otherwise, at most 30 days.
+DEFAULT_TTL_SECONDS = 24 * 3600
+MAX_TTL_SECONDS = 30 * 24 * 3600
+#: The default cap on a snapshot's size (workspace files + tmpfs archives + root layer), in MiB.
+DEFAULT_MAX_MB = 4096
+
+#: How the workspace was copied: by reflink (shared blocks, copy-on-write), by a plain copy, or not at all
+#: (the session had no workspace). A copy that cloned some files and copied others says ``"copy"``.
+CopyMethod = Literal["reflink", "copy", "none"]
+
+
+class SnapshotOptions(BaseModel):
+    """How to take a snapshot (``session.snapshot(...)``, ``session.fork(...)``): checked before anything."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Annotated[str, Field(pattern=_NAME)] | None = None
+    """A name to find it by (letters, digits, ``_.-``, at most 64); default: its id."""
+    labels: _Labels = Field(default_factory=dict)
+    """User labels (as ``DockerBackend(labels=...)``: no key in this project's namespace, at most 64)."""
+    ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS)] = DEFAULT_TTL_SECONDS
+    """Seconds until it expires: any reaper then removes it."""
+    detached: bool = False
+    """False: owned by this process, removed by a reaper once the process is gone (or it expired). True:
+    no owner, it outlives this process until it expires or is removed (``adk-sandbox snapshots rm``)."""
+    max_mb: Annotated[int, Field(ge=1, le=1 << 20)] = DEFAULT_MAX_MB
+    """The cap on its size in MiB; a snapshot over it is refused and nothing of it is kept."""
+    wait_seconds: Annotated[float, Field(ge=0, le=3600)] = 60.0
+    """How long to wait for the session's running commands to end before refusing."""
+
+    @field_validator("labels")
+    @classmethod
+    def _check_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key in labels:
+            if key.lower().startswith(_owner.LABEL_PREFIX):
+                # The reaper trusts these to decide what it may remove.
+                raise ValueError(f"label {key!r} is in this project's namespace ({_owner.LABEL_PREFIX}*)")
+        return labels
+
+
+class Snapshot(BaseModel):
+    """A session's files at one moment, on disk (see the module docstring); immutable.
+
+    Read it from :attr:`path` only through this library: ``workspace/`` is a safe copy (no set-id bit, no
+    link leading out, no special file), ``tmpfs/<n>.tar`` are the sandbox's archives, opaque to the host.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: Annotated[str, Field(pattern=SNAPSHOT_ID.pattern)]
+    name: Annotated[str, Field(pattern=_NAME)]
+    labels: dict[str, str] = Field(default_factory=dict)
+    """The user labels it was taken with."""
+    created: float
+    """When it was taken (seconds since the epoch)."""
+    expires: int
+    """When any reaper may remove it (seconds since the epoch)."""
+    owner: dict[str, str] = Field(default_factory=dict)
+    """The owner labels of the process that owns it (empty: detached, only :attr:`expires` applies)."""
+    backend: Literal["docker"] = "docker"
+    image: str
+    """The image the session ran (by name): sessions from the snapshot run it (or :attr:`root_image`)."""
+    image_id: str
+    """The id of that image when the snapshot was taken."""
+    profile: str
+    """The session's profile (``"hardened"`` or ``"task"``)."""
+    runtime: str | None = None
+    workspace: str | None = None
+    """Where the workspace is inside the sandbox (every session from this snapshot has it there), or None."""
+    tmpfs: tuple[str, ...] = ()
+    """The tmpfs directories archived, in the order of the archives ``tmpfs/0.tar``, ``tmpfs/1.tar``..."""
+    root_image: str | None = None
+    """The engine image holding the root layer (task profile), or None."""
+    method: CopyMethod = "none"
+    """How the workspace was copied into the snapshot."""
+    size_bytes: int = 0
+    """Workspace files + tmpfs archives + the root layer's size as the engine reported it."""
+    skipped: tuple[str, ...] = ()
+    """What was left out of it, and why (links leading out, special files, unreadable tmpfs files)."""
+    carries: tuple[Literal["files", "processes", "memory"], ...] = ("files",)
+    """What it restores: files only for now (no processes, no memory; docs/snapshots.md says why)."""
+    path: str = ""
+    """Its directory on disk (set when it is read from its store)."""
+
+    @property
+    def workspace_dir(self) -> str:
+        """The host directory holding the workspace copy (exists only when :attr:`workspace` is set)."""
+        return os.path.join(self.path, "workspace")
+
+    def archive(self, index: int) -> str:
+        """The archive of the tmpfs directory ``tmpfs[index]``."""
+        return os.path.join(self.path, "tmpfs", f"{index}.tar")
+
+    def engine_labels(self) -> dict[str, str]:
+        """The labels of its engine image: project, snapshot id, owner (or none), expiry, user labels."""
+        detached = {key: "" for key in (_owner.OWNER_PID, _owner.OWNER_START, _owner.OWNER_BOOT)}
+        return {
+            **self.labels,
+            **(self.owner or detached),  # "" overrides what the image would inherit from the container
+            _owner.PROJECT_LABEL: "adk-sandbox",
+            SNAPSHOT_LABEL: self.id,
+            _owner.EXPIRES: str(self.expires),
+        }
+
+    def leak_reason(self, now: float | None = None) -> str | None:
+        """Why a reaper may remove it (expired, or its owner process is gone), or None."""
+        return _owner.leak_reason(self.engine_labels(), time.time() if now is None else now)
+
+
+def options_from(**given: object) -> SnapshotOptions:
+    """:class:`SnapshotOptions` from keyword arguments (None: the default); :class:`InvalidRequestError`."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from adk_sandbox.executor.errors import InvalidRequestError  # noqa: PLC0415
+
+    try:
+        return SnapshotOptions.model_validate(
+            {key: value for key, value in given.items() if value is not None}
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+        raise InvalidRequestError(f"invalid snapshot options: {problems}") from None

@@ -1,0 +1,234 @@
+"""Where snapshots live on disk, and how they are listed, read, removed and reaped.
+
+A :class:`SnapshotStore` is a directory (default ``<cache>/snapshots``: ``$ADK_SANDBOX_CACHE``, else
+``$XDG_CACHE_HOME/adk-sandbox`` or ``~/.cache/adk-sandbox``) of this process's user, mode 0700, holding one
+directory per snapshot named by its id: ``snapshot.json`` (the :class:`Snapshot` record), ``workspace/``
+and ``tmpfs/<n>.tar``. A snapshot being taken is built in ``.partial-<owner>-<id>`` (the owner as
+:mod:`adk_sandbox.executor._owner` tells it) and renamed to its id once complete, so a reader never sees
+half of one and a reaper removes what a killed owner left half-written.
+
+A snapshot's root layer is an engine image; the store does not talk to an engine: :meth:`remove` and
+:meth:`reap` take the function that removes an image (the Docker backend's, see
+:mod:`adk_sandbox.executor.backends.docker._snapshot`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import os
+import re
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from adk_sandbox.executor import _owner
+from adk_sandbox.executor.channel.static_agent import cache_root
+from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.snapshots.model import SNAPSHOT_ID, Snapshot
+from adk_sandbox.executor.workspace.copies import _boot_tag
+
+__all__ = ["RECORD", "SnapshotStore", "default_root", "new_id"]
+
+log = logging.getLogger(__name__)
+
+#: The record of a snapshot in its directory.
+RECORD = "snapshot.json"
+_PARTIAL = re.compile(r"\.partial-([0-9a-f]{8})-(\d+)-(\d+)-(\d+)-(snap-[0-9a-f]{16})")
+_REMOVING = re.compile(r"\.removing-(snap-[0-9a-f]{16})-[0-9a-f]{8}")
+
+#: Removes an engine image by id (gone already is not an error).
+ImageRemover = Callable[[str], None]
+
+
+def default_root() -> Path:
+    """The default store: ``snapshots`` in the project's cache directory."""
+    return cache_root() / "snapshots"
+
+
+def new_id() -> str:
+    """A fresh snapshot id (``snap-`` and 16 random hex digits)."""
+    return "snap-" + uuid.uuid4().hex[:16]
+
+
+class SnapshotStore:
+    """Snapshots on disk below ``root`` (see the module docstring). Thread- and process-safe by renames."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(root) if root is not None else default_root()
+        """The store's directory."""
+
+    def _ensure_root(self) -> str:
+        """The store's directory, made 0700 if missing; refused unless it is a directory of this user."""
+        path = str(self.root)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            raise SandboxFailedError(
+                f"the snapshot store {path} is not a directory of this user (a link, or someone else's); "
+                "remove it or give another store"
+            )
+        if info.st_mode & 0o077:
+            os.chmod(path, 0o700)  # snapshots hold what sessions wrote: nobody else reads them
+        return path
+
+    # -- taking one ------------------------------------------------------------------------------------
+    def begin(self, snapshot_id: str) -> str:
+        """A fresh, empty directory to build the snapshot ``snapshot_id`` in (see :meth:`commit`)."""
+        _check_id(snapshot_id)
+        root = self._ensure_root()
+        pid = os.getpid()
+        name = f".partial-{_boot_tag()}-{_owner.pid_namespace()}-{pid}-{_owner.start_time(pid)}-{snapshot_id}"
+        path = os.path.join(root, name)
+        os.mkdir(path, 0o700)
+        return path
+
+    def commit(self, partial: str, snapshot: Snapshot) -> Snapshot:
+        """Write the record into ``partial`` and make it the snapshot (renamed to its id); the record."""
+        record = os.path.join(partial, RECORD)
+        fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(snapshot.model_copy(update={"path": ""}).model_dump_json(indent=1))
+        final = os.path.join(str(self.root), snapshot.id)
+        os.rename(partial, final)
+        return snapshot.model_copy(update={"path": final})
+
+    @staticmethod
+    def abort(partial: str) -> None:
+        """Remove a partial snapshot (a refused or failed one leaves nothing)."""
+        shutil.rmtree(partial, ignore_errors=True)
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def list(self) -> list[Snapshot]:
+        """The complete snapshots of the store, oldest first (an unreadable record is logged and skipped)."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            if SNAPSHOT_ID.fullmatch(name):
+                snapshot = self._read(name)
+                if snapshot is not None:
+                    found.append(snapshot)
+        return sorted(found, key=lambda s: (s.created, s.id))
+
+    def get(self, key: str) -> Snapshot:
+        """The snapshot of this id, else the newest of this name; :class:`InvalidRequestError` if none."""
+        if not isinstance(key, str) or not key:
+            raise InvalidRequestError("a snapshot is named by its id (snap-...) or its name")
+        if SNAPSHOT_ID.fullmatch(key):
+            snapshot = self._read(key)
+            if snapshot is not None:
+                return snapshot
+        named = [s for s in self.list() if s.name == key]
+        if not named:
+            raise InvalidRequestError(
+                f"no snapshot {key!r} in {self.root} (list them with `adk-sandbox snapshots ls`)"
+            )
+        return named[-1]
+
+    def _read(self, snapshot_id: str) -> Snapshot | None:
+        path = os.path.join(str(self.root), snapshot_id)
+        try:
+            fd = os.open(os.path.join(path, RECORD), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                snapshot = Snapshot.model_validate_json(handle.read(1 << 20))
+        except (OSError, ValidationError, ValueError) as exc:
+            log.warning("snapshot record %s is unreadable: %s", path, exc)
+            return None
+        if snapshot.id != snapshot_id:
+            log.warning("snapshot record %s names another snapshot (%s): ignored", path, snapshot.id)
+            return None
+        return snapshot.model_copy(update={"path": path})
+
+    # -- removing --------------------------------------------------------------------------------------
+    def remove(self, key: str | Snapshot, remove_image: ImageRemover | None = None) -> Snapshot:
+        """Remove a snapshot (by id, name or record): its root image first, then its directory.
+
+        The directory is renamed away first (so no session starts from half of it), then removed; a link
+        inside is removed, never followed. Without ``remove_image`` a snapshot with a root image is refused
+        (:class:`InvalidRequestError`): its image would be left behind.
+        """
+        snapshot = self.get(key.id if isinstance(key, Snapshot) else key)
+        if snapshot.root_image is not None:
+            if remove_image is None:
+                raise InvalidRequestError(
+                    f"snapshot {snapshot.id} has a root image ({snapshot.root_image[:19]}): "
+                    "remove it through "
+                    "its engine (DockerBackend.remove_snapshot, `adk-sandbox snapshots rm`)"
+                )
+            remove_image(snapshot.root_image)
+        self._discard(snapshot.id)
+        return snapshot
+
+    def _discard(self, snapshot_id: str) -> None:
+        root = str(self.root)
+        gone = os.path.join(root, f".removing-{snapshot_id}-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(os.path.join(root, snapshot_id), gone)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(gone, ignore_errors=True)
+
+    def reap(self, remove_image: ImageRemover | None = None, now: float | None = None) -> builtins.list[str]:
+        """Remove the snapshots a reaper may (expired, or owner gone) and what killed owners left half-made.
+
+        A snapshot with a root image is removed only with ``remove_image`` (else left for a reaper that has
+        an engine). Returns what was removed, each with why.
+        """
+        moment = time.time() if now is None else now
+        removed = []
+        for snapshot in self.list():
+            reason = snapshot.leak_reason(moment)
+            if reason is None or (snapshot.root_image is not None and remove_image is None):
+                continue
+            try:
+                self.remove(snapshot, remove_image)
+            except Exception as exc:
+                log.warning("could not remove snapshot %s: %s", snapshot.id, exc)
+                continue
+            removed.append(f"{snapshot.id} ({snapshot.name}): {reason}")
+        removed += self._reap_partials()
+        return removed
+
+    def _reap_partials(self) -> builtins.list[str]:
+        """Partial snapshots of owners gone, and removals a killed process left half-done."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        boot, namespace = _boot_tag(), str(_owner.pid_namespace())
+        removed = []
+        for name in names:
+            path = os.path.join(str(self.root), name)
+            partial = _PARTIAL.fullmatch(name)
+            if partial is not None:
+                owner_boot, owner_ns, pid, start, _ = partial.groups()
+                alive = owner_boot == boot and (owner_ns != namespace or _owner.start_time(int(pid)) == start)
+                if alive:
+                    continue
+                reason = "a partial snapshot whose owner is gone"
+            elif _REMOVING.fullmatch(name):
+                reason = "a removal left half-done"
+            else:
+                continue
+            with contextlib.suppress(OSError):
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(f"{name}: {reason}")
+        return removed
+
+
+def _check_id(snapshot_id: str) -> None:
+    if not SNAPSHOT_ID.fullmatch(snapshot_id):
+        raise InvalidRequestError(f"{snapshot_id!r} is not a snapshot id (snap- and 16 hex digits)")

@@ -1,0 +1,410 @@
+"""Snapshots and forks of Docker sessions on the real engine (issue 24, docs/snapshots.md).
+
+Isolation is tested as attacks: a fork writes everywhere it can, a sandbox leaves a hostile tree for the
+snapshot to copy. Each attack's docstring names the naive design it would catch. A backend and a
+prepared parent session are shared per module; tests that need a fresh one make it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from adk_sandbox.executor import (
+    ExecRequest,
+    ExecResult,
+    InvalidRequestError,
+    Language,
+    PolicyNotEnforceableError,
+)
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession, PoolConfig
+from adk_sandbox.executor.cli import main
+from adk_sandbox.executor.snapshots import SNAPSHOT_LABEL, Snapshot, SnapshotStore
+from tests.conftest import require
+
+pytestmark = pytest.mark.docker
+
+HOME = "/home/sandbox"
+REPO = "/work/repo"  # the pool's fixed path inside (PoolConfig(path=...))
+
+
+def run(session: DockerSession, code: str, timeout: float = 30) -> ExecResult:
+    return session.execute(ExecRequest(language=Language.COMMAND, code=code, timeout=timeout))
+
+
+def out(session: DockerSession, code: str) -> str:
+    result = run(session, code)
+    return result.stdout
+
+
+def tree_of(root: str) -> dict[str, tuple[str, bytes]]:
+    """Every entry below ``root`` (kind, content or link target), links not followed."""
+    found: dict[str, tuple[str, bytes]] = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            rel = os.path.relpath(path, root)
+            if os.path.islink(path):
+                found[rel] = ("l", os.readlink(path).encode())
+            elif os.path.isdir(path):
+                found[rel] = ("d", b"")
+            else:
+                found[rel] = ("f", Path(path).read_bytes())
+    return found
+
+
+def snapshot_images(client: docker.DockerClient, snapshot_id: str) -> list[str]:
+    return [str(i.id) for i in client.images.list(filters={"label": f"{SNAPSHOT_LABEL}={snapshot_id}"})]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> SnapshotStore:
+    return SnapshotStore(tmp_path_factory.mktemp("snapshot-store") / "snapshots")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("repo")
+    (root / "src").mkdir()
+    (root / "src" / "app.py").write_text("print('v1')\n")
+    (root / "README").write_text("the project\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def backend(store: SnapshotStore) -> Iterator[DockerBackend]:
+    try:
+        made = DockerBackend(pool=PoolConfig(size=2, workspace="mirror", path=REPO))
+    except Exception as exc:
+        require(False, f"the Docker engine is not usable here: {exc}")
+        raise
+    made.snapshots = store
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def parent(backend: DockerBackend, source: Path) -> Iterator[DockerSession]:
+    """A prepared session: files in the workspace, /tmp and HOME."""
+    with backend.session(copy_of=source) as session:
+        prepared = run(session, "echo built > src/build.out; echo tmp-state > /tmp/state; echo home > ~/.rc")
+        assert prepared.exit_code == 0, prepared
+        yield session
+
+
+@pytest.fixture(scope="module")
+def snap(parent: DockerSession) -> Snapshot:
+    return parent.snapshot(name="prepared")
+
+
+@pytest.fixture(scope="module")
+def task_backend(store: SnapshotStore) -> Iterator[DockerBackend]:
+    with DockerBackend(profile="task") as made:
+        made.snapshots = store
+        yield made
+
+
+def test_a_fork_starts_with_the_parents_files_at_the_parents_path(
+    backend: DockerBackend, parent: DockerSession, snap: Snapshot
+) -> None:
+    assert snap.carries == ("files",) and snap.method in ("copy", "reflink") and snap.workspace == REPO
+    assert parent.workspace_inside == REPO and parent.workspace != REPO  # the pool's path inside
+    assert parent.capabilities().snapshots == ("files",) == backend.capabilities().snapshots
+    with backend.session(snapshot=snap) as fork:
+        assert fork.origin == snap
+        assert fork.workspace_inside == REPO and fork.workspace not in (parent.workspace, REPO)
+        assert out(fork, "pwd; cat src/build.out /tmp/state ~/.rc") == f"{REPO}\nbuilt\ntmp-state\nhome\n"
+        assert Path(fork.workspace or "", "src", "build.out").read_text() == "built\n"
+
+
+def test_sibling_forks_and_the_parent_see_nothing_of_a_forks_writes(
+    backend: DockerBackend, parent: DockerSession, snap: Snapshot
+) -> None:
+    """Attack: one fork writes to every writable path. Catches forks that share anything writable: one host
+    directory bind-mounted into every fork, a /tmp volume shared among them, or an overlay whose upper
+    layer is the parent's (a write in one would show in the others)."""
+    before = tree_of(parent.workspace or "")
+    with backend.session(snapshot=snap) as first, backend.session(snapshot=snap) as second:
+        attack = (
+            "for d in . /tmp ~; do echo pwned > $d/pwned; done;"
+            "echo pwned >> src/app.py; rm README; echo pwned > /tmp/state; echo pwned > ~/.rc"
+        )
+        run(first, attack)
+        assert out(first, "cat pwned /tmp/pwned ~/pwned") == "pwned\n" * 3
+        for other in (second, parent):
+            check = (
+                "ls pwned /tmp/pwned ~/pwned 2>&1 | grep -c 'No such'; cat src/app.py README /tmp/state ~/.rc"
+            )
+            assert out(other, check) == "3\nprint('v1')\nthe project\ntmp-state\nhome\n"
+        assert Path(first.workspace or "", "pwned").read_text() == "pwned\n"
+        assert not Path(second.workspace or "", "pwned").exists()
+    assert tree_of(parent.workspace or "") == before
+
+
+def test_a_fork_cannot_reach_its_parents_host_directory(
+    backend: DockerBackend, parent: DockerSession, snap: Snapshot
+) -> None:
+    """Attack: from inside a fork, write to the parent's host directory's path and look for its mounts.
+    Catches a fork that mounts the parent's directory (read-only, or as an overlay's lower layer): its path
+    would show the parent's live files, and a write through a missed read-only flag would reach them."""
+    host = parent.workspace or ""
+    before = tree_of(host)
+    with backend.session(snapshot=snap) as fork:
+        inspect = backend.client.api.inspect_container(fork.container_id)
+        sources = {m.get("Source") for m in inspect["Mounts"]}
+        assert host not in sources and snap.path not in sources
+        assert not any(str(s or "").startswith(snap.path) for s in sources)
+        result = run(fork, f"mkdir -p {host} && echo pwned > {host}/escaped; ls {host}")
+        assert result.exit_code != 0 or "escaped" in result.stdout  # its own (read-only root: refused)
+    assert tree_of(host) == before
+    assert not os.path.exists(os.path.join(host, "escaped"))
+
+
+def test_a_forks_changes_never_reach_the_parent_and_fork_removes_its_snapshot(
+    backend: DockerBackend, parent: DockerSession, store: SnapshotStore
+) -> None:
+    known = {s.id for s in store.list()}
+    fork = parent.fork()
+    taken = fork.origin
+    assert taken is not None and taken.id not in known and os.path.isdir(taken.path)
+    run(fork, "echo fork > src/app.py; echo fork > /tmp/state")
+    assert out(parent, "cat src/app.py /tmp/state") == "print('v1')\ntmp-state\n"
+    fork_dir = fork.workspace or ""
+    fork.close()
+    assert not os.path.exists(taken.path) and not os.path.exists(fork_dir)
+
+
+def test_a_fork_comes_from_the_pool_when_its_path_matches(backend: DockerBackend, snap: Snapshot) -> None:
+    pool = backend.pool
+    assert pool is not None and pool.serves_snapshot(snap)
+    assert pool.wait_ready(120)
+    served = pool.stats().served
+    with backend.session(snapshot=snap) as fork:
+        assert pool.stats().served == served + 1
+        assert out(fork, "cat /tmp/state") == "tmp-state\n"
+
+
+def test_a_snapshot_waits_for_running_commands_and_holds_new_ones_back(parent: DockerSession) -> None:
+    started = threading.Event()
+
+    def slow() -> None:
+        started.set()
+        run(parent, "sleep 1")
+
+    worker = threading.Thread(target=slow)
+    worker.start()
+    started.wait()
+    time.sleep(0.2)
+    with pytest.raises(InvalidRequestError, match="still ran"):
+        parent.snapshot(wait_seconds=0.1)  # refused: nothing taken
+    began = time.monotonic()
+    taken = parent.snapshot()
+    assert time.monotonic() - began > 0.3  # waited for the sleep
+    worker.join()
+    parent._remove_snapshot(taken)
+
+
+def test_task_profile_root_layer_is_carried_and_forks_do_not_share_it(
+    task_backend: DockerBackend, source: Path
+) -> None:
+    """Attack: a task fork writes over the root filesystem. Catches forks that share the parent's root layer
+    (one container, or an image that the next fork's writes would land in)."""
+    client = task_backend.client
+    with task_backend.session(copy_of=source) as parent:
+        run(parent, "echo parent > /etc/marker; echo t > /tmp/t")
+        taken = parent.snapshot()
+        assert taken.root_image is not None and snapshot_images(client, taken.id) == [taken.root_image]
+        with task_backend.session(snapshot=taken) as one, task_backend.session(snapshot=taken) as two:
+            assert out(one, "cat /etc/marker /tmp/t") == "parent\nt\n"
+            run(one, "echo one > /etc/marker; echo one > /usr/local/bin/tool; echo one > /tmp/t")
+            assert out(two, "cat /etc/marker /tmp/t; ls /usr/local/bin/tool 2>&1 | grep -c 'No such'") == (
+                "parent\nt\n1\n"
+            )
+            assert out(parent, "cat /etc/marker") == "parent\n"
+            with pytest.raises(InvalidRequestError, match="used by a running session"):
+                task_backend.remove_snapshot(taken)  # refused: kept as it was
+            assert os.path.isdir(taken.path)
+    # `snapshots rm` leaves nothing behind: no directory, no image.
+    assert main(["snapshots", "--store", str(task_backend.snapshots.root), "rm", taken.id]) == 0
+    assert not os.path.exists(taken.path) and snapshot_images(client, taken.id) == []
+
+
+def test_a_hostile_sandbox_leaves_nothing_dangerous_on_the_host(
+    task_backend: DockerBackend, source: Path
+) -> None:
+    """Attack: a root task sandbox plants links out, FIFOs, set-id files and a huge sparse file.
+
+    Catches ``shutil.copytree`` (follows ``out-abs``/``out-climb`` into the host's /etc, keeps the set-uid
+    bit, blocks on the FIFO), ``cp -a`` as root (recreates device nodes and set-id root files on the host),
+    unpacking the sandbox's tar on the host (links then writes through them, ``..`` members), and a copy
+    that reads a sparse file densely (1000 MiB of holes in a 256 MiB /tmp). Decided: links are copied as
+    links only when they stay inside, special files are skipped, set-id bits dropped; tmpfs contents stay
+    archives (0600) that only a sandbox unpacks."""
+    plant = textwrap.dedent(
+        """
+        ln -s /etc/shadow out-abs; ln -s ../../../../etc/passwd out-climb; ln -s src/app.py in-link
+        mkfifo fifo; cp /bin/true suid; chmod 6755 suid
+        ln -s /etc/shadow /tmp/out; mkfifo /tmp/fifo; cp /bin/true /tmp/suid; chmod 4755 /tmp/suid
+        truncate -s 1000M /tmp/sparse && ls -l /tmp/sparse
+        cp /bin/true /usr/local/bin/rootsuid; chmod 4755 /usr/local/bin/rootsuid
+        """
+    )
+    with task_backend.session(copy_of=source) as hostile:
+        assert run(hostile, plant).exit_code == 0
+        taken = hostile.snapshot()
+        for directory, dirs, files in os.walk(taken.path):
+            for name in dirs + files:
+                path = os.path.join(directory, name)
+                info = os.lstat(path)
+                assert not info.st_mode & (stat.S_ISUID | stat.S_ISGID), path
+                assert (
+                    stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)
+                ), path
+                if stat.S_ISLNK(info.st_mode):
+                    assert os.path.realpath(path).startswith(taken.workspace_dir + "/"), path
+        assert os.readlink(os.path.join(taken.workspace_dir, "in-link")) == "src/app.py"
+        for index in range(len(taken.tmpfs)):
+            info = os.lstat(taken.archive(index))
+            assert stat.S_ISREG(info.st_mode) and info.st_mode & 0o777 == 0o600
+        assert (
+            taken.size_bytes < 64 * 1024 * 1024
+        )  # the sparse 1000 MiB (4x /tmp's size) travelled as its data
+        assert not os.path.lexists(os.path.join(taken.workspace_dir, "out-abs"))  # pull-back refused it
+        with task_backend.session(snapshot=taken) as fork:
+            # Inside its own sandbox the fork has what the parent had (its /tmp is the parent's, as a copy).
+            listing = out(
+                fork, "ls -l /tmp/suid /usr/local/bin/rootsuid; readlink /tmp/out; stat -c %s /tmp/sparse"
+            )
+            assert "/etc/shadow" in listing and str(1000 * 1024**2) in listing
+            assert not os.path.lexists(os.path.join(fork.workspace or "", "out-abs"))
+            assert not os.stat(os.path.join(fork.workspace or "", "suid")).st_mode & stat.S_ISUID
+        task_backend.remove_snapshot(taken)
+
+
+def test_a_snapshot_over_its_cap_is_refused_and_leaves_nothing(
+    task_backend: DockerBackend, source: Path
+) -> None:
+    client = task_backend.client
+    store = task_backend.snapshots
+    with task_backend.session(copy_of=source) as session:
+        before = {s.id for s in store.list()}
+        run(session, "head -c 3000000 /dev/urandom > /tmp/big")
+        with pytest.raises(PolicyNotEnforceableError, match="cap"):
+            session.snapshot(max_mb=2)
+        run(session, "rm /tmp/big; head -c 3000000 /dev/urandom > /etc/big")
+        with pytest.raises(PolicyNotEnforceableError, match="root filesystem"):
+            session.snapshot(max_mb=2)
+        assert {s.id for s in store.list()} == before
+        assert [n for n in os.listdir(store.root) if n.startswith(".")] == []
+        labelled = client.images.list(filters={"label": SNAPSHOT_LABEL})
+        assert all(i.labels.get(SNAPSHOT_LABEL) in before for i in labelled)
+
+
+def test_a_snapshot_outlives_its_process_and_is_reaped_after_its_owner_or_expiry(
+    task_backend: DockerBackend, store: SnapshotStore
+) -> None:
+    """Taken in a subprocess: the detached one is read here after that process ended; the owned one (with a
+    root image) is reaped once its owner is gone, and one past its expiry too: no directory, no image."""
+    script = textwrap.dedent(
+        f"""
+        from adk_sandbox.executor import DockerBackend, ExecRequest, Language
+        from adk_sandbox.executor.snapshots import SnapshotStore
+        with DockerBackend(profile="task") as backend:
+            backend.snapshots = SnapshotStore({str(store.root)!r})
+            with backend.session() as session:
+                request = ExecRequest(language=Language.COMMAND, code="echo kept > /tmp/kept", timeout=30)
+                session.execute(request)
+                print(session.snapshot(name="detached", detached=True, ttl_seconds=600).id)
+                print(session.snapshot(name="owned").id)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert child.returncode == 0, child.stderr
+    detached_id, owned_id = child.stdout.split()
+    detached, owned = store.get(detached_id), store.get(owned_id)
+    assert detached.owner == {} and owned.owner and owned.root_image
+    client = task_backend.client
+    removed = task_backend.reap_snapshots()
+    assert any(line.startswith(owned_id) for line in removed)
+    assert not os.path.exists(owned.path) and snapshot_images(client, owned_id) == []
+    with task_backend.session(snapshot=detached_id) as restored:
+        assert out(restored, "cat /tmp/kept") == "kept\n"
+    with task_backend.session() as session:
+        short = session.snapshot(ttl_seconds=1)
+    time.sleep(1.5)
+    assert any(line.startswith(short.id) for line in task_backend.reap_snapshots())
+    assert not os.path.exists(short.path) and snapshot_images(client, short.id) == []
+    task_backend.remove_snapshot(detached)
+    assert snapshot_images(client, detached_id) == []
+
+
+def test_gvisor_forks_a_hardened_session_and_refuses_a_task_root(store: SnapshotStore, source: Path) -> None:
+    client = docker.from_env()
+    try:
+        require("runsc" in (client.info().get("Runtimes") or {}), "runsc is not registered (scripts/setup)")
+    finally:
+        client.close()
+    with DockerBackend(runtime="runsc") as gvisor:
+        gvisor.snapshots = store
+        with gvisor.session(copy_of=source) as parent:
+            run(parent, "echo g > /tmp/g")
+            with parent.fork() as fork:
+                assert out(fork, "cat /tmp/g src/app.py") == "g\nprint('v1')\n"
+    with DockerBackend(runtime="runsc", profile="task") as task, task.session() as session:
+        task.snapshots = store
+        before = os.listdir(store.root)
+        assert session.capabilities().snapshots == ()  # says so before anyone asks for one
+        with pytest.raises(PolicyNotEnforceableError, match="gVisor"):
+            session.snapshot()
+        assert os.listdir(store.root) == before
+
+
+def test_a_snapshot_of_another_profile_or_with_other_arguments_is_refused(
+    backend: DockerBackend, task_backend: DockerBackend, snap: Snapshot, source: Path
+) -> None:
+    with pytest.raises(InvalidRequestError, match="hardened"):
+        task_backend.session(snapshot=snap)
+    with pytest.raises(InvalidRequestError, match="not with"):
+        backend.session(snapshot=snap, copy_of=source)
+    with pytest.raises(InvalidRequestError, match="no snapshot"):
+        backend.session(snapshot="no-such-snapshot")
+
+
+def test_a_bound_workspace_with_links_out_and_fifos_is_copied_safely(
+    backend: DockerBackend, tmp_path: Path
+) -> None:
+    """Attack: a session bound to a host directory (its links and FIFOs land on the host as made) is
+    snapshotted. Catches ``shutil.copytree(symlinks=False)`` (copies the host's /etc/passwd into the
+    snapshot, served to every fork) and ``symlinks=True`` (keeps ``out-abs``: a host tool in the fork's
+    directory follows it to the host's file), and any copy that opens the FIFO (hangs)."""
+    workspace = tmp_path / "bound"
+    workspace.mkdir()
+    (workspace / "keep.txt").write_text("keep\n")
+    with backend.session(workspace=workspace) as bound:
+        assert bound.workspace_transport == "bind"
+        plant = "ln -s /etc/passwd out-abs; ln -s ../../.. out-climb; ln -s keep.txt in-link; mkfifo fifo"
+        assert run(bound, plant).exit_code == 0
+        assert os.path.islink(workspace / "out-abs") and stat.S_ISFIFO(os.lstat(workspace / "fifo").st_mode)
+        taken = bound.snapshot()
+    names = set(os.listdir(taken.workspace_dir))
+    assert names == {"keep.txt", "in-link"}, names
+    assert {line.split(":")[0] for line in taken.skipped} >= {"out-abs", "out-climb"}
+    with backend.session(snapshot=taken) as fork:
+        assert fork.workspace_inside == str(workspace) and fork.workspace != str(workspace)
+        assert out(fork, "cat in-link; echo fork > keep.txt") == "keep\n"
+    assert (workspace / "keep.txt").read_text() == "keep\n"
+    backend.remove_snapshot(taken)
