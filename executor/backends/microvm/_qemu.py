@@ -19,6 +19,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,13 +40,13 @@ GUEST_OVERHEAD_MB = 128
 #: The QEMU binary; ``$ADK_SANDBOX_QEMU`` overrides it.
 QEMU = "qemu-system-x86_64"
 
-# The wrapper: $1 = the lifeline's descriptor, the rest is QEMU's command. A reader waits for the lifeline's
-# EOF (the owner is gone or closed it) and then kills QEMU; the wrapper waits for QEMU and exits with it.
-# QEMU itself dies with the wrapper (pdeathsig).
+# The wrapper: its stdin is the lifeline. A reader waits for the lifeline's EOF (the owner is gone or closed
+# it) and then kills QEMU; the wrapper waits for QEMU and exits with it. QEMU dies with the wrapper
+# (pdeathsig). (fd 3: dash takes single-digit descriptors only.)
 _WRAPPER = (
-    'fd=$1; shift; setpriv --pdeathsig KILL -- "$@" </dev/null & q=$!; '
-    '( eval "exec <&$fd"; read -r _; kill -KILL $q 2>/dev/null ) & r=$!; '
-    'eval "exec $fd<&-"; wait $q; s=$?; kill -KILL $r 2>/dev/null; exit $s'
+    'exec 3<&0 0</dev/null; setpriv --pdeathsig KILL -- "$@" & q=$!; '
+    "( read -r _ <&3; kill -KILL $q 2>/dev/null ) & r=$!; "
+    "exec 3<&-; wait $q; s=$?; kill -KILL $r 2>/dev/null; exit $s"
 )
 
 
@@ -183,7 +184,8 @@ class VmProcess:
         return "\n".join(kept)
 
     def kill(self) -> None:
-        """Kill the whole group (wrapper and QEMU) and reap the wrapper; idempotent."""
+        """Kill the whole group (wrapper and QEMU), reap the wrapper, wait for QEMU to be gone; idempotent."""
+        qemu = qemu_pids(self._wrapper.pid)
         lifeline, self._lifeline = self._lifeline, None
         if lifeline is not None:
             with contextlib.suppress(OSError):
@@ -192,6 +194,19 @@ class VmProcess:
             os.killpg(self._wrapper.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._wrapper.wait(timeout=10)
+        until = time.monotonic() + 10
+        while qemu and time.monotonic() < until:  # reparented to init once the wrapper died: reaped there
+            qemu = [pid for pid in qemu if _running(pid)]
+            if qemu:
+                time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is no zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def qemu_pids(wrapper_pid: int) -> list[int]:
@@ -209,11 +224,10 @@ def start_vm(spec: QemuCommand, argv: Sequence[str]) -> VmProcess:
     try:
         with open(spec.run_dir / "qemu.log", "wb") as log:
             wrapper = subprocess.Popen(
-                ["/bin/sh", "-c", _WRAPPER, "adk-sandbox-vm", str(read_end), *argv],
-                stdin=subprocess.DEVNULL,
+                ["/bin/sh", "-c", _WRAPPER, "adk-sandbox-vm", *argv],
+                stdin=read_end,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                pass_fds=(read_end,),
                 start_new_session=True,  # its own group: killed as one, untouched by a terminal's ^C
                 close_fds=True,
             )

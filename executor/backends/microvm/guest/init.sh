@@ -10,6 +10,9 @@ mkdir -p /proc /sys /dev /newroot
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+# As on a host: an allocation larger than the VM's memory is granted and the cgroup's OOM killer decides
+# when it is touched (the heuristic would refuse it with ENOMEM, unlike in a container).
+echo 1 >/proc/sys/vm/overcommit_memory
 fail() { echo "adk-vm-init: $*" >/dev/console; poweroff -f; }
 ports=1 memory=0 pids=max tmpfs=64
 for word in $(cat /proc/cmdline); do
