@@ -70,6 +70,7 @@ def doctor() -> int:
         print(_describe("process+bwrap", ProcessBackend.with_sandbox(enforcer, policy).capabilities()))
     docker_works = _doctor_docker()
     _doctor_wasm()
+    _doctor_microvm()
     return 0 if docker_works else 1
 
 
@@ -195,6 +196,26 @@ def _doctor_wasm() -> None:
             print(_describe("wasm", backend.capabilities()))
     except ExecutorError as exc:
         print(f"{'wasm':<16} {'unavailable':<16} {_first_line(exc)}")
+
+
+def _doctor_microvm() -> None:
+    """A real microVM's capabilities, and plainly whether it runs under KVM or the slow TCG emulation."""
+    from adk_sandbox.executor.backends.microvm import MicroVMBackend  # noqa: PLC0415 - boots only here
+
+    try:
+        with MicroVMBackend() as backend:
+            capabilities = backend.capabilities()
+    except ExecutorError as exc:
+        print(f"{'microvm':<16} {'unavailable':<16} {_first_line(exc)}")
+        return
+    print(_describe("microvm", capabilities))
+    accel = (
+        "kvm (hardware virtualisation)"
+        if capabilities.accel == "kvm"
+        else "tcg: KVM does not work here, so the VM is EMULATED: boots take seconds and guest code runs "
+        "5-15x slower than native"
+    )
+    print(f"{'':<16} {'':<16} accel: {accel}")
 
 
 def _first_line(exc: BaseException) -> str:

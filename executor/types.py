@@ -53,7 +53,7 @@ class Language(enum.StrEnum):
     WASM = "wasm"
 
 
-_ISOLATION_ORDER = ("subprocess_only", "os_enforced", "container", "gvisor", "wasm")
+_ISOLATION_ORDER = ("subprocess_only", "os_enforced", "container", "gvisor", "microvm", "wasm")
 
 
 class IsolationClass(enum.StrEnum):
@@ -71,6 +71,8 @@ class IsolationClass(enum.StrEnum):
     """A Docker container under runc: namespaces, cgroups, dropped capabilities, seccomp."""
     GVISOR = "gvisor"
     """A container under gVisor's user-space kernel (runsc): the host kernel is not directly exposed."""
+    MICROVM = "microvm"
+    """A virtual machine of its own (QEMU microvm): its own kernel, no network device, host files unshared."""
     WASM = "wasm"
     """A WebAssembly module in wasmtime: no syscalls beyond the WASI functions it is given."""
 
@@ -402,6 +404,9 @@ class Capabilities(BaseModel):
     """What a snapshot of a session carries (``session.snapshot()``, docs/snapshots.md): ``("files",)``
     (workspace, tmpfs directories, the task profile's root layer; no processes or memory yet) where a
     session can be snapshotted and forked, empty where it cannot."""
+    accel: str | None = None
+    """How a virtual machine's CPU runs (the microVM backend): ``"kvm"`` (hardware virtualisation) or
+    ``"tcg"`` (QEMU's emulation, 5-15x slower); None where commands run on no VM."""
 
 
 class ResourceLimits(BaseModel):

@@ -318,6 +318,7 @@ WEAKEST_TO_STRONGEST = [
     IsolationClass.OS_ENFORCED,
     IsolationClass.CONTAINER,
     IsolationClass.GVISOR,
+    IsolationClass.MICROVM,
     IsolationClass.WASM,
 ]
 
@@ -335,6 +336,7 @@ def test_isolation_class_values() -> None:
         "os_enforced",
         "container",
         "gvisor",
+        "microvm",
         "wasm",
     ]
     assert list(IsolationClass) == WEAKEST_TO_STRONGEST  # no other members
@@ -375,12 +377,17 @@ def test_isolation_class_sorted_min_max() -> None:
         assert sorted(shuffled, reverse=True) == WEAKEST_TO_STRONGEST[::-1]
     assert min(IsolationClass) is IsolationClass.SUBPROCESS_ONLY
     assert max(IsolationClass) is IsolationClass.WASM
-    assert [c.rank for c in WEAKEST_TO_STRONGEST] == [0, 1, 2, 3, 4]
+    assert [c.rank for c in WEAKEST_TO_STRONGEST] == [0, 1, 2, 3, 4, 5]
 
 
 def test_isolation_class_threshold_check() -> None:
     at_least_container = [c for c in IsolationClass if c >= IsolationClass.CONTAINER]
-    assert at_least_container == [IsolationClass.CONTAINER, IsolationClass.GVISOR, IsolationClass.WASM]
+    assert at_least_container == [
+        IsolationClass.CONTAINER,
+        IsolationClass.GVISOR,
+        IsolationClass.MICROVM,
+        IsolationClass.WASM,
+    ]
 
 
 def test_isolation_class_as_dict_key_and_string() -> None:

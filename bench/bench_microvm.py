@@ -1,0 +1,78 @@
+"""MicroVMBackend against a Docker session on the agent channel, side by side in one run.
+
+* session start to the first command's result (p50): a microVM boot (TCG here) against a Docker container;
+* a warm ``true`` (p50) over the open channel: the microVM's virtio-serial port against the Docker agent.
+
+Run: ``.venv/bin/python bench/bench_microvm.py [--repeat N] [--commands N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+from adk_sandbox.executor import ExecRequest, ResourceLimits
+from adk_sandbox.executor.backend import SandboxSession
+from adk_sandbox.executor.backends.docker import DockerBackend
+from adk_sandbox.executor.backends.microvm import MicroVMBackend, MicroVMConfig
+
+TRUE = ExecRequest(argv=("true",), timeout=60)
+
+
+def _start_to_first(open_session: Callable[[], SandboxSession], repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        with open_session() as session:
+            assert session.execute(TRUE).exit_code == 0
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def _warm(session: SandboxSession, commands: int) -> list[float]:
+    session.execute(TRUE)
+    times = []
+    for _ in range(commands):
+        started = time.perf_counter()
+        session.execute(TRUE)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.1f} ms"
+
+
+def main() -> None:
+    """Print the two tables."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--commands", type=int, default=50)
+    args = parser.parse_args()
+    limits = ResourceLimits(memory_mb=256, cpus=1, pids=256)
+    with (
+        MicroVMBackend(MicroVMConfig(accel="tcg", limits=limits)) as vm,
+        DockerBackend(limits=limits) as docker,
+    ):
+        vm_start = _start_to_first(vm.session, args.repeat)
+        docker_start = _start_to_first(docker.session, args.repeat)
+        with vm.session() as vm_session, docker.session() as docker_session:
+            vm_warm = _warm(vm_session, args.commands)
+            docker_warm = _warm(docker_session, args.commands)
+            accel = vm_session.capabilities().accel
+    print(f"load average {os.getloadavg()[0]:.2f}; microVM accel {accel}")
+    print()
+    print("| what | microVM | Docker (runc, agent channel) | ratio |")
+    print("|---|---|---|---|")
+    ratio = statistics.median(vm_start) / statistics.median(docker_start)
+    what = f"session start + first `true` (p50 of {args.repeat})"
+    print(f"| {what} | {_ms(vm_start)} | {_ms(docker_start)} | {ratio:.1f}x |")
+    ratio = statistics.median(vm_warm) / statistics.median(docker_warm)
+    print(f"| warm `true` (p50 of {args.commands}) | {_ms(vm_warm)} | {_ms(docker_warm)} | {ratio:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

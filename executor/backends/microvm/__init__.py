@@ -1,0 +1,6 @@
+"""MicroVMBackend: one QEMU microvm per session, commands through the static agent (docs/MICROVM.md)."""
+
+from adk_sandbox.executor.backends.microvm.backend import MicroVMBackend, MicroVMSession, resolve_accel
+from adk_sandbox.executor.backends.microvm.config import MicroVMConfig
+
+__all__ = ["MicroVMBackend", "MicroVMConfig", "MicroVMSession", "resolve_accel"]

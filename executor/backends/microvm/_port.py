@@ -1,0 +1,137 @@
+"""The agent channel's byte stream into a microVM: one virtio-serial port, seen here as a Unix socket.
+
+QEMU listens on one Unix socket per port (``-chardev socket,server=on``); in the guest, ``vminit`` keeps a
+loop on each port (``guest/vminit.c``): it writes :data:`._qemu.GREETING`, reads one header naming a
+program and its user, runs it with the port as its stdin and stdout, waits for it, and greets again.
+
+Opening a stream (:class:`PortOpener`): connect to a free port's socket, discard everything before the
+greeting (the last bytes of an agent that used the port before), send the header, and hand the socket to
+the agent channel as an :class:`~adk_sandbox.executor.channel.streams.AgentStream`. Closing the socket
+ends the program's stdin in the guest (the agent then kills its commands and exits), and the loop greets
+the next connection. Ports are used round-robin, so a port's previous agent has long gone when the port
+is used again.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+
+from adk_sandbox.executor.backends.microvm._qemu import GREETING
+from adk_sandbox.executor.channel.streams import SocketStream
+from adk_sandbox.executor.errors import SandboxFailedError
+from adk_sandbox.executor.types import Stream
+
+__all__ = ["PortOpener", "PortStream", "program_header"]
+
+_READ = 256 * 1024
+
+
+def program_header(argv: list[str], user: str) -> bytes:
+    r"""The header vminit reads: ``ADKVM1 <uid> <gid> <argc>``, then per argument ``<length>\n<bytes>``."""
+    uid, _, gid = user.partition(":")
+    if not uid.isdigit() or not (gid or uid).isdigit():
+        raise ValueError(f"a microVM program runs as a numeric uid:gid, not {user!r}")
+    if not argv:
+        raise ValueError("no program to start")
+    parts = [f"ADKVM1 {int(uid)} {int(gid or uid)} {len(argv)}\n".encode()]
+    for arg in argv:
+        data = arg.encode("utf-8", "surrogateescape")
+        parts.append(b"%d\n" % len(data) + data)
+    return b"".join(parts)
+
+
+class PortStream(SocketStream):
+    """:class:`AgentStream` over a connected port socket: everything the program writes is its stdout."""
+
+    def __init__(self, sock: socket.socket, on_close: object = None) -> None:
+        super().__init__(sock)
+        self._on_close = on_close
+
+    def read(self) -> list[tuple[Stream, bytes]] | None:
+        """See :meth:`AgentStream.read` (the program's stderr goes to the guest console, not here)."""
+        data = self.sock.recv(_READ)
+        return [("stdout", data)] if data else None
+
+    def close(self) -> None:
+        """See :meth:`AgentStream.close`."""
+        super().close()
+        if callable(self._on_close):
+            self._on_close()
+            self._on_close = None
+
+
+class PortOpener:
+    """Opens streams to new programs in one VM, over its ports in turn (an ``AgentStreamOpener``)."""
+
+    def __init__(self, sockets: list[str]) -> None:
+        self._sockets = sockets
+        self._lock = threading.Lock()
+        self._busy: set[int] = set()
+        self._next = 0
+
+    def __call__(self, argv: list[str], user: str, until: float) -> PortStream:
+        """Start ``argv`` as ``user`` in the VM on a free port: its stream (else ``SandboxFailedError``)."""
+        header = program_header(argv, user)
+        index = self._take()
+        try:
+            sock = self.connect(index, until)
+            sock.sendall(header)
+        except BaseException:
+            self._release(index)
+            raise
+        return PortStream(sock, lambda: self._release(index))
+
+    def connect(self, index: int, until: float) -> socket.socket:
+        """A socket to port ``index`` (0-based) whose greeting has been read (nothing after it)."""
+        path = self._sockets[index]
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(max(until - time.monotonic(), 0.01))
+            sock.connect(path)
+            seen = b""
+            # Byte-exact: nothing past the greeting may be consumed (the program's first bytes follow it).
+            while not seen.endswith(GREETING):
+                left = until - time.monotonic()
+                if left <= 0 or not select.select([sock], [], [], left)[0]:
+                    raise SandboxFailedError(
+                        f"the microVM's port {index + 1} did not greet in time: its guest init is not "
+                        "answering (the VM is stuck or still booting)"
+                    )
+                chunk = sock.recv(1)
+                if not chunk:
+                    raise SandboxFailedError(f"the microVM's port {index + 1} closed (QEMU stopped)")
+                seen = (seen + chunk)[-len(GREETING) :]
+            sock.settimeout(None)
+            return sock
+        except OSError as exc:
+            sock.close()
+            raise SandboxFailedError(f"cannot reach the microVM's port {index + 1} ({exc})") from exc
+        except BaseException:
+            sock.close()
+            raise
+
+    def skip(self, index: int) -> None:
+        """Make the next stream use the port after ``index`` (one just greeted and dropped, see above)."""
+        with self._lock:
+            self._next = (index + 1) % len(self._sockets)
+
+    def _take(self) -> int:
+        with self._lock:
+            count = len(self._sockets)
+            for step in range(count):
+                index = (self._next + step) % count
+                if index not in self._busy:
+                    self._busy.add(index)
+                    self._next = (index + 1) % count
+                    return index
+        raise SandboxFailedError(
+            f"all {len(self._sockets)} agent ports of the microVM are in use (one per user with a running "
+            "agent); raise MicroVMConfig(ports=...)"
+        )
+
+    def _release(self, index: int) -> None:
+        with self._lock:
+            self._busy.discard(index)

@@ -1,0 +1,239 @@
+"""One QEMU ``-M microvm`` process: its command line, its start with a lifeline, its kill; the KVM probe.
+
+The command line (:func:`qemu_command`) is pure: what the VM is made of is decided here and read back by
+the session's capabilities (no NIC device at all, the accelerator, the memory and vCPUs).
+
+**Nothing outlives its owner.** QEMU is started by a small ``/bin/sh`` wrapper in a process group of its
+own (:func:`start_vm`): the wrapper starts QEMU under ``setpriv --pdeathsig KILL`` (QEMU dies when the
+wrapper dies, however it dies) and then blocks reading a pipe whose only writer is this process (the
+*lifeline*, close-on-exec here, so no other child holds it). When this process exits or is killed, even
+by SIGKILL, the kernel closes the lifeline, the read returns, and the wrapper kills QEMU and exits. A
+session's close kills the whole group. The death signal is tied to the wrapper (single-threaded), never to
+a thread of this process that happens to have started the VM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "GREETING",
+    "QemuCommand",
+    "VmProcess",
+    "host_tsc_khz",
+    "kernel_command_line",
+    "qemu_command",
+    "start_vm",
+]
+
+#: What the guest's port loop writes when it waits for a program (guest/vminit.c GREETING).
+GREETING = b"\nadk-vm-port-ready-1\n"
+#: Guest memory beyond the sandbox's own limit: the kernel, page cache of the root disk, the agents.
+GUEST_OVERHEAD_MB = 128
+#: The QEMU binary; ``$ADK_SANDBOX_QEMU`` overrides it.
+QEMU = "qemu-system-x86_64"
+
+# The wrapper: its stdin is the lifeline. A reader waits for the lifeline's EOF (the owner is gone or closed
+# it) and then kills QEMU; the wrapper waits for QEMU and exits with it. QEMU dies with the wrapper
+# (pdeathsig). (fd 3: dash takes single-digit descriptors only.)
+_WRAPPER = (
+    'exec 3<&0 0</dev/null; setpriv --pdeathsig KILL -- "$@" & q=$!; '
+    "( read -r _ <&3; kill -KILL $q 2>/dev/null ) & r=$!; "
+    "exec 3<&-; wait $q; s=$?; kill -KILL $r 2>/dev/null; exit $s"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class QemuCommand:
+    """What one VM is made of (the inputs of :func:`qemu_command`)."""
+
+    kernel: Path
+    initramfs: Path
+    rootfs: Path
+    run_dir: Path
+    """Holds the ports' sockets and the console log."""
+    accel: str
+    """``"tcg"`` or ``"kvm"``."""
+    memory_mb: int
+    """The sandbox's memory (the guest cgroup's limit); the VM gets :data:`GUEST_OVERHEAD_MB` more."""
+    vcpus: int
+    pids: int
+    tmpfs_mb: int
+    ports: int
+    tsc_khz: int | None
+    kernel_args: tuple[str, ...] = ()
+    """Appended to the kernel command line (last wins)."""
+
+    def port_socket(self, number: int) -> Path:
+        """The host end of virtio-serial port ``number`` (1-based): a Unix socket QEMU listens on."""
+        return self.run_dir / f"port{number}.sock"
+
+    @property
+    def console_log(self) -> Path:
+        """The guest's serial console (kernel messages, the agents' stderr)."""
+        return self.run_dir / "console.log"
+
+
+def kernel_command_line(spec: QemuCommand) -> str:
+    """The guest kernel's command line: quiet serial console, settings for the guest's init."""
+    words = [
+        "console=ttyS0",
+        "quiet",
+        "panic=-1",  # a panic reboots, and -no-reboot turns that into QEMU exiting
+        "rdinit=/init",
+        f"adk.ports={spec.ports}",
+        f"adk.memory={spec.memory_mb}",
+        f"adk.pids={spec.pids}",
+        f"adk.tmpfs={spec.tmpfs_mb}",
+    ]
+    if spec.tsc_khz:
+        # Without it the early TSC calibration under TCG hangs about one boot in five.
+        words.append(f"tsc_early_khz={spec.tsc_khz}")
+    return " ".join([*words, *spec.kernel_args])
+
+
+def qemu_command(spec: QemuCommand, qemu: str | None = None) -> list[str]:
+    """The QEMU argv of ``spec``: microvm, no NIC, a read-only root disk, one virtio-serial port per agent."""
+    argv = [
+        qemu or os.environ.get("ADK_SANDBOX_QEMU") or QEMU,
+        "-M", "microvm,x-option-roms=off,rtc=on",
+        "-accel", spec.accel,
+        "-cpu", "max",
+        "-m", str(spec.memory_mb + GUEST_OVERHEAD_MB),
+        "-smp", str(spec.vcpus),
+        "-nodefaults", "-no-user-config", "-nographic", "-display", "none", "-monitor", "none",
+        "-no-reboot",
+        "-nic", "none",
+        "-chardev", f"file,id=console,path={spec.console_log}",
+        "-serial", "chardev:console",
+        "-kernel", str(spec.kernel),
+        "-initrd", str(spec.initramfs),
+        "-append", kernel_command_line(spec),
+        "-drive", f"file={spec.rootfs},if=none,id=root,format=raw,readonly=on",
+        "-device", "virtio-blk-device,drive=root",
+        "-device", f"virtio-serial-device,max_ports={spec.ports + 1}",
+    ]  # fmt: skip
+    for number in range(1, spec.ports + 1):
+        argv += [
+            "-chardev", f"socket,id=port{number},path={spec.port_socket(number)},server=on,wait=off",
+            "-device", f"virtserialport,chardev=port{number},nr={number}",
+        ]  # fmt: skip
+    return argv
+
+
+def host_tsc_khz(cpuinfo: str | None = None) -> int | None:
+    """The CPU clock of this machine in kHz (``cpu MHz`` of ``/proc/cpuinfo``), for ``tsc_early_khz``."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "cpu MHz":
+            try:
+                return int(float(value) * 1000)
+            except ValueError:
+                return None
+    return None
+
+
+class VmProcess:
+    """A started VM: its wrapper's group (QEMU inside), its lifeline, and how to kill it."""
+
+    def __init__(self, wrapper: subprocess.Popen[bytes], lifeline: int, spec: QemuCommand) -> None:
+        self._wrapper = wrapper
+        self._lifeline: int | None = lifeline
+        self.spec = spec
+
+    @property
+    def pid(self) -> int:
+        """The wrapper's pid (also the process group's id)."""
+        return self._wrapper.pid
+
+    def qemu_alive(self) -> bool:
+        """True while QEMU (the wrapper's child) runs."""
+        return bool(qemu_pids(self._wrapper.pid))
+
+    def finished(self) -> bool:
+        """True once QEMU has exited (the wrapper exits with it)."""
+        return self._wrapper.poll() is not None
+
+    def qemu_log_tail(self, lines: int = 6) -> str:
+        """The last lines QEMU itself wrote (its errors)."""
+        try:
+            text = (self.spec.run_dir / "qemu.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
+
+    def console_tail(self, lines: int = 12) -> str:
+        """The last lines of the guest's console, for error messages."""
+        try:
+            text = self.spec.console_log.read_text(errors="replace")
+        except OSError:
+            return ""
+        kept = [line for line in text.splitlines() if line.strip()][-lines:]
+        return "\n".join(kept)
+
+    def kill(self) -> None:
+        """Kill the whole group (wrapper and QEMU), reap the wrapper, wait for QEMU to be gone; idempotent."""
+        qemu = qemu_pids(self._wrapper.pid)
+        lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.close(lifeline)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._wrapper.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._wrapper.wait(timeout=10)
+        until = time.monotonic() + 10
+        while qemu and time.monotonic() < until:  # reparented to init once the wrapper died: reaped there
+            qemu = [pid for pid in qemu if _running(pid)]
+            if qemu:
+                time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is no zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def qemu_pids(wrapper_pid: int) -> list[int]:
+    """The pids of the wrapper's children (QEMU), from ``/proc``."""
+    try:
+        children = Path(f"/proc/{wrapper_pid}/task/{wrapper_pid}/children").read_text().split()
+    except OSError:
+        return []
+    return [int(pid) for pid in children]
+
+
+def start_vm(spec: QemuCommand, argv: Sequence[str]) -> VmProcess:
+    """Start QEMU as ``argv`` under the lifeline wrapper (module docstring); returns at once."""
+    read_end, write_end = os.pipe()  # both close-on-exec; the wrapper gets the read end only
+    try:
+        with open(spec.run_dir / "qemu.log", "wb") as log:
+            wrapper = subprocess.Popen(
+                ["/bin/sh", "-c", _WRAPPER, "adk-sandbox-vm", *argv],
+                stdin=read_end,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: killed as one, untouched by a terminal's ^C
+                close_fds=True,
+            )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return VmProcess(wrapper, write_end, spec)

@@ -1,0 +1,450 @@
+"""MicroVMBackend: one QEMU ``-M microvm`` VM per session, commands through the static agent.
+
+See docs/MICROVM.md.
+
+The VM boots the Debian cloud kernel with a small initramfs onto a read-only root disk made from the
+project's image; its only devices are that disk, a serial console and one virtio-serial port per agent.
+There is no network device at all. Commands reach the guest through the agent channel: the same frames,
+the same static agent (tree kill, output caps, file operations) as a Docker session, over a port
+(:mod:`._port`) instead of a Docker exec. Memory and processes are limited by a cgroup in the guest
+(``guest/vminit.c``), CPU by the number of vCPUs, the whole VM by its memory size.
+
+What :meth:`MicroVMSession.capabilities` claims is read from the running VM: the QEMU command line it was
+started with (accelerator, no NIC, sizes) and an in-guest probe (its own kernel release, its network
+interfaces, its cgroup's limits, its CPUs).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+
+from adk_sandbox.executor._env import build_child_env
+from adk_sandbox.executor._languages import LANGUAGES
+from adk_sandbox.executor._layout import HOME_DIR
+from adk_sandbox.executor._output import OutputCapture
+from adk_sandbox.executor.backend import SessionBackend
+from adk_sandbox.executor.backends.microvm._guest import GuestParts, guest_parts, microvm_cache
+from adk_sandbox.executor.backends.microvm._port import PortOpener
+from adk_sandbox.executor.backends.microvm._qemu import (
+    QemuCommand,
+    VmProcess,
+    host_tsc_khz,
+    qemu_command,
+    start_vm,
+)
+from adk_sandbox.executor.backends.microvm.config import MicroVMConfig
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.probe import verify_from_inside
+from adk_sandbox.executor.channel.session import ChannelSession
+from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome, PreparedCommand
+from adk_sandbox.executor.errors import (
+    BackendUnavailableError,
+    ExecutorError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
+from adk_sandbox.executor.types import Capabilities, ExecRequest, IsolationClass, Language, parse_user
+
+__all__ = ["GuestFacts", "MicroVMBackend", "MicroVMSession", "resolve_accel"]
+
+log = logging.getLogger(__name__)
+
+#: How long a probe boot under KVM may take before KVM is judged not to work here.
+KVM_PROBE_SECONDS = 10.0
+_PROGRAM_LANGUAGES = {LANGUAGES[lang].program: lang for lang in (Language.PYTHON, Language.JAVASCRIPT)}
+# What the guest says about itself: its kernel, its interfaces, its cgroup's limits, its CPUs, its languages.
+_PROBE = (
+    "echo kernel=$(uname -r); echo net=$(ls /sys/class/net | tr '\\n' ' '); "
+    "echo memory=$(cat /sys/fs/cgroup/memory.max); echo pids=$(cat /sys/fs/cgroup/pids.max); "
+    "echo cpus=$(nproc); "
+    f"for p in {' '.join(_PROGRAM_LANGUAGES)}; do "
+    "command -v $p >/dev/null 2>&1 && echo language=$p; done; true"
+)
+_LIVE: weakref.WeakSet[MicroVMSession] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At interpreter exit every VM still open goes (the lifeline would end them anyway)."""
+    for session in list(_LIVE):
+        with contextlib.suppress(Exception):
+            session.close()
+
+
+class GuestFacts:
+    """What the in-guest probe found (kernel release, interfaces, limits, CPUs, languages)."""
+
+    def __init__(self, output: str) -> None:
+        fields: dict[str, str] = {}
+        languages: list[Language] = []
+        for line in output.splitlines():
+            name, _, value = line.partition("=")
+            if name == "language" and value in _PROGRAM_LANGUAGES:
+                languages.append(_PROGRAM_LANGUAGES[value])
+            elif name:
+                fields[name] = value.strip()
+        self.kernel = fields.get("kernel", "")
+        self.interfaces = tuple(sorted(fields.get("net", "").split()))
+        self.memory_max = fields.get("memory", "")
+        self.pids_max = fields.get("pids", "")
+        self.cpus = int(fields["cpus"]) if fields.get("cpus", "").isdigit() else 0
+        self.languages = tuple(languages)
+
+
+def _vm_spec(parts: GuestParts, config: MicroVMConfig, accel: str, run_dir: Path) -> QemuCommand:
+    return QemuCommand(
+        kernel=parts.kernel,
+        initramfs=parts.initramfs,
+        rootfs=parts.rootfs,
+        run_dir=run_dir,
+        accel=accel,
+        memory_mb=config.limits.memory_mb,
+        vcpus=config.vcpus,
+        pids=config.limits.pids,
+        tmpfs_mb=config.limits.tmpfs_mb,
+        ports=config.ports,
+        tsc_khz=host_tsc_khz(),
+        kernel_args=config.kernel_args,
+    )
+
+
+def boot(spec: QemuCommand, opener: PortOpener, deadline: float) -> VmProcess:
+    """Start the VM of ``spec`` and wait for its guest init to greet on port 1 by ``deadline``.
+
+    Past the deadline, or when QEMU stops first, the VM is killed and :class:`BackendUnavailableError`
+    says why, with the end of the guest's console.
+    """
+    vm = start_vm(spec, qemu_command(spec))
+    try:
+        socket_path = spec.port_socket(1)
+        while not socket_path.exists():
+            if vm.finished():
+                raise BackendUnavailableError(_stopped(vm, "QEMU exited before it listened on its ports"))
+            if time.monotonic() >= deadline:
+                raise BackendUnavailableError(_late(vm, spec))
+            time.sleep(0.01)
+        try:
+            opener.connect(0, deadline).close()
+        except SandboxFailedError as exc:
+            if vm.finished():
+                raise BackendUnavailableError(_stopped(vm, "the VM stopped during its boot")) from exc
+            raise BackendUnavailableError(_late(vm, spec)) from exc
+        opener.skip(0)  # the next agent takes another port than the one just greeted and dropped
+        return vm
+    except BaseException:
+        vm.kill()
+        raise
+
+
+def _late(vm: VmProcess, spec: QemuCommand) -> str:
+    tail = vm.console_tail()
+    return (
+        f"the microVM did not boot within its deadline (MicroVMConfig(boot_timeout_seconds=...), accel "
+        f"{spec.accel}); QEMU was killed. Its console ended with:\n{tail or '(nothing)'}"
+    )
+
+
+def _stopped(vm: VmProcess, what: str) -> str:
+    tail = vm.console_tail() or vm.qemu_log_tail() or "(nothing)"
+    return f"{what}. QEMU or the guest said:\n{tail}"
+
+
+# -- the accelerator -----------------------------------------------------------------------------------
+def _kvm_probe_key(parts: GuestParts) -> str:
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = "unknown"
+    digest = hashlib.sha256(
+        f"{boot_id}\0{parts.kernel}\0{parts.initramfs}\0{shutil.which('qemu-system-x86_64')}".encode()
+    )
+    return digest.hexdigest()[:24]
+
+
+@functools.cache
+def _kvm_verdict(parts: GuestParts) -> str:
+    """``""`` when a probe boot under KVM greets within :data:`KVM_PROBE_SECONDS`, else why not.
+
+    Remembered in the cache for this host boot (a failing probe costs its whole deadline).
+    """
+    record = microvm_cache() / f"kvm-probe-{_kvm_probe_key(parts)}"
+    with contextlib.suppress(OSError):
+        return record.read_text()
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+        os.close(fd)
+    except OSError as exc:
+        verdict = f"/dev/kvm cannot be opened ({exc.strerror})"
+    else:
+        run_dir = Path(tempfile.mkdtemp(prefix="adk-sandbox-kvm-probe-"))
+        try:
+            config = MicroVMConfig(
+                limits=MicroVMConfig().limits.model_copy(update={"memory_mb": 64}), ports=1
+            )
+            spec = _vm_spec(parts, config, "kvm", run_dir)
+            try:
+                boot(
+                    spec, PortOpener([str(spec.port_socket(1))]), time.monotonic() + KVM_PROBE_SECONDS
+                ).kill()
+                verdict = ""
+            except BackendUnavailableError as exc:
+                first = str(exc).splitlines()[0]
+                verdict = f"a probe boot under KVM did not answer within {KVM_PROBE_SECONDS:g} s ({first})"
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        record.write_text(verdict)
+    return verdict
+
+
+def resolve_accel(requested: str, parts: GuestParts) -> str:
+    """``"kvm"`` or ``"tcg"`` for ``requested``; :class:`PolicyNotEnforceableError` for KVM where it fails."""
+    if requested == "tcg":
+        return "tcg"
+    verdict = _kvm_verdict(parts)
+    if not verdict:
+        return "kvm"
+    if requested == "kvm":
+        raise PolicyNotEnforceableError(
+            f"accel='kvm' was asked for, but KVM does not work on this machine: {verdict}. Nothing ran; "
+            "use MicroVMConfig(accel='tcg') (emulated, 5-15x slower guest CPU) or 'auto'"
+        )
+    log.info("KVM does not work here (%s): microVMs run under TCG", verdict)
+    return "tcg"
+
+
+# -- the session -----------------------------------------------------------------------------------------
+class MicroVMSession(ChannelSession):
+    """One VM for the whole session: booted at entry (or first use), reused, killed at close.
+
+    Commands run through the static agent over a virtio-serial port, as ``config.user`` or a request's
+    numeric ``user``, with a cleared environment (PATH, HOME, then the request's), in HOME by default.
+    No host directory is shared with the VM: a session with a ``workspace`` is refused (for now).
+    """
+
+    name = "microvm"
+    _GONE = "this microVM session is closed"
+    _WHERE = "the session's microVM"
+
+    def __init__(self, config: MicroVMConfig) -> None:
+        self._config = config
+        self._session_id = uuid.uuid4().hex[:12]
+        self._lock = threading.RLock()
+        self._closed = False
+        self._vm: VmProcess | None = None
+        self._run_dir: Path | None = None
+        self._transport: AgentTransport | None = None
+        self._capabilities: Capabilities | None = None
+        self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
+        self._enterable: set[tuple[str, str]] = set()
+        self.accel: str | None = None
+        """``"kvm"`` or ``"tcg"``, once started."""
+        self.guest: GuestFacts | None = None
+        """What the in-guest probe found at the start."""
+        self.boot_seconds: float | None = None
+        """From QEMU's start to the guest's first greeting."""
+
+    @property
+    def session_id(self) -> str:
+        """The session's id (the name of its run directory)."""
+        return self._session_id
+
+    @property
+    def qemu_pid(self) -> int | None:
+        """The pid of the wrapper whose group holds QEMU (None before the start and after the close)."""
+        vm = self._vm
+        return vm.pid if vm is not None else None
+
+    def start(self) -> None:
+        """Boot the VM, start its agent, probe it; idempotent."""
+        with self._lock:
+            if self._closed:
+                raise SandboxFailedError(self._GONE)
+            if self._vm is None:
+                try:
+                    self._open()
+                except BaseException:
+                    self._discard()
+                    raise
+
+    def _open(self) -> None:
+        config = self._config
+        parts = guest_parts(config.image)
+        self.accel = resolve_accel(config.accel, parts)
+        self._run_dir = Path(tempfile.mkdtemp(prefix=f"adk-sandbox-vm-{self._session_id}-"))
+        spec = _vm_spec(parts, config, self.accel, self._run_dir)
+        opener = PortOpener([str(spec.port_socket(n)) for n in range(1, spec.ports + 1)])
+        started = time.monotonic()
+        _LIVE.add(self)
+        self._vm = boot(spec, opener, started + config.boot_timeout_seconds)
+        self.boot_seconds = time.monotonic() - started
+        self._transport = AgentTransport(opener, agent="static")
+        verify_from_inside(self._transport, dict(self._base_env), config.user, None)
+        probe = self._run_probe()
+        self.guest = facts = GuestFacts(probe)
+        if facts.kernel != parts.kernel_release:
+            raise PolicyNotEnforceableError(
+                f"the session's commands do not run on the microVM's kernel ({parts.kernel_release}): the "
+                f"probe saw {facts.kernel or 'nothing'!r}"
+            )
+        if facts.interfaces != ("lo",):
+            raise PolicyNotEnforceableError(
+                f"the microVM has network interfaces besides lo ({', '.join(facts.interfaces) or 'none'}); "
+                "it was started without a NIC, so this is not the VM it should be"
+            )
+
+    def _run_probe(self) -> str:
+        capture = OutputCapture(64 * 1024)
+        command = PreparedCommand(argv=("/bin/sh", "-c", _PROBE), env=dict(self._base_env),
+                                  user=self._config.user, workdir="/", stdin=None,
+                                  marker=uuid.uuid4().hex)  # fmt: skip
+        assert self._transport is not None  # noqa: S101 - set just before
+        outcome = self._transport.run(command, capture, deadline=time.monotonic() + 60, cancel=None)
+        if outcome.exit_code != 0:
+            raise SandboxFailedError("the microVM's start-up probe did not finish")
+        return capture.finish()["stdout"].text
+
+    def _discard(self) -> None:
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            with contextlib.suppress(ExecutorError, OSError):
+                transport.close()
+        vm, self._vm = self._vm, None
+        if vm is not None:
+            vm.kill()
+        run_dir, self._run_dir = self._run_dir, None
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        _LIVE.discard(self)
+
+    def close(self) -> None:
+        """Kill the VM (QEMU and its wrapper) and remove its run directory; idempotent."""
+        with self._lock:
+            self._closed = True
+            self._discard()
+
+    # -- what is enforced ----------------------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        """What the running VM enforces: from its QEMU command line and the in-guest probe."""
+        self.start()
+        if self._capabilities is None:
+            facts, limits = self.guest, self._config.limits
+            assert facts is not None  # noqa: S101 - started
+            self._capabilities = Capabilities(
+                isolation=IsolationClass.MICROVM,
+                timeout=True,
+                memory=facts.memory_max == str(limits.memory_mb * 1024 * 1024),
+                cpu=facts.cpus == self._config.vcpus,
+                pids=facts.pids_max == str(limits.pids),
+                network=facts.interfaces == ("lo",),  # no NIC on the command line, only lo in the guest
+                fs_read=True,  # no host directory is shared with the VM: its disk is a copy of the image
+                fs_write=True,
+                env=True,
+                languages=(Language.COMMAND, *facts.languages),
+                channel="agent",
+                accel=self.accel,
+            )
+        return self._capabilities
+
+    # -- commands (the body is ChannelSession.execute) -------------------------------------------------
+    def _command_user(self, requested: str | None) -> str:
+        if requested is None:
+            return self._config.user
+        uid, gid = parse_user(requested)
+        return f"{uid}:{gid if gid is not None else uid}"
+
+    def _refuse(self, request: ExecRequest) -> None:
+        limit = self._config.limits.memory_mb
+        if request.memory_limit_mb is not None and request.memory_limit_mb < limit:
+            raise PolicyNotEnforceableError(
+                f"memory_limit_mb={request.memory_limit_mb} is below the microVM's limit ({limit} MiB), "
+                f"which is the only one enforced; use MicroVMConfig(limits=ResourceLimits(memory_mb="
+                f"{request.memory_limit_mb}))"
+            )
+        self.start()
+        if self._transport is None:
+            raise SandboxFailedError(self._GONE)
+
+    def _working_directory(self) -> tuple[str, str]:
+        return self._session_id, HOME_DIR
+
+    def _run_command(
+        self,
+        request: ExecRequest,
+        argv: tuple[str, ...],
+        capture: OutputCapture,
+        *,
+        started: float,
+        cancel: threading.Event | None,
+    ) -> tuple[CommandOutcome, bool]:
+        transport = self._transport
+        if transport is None:
+            raise SandboxFailedError(self._GONE)
+        command = PreparedCommand(
+            argv=argv,
+            env=build_child_env(self._base_env, None, request.env),
+            user=self._command_user(request.user),
+            workdir=request.cwd if request.cwd is not None else HOME_DIR,
+            stdin=request.stdin_bytes,
+            marker=uuid.uuid4().hex,
+            background=request.background,
+        )
+        outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
+        return outcome, bool(outcome.oom_kills)
+
+    def _explained(self, exc: SandboxFailedError) -> ExecutorError:
+        """The agent channel broke: say so when the VM itself stopped."""
+        vm = self._vm
+        if vm is not None and vm.finished():
+            return SandboxFailedError(f"the session's microVM stopped ({exc}). {_stopped(vm, 'QEMU exited')}")
+        return exc
+
+
+class MicroVMBackend(SessionBackend[MicroVMSession]):
+    """Creates :class:`MicroVMSession` s: one QEMU microvm per session (docs/MICROVM.md).
+
+    >>> with MicroVMBackend(MicroVMConfig(accel="tcg")) as backend:  # doctest: +SKIP
+    ...     with backend.session() as session:
+    ...         session.execute(ExecRequest(language="command", code="uname -r", timeout=30)).stdout
+    """
+
+    name = "microvm"
+
+    def __init__(self, config: MicroVMConfig | None = None) -> None:
+        self.config = config or MicroVMConfig()
+        """What every session's VM is made of."""
+        if shutil.which(os.environ.get("ADK_SANDBOX_QEMU") or "qemu-system-x86_64") is None:
+            raise BackendUnavailableError(
+                "QEMU is not installed (qemu-system-x86_64); scripts/setup installs it (Debian: apt install "
+                "qemu-system-x86)"
+            )
+        if shutil.which("setpriv") is None:
+            raise BackendUnavailableError("setpriv (util-linux) is needed to tie each VM to its owner")
+        super().__init__()
+
+    def session(self, workspace: str | os.PathLike[str] | None = None) -> MicroVMSession:
+        """A new session (its VM boots on entry or first use); a host ``workspace`` is refused for now."""
+        if workspace is not None:
+            raise InvalidRequestError(
+                f"a microVM session cannot have a host workspace yet ({os.fspath(workspace)!r}): no host "
+                "directory is shared with the VM (the virtiofs share is not built yet). Open session() "
+                "without a workspace and copy files in with session.files"
+            )
+        return self._track(MicroVMSession(self.config))
+
+    def _probe_capabilities(self) -> Capabilities:
+        with self.session() as probe:
+            return probe.capabilities()

@@ -1,0 +1,51 @@
+#!/bin/busybox sh
+# adk-sandbox microVM, first stage (/init of the initramfs; busybox only).
+# Loads the virtio modules, mounts the read-only root (virtio-blk /dev/vda, ext4), puts tmpfs on /tmp, HOME
+# and /run, and switches to it with vminit as PID 1. Settings come from the kernel command line:
+#   adk.ports=N adk.memory=MiB adk.pids=N adk.tmpfs=MiB
+# Anything failing here powers the VM off (the host sees QEMU exit and reports the console's last lines).
+/bin/busybox --install -s /bin
+export PATH=/bin
+mkdir -p /proc /sys /dev /newroot
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+# As on a host: an allocation larger than the VM's memory is granted and the cgroup's OOM killer decides
+# when it is touched (the heuristic would refuse it with ENOMEM, unlike in a container).
+echo 1 >/proc/sys/vm/overcommit_memory
+fail() { echo "adk-vm-init: $*" >/dev/console; poweroff -f; }
+ports=1 memory=0 pids=max tmpfs=64
+for word in $(cat /proc/cmdline); do
+    case $word in
+        adk.ports=*) ports=${word#adk.ports=} ;;
+        adk.memory=*) memory=${word#adk.memory=} ;;
+        adk.pids=*) pids=${word#adk.pids=} ;;
+        adk.tmpfs=*) tmpfs=${word#adk.tmpfs=} ;;
+    esac
+done
+for m in virtio_mmio virtio_blk virtio_console; do modprobe "$m" || fail "modprobe $m failed"; done
+i=0
+while [ ! -b /dev/vda ]; do
+    i=$((i + 1)); [ $i -gt 500 ] && fail "no root disk (/dev/vda)"; usleep 10000
+done
+mount -t ext4 -o ro,noload /dev/vda /newroot || fail "cannot mount the root disk"
+opts="rw,exec,nosuid,nodev,size=${tmpfs}m,mode=1777"
+mount -t tmpfs -o "$opts" tmpfs /newroot/tmp || fail "cannot mount /tmp"
+mount -t tmpfs -o "$opts" tmpfs /newroot/home/sandbox || fail "cannot mount HOME (/home/sandbox)"
+mount -t tmpfs -o rw,nosuid,nodev,size=16m,mode=755 tmpfs /newroot/run || fail "cannot mount /run"
+mkdir -p /newroot/run/adk-vm && cp /vminit /newroot/run/adk-vm/vminit || fail "cannot place vminit"
+# The ports are /dev/vport<device>p<n> (device: the virtio device's index): vminit opens /dev/adk-port<n>.
+n=1
+while [ $n -le "$ports" ]; do
+    i=0
+    while ! ls /dev/vport*p$n >/dev/null 2>&1; do
+        i=$((i + 1)); [ $i -gt 500 ] && fail "no virtio-serial port $n"; usleep 10000
+    done
+    ln -s "$(ls /dev/vport*p$n)" "/dev/adk-port$n"
+    n=$((n + 1))
+done
+mount --move /dev /newroot/dev
+mkdir -p /newroot/dev/shm && mount -t tmpfs -o "$opts" tmpfs /newroot/dev/shm
+mount --move /sys /newroot/sys
+mount --move /proc /newroot/proc
+exec switch_root /newroot /run/adk-vm/vminit "$ports" "$memory" "$pids"

@@ -1,0 +1,97 @@
+"""Pure logic of the microVM backend: QEMU and kernel command lines, the port header, the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from adk_sandbox.executor.backends.microvm._port import program_header
+from adk_sandbox.executor.backends.microvm._qemu import (
+    GUEST_OVERHEAD_MB,
+    QemuCommand,
+    host_tsc_khz,
+    kernel_command_line,
+    qemu_command,
+)
+from adk_sandbox.executor.backends.microvm.backend import GuestFacts
+from adk_sandbox.executor.backends.microvm.config import MicroVMConfig
+from adk_sandbox.executor.types import Language, ResourceLimits
+
+
+def _spec(**changes: object) -> QemuCommand:
+    fields: dict[str, object] = dict(
+        kernel=Path("/k/vmlinux"), initramfs=Path("/k/initramfs.gz"), rootfs=Path("/r/root.ext4"),
+        run_dir=Path("/run/vm"), accel="tcg", memory_mb=256, vcpus=2, pids=100, tmpfs_mb=64, ports=3,
+        tsc_khz=2596128,
+    )  # fmt: skip
+    fields.update(changes)
+    return QemuCommand(**fields)  # type: ignore[arg-type]
+
+
+def _value(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv) if word == flag]
+
+
+def test_command_line_is_a_microvm_without_nic() -> None:
+    argv = qemu_command(_spec(), qemu="qemu")
+    assert _value(argv, "-M")[0].startswith("microvm")
+    assert _value(argv, "-nic") == ["none"] and "-nodefaults" in argv
+    assert not any("net" in word for word in _value(argv, "-device"))
+    assert _value(argv, "-accel") == ["tcg"]
+    assert _value(argv, "-m") == [str(256 + GUEST_OVERHEAD_MB)] and _value(argv, "-smp") == ["2"]
+    assert "-no-reboot" in argv
+
+
+def test_root_disk_is_read_only_and_ports_are_sockets() -> None:
+    argv = qemu_command(_spec(), qemu="qemu")
+    assert _value(argv, "-drive") == ["file=/r/root.ext4,if=none,id=root,format=raw,readonly=on"]
+    sockets = [word for word in _value(argv, "-chardev") if word.startswith("socket,")]
+    assert sockets == [f"socket,id=port{n},path=/run/vm/port{n}.sock,server=on,wait=off" for n in (1, 2, 3)]
+    assert "virtio-serial-device,max_ports=4" in _value(argv, "-device")
+
+
+def test_kernel_command_line_carries_the_limits_and_the_tsc() -> None:
+    line = kernel_command_line(_spec(kernel_args=("panic=0",)))
+    words = line.split()
+    assert {"adk.ports=3", "adk.memory=256", "adk.pids=100", "adk.tmpfs=64", "tsc_early_khz=2596128"} <= set(
+        words
+    )
+    assert words[-1] == "panic=0"  # given words come last: they win
+    assert "tsc_early_khz" not in kernel_command_line(_spec(tsc_khz=None))
+
+
+def test_host_tsc_khz_from_cpuinfo() -> None:
+    assert host_tsc_khz("processor\t: 0\ncpu MHz\t\t: 2596.128\n") == 2596128
+    assert host_tsc_khz("processor\t: 0\n") is None
+
+
+def test_program_header() -> None:
+    header = program_header(["/bin/sh", "-c", "echo é\n"], "1000:1001")
+    assert header == b"ADKVM1 1000 1001 3\n7\n/bin/sh2\n-c8\necho \xc3\xa9\n"
+    assert program_header(["x"], "5").startswith(b"ADKVM1 5 5 1\n")
+    with pytest.raises(ValueError, match="numeric"):
+        program_header(["x"], "root")
+
+
+def test_config_validation() -> None:
+    assert MicroVMConfig(user="7").user == "7:7"
+    assert MicroVMConfig(limits=ResourceLimits(cpus=3)).vcpus == 3
+    with pytest.raises(ValidationError, match="whole vCPUs"):
+        MicroVMConfig(limits=ResourceLimits(cpus=1.5))
+    with pytest.raises(ValidationError):
+        MicroVMConfig(user="root")
+    with pytest.raises(ValidationError, match="single words"):
+        MicroVMConfig(kernel_args=("a b",))
+    with pytest.raises(ValidationError):
+        MicroVMConfig.model_validate({"accel": "hvf"})
+
+
+def test_guest_facts() -> None:
+    facts = GuestFacts(
+        "kernel=6.1.0-57-cloud-amd64\nnet=lo \nmemory=134217728\npids=128\ncpus=1\nlanguage=python3\n"
+    )
+    assert facts.kernel == "6.1.0-57-cloud-amd64" and facts.interfaces == ("lo",)
+    assert (facts.memory_max, facts.pids_max, facts.cpus) == ("134217728", "128", 1)
+    assert facts.languages == (Language.PYTHON,)
