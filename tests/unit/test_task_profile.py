@@ -9,6 +9,7 @@ import docker.errors
 import pytest
 
 from adk_sandbox.executor._owner import PROJECT_LABEL
+from adk_sandbox.executor.backends.docker._daemon import remove_container
 from adk_sandbox.executor.backends.docker._rootcap import MEMORY_OVERLAY, root_cap_for, size_refusal
 from adk_sandbox.executor.backends.docker._seccomp import profile_option
 from adk_sandbox.executor.backends.docker._spec import (
@@ -233,3 +234,29 @@ def test_gvisor_without_the_memory_overlay_or_below_the_memory_limit_is_refused(
         )
     with pytest.raises(PolicyNotEnforceableError, match="memory_mb=100"):
         root_cap_for(_info([MEMORY_OVERLAY]), "runsc", limits, 100, explicit=True, size_refused=SizeAsked())
+
+
+class RemovingApi:
+    """An engine that auto-removes a killed container: a remove gets 409, and it is listed for a while."""
+
+    def __init__(self, listed_for: int) -> None:
+        self.inspections = 0
+        self.listed_for = listed_for
+
+    def remove_container(self, container: str, force: bool = False, v: bool = False) -> None:
+        response = SimpleNamespace(status_code=409, reason="Conflict")
+        raise docker.errors.APIError("removal of container is already in progress", response)  # type: ignore[arg-type]
+
+    def inspect_container(self, container: str) -> dict[str, Any]:
+        self.inspections += 1
+        if self.inspections > self.listed_for:
+            raise docker.errors.NotFound("no such container")
+        return {"Id": container}
+
+
+def test_a_removal_the_engine_already_started_is_waited_for() -> None:
+    """The root-size watcher kills a container that auto_remove then removes: close() returns once it is gone
+    (it returned at the 409 before, and the container was still listed; failed in CI)."""
+    api = RemovingApi(listed_for=3)
+    remove_container(SimpleNamespace(api=api), "c1")  # type: ignore[arg-type]
+    assert api.inspections == 4

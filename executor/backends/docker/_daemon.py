@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -123,18 +124,40 @@ def idempotent(call: Callable[[], T]) -> T:
         return retrying(call)()
 
 
-def remove_container(client: docker.DockerClient, container_id: str) -> None:
-    """Remove a container (killing it first); one that is already gone or being removed counts as done."""
+#: How long :func:`remove_container` waits for a removal the engine already started (auto_remove) to end.
+REMOVAL_WAIT_SECONDS = 30.0
 
-    def remove() -> None:
+
+def remove_container(client: docker.DockerClient, container_id: str) -> None:
+    """Remove a container (killing it first); returns once it is gone.
+
+    One already gone counts as done. One whose removal the engine already started (``auto_remove`` after
+    the container was killed, say by the root-size watcher: a 409 "removal ... already in progress") is
+    waited for, up to :data:`REMOVAL_WAIT_SECONDS`, so that a closed session's container is not still
+    listed a moment later.
+    """
+
+    def remove() -> bool:
         try:
             client.api.remove_container(container_id, force=True, v=True)  # v: its mirror volume too
         except docker.errors.APIError as exc:
             # 404: already gone (auto_remove won the race); 409: "removal ... already in progress".
-            if exc.status_code not in (404, 409):
+            if exc.status_code == 409:
+                return False
+            if exc.status_code != 404:
                 raise
+        return True
 
-    idempotent(remove)
+    if idempotent(remove):
+        return
+    deadline = time.monotonic() + REMOVAL_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            with daemon_errors():
+                client.api.inspect_container(container_id)
+        except ExecutorError:
+            return  # gone (404), or the engine stopped answering: nothing more to wait for here
+        time.sleep(0.05)
 
 
 #: The engine each client made by :func:`connect` talks to (the transports dial the same one).
