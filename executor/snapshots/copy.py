@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.snapshots.model import CopyMethod
-from adk_sandbox.executor.workspace.beneath import RootDir
-from adk_sandbox.executor.workspace.copies import _Copier, _copy_data
-from adk_sandbox.executor.workspace.pullback import _HostTree, _Refused
-from adk_sandbox.executor.workspace.scan import Entry, check_fits, scan_host
+from adk_sandbox.executor.workspace.copies import _Copier, _copy_data, walk_copy
+from adk_sandbox.executor.workspace.scan import Entry
 
 __all__ = ["CopyReport", "copy_workspace"]
 
@@ -51,38 +49,12 @@ def copy_workspace(source: str, dest: str, cap_bytes: int, setting: str) -> Copy
     ``setting`` names what raises ``cap_bytes`` in the error that refuses a larger tree (nothing is
     copied then). ``source`` is only read; ``dest`` must be this process's own fresh directory.
     """
-    host = scan_host(source)
-    check_fits(source, host, cap_bytes, setting)
-    info = os.stat(dest)
-    copier = _CloningCopier(host, (info.st_uid, info.st_gid), cap_bytes)
-    copier.setting = setting
-    src = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        dst = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            copier.directory("", src, dst)
-        finally:
-            os.close(dst)
-    finally:
-        os.close(src)
+
+    def make(host: dict[str, Entry], owner: tuple[int, int], budget: int) -> _CloningCopier:
+        return _CloningCopier(host, owner, budget, setting=setting)
+
+    copier = walk_copy(source, dest, cap_bytes, make, setting)
     skipped = copier.skipped
-    links = sorted(path for path, entry in host.items() if entry.kind == "l" and path in copier.reached)
-    tree_dir = RootDir(dest)
-    try:
-        tree = _HostTree(tree_dir, (info.st_uid, info.st_gid))
-        made = []
-        for path in links:
-            try:
-                tree.make_link(path, host[path].target)
-                made.append(path)
-            except (_Refused, OSError) as exc:
-                skipped.append(f"{path}: {exc}")
-        for path in made:  # a link made later can change where an earlier one leads
-            if not tree.link_stays_inside(path):
-                tree.remove(path)
-                skipped.append(f"{path}: a symbolic link that leads outside the workspace (or into .git)")
-    finally:
-        tree_dir.close()
     for reason in skipped:
         log.info("copying %s into %s left out %s", source, dest, reason)
     method: CopyMethod = "reflink" if copier.cloned and not copier.copied else "copy"

@@ -17,8 +17,9 @@ import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from adk_sandbox.executor import _owner
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
@@ -121,10 +122,35 @@ def copy_tree(source: str, dest: str, cap_bytes: int) -> list[str]:
     Modes and file mtimes are kept (a directory gets its own mode after its contents are written); as root
     the copy is owned by ``dest``'s owner.
     """
+    copier = walk_copy(source, dest, cap_bytes, _Copier)
+    for reason in copier.skipped:
+        log.warning("copying %s into %s left out %s", source, dest, reason)
+    return copier.skipped
+
+
+CopierT = TypeVar("CopierT", bound="_Copier")
+
+
+def walk_copy(
+    source: str,
+    dest: str,
+    cap_bytes: int,
+    make: Callable[[dict[str, Entry], tuple[int, int], int], CopierT],
+    setting: str | None = None,
+) -> CopierT:
+    """:func:`copy_tree`'s walk with the copier ``make`` builds (how file data travels); the copier after.
+
+    The one place the safety of a host copy lives (scan, cap, descriptor walk, links made last and checked
+    again); a snapshot's copy (``executor/snapshots/copy.py``) differs only in its copier. ``setting`` names
+    what raises the cap in a refusal (default: the mirror's). ``copier.skipped`` says what was left out.
+    """
     host = scan_host(source)
-    check_fits(source, host, cap_bytes)
+    if setting is None:
+        check_fits(source, host, cap_bytes)
+    else:
+        check_fits(source, host, cap_bytes, setting)
     info = os.stat(dest)
-    copier = _Copier(host, (info.st_uid, info.st_gid), cap_bytes)
+    copier = make(host, (info.st_uid, info.st_gid), cap_bytes)
     src = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         dst = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -152,9 +178,7 @@ def copy_tree(source: str, dest: str, cap_bytes: int) -> list[str]:
                 skipped.append(f"{path}: a symbolic link that leads outside the workspace (or into .git)")
     finally:
         tree_dir.close()
-    for reason in skipped:
-        log.warning("copying %s into %s left out %s", source, dest, reason)
-    return skipped
+    return copier
 
 
 @dataclass
