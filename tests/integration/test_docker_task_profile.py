@@ -102,15 +102,19 @@ def test_commands_run_as_the_images_user_with_a_writable_root(session: Any) -> N
     check_writable_root(session)
 
 
-def test_users_are_added_and_named(session: Any) -> None:
-    made = run(session, "id -u taskuser >/dev/null 2>&1 || useradd -m taskuser; id -u taskuser")
-    assert made.exit_code == 0, made.stderr
-    uid = made.stdout.strip()
-    assert run(session, "id -u", user="taskuser").stdout.strip() == uid
-    assert run(session, "id -g", user="taskuser:root").stdout.strip() == "0"
-    assert run(session, "id -u", user="root").stdout.strip() == "0"
-    with pytest.raises(InvalidRequestError, match="'nosuchuser' is not in"):
-        run(session, "true", user="nosuchuser")
+def test_users_are_added_and_named(backend: DockerBackend) -> None:
+    # A session of its own: each new user starts an agent of its own, and under gVisor 20240729 starting
+    # one beside another sometimes stops the whole sandbox (docs/engines.md); the module's shared session,
+    # which the attack tests use, stays out of that (it failed them in CI).
+    with backend.session() as session:
+        made = run(session, "id -u taskuser >/dev/null 2>&1 || useradd -m taskuser; id -u taskuser")
+        assert made.exit_code == 0, made.stderr
+        uid = made.stdout.strip()
+        assert run(session, "id -u", user="taskuser").stdout.strip() == uid
+        assert run(session, "id -g", user="taskuser:root").stdout.strip() == "0"
+        assert run(session, "id -u", user="root").stdout.strip() == "0"
+        with pytest.raises(InvalidRequestError, match="'nosuchuser' is not in"):
+            run(session, "true", user="nosuchuser")
 
 
 def test_capabilities_report_the_profile(backend: DockerBackend) -> None:
