@@ -33,7 +33,7 @@ import posixpath
 import shlex
 import stat
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, overload
@@ -68,11 +68,13 @@ from adk_sandbox.executor._users import resolve_user
 from adk_sandbox.executor.backend import SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.docker import DockerBackend, cleanup_labelled, cleanup_session
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor.backends.docker.session import DockerSession
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.services import LinkedService, ServiceLinks, service_addresses
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
 from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.snapshots import Snapshot
 from adk_sandbox.executor.types import ExecRequest, ResourceLimits, check_user, is_numeric_user, parse_user
 from adk_sandbox.executor.types import ExecResult as CoreExecResult
 
@@ -267,6 +269,7 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         config: AdkSandboxConfig,
         start: _SampleStart,
         links: tuple[ServiceLinks, str] | None = None,
+        backend: SessionBackend[Any] | None = None,
     ) -> None:
         super().__init__()
         self._session = session
@@ -274,6 +277,10 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         self._start = start
         #: The sample's service links and this service's name (a sample of several services).
         self._links = links
+        #: The backend that opened the session (a sample of one service): :meth:`restore` opens another.
+        self._opener = backend
+        #: The snapshots :meth:`snapshot` took: removed with the sample.
+        self._snapshots: list[Snapshot] = []
 
     # -- configuration and lifecycle -----------------------------------------------------------------
     @classmethod
@@ -319,8 +326,12 @@ class AdkSandboxEnvironment(SandboxEnvironment):
                 )
             )
 
+        backend = await run_blocking(
+            lambda _: cls._backend(task_name, resolved), name="adk-sandbox-sample-init"
+        )
+
         def start(_: threading.Event) -> tuple[SandboxSession, _SampleStart]:
-            session: SandboxSession = cls._backend(task_name, resolved).session()
+            session: SandboxSession = backend.session()
             try:
                 session.start()
                 return session, _SampleStart.of(session, resolved)
@@ -329,7 +340,7 @@ class AdkSandboxEnvironment(SandboxEnvironment):
                 raise
 
         session, where = await _unavailable_on_failure(run_blocking(start, name="adk-sandbox-sample-init"))
-        return {"default": cls(session, resolved, where)}
+        return {"default": cls(session, resolved, where, backend=backend)}
 
     @classmethod
     def _start_services(cls, task_name: str, resolved: AdkSandboxServices) -> dict[str, SandboxEnvironment]:
@@ -609,10 +620,80 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         # keeps an existing file's mode (docs/DOCKER.md, "Atomic writes").
         files.write_bytes(path, data)
 
+    # -- snapshots (docs/snapshots.md, "In inspect and MCP") -------------------------------------------
+    async def snapshot(self, name: str | None = None, *, labels: Mapping[str, str] | None = None) -> Snapshot:
+        """The sample's files now: ``/tmp``, HOME, the extra tmpfs and, under the task profile, the root.
+
+        Reach it with ``sandbox().as_type(AdkSandboxEnvironment)``. No command runs while it is taken. The
+        snapshot is removed with the sample (its cleanup); give it to :meth:`restore` to roll the sample
+        back, any number of times. Processes are not carried (``snapshot.carries``).
+        """
+        session, _ = self._forkable("snapshot")
+        taken: Snapshot = await run_blocking(
+            lambda _: session.snapshot(name, labels=labels), name="adk-sandbox-snapshot"
+        )
+        self._snapshots.append(taken)
+        return taken
+
+    async def restore(self, snapshot: Snapshot) -> None:
+        """Roll this sample back: its sandbox is replaced by a fresh one holding ``snapshot``'s files.
+
+        The old sandbox (and every process in it) is removed once the new one has started; if the new one
+        cannot start, the sample keeps the old one and the error is raised.
+        """
+        _, backend = self._forkable("restore")
+
+        def swap(_: threading.Event) -> None:
+            fresh: SandboxSession = backend.session(snapshot=snapshot)
+            try:
+                fresh.start()
+            except BaseException:
+                fresh.close()
+                raise
+            old, self._session = self._session, fresh
+            old.close()
+
+        await run_blocking(swap, name="adk-sandbox-restore")
+
+    @contextlib.asynccontextmanager
+    async def fork(self) -> AsyncIterator[AdkSandboxEnvironment]:
+        """A sandbox of its own holding this sample's files now (best-of-n inside a solver).
+
+        ``async with env.fork() as other:`` -- ``other`` runs commands and file operations like this
+        sample's; nothing it does reaches this sample. It is removed, with the snapshot taken for it, when
+        the block ends. Keep a fork's result with ``await other.snapshot()`` then ``await env.restore(...)``.
+        """
+        session, _ = self._forkable("fork")
+        child: SandboxSession = await run_blocking(lambda _: session.fork(), name="adk-sandbox-fork")
+        forked = AdkSandboxEnvironment(child, self._config, self._start, backend=self._opener)
+        try:
+            yield forked
+        finally:
+            await run_blocking(forked._close, name="adk-sandbox-fork-cleanup")
+
+    def _forkable(self, what: str) -> tuple[DockerSession, DockerBackend]:
+        """The sample's Docker session and backend, if ``what`` (snapshot, restore, fork) can be done."""
+        if self._links is not None:
+            raise InvalidRequestError(
+                f"{what} is not available for a sample of several services: its services are linked to each "
+                "other's running sandboxes, which a snapshot does not carry (docs/snapshots.md)"
+            )
+        if not isinstance(self._opener, DockerBackend) or not isinstance(self._session, DockerSession):
+            raise InvalidRequestError(f"{what} needs a sample started by this provider's sample_init")
+        return self._session, self._opener
+
     def _close(self, _: threading.Event) -> None:
         if self._links is not None:
             self._links[0].close()
         self._session.close()
+        # After the session: a snapshot whose root image a running session uses cannot be removed.
+        for taken in reversed(self._snapshots):  # a later root image may be a child of an earlier one
+            if isinstance(self._opener, DockerBackend):
+                try:
+                    self._opener.remove_snapshot(taken)
+                except InvalidRequestError as exc:  # gone already, or in use by a fork still open
+                    log.warning("snapshot %s of a sample was not removed: %s", taken.id, exc)
+        self._snapshots.clear()
 
     def _path(self, file: str) -> str:
         return posixpath.join(self._start.workdir, file)

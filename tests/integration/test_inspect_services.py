@@ -187,3 +187,13 @@ def test_a_name_neither_a_service_nor_allowed_fails(sample: Sample) -> None:
     assert out.startswith("FAILED HTTPError") and "403" in out, out
     out = sample.run("default", "python3", "-c", CONNECT, "not-a-service.test", "8000")
     assert out.startswith("FAILED"), out
+
+
+def test_snapshots_of_a_sample_of_several_services_are_refused(sample: Sample) -> None:
+    """Its services are linked to each other's running sandboxes, which a snapshot does not carry."""
+    from adk_sandbox.executor.errors import InvalidRequestError  # noqa: PLC0415
+
+    default = sample.envs["default"].as_type(inspect_sandbox.AdkSandboxEnvironment)
+    with pytest.raises(InvalidRequestError, match="several services"):
+        asyncio.run(default.snapshot())
+    assert sample.run("default", "true") == ""
