@@ -31,7 +31,7 @@ from adk_sandbox.executor.backends.bwrap import get_enforcer
 from adk_sandbox.executor.backends.docker.config import DockerConfig, config_from_options
 from adk_sandbox.executor.backends.docker.engine import Engine
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
-from adk_sandbox.executor.backends.process import ProcessBackend
+from adk_sandbox.executor.backends.process import ProcessBackend, find_system_python
 from adk_sandbox.executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import SandboxPolicy
@@ -68,6 +68,7 @@ def doctor() -> int:
         # The policy doctor reports is the strictest one bubblewrap can enforce.
         policy = SandboxPolicy(allow_process_spawn=True)
         print(_describe("process+bwrap", ProcessBackend.with_sandbox(enforcer, policy).capabilities()))
+        print(f"{'':<16} {'':<16} network policy: {_bwrap_network_of()}")
     docker_works = _doctor_docker()
     _doctor_wasm()
     _doctor_microvm()
@@ -157,6 +158,14 @@ def _task_profile_of(runtime: str | None) -> str:
     how = {"memory": "held in memory, within the memory limit", "quota": "an engine storage quota",
            "watched": "the session stops once its layer passes the cap"}  # fmt: skip
     return f"root writes capped at {cap[1]} MiB: {how[cap[0]]}" if cap else "unavailable"
+
+
+def _bwrap_network_of() -> str:
+    """Whether bubblewrap commands can have a NetworkPolicy: its forwarder needs the system's Python."""
+    python = find_system_python()
+    if python is None:
+        return "no (no system Python 3.8+ under /usr to run the in-namespace forwarder: refused)"
+    return f"yes (network=NetworkPolicy; the in-namespace forwarder runs on {python}; docs/network.md)"
 
 
 def _proxy_of(offered: bool | None) -> str:

@@ -25,3 +25,7 @@ def test_doctor_lists_each_backend_with_its_isolation(bwrap_enforcer: object) ->
     assert "commands see: host_filesystem, host_environment, host_programs" in done.stdout
     assert "commands see: no host state" in done.stdout  # docker (or wasm)
     assert "os_enforced" in bwrap and "network" in bwrap
+    # Bubblewrap carries a NetworkPolicy through its forwarder, which the system's Python runs.
+    assert (
+        "network policy: yes (network=NetworkPolicy; the in-namespace forwarder runs on /usr/" in done.stdout
+    )
