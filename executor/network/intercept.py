@@ -644,8 +644,12 @@ class Interceptor:
         deadline = time.monotonic() + timeout
         try:
             while (end := head_end(bytes(reader.buffer))) is None:
-                if time.monotonic() > deadline:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise TimeoutError
+                # Each read gets what is left of the deadline, not all of it: the head's bound is ``timeout``
+                # in all, however its bytes trickle in.
+                sandbox.raw.settimeout(remaining)
                 reader.fill()
             head = bytes(reader.buffer[:end])
             del reader.buffer[:end]
