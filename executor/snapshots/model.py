@@ -116,6 +116,8 @@ class Snapshot(BaseModel):
     """The tmpfs directories archived, in the order of the archives ``tmpfs/0.tar``, ``tmpfs/1.tar``..."""
     root_image: str | None = None
     """The engine image holding the root layer (task profile), or None."""
+    root_archive: bool = False
+    """The root layer (task profile, gVisor) is ``root.tar`` + ``root.dirs``: changes read from inside."""
     method: CopyMethod = "none"
     """How the workspace was copied into the snapshot."""
     size_bytes: int = 0

@@ -15,8 +15,8 @@ What is carried (docs/snapshots.md):
   in that sandbox only, under its seccomp filter.
 * **The root layer** (the task profile's writable root): ``docker commit`` of the container (paused for
   the commit) into an image labelled like a container (:meth:`Snapshot.engine_labels`); a session from the
-  snapshot runs that image. Refused under gVisor, which keeps a root's writes inside its own sandbox where
-  a commit cannot see them.
+  snapshot runs that image. Under gVisor, which keeps a root's writes inside its own sandbox where a
+  commit cannot see them, an archive of what changed, read from inside (``_root_archive``).
 
 The session takes no command while the snapshot is taken and waits for the running ones to end
 (:meth:`DockerSession._quiesced`); processes started in the background go on running meanwhile.
@@ -58,7 +58,15 @@ if TYPE_CHECKING:
     from adk_sandbox.executor.backends.docker._container import OpenedContainer
     from adk_sandbox.executor.backends.docker.session import DockerSession
 
-__all__ = ["IMAGE_REPOSITORY", "reap_snapshots", "remove_snapshot_image", "restore_tmpfs", "take_snapshot"]
+__all__ = [
+    "IMAGE_REPOSITORY",
+    "reap_snapshots",
+    "remove_snapshot_image",
+    "restore_tmpfs",
+    "run_in_sandbox",
+    "take_snapshot",
+    "write_private",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +99,6 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
             "an attached container (container=) is not this library's to snapshot: its mounts and root are "
             "someone else's; snapshot sessions the backend creates"
         )
-    if spec.task and spec.runtime == GVISOR_RUNTIME:
-        raise PolicyNotEnforceableError(
-            "a task-profile session under gVisor keeps its root filesystem's writes inside the sandbox, "
-            "where "
-            "a snapshot cannot read them yet; nothing was taken. Use runc (runtime=None) for snapshots of "
-            "the task profile, or the hardened profile under gVisor"
-        )
     cap = options.max_mb * MIB
     setting = f"the snapshot's cap (max_mb={options.max_mb})"
     snapshot_id = new_id()
@@ -115,7 +116,7 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
             os.mkdir(os.path.join(partial, "tmpfs"), 0o700)
             for index, path in enumerate(paths):
                 data, notes = _archive(session, container, path, cap - used, setting)
-                _write_private(os.path.join(partial, "tmpfs", f"{index}.tar"), data)
+                write_private(os.path.join(partial, "tmpfs", f"{index}.tar"), data)
                 used += len(data)
                 skipped += [f"{path}: {note}" for note in notes]
             owner = {} if options.detached else _owner_of_now()
@@ -137,7 +138,14 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
                 size_bytes=used,
                 skipped=tuple(skipped),
             )
-            if spec.task:
+            if spec.task and spec.runtime == GVISOR_RUNTIME:
+                # gVisor keeps the root's writes in its own sandbox: read from inside (_root_archive).
+                from adk_sandbox.executor.backends.docker._root_archive import archive_root  # noqa: PLC0415
+
+                size, notes = archive_root(session, container, partial, cap - used, setting)
+                update = {"root_archive": True, "size_bytes": used + size, "skipped": (*skipped, *notes)}
+                record = record.model_copy(update=update)
+            elif spec.task:
                 layer = _root_layer_size(client, container.id)
                 if used + layer > cap:
                     raise _over_cap(used + layer, options.max_mb, "its root filesystem's writes")
@@ -183,7 +191,7 @@ def _over_cap(size: int, max_mb: int, what: str) -> PolicyNotEnforceableError:
     )
 
 
-def _write_private(path: str, data: bytes) -> None:
+def write_private(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
@@ -194,7 +202,7 @@ def _sandbox_user(session: DockerSession) -> str:
     return "0:0" if session._config.spec.task else session._user
 
 
-def _run(
+def run_in_sandbox(
     session: DockerSession,
     container: OpenedContainer,
     argv: tuple[str, ...],
@@ -239,7 +247,7 @@ def _archive(
 ) -> tuple[bytes, list[str]]:
     """The tar of the tmpfs directory ``path`` (at most ``room`` bytes), and what tar could not read."""
     argv = ("/bin/sh", "-c", _ARCHIVE_SCRIPT, "adk-sandbox-snapshot", path)
-    code, data, err, truncated = _run(session, container, argv, None, max(room, 0) + 1)
+    code, data, err, truncated = run_in_sandbox(session, container, argv, None, max(room, 0) + 1)
     if truncated or len(data) > room:
         raise PolicyNotEnforceableError(
             f"the snapshot would not fit its cap: {path} alone brings it past {setting}; nothing was taken "
@@ -273,7 +281,7 @@ def restore_tmpfs(session: DockerSession, snapshot: Snapshot) -> list[str]:
         with os.fdopen(fd, "rb") as handle:
             data = handle.read()
         argv = ("/bin/sh", "-c", _RESTORE_SCRIPT, "adk-sandbox-restore", path)
-        code, _, err, _ = _run(session, container, argv, data, 64 * 1024)
+        code, _, err, _ = run_in_sandbox(session, container, argv, data, 64 * 1024)
         lines = [line for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
         if code not in (0, 2):
             raise SandboxFailedError(

@@ -400,6 +400,7 @@ class DockerBackend(SessionBackend[DockerSession]):
 
     def _snapshot_session(self, given: Snapshot | str) -> DockerSession:
         """A session holding a snapshot's files: from the pool when its members fit, else cold."""
+        from adk_sandbox.executor.backends.docker._root_archive import restore_root  # noqa: PLC0415
         from adk_sandbox.executor.backends.docker._snapshot import fork_workspace, restore_tmpfs  # noqa: PLC0415
         from adk_sandbox.executor.snapshots.model import Snapshot  # noqa: PLC0415
 
@@ -429,7 +430,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         session = self._open_session(config)
         try:
             session.start()
-            session.restore_notes = restore_tmpfs(session, snapshot)
+            notes = restore_root(session, snapshot) if snapshot.root_archive else []
+            session.restore_notes = notes + restore_tmpfs(session, snapshot)
         except BaseException:
             session.close()  # removes the container and the host copy
             raise

@@ -413,6 +413,7 @@ class SessionPool:
             self.settings.path is not None
             and snapshot.workspace == self.settings.path
             and snapshot.root_image is None
+            and not snapshot.root_archive
             and snapshot.image == spec.image
             and snapshot.profile == spec.profile
         )

@@ -41,7 +41,6 @@ from adk_sandbox.executor.backends.docker._dialect import Dialect
 from adk_sandbox.executor.backends.docker._exec import EXEC_NO_BACKGROUND, DockerExecTransport
 from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
-    GVISOR_RUNTIME,
     ContainerSpec,
     MirrorVolume,
     capabilities_from_inspect,
@@ -802,11 +801,8 @@ class DockerSession(ChannelSession):
             channel=self.channel,
             root_cap=self._config.spec.root_cap,
         )
-        spec = self._config.spec
-        # What take_snapshot refuses: an attached container, and a task root under gVisor.
-        snapshots: tuple[Literal["files"], ...] = (
-            () if self.attached or (spec.task and spec.runtime == GVISOR_RUNTIME) else ("files",)
-        )
+        # What take_snapshot refuses: an attached container.
+        snapshots: tuple[Literal["files"], ...] = () if self.attached else ("files",)
         return capabilities.model_copy(
             update={
                 "workspace": self.workspace_transport,
