@@ -104,7 +104,7 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
     created = time.time()
     with session._quiesced(options.wait_seconds):
         container = session._opened()
-        partial = store.begin(snapshot_id)
+        partial = store.begin(snapshot_id, durable=options.detached)
         image: str | None = None
         client = session._client
         try:
