@@ -114,6 +114,10 @@ class Snapshot(BaseModel):
     """Where the workspace is inside the sandbox (every session from this snapshot has it there), or None."""
     tmpfs: tuple[str, ...] = ()
     """The tmpfs directories archived, in the order of the archives ``tmpfs/0.tar``, ``tmpfs/1.tar``..."""
+    tmpfs_format: Literal["tar", "tree"] = "tar"
+    """How the tmpfs directories are kept: ``"tar"``, archives made inside the sandbox (``tmpfs/<n>.tar``,
+    never unpacked on the host); ``"tree"``, host copies of a forkable session's tmpfs volumes
+    (``tmpfs/<n>/``, made by the workspace's safe walk)."""
     root_image: str | None = None
     """The engine image holding the root layer (task profile), or None."""
     root_archive: bool = False
@@ -135,8 +139,12 @@ class Snapshot(BaseModel):
         return os.path.join(self.path, "workspace")
 
     def archive(self, index: int) -> str:
-        """The archive of the tmpfs directory ``tmpfs[index]``."""
+        """The archive of the tmpfs directory ``tmpfs[index]`` (``tmpfs_format == "tar"``)."""
         return os.path.join(self.path, "tmpfs", f"{index}.tar")
+
+    def tree(self, index: int) -> str:
+        """The host copy of the tmpfs directory ``tmpfs[index]`` (``tmpfs_format == "tree"``)."""
+        return os.path.join(self.path, "tmpfs", str(index))
 
     def engine_labels(self) -> dict[str, str]:
         """The labels of its engine image: project, snapshot id, owner (or none), expiry, user labels."""

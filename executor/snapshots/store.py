@@ -7,6 +7,14 @@ and ``tmpfs/<n>.tar``. A snapshot being taken is built in ``.partial-<owner>-<id
 :mod:`adk_sandbox.executor._owner` tells it) and renamed to its id once complete, so a reader never sees
 half of one and a reaper removes what a killed owner left half-written.
 
+**Two tiers.** The default store keeps a snapshot owned by its process (the default, and every fork's) in
+memory, ``adk-sandbox-snapshots-<uid>`` in :func:`~adk_sandbox.executor.workspace.copies.copies_dir`
+(``/dev/shm`` when it is a tmpfs), and a detached one on disk (:attr:`SnapshotStore.root`). An owned
+snapshot is reaped once its owner is gone, a reboot included, so a disk would buy it nothing, while creating
+its files there costs seconds on some filesystems (docs/snapshots.md, "Where the time went"). A detached
+snapshot is meant to outlive the process and the machine's next boot: the disk, made durable by one
+``syncfs`` before it is renamed into place. Both tiers are listed, read, removed and reaped as one.
+
 A snapshot's root layer is an engine image; the store does not talk to an engine: :meth:`remove` and
 :meth:`reap` take the function that removes an image (the Docker backend's, see
 :mod:`adk_sandbox.executor.backends.docker._snapshot`).
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import ctypes
 import logging
 import os
 import re
@@ -32,9 +41,9 @@ from adk_sandbox.executor import _owner
 from adk_sandbox.executor.channel.static_agent import cache_root
 from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
 from adk_sandbox.executor.snapshots.model import SNAPSHOT_ID, Snapshot
-from adk_sandbox.executor.workspace.copies import _boot_tag
+from adk_sandbox.executor.workspace.copies import _boot_tag, copies_dir
 
-__all__ = ["RECORD", "SnapshotStore", "default_root", "new_id"]
+__all__ = ["RECORD", "SnapshotStore", "default_memory_root", "default_root", "new_id"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +61,22 @@ def default_root() -> Path:
     return cache_root() / "snapshots"
 
 
+def default_memory_root() -> Path | None:
+    """The default store's memory tier: ``adk-sandbox-snapshots-<uid>`` in ``/dev/shm`` (None: no tmpfs)."""
+    where = copies_dir()
+    if where != "/dev/shm":
+        return None
+    return Path(where) / f"adk-sandbox-snapshots-{os.geteuid()}"
+
+
+def _syncfs(fd: int) -> None:
+    """Write the filesystem holding ``fd`` to its disk (``syncfs``; ``sync`` where libc has none)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    call = getattr(libc, "syncfs", None)
+    if call is None or call(fd) != 0:
+        os.sync()
+
+
 def new_id() -> str:
     """A fresh snapshot id (``snap-`` and 16 random hex digits)."""
     return "snap-" + uuid.uuid4().hex[:16]
@@ -60,13 +85,28 @@ def new_id() -> str:
 class SnapshotStore:
     """Snapshots on disk below ``root`` (see the module docstring). Thread- and process-safe by renames."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        memory_root: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.root = Path(root) if root is not None else default_root()
-        """The store's directory."""
+        """The store's directory (on disk by default): detached snapshots, and all of them without a
+        :attr:`memory_root`."""
+        if memory_root is None and root is None:
+            self.memory_root = default_memory_root()
+        else:
+            self.memory_root = Path(memory_root) if memory_root is not None else None
+        """Where owned snapshots go (the default store: ``/dev/shm/adk-sandbox-snapshots-<uid>``), or None:
+        everything in :attr:`root` (a store given a ``root`` alone)."""
 
-    def _ensure_root(self) -> str:
-        """The store's directory, made 0700 if missing; refused unless it is a directory of this user."""
-        path = str(self.root)
+    def _roots(self) -> builtins.list[str]:
+        """The tiers' directories, the disk's first."""
+        return [str(self.root)] + ([str(self.memory_root)] if self.memory_root is not None else [])
+
+    def _ensure_root(self, path: str | None = None) -> str:
+        """A tier's directory, made 0700 if missing; refused unless it is a directory of this user."""
+        path = path or str(self.root)
         os.makedirs(path, mode=0o700, exist_ok=True)
         info = os.lstat(path)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
@@ -79,10 +119,14 @@ class SnapshotStore:
         return path
 
     # -- taking one ------------------------------------------------------------------------------------
-    def begin(self, snapshot_id: str) -> str:
-        """A fresh, empty directory to build the snapshot ``snapshot_id`` in (see :meth:`commit`)."""
+    def begin(self, snapshot_id: str, *, durable: bool = True) -> str:
+        """A fresh, empty directory to build the snapshot ``snapshot_id`` in (see :meth:`commit`).
+
+        ``durable=False`` (an owned snapshot) builds it in the memory tier when the store has one.
+        """
         _check_id(snapshot_id)
-        root = self._ensure_root()
+        memory = not durable and self.memory_root is not None
+        root = self._ensure_root(str(self.memory_root) if memory else None)
         pid = os.getpid()
         name = f".partial-{_boot_tag()}-{_owner.pid_namespace()}-{pid}-{_owner.start_time(pid)}-{snapshot_id}"
         path = os.path.join(root, name)
@@ -95,7 +139,16 @@ class SnapshotStore:
         fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(snapshot.model_copy(update={"path": ""}).model_dump_json(indent=1))
-        final = os.path.join(str(self.root), snapshot.id)
+        root = os.path.dirname(partial)
+        if root == str(self.root) and self.memory_root is not None:
+            # A detached snapshot on disk: written out before it is named, so a crash never leaves a
+            # complete-looking snapshot with files the disk lost. One syncfs, not an fsync per file.
+            directory = os.open(partial, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                _syncfs(directory)
+            finally:
+                os.close(directory)
+        final = os.path.join(root, snapshot.id)
         os.rename(partial, final)
         return snapshot.model_copy(update={"path": final})
 
@@ -107,16 +160,17 @@ class SnapshotStore:
     # -- reading ---------------------------------------------------------------------------------------
     def list(self) -> list[Snapshot]:
         """The complete snapshots of the store, oldest first (an unreadable record is logged and skipped)."""
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
         found = []
-        for name in names:
-            if SNAPSHOT_ID.fullmatch(name):
-                snapshot = self._read(name)
-                if snapshot is not None:
-                    found.append(snapshot)
+        for root in self._roots():
+            try:
+                names = os.listdir(root)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if SNAPSHOT_ID.fullmatch(name):
+                    snapshot = self._read(name, root)
+                    if snapshot is not None:
+                        found.append(snapshot)
         return sorted(found, key=lambda s: (s.created, s.id))
 
     def get(self, key: str) -> Snapshot:
@@ -124,18 +178,20 @@ class SnapshotStore:
         if not isinstance(key, str) or not key:
             raise InvalidRequestError("a snapshot is named by its id (snap-...) or its name")
         if SNAPSHOT_ID.fullmatch(key):
-            snapshot = self._read(key)
-            if snapshot is not None:
-                return snapshot
+            for root in self._roots():
+                snapshot = self._read(key, root)
+                if snapshot is not None:
+                    return snapshot
         named = [s for s in self.list() if s.name == key]
         if not named:
             raise InvalidRequestError(
-                f"no snapshot {key!r} in {self.root} (list them with `adk-sandbox snapshots ls`)"
+                f"no snapshot {key!r} in {' or '.join(self._roots())} "
+                "(list them with `adk-sandbox snapshots ls`)"
             )
         return named[-1]
 
-    def _read(self, snapshot_id: str) -> Snapshot | None:
-        path = os.path.join(str(self.root), snapshot_id)
+    def _read(self, snapshot_id: str, root: str) -> Snapshot | None:
+        path = os.path.join(root, snapshot_id)
         try:
             fd = os.open(os.path.join(path, RECORD), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -168,11 +224,11 @@ class SnapshotStore:
                     "its engine (DockerBackend.remove_snapshot, `adk-sandbox snapshots rm`)"
                 )
             remove_image(snapshot.root_image)
-        self._discard(snapshot.id)
+        self._discard(snapshot.id, os.path.dirname(snapshot.path))
         return snapshot
 
-    def _discard(self, snapshot_id: str) -> None:
-        root = str(self.root)
+    @staticmethod
+    def _discard(snapshot_id: str, root: str) -> None:
         gone = os.path.join(root, f".removing-{snapshot_id}-{uuid.uuid4().hex[:8]}")
         try:
             os.rename(os.path.join(root, snapshot_id), gone)
@@ -203,14 +259,21 @@ class SnapshotStore:
 
     def _reap_partials(self) -> builtins.list[str]:
         """Partial snapshots of owners gone, and removals a killed process left half-done."""
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return []
         boot, namespace = _boot_tag(), str(_owner.pid_namespace())
         removed = []
+        for root in self._roots():
+            removed += self._reap_partials_in(root, boot, namespace)
+        return removed
+
+    @staticmethod
+    def _reap_partials_in(root: str, boot: str, namespace: str) -> builtins.list[str]:
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return []
+        removed = []
         for name in names:
-            path = os.path.join(str(self.root), name)
+            path = os.path.join(root, name)
             partial = _PARTIAL.fullmatch(name)
             if partial is not None:
                 owner_boot, owner_ns, pid, start, _ = partial.groups()

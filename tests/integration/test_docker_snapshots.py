@@ -402,3 +402,71 @@ def test_a_bound_workspace_with_links_out_and_fifos_is_copied_safely(
         assert out(fork, "cat in-link; echo fork > keep.txt") == "keep\n"
     assert (workspace / "keep.txt").read_text() == "keep\n"
     backend.remove_snapshot(taken)
+
+
+@pytest.fixture(scope="module")
+def forkable(store: SnapshotStore) -> Iterator[DockerBackend]:
+    """A pool whose members keep /tmp and HOME in tmpfs volumes this process copies on the host."""
+    require(os.geteuid() == 0, "forkable pools need root on the engine's machine (its volumes)")
+    with DockerBackend(pool=PoolConfig(size=2, workspace="mirror", path=REPO, forkable=True)) as made:
+        made.snapshots = store
+        yield made
+
+
+def test_forkable_forks_copy_tmp_and_home_on_the_host_and_siblings_see_nothing(
+    forkable: DockerBackend, source: Path
+) -> None:
+    """Attack: a fork of a forkable session writes to every writable path (workspace, /tmp, HOME), checked
+    from the host in every tmpfs volume. Catches forks that share a host directory or a volume for /tmp or
+    HOME (one volume mounted into every fork, or the parent's volume copied by reference), and a host copy
+    that leaves the command user unable to write what it owned in the parent."""
+    with forkable.session(copy_of=source) as parent:
+        assert set(parent.state_dirs) == {"/tmp", HOME}
+        assert run(parent, "echo tmp-state > /tmp/state; echo home > ~/.rc; mkdir /tmp/d").exit_code == 0
+        taken = parent.snapshot()
+        assert taken.tmpfs_format == "tree" and os.path.isdir(taken.tree(0))
+        with forkable.session(snapshot=taken) as one, forkable.session(snapshot=taken) as two:
+            assert one.state_dirs and not set(one.state_dirs.values()) & set(parent.state_dirs.values())
+            attack = "for d in . /tmp /tmp/d ~; do echo pwned > $d/pwned; done; echo pwned > /tmp/state"
+            assert run(one, attack).exit_code == 0  # the files it inherited are its own to write
+            assert Path(one.state_dirs["/tmp"], "pwned").read_text() == "pwned\n"
+            for other in (two, parent):
+                for host in other.state_dirs.values():
+                    assert not any(name == "pwned" for _, _, files in os.walk(host) for name in files)
+                assert Path(other.state_dirs["/tmp"], "state").read_text() == "tmp-state\n"
+                assert out(other, "cat /tmp/state ~/.rc") == "tmp-state\nhome\n"
+            assert not any(name == "pwned" for _, _, files in os.walk(taken.path) for name in files)
+        forkable.remove_snapshot(taken)
+
+
+def test_a_hostile_tmp_in_a_forkable_session_is_copied_safely_on_the_host(
+    forkable: DockerBackend, source: Path, tmp_path: Path
+) -> None:
+    """Attack: the sandbox plants in its host-side /tmp and HOME a link to a host file, a link climbing out,
+    a FIFO and a set-id file, then is snapshotted and forked. Catches a host copy of /tmp that follows links
+    (the host's file copied into the snapshot, or a fork's write landing on it), opens the FIFO (hangs),
+    or keeps set-id bits on the host; the walk is the workspace's (walk_copy)."""
+    secret = tmp_path / "host-secret"
+    secret.write_text("host only\n")
+    plant = (
+        f"ln -s {secret} /tmp/out-abs; ln -s ../../../../../../etc /tmp/out-climb; ln -s state /tmp/in;"
+        "echo s > /tmp/state; mkfifo /tmp/fifo ~/fifo; cp /bin/true /tmp/suid; chmod 4755 /tmp/suid;"
+        "ls -l /tmp/suid"
+    )
+    with forkable.session(copy_of=source) as hostile:
+        run(hostile, plant)  # the hardened filter may refuse the set-id mode: the rest is planted
+        taken = hostile.snapshot()
+        for directory, dirs, files in os.walk(taken.path):
+            for name in dirs + files:
+                path = os.path.join(directory, name)
+                info = os.lstat(path)
+                assert not info.st_mode & (stat.S_ISUID | stat.S_ISGID), path
+                assert not (stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode)), path
+                if stat.S_ISLNK(info.st_mode):
+                    assert os.path.realpath(path).startswith(taken.tree(0) + "/"), path
+        names = set(os.listdir(taken.tree(0)))
+        assert {"state", "in"} <= names and not names & {"out-abs", "out-climb", "fifo"}
+        with forkable.session(snapshot=taken) as fork:
+            assert out(fork, "cat /tmp/in; echo pwned > /tmp/out-abs 2>&1; ls /tmp").startswith("s\n")
+        assert secret.read_text() == "host only\n"
+        forkable.remove_snapshot(taken)

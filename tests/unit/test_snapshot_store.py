@@ -224,3 +224,24 @@ def test_a_pools_fixed_path_is_checked() -> None:
             PoolConfig(size=2, workspace="mirror", path=bad)
     with pytest.raises(ValidationError, match="workspace='mirror'"):
         PoolConfig(size=2, path="/work/repo")
+
+
+def test_a_two_tier_store_keeps_owned_snapshots_in_memory_and_detached_ones_on_disk(tmp_path: Path) -> None:
+    """The default store's split (docs/snapshots.md, "Where the time went"): an owned snapshot is built
+    and kept in the memory tier, a detached one on disk; both are listed, found, removed and reaped as one
+    store. Catches a store that still writes every snapshot to disk, or loses sight of one tier."""
+    store = SnapshotStore(tmp_path / "disk", memory_root=tmp_path / "memory")
+    owned, detached = record(), record(owner={})
+    for snapshot, durable in ((owned, False), (detached, True)):
+        partial = store.begin(snapshot.id, durable=durable)
+        store.commit(partial, snapshot)
+    assert os.listdir(tmp_path / "memory") == [owned.id] and os.listdir(tmp_path / "disk") == [detached.id]
+    assert {s.id for s in store.list()} == {owned.id, detached.id}
+    assert store.get(owned.id).path == str(tmp_path / "memory" / owned.id)
+    gone = record(id=new_id(), expires=int(time.time()) - 1)
+    store.commit(store.begin(gone.id, durable=False), gone)
+    assert [line.split()[0] for line in store.reap()] == [gone.id]
+    store.remove(owned.id)
+    store.remove(detached.id)
+    assert os.listdir(tmp_path / "memory") == [] and os.listdir(tmp_path / "disk") == []
+    assert SnapshotStore(tmp_path / "only").memory_root is None  # a store given a root keeps all there

@@ -25,9 +25,11 @@ The session takes no command while the snapshot is taken and waits for the runni
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import shutil
+import tarfile
 import tempfile
 import time
 import uuid
@@ -40,7 +42,7 @@ from adk_sandbox.executor import _owner
 from adk_sandbox.executor._layout import HOME_DIR
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker._daemon import idempotent
-from adk_sandbox.executor.backends.docker._spec import GVISOR_RUNTIME, MIB
+from adk_sandbox.executor.backends.docker._spec import GVISOR_RUNTIME, MIB, tmpfs_sizes
 from adk_sandbox.executor.channel.transport import PreparedCommand
 from adk_sandbox.executor.errors import (
     ExecutorError,
@@ -105,7 +107,7 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
     created = time.time()
     with session._quiesced(options.wait_seconds):
         container = session._opened()
-        partial = store.begin(snapshot_id)
+        partial = store.begin(snapshot_id, durable=options.detached)
         image: str | None = None
         client = session._client
         try:
@@ -113,12 +115,9 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
             used = report.size_bytes
             skipped = list(report.skipped)
             paths = ("/tmp", HOME_DIR, *sorted(spec.extra_tmpfs))
-            os.mkdir(os.path.join(partial, "tmpfs"), 0o700)
-            for index, path in enumerate(paths):
-                data, notes = _archive(session, container, path, cap - used, setting)
-                write_private(os.path.join(partial, "tmpfs", f"{index}.tar"), data)
-                used += len(data)
-                skipped += [f"{path}: {note}" for note in notes]
+            hosted = bool(session.state_dirs)
+            used, notes = _take_tmpfs(session, container, partial, paths, budget=(used, cap), setting=setting)
+            skipped += notes
             owner = {} if options.detached else _owner_of_now()
             expires = int(created) + options.ttl_seconds
             record = Snapshot(
@@ -134,6 +133,7 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
                 runtime=spec.runtime,
                 workspace=spec.workspace,
                 tmpfs=paths,
+                tmpfs_format="tree" if hosted else "tar",
                 method=report.method,
                 size_bytes=used,
                 skipped=tuple(skipped),
@@ -160,6 +160,39 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
                 except ExecutorError as exc:  # the reaper removes it (labelled, owner and expiry)
                     log.warning("the root image of a refused snapshot could not be removed: %s", exc)
             raise
+
+
+def _take_tmpfs(
+    session: DockerSession,
+    container: OpenedContainer,
+    partial: str,
+    paths: tuple[str, ...],
+    *,
+    budget: tuple[int, int],
+    setting: str,
+) -> tuple[int, list[str]]:
+    """Put the tmpfs directories into the partial snapshot; bytes used in all, and what was left out.
+
+    ``budget`` is (used so far, cap). A forkable session's are copied on the host (trees), others'
+    archived inside the sandbox.
+    """
+    used, cap = budget
+    skipped: list[str] = []
+    os.mkdir(os.path.join(partial, "tmpfs"), 0o700)
+    hosted = session.state_dirs
+    for index, path in enumerate(paths):
+        if hosted:  # tmpfs volumes whose host side this process reads: copied like a workspace
+            tree = os.path.join(partial, "tmpfs", str(index))
+            os.mkdir(tree, 0o700)
+            copied = copy_workspace(hosted[path], tree, max(cap - used, 0), setting)
+            used += copied.size_bytes
+            skipped += [f"{path}/{note}" for note in copied.skipped]
+            continue
+        data, notes = _archive(session, container, path, cap - used, setting)
+        write_private(os.path.join(partial, "tmpfs", f"{index}.tar"), data)
+        used += len(data)
+        skipped += [f"{path}: {note}" for note in notes]
+    return used, skipped
 
 
 def _copy_host_workspace(session: DockerSession, partial: str, cap: int, setting: str) -> CopyReport:
@@ -268,18 +301,23 @@ def restore_tmpfs(session: DockerSession, snapshot: Snapshot) -> list[str]:
     Each is unpacked inside the sandbox as its command user (the task profile's root), never on the host.
     """
     container = session._opened()
+    if snapshot.tmpfs_format == "tree" and set(snapshot.tmpfs) <= set(session.state_dirs):
+        return _copy_trees_in(session, snapshot)
     notes: list[str] = []
     for index, path in enumerate(snapshot.tmpfs):
         try:
-            fd = os.open(snapshot.archive(index), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if snapshot.tmpfs_format == "tree":
+                data = _tree_archive(snapshot.tree(index))
+            else:
+                fd = os.open(snapshot.archive(index), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as handle:
+                    data = handle.read()
         except FileNotFoundError:
             raise SandboxFailedError(
-                f"snapshot {snapshot.id} lost its archive of {path} (removed meanwhile?); the session "
+                f"snapshot {snapshot.id} lost its copy of {path} (removed meanwhile?); the session "
                 "was not "
                 "started from it"
             ) from None
-        with os.fdopen(fd, "rb") as handle:
-            data = handle.read()
         argv = ("/bin/sh", "-c", _RESTORE_SCRIPT, "adk-sandbox-restore", path)
         code, _, err, _ = run_in_sandbox(session, container, argv, data, 64 * 1024)
         lines = [line for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
@@ -292,6 +330,41 @@ def restore_tmpfs(session: DockerSession, snapshot: Snapshot) -> list[str]:
     for note in notes:
         log.info("restoring snapshot %s: %s", snapshot.id, note)
     return notes
+
+
+def _copy_trees_in(session: DockerSession, snapshot: Snapshot) -> list[str]:
+    """Copy the snapshot's tmpfs trees into the session's tmpfs volumes on the host; what was left out.
+
+    Nothing crosses the session's channel. The same safe walk as a workspace copy (no link followed on
+    either side, special files and set-id bits left out); the files are the command user's (the volume
+    root's owner), and each volume's own ``size=`` still bounds what lands in it.
+    """
+    sizes = tmpfs_sizes(session._config.spec)
+    notes: list[str] = []
+    for index, path in enumerate(snapshot.tmpfs):
+        setting = f"the size of {path} (ResourceLimits(tmpfs_mb=...) or the backend's tmpfs=)"
+        try:
+            copied = copy_workspace(
+                snapshot.tree(index), session.state_dirs[path], sizes[path] * MIB, setting
+            )
+        except FileNotFoundError:
+            raise SandboxFailedError(
+                f"snapshot {snapshot.id} lost its copy of {path} (removed meanwhile?); the session was not "
+                "started from it"
+            ) from None
+        notes += [f"{path}/{note}" for note in copied.skipped]
+    return notes
+
+
+def _tree_archive(tree: str) -> bytes:
+    """A tar of a snapshot's tmpfs tree (its own safe copy: no link leads out) for a sandbox to unpack."""
+    if not os.path.isdir(tree):
+        raise FileNotFoundError(tree)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        for name in sorted(os.listdir(tree)):
+            archive.add(os.path.join(tree, name), arcname=name)  # links are kept as links, never followed
+    return buffer.getvalue()
 
 
 def fork_workspace(snapshot: Snapshot, cap_bytes: int) -> str | None:

@@ -42,9 +42,12 @@ __all__ = [
     "git_protection",
     "hardening_violations",
     "host_config_arguments",
+    "host_tmpfs_dirs",
+    "host_tmpfs_mount",
     "isolation_of",
     "mirror_mount_violations",
     "tmpfs_overlap",
+    "tmpfs_sizes",
     "unconfined_mounts",
     "validate_labels",
     "validate_tmpfs",
@@ -128,6 +131,12 @@ class ContainerSpec:
     """How the task profile's root writes are capped (one of :data:`ROOT_CAPS`); None when hardened."""
     root_size_mb: int = 0
     """The cap on root writes, in MiB (the task profile)."""
+    host_tmpfs: bool = False
+    """``/tmp``, HOME and the extra tmpfs are tmpfs *volumes* (same size, ``nosuid,nodev``, mode 1777) whose
+    host side this process reads and writes directly: a snapshot of them is a host copy, a fork's a host
+    copy into them (``PoolConfig(forkable=True)``, docs/snapshots.md). False: plain tmpfs mounts."""
+    state_owner: tuple[int, int] = (0, 0)
+    """uid, gid owning the roots of those volumes (the command user: a host copy into them is its)."""
     extra_hosts: Mapping[str, str] = field(default_factory=dict)
     """Names written to the container's ``/etc/hosts`` (name -> loopback address), see
     :func:`validate_extra_hosts`: how sibling services resolve (docs/network.md, "Several services")."""
@@ -362,9 +371,63 @@ def extra_tmpfs_options(size_mb: int) -> str:
     return f"rw,exec,nosuid,nodev,size={size_mb}m,mode=1777"
 
 
+def tmpfs_sizes(spec: ContainerSpec) -> dict[str, int]:
+    """Every writable tmpfs of a container (``/tmp``, HOME, the extra ones): path -> MiB."""
+    return {"/tmp": spec.limits.tmpfs_mb, HOME_DIR: spec.limits.tmpfs_mb, **spec.extra_tmpfs}
+
+
+def host_tmpfs_mount(target: str, size_mb: int, owner: tuple[int, int]) -> Mount:
+    """A tmpfs volume at ``target`` with a tmpfs mount's protections: ``size=``, ``nosuid,nodev``, 1777.
+
+    Anonymous, so removed with its container; its host side (the volume's mount point) is a tmpfs the
+    engine mounted, which this process reads and writes for snapshots and forks (:func:`host_tmpfs_dirs`).
+    """
+    uid, gid = owner
+    options = f"size={size_mb}m,uid={uid},gid={gid},mode=1777,nosuid,nodev"
+    config = DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": options})
+    return Mount(target=target, source=None, type="volume", driver_config=config)
+
+
+def host_tmpfs_dirs(
+    inspect: Mapping[str, Any], sizes: Mapping[str, int], mountinfo: str
+) -> tuple[dict[str, str], list[str]]:
+    """The host directories of a container's tmpfs volumes (path inside -> host path), and what is wrong.
+
+    ``mountinfo`` is this process's ``/proc/self/mountinfo``: each volume's host side must be a tmpfs this
+    process sees, mounted ``nosuid,nodev`` with the size asked, else the host could not copy it, or a copy
+    into it would not land in the container, or a protection of the tmpfs would be lost.
+    """
+    mounted: dict[str, tuple[str, set[str], set[str]]] = {}
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        dash = fields.index("-")
+        point = fields[4].replace("\\040", " ")
+        mounted[point] = (fields[dash + 1], set(fields[5].split(",")), set(fields[dash + 3].split(",")))
+    found: dict[str, str] = {}
+    problems: list[str] = []
+    for mount in inspect.get("Mounts") or []:
+        if mount.get("Type") == "volume" and mount.get("Destination") in sizes:
+            found[str(mount["Destination"])] = str(mount.get("Source") or "")
+    for path, size in sizes.items():
+        source = found.get(path)
+        if source is None:
+            problems.append(f"{path} is not a tmpfs volume")
+            continue
+        fstype, options, super_options = mounted.get(source, ("", set(), set()))
+        if fstype != "tmpfs":
+            problems.append(f"the host side of {path} ({source}) is not a tmpfs this process sees")
+        elif not {"nosuid", "nodev"} <= options or f"size={size * 1024}k" not in super_options:
+            problems.append(f"the host side of {path} ({source}) is not mounted nosuid,nodev,size={size}m")
+    return found, problems
+
+
 def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     """Keyword arguments for docker-py's ``create_host_config``: the hardened defaults (docs/docker/)."""
     mounts = []
+    if spec.host_tmpfs:
+        mounts += [host_tmpfs_mount(path, mb, spec.state_owner) for path, mb in tmpfs_sizes(spec).items()]
     if spec.workspace and spec.mirror is not None:
         mounts.append(spec.mirror.mount(spec.workspace))
     elif spec.workspace:
@@ -390,7 +453,9 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
         "cgroupns": "private",
         "read_only": not spec.task,
         **task,
-        "tmpfs": {
+        "tmpfs": {}
+        if spec.host_tmpfs
+        else {
             "/tmp": tmpfs_options(limits),
             HOME_DIR: tmpfs_options(limits),
             **{path: extra_tmpfs_options(size) for path, size in spec.extra_tmpfs.items()},

@@ -119,6 +119,12 @@ class PoolConfig(BaseModel):
     serves ``backend.session(snapshot=s)`` for snapshots whose workspace is at that path (forks of its own
     sessions; docs/snapshots.md)."""
 
+    forkable: bool = False
+    """With ``path``: each member's ``/tmp``, HOME and extra tmpfs are tmpfs volumes (the same size and
+    ``nosuid,nodev``) that this process copies on the host, so a snapshot of a member and a fork into one
+    copy them on the host instead of archiving them through the sandbox (docs/snapshots.md). Needs a local
+    engine whose volumes this process reaches (root); refused at the first member's start otherwise."""
+
     @field_validator("path")
     @classmethod
     def _check_path(cls, path: str | None) -> str | None:
@@ -135,6 +141,8 @@ class PoolConfig(BaseModel):
     def _path_needs_mirror(self) -> PoolConfig:
         if self.path is not None and self.workspace != "mirror":
             raise ValueError("path= is where a member's workspace copy is: it needs workspace='mirror'")
+        if self.forkable and self.path is None:
+            raise ValueError("forkable=True serves forks, which a pool serves only at a path: give path=")
         return self
 
 
@@ -168,6 +176,8 @@ class PoolKey:
     """The cap of a ``"mirror"`` member's volume, in MiB (None: no volume)."""
     path: str | None = None
     """Where a ``"mirror"`` member's workspace is inside (None: at its host directory's path)."""
+    forkable: bool = False
+    """Its tmpfs directories are volumes this process copies on the host (``PoolConfig.forkable``)."""
 
     @classmethod
     def of(
@@ -177,6 +187,8 @@ class PoolKey:
         image_id: str | None = None,
         workspace: str = "none",
         path: str | None = None,
+        *,
+        forkable: bool = False,
     ) -> PoolKey:
         """The key of members made from ``config`` on ``engine`` (with ``workspace`` as in PoolConfig)."""
         spec = config.spec
@@ -196,6 +208,7 @@ class PoolKey:
             workspace=workspace,
             mirror_mb=config.mirror_mb if workspace == "mirror" else None,
             path=path,
+            forkable=forkable,
         )
 
 
@@ -348,7 +361,9 @@ class SessionPool:
         self._config = replace(config, spec=spec)
         self._client = client
         self._make_session = make_session
-        self._key = PoolKey.of(config, engine, workspace=settings.workspace, path=settings.path)
+        self._key = PoolKey.of(
+            config, engine, workspace=settings.workspace, path=settings.path, forkable=settings.forkable
+        )
         self.root: str | None = None
         """The host directory holding the members' workspace copies (``workspace="mirror"``), else None."""
         if settings.workspace == "mirror":
@@ -574,7 +589,7 @@ class SessionPool:
         # The member's volume is mounted at this same path inside.
         workspace = tempfile.mkdtemp(prefix="copy-", dir=self.root)
         inside = self.settings.path or workspace
-        spec = replace(self._config.spec, workspace=inside)
+        spec = replace(self._config.spec, workspace=inside, host_tmpfs=self.settings.forkable)
         config = replace(
             self._config,
             spec=spec,

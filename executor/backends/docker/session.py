@@ -44,8 +44,10 @@ from adk_sandbox.executor.backends.docker._spec import (
     ContainerSpec,
     MirrorVolume,
     capabilities_from_inspect,
+    host_tmpfs_dirs,
     isolation_of,
     mirror_mount_violations,
+    tmpfs_sizes,
 )
 from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
@@ -262,6 +264,9 @@ class DockerSession(ChannelSession):
         self._own_snapshot: Snapshot | None = None
         self.origin: Snapshot | None = None
         """The snapshot this session started from (``backend.session(snapshot=...)``, ``fork()``), or None."""
+        self.state_dirs: dict[str, str] = {}
+        """The host directories of ``/tmp``, HOME and the extra tmpfs (path inside -> host path) when they
+        are tmpfs volumes this process reads (``PoolConfig(forkable=True)``); empty otherwise."""
         self.restore_notes: list[str] = []
         """What unpacking the snapshot's tmpfs archives complained of (files the sandbox refused), if any."""
 
@@ -405,7 +410,8 @@ class DockerSession(ChannelSession):
         uid, gid = (int(part) for part in user.split(":"))
         volume = MirrorVolume(self._config.mirror_mb, uid, gid, info.st_mode & 0o777)
         # No .git mounts: the copy's .git is the container's own, and pull-back never writes a .git.
-        return replace(spec, mirror=volume, read_only_mounts=(), git_placeholder=None), (
+        spec = replace(spec, mirror=volume, read_only_mounts=(), git_placeholder=None, state_owner=(uid, gid))
+        return spec, (
             info.st_uid,
             info.st_gid,
         )
@@ -439,6 +445,8 @@ class DockerSession(ChannelSession):
             )
             if self._egress.proxied:
                 self._egress.serve(transport, self._user)
+            if self._config.spec.host_tmpfs:
+                self.state_dirs = self._host_tmpfs_dirs(container)
             if mode == "mirror" and workspace is not None and owner is not None:
                 problems = mirror_mount_violations(container.inspect, workspace)
                 if problems:
@@ -465,6 +473,25 @@ class DockerSession(ChannelSession):
             with contextlib.suppress(ExecutorError):  # noted for the reaper; report why the start failed
                 self._discard_container(container.id)
             raise
+
+    def _host_tmpfs_dirs(self, container: OpenedContainer) -> dict[str, str]:
+        """The checked host sides of the container's tmpfs volumes; refused when this process lacks one."""
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+                mountinfo = handle.read()
+        except OSError:
+            mountinfo = ""
+        found, problems = host_tmpfs_dirs(container.inspect, tmpfs_sizes(self._config.spec), mountinfo)
+        for source in found.values():
+            if not problems and not os.access(source, os.R_OK | os.W_OK | os.X_OK):
+                problems.append(f"this process cannot read and write {source}")
+        if problems:
+            raise PolicyNotEnforceableError(
+                "forkable sessions keep /tmp and HOME in tmpfs volumes this process copies on the host, "
+                "which needs a local engine whose volumes this process can reach (root on the engine's "
+                f"machine): {'; '.join(problems)}. Nothing ran; use a pool without forkable=True"
+            )
+        return found
 
     @property
     def network(self) -> bool | NetworkPolicy:
