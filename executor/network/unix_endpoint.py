@@ -428,8 +428,9 @@ class SessionSocket:
                     conn.close()
                     continue
                 self._live.add(conn)
+            # Named as the channel's connection threads: one relay per connection held, whichever way it came.
             handler = threading.Thread(
-                target=self._serve, args=(conn,), name="network-session-relay", daemon=True
+                target=self._serve, args=(conn,), name="adk-sandbox-connection", daemon=True
             )
             with self._lock:
                 self._handlers.add(handler)
