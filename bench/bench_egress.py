@@ -10,8 +10,11 @@ Prints Markdown tables for BENCHMARKS.md, for each runtime:
 * the latency of one small request on a new connection (connect, request, answer, close), many in a row:
   through the policy against the same on the host, and what the policy adds at the median (goal ≤ 2 ms).
 
-``bwrap`` is the host ``ProcessBackend`` under bubblewrap with the same policy: its proxy is a forwarder
-inside (Python) carrying each connection to a Unix socket of the host, no channel and no engine between.
+Each Docker runtime's name says how its connections travel (``session.egress_mode``): ``unix``, the direct
+path (a local engine's runc: a Unix socket bound read-only into the container, spliced by the agent) or
+``frames`` (the agent channel: gVisor). ``bwrap`` is the host ``ProcessBackend`` under bubblewrap with
+the same policy: its proxy is a forwarder inside (Python) carrying each connection to a Unix socket of the
+host, no channel and no engine between.
 
 The download's floor is measured alongside (Docker runtimes): the same bytes written straight into a
 ``docker exec``'s stdin (``cat > /dev/null`` in a container of the same runtime, over the hijacked
@@ -161,6 +164,7 @@ def measure(runtime: str | None, server: Server, rounds: int, requests: int) -> 
                 seconds["floor"].append(stdin_floor(engine, bare.id, server.size))
                 rows_for_round(session, server, requests, seconds, latency)
             log = session.network_log()
+            name = f"{name} ({session.egress_mode})"  # unix: the direct path; frames: the agent channel
     finally:
         bare.remove(force=True)
         engine.close()

@@ -6,9 +6,11 @@ points, so a workspace, a tmpfs or a policy path means the same thing on each en
 
 from __future__ import annotations
 
-__all__ = ["HOME_DIR", "KERNEL_PATHS"]
+__all__ = ["DIRECT_MOUNT", "HOME_DIR", "KERNEL_PATHS"]
 
 #: HOME of every command: a size-limited tmpfs (Docker) or memory-backed emptyDir (Kubernetes).
 HOME_DIR = "/home/sandbox"
+#: Where a session's direct egress socket directory is bound read-only (docs/network.md, "Speed").
+DIRECT_MOUNT = "/run/adk-sandbox-egress"
 #: The kernel's file systems: never a workspace, a tmpfs or a policy mount, nor under one.
 KERNEL_PATHS = ("/proc", "/sys", "/dev")

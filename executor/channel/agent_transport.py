@@ -46,6 +46,7 @@ from adk_sandbox.executor.channel.frames import (
     CONNECTION_TYPES,
     DIAL_VERSION,
     PROXY_VERSION,
+    UNIX_VERSION,
     Frame,
     FrameDecoder,
     FrameType,
@@ -389,7 +390,44 @@ class AgentTransport:
         :class:`PolicyNotEnforceableError`: a network policy is never weakened to no policy. The listener
         lives as long as that agent (a replacement agent has none until this is called again).
         """
+        return self._listen(user, handler, port=port, address=address, direct=None, timeout=timeout)[0]
+
+    def serve_proxy(
+        self,
+        user: str,
+        handler: ConnectionHandler,
+        *,
+        direct: tuple[str, str] | None = None,
+        timeout: float = AGENT_START_SECONDS,
+    ) -> tuple[int, str]:
+        """The proxy endpoint (:meth:`serve_connections` on any free port): its port and how it is carried.
+
+        ``direct`` is ``(path, token)``: a Unix socket the host listens on, at ``path`` inside the sandbox,
+        and the token each connection must open with (the direct path of :mod:`.frames`). It is offered
+        only to an agent whose HELLO says ``"unix"``; the agent answers whether it could reach the socket.
+        The mode is ``"unix"`` (connections go to that socket, never to ``handler``) or ``"frames"`` (over
+        the channel, to ``handler``: no ``direct``, an older agent, or a socket it could not connect to).
+        """
+        if direct is not None:
+            agent = self._agent_for(user, time.monotonic() + timeout)
+            offered = (agent.hello or {}).get("unix", 0)
+            if not (isinstance(offered, int) and offered >= UNIX_VERSION):
+                direct = None
+        return self._listen(user, handler, port=0, address=None, direct=direct, timeout=timeout)
+
+    def _listen(
+        self,
+        user: str,
+        handler: ConnectionHandler,
+        *,
+        port: int,
+        address: str | None,
+        direct: tuple[str, str] | None,
+        timeout: float,
+    ) -> tuple[int, str]:
         listen: dict[str, Any] = {"port": port}
+        if direct is not None:
+            listen["unix"], listen["token"] = direct
         if address is not None:
             try:
                 listen["address"] = validate_listen_address(address)
@@ -400,13 +438,7 @@ class AgentTransport:
         hello = agent.hello or {}
         if address is not None:
             self._need_dialing(hello, f"listen on {address}")
-        offered = hello.get("proxy", 0)
-        if not (isinstance(offered, int) and offered >= PROXY_VERSION):
-            raise PolicyNotEnforceableError(
-                f"the in-sandbox agent ({hello.get('agent', 'python')}) does not serve the proxy endpoint "
-                f"(its HELLO says proxy={offered!r}), so a network policy cannot be enforced in this "
-                "sandbox; it is refused"
-            )
+        self._need_proxy(hello)
         number, channel = agent.open_channel()
         agent.connections.add_listener(number, handler)
         try:
@@ -420,7 +452,7 @@ class AgentTransport:
                     raise SandboxFailedError("the in-sandbox agent did not answer a LISTEN in time")
                 kind, value = event
                 if kind == "result" and isinstance(value.get("port"), int) and "error" not in value:
-                    return int(value["port"])
+                    return int(value["port"]), self._listen_mode(agent, value, direct is not None)
                 if kind == "result":
                     error = value.get("error") or {}
                     why = f"the in-sandbox agent cannot listen: {error.get('message')}"
@@ -455,6 +487,24 @@ class AgentTransport:
             return agent.connections.dial(port, until)
         except SandboxFailedError as exc:
             raise ConnectionRefusedError(errno.ECONNREFUSED, f"the in-sandbox agent failed: {exc}") from exc
+
+    def _listen_mode(self, agent: _Agent, answer: dict[str, Any], asked: bool) -> str:
+        """The mode a LISTEN's answer says (``"frames"`` unless the direct path was asked for and taken)."""
+        mode = answer.get("mode", "frames") if asked else "frames"
+        if mode not in ("unix", "frames"):
+            self._abandon(agent, f"it answered a LISTEN with mode {mode!r}")
+            raise SandboxFailedError(f"the in-sandbox agent answered a LISTEN with mode {mode!r}")
+        return str(mode)
+
+    @staticmethod
+    def _need_proxy(hello: dict[str, Any]) -> None:
+        offered = hello.get("proxy", 0)
+        if not (isinstance(offered, int) and offered >= PROXY_VERSION):
+            raise PolicyNotEnforceableError(
+                f"the in-sandbox agent ({hello.get('agent', 'python')}) does not serve the proxy endpoint "
+                f"(its HELLO says proxy={offered!r}), so a network policy cannot be enforced in this "
+                "sandbox; it is refused"
+            )
 
     @staticmethod
     def _need_dialing(hello: dict[str, Any], what: str) -> None:

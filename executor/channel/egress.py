@@ -17,18 +17,27 @@ networks it can switch between, and when its agent may be gone):
   :class:`~adk_sandbox.executor.network.log.ConnectionLog`;
 * header injection: the session's :class:`~adk_sandbox.executor.network.intercept.Interceptor` for the
   policy's hosts with headers, and its CA certificate trusted inside (written by the agent's file
-  operation after the image's system bundle).
+  operation after the image's system bundle);
+* the direct path (:meth:`SessionEgress.enable_direct`, docs/network.md "Speed"): for a sandbox that can
+  reach a Unix socket of this machine (a local engine's runc container), a
+  :class:`~adk_sandbox.executor.network.unix_endpoint.SessionSocket` bound read-only into it at
+  :data:`DIRECT_MOUNT`; the agent carries each connection there, opened by the session's token, instead of
+  as frames, and its connections come to the same :meth:`SessionEgress.handle`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Literal
 
+from adk_sandbox.executor._layout import DIRECT_MOUNT
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.connections import ConnectionStream
 from adk_sandbox.executor.channel.transport import CommandTransport
@@ -39,8 +48,12 @@ from adk_sandbox.executor.network.intercept import SYSTEM_BUNDLE_PATHS, Intercep
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog, LogSnapshot
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT, CloseHandle, relay
+from adk_sandbox.executor.network.unix_endpoint import SOCKET_NAME, SessionSocket
 
-__all__ = ["NETWORK_OFF_RULE", "SessionEgress", "still_allowed"]
+__all__ = ["DIRECT_MOUNT", "NETWORK_OFF_RULE", "EgressMode", "SessionEgress", "still_allowed"]
+
+#: How the proxy endpoint's connections reach this process: over a Unix socket, or as channel frames.
+EgressMode = Literal["unix", "frames"]
 
 #: The rule a request gets in its 403 (and in the log) while ``set_network(False)`` holds.
 NETWORK_OFF_RULE = "network off"
@@ -91,7 +104,7 @@ class SessionEgress:
         self._proxied = isinstance(network, NetworkPolicy)
         self._lock = threading.Lock()  # the network and the live connections
         self._serving = threading.RLock()  # one LISTEN at a time, and the CA written once per agent
-        self._live: dict[ConnectionStream, _Live] = {}
+        self._live: dict[ConnectionStream | socket.socket, _Live] = {}
         #: Every connection the sandbox asked for under its network policy (bounded).
         self.log = ConnectionLog()
         self._port: int | None = None
@@ -99,6 +112,8 @@ class SessionEgress:
         self._interceptor: Interceptor | None = None
         self._interceptor_key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._intercept_env: Mapping[str, str] = MappingProxyType({})
+        self._direct: SessionSocket | None = None
+        self._mode: EgressMode | None = None
 
     # -- what is in force ----------------------------------------------------------------------------
     @property
@@ -127,6 +142,40 @@ class SessionEgress:
     def interceptor(self) -> Interceptor | None:
         """The session's interceptor (header injection), once a policy with headers was in force."""
         return self._interceptor
+
+    @property
+    def mode(self) -> EgressMode | None:
+        """How the served endpoint's connections reach this process.
+
+        ``"unix"`` (the direct path) or ``"frames"`` (over the agent channel); None while nothing is served.
+        """
+        return self._mode
+
+    @property
+    def direct_directory(self) -> str | None:
+        """The host directory to bind read-only at :data:`DIRECT_MOUNT` (None: no direct path)."""
+        return self._direct.socket_directory if self._direct is not None else None
+
+    def enable_direct(self) -> str:
+        """Make the session's direct path (once): the directory to bind read-only at :data:`DIRECT_MOUNT`.
+
+        For every container of the session, on a local engine only (the directory must be this machine's).
+        Whether the sandbox reaches the socket is the agent's to find out (a probe at LISTEN).
+        """
+        with self._serving:
+            if self._direct is None:
+                self._direct = SessionSocket(self.handle, self.log)
+            return self._direct.socket_directory
+
+    def close(self) -> None:
+        """End the live connections and remove the direct path's socket and directory; idempotent."""
+        with self._lock:
+            live = list(self._live.values())
+        for connection in live:
+            connection.close("the session was closed")
+        direct = self._direct
+        if direct is not None:
+            direct.close()
 
     def open_connections(self) -> list[tuple[str, int]]:
         """The live proxied connections, as (host, port)."""
@@ -176,7 +225,13 @@ class SessionEgress:
                 and self._port is not None
             ):
                 return
-            self._port = transport.serve_connections(user, self.handle)
+            direct = self._direct
+            if direct is not None:
+                inside = os.path.join(DIRECT_MOUNT, SOCKET_NAME)
+                self._port, mode = transport.serve_proxy(user, self.handle, direct=(inside, direct.token))
+                self._mode = "unix" if mode == "unix" else "frames"
+            else:
+                self._port, self._mode = transport.serve_connections(user, self.handle), "frames"
             network = self.network
             if isinstance(network, NetworkPolicy):
                 self._trust_intercept_ca(transport, user, network)  # a fresh agent: the CA file again
@@ -210,8 +265,13 @@ class SessionEgress:
             live.close(why)
 
     # -- one connection ------------------------------------------------------------------------------
-    def handle(self, stream: ConnectionStream) -> None:
-        """Serve one connection of the proxy endpoint under the network in force when it arrived."""
+    def handle(self, stream: ConnectionStream | socket.socket) -> None:
+        """Serve one connection of the proxy endpoint under the network in force when it arrived.
+
+        Carried as frames (a :class:`ConnectionStream`) or by the direct path (a Unix socket, its token
+        already checked): one path for both, so policy, ``set_network``, the log and header injection are
+        the same.
+        """
         with self._lock:
             network = self._network
         if not isinstance(network, NetworkPolicy):
@@ -247,7 +307,7 @@ class SessionEgress:
             found = self._infrastructure = frozenset(infrastructure_addresses(self._engine_hosts))
         return found
 
-    def _refuse_off(self, stream: ConnectionStream) -> None:
+    def _refuse_off(self, stream: ConnectionStream | socket.socket) -> None:
         """The network is off: read the request head (so the client reads the answer) and answer 403."""
         started, host, port = time.time(), "", 0
         buffer = b""

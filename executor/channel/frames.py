@@ -45,6 +45,10 @@ LISTEN    13     host→agent  on a fresh channel: ``{"port": int}`` (0..65535, 
                              ``"address": str`` (a dotted IPv4 address in ``127.0.0.0/8``, default
                              ``127.0.0.1``; anything else is refused): serve a TCP listener on
                              ``address:port`` whose connections are carried as below (proxy endpoint).
+                             Optional ``"unix": str`` (an absolute path, at most 107 bytes) and ``"token":
+                             str`` (16..256 bytes of ASCII letters and digits), together, only to an agent
+                             whose HELLO offers ``"unix"``: the direct path below. The answer then says
+                             ``"mode": "unix"`` or ``"frames"``.
                              KILL on that channel closes the listener (no answer)
 OPEN      14     agent→host  a connection accepted, on a fresh **connection channel** the agent allocates
                              (:data:`CONNECTION_BASE` <= channel < :data:`DIAL_BASE`): ``{"listener":
@@ -76,7 +80,18 @@ memory cgroup while the command ran, read inside the container from ``memory.oom
 endpoint below it serves, 1 here; absent or 0: none, and the host refuses a network policy on that agent
 with ``PolicyNotEnforceableError`` rather than weaken it); HELLO ``"dial"`` (int >= 0: the version of
 the dialing below it serves, 1 here: DIAL, and LISTEN's ``"address"``; absent or 0: neither, and the host
-sends no DIAL and no LISTEN with an address to it: an older agent would listen on ``127.0.0.1`` instead).
+sends no DIAL and no LISTEN with an address to it: an older agent would listen on ``127.0.0.1`` instead);
+HELLO ``"unix"`` (int >= 0: the version of the direct path below, 1 here; absent or 0: the host sends no
+``"unix"`` in a LISTEN, whose connections then all travel as frames).
+
+**The direct path** (a local engine's runc sandbox, docs/network.md "Speed"): a LISTEN with ``"unix"`` and
+``"token"`` names a Unix socket the host listens on, bound read-only into the sandbox. The agent tries to
+connect to it once, at the LISTEN, and closes that probe without sending a byte. If that worked, the RESULT
+says ``"mode": "unix"``, and each connection accepted on that listener is carried without frames: the
+agent connects to the socket, writes the token as the first bytes and copies bytes both ways (no OPEN, no
+DATA); a connection whose connect fails is closed. If the probe failed (gVisor without ``--host-uds``, a
+daemon that does not share this machine's files) the RESULT says ``"mode": "frames"`` and the connections
+are carried as below. The host checks the token before anything else and closes a connection without it.
 
 **Connections** (the proxy endpoint, issue 23: the sandbox keeps no route out; HELLO ``"proxy": 1`` says
 the agent serves it, and the host never sends LISTEN to an agent that does not say so). The agent does not
@@ -160,6 +175,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -178,9 +194,11 @@ __all__ = [
     "MAX_CREDIT",
     "MAX_LISTENERS",
     "MAX_PAYLOAD",
+    "MAX_UNIX_PATH",
     "PROTOCOL_VERSION",
     "PROXY_VERSION",
     "SETID_STATES",
+    "UNIX_VERSION",
     "WINDOW",
     "Frame",
     "FrameDecoder",
@@ -225,6 +243,11 @@ CLOSE_LINGER_SECONDS = 30.0
 PROXY_VERSION = 1
 #: The version of dialing (DIAL, LISTEN's ``"address"``) an agent's HELLO advertises (``"dial"``).
 DIAL_VERSION = 1
+#: The version of the direct path (LISTEN's ``"unix"`` and ``"token"``) a HELLO advertises (``"unix"``).
+UNIX_VERSION = 1
+#: The longest path of LISTEN's ``"unix"`` (``sun_path`` is 108 bytes with its terminating NUL).
+MAX_UNIX_PATH = 107
+_TOKEN = re.compile(r"[A-Za-z0-9]{16,256}")
 _STAT_TYPES = frozenset({"file", "dir", "symlink", "other"})
 _ENTRY_TYPES = frozenset("fdlo")
 
@@ -449,7 +472,7 @@ def validate_hello(body: dict[str, Any]) -> None:
         raise ProtocolError(f"HELLO ops {ops!r} is not a list of strings")
     if "setid" in body and body["setid"] not in SETID_STATES:
         raise ProtocolError(f"HELLO setid {body['setid']!r} is not one of {', '.join(SETID_STATES)}")
-    for key in ("proxy", "dial"):
+    for key in ("proxy", "dial", "unix"):
         if key in body and not (_is_int(body[key]) and body[key] >= 0):
             raise ProtocolError(f"HELLO {key} {body[key]!r} is not an integer >= 0")
 
@@ -468,6 +491,18 @@ def validate_listen_address(address: object) -> str:
     return str(address)
 
 
+def _validate_direct(body: dict[str, Any]) -> None:
+    """LISTEN's optional ``"unix"`` and ``"token"`` (the direct path): both or neither, well formed."""
+    if ("unix" in body) != ("token" in body):
+        raise ProtocolError("LISTEN unix and token go together")
+    if "unix" in body:
+        path, token = body["unix"], body["token"]
+        if not (isinstance(path, str) and path.startswith("/") and len(path.encode()) <= MAX_UNIX_PATH):
+            raise ProtocolError(f"LISTEN unix {path!r} is not an absolute path of at most 107 bytes")
+        if not (isinstance(token, str) and _TOKEN.fullmatch(token)):
+            raise ProtocolError("LISTEN token is not 16..256 ASCII letters and digits")
+
+
 def _validate_connection(kind: FrameType, body: dict[str, Any], channel: int = 0) -> None:
     """The bodies of LISTEN, OPEN, CREDIT, CLOSE and DIAL (the connection frames of the table above)."""
     if kind == FrameType.LISTEN:
@@ -476,6 +511,7 @@ def _validate_connection(kind: FrameType, body: dict[str, Any], channel: int = 0
             raise ProtocolError(f"LISTEN port {port!r}")
         if "address" in body:
             validate_listen_address(body["address"])
+        _validate_direct(body)
     elif kind == FrameType.DIAL or (kind == FrameType.OPEN and channel >= DIAL_BASE):
         port = body.get("port")
         if not (isinstance(port, int) and _is_int(port) and 1 <= port <= 65535):

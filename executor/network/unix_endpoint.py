@@ -22,21 +22,24 @@ or kill its forwarder (then it has no network at all).
 from __future__ import annotations
 
 import contextlib
+import hmac
 import importlib.resources
+import logging
 import os
+import secrets
 import shutil
 import socket
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from adk_sandbox.executor.network.addresses import IPAddress, IPNetwork
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
 from adk_sandbox.executor.network.policy import NetworkPolicy
-from adk_sandbox.executor.network.relay import CloseHandle, relay
+from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT, CloseHandle, relay
 
 if TYPE_CHECKING:
     from adk_sandbox.executor.network.intercept import Interceptor
@@ -46,11 +49,15 @@ __all__ = [
     "MAX_CONNECTIONS",
     "OVER_LIMIT_RULE",
     "SOCKET_NAME",
+    "TOKEN_RULE",
     "TRUST_NAME",
     "CommandEgress",
+    "SessionSocket",
     "UnixEndpoint",
     "forwarder_source",
 ]
+
+log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 256
 """The most connections served at once per endpoint (as the agent's bound, ``channel/frames.py``)."""
@@ -62,6 +69,8 @@ FORWARDER_NAME = "forward.py"
 """The forwarder's source (:mod:`.inside_forward`) in the command's directory."""
 TRUST_NAME = "ca.pem"
 """The trust bundle (system certificates, then the interceptor's CA) in the command's directory."""
+TOKEN_RULE = "unix token"  # noqa: S105 - a log rule's name, not a secret
+"""The rule of a connection to a session's socket refused for not opening with the session's token."""
 #: How long :meth:`UnixEndpoint.close` waits for the relays it ended to record their entries.
 _CLOSE_WAIT_SECONDS = 5.0
 #: The most bytes of the host's system trust bundle read (to put the interceptor's CA after it).
@@ -317,3 +326,190 @@ def _write(path: str, data: bytes) -> None:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(data)
+
+
+class SessionSocket:
+    """A session's direct path (docs/network.md "Speed"): a Unix socket whose connections open with a token.
+
+    Thread-safe.
+
+    For a sandbox of a local engine whose agent can reach a host socket (runc): the session binds
+    :attr:`socket_directory` read-only into the container and the agent connects each proxied connection
+    to :attr:`socket_path` there, writes :attr:`token` and then copies bytes both ways in the kernel. Each
+    accepted connection is served in a thread of its own, at most ``max_connections`` at once (one more is
+    closed at once and counted, as :class:`UnixEndpoint` does):
+
+    1. exactly ``len(token)`` bytes are read, within ``token_timeout`` seconds, and compared in constant
+       time (:func:`hmac.compare_digest`). Anything else (other bytes, too few, too slow) closes the
+       connection before a byte is relayed, with an entry in ``log`` (rule :data:`TOKEN_RULE`) and a
+       warning. A connection that closes without sending a byte (the agent's probe at LISTEN) is closed
+       and not logged: it asked for nothing;
+    2. the socket, positioned after the token, goes to ``handler``: the session's one handling path
+       (policy, ``set_network``, the log and header injection are the same as for connections carried
+       as frames).
+
+    Modes, and why. The directory made here (``0700``, this process's user) holds :attr:`socket_directory`
+    (``0711``) holding the socket (``0666``). On this machine only this user (and root) can pass the
+    ``0700`` directory, so other users cannot reach the socket at all; this user's other processes can, and
+    the token stops them. The container sees :attr:`socket_directory` itself, mounted read-only: its
+    ``0711`` lets the command user, whatever uid it runs as, reach the socket without listing the
+    directory, the ``0666`` socket lets it connect, and the read-only mount keeps every user inside, root
+    of the task profile included, from replacing the socket or adding files (``EROFS``). The token is
+    never written to a file: the agent gets it in the LISTEN frame, and its process is not dumpable.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[socket.socket], None],
+        log: ConnectionLog,
+        *,
+        parent: str | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        token_timeout: float = DEFAULT_HEAD_TIMEOUT,
+    ) -> None:
+        self.token = secrets.token_hex(32)
+        """The session's token: 64 hex digits, the first bytes of every connection."""
+        self._expected = self.token.encode()
+        self._handler = handler
+        self._log = log
+        self._max = max_connections
+        self._token_timeout = token_timeout
+        self._lock = threading.Lock()
+        self._closed = False
+        self._live: set[socket.socket] = set()
+        self._handlers: set[threading.Thread] = set()
+        self._turned_away = 0
+        self.directory = tempfile.mkdtemp(prefix="adk-egress-", dir=_socket_parent(parent))
+        """The private directory (``0700``): removed by :meth:`close`."""
+        try:
+            self.socket_directory = os.path.join(self.directory, "s")
+            """The directory bound read-only into the container: only the socket is in it."""
+            os.mkdir(self.socket_directory, 0o711)
+            os.chmod(self.socket_directory, 0o711)  # noqa: S103 - whatever the umask; see the docstring
+            self.socket_path = os.path.join(self.socket_directory, SOCKET_NAME)
+            if len(os.fsencode(self.socket_path)) > _SUN_PATH_MAX:
+                raise ValueError(f"a Unix socket path is at most {_SUN_PATH_MAX} bytes: {self.socket_path!r}")
+            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self._listener.bind(self.socket_path)
+                os.chmod(self.socket_path, 0o666)  # noqa: S103 - any uid inside connects; the token decides
+                self._listener.listen(max_connections)
+            except OSError:
+                self._listener.close()
+                raise
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+        self._acceptor = threading.Thread(target=self._accept, name="network-session-accept", daemon=True)
+        self._acceptor.start()
+
+    @property
+    def turned_away(self) -> int:
+        """How many connections were closed at once for being over the bound."""
+        with self._lock:
+            return self._turned_away
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                with self._lock:
+                    if self._closed:
+                        return
+                time.sleep(0.05)  # e.g. out of descriptors for a moment
+                continue
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                if len(self._live) >= self._max:
+                    self._turned_away += 1
+                    conn.close()
+                    continue
+                self._live.add(conn)
+            # Named as the channel's connection threads: one relay per connection held, whichever way it came.
+            handler = threading.Thread(
+                target=self._serve, args=(conn,), name="adk-sandbox-connection", daemon=True
+            )
+            with self._lock:
+                self._handlers.add(handler)
+            try:
+                handler.start()
+            except RuntimeError:  # no thread to be had: closed like one over the bound
+                with self._lock:
+                    self._handlers.discard(handler)
+                    self._live.discard(conn)
+                    self._turned_away += 1
+                conn.close()
+
+    def _read_token(self, conn: socket.socket) -> str | None:
+        """None once the token was read (exactly its bytes); else why it is refused ("": a probe)."""
+        expected = self._expected
+        received = b""
+        deadline = time.monotonic() + self._token_timeout
+        try:
+            while len(received) < len(expected):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return f"no token within {self._token_timeout:g} s"
+                conn.settimeout(left)
+                chunk = conn.recv(len(expected) - len(received))  # never past the token
+                if not chunk:
+                    return "" if not received else "the connection closed in the middle of the token"
+                received += chunk
+        except TimeoutError:
+            return f"no token within {self._token_timeout:g} s"
+        except OSError as error:
+            return f"the connection failed before its token: {error.strerror or error}"
+        if not hmac.compare_digest(received, expected):
+            return "the connection did not open with the session's token"
+        return None
+
+    def _serve(self, conn: socket.socket) -> None:
+        started = time.time()
+        try:
+            why = self._read_token(conn)
+            if why is None:
+                conn.settimeout(None)
+                self._handler(conn)  # closes conn
+                return
+            if why:
+                log.warning("a connection to the session's egress socket was refused: %s", why)
+                entry = ConnectionEntry(
+                    time=started, host="", port=0, decision="refused", rule=TOKEN_RULE, detail=why
+                )
+                self._log.record(entry)
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
+            with self._lock:
+                self._live.discard(conn)
+                self._handlers.discard(threading.current_thread())
+
+    def close(self) -> None:
+        """Stop listening, end the connections still being served and remove the directory; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            live = list(self._live)
+            handlers = list(self._handlers)
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        self._listener.close()
+        self._acceptor.join(timeout=_CLOSE_WAIT_SECONDS)
+        for conn in live:  # a shutdown wakes a recv blocked in another thread (the relay's)
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
+        for handler in handlers:
+            handler.join(timeout=max(0.0, deadline - time.monotonic()))
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._turned_away:
+            why = f"{self._turned_away} connections closed at once: more than {self._max} open at a time"
+            self._log.record(
+                ConnectionEntry(
+                    time=time.time(), host="", port=0, decision="refused", rule=OVER_LIMIT_RULE, detail=why
+                )
+            )

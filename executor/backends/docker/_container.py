@@ -10,6 +10,7 @@ over a stream of :mod:`._exec`, or :mod:`._exec` alone) talks to the container.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import uuid
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from typing import Any
 import docker
 import docker.errors
 
+from adk_sandbox.executor._layout import DIRECT_MOUNT
 from adk_sandbox.executor.backends.docker._daemon import (
     DEFAULT_SOCKET,
     engine_of,
@@ -37,6 +39,8 @@ from adk_sandbox.executor.backends.docker._spec import (
 from adk_sandbox.executor.channel.probe import WorkspaceNotSharedError, split_brain_message
 from adk_sandbox.executor.channel.transport import DEFAULT_PATH
 from adk_sandbox.executor.errors import ExecutorError, PolicyNotEnforceableError, SandboxFailedError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ContainerProvider",
@@ -100,6 +104,11 @@ class ContainerProvider:
         self._spec = spec
 
     @property
+    def spec(self) -> ContainerSpec:
+        """The spec the next container is created from."""
+        return self._spec
+
+    @property
     def attached(self) -> bool:
         """True when the container is an existing one this provider did not create."""
         return self._attach_to is not None
@@ -116,7 +125,17 @@ class ContainerProvider:
         # A replacement gets a name of its own: the old container may still be being removed.
         self._opened += 1
         suffix = f"-{self._opened}" if self._opened > 1 else ""
-        container_id = self._create(spec, f"adk-sandbox-{self.session_id}{suffix}")
+        try:
+            container_id = self._create(spec, f"adk-sandbox-{self.session_id}{suffix}")
+        except _DirectNotSharedError as exc:
+            # The daemon does not see this machine's directory (its own mount namespace): no direct path,
+            # the proxy's connections travel as frames (the agent's probe would have found the same).
+            log.info(
+                "the engine does not see the egress socket directory (%s): proxying over the channel", exc
+            )
+            self._spec = replace(self._spec, direct_egress=None)
+            spec = replace(spec, direct_egress=None)
+            container_id = self._create(spec, f"adk-sandbox-{self.session_id}{suffix}")
         api = self._client.api
 
         def start() -> None:
@@ -179,7 +198,10 @@ class ContainerProvider:
             except docker.errors.APIError as exc:
                 if exc.status_code == 409:  # a retried create whose first attempt went through
                     return str(api.inspect_container(name)["Id"])
-                if "bind source path does not exist" in str(exc.explanation or ""):
+                missing = "bind source path does not exist" in str(exc.explanation or "")
+                if missing and spec.direct_egress is not None and spec.direct_egress in str(exc.explanation):
+                    raise _DirectNotSharedError(str(exc.explanation)) from exc
+                if missing:
                     raise WorkspaceNotSharedError(
                         split_brain_message(spec.workspace, exc.explanation)
                     ) from exc
@@ -211,6 +233,8 @@ class ContainerProvider:
             if spec.workspace:
                 self._check_attached_workspace(inspect, spec.workspace)
                 mounts.append(os.path.join(spec.workspace, ".git"))
+        if spec.direct_egress is not None and not self.attached:
+            mounts.append(spec.direct_egress)
         problems = hardening_violations(
             inspect,
             network=spec.network,
@@ -222,6 +246,10 @@ class ContainerProvider:
             tmpfs=None if self.attached else host_config_arguments(spec)["tmpfs"],
             task=spec.task and not self.attached,
         )
+        if spec.direct_egress is not None and not self.attached:
+            direct = [m for m in inspect.get("Mounts") or [] if m.get("Source") == spec.direct_egress]
+            if [(m.get("Destination"), bool(m.get("RW"))) for m in direct] != [(DIRECT_MOUNT, False)]:
+                problems.append(f"the egress socket directory is not bound read-only at {DIRECT_MOUNT} alone")
         if problems:
             hint = ""
             if dialect is Dialect.PODMAN and any(problem.startswith("runtime is") for problem in problems):
@@ -295,6 +323,10 @@ class ContainerProvider:
             self._placeholder_made = False
             with contextlib.suppress(OSError):  # not empty (the user ran git init meanwhile): keep it
                 os.rmdir(path)
+
+
+class _DirectNotSharedError(Exception):
+    """The engine does not see the direct egress socket's directory (its daemon has a mount namespace)."""
 
 
 class OomCounter:

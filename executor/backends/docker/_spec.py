@@ -19,7 +19,7 @@ from typing import Annotated, Any
 from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 from pydantic import Field, TypeAdapter, ValidationError
 
-from adk_sandbox.executor._layout import HOME_DIR, KERNEL_PATHS
+from adk_sandbox.executor._layout import DIRECT_MOUNT, HOME_DIR, KERNEL_PATHS
 from adk_sandbox.executor._owner import LABEL_PREFIX, PROJECT_LABEL
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
@@ -140,6 +140,10 @@ class ContainerSpec:
     extra_hosts: Mapping[str, str] = field(default_factory=dict)
     """Names written to the container's ``/etc/hosts`` (name -> loopback address), see
     :func:`validate_extra_hosts`: how sibling services resolve (docs/network.md, "Several services")."""
+    direct_egress: str | None = None
+    """The host directory of the session's direct egress socket (docs/network.md, "Speed"), bound
+    read-only at :data:`~adk_sandbox.executor.channel.egress.DIRECT_MOUNT`; None: none (a remote engine,
+    no network policy)."""
 
     @property
     def task(self) -> bool:
@@ -437,6 +441,8 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
         mounts.append(Mount(target=allowed.path, source=allowed.path, type="bind", read_only=read_only))
     for path in spec.read_only_mounts:
         mounts.append(Mount(target=path, source=path, type="bind", read_only=True))
+    if spec.direct_egress is not None:
+        mounts.append(Mount(target=DIRECT_MOUNT, source=spec.direct_egress, type="bind", read_only=True))
     limits = spec.limits
     memory = limits.memory_mb * MIB
     task: dict[str, Any] = {}

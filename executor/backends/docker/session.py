@@ -51,7 +51,7 @@ from adk_sandbox.executor.backends.docker._spec import (
 )
 from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
-from adk_sandbox.executor.channel.egress import NETWORK_OFF_RULE, SessionEgress
+from adk_sandbox.executor.channel.egress import NETWORK_OFF_RULE, EgressMode, SessionEgress
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import (
@@ -161,6 +161,10 @@ class SessionConfig:
     egress: NetworkPolicy | None = None
     """A network policy (issue 23): the agent serves an HTTP proxy on 127.0.0.1, each connection decided on
     this host by :func:`~adk_sandbox.executor.network.relay.relay`; the container keeps network none."""
+    direct_egress: bool = True
+    """Under a policy on a local engine, offer the agent the direct path (a Unix socket bound read-only,
+    docs/network.md "Speed"); False: every proxied connection travels over the channel (the bench's
+    comparison)."""
     workspace_is_copy: bool = False
     """The workspace is a copy this library made for the session (``backend.session(copy_of=...)``, see
     docs/DOCKER.md "Warm pool"): removed from the host once the session closed."""
@@ -236,6 +240,8 @@ class DockerSession(ChannelSession):
             engine_hosts=(machine,) if machine else (),
         )
         self._user = config.user or NOBODY
+        #: The engine refused to bind the direct path's directory (it does not see it): frames from then on.
+        self._direct_unshared = False
         self._languages: tuple[Language, ...] | None = None
         self._oom_counter: OomCounter | None = None
         #: The agent reports OOM kills from inside (EXIT oom_kills): the host counter is not read then.
@@ -362,7 +368,10 @@ class DockerSession(ChannelSession):
                     self._workspace.closing()
             finally:  # whatever the last pull-back raised, the container (and a copy_of copy) goes
                 self._closed = True
-                self._discard_container()
+                try:
+                    self._discard_container()
+                finally:
+                    self._egress.close()  # the direct path's socket and directory too
                 if self._workspace is not None:
                     self._workspace.close()
                 copy = self.workspace
@@ -395,6 +404,22 @@ class DockerSession(ChannelSession):
                     return
         self._open_once(self._workspace_mode)
 
+    def _direct_egress(self) -> str | None:
+        """The direct path's socket directory for this session's containers, or None (lock held).
+
+        Only for a session that starts under a policy, on a local engine (a remote engine's machine
+        cannot see this one's directory: no mount at all), over the agent channel, in a container this
+        session creates. Whether the sandbox can reach the socket is the agent's probe's to find out
+        (runc: yes; gVisor without ``--host-uds``: no, and the connections travel as frames).
+        """
+        if self._config.direct_egress is False or self.attached or self._config.transport != "agent":
+            return None
+        if not isinstance(self._config.egress, NetworkPolicy) or not engine_of(self._client).local:
+            return None
+        if self._direct_unshared:
+            return None
+        return self._egress.enable_direct()
+
     def _mirror_spec(self) -> tuple[ContainerSpec, tuple[int, int]]:
         """The spec of a container holding a copy of the workspace, and the host workspace's owner."""
         spec = self._config.spec
@@ -422,7 +447,12 @@ class DockerSession(ChannelSession):
         if mode == "mirror":
             spec, owner = self._mirror_spec()
             self._provider.use_spec(spec)
+        direct = self._direct_egress()
+        if direct is not None and self._provider.spec.direct_egress is None:
+            self._provider.use_spec(replace(self._provider.spec, direct_egress=direct))
         container = self._provider.open()
+        if direct is not None and self._provider.spec.direct_egress is None:
+            self._direct_unshared = True  # the engine did not see the directory: never asked again
         try:
             self._check_image(container.inspect)
             if self._config.user is None and container.owner is not None and mode != "mirror":
@@ -497,6 +527,16 @@ class DockerSession(ChannelSession):
     def network(self) -> bool | NetworkPolicy:
         """The network in force: False (none), True (Docker's bridge) or a :class:`NetworkPolicy`."""
         return self._egress.network
+
+    @property
+    def egress_mode(self) -> EgressMode | None:
+        """How the proxy endpoint's connections reach this process (docs/network.md, "Speed").
+
+        ``"unix"``: the direct path, a Unix socket bound read-only into the container, bytes copied in the
+        kernel; ``"frames"``: over the agent channel (gVisor, a remote engine, an engine that does not
+        share this machine's files); None while no proxy is served.
+        """
+        return self._egress.mode
 
     def set_network(self, network: bool | NetworkPolicy) -> None:
         """Change the sandbox's network while it runs (docs/network.md, "Changing it at run time").
