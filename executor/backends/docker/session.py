@@ -477,20 +477,7 @@ class DockerSession(ChannelSession):
                 self._egress.serve(transport, self._user)
             if self._config.spec.host_tmpfs:
                 self.state_dirs = self._host_tmpfs_dirs(container)
-            if mode == "mirror" and workspace is not None and owner is not None:
-                problems = mirror_mount_violations(container.inspect, workspace)
-                if problems:
-                    raise PolicyNotEnforceableError(
-                        "the workspace copy is not as asked: " + "; ".join(problems)
-                    )
-                if self.mirror is None:
-                    host = self.workspace or workspace
-                    mirror = MirrorWorkspace(host, self._config.mirror_mb, owner, inside=workspace)
-                    self._workspace = SyncedWorkspace(mirror, self._sync_channel)
-                assert self._workspace is not None  # noqa: S101 - made just above
-                self._workspace.started()  # a fresh container gets the host copy again
-            elif mode == "bind":
-                self._workspace = SyncedWorkspace(BindWorkspace(), self._sync_channel)
+            self._start_workspace(mode, container, owner)
             # The host's cgroup counter exists only for a local engine: a remote container's pid is another
             # machine's (the agent's own count from inside is used there, and preferred everywhere).
             local = engine_of(self._client).local
@@ -503,6 +490,24 @@ class DockerSession(ChannelSession):
             with contextlib.suppress(ExecutorError):  # noted for the reaper; report why the start failed
                 self._discard_container(container.id)
             raise
+
+    def _start_workspace(
+        self, mode: str | None, container: OpenedContainer, owner: tuple[int, int] | None
+    ) -> None:
+        """Give a fresh container its workspace: a mirror gets the host copy (again), a bind its sync."""
+        workspace = self._config.spec.workspace
+        if mode == "mirror" and workspace is not None and owner is not None:
+            problems = mirror_mount_violations(container.inspect, workspace)
+            if problems:
+                raise PolicyNotEnforceableError("the workspace copy is not as asked: " + "; ".join(problems))
+            if self.mirror is None:
+                host = self.workspace or workspace
+                mirror = MirrorWorkspace(host, self._config.mirror_mb, owner, inside=workspace)
+                self._workspace = SyncedWorkspace(mirror, self._sync_channel)
+            assert self._workspace is not None  # noqa: S101 - made just above
+            self._workspace.started()  # a fresh container gets the host copy again
+        elif mode == "bind":
+            self._workspace = SyncedWorkspace(BindWorkspace(), self._sync_channel)
 
     def _host_tmpfs_dirs(self, container: OpenedContainer) -> dict[str, str]:
         """The checked host sides of the container's tmpfs volumes; refused when this process lacks one."""
