@@ -2357,32 +2357,38 @@ static void direct_open(const listener_t *l, int client) {
     directs[ndirects++] = f;
 }
 
-/* Move what can be moved now in direction d (bounded turns, so one fast connection cannot hold the loop);
- * -1 when the connection failed. */
-static int direct_move(direct_t *f, int d) {
+/* Move what can be moved now in direction d (bounded turns, so one fast connection cannot hold the loop).
+ * A failed direction ends alone: the other one still delivers what it holds (a server's answer written
+ * just before it closed reaches the client even though the client's next bytes found the socket gone). */
+static void direct_move(direct_t *f, int d) {
     int src = f->fd[d], dst = f->fd[1 - d];
-    for (int turn = 0; turn < 16; turn++) {
+    for (int turn = 0; turn < 16 && !f->done[d]; turn++) {
         int moved = 0;
         if (!f->eof[d] && !f->full[d] && f->inpipe[d] < DIRECT_PIPE) {
             ssize_t r = splice(src, NULL, f->pw[d], NULL, DIRECT_PIPE - f->inpipe[d], SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
             if (r > 0) { f->inpipe[d] += (size_t)r; moved = 1; }
             else if (r == 0) { f->eof[d] = 1; moved = 1; }
             else if (errno == EAGAIN) { if (f->inpipe[d]) f->full[d] = 1; } /* the pipe is full, or the socket empty */
-            else if (errno != EINTR) return -1;
+            else if (errno != EINTR) { f->eof[d] = 1; moved = 1; } /* the source failed: its end */
         }
         if (f->inpipe[d]) {
             ssize_t w = splice(f->pr[d], NULL, dst, NULL, f->inpipe[d], SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
             if (w > 0) { f->inpipe[d] -= (size_t)w; f->full[d] = 0; moved = 1; }
-            else if (w < 0 && errno != EAGAIN && errno != EINTR) return -1;
+            else if (w < 0 && errno != EAGAIN && errno != EINTR) { /* the target is gone: nothing more goes this way */
+                f->eof[d] = 1; f->inpipe[d] = 0; f->full[d] = 0; f->done[d] = 1;
+                shutdown(src, SHUT_RD);
+                break;
+            }
         }
         if (f->eof[d] && !f->inpipe[d] && !f->done[d]) { f->done[d] = 1; shutdown(dst, SHUT_WR); }
         if (!moved) break;
     }
-    return 0;
 }
 
 static void direct_events(direct_t *f) {
-    if (direct_move(f, 0) != 0 || direct_move(f, 1) != 0 || (f->done[0] && f->done[1])) drop_direct(f);
+    direct_move(f, 0);
+    direct_move(f, 1);
+    if (f->done[0] && f->done[1]) drop_direct(f);
 }
 
 /* What to poll each socket of f for: readable while its direction can take more, writable while the

@@ -626,12 +626,16 @@ class Direct:
         # (read, write) interest of socks[k]: read while its direction has room, write while the other has bytes
         return (not self.eof[k] and len(self.buf[k]) < DIRECT_BUFFER, bool(self.buf[1 - k]))
 
-    def move(self, d: "int") -> "bool":
-        # What can be moved now in direction d, in bounded turns; False when the connection failed.
+    def move(self, d: "int") -> "None":
+        # What can be moved now in direction d, in bounded turns. A failed direction ends alone: the other
+        # still delivers what it holds (a server's answer written just before it closed reaches the client
+        # even though the client's next bytes found the socket gone).
         import socket
 
         src, dst, buf = self.socks[d], self.socks[1 - d], self.buf[d]
         for _ in range(16):
+            if self.done[d]:
+                return
             moved = False
             if not self.eof[d] and len(buf) < DIRECT_BUFFER:
                 try:
@@ -643,8 +647,9 @@ class Direct:
                     moved = True
                 except (BlockingIOError, InterruptedError):
                     pass
-                except OSError:
-                    return False
+                except OSError:  # the source failed: its end
+                    self.eof[d] = True
+                    moved = True
             if buf:
                 try:
                     sent = dst.send(buf)
@@ -652,8 +657,14 @@ class Direct:
                     moved = moved or sent > 0
                 except (BlockingIOError, InterruptedError):
                     pass
-                except OSError:
-                    return False
+                except OSError:  # the target is gone: nothing more goes this way
+                    self.eof[d] = self.done[d] = True
+                    del buf[:]
+                    try:
+                        src.shutdown(socket.SHUT_RD)
+                    except OSError:
+                        pass
+                    return
             if self.eof[d] and not buf and not self.done[d]:
                 self.done[d] = True
                 try:
@@ -662,7 +673,6 @@ class Direct:
                     pass
             if not moved:
                 break
-        return True
 
     def close(self) -> "None":
         for sock in self.socks:
@@ -1178,7 +1188,9 @@ class Agent:
     def direct_events(self, ready: "set[int]") -> "None":
         for f in list(self.directs.values()):
             if f.fds[0] in ready or f.fds[1] in ready:
-                if not (f.move(0) and f.move(1)) or (f.done[0] and f.done[1]):
+                f.move(0)
+                f.move(1)
+                if f.done[0] and f.done[1]:
                     self.directs.pop(f.fds[0], None)
                     f.close()
 
