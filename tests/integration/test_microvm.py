@@ -1,7 +1,13 @@
-"""MicroVMBackend here (TCG): the conformance suite, the VM's own kernel, no NIC, deadlines, no leak.
+"""MicroVMBackend here (TCG): the conformance suite, the workspace share, the VM's own kernel, no NIC,
+deadlines, no leak.
 
-Each test here boots real VMs (about 3 s each under TCG); the module shares one VM for the conformance
-checks and one for the checks of the VM itself. A missing QEMU or guest part fails in CI, skips locally.
+Each test here boots real VMs (about 3 s each under TCG); the module shares one VM (with a workspace) for
+the conformance checks and one (with another workspace) for the checks of the VM itself and the attacks
+on its share. A missing QEMU or guest part fails in CI, skips locally.
+
+The attacks run as the command user (1000) and as uid 0 in the guest (the worst a command can be: root
+of the guest, though without capabilities). A guest that took over its own kernel can send virtiofsd any
+request: that is stood in for by running attacker code in virtiofsd's place, in the same jail.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -21,14 +28,15 @@ import pytest
 
 from adk_sandbox.executor import ExecRequest, ResourceLimits
 from adk_sandbox.executor.backends.microvm import MicroVMBackend, MicroVMConfig, MicroVMSession
-from adk_sandbox.executor.backends.microvm._guest import guest_parts
+from adk_sandbox.executor.backends.microvm._guest import fsjail, guest_parts
+from adk_sandbox.executor.backends.microvm._qemu import qemu_pids
 from adk_sandbox.executor.backends.microvm.backend import _kvm_verdict
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     InvalidRequestError,
     PolicyNotEnforceableError,
 )
-from adk_sandbox.executor.types import IsolationClass
+from adk_sandbox.executor.types import ExecResult, IsolationClass
 from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
 from tests.conftest import require
 
@@ -37,7 +45,8 @@ pytestmark = [pytest.mark.slow]
 #: 64 MiB: under TCG the memory check's OOM kill takes ~0.6 s at 64 MiB but ~3 s at 128 MiB (guest page faults
 #: are emulated), close to the check's 5 s timeout on a loaded machine.
 LIMITS = ResourceLimits(memory_mb=64, cpus=1, pids=128, tmpfs_mb=64)
-CONFIG = MicroVMConfig(accel="tcg", limits=LIMITS)
+#: A generous boot deadline: a loaded 2-core machine has taken 17 s to boot one (a "does not hang" bound).
+CONFIG = MicroVMConfig(accel="tcg", limits=LIMITS, boot_timeout_seconds=120)
 
 
 def _qemu_processes() -> list[int]:
@@ -76,15 +85,48 @@ def backend() -> Iterator[MicroVMBackend]:
         require(False, f"the microVM backend is not available: {exc}")
 
 
+def _owned_dir(root: Path, name: str) -> Path:
+    """A workspace owned by 1000:1000 (a developer's checkout), in a parent only root can enter."""
+    path = root / name
+    path.mkdir()
+    os.chown(path, 1000, 1000)
+    return path
+
+
 @pytest.fixture(scope="module")
-def session(backend: MicroVMBackend) -> Iterator[MicroVMSession]:
+def area() -> Iterator[Path]:
+    """Holds the module's workspaces and, beside them, ``outside``: a secret no VM may reach.
+
+    Every host user may enter it (virtiofsd runs as the workspace's owner, who must reach the workspace)
+    and read the secret: only the confinement of the share keeps it from the VM, not file modes.
+    """
+    root = Path(tempfile.mkdtemp(prefix="adk-microvm-test-"))
+    root.chmod(0o755)
+    (root / "outside").mkdir(mode=0o755)
+    (root / "outside" / "secret.txt").write_text("host-secret-a81f\n")
+    (root / "outside" / "secret.txt").chmod(0o644)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def workspace(area: Path) -> Path:
+    return _owned_dir(area, "ws")
+
+
+@pytest.fixture(scope="module")
+def session(backend: MicroVMBackend, workspace: Path) -> Iterator[MicroVMSession]:
     try:
-        opened = backend.session()
+        opened = backend.session(workspace=workspace)
         opened.start()
     except BackendUnavailableError as exc:
         require(False, f"no microVM could be booted: {exc}")
     with opened:
         yield opened
+
+
+def _run_dirs(session_id: str) -> list[Path]:
+    return list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"adk-sandbox-vm-*-{session_id}-*"))
 
 
 def _leftovers(session: object) -> list[str]:
@@ -93,17 +135,21 @@ def _leftovers(session: object) -> list[str]:
     left = []
     if session.qemu_pid is not None:
         left.append(f"a VM process group {session.qemu_pid}")
-    runs = list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"adk-sandbox-vm-{session.session_id}-*"))
-    left += [f"run directory {path}" for path in runs]
+    left += [f"run directory {path}" for path in _run_dirs(session.session_id)]
     return left
+
+
+def sh(session: MicroVMSession, code: str, user: str | None = None, timeout: float = 60) -> ExecResult:
+    return session.execute(ExecRequest(language="command", code=code, user=user, timeout=timeout))
 
 
 class TestMicroVMConformance(ConformanceSuite):
     @pytest.fixture(scope="class")
     @classmethod
-    def conformance_target(cls, backend: MicroVMBackend) -> ConformanceTarget:
+    def conformance_target(cls, backend: MicroVMBackend, area: Path) -> ConformanceTarget:
         return ConformanceTarget(
             backend,
+            workspace=_owned_dir(area, "conformance-ws"),
             memory_limit_mb=LIMITS.memory_mb,
             pids_limit=LIMITS.pids,
             leftovers=_leftovers,
@@ -161,9 +207,202 @@ def test_root_is_read_only_and_tmp_is_not(session: MicroVMSession) -> None:
     assert "Read-only file system" in result.stdout and "tmp-ok" in result.stdout, result
 
 
-def test_workspace_is_refused(backend: MicroVMBackend, tmp_path: Path) -> None:
-    with pytest.raises(InvalidRequestError, match="workspace"):
+# -- the workspace ------------------------------------------------------------------------------------
+def test_workspace_round_trip(session: MicroVMSession, workspace: Path) -> None:
+    """Host to guest and back at the same path; what the guest makes is the workspace owner's on the host."""
+    (workspace / "host-written.txt").write_text("written on the host\n")
+    seen = sh(session, "pwd; cat host-written.txt; echo from the guest > from-guest.txt; mkdir -p d/e")
+    assert seen.stdout == f"{workspace}\nwritten on the host\n", seen
+    made = workspace / "from-guest.txt"
+    assert made.read_text() == "from the guest\n"
+    for path in (made, workspace / "d", workspace / "d" / "e"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (1000, 1000), path
+    # A change on the host is seen by the next command at once (no attribute cache in the guest).
+    (workspace / "host-written.txt").write_text("changed on the host, longer than before\n")
+    again = sh(session, "cat host-written.txt")
+    assert again.stdout == "changed on the host, longer than before\n", again
+    # The session's file operations reach the same files.
+    session.files.write_bytes(f"{workspace}/via-files.bin", b"\x00\x01binary")
+    assert (workspace / "via-files.bin").read_bytes() == b"\x00\x01binary"
+    assert session.files.read_bytes(f"{workspace}/from-guest.txt") == b"from the guest\n"
+    assert (workspace / "via-files.bin").stat().st_uid == 1000
+
+
+def test_root_owned_workspace_is_refused(backend: MicroVMBackend, tmp_path: Path) -> None:
+    """A naive share of a root-owned directory would let the VM make root-owned files on the host."""
+    os.chown(tmp_path, 0, 0)
+    with pytest.raises(PolicyNotEnforceableError, match="owned by root"):
         backend.session(workspace=tmp_path)
+    with pytest.raises(InvalidRequestError, match="hide"):
+        backend.session(workspace="/tmp")
+
+
+_PLANT = textwrap.dedent(
+    """
+    import os, sys
+    tag = sys.argv[1]
+    def attempt(what, action):
+        try:
+            action()
+            print(what, "done")
+        except OSError as exc:
+            print(what, "refused", exc.errno)
+    attempt("create-4755", lambda: os.close(os.open(f"{tag}-suid", os.O_CREAT | os.O_WRONLY, 0o4755)))
+    attempt("create-plain", lambda: os.close(os.open(f"{tag}-plain", os.O_CREAT | os.O_WRONLY, 0o755)))
+    attempt("chmod-4755", lambda: os.chmod(f"{tag}-plain", 0o4755))
+    attempt("chmod-2755", lambda: os.chmod(f"{tag}-plain", 0o2755))
+    attempt("mkdir-2775", lambda: os.mkdir(f"{tag}-dir", 0o2775))
+    attempt("chown-root", lambda: os.chown(f"{tag}-plain", 0, 0))
+    attempt("fcap", lambda: os.setxattr(f"{tag}-plain", "security.capability",
+            bytes.fromhex("0100000200200000000000000000000000000000")))
+    attempt("trusted-xattr", lambda: os.setxattr(f"{tag}-plain", "trusted.x", b"1"))
+    """
+)
+
+
+def _set_id_or_foreign(root: Path) -> list[str]:
+    """Files under ``root`` (seen from the host) that are set-id, not 1000:1000, or carry capabilities."""
+    bad = []
+    for path in [root, *root.rglob("*")]:
+        info = path.lstat()
+        if info.st_mode & 0o6000:
+            bad.append(f"{path} mode {oct(info.st_mode)}")
+        if (info.st_uid, info.st_gid) != (1000, 1000) and not path.name.startswith("host-"):
+            bad.append(f"{path} owned by {info.st_uid}:{info.st_gid}")
+        try:
+            names = os.listxattr(path, follow_symlinks=False)
+        except OSError:
+            names = []
+        if names:
+            bad.append(f"{path} xattrs {names}")
+    return bad
+
+
+@pytest.mark.parametrize("user", [None, "0:0"], ids=["command-user", "guest-root"])
+def test_attack_guest_plants_set_id_or_root_files(
+    session: MicroVMSession, workspace: Path, user: str | None
+) -> None:
+    """No set-id, root-owned or capability-carrying file reaches the host, even from uid 0 in the guest.
+
+    Catches the naive design: virtiofsd run as host root (the default), which creates each file as the
+    guest's uid and applies the guest's modes, so a guest could leave a set-uid-root program in the
+    workspace for a host user to run.
+    """
+    tag = f"plant-{user or 'user'}".replace(":", "")
+    result = session.execute(ExecRequest(argv=("python3", "-c", _PLANT, tag), user=user, timeout=60))
+    assert result.exit_code == 0, result
+    assert "chown-root done" not in result.stdout, result.stdout
+    assert _set_id_or_foreign(workspace) == [], result.stdout
+
+
+def test_attack_paths_out_of_the_workspace(session: MicroVMSession, workspace: Path, area: Path) -> None:
+    """``..``, absolute and relative links to ``/``, ``/etc`` and the workspace's neighbour reach nothing.
+
+    Catches a share of the workspace's parent (or of ``/``) with the workspace a subdirectory of it, and a
+    server that follows links the guest made on the host's side.
+    """
+    secret = area / "outside" / "secret.txt"
+    code = (
+        f"cat {secret} ../outside/secret.txt 2>&1; "
+        "ln -s / root-link; ln -s /etc etc-link; ln -s ../outside rel-link; "
+        "cat root-link/etc/hostname etc-link/hostname rel-link/secret.txt 2>&1; "
+        "echo pwned > etc-link/adk-pwned 2>&1; echo pwned > rel-link/planted 2>&1; "
+        "ls -a .. rel-link/ 2>&1; true"
+    )
+    for user in (None, "0:0"):
+        result = sh(session, code, user=user)
+        assert "host-secret-a81f" not in result.stdout, result
+        assert "secret.txt" not in result.stdout.splitlines(), result  # not listed (named in errors only)
+    assert sorted(p.name for p in (area / "outside").iterdir()) == ["secret.txt"]
+    assert not Path("/etc/adk-pwned").exists()
+    assert (workspace / "root-link").is_symlink()  # made as links on the host, never followed there
+
+
+def test_attack_link_swapped_under_the_server(session: MicroVMSession, workspace: Path, area: Path) -> None:
+    """A directory swapped for a link to ``/`` (or to the host neighbour) while writes go through it.
+
+    Catches a server resolving guest paths on the host by name (a race between its check and its use):
+    virtiofsd works on descriptors and is pivoted into the workspace, so nothing lands outside it.
+    """
+    code = (
+        "mkdir -p real; i=0; while [ $i -lt 40 ]; do "
+        "mv real swap 2>/dev/null; mv swap real 2>/dev/null; ln -sfn / swap; ln -sfn ../outside swap; "
+        "rm -f swap; i=$((i+1)); done & "
+        "j=0; while [ $j -lt 80 ]; do echo x > swap/adk-swapped 2>/dev/null; "
+        "echo x > real/adk-swapped 2>/dev/null; j=$((j+1)); done; wait; true"
+    )
+    sh(session, code, user="0:0", timeout=120)
+    assert not Path("/adk-swapped").exists()
+    assert sorted(p.name for p in (area / "outside").iterdir()) == ["secret.txt"]
+    assert _set_id_or_foreign(workspace) == []
+
+
+def test_virtiofsd_runs_jailed(session: MicroVMSession, workspace: Path) -> None:
+    """Checked on the host: virtiofsd is the workspace owner (not root), maps no other id, is filtered,
+    and its serving process's root is the workspace itself.
+
+    Catches virtiofsd run as host root or without its own sandbox (its root the host's ``/``).
+    """
+    wrapper = session.qemu_pid
+    assert wrapper is not None
+    servers = [
+        pid for pid in qemu_pids(wrapper)
+        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"virtiofsd")
+    ]  # fmt: skip
+    assert servers, "no virtiofsd under the VM's wrapper"
+    for pid in servers:
+        status = dict(
+            line.split(":\t", 1)
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if ":\t" in line
+        )
+        assert status["Uid"].split()[:3] == ["1000"] * 3 and status["Gid"].split()[:3] == ["1000"] * 3
+        assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
+        assert Path(f"/proc/{pid}/uid_map").read_text().split() == ["1000", "1000", "1"]
+        assert Path(f"/proc/{pid}/gid_map").read_text().split() == ["1000", "1000", "1"]
+    roots = {os.stat(f"/proc/{pid}/root").st_ino for pid in servers}
+    assert workspace.stat().st_ino in roots, "no virtiofsd process is pivoted into the workspace"
+
+
+_TAKEN_OVER = _PLANT + textwrap.dedent(
+    """
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for name, number in (("name_to_handle_at", 303), ("open_by_handle_at", 304)):
+        res = libc.syscall(number, -100, b".", None, None, 0)
+        print(name, "refused" if res < 0 and ctypes.get_errno() == 1 else f"answered {res}")
+    try:
+        os.close(os.open("/etc/adk-fsjail-planted", os.O_CREAT | os.O_WRONLY, 0o644))
+        print("host-etc done")
+    except OSError as exc:
+        print("host-etc refused", exc.errno)
+    """
+)
+
+
+def test_attack_taken_over_server_is_still_held(area: Path) -> None:
+    """A guest that took over its kernel commands virtiofsd freely: stood in for by running attacker code
+    in virtiofsd's place, under the same jail (fsjail). Whatever it does, no set-id, root-owned or
+    capability-carrying file appears, no file handle is opened, and host files of others stay closed.
+
+    Catches a jail that relies on virtiofsd's own checks (its options) rather than on the kernel: a user
+    namespace mapping only the workspace owner, and a seccomp filter on set-id modes and xattrs.
+    """
+    root = _owned_dir(area, "taken-over")
+    script = f"import os; os.chdir({str(root)!r}); exec(compile({_TAKEN_OVER!r}, 'attack', 'exec'))"
+    done = subprocess.run(
+        [str(fsjail()), "1000", "1000", "1000", "1000", str(area / "taken-over.sock"),
+         "/usr/bin/python3", "-c", script, "attack"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert lines["create-plain"] == "done"  # the owner's own work goes on
+    for what in ("create-4755", "chmod-4755", "chmod-2755", "mkdir-2775", "chown-root", "fcap"):
+        assert lines[what].startswith("refused"), (what, done.stdout)
+    assert lines["name_to_handle_at"] == "refused" and lines["open_by_handle_at"] == "refused"
+    assert lines["host-etc"].startswith("refused") and not Path("/etc/adk-fsjail-planted").exists()
+    assert _set_id_or_foreign(root) == [], done.stdout
 
 
 def test_hung_boot_is_killed_at_its_deadline(backend: MicroVMBackend) -> None:
@@ -198,31 +437,39 @@ def test_close_kills_qemu(backend: MicroVMBackend) -> None:
 _OWNER = textwrap.dedent(
     """
     import sys, time
-    from pathlib import Path
     from adk_sandbox.executor.backends.microvm import MicroVMConfig, MicroVMSession
+    from adk_sandbox.executor.backends.microvm._qemu import qemu_pids
     from adk_sandbox.executor.types import ResourceLimits
-    session = MicroVMSession(MicroVMConfig(accel="tcg", limits=ResourceLimits(memory_mb=64, cpus=1, pids=64)))
+    limits = ResourceLimits(memory_mb=64, cpus=1, pids=64)
+    config = MicroVMConfig(accel="tcg", limits=limits, boot_timeout_seconds=120)
+    session = MicroVMSession(config, workspace=sys.argv[1])
     session.start()
-    wrapper = session.qemu_pid
-    qemu = Path(f"/proc/{wrapper}/task/{wrapper}/children").read_text().split()
-    print(wrapper, *qemu, flush=True)
+    print(session.session_id, session.qemu_pid, *qemu_pids(session.qemu_pid), flush=True)
     time.sleep(600)
     """
 )
 
 
-def test_owner_killed_takes_its_vm_along(backend: MicroVMBackend) -> None:
+def test_owner_killed_takes_its_vm_along_and_the_reaper_its_run_directory(area: Path) -> None:
+    """SIGKILL of the owner: QEMU, virtiofsd and the wrapper die with it; the next backend removes the run
+    directory it left (a naive design leaves a run directory per killed owner, for ever)."""
     owner = subprocess.Popen(
-        [sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True, env={**os.environ}
-    )
+        [sys.executable, "-c", _OWNER, str(_owned_dir(area, "owner-ws"))],
+        stdout=subprocess.PIPE, text=True, env={**os.environ},
+    )  # fmt: skip
     try:
         assert owner.stdout is not None
         line = owner.stdout.readline().split()
-        assert len(line) >= 2, f"the owner did not start a VM: {line}"
-        pids = [int(pid) for pid in line]
+        assert len(line) >= 4, f"the owner did not start a VM with its share: {line}"
+        session_id, pids = line[0], [int(pid) for pid in line[1:]]
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
         assert all(_gone(pid, 5) for pid in pids), f"left running after the owner's SIGKILL: {pids}"
+        left = _run_dirs(session_id)
+        assert left, "the killed owner's run directory is not there: the reaper would have nothing to do"
+        reaped = MicroVMBackend(CONFIG).reaped
+        assert [str(path) for path in left] == [path for path in reaped if session_id in path]
+        assert _run_dirs(session_id) == []
     finally:
         owner.kill()
         owner.wait()

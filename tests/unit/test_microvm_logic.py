@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,12 +12,17 @@ from adk_sandbox.executor.backends.microvm._port import program_header
 from adk_sandbox.executor.backends.microvm._qemu import (
     GUEST_OVERHEAD_MB,
     QemuCommand,
+    Share,
+    fs_command,
     host_tsc_khz,
     kernel_command_line,
     qemu_command,
 )
+from adk_sandbox.executor.backends.microvm._reaper import reap_vms, run_dir_prefix
+from adk_sandbox.executor.backends.microvm._share import plan_share
 from adk_sandbox.executor.backends.microvm.backend import GuestFacts
 from adk_sandbox.executor.backends.microvm.config import MicroVMConfig
+from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.types import Language, ResourceLimits
 
 
@@ -95,3 +101,51 @@ def test_guest_facts() -> None:
     assert facts.kernel == "6.1.0-57-cloud-amd64" and facts.interfaces == ("lo",)
     assert (facts.memory_max, facts.pids_max, facts.cpus) == ("134217728", "128", 1)
     assert facts.languages == (Language.PYTHON,)
+
+
+def _share(tmp: Path) -> Share:
+    return Share(host_dir=tmp, guest_path="/w s/é", inner=(1000, 1000), outer=(1001, 1002))
+
+
+def test_command_line_with_a_share(tmp_path: Path) -> None:
+    spec = _spec(share=_share(tmp_path))
+    argv = qemu_command(spec, qemu="qemu")
+    assert _value(argv, "-M")[0].endswith(",memory-backend=mem")
+    assert f"memory-backend-memfd,id=mem,size={256 + GUEST_OVERHEAD_MB}M,share=on" in _value(argv, "-object")
+    assert "vhost-user-fs-device,chardev=fs,tag=workspace" in _value(argv, "-device")
+    assert _value(argv, "-global") == ["virtio-mmio.force-legacy=false"]
+    assert f"adk.share={'/w s/é'.encode().hex()}" in kernel_command_line(spec).split()
+    plain = qemu_command(_spec(), qemu="qemu")
+    assert "-object" not in plain and "vhost-user-fs-device" not in " ".join(plain)
+    server = fs_command(spec, Path("/j/fsjail"), Path("/q/virtiofsd"))
+    assert server[:6] == ["/j/fsjail", "1000", "1000", "1001", "1002", str(spec.fs_socket)]
+    assert f"source={tmp_path}" in server and "sandbox=namespace" in server and "no_xattr" in server
+
+
+def test_plan_share_refusals(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        os.chown(tmp_path, 1000, 1000)
+        share = plan_share(tmp_path, "1000:1000", euid=0)
+        assert (share.inner, share.outer, share.guest_path) == ((1000, 1000), (1000, 1000), str(tmp_path))
+        os.chown(tmp_path, 0, 0)
+        with pytest.raises(PolicyNotEnforceableError, match="owned by root"):
+            plan_share(tmp_path, "1000:1000", euid=0)
+    with pytest.raises(PolicyNotEnforceableError, match="not by this process's user"):
+        plan_share(tmp_path, "1000:1000", euid=4242)
+    for reserved in ("/", "/tmp", "/home", "/proc/x", "/run/y", "/dev"):
+        with pytest.raises(InvalidRequestError):
+            plan_share(reserved, "1000:1000")
+    with pytest.raises(InvalidRequestError, match="does not exist"):
+        plan_share(tmp_path / "missing", "1000:1000")
+    with pytest.raises(InvalidRequestError, match="at most"):
+        plan_share("/" + "x" * 500, "1000:1000")
+
+
+def test_run_dir_names_their_owner_for_the_reaper(tmp_path: Path) -> None:
+    mine = tmp_path / (run_dir_prefix("0123456789ab") + "xyz")
+    mine.mkdir()
+    gone = run_dir_prefix("ba9876543210").replace(f"-{os.getpid()}-", "-999999999-")
+    (tmp_path / (gone + "abc")).mkdir()
+    (tmp_path / "adk-sandbox-vm-unrelated").mkdir()
+    assert reap_vms(str(tmp_path)) == [str(tmp_path / (gone + "abc"))]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "adk-sandbox-vm-unrelated"])

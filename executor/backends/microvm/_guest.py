@@ -39,7 +39,7 @@ from typing import cast
 from adk_sandbox.executor.channel.static_agent import cache_root
 from adk_sandbox.executor.errors import BackendUnavailableError
 
-__all__ = ["GuestParts", "build_guest", "guest_parts", "main"]
+__all__ = ["GuestParts", "build_guest", "fsjail", "guest_parts", "main", "virtiofsd"]
 
 KERNEL_PACKAGE = "linux-image-cloud-amd64"
 #: The modules the guest loads, in the order they load (dependencies first).
@@ -49,6 +49,9 @@ MODULES = (
     "drivers/virtio/virtio_mmio.ko",
     "drivers/block/virtio_blk.ko",
     "drivers/char/virtio_console.ko",
+    "fs/fuse/fuse.ko",
+    "fs/fuse/virtiofs.ko",
+    "fs/overlayfs/overlay.ko",
 )
 _VMINIT_FLAGS = ("-static", "-O2", "-s", "-Wall", "-Wextra")
 # (magic, decompressor) of the payloads a Debian vmlinuz may carry.
@@ -161,12 +164,13 @@ def extract_vmlinux(vmlinuz: bytes) -> bytes:
 def _kernel_dir() -> Path:
     """The unpacked cloud kernel (vmlinux, its release, its modules), downloaded once."""
     pointer = microvm_cache() / "kernel-current"
+    modules_tag = hashlib.sha256("\0".join(MODULES).encode()).hexdigest()[:8]
     with contextlib.suppress(OSError):
         current = microvm_cache() / pointer.read_text().strip()
-        if (current / "done").exists():
-            return current
+        if current.name.endswith(f"-{modules_tag}") and (current / "done").exists():
+            return current  # the one made last, with these modules (no apt-cache call)
     name, version = _kernel_package()
-    final = microvm_cache() / f"kernel-{name}-{version}".replace(":", "_").replace("~", "_")
+    final = microvm_cache() / f"kernel-{name}-{version}-{modules_tag}".replace(":", "_").replace("~", "_")
     if not (final / "done").exists():
         with _building(final) as work:
             _run(
@@ -237,7 +241,8 @@ def _initramfs(kernel: Path) -> Path:
     compiler = _compiler()
     digest = hashlib.sha256()
     for part in (_guest_source("init.sh"), _guest_source("vminit.c"), release.encode(), busybox.read_bytes(),
-                 " ".join(_VMINIT_FLAGS).encode(), os.path.basename(compiler).encode()):  # fmt: skip
+                 " ".join(_VMINIT_FLAGS).encode(), os.path.basename(compiler).encode(),
+                 " ".join(MODULES).encode(), kernel.name.encode()):  # fmt: skip
         digest.update(part + b"\0")
     final = microvm_cache() / f"initramfs-{digest.hexdigest()[:24]}"
     if (final / "done").exists():
@@ -258,6 +263,41 @@ def _initramfs(kernel: Path) -> Path:
         shutil.rmtree(tree)
         (work / "done").write_text("")
     return final / "initramfs.gz"
+
+
+# -- the workspace share's server, on the host ---------------------------------------------------------
+#: The C virtiofsd of QEMU 7.2 (Debian bookworm's qemu-system-common); ``$ADK_SANDBOX_VIRTIOFSD`` overrides.
+VIRTIOFSD = "/usr/lib/qemu/virtiofsd"
+_FSJAIL_FLAGS = ("-O2", "-s", "-Wall", "-Wextra")
+
+
+def virtiofsd() -> Path:
+    """The virtiofsd binary (the C one: its ``-o source=`` options are used)."""
+    path = Path(os.environ.get("ADK_SANDBOX_VIRTIOFSD") or VIRTIOFSD)
+    if not os.access(path, os.X_OK):
+        raise BackendUnavailableError(
+            f"virtiofsd is not at {path}: a microVM's workspace is shared through it (Debian bookworm: apt "
+            "install qemu-system-common; or set ADK_SANDBOX_VIRTIOFSD to QEMU 7's C virtiofsd)"
+        )
+    return path
+
+
+def fsjail() -> Path:
+    """The host launcher of virtiofsd (``host/fsjail.c``: user namespace, seccomp filter), built once."""
+    source = resources.files(__package__).joinpath("host", "fsjail.c").read_bytes()
+    compiler = _compiler()
+    digest = hashlib.sha256(source + b"\0" + " ".join(_FSJAIL_FLAGS).encode() + b"\0" + compiler.encode())
+    final = microvm_cache() / f"fsjail-{digest.hexdigest()[:24]}"
+    if (final / "done").exists():
+        return final / "fsjail"
+    with _building(final) as work:
+        (work / "fsjail.c").write_bytes(source)
+        _run(
+            [compiler, *_FSJAIL_FLAGS, "-o", str(work / "fsjail"), str(work / "fsjail.c")], "building fsjail"
+        )
+        (work / "fsjail.c").unlink()
+        (work / "done").write_text("")
+    return final / "fsjail"
 
 
 # -- root disk -----------------------------------------------------------------------------------------
@@ -350,7 +390,8 @@ def guest_parts(image: str) -> GuestParts:
 
 
 def build_guest(image: str) -> GuestParts:
-    """Build every guest part now (``scripts/setup``)."""
+    """Build every guest part now, and the host's virtiofsd launcher (``scripts/setup``)."""
+    fsjail()
     return guest_parts(image)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 __all__ = [
     "GREETING",
     "QemuCommand",
+    "Share",
     "VmProcess",
     "host_tsc_khz",
     "kernel_command_line",
@@ -40,14 +41,37 @@ GUEST_OVERHEAD_MB = 128
 #: The QEMU binary; ``$ADK_SANDBOX_QEMU`` overrides it.
 QEMU = "qemu-system-x86_64"
 
-# The wrapper: its stdin is the lifeline. A reader waits for the lifeline's EOF (the owner is gone or closed
-# it) and then kills QEMU; the wrapper waits for QEMU and exits with it. QEMU dies with the wrapper
-# (pdeathsig). (fd 3: dash takes single-digit descriptors only.)
+# The wrapper: its stdin is the lifeline. ``$1`` is the number of words of the share's server command that
+# come first (0: none), ``$2`` its socket; the rest is QEMU's argv. The server (fsjail, then virtiofsd) starts
+# first, under the death signal, and QEMU once the server's socket exists (QEMU connects to it at once). A
+# reader waits for the lifeline's EOF (the owner is gone or closed it) and then kills QEMU; the wrapper
+# waits for QEMU and exits with it; the server and QEMU die with the wrapper (their death signal).
+# (fd 3: dash takes single-digit descriptors only.)
 _WRAPPER = (
-    'exec 3<&0 0</dev/null; setpriv --pdeathsig KILL -- "$@" & q=$!; '
+    'exec 3<&0 0</dev/null; n=$1; s=$2; shift 2; if [ "$n" -gt 0 ]; then '
+    '( exec 3<&-; i=0; for a in "$@"; do shift; [ $i -lt $n ] && set -- "$@" "$a"; i=$((i + 1)); done; '
+    'exec setpriv --pdeathsig KILL -- "$@" ) & f=$!; shift "$n"; '
+    'while [ ! -S "$s" ]; do kill -0 $f 2>/dev/null || exit 125; sleep 0.01; done; fi; '
+    'setpriv --pdeathsig KILL -- "$@" & q=$!; '
     "( read -r _ <&3; kill -KILL $q 2>/dev/null ) & r=$!; "
     "exec 3<&-; wait $q; s=$?; kill -KILL $r 2>/dev/null; exit $s"
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """A host directory shared with the VM over virtiofs, and at which path the guest mounts it.
+
+    virtiofsd serves it from a user namespace whose only ids are ``inner`` (the guest's command user, as the
+    guest kernel names it in its requests) mapped to ``outer`` (the host's owner of what the guest creates,
+    never root), under a seccomp filter that refuses set-id modes and extended attributes
+    (``host/fsjail.c``).
+    """
+
+    host_dir: Path
+    guest_path: str
+    inner: tuple[int, int]
+    outer: tuple[int, int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +94,17 @@ class QemuCommand:
     tsc_khz: int | None
     kernel_args: tuple[str, ...] = ()
     """Appended to the kernel command line (last wins)."""
+    share: Share | None = None
+    """The workspace shared over virtiofs (None: no host directory is reachable from the VM)."""
 
     def port_socket(self, number: int) -> Path:
         """The host end of virtio-serial port ``number`` (1-based): a Unix socket QEMU listens on."""
         return self.run_dir / f"port{number}.sock"
+
+    @property
+    def fs_socket(self) -> Path:
+        """The vhost-user socket between QEMU and virtiofsd (made by fsjail)."""
+        return self.run_dir / "fs.sock"
 
     @property
     def console_log(self) -> Path:
@@ -93,6 +124,8 @@ def kernel_command_line(spec: QemuCommand) -> str:
         f"adk.pids={spec.pids}",
         f"adk.tmpfs={spec.tmpfs_mb}",
     ]
+    if spec.share is not None:
+        words.append(f"adk.share={spec.share.guest_path.encode().hex()}")
     if spec.tsc_khz:
         # Without it the early TSC calibration under TCG hangs about one boot in five.
         words.append(f"tsc_early_khz={spec.tsc_khz}")
@@ -101,12 +134,16 @@ def kernel_command_line(spec: QemuCommand) -> str:
 
 def qemu_command(spec: QemuCommand, qemu: str | None = None) -> list[str]:
     """The QEMU argv of ``spec``: microvm, no NIC, a read-only root disk, one virtio-serial port per agent."""
+    memory = spec.memory_mb + GUEST_OVERHEAD_MB
+    machine = "microvm,x-option-roms=off,rtc=on"
+    if spec.share is not None:
+        machine += ",memory-backend=mem"  # vhost-user needs the guest's memory shared with virtiofsd
     argv = [
         qemu or os.environ.get("ADK_SANDBOX_QEMU") or QEMU,
-        "-M", "microvm,x-option-roms=off,rtc=on",
+        "-M", machine,
         "-accel", spec.accel,
         "-cpu", "max",
-        "-m", str(spec.memory_mb + GUEST_OVERHEAD_MB),
+        "-m", str(memory),
         "-smp", str(spec.vcpus),
         "-nodefaults", "-no-user-config", "-nographic", "-display", "none", "-monitor", "none",
         "-no-reboot",
@@ -120,12 +157,40 @@ def qemu_command(spec: QemuCommand, qemu: str | None = None) -> list[str]:
         "-device", "virtio-blk-device,drive=root",
         "-device", f"virtio-serial-device,max_ports={spec.ports + 1}",
     ]  # fmt: skip
+    if spec.share is not None:
+        argv += [
+            "-object", f"memory-backend-memfd,id=mem,size={memory}M,share=on",
+            "-global", "virtio-mmio.force-legacy=false",  # vhost-user-fs needs a modern virtio device
+            "-chardev", f"socket,id=fs,path={spec.fs_socket}",
+            "-device", "vhost-user-fs-device,chardev=fs,tag=workspace",
+        ]  # fmt: skip
     for number in range(1, spec.ports + 1):
         argv += [
             "-chardev", f"socket,id=port{number},path={spec.port_socket(number)},server=on,wait=off",
             "-device", f"virtserialport,chardev=port{number},nr={number}",
         ]  # fmt: skip
     return argv
+
+
+def fs_command(spec: QemuCommand, fsjail: Path, virtiofsd: Path) -> list[str]:
+    """The share's server: virtiofsd under fsjail (its user namespace and filter), on the socket's fd 3.
+
+    ``-o sandbox=namespace``: virtiofsd itself pivots into the shared directory (mount, pid and net
+    namespaces of its own): nothing outside the directory has a name there. ``cache=none``: the guest
+    asks the host for every lookup, attribute and read, so what the host writes is seen at once (as in a
+    bind mount). No extended attributes, locks handled in the guest only, the file-descriptor limit left
+    as it is (raising it needs a capability the namespace does not have).
+    """
+    share = spec.share
+    if share is None:
+        raise ValueError("no share in this VM")
+    return [
+        str(fsjail), str(share.inner[0]), str(share.inner[1]), str(share.outer[0]), str(share.outer[1]),
+        str(spec.fs_socket),
+        str(virtiofsd), "--fd=3", "-o", f"source={share.host_dir}", "-o", "sandbox=namespace",
+        "-o", "cache=none", "-o", "no_xattr", "-o", "no_posix_lock", "-o", "no_flock",
+        "-o", "modcaps=-fsetid:-mknod:-setfcap", "--rlimit-nofile=0",
+    ]  # fmt: skip
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int | None:
@@ -210,21 +275,37 @@ def _running(pid: int) -> bool:
 
 
 def qemu_pids(wrapper_pid: int) -> list[int]:
-    """The pids of the wrapper's children (QEMU), from ``/proc``."""
-    try:
-        children = Path(f"/proc/{wrapper_pid}/task/{wrapper_pid}/children").read_text().split()
-    except OSError:
-        return []
-    return [int(pid) for pid in children]
+    """The pids of the wrapper's descendants (QEMU, virtiofsd and its sandboxed child), from ``/proc``."""
+    found: list[int] = []
+    parents = [wrapper_pid]
+    while parents:
+        pid = parents.pop()
+        try:
+            children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except OSError:
+            continue
+        found += children
+        parents += children
+    return found
 
 
-def start_vm(spec: QemuCommand, argv: Sequence[str]) -> VmProcess:
-    """Start QEMU as ``argv`` under the lifeline wrapper (module docstring); returns at once."""
+def start_vm(spec: QemuCommand, argv: Sequence[str], server: Sequence[str] = ()) -> VmProcess:
+    """Start QEMU as ``argv`` (after the share's ``server``, if any) under the lifeline wrapper; at once."""
     read_end, write_end = os.pipe()  # both close-on-exec; the wrapper gets the read end only
+    words = [
+        "/bin/sh",
+        "-c",
+        _WRAPPER,
+        "adk-sandbox-vm",
+        str(len(server)),
+        str(spec.fs_socket),
+        *server,
+        *argv,
+    ]
     try:
         with open(spec.run_dir / "qemu.log", "wb") as log:
             wrapper = subprocess.Popen(
-                ["/bin/sh", "-c", _WRAPPER, "adk-sandbox-vm", *argv],
+                words,
                 stdin=read_end,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -236,4 +317,6 @@ def start_vm(spec: QemuCommand, argv: Sequence[str]) -> VmProcess:
         raise
     finally:
         os.close(read_end)
+    # For the reaper (_reaper.py): the group whose virtiofsd to kill when this process is gone.
+    (spec.run_dir / "group").write_text(str(wrapper.pid))
     return VmProcess(wrapper, write_end, spec)

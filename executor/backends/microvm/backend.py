@@ -35,15 +35,25 @@ from adk_sandbox.executor._languages import LANGUAGES
 from adk_sandbox.executor._layout import HOME_DIR
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backend import SessionBackend
-from adk_sandbox.executor.backends.microvm._guest import GuestParts, guest_parts, microvm_cache
+from adk_sandbox.executor.backends.microvm._guest import (
+    GuestParts,
+    fsjail,
+    guest_parts,
+    microvm_cache,
+    virtiofsd,
+)
 from adk_sandbox.executor.backends.microvm._port import PortOpener
 from adk_sandbox.executor.backends.microvm._qemu import (
     QemuCommand,
+    Share,
     VmProcess,
+    fs_command,
     host_tsc_khz,
     qemu_command,
     start_vm,
 )
+from adk_sandbox.executor.backends.microvm._reaper import reap_vms, run_dir_prefix
+from adk_sandbox.executor.backends.microvm._share import plan_share
 from adk_sandbox.executor.backends.microvm.config import MicroVMConfig
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.probe import verify_from_inside
@@ -52,7 +62,6 @@ from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome,
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
-    InvalidRequestError,
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
@@ -104,7 +113,9 @@ class GuestFacts:
         self.languages = tuple(languages)
 
 
-def _vm_spec(parts: GuestParts, config: MicroVMConfig, accel: str, run_dir: Path) -> QemuCommand:
+def _vm_spec(
+    parts: GuestParts, config: MicroVMConfig, accel: str, run_dir: Path, share: Share | None = None
+) -> QemuCommand:
     return QemuCommand(
         kernel=parts.kernel,
         initramfs=parts.initramfs,
@@ -118,6 +129,7 @@ def _vm_spec(parts: GuestParts, config: MicroVMConfig, accel: str, run_dir: Path
         ports=config.ports,
         tsc_khz=host_tsc_khz(),
         kernel_args=config.kernel_args,
+        share=share,
     )
 
 
@@ -127,7 +139,8 @@ def boot(spec: QemuCommand, opener: PortOpener, deadline: float) -> VmProcess:
     Past the deadline, or when QEMU stops first, the VM is killed and :class:`BackendUnavailableError`
     says why, with the end of the guest's console.
     """
-    vm = start_vm(spec, qemu_command(spec))
+    server = fs_command(spec, fsjail(), virtiofsd()) if spec.share is not None else []
+    vm = start_vm(spec, qemu_command(spec), server)
     try:
         socket_path = spec.port_socket(1)
         while not socket_path.exists():
@@ -139,6 +152,9 @@ def boot(spec: QemuCommand, opener: PortOpener, deadline: float) -> VmProcess:
         try:
             opener.connect(0, deadline).close()
         except SandboxFailedError as exc:
+            until = min(deadline, time.monotonic() + 2)
+            while not vm.finished() and time.monotonic() < until:  # a closed port: QEMU is exiting
+                time.sleep(0.05)
             if vm.finished():
                 raise BackendUnavailableError(_stopped(vm, "the VM stopped during its boot")) from exc
             raise BackendUnavailableError(_late(vm, spec)) from exc
@@ -151,9 +167,11 @@ def boot(spec: QemuCommand, opener: PortOpener, deadline: float) -> VmProcess:
 
 def _late(vm: VmProcess, spec: QemuCommand) -> str:
     tail = vm.console_tail()
+    server = vm.qemu_log_tail()  # QEMU's and virtiofsd's own errors
     return (
         f"the microVM did not boot within its deadline (MicroVMConfig(boot_timeout_seconds=...), accel "
         f"{spec.accel}); QEMU was killed. Its console ended with:\n{tail or '(nothing)'}"
+        + (f"\nQEMU and the share's server said:\n{server}" if server else "")
     )
 
 
@@ -231,16 +249,18 @@ class MicroVMSession(ChannelSession):
     """One VM for the whole session: booted at entry (or first use), reused, killed at close.
 
     Commands run through the static agent over a virtio-serial port, as ``config.user`` or a request's
-    numeric ``user``, with a cleared environment (PATH, HOME, then the request's), in HOME by default.
-    No host directory is shared with the VM: a session with a ``workspace`` is refused (for now).
+    numeric ``user``, with a cleared environment (PATH, HOME, then the request's), in the workspace (else
+    HOME) by default. A ``workspace`` is shared over virtiofs at the same absolute path (:mod:`._share`).
     """
 
     name = "microvm"
     _GONE = "this microVM session is closed"
     _WHERE = "the session's microVM"
 
-    def __init__(self, config: MicroVMConfig) -> None:
+    def __init__(self, config: MicroVMConfig, workspace: str | os.PathLike[str] | None = None) -> None:
         self._config = config
+        self._share = plan_share(workspace, config.user) if workspace is not None else None
+        self._workdir = self._share.guest_path if self._share is not None else HOME_DIR
         self._session_id = uuid.uuid4().hex[:12]
         self._lock = threading.RLock()
         self._closed = False
@@ -261,6 +281,11 @@ class MicroVMSession(ChannelSession):
     def session_id(self) -> str:
         """The session's id (the name of its run directory)."""
         return self._session_id
+
+    @property
+    def workspace(self) -> Path | None:
+        """The host directory shared with the VM (at the same path inside), if any."""
+        return self._share.host_dir if self._share is not None else None
 
     @property
     def qemu_pid(self) -> int | None:
@@ -284,8 +309,8 @@ class MicroVMSession(ChannelSession):
         config = self._config
         parts = guest_parts(config.image)
         self.accel = resolve_accel(config.accel, parts)
-        self._run_dir = Path(tempfile.mkdtemp(prefix=f"adk-sandbox-vm-{self._session_id}-"))
-        spec = _vm_spec(parts, config, self.accel, self._run_dir)
+        self._run_dir = Path(tempfile.mkdtemp(prefix=run_dir_prefix(self._session_id)))
+        spec = _vm_spec(parts, config, self.accel, self._run_dir, self._share)
         opener = PortOpener([str(spec.port_socket(n)) for n in range(1, spec.ports + 1)])
         started = time.monotonic()
         _LIVE.add(self)
@@ -350,7 +375,9 @@ class MicroVMSession(ChannelSession):
                 cpu=facts.cpus == self._config.vcpus,
                 pids=facts.pids_max == str(limits.pids),
                 network=facts.interfaces == ("lo",),  # no NIC on the command line, only lo in the guest
-                fs_read=True,  # no host directory is shared with the VM: its disk is a copy of the image
+                # The VM's disk is a copy of the image; the only host directory it reaches is the workspace
+                # (virtiofsd pivoted into it, in a user namespace of the workspace owner only).
+                fs_read=True,
                 fs_write=True,
                 env=True,
                 languages=(Language.COMMAND, *facts.languages),
@@ -379,7 +406,7 @@ class MicroVMSession(ChannelSession):
             raise SandboxFailedError(self._GONE)
 
     def _working_directory(self) -> tuple[str, str]:
-        return self._session_id, HOME_DIR
+        return self._session_id, self._workdir
 
     def _run_command(
         self,
@@ -397,7 +424,7 @@ class MicroVMSession(ChannelSession):
             argv=argv,
             env=build_child_env(self._base_env, None, request.env),
             user=self._command_user(request.user),
-            workdir=request.cwd if request.cwd is not None else HOME_DIR,
+            workdir=request.cwd if request.cwd is not None else self._workdir,
             stdin=request.stdin_bytes,
             marker=uuid.uuid4().hex,
             background=request.background,
@@ -433,17 +460,19 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
             )
         if shutil.which("setpriv") is None:
             raise BackendUnavailableError("setpriv (util-linux) is needed to tie each VM to its owner")
+        self.reaped: list[str] = reap_vms()
+        """Run directories of VMs whose owner process is gone, removed (their processes killed) here."""
+        if self.reaped:
+            log.info("removed %d microVM run directories of gone owners", len(self.reaped))
         super().__init__()
 
     def session(self, workspace: str | os.PathLike[str] | None = None) -> MicroVMSession:
-        """A new session (its VM boots on entry or first use); a host ``workspace`` is refused for now."""
-        if workspace is not None:
-            raise InvalidRequestError(
-                f"a microVM session cannot have a host workspace yet ({os.fspath(workspace)!r}): no host "
-                "directory is shared with the VM (the virtiofs share is not built yet). Open session() "
-                "without a workspace and copy files in with session.files"
-            )
-        return self._track(MicroVMSession(self.config))
+        """A new session (its VM boots on entry or first use), ``workspace`` shared at the same path inside.
+
+        The workspace must not be owned by root (:class:`PolicyNotEnforceableError`): what the VM creates
+        there is owned by the workspace's owner (docs/MICROVM.md, "The workspace").
+        """
+        return self._track(MicroVMSession(self.config, workspace))
 
     def _probe_capabilities(self) -> Capabilities:
         with self.session() as probe:

@@ -2,7 +2,9 @@
 # adk-sandbox microVM, first stage (/init of the initramfs; busybox only).
 # Loads the virtio modules, mounts the read-only root (virtio-blk /dev/vda, ext4), puts tmpfs on /tmp, HOME
 # and /run, and switches to it with vminit as PID 1. Settings come from the kernel command line:
-#   adk.ports=N adk.memory=MiB adk.pids=N adk.tmpfs=MiB
+#   adk.ports=N adk.memory=MiB adk.pids=N adk.tmpfs=MiB [adk.share=<hex of an absolute path>]
+# With adk.share, the host's workspace (virtiofs tag "workspace") is mounted at that path: the root is then
+# an overlay of the disk and a tmpfs (so the mount point can be made anywhere), read-only again once made.
 # Anything failing here powers the VM off (the host sees QEMU exit and reports the console's last lines).
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -21,19 +23,37 @@ for word in $(cat /proc/cmdline); do
         adk.memory=*) memory=${word#adk.memory=} ;;
         adk.pids=*) pids=${word#adk.pids=} ;;
         adk.tmpfs=*) tmpfs=${word#adk.tmpfs=} ;;
+        adk.share=*) share=${word#adk.share=} ;;
     esac
 done
-for m in virtio_mmio virtio_blk virtio_console; do modprobe "$m" || fail "modprobe $m failed"; done
+modules="virtio_mmio virtio_blk virtio_console"
+[ -n "$share" ] && modules="$modules overlay virtiofs"
+for m in $modules; do modprobe "$m" || fail "modprobe $m failed"; done
 i=0
 while [ ! -b /dev/vda ]; do
     i=$((i + 1)); [ $i -gt 500 ] && fail "no root disk (/dev/vda)"; usleep 10000
 done
-mount -t ext4 -o ro,noload /dev/vda /newroot || fail "cannot mount the root disk"
+if [ -z "$share" ]; then
+    mount -t ext4 -o ro,noload /dev/vda /newroot || fail "cannot mount the root disk"
+else
+    mkdir -p /lower /upper
+    mount -t ext4 -o ro,noload /dev/vda /lower || fail "cannot mount the root disk"
+    mount -t tmpfs -o size=1m,mode=755 tmpfs /upper && mkdir /upper/u /upper/w || fail "no tmpfs for the root"
+    mount -t overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w overlay /newroot ||
+        fail "cannot mount the root overlay"
+fi
 opts="rw,exec,nosuid,nodev,size=${tmpfs}m,mode=1777"
 mount -t tmpfs -o "$opts" tmpfs /newroot/tmp || fail "cannot mount /tmp"
 mount -t tmpfs -o "$opts" tmpfs /newroot/home/sandbox || fail "cannot mount HOME (/home/sandbox)"
 mount -t tmpfs -o rw,nosuid,nodev,size=16m,mode=755 tmpfs /newroot/run || fail "cannot mount /run"
 mkdir -p /newroot/run/adk-vm && cp /vminit /newroot/run/adk-vm/vminit || fail "cannot place vminit"
+if [ -n "$share" ]; then
+    # Each byte as \xHH: printf makes the path (no word of the command line can hold every path).
+    at=$(printf "$(echo "$share" | sed 's/../\\x&/g')")
+    mkdir -p "/newroot$at" || fail "cannot make the workspace's mount point $at"
+    mount -t virtiofs -o nosuid,nodev workspace "/newroot$at" || fail "cannot mount the workspace at $at"
+    mount -o remount,ro /newroot || fail "cannot make the root read-only again"
+fi
 # The ports are /dev/vport<device>p<n> (device: the virtio device's index): vminit opens /dev/adk-port<n>.
 n=1
 while [ $n -le "$ports" ]; do

@@ -1,0 +1,75 @@
+"""The workspace of a microVM session: which host directory is shared, at which guest path, as whom.
+
+``session(workspace=DIR)`` shares ``DIR`` over virtiofs and the guest mounts it at the same absolute path
+(as Docker binds it). Who owns what the guest creates there is decided here (:func:`plan_share`):
+
+* the **guest side** is the session's command user (``MicroVMConfig.user``): the uid and gid the guest
+  kernel puts in its requests;
+* the **host side** is the directory's owner when this process is root (as Docker's commands run as the
+  workspace's owner), else this process's own user (the only one an unprivileged user namespace can map);
+* **never root**: a workspace owned by uid or gid 0 is refused, since the VM could then make root-owned
+  files on the host (:class:`PolicyNotEnforceableError`).
+
+virtiofsd runs in a user namespace mapping only that one pair (``host/fsjail.c``): a request under any
+other id fails there, so the kernel itself keeps every file the guest creates owned by the host side.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from adk_sandbox.executor._layout import HOME_DIR, KERNEL_PATHS
+from adk_sandbox.executor.backends.microvm._qemu import Share
+from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
+
+__all__ = ["GUEST_MOUNTS", "MAX_PATH_BYTES", "plan_share"]
+
+#: The guest's own file systems (tmpfs, kernel): a workspace is never one of them nor above one.
+GUEST_MOUNTS = ("/tmp", HOME_DIR, "/run", "/dev/shm", *KERNEL_PATHS)
+#: The path travels hex-encoded on the kernel command line (2048 bytes in all on x86).
+MAX_PATH_BYTES = 400
+
+
+def plan_share(workspace: str | os.PathLike[str], user: str, euid: int | None = None) -> Share:
+    """The share of ``workspace`` for commands running as ``user`` (``"uid:gid"``); refusals as above."""
+    path = os.path.abspath(os.fspath(workspace))
+    guest_path = path
+    encoded = os.fsencode(path)
+    if len(encoded) > MAX_PATH_BYTES or b"\n" in encoded:
+        raise InvalidRequestError(
+            f"a microVM workspace path must be at most {MAX_PATH_BYTES} bytes without a newline: {path!r}"
+        )
+    for reserved in GUEST_MOUNTS:
+        if path in ("/", reserved) or reserved.startswith(path + "/"):
+            raise InvalidRequestError(
+                f"the workspace {path!r} would hide the microVM's own {reserved}; share a directory "
+                "below it or elsewhere"
+            )
+        if reserved in (*KERNEL_PATHS, "/run") and path.startswith(reserved + "/"):
+            raise InvalidRequestError(f"a workspace cannot be under {reserved} (the guest's own): {path!r}")
+    try:
+        info = os.stat(path)
+    except FileNotFoundError as exc:
+        raise InvalidRequestError(f"the workspace {path!r} does not exist") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        raise InvalidRequestError(f"the workspace {path!r} is not a directory")
+    uid, _, gid = user.partition(":")
+    inner = (int(uid), int(gid or uid))
+    me = os.geteuid() if euid is None else euid
+    if me not in (0, info.st_uid):
+        raise PolicyNotEnforceableError(
+            f"the workspace {path!r} is owned by uid {info.st_uid}, not by this process's user ({me}): what "
+            "the microVM creates there would be owned by this user, which the directory's owner did not "
+            "choose; share a directory of your own"
+        )
+    outer = (info.st_uid, info.st_gid) if me == 0 else (me, os.getegid())
+    if 0 in outer:
+        raise PolicyNotEnforceableError(
+            f"the workspace {path!r} is owned by root (uid:gid {info.st_uid}:{info.st_gid}): what the "
+            "microVM creates in its workspace is owned by the workspace's owner, and the VM is never "
+            "allowed to make root-owned files on the host. chown the directory to the (non-root) user "
+            "who should own what the sandbox writes"
+        )
+    return Share(host_dir=Path(path), guest_path=guest_path, inner=inner, outer=outer)
