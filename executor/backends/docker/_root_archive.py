@@ -26,6 +26,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from adk_sandbox.executor.backends.docker._inside import run_in_sandbox, write_private
 from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 
 if TYPE_CHECKING:
@@ -60,8 +61,6 @@ def archive_root(
     session: DockerSession, container: OpenedContainer, partial: str, room: int, setting: str
 ) -> tuple[int, list[str]]:
     """Write the root's changes into the partial snapshot: the bytes it takes, and what tar complained of."""
-    from adk_sandbox.executor.backends.docker._snapshot import write_private  # noqa: PLC0415 - a cycle
-
     inside = _Inside(session, container)
     since = _started(container) - _START_SLACK
     changed = inside.checked("list the changed paths", _CHANGED, None, room, str(since))
@@ -153,8 +152,6 @@ class _Inside:
         self, script: str, stdin: bytes | None, max_output: int, *args: str
     ) -> tuple[int | None, bytes, bytes, bool]:
         """Exit code, stdout, stderr and whether stdout was cut at ``max_output``."""
-        from adk_sandbox.executor.backends.docker._snapshot import run_in_sandbox  # noqa: PLC0415 - a cycle
-
         argv = ("/bin/sh", "-c", script, "adk-sandbox-root", *args)
         return run_in_sandbox(self.session, self.container, argv, stdin, max_output)
 

@@ -32,7 +32,6 @@ import shutil
 import tarfile
 import tempfile
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import docker
@@ -40,10 +39,9 @@ import docker.errors
 
 from adk_sandbox.executor import _owner
 from adk_sandbox.executor._layout import HOME_DIR
-from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker._daemon import idempotent
+from adk_sandbox.executor.backends.docker._inside import run_in_sandbox, write_private
 from adk_sandbox.executor.backends.docker._spec import GVISOR_RUNTIME, MIB, tmpfs_sizes
-from adk_sandbox.executor.channel.transport import PreparedCommand
 from adk_sandbox.executor.errors import (
     ExecutorError,
     InvalidRequestError,
@@ -53,7 +51,6 @@ from adk_sandbox.executor.errors import (
 from adk_sandbox.executor.snapshots.copy import CopyReport, copy_workspace
 from adk_sandbox.executor.snapshots.model import SNAPSHOT_LABEL, Snapshot, SnapshotOptions
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
-from adk_sandbox.executor.types import Stream
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix
 
 if TYPE_CHECKING:
@@ -65,17 +62,13 @@ __all__ = [
     "reap_snapshots",
     "remove_snapshot_image",
     "restore_tmpfs",
-    "run_in_sandbox",
     "take_snapshot",
-    "write_private",
 ]
 
 log = logging.getLogger(__name__)
 
 #: The repository of snapshot root images (``adk-sandbox-snapshot:<snapshot id>``).
 IMAGE_REPOSITORY = "adk-sandbox-snapshot"
-#: How long one archive step (a tmpfs directory out or in) may take.
-ARCHIVE_SECONDS = 300.0
 #: Kept of a tar's complaints, for the snapshot's ``skipped``.
 _MAX_NOTES = 20
 
@@ -222,57 +215,6 @@ def _over_cap(size: int, max_mb: int, what: str) -> PolicyNotEnforceableError:
         "nothing was taken and nothing is left of it. Take it with a larger max_mb, or free space in the "
         "session first"
     )
-
-
-def write_private(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-
-
-def _sandbox_user(session: DockerSession) -> str:
-    """Who archives and restores the tmpfs directories: the task profile's root, else the command user."""
-    return "0:0" if session._config.spec.task else session._user
-
-
-def run_in_sandbox(
-    session: DockerSession,
-    container: OpenedContainer,
-    argv: tuple[str, ...],
-    stdin: bytes | None,
-    max_output: int,
-) -> tuple[int | None, bytes, bytes, bool]:
-    """Run ``argv`` in the session's sandbox outside any request: exit code, stdout, stderr, truncated."""
-    transport = session._transport
-    if transport is None:
-        raise SandboxFailedError("the sandbox container is gone; nothing was taken")
-    command = PreparedCommand(
-        argv=argv, env=dict(container.base_env), user=_sandbox_user(session), workdir="/", stdin=stdin,
-        marker=uuid.uuid4().hex,
-    )  # fmt: skip
-    capture = _BinaryCapture(max_output)
-    outcome = transport.run(command, capture, deadline=time.monotonic() + ARCHIVE_SECONDS, cancel=None)
-    streams = capture.finish()
-    return outcome.exit_code, streams["stdout"].data, streams["stderr"].data, streams["stdout"].truncated
-
-
-class _BinaryCapture(OutputCapture):
-    """An output capture that keeps bytes only, up to its cap: a tar is not text.
-
-    The command capture decodes every chunk as UTF-8 for its line callback: 0.5 s of a 50 MB archive's
-    0.65 s here. The cut at the cap is a byte count (the caller refuses a truncated archive anyway).
-    """
-
-    def feed(self, stream: Stream, chunk: bytes) -> None:
-        """Keep ``chunk`` up to the cap; count what is dropped."""
-        with self._lock:
-            state = self._streams[stream]
-            state.total += len(chunk)
-            room = self.max_bytes - len(state.kept)
-            if room > 0:
-                state.kept += chunk[:room]
-            else:
-                state.full = True
 
 
 def _archive(
