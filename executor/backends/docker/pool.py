@@ -489,7 +489,11 @@ class SessionPool:
             raise
 
     def _fill_snapshot(self, session: DockerSession, snapshot: Snapshot) -> None:
-        """Give the member the snapshot's files (workspace copied, pushed; tmpfs unpacked), or destroy it."""
+        """Give the member the snapshot's files (workspace copied, pushed; tmpfs unpacked), or destroy it.
+
+        A forkable member's are all copied on the host: the workspace into its host directory and into its
+        mirror's volume, /tmp and HOME into their volumes (docs/snapshots.md).
+        """
         from adk_sandbox.executor.backends.docker._snapshot import restore_tmpfs  # noqa: PLC0415
         from adk_sandbox.executor.snapshots.copy import copy_workspace  # noqa: PLC0415
 
@@ -503,7 +507,10 @@ class SessionPool:
                 self._config.mirror_mb * MIB,
                 "DockerBackend(mirror_size_mb=...)",
             )
-            session.push_workspace()
+            # A forkable member's copy in the sandbox is a volume this process reaches: filled on the host
+            # (after the host copy, so fewer of its files are racy), nothing through the channel.
+            if session.fill_mirror_on_host(snapshot.workspace_dir) is None:
+                session.push_workspace()
             session.restore_notes = restore_tmpfs(session, snapshot)
             session.origin = snapshot
         except BaseException:
