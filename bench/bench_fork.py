@@ -6,8 +6,10 @@ The parent: a session from a pool of copies at a fixed path (``PoolConfig(size=8
 path=...)``) holding a 2,000-file workspace (8 KiB files of random bytes, 16 MB) and 50 MB in ``/tmp``
 (50 files of 1 MiB). Rows, each interleaved sample by sample with its anchors (sessions closed untimed):
 
-* ``parent.fork()`` (snapshot: workspace copy, /tmp and HOME archived inside, then a session from the pool
-  taking it: copy, push, unpack) + the fork's first ``true``, against a cold ``session(copy_of=tree)`` of
+* ``parent.fork()`` (snapshot: the workspace, /tmp and HOME copied on the host; then a session from the
+  forkable pool taking it: the workspace copied on the host into the member's directory and its mirror
+  volume, /tmp and HOME into their volumes; ``--archives``: archived and pushed through the channel) + the
+  fork's first ``true``, against a cold ``session(copy_of=tree)`` of
   a backend without a pool + first ``true`` (which carries the workspace only, not /tmp), and against
   ``docker commit`` of the parent's container + create + start of a container from that image (which
   carries neither the mirrored workspace nor /tmp: a commit sees neither a volume nor a tmpfs);
@@ -279,7 +281,7 @@ def main() -> None:
         f"snapshot p50 "
         f"{split['snapshot'].p50:.0f} ms, session from it p50 {split['session'].p50:.0f} ms; store on disk: "
         f"snapshot p50 {split['snapshot-shm'].p50:.0f} ms, session p50 {split['session-shm'].p50:.0f} ms "
-        "(the session from the pool: copy in, push, unpack /tmp and HOME, first `true`)",
+        "(the session from the pool: host copies of the workspace, /tmp and HOME, first `true`)",
         f"the snapshot on disk: {int(du) / 1e6:.1f} MB (`du -sb`; {TREE_FILES} files of 8 KiB + {TMP_MB} MiB "
         f"of /tmp, a tree or an archive), method {sizes.method}, size_bytes {sizes.size_bytes / 1e6:.1f} MB",
         f"the changed paths' archive: {archived / 1e6:.1f} MB",

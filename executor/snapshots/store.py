@@ -39,9 +39,9 @@ from pydantic import ValidationError
 
 from adk_sandbox.executor import _owner
 from adk_sandbox.executor.channel.static_agent import cache_root
-from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor.snapshots.model import SNAPSHOT_ID, Snapshot
-from adk_sandbox.executor.workspace.copies import _boot_tag, copies_dir
+from adk_sandbox.executor.workspace.copies import NO_SPACE, HostCopyFullError, _boot_tag, copies_dir
 
 __all__ = ["RECORD", "SnapshotStore", "default_memory_root", "default_root", "new_id"]
 
@@ -151,6 +151,53 @@ class SnapshotStore:
         final = os.path.join(root, snapshot.id)
         os.rename(partial, final)
         return snapshot.model_copy(update={"path": final})
+
+    def take(self, snapshot_id: str, build: Callable[[str], Snapshot], *, durable: bool = True) -> Snapshot:
+        """Build the snapshot ``snapshot_id`` with ``build(partial)`` and :meth:`commit` it; the record.
+
+        ``build`` fills the fresh directory ``partial`` and returns the record; a failure leaves nothing of
+        the directory (``build``'s caller undoes what it made elsewhere: a root image).
+
+        **Out of space** (decided): when the memory tier is full (``ENOSPC``/``EDQUOT`` from any write of the
+        snapshot, a copy's :class:`~adk_sandbox.executor.workspace.copies.HostCopyFullError` included) the
+        snapshot is taken again, once, on the disk tier (logged); when the tier it was written to is the disk
+        (a detached snapshot, or a store without a memory tier, or the retry), it is refused with
+        :class:`PolicyNotEnforceableError` saying where space ran out. Never a raw ``OSError``, never a
+        snapshot with files missing.
+        """
+        memory = not durable and self.memory_root is not None
+        try:
+            return self._take_once(snapshot_id, build, durable=durable)
+        except (OSError, HostCopyFullError) as exc:
+            if not _out_of_space(exc):
+                raise
+            where = self.memory_root if memory else self.root
+            if not memory:
+                raise self._full(where, exc) from exc
+            log.warning("memory tier %s full (%s): snapshot %s is taken on disk", where, exc, snapshot_id)
+        try:
+            return self._take_once(snapshot_id, build, durable=True)
+        except (OSError, HostCopyFullError) as exc:
+            if not _out_of_space(exc):
+                raise
+            raise self._full(self.root, exc, also=self.memory_root) from exc
+
+    def _take_once(self, snapshot_id: str, build: Callable[[str], Snapshot], *, durable: bool) -> Snapshot:
+        partial = self.begin(snapshot_id, durable=durable)
+        try:
+            return self.commit(partial, build(partial))
+        except BaseException:
+            self.abort(partial)
+            raise
+
+    @staticmethod
+    def _full(where: Path | None, exc: BaseException, also: Path | None = None) -> PolicyNotEnforceableError:
+        tiers = f"{also} (memory) and then in {where} (disk)" if also is not None else str(where)
+        return PolicyNotEnforceableError(
+            f"the snapshot ran out of space in {tiers} ({exc}); it was refused and nothing of it is left. "
+            "Free space there, remove snapshots no longer needed (`adk-sandbox snapshots rm`), or keep "
+            "snapshots on a larger file system (SnapshotStore(path))"
+        )
 
     @staticmethod
     def abort(partial: str) -> None:
@@ -290,6 +337,11 @@ class SnapshotStore:
                     shutil.rmtree(path, ignore_errors=True)
                     removed.append(f"{name}: {reason}")
         return removed
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` says a file system (or a quota) was full."""
+    return isinstance(exc, HostCopyFullError) or (isinstance(exc, OSError) and exc.errno in NO_SPACE)
 
 
 def _check_id(snapshot_id: str) -> None:

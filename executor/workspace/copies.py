@@ -27,9 +27,22 @@ from adk_sandbox.executor.workspace.beneath import RootDir
 from adk_sandbox.executor.workspace.pullback import _HostTree, _Refused
 from adk_sandbox.executor.workspace.scan import Entry, check_fits, scan_host
 
-__all__ = ["copies_dir", "copy_prefix", "copy_tree", "reap_copies"]
+__all__ = ["NO_SPACE", "HostCopyFullError", "copies_dir", "copy_prefix", "copy_tree", "reap_copies"]
 
 log = logging.getLogger(__name__)
+
+
+#: What a write answers when its file system (or the user's quota there) is full.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class HostCopyFullError(PolicyNotEnforceableError):
+    """A host copy ran out of space in its destination's file system (``ENOSPC``, ``EDQUOT``).
+
+    Never a silent gap: a copy whose destination is full is refused, not continued without the files that
+    did not fit. A :class:`PolicyNotEnforceableError`, so callers need nothing new; the snapshot store
+    tells it apart to retry a snapshot on its disk tier (docs/snapshots.md, "Lifecycle").
+    """
 
 
 def copies_dir() -> str:
@@ -151,6 +164,21 @@ def walk_copy(
         check_fits(source, host, cap_bytes, setting)
     info = os.stat(dest)
     copier = make(host, (info.st_uid, info.st_gid), cap_bytes)
+    try:
+        _walk(source, dest, host, copier)
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise HostCopyFullError(
+            f"copying {source} into {dest} ran out of space there ({exc.strerror}); the copy was refused, "
+            "not kept without the files that did not fit. Free space in that file system"
+        ) from exc
+    return copier
+
+
+def _walk(source: str, dest: str, host: dict[str, Entry], copier: _Copier) -> None:
+    """The descriptor walk of :func:`walk_copy`, then the links (an ``ENOSPC`` is raised, never skipped)."""
+    info = os.stat(dest)
     src = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         dst = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -171,6 +199,8 @@ def walk_copy(
                 tree.make_link(path, host[path].target)
                 made.append(path)
             except (_Refused, OSError) as exc:
+                if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+                    raise
                 skipped.append(f"{path}: {exc}")
         for path in made:  # a link made later can change where an earlier one leads
             if not tree.link_stays_inside(path):
@@ -178,7 +208,6 @@ def walk_copy(
                 skipped.append(f"{path}: a symbolic link that leads outside the workspace (or into .git)")
     finally:
         tree_dir.close()
-    return copier
 
 
 @dataclass
@@ -209,6 +238,8 @@ class _Copier:
                 elif entry.kind == "f":
                     self._file(path, name, entry, src, dst)
             except OSError as exc:
+                if exc.errno in NO_SPACE:
+                    raise  # the destination is full: the whole copy is refused, never left with gaps
                 self.skipped.append(f"{path}: {exc.strerror or exc}")
         if rel:
             os.fchmod(dst, self.host[rel].mode & 0o777)

@@ -145,6 +145,57 @@ class MirrorWorkspace:
         self._keep_records(records, listed, now)
         self._host, self._host_keys, self._host_racy = host, keys, racy
 
+    def adopt(self, volume: str) -> list[str]:
+        """Take the sandbox's copy, just filled on the host, as in sync: what a push of the whole tree leaves.
+
+        ``volume`` is the host side of the sandbox's copy (a forkable pool member's tmpfs volume, which this
+        process reads: docs/snapshots.md), filled by the same safe host copy from the same source as the
+        host tree, instead of a push through the channel. Both sides are scanned on the host (no link
+        followed): an entry is known as in sync only where they agree (kind, mode, size, mtime). A host
+        entry the copy does not hold as the host does is left out of the host's known tree, so the next
+        sync pushes it (a push's skipped file, the same); a copy entry the host lacks is left out of the
+        container's known tree, so the next pull-back brings it. The sandbox's files are known with their
+        inode and ctime as the host sees them (the same inodes: a runtime that numbers them otherwise
+        makes the first pull-back fetch and compare them, nothing worse). Racy files are handled as a push
+        does: a host file changed too recently to trust its stat gets its digest, a copy file changed in
+        the file system's current tick is fetched again by the next pull-back. Returns the paths left for
+        the next sync.
+        """
+        scanned, keys = self._scan()
+        host = {path: entry for path, key in keys.items() if (entry := _host_entry(self._tree, path, key))}
+        check_fits(self.root, host, self.cap_bytes, self.cap_setting)
+        copy = RootDir(volume)
+        try:
+            now = _now_on(copy.fd)  # the copy's file system's clock, stamped after every write of the copy
+            inside = {
+                path: entry
+                for path, key in host_keys(copy.fd).items()
+                if (entry := _host_entry(copy, path, key)) is not None
+            }
+        finally:
+            copy.close()
+        self._host, self._host_keys, self._inside, self._records, self._digests = {}, {}, {}, {}, {}
+        left: list[str] = []
+        for path, entry in host.items():
+            held = inside.get(path)  # compared without inode and ctime: another file system's
+            bare = held and Entry(held.kind, held.mode, held.size, held.mtime_ns, held.target)
+            if not entry.same(bare):
+                left.append(path)
+        _forget(left, host, keys)
+        racy = self._racy(host, keys, scanned)
+        for path in sorted(racy):
+            content = _read_host_file(self._tree, path)
+            if content is None:
+                _forget([path], host, keys)
+                left.append(path)
+                continue
+            self._digests[path] = hashlib.sha256(content).digest()
+        self._inside = {path: entry for path, entry in inside.items() if path in host and safe_name(path)}
+        self._inside_racy = {p for p, e in self._inside.items() if e.kind == "f" and e.ctime_ns >= now}
+        self._host, self._host_keys, self._host_racy = host, keys, racy & set(host)
+        self._pulled_links, self.refused = set(), []
+        return sorted(left)
+
     def before_command(self, run: Run) -> None:
         """Push what changed on the host since the last sync (host-side diff: lstat of every entry)."""
         scanned, keys = self._scan()
@@ -537,6 +588,27 @@ def _parse_record(raw: bytes, record: bytes) -> tuple[str, Entry] | None:
     if k != "f":
         return path, Entry(k, numbers[0], target=target)
     return path, Entry(k, numbers[0], numbers[1], numbers[2], target, numbers[4], numbers[3])
+
+
+def _now_on(directory: int) -> int:
+    """Now, as the file system of the open ``directory`` stamps a ctime (ns): a file made and removed there.
+
+    What the container's listing does with its "now" file, on the host: a file whose ctime is below this
+    was last changed before it, so any later change gives it another ctime. The scan's clock when no file
+    can be made (a later ctime can then only be larger still).
+    """
+    name = f".adk-sandbox-now-{os.urandom(8).hex()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, 0o600, dir_fd=directory)
+    except OSError:
+        return scan_clock_ns()
+    try:
+        return os.fstat(fd).st_ctime_ns
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=directory)
 
 
 def _forget(skipped: list[str], host: dict[str, Entry], keys: dict[str, _Key]) -> None:

@@ -93,6 +93,18 @@ class SyncedWorkspace:
         with self._lock:
             self.workspace.started(self.run)
 
+    def adopt(self, fill: Callable[[str], object], volume: str) -> list[str]:
+        """Fill the mirror's copy on the host (``fill(volume)``) and take it as in sync.
+
+        See :meth:`MirrorWorkspace.adopt` (what it returns). One sync at a time, like the others.
+        """
+        mirror = self.mirror
+        if mirror is None:
+            raise SandboxFailedError("only a mirrored workspace has a copy to fill on the host")
+        with self._lock:
+            fill(volume)
+            return mirror.adopt(volume)
+
     def before_command(self) -> None:
         """Bring the host's changes in (the host copy is the truth)."""
         with self._lock:

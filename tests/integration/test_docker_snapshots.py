@@ -470,3 +470,103 @@ def test_a_hostile_tmp_in_a_forkable_session_is_copied_safely_on_the_host(
             assert out(fork, "cat /tmp/in; echo pwned > /tmp/out-abs 2>&1; ls /tmp").startswith("s\n")
         assert secret.read_text() == "host only\n"
         forkable.remove_snapshot(taken)
+
+
+def _stat_tree(root: str) -> dict[str, tuple[int, int, int, int]]:
+    """Every entry below ``root`` as (mode, uid, gid, mtime_ns), links not followed."""
+    found = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            info = os.lstat(os.path.join(directory, name))
+            found[os.path.relpath(os.path.join(directory, name), root)] = (
+                info.st_mode, info.st_uid, info.st_gid, info.st_mtime_ns,
+            )  # fmt: skip
+    return found
+
+
+def test_a_forkable_fork_gets_its_workspace_on_the_host_and_both_ways_still_sync(
+    forkable: DockerBackend, source: Path
+) -> None:
+    """The fork's workspace copy in the sandbox is filled on the host, not pushed through the channel (a
+    push restores whole-second mtimes, the host copy keeps the nanoseconds), as the command user; then the
+    mirror syncs as after a push: a change inside comes back by the normal pull-back, a change on the host
+    reaches the sandbox, and a deletion on either side stays a deletion on both. Catches a host-side fill
+    that does not tell the mirror what the sandbox holds (the first pull-back would fetch, or delete, the
+    wrong files; a host edit would not be pushed), and a fill whose files the command user cannot write."""
+    with forkable.session(copy_of=source) as parent:
+        assert run(parent, "echo gone > gone.txt; echo kept > host-gone.txt").exit_code == 0
+        fine = 1_704_164_645_123_456_789  # an mtime with nanoseconds, on the host (the truth)
+        os.utime(Path(parent.workspace or "", "README"), ns=(fine, fine))
+        taken = parent.snapshot()
+        with forkable.session(snapshot=taken) as fork:
+            volume = fork.mirror_dir
+            assert volume is not None and fork.workspace is not None
+            inside = _stat_tree(volume)
+            assert inside["README"][3] % 1_000_000_000 == 123456789  # copied on the host, not by tar
+            user = out(fork, "id -u; id -g").split()
+            for path, (mode, uid, gid, _) in inside.items():
+                assert (str(uid), str(gid)) == tuple(user), path
+                assert not mode & (stat.S_ISUID | stat.S_ISGID), path
+            assert set(inside) == set(_stat_tree(fork.workspace))
+            assert fork.mirror is not None
+            # Inside: change, delete, create; all of it comes back to the host by the pull-back.
+            assert run(fork, "echo v2 > src/app.py; rm gone.txt; mkdir new; echo n > new/f").exit_code == 0
+            host = Path(fork.workspace)
+            assert (host / "src" / "app.py").read_text() == "v2\n"
+            assert (host / "new" / "f").read_text() == "n\n"
+            assert not (host / "gone.txt").exists()
+            # On the host: change, delete, create; all of it reaches the sandbox before the next command.
+            (host / "README").write_text("host edit\n")
+            (host / "host-gone.txt").unlink()
+            (host / "from-host").write_text("h\n")
+            listing = "cat README from-host; ls; test -e gone.txt || echo no; test -e host-gone.txt || echo 0"
+            assert out(fork, listing) == "host edit\nh\nREADME\nfrom-host\nnew\nsrc\nno\n0\n"
+            assert not (host / "gone.txt").exists() and not (host / "host-gone.txt").exists()
+            assert not Path(volume, "host-gone.txt").exists() and not Path(volume, "gone.txt").exists()
+            # The parent, the snapshot and a sibling saw none of it (checked on the host).
+            with forkable.session(snapshot=taken) as sibling:
+                for other in (parent.workspace, parent.mirror_dir, taken.workspace_dir, sibling.workspace,
+                              sibling.mirror_dir):  # fmt: skip
+                    assert other is not None
+                    assert Path(other, "src", "app.py").read_text() == "print('v1')\n", other
+                    assert Path(other, "gone.txt").exists() and not Path(other, "new").exists(), other
+        forkable.remove_snapshot(taken)
+
+
+def test_a_hostile_snapshot_workspace_is_copied_safely_into_a_forkable_member(
+    forkable: DockerBackend, source: Path, tmp_path: Path
+) -> None:
+    """Attack: the snapshot's workspace on the host holds a link to a host file, a link climbing out, a
+    FIFO, a set-id file and a hard link to a host file (a snapshot directory tampered with, or a copy made
+    by a naive walk); a fork from it gets its workspace copied on the host into the member's volume. Catches
+    a fill of the volume that follows links (the host file copied in, or a write in the fork landing on
+    it), opens the FIFO (hangs), keeps set-id bits in the sandbox's copy, or links instead of copying."""
+    secret = tmp_path / "host-secret"
+    secret.write_text("host only\n")
+    with forkable.session(copy_of=source) as parent:
+        taken = parent.snapshot()
+    planted = Path(taken.workspace_dir)
+    (planted / "out-abs").symlink_to(secret)
+    (planted / "out-climb").symlink_to("../../../../../../../../etc")
+    os.mkfifo(planted / "fifo")
+    (planted / "suid").write_bytes(b"#!/bin/sh\n")
+    os.chmod(planted / "suid", 0o4755)  # noqa: S103 - the attack: a set-id file in the snapshot
+    fine = 1_704_164_645_123_456_789
+    os.utime(planted / "suid", ns=(fine, fine))
+    os.link(secret, planted / "hard")
+    with forkable.session(snapshot=taken) as fork:
+        assert fork.mirror_dir is not None and fork.workspace is not None
+        for root in (fork.mirror_dir, fork.workspace):
+            names = set(os.listdir(root))
+            assert {"README", "src", "suid", "hard"} <= names, names
+            assert not names & {"out-abs", "out-climb", "fifo"}, names
+            for path, (mode, _, _, _) in _stat_tree(root).items():
+                assert stat.S_ISREG(mode) or stat.S_ISDIR(mode), path
+                assert not mode & (stat.S_ISUID | stat.S_ISGID), path
+            assert os.lstat(Path(root, "hard")).st_ino != os.lstat(secret).st_ino
+            assert os.lstat(Path(root, "suid")).st_mtime_ns == fine  # copied on the host (tar: seconds)
+        attack = "echo pwned > hard; echo pwned > out-abs; ls -l suid"
+        assert "rwx" in out(fork, attack)
+        assert Path(fork.workspace, "hard").read_text() == "pwned\n"
+    assert secret.read_text() == "host only\n"
+    forkable.remove_snapshot(taken)

@@ -362,3 +362,24 @@ def test_auto_choices_remember_a_failed_check_and_key_by_engine_and_directory(tm
     assert choices.get(choices.key(str(socket), str(workspace))) is None
     choices.clear()
     assert choices.get(key) is None
+
+
+def test_a_copy_filled_on_the_host_is_in_sync_only_where_both_sides_agree(
+    host: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``adopt`` (a forkable member's copy filled on the host, docs/snapshots.md): what the copy holds as
+    the host does is not pushed again, even though every host file is racy (just written: its digest is
+    taken); a host file the copy holds otherwise is pushed by the next sync. Catches an adopt that marks the
+    whole host tree as in sync (the differing file would never reach the sandbox) or none of it (the whole
+    tree would travel through the channel after all)."""
+    (host / "d").mkdir()
+    (host / "d" / "same.txt").write_bytes(b"same\n")
+    volume = tmp_path_factory.mktemp("volume") / "copy"
+    shutil.copytree(host, volume, copy_function=shutil.copy2)
+    (volume / "f.txt").write_bytes(b"other, longer\n")  # the copy does not hold what the host does
+    (volume / "extra").write_bytes(b"only in the copy\n")
+    mirror = mirror_of(host)
+    assert mirror.adopt(str(volume)) == ["f.txt"]
+    container = FakeContainer()
+    mirror.before_command(container.run)
+    assert set(container.files) == {"f.txt"} and container.files["f.txt"][0] == b"one\n"

@@ -100,10 +100,10 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
     created = time.time()
     with session._quiesced(options.wait_seconds):
         container = session._opened()
-        partial = store.begin(snapshot_id, durable=options.detached)
-        image: str | None = None
         client = session._client
-        try:
+        images: list[str] = []  # root images committed (a retry on the disk tier commits again)
+
+        def build(partial: str) -> Snapshot:
             report = _copy_host_workspace(session, partial, cap, setting)
             used = report.size_bytes
             skipped = list(report.skipped)
@@ -142,17 +142,22 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
                 layer = _root_layer_size(client, container.id)
                 if used + layer > cap:
                     raise _over_cap(used + layer, options.max_mb, "its root filesystem's writes")
-                image = _commit(client, container.id, record)
-                record = record.model_copy(update={"root_image": image, "size_bytes": used + layer})
-            return store.commit(partial, record)
-        except BaseException:
-            store.abort(partial)
-            if image is not None:
+                images.append(_commit(client, container.id, record))
+                record = record.model_copy(update={"root_image": images[-1], "size_bytes": used + layer})
+            return record
+
+        taken: Snapshot | None = None
+        try:
+            taken = store.take(snapshot_id, build, durable=options.detached)
+            return taken
+        finally:
+            for image in images:
+                if taken is not None and image == taken.root_image:
+                    continue
                 try:
                     remove_snapshot_image(client, image)
                 except ExecutorError as exc:  # the reaper removes it (labelled, owner and expiry)
                     log.warning("the root image of a refused snapshot could not be removed: %s", exc)
-            raise
 
 
 def _take_tmpfs(

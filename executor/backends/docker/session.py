@@ -273,6 +273,10 @@ class DockerSession(ChannelSession):
         self.state_dirs: dict[str, str] = {}
         """The host directories of ``/tmp``, HOME and the extra tmpfs (path inside -> host path) when they
         are tmpfs volumes this process reads (``PoolConfig(forkable=True)``); empty otherwise."""
+        self.mirror_dir: str | None = None
+        """The host side of the mirrored workspace's volume when this process reads it (a forkable pool's
+        members, like :attr:`state_dirs`): a fork copies the snapshot's workspace into it on the host
+        (:meth:`fill_mirror_on_host`) instead of pushing it through the channel. None otherwise."""
         self.restore_notes: list[str] = []
         """What unpacking the snapshot's tmpfs archives complained of (files the sandbox refused), if any."""
 
@@ -335,6 +339,34 @@ class DockerSession(ChannelSession):
         workspace = self._workspace
         if workspace is not None:
             workspace.before_command()
+
+    def fill_mirror_on_host(self, source: str) -> list[str] | None:
+        """Copy ``source`` into the sandbox's workspace copy on the host and tell the mirror it holds it.
+
+        For a session whose host workspace (:attr:`workspace`) was just filled from ``source`` (the warm
+        pool's fork: a snapshot's workspace, docs/snapshots.md): what :meth:`push_workspace` would bring
+        through the channel is copied on the host into the mirror's volume (:attr:`mirror_dir`), by the
+        same safe walk (no link followed on either side, no link leading out, no special file, no set-id
+        bit; the command user owns what it makes, as after a push), and the mirror then knows both sides
+        as in sync (:meth:`MirrorWorkspace.adopt`). Returns what the next sync still brings (the paths
+        where the two copies differ), or None when this session cannot (no volume this process reaches,
+        or one not empty): push then. Starts the session.
+        """
+        from adk_sandbox.executor.snapshots.copy import copy_workspace  # noqa: PLC0415 - see TYPE_CHECKING
+
+        self.start()
+        volume, workspace = self.mirror_dir, self._workspace
+        if volume is None or workspace is None or workspace.mirror is None:
+            return None
+        cap = workspace.mirror.cap_bytes
+        with os.scandir(volume) as entries:
+            if any(True for _ in entries):  # not a fresh copy: only a push knows what to remove
+                return None
+
+        def fill(target: str) -> None:
+            copy_workspace(source, target, cap, "DockerBackend(mirror_size_mb=...)")
+
+        return workspace.adopt(fill, volume)
 
     @property
     def mirror(self) -> MirrorWorkspace | None:
@@ -476,7 +508,8 @@ class DockerSession(ChannelSession):
             if self._egress.proxied:
                 self._egress.serve(transport, self._user)
             if self._config.spec.host_tmpfs:
-                self.state_dirs = self._host_tmpfs_dirs(container)
+                mirrored = workspace if mode == "mirror" else None
+                self.state_dirs, self.mirror_dir = self._host_tmpfs_dirs(container, mirrored)
             self._start_workspace(mode, container, owner)
             # The host's cgroup counter exists only for a local engine: a remote container's pid is another
             # machine's (the agent's own count from inside is used there, and preferred everywhere).
@@ -509,24 +542,34 @@ class DockerSession(ChannelSession):
         elif mode == "bind":
             self._workspace = SyncedWorkspace(BindWorkspace(), self._sync_channel)
 
-    def _host_tmpfs_dirs(self, container: OpenedContainer) -> dict[str, str]:
-        """The checked host sides of the container's tmpfs volumes; refused when this process lacks one."""
+    def _host_tmpfs_dirs(
+        self, container: OpenedContainer, mirrored: str | None
+    ) -> tuple[dict[str, str], str | None]:
+        """The checked host sides of the tmpfs volumes and of the mirror's at ``mirrored`` (None: none).
+
+        Refused when this process lacks one.
+        """
         try:
             with open("/proc/self/mountinfo", encoding="utf-8") as handle:
                 mountinfo = handle.read()
         except OSError:
             mountinfo = ""
-        found, problems = host_tmpfs_dirs(container.inspect, tmpfs_sizes(self._config.spec), mountinfo)
+        sizes = tmpfs_sizes(self._config.spec)
+        if mirrored is not None:
+            sizes[mirrored] = self._config.mirror_mb  # the same kind of volume, checked the same way
+        found, problems = host_tmpfs_dirs(container.inspect, sizes, mountinfo)
         for source in found.values():
             if not problems and not os.access(source, os.R_OK | os.W_OK | os.X_OK):
                 problems.append(f"this process cannot read and write {source}")
         if problems:
             raise PolicyNotEnforceableError(
-                "forkable sessions keep /tmp and HOME in tmpfs volumes this process copies on the host, "
-                "which needs a local engine whose volumes this process can reach (root on the engine's "
-                f"machine): {'; '.join(problems)}. Nothing ran; use a pool without forkable=True"
+                "forkable sessions keep /tmp, HOME and the workspace copy in tmpfs volumes this process "
+                "copies on the host, which needs a local engine whose volumes this process can reach (root "
+                f"on the engine's machine): {'; '.join(problems)}. Nothing ran; use a pool without "
+                "forkable=True"
             )
-        return found
+        volume = found.pop(mirrored) if mirrored is not None else None
+        return found, volume
 
     @property
     def network(self) -> bool | NetworkPolicy:
