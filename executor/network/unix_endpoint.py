@@ -88,47 +88,28 @@ def forwarder_source() -> bytes:
     )
 
 
-class UnixEndpoint:
-    """A Unix socket listener on the host serving each connection with :func:`~.relay.relay`; thread-safe.
+class _BoundedListener:
+    """A listening Unix socket whose connections are each served in a thread, at most ``max_connections``.
 
-    Listens at ``path`` from construction; one thread accepts, and each connection is served in a thread
-    of its own, at most ``max_connections`` at once (one more is closed at once and counted; the count is
-    logged once, at :meth:`close`, under rule :data:`OVER_LIMIT_RULE`). :meth:`close` stops the listener
-    and ends every live connection.
+    One thread accepts; one more connection than the bound is closed at once and counted (the count is
+    logged once, when the listener stops, under rule :data:`OVER_LIMIT_RULE`). Subclasses make the bound
+    listener and serve a connection (:meth:`_serve`, which ends with :meth:`_served`).
     """
 
     def __init__(
-        self,
-        path: str,
-        policy: NetworkPolicy,
-        log: ConnectionLog,
-        *,
-        intercept: Interceptor | None = None,
-        max_connections: int = MAX_CONNECTIONS,
-        extra_refused: frozenset[IPAddress | IPNetwork] = frozenset(),
+        self, listener: socket.socket, log: ConnectionLog, max_connections: int, *, names: tuple[str, str]
     ) -> None:
-        if len(os.fsencode(path)) > _SUN_PATH_MAX:
-            raise ValueError(f"a Unix socket path is at most {_SUN_PATH_MAX} bytes: {path!r}")
-        self.path = path
-        self._policy = policy
+        self._listener = listener
         self._log = log
-        self._intercept = intercept
         self._max = max_connections
-        self._extra_refused = extra_refused
+        self._handler_name = names[1]
         self._lock = threading.Lock()
         self._closed = False
+        #: The connections being served, each with what ends its relay once it has one.
         self._live: dict[socket.socket, CloseHandle | None] = {}
         self._handlers: set[threading.Thread] = set()
         self._turned_away = 0
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._listener.bind(path)
-            os.chmod(path, 0o600)
-            self._listener.listen(max_connections)
-        except OSError:
-            self._listener.close()
-            raise
-        self._acceptor = threading.Thread(target=self._accept, name="network-unix-accept", daemon=True)
+        self._acceptor = threading.Thread(target=self._accept, name=names[0], daemon=True)
         self._acceptor.start()
 
     @property
@@ -162,9 +143,7 @@ class UnixEndpoint:
                     conn.close()
                     continue
                 self._live[conn] = None
-            handler = threading.Thread(
-                target=self._serve, args=(conn,), name="network-unix-relay", daemon=True
-            )
+            handler = threading.Thread(target=self._serve, args=(conn,), name=self._handler_name, daemon=True)
             with self._lock:
                 self._handlers.add(handler)
             try:
@@ -175,6 +154,81 @@ class UnixEndpoint:
                     self._live.pop(conn, None)
                     self._turned_away += 1
                 conn.close()
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _served(self, conn: socket.socket) -> None:
+        """Forget ``conn`` and its thread (the last step of :meth:`_serve`)."""
+        with self._lock:
+            self._live.pop(conn, None)
+            self._handlers.discard(threading.current_thread())
+
+    def _stop(self, why: str) -> bool:
+        """Stop listening and end every live connection (``why`` in its entry); False if stopped already."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            live = list(self._live.items())
+            handlers = list(self._handlers)
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        self._listener.close()
+        self._acceptor.join(timeout=_CLOSE_WAIT_SECONDS)
+        for conn, close in live:
+            if close is not None:
+                close(why)
+            else:  # still reading its head, or deciding: a shutdown wakes its recv in the other thread
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
+        for handler in handlers:
+            handler.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._turned_away:
+            said = f"{self._turned_away} connections closed at once: more than {self._max} open at a time"
+            self._log.record(
+                ConnectionEntry(
+                    time=time.time(), host="", port=0, decision="refused", rule=OVER_LIMIT_RULE, detail=said
+                )
+            )
+        return True
+
+
+class UnixEndpoint(_BoundedListener):
+    """A Unix socket listener on the host serving each connection with :func:`~.relay.relay`; thread-safe.
+
+    Listens at ``path`` from construction; one thread accepts, and each connection is served in a thread
+    of its own, at most ``max_connections`` at once (one more is closed at once and counted; the count is
+    logged once, at :meth:`close`, under rule :data:`OVER_LIMIT_RULE`). :meth:`close` stops the listener
+    and ends every live connection.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        policy: NetworkPolicy,
+        log: ConnectionLog,
+        *,
+        intercept: Interceptor | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        extra_refused: frozenset[IPAddress | IPNetwork] = frozenset(),
+    ) -> None:
+        if len(os.fsencode(path)) > _SUN_PATH_MAX:
+            raise ValueError(f"a Unix socket path is at most {_SUN_PATH_MAX} bytes: {path!r}")
+        self.path = path
+        self._policy = policy
+        self._intercept = intercept
+        self._extra_refused = extra_refused
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(path)
+            os.chmod(path, 0o600)
+            listener.listen(max_connections)
+        except OSError:
+            listener.close()
+            raise
+        super().__init__(listener, log, max_connections, names=("network-unix-accept", "network-unix-relay"))
 
     def _serve(self, conn: socket.socket) -> None:
         def connected(host: str, port: int, close: CloseHandle) -> None:
@@ -195,40 +249,13 @@ class UnixEndpoint:
                 on_connected=connected,
             )
         finally:
-            with self._lock:
-                self._live.pop(conn, None)
-                self._handlers.discard(threading.current_thread())
+            self._served(conn)
 
     def close(self) -> None:
         """Stop listening, end every live connection (its entry says so) and remove the socket."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            live = list(self._live.items())
-            handlers = list(self._handlers)
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
-        self._listener.close()
-        self._acceptor.join(timeout=_CLOSE_WAIT_SECONDS)
-        for conn, close in live:
-            if close is not None:
-                close("the command ended")
-            else:  # still reading its head, or deciding: a shutdown wakes its recv
-                with contextlib.suppress(OSError):
-                    conn.shutdown(socket.SHUT_RDWR)
-        deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
-        for handler in handlers:
-            handler.join(timeout=max(0.0, deadline - time.monotonic()))
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-        if self._turned_away:
-            why = f"{self._turned_away} connections closed at once: more than {self._max} open at a time"
-            self._log.record(
-                ConnectionEntry(
-                    time=time.time(), host="", port=0, decision="refused", rule=OVER_LIMIT_RULE, detail=why
-                )
-            )
+        if self._stop("the command ended"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
 
 class CommandEgress:
@@ -328,7 +355,7 @@ def _write(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-class SessionSocket:
+class SessionSocket(_BoundedListener):
     """A session's direct path (docs/network.md "Speed"): a Unix socket whose connections open with a token.
 
     Thread-safe.
@@ -371,14 +398,7 @@ class SessionSocket:
         """The session's token: 64 hex digits, the first bytes of every connection."""
         self._expected = self.token.encode()
         self._handler = handler
-        self._log = log
-        self._max = max_connections
         self._token_timeout = token_timeout
-        self._lock = threading.Lock()
-        self._closed = False
-        self._live: set[socket.socket] = set()
-        self._handlers: set[threading.Thread] = set()
-        self._turned_away = 0
         self.directory = tempfile.mkdtemp(prefix="adk-egress-", dir=_socket_parent(parent))
         """The private directory (``0700``): removed by :meth:`close`."""
         try:
@@ -389,59 +409,22 @@ class SessionSocket:
             self.socket_path = os.path.join(self.socket_directory, SOCKET_NAME)
             if len(os.fsencode(self.socket_path)) > _SUN_PATH_MAX:
                 raise ValueError(f"a Unix socket path is at most {_SUN_PATH_MAX} bytes: {self.socket_path!r}")
-            self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                self._listener.bind(self.socket_path)
+                listener.bind(self.socket_path)
                 os.chmod(self.socket_path, 0o666)  # noqa: S103 - any uid inside connects; the token decides
-                self._listener.listen(max_connections)
+                listener.listen(max_connections)
             except OSError:
-                self._listener.close()
+                listener.close()
                 raise
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
-        self._acceptor = threading.Thread(target=self._accept, name="network-session-accept", daemon=True)
-        self._acceptor.start()
-
-    @property
-    def turned_away(self) -> int:
-        """How many connections were closed at once for being over the bound."""
-        with self._lock:
-            return self._turned_away
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                with self._lock:
-                    if self._closed:
-                        return
-                time.sleep(0.05)  # e.g. out of descriptors for a moment
-                continue
-            with self._lock:
-                if self._closed:
-                    conn.close()
-                    return
-                if len(self._live) >= self._max:
-                    self._turned_away += 1
-                    conn.close()
-                    continue
-                self._live.add(conn)
-            # Named as the channel's connection threads: one relay per connection held, whichever way it came.
-            handler = threading.Thread(
-                target=self._serve, args=(conn,), name="adk-sandbox-connection", daemon=True
-            )
-            with self._lock:
-                self._handlers.add(handler)
-            try:
-                handler.start()
-            except RuntimeError:  # no thread to be had: closed like one over the bound
-                with self._lock:
-                    self._handlers.discard(handler)
-                    self._live.discard(conn)
-                    self._turned_away += 1
-                conn.close()
+        # Handlers are named as the channel's connection threads: one relay per connection held, whichever
+        # way it came (the flood test counts them by that name).
+        super().__init__(
+            listener, log, max_connections, names=("network-session-accept", "adk-sandbox-connection")
+        )
 
     def _read_token(self, conn: socket.socket) -> str | None:
         """None once the token was read (exactly its bytes); else why it is refused ("": a probe)."""
@@ -483,33 +466,9 @@ class SessionSocket:
         finally:
             with contextlib.suppress(OSError):
                 conn.close()
-            with self._lock:
-                self._live.discard(conn)
-                self._handlers.discard(threading.current_thread())
+            self._served(conn)
 
     def close(self) -> None:
         """Stop listening, end the connections still being served and remove the directory; idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            live = list(self._live)
-            handlers = list(self._handlers)
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
-        self._listener.close()
-        self._acceptor.join(timeout=_CLOSE_WAIT_SECONDS)
-        for conn in live:  # a shutdown wakes a recv blocked in another thread (the relay's)
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
-        for handler in handlers:
-            handler.join(timeout=max(0.0, deadline - time.monotonic()))
-        shutil.rmtree(self.directory, ignore_errors=True)
-        if self._turned_away:
-            why = f"{self._turned_away} connections closed at once: more than {self._max} open at a time"
-            self._log.record(
-                ConnectionEntry(
-                    time=time.time(), host="", port=0, decision="refused", rule=OVER_LIMIT_RULE, detail=why
-                )
-            )
+        if self._stop("the session ended"):
+            shutil.rmtree(self.directory, ignore_errors=True)
