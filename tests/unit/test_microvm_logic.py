@@ -21,7 +21,7 @@ from adk_sandbox.executor.backends.microvm._qemu import (
 from adk_sandbox.executor.backends.microvm._reaper import reap_vms, run_dir_prefix
 from adk_sandbox.executor.backends.microvm._share import plan_share
 from adk_sandbox.executor.backends.microvm.backend import GuestFacts
-from adk_sandbox.executor.backends.microvm.config import MicroVMConfig
+from adk_sandbox.executor.backends.microvm.config import MicroVMConfig, MicroVMPoolConfig
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.types import Language, ResourceLimits
 
@@ -149,3 +149,22 @@ def test_run_dir_names_their_owner_for_the_reaper(tmp_path: Path) -> None:
     (tmp_path / "adk-sandbox-vm-unrelated").mkdir()
     assert reap_vms(str(tmp_path)) == [str(tmp_path / (gone + "abc"))]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "adk-sandbox-vm-unrelated"])
+
+
+def test_pool_config_validation() -> None:
+    assert MicroVMPoolConfig(size=2).path == "/workspace"
+    for bad in ("workspace", "/a/../b", "/", "/tmp", "/proc/w", "/home"):
+        with pytest.raises(ValidationError):
+            MicroVMPoolConfig(size=1, path=bad)
+    with pytest.raises(ValidationError):
+        MicroVMPoolConfig(size=0)
+
+
+def test_plan_share_at_another_guest_path(tmp_path: Path) -> None:
+    """A pooled VM's directory is mounted at the pool's path, not at the host's (checked as the guest's)."""
+    if os.geteuid() == 0:
+        os.chown(tmp_path, 1000, 1000)
+    share = plan_share(tmp_path, "1000:1000", guest_path="/workspace")
+    assert (share.host_dir, share.guest_path) == (tmp_path, "/workspace")
+    with pytest.raises(InvalidRequestError, match="hide"):
+        plan_share(tmp_path, "1000:1000", guest_path="/home")

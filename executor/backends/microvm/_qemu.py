@@ -19,6 +19,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -216,6 +217,7 @@ class VmProcess:
     def __init__(self, wrapper: subprocess.Popen[bytes], lifeline: int, spec: QemuCommand) -> None:
         self._wrapper = wrapper
         self._lifeline: int | None = lifeline
+        self._kill_lock = threading.Lock()  # a pool's close may kill a VM its session is killing too
         self.spec = spec
 
     @property
@@ -251,10 +253,11 @@ class VmProcess:
     def kill(self) -> None:
         """Kill the whole group (wrapper and QEMU), reap the wrapper, wait for QEMU to be gone; idempotent."""
         qemu = qemu_pids(self._wrapper.pid)
-        lifeline, self._lifeline = self._lifeline, None
-        if lifeline is not None:
-            with contextlib.suppress(OSError):
-                os.close(lifeline)
+        with self._kill_lock:  # the lifeline's number is closed once: never a descriptor reused meanwhile
+            lifeline, self._lifeline = self._lifeline, None
+            if lifeline is not None:
+                with contextlib.suppress(OSError):
+                    os.close(lifeline)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._wrapper.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
