@@ -195,6 +195,14 @@ def test_guest_runs_its_own_kernel(session: MicroVMSession) -> None:
     assert session.guest is not None and session.guest.kernel == guest
 
 
+def test_guest_aslr_is_off_under_tcg_by_default(session: MicroVMSession) -> None:
+    """guest_aslr="auto" under TCG: the guest maps its processes at fixed places (the translation cost),
+    and says so (its kernel keeps KASLR)."""
+    result = sh(session, "cat /proc/sys/kernel/randomize_va_space; cat /proc/cmdline")
+    assert result.stdout.split("\n")[0] == "0" and "norandmaps" in result.stdout, result
+    assert session.guest is not None and not session.guest.aslr
+
+
 def test_guest_has_no_network_device(session: MicroVMSession) -> None:
     result = session.execute(
         ExecRequest(language="command", code="ls /sys/class/net; cat /proc/net/dev", timeout=30)
@@ -519,7 +527,8 @@ def test_kvm_where_it_does_not_work_is_refused(backend: MicroVMBackend) -> None:
 def pooled() -> Iterator[MicroVMBackend]:
     """One pool of one VM for the pool's tests (4 boots in all: a pool refills after each acquire)."""
     require(shutil.which("qemu-system-x86_64") is not None, "QEMU is not installed (scripts/setup)")
-    with MicroVMBackend(CONFIG, pool=MicroVMPoolConfig(size=1)) as made:
+    config = CONFIG.model_copy(update={"guest_aslr": "on"})  # checked here; the module's other VMs: "auto"
+    with MicroVMBackend(config, pool=MicroVMPoolConfig(size=1)) as made:
         assert made.pool is not None
         require(made.pool.wait_ready(240), "the microVM pool booted no VM")
         yield made
@@ -549,9 +558,12 @@ def test_pool_hands_out_a_booted_vm_with_a_copy(pooled: MicroVMBackend, area: Pa
         workspace = session.workspace
         assert workspace is not None and workspace.parent == pooled.pool.root
         result = sh(
-            session, "pwd; cat sub/in.txt; ls out-link/ 2>&1; echo made > made.txt; echo m > /tmp/mark"
+            session,
+            "pwd; cat sub/in.txt; ls out-link/ 2>&1; echo made > made.txt; echo m > /tmp/mark; "
+            "echo aslr=$(cat /proc/sys/kernel/randomize_va_space)",
         )
         assert result.stdout.startswith("/workspace\nfrom the source\n"), result
+        assert result.stdout.endswith("aslr=2\n"), result  # guest_aslr="on" is kept under TCG
         assert "secret.txt" not in result.stdout, result
         assert (workspace / "made.txt").read_text() == "made\n"
         assert (workspace / "made.txt").stat().st_uid == 1000

@@ -95,6 +95,8 @@ class QemuCommand:
     tsc_khz: int | None
     kernel_args: tuple[str, ...] = ()
     """Appended to the kernel command line (last wins)."""
+    aslr: bool = True
+    """Randomise the guest processes' address spaces (False: ``norandmaps``)."""
     share: Share | None = None
     """The workspace shared over virtiofs (None: no host directory is reachable from the VM)."""
 
@@ -130,6 +132,10 @@ def kernel_command_line(spec: QemuCommand) -> str:
     if spec.tsc_khz:
         # Without it the early TSC calibration under TCG hangs about one boot in five.
         words.append(f"tsc_early_khz={spec.tsc_khz}")
+    if not spec.aslr:
+        # Under TCG (QEMU 7.2) translated code is keyed by virtual address: with randomised mappings each
+        # process's ld.so and libc are translated again, ~30 ms of a dynamically linked command's ~40.
+        words.append("norandmaps")
     return " ".join([*words, *spec.kernel_args])
 
 

@@ -82,7 +82,7 @@ _PROGRAM_LANGUAGES = {LANGUAGES[lang].program: lang for lang in (Language.PYTHON
 _PROBE = (
     "echo kernel=$(uname -r); echo net=$(ls /sys/class/net | tr '\\n' ' '); "
     "echo memory=$(cat /sys/fs/cgroup/memory.max); echo pids=$(cat /sys/fs/cgroup/pids.max); "
-    "echo cpus=$(nproc); "
+    "echo cpus=$(nproc); echo aslr=$(cat /proc/sys/kernel/randomize_va_space); "
     f"for p in {' '.join(_PROGRAM_LANGUAGES)}; do "
     "command -v $p >/dev/null 2>&1 && echo language=$p; done; true"
 )
@@ -114,6 +114,8 @@ class GuestFacts:
         self.memory_max = fields.get("memory", "")
         self.pids_max = fields.get("pids", "")
         self.cpus = int(fields["cpus"]) if fields.get("cpus", "").isdigit() else 0
+        self.aslr = fields.get("aslr", "") not in ("", "0")
+        """Whether the guest randomises its processes' address spaces (``randomize_va_space`` not 0)."""
         self.languages = tuple(languages)
 
 
@@ -133,8 +135,14 @@ def _vm_spec(
         ports=config.ports,
         tsc_khz=host_tsc_khz(),
         kernel_args=config.kernel_args,
+        aslr=guest_aslr(config, accel),
         share=share,
     )
+
+
+def guest_aslr(config: MicroVMConfig, accel: str) -> bool:
+    """Whether the guest's processes get randomised address spaces (``MicroVMConfig.guest_aslr``)."""
+    return config.guest_aslr == "on" or (config.guest_aslr == "auto" and accel == "kvm")
 
 
 def boot(
@@ -345,6 +353,11 @@ class MicroVMSession(ChannelSession):
             raise PolicyNotEnforceableError(
                 f"the session's commands do not run on the microVM's kernel ({parts.kernel_release}): the "
                 f"probe saw {facts.kernel or 'nothing'!r}"
+            )
+        if guest_aslr(config, self.accel) and not facts.aslr:
+            raise PolicyNotEnforceableError(
+                "MicroVMConfig(guest_aslr='on') was asked for, but the guest does not randomise its "
+                "processes' address spaces (a kernel_args word such as norandmaps turned it off)"
             )
         if facts.interfaces != ("lo",):
             raise PolicyNotEnforceableError(

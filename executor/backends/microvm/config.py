@@ -43,6 +43,12 @@ class MicroVMConfig(BaseModel):
     """virtio-serial ports of the VM: agents that can run at once (one per user), used in turn."""
     kernel_args: tuple[str, ...] = ()
     """Appended to the guest kernel's command line (diagnostics; later words win)."""
+    guest_aslr: Literal["auto", "on", "off"] = "auto"
+    """Address-space randomisation of the guest's processes (the guest kernel's own, KASLR, is not
+    affected). ``"auto"``: on under KVM, off under TCG, where QEMU 7.2 translates the guest's code per
+    virtual address, so every process's randomly placed ``ld.so`` and libc are translated afresh (a
+    dynamically linked ``true`` costs ~40 ms with it, ~10 ms without; docs/MICROVM.md, "Per command").
+    ``"on"`` is checked in the guest at every start (refused with ``PolicyNotEnforceableError`` if off)."""
 
     @field_validator("limits")
     @classmethod
