@@ -49,7 +49,7 @@ from adk_sandbox.executor.backends.microvm._qemu import Share
 from adk_sandbox.executor.backends.microvm._share import plan_share
 from adk_sandbox.executor.backends.microvm.config import MicroVMConfig, MicroVMPoolConfig
 from adk_sandbox.executor.errors import ExecutorError, PolicyNotEnforceableError, SandboxFailedError
-from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree
+from adk_sandbox.executor.workspace.copies import _Copier, copies_dir, copy_prefix, walk_copy
 
 if TYPE_CHECKING:
     from adk_sandbox.executor.backends.microvm.backend import MicroVMSession
@@ -170,7 +170,13 @@ class MicroVMPool:
                 try:
                     if workspace is None:  # pragma: no cover - every member has one
                         raise SandboxFailedError("a microVM pool member has no workspace")
-                    copy_tree(copy_of, str(workspace), self.settings.copy_size_mb * 1024 * 1024)
+                    cap = self.settings.copy_size_mb * 1024 * 1024
+                    # copy_tree's walk, with this pool's setting named when the source is too large
+                    copier = walk_copy(
+                        copy_of, str(workspace), cap, _Copier, "MicroVMPoolConfig(copy_size_mb=...)"
+                    )
+                    for reason in copier.skipped:
+                        log.warning("copying %s into %s left out %s", copy_of, workspace, reason)
                 except BaseException:
                     _close_quietly(member)  # the copy went into its workspace: never handed out again
                     raise
