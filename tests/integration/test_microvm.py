@@ -27,7 +27,12 @@ from pathlib import Path
 import pytest
 
 from adk_sandbox.executor import ExecRequest, ResourceLimits
-from adk_sandbox.executor.backends.microvm import MicroVMBackend, MicroVMConfig, MicroVMSession
+from adk_sandbox.executor.backends.microvm import (
+    MicroVMBackend,
+    MicroVMConfig,
+    MicroVMPoolConfig,
+    MicroVMSession,
+)
 from adk_sandbox.executor.backends.microvm._guest import fsjail, guest_parts
 from adk_sandbox.executor.backends.microvm._qemu import qemu_pids
 from adk_sandbox.executor.backends.microvm.backend import _kvm_verdict
@@ -35,6 +40,7 @@ from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     InvalidRequestError,
     PolicyNotEnforceableError,
+    SandboxFailedError,
 )
 from adk_sandbox.executor.types import ExecResult, IsolationClass
 from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
@@ -187,6 +193,14 @@ def test_guest_runs_its_own_kernel(session: MicroVMSession) -> None:
     assert result.exit_code == 0 and guest, result
     assert guest != platform.release(), f"the guest's kernel is the host's ({guest})"
     assert session.guest is not None and session.guest.kernel == guest
+
+
+def test_guest_aslr_is_off_under_tcg_by_default(session: MicroVMSession) -> None:
+    """guest_aslr="auto" under TCG: the guest maps its processes at fixed places (the translation cost),
+    and says so (its kernel keeps KASLR)."""
+    result = sh(session, "cat /proc/sys/kernel/randomize_va_space; cat /proc/cmdline")
+    assert result.stdout.split("\n")[0] == "0" and "norandmaps" in result.stdout, result
+    assert session.guest is not None and not session.guest.aslr
 
 
 def test_guest_has_no_network_device(session: MicroVMSession) -> None:
@@ -437,39 +451,62 @@ def test_close_kills_qemu(backend: MicroVMBackend) -> None:
 _OWNER = textwrap.dedent(
     """
     import sys, time
-    from adk_sandbox.executor.backends.microvm import MicroVMConfig, MicroVMSession
+    from adk_sandbox.executor.backends.microvm import MicroVMBackend, MicroVMConfig
     from adk_sandbox.executor.backends.microvm._qemu import qemu_pids
     from adk_sandbox.executor.types import ResourceLimits
     limits = ResourceLimits(memory_mb=64, cpus=1, pids=64)
     config = MicroVMConfig(accel="tcg", limits=limits, boot_timeout_seconds=120)
-    session = MicroVMSession(config, workspace=sys.argv[1])
-    session.start()
-    print(session.session_id, session.qemu_pid, *qemu_pids(session.qemu_pid), flush=True)
+    backend = MicroVMBackend(config, pool=1)
+    session = backend.session(copy_of=sys.argv[1])  # a pooled VM with a share; the pool boots the next
+    print(session.session_id, backend.pool.root, session.qemu_pid, *qemu_pids(session.qemu_pid), flush=True)
     time.sleep(600)
     """
 )
 
 
+def _naming(text: str) -> list[int]:
+    """Live processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if (
+                    text.encode() in (entry / "cmdline").read_bytes()
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+                ):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def test_owner_killed_takes_its_vm_along_and_the_reaper_its_run_directory(area: Path) -> None:
-    """SIGKILL of the owner: QEMU, virtiofsd and the wrapper die with it; the next backend removes the run
-    directory it left (a naive design leaves a run directory per killed owner, for ever)."""
+    """SIGKILL of the owner of a pool: the VM it handed out (QEMU, virtiofsd, the wrapper) and the one it
+    was booting die with it; the next backend removes the run directories and the pool's directory it
+    left (a naive design leaves them per killed owner, for ever, the pool's in host memory)."""
+    source = _owned_dir(area, "owner-src")
     owner = subprocess.Popen(
-        [sys.executable, "-c", _OWNER, str(_owned_dir(area, "owner-ws"))],
-        stdout=subprocess.PIPE, text=True, env={**os.environ},
-    )  # fmt: skip
+        [sys.executable, "-c", _OWNER, str(source)], stdout=subprocess.PIPE, text=True, env={**os.environ}
+    )
     try:
         assert owner.stdout is not None
         line = owner.stdout.readline().split()
-        assert len(line) >= 4, f"the owner did not start a VM with its share: {line}"
-        session_id, pids = line[0], [int(pid) for pid in line[1:]]
+        assert len(line) >= 5, f"the owner did not start a VM with its share: {line}"
+        session_id, pool_root, pids = line[0], Path(line[1]), [int(pid) for pid in line[2:]]
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
         assert all(_gone(pid, 5) for pid in pids), f"left running after the owner's SIGKILL: {pids}"
+        until = time.monotonic() + 30  # the member being booted: its wrapper ends once it saw the lifeline
+        while _naming(str(pool_root)) and time.monotonic() < until:
+            time.sleep(0.2)
+        assert _naming(str(pool_root)) == [], "a pool VM outlived its killed owner"
         left = _run_dirs(session_id)
         assert left, "the killed owner's run directory is not there: the reaper would have nothing to do"
+        assert pool_root.is_dir(), "the killed owner's pool directory is not there: nothing to reap"
         reaped = MicroVMBackend(CONFIG).reaped
         assert [str(path) for path in left] == [path for path in reaped if session_id in path]
-        assert _run_dirs(session_id) == []
+        assert str(pool_root) in reaped
+        assert _run_dirs(session_id) == [] and not pool_root.exists()
     finally:
         owner.kill()
         owner.wait()
@@ -483,3 +520,107 @@ def test_kvm_where_it_does_not_work_is_refused(backend: MicroVMBackend) -> None:
     with pytest.raises(PolicyNotEnforceableError, match="KVM does not work"):
         session.start()
     session.close()
+
+
+# -- the pool (last: its refills boot in the background) ----------------------------------------------
+@pytest.fixture(scope="module")
+def pooled() -> Iterator[MicroVMBackend]:
+    """One pool of one VM for the pool's tests (4 boots in all: a pool refills after each acquire)."""
+    require(shutil.which("qemu-system-x86_64") is not None, "QEMU is not installed (scripts/setup)")
+    config = CONFIG.model_copy(update={"guest_aslr": "on"})  # checked here; the module's other VMs: "auto"
+    with MicroVMBackend(config, pool=MicroVMPoolConfig(size=1)) as made:
+        assert made.pool is not None
+        require(made.pool.wait_ready(240), "the microVM pool booted no VM")
+        yield made
+
+
+def _pool_vms(pool_root: Path) -> list[int]:
+    """QEMU processes of the pool's VMs: under a wrapper whose command line names the pool's directory."""
+    return [
+        pid for wrapper in _naming(str(pool_root)) for pid in qemu_pids(wrapper) if pid in _qemu_processes()
+    ]
+
+
+def test_pool_hands_out_a_booted_vm_with_a_copy(pooled: MicroVMBackend, area: Path) -> None:
+    """The session's VM was booted before it was asked for; ``copy_of`` reaches it and comes back; the
+    source is only read; close removes the VM and its workspace."""
+    assert pooled.pool is not None
+    source = area / "pool-src"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "in.txt").write_text("from the source\n")
+    (source / "out-link").symlink_to(area / "outside")  # a link out of the source is not followed
+    booted = set(_pool_vms(pooled.pool.root))
+    assert booted, "no VM of the pool was booted before the session was asked for"
+    session = pooled.session(copy_of=source)
+    try:
+        wrapper = session.qemu_pid
+        assert wrapper is not None and set(qemu_pids(wrapper)) & booted, "the session's VM was booted for it"
+        workspace = session.workspace
+        assert workspace is not None and workspace.parent == pooled.pool.root
+        result = sh(
+            session,
+            "pwd; cat sub/in.txt; ls out-link/ 2>&1; echo made > made.txt; echo m > /tmp/mark; "
+            "echo aslr=$(cat /proc/sys/kernel/randomize_va_space)",
+        )
+        assert result.stdout.startswith("/workspace\nfrom the source\n"), result
+        assert result.stdout.endswith("aslr=2\n"), result  # guest_aslr="on" is kept under TCG
+        assert "secret.txt" not in result.stdout, result
+        assert (workspace / "made.txt").read_text() == "made\n"
+        assert (workspace / "made.txt").stat().st_uid == 1000
+        assert sorted(p.name for p in source.iterdir()) == ["out-link", "sub"]  # the source is untouched
+        assert pooled.pool.stats().served >= 1
+    finally:
+        session.close()
+    assert all(_gone(pid, 5) for pid in qemu_pids(wrapper) or [wrapper])
+    assert not workspace.exists() and _run_dirs(session.session_id) == []
+    _first.append(session.session_id)
+
+
+_first: list[str] = []
+
+
+def test_pool_replaces_a_dead_member_and_never_reuses_one(pooled: MicroVMBackend) -> None:
+    """A member whose QEMU was killed while it waited is never handed out; a later session is a fresh VM
+    (nothing of the earlier session's ``/tmp`` or workspace). Catches a pool that hands out whatever it
+    holds, and one that puts a closed session's VM back."""
+    assert pooled.pool is not None
+    require(pooled.pool.wait_ready(240), "the microVM pool did not refill")
+    before = pooled.pool.stats()
+    victims = _pool_vms(pooled.pool.root)
+    assert victims, "no ready VM in the pool"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    with pooled.session() as session:
+        result = sh(session, "pwd; ls -A; cat /tmp/mark 2>&1; true")
+        assert result.exit_code == 0 and result.stdout.startswith("/workspace\n"), result
+        assert "made.txt" not in result.stdout and "No such file" in result.stdout, result
+        assert session.session_id not in _first
+    after = pooled.pool.stats()
+    assert after.replaced == before.replaced + 1 and after.served == before.served + 1, (before, after)
+
+
+def _my_run_dirs() -> set[Path]:
+    return set(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"adk-sandbox-vm-*-{os.getpid()}-*"))
+
+
+def test_closing_the_pool_leaves_no_vm(pooled: MicroVMBackend) -> None:
+    """Closing the backend kills the session it handed out and the VM its pool is booting (no QEMU, no
+    virtiofsd, no run directory, no pool directory left); a naive close waits for nothing, or leaves the
+    member being booted to finish its boot on its own."""
+    assert pooled.pool is not None
+    root = pooled.pool.root
+    require(pooled.pool.wait_ready(240), "the microVM pool did not refill")
+    before = _my_run_dirs()
+    handed_out = pooled.session()  # left open: the backend's close must take it along
+    until = time.monotonic() + 60
+    while len(_my_run_dirs() - before) < 1 and time.monotonic() < until:  # the refill's boot has begun
+        time.sleep(0.05)
+    booting = _my_run_dirs() - before
+    assert booting and pooled.pool.stats().booting == 1, pooled.pool.stats()
+    pooled.close()
+    assert handed_out.closed and handed_out.qemu_pid is None
+    assert _naming(str(root)) == [] and not root.exists()
+    left = _my_run_dirs()
+    assert not left & booting and not any(handed_out.session_id in path.name for path in left), left
+    with pytest.raises(SandboxFailedError, match="closed"):
+        pooled.pool.acquire()

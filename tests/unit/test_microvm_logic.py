@@ -20,8 +20,8 @@ from adk_sandbox.executor.backends.microvm._qemu import (
 )
 from adk_sandbox.executor.backends.microvm._reaper import reap_vms, run_dir_prefix
 from adk_sandbox.executor.backends.microvm._share import plan_share
-from adk_sandbox.executor.backends.microvm.backend import GuestFacts
-from adk_sandbox.executor.backends.microvm.config import MicroVMConfig
+from adk_sandbox.executor.backends.microvm.backend import GuestFacts, guest_aslr
+from adk_sandbox.executor.backends.microvm.config import MicroVMConfig, MicroVMPoolConfig
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.types import Language, ResourceLimits
 
@@ -66,6 +66,8 @@ def test_kernel_command_line_carries_the_limits_and_the_tsc() -> None:
     )
     assert words[-1] == "panic=0"  # given words come last: they win
     assert "tsc_early_khz" not in kernel_command_line(_spec(tsc_khz=None))
+    assert "norandmaps" not in words
+    assert "norandmaps" in kernel_command_line(_spec(aslr=False)).split()
 
 
 def test_host_tsc_khz_from_cpuinfo() -> None:
@@ -101,6 +103,14 @@ def test_guest_facts() -> None:
     assert facts.kernel == "6.1.0-57-cloud-amd64" and facts.interfaces == ("lo",)
     assert (facts.memory_max, facts.pids_max, facts.cpus) == ("134217728", "128", 1)
     assert facts.languages == (Language.PYTHON,)
+    assert not facts.aslr and GuestFacts("aslr=2\n").aslr and not GuestFacts("aslr=0\n").aslr
+
+
+def test_guest_aslr_follows_the_accelerator() -> None:
+    """Off only under TCG by default (the translation cost), on under KVM, as asked otherwise."""
+    assert guest_aslr(MicroVMConfig(), "kvm") and not guest_aslr(MicroVMConfig(), "tcg")
+    assert guest_aslr(MicroVMConfig(guest_aslr="on"), "tcg")
+    assert not guest_aslr(MicroVMConfig(guest_aslr="off"), "kvm")
 
 
 def _share(tmp: Path) -> Share:
@@ -149,3 +159,22 @@ def test_run_dir_names_their_owner_for_the_reaper(tmp_path: Path) -> None:
     (tmp_path / "adk-sandbox-vm-unrelated").mkdir()
     assert reap_vms(str(tmp_path)) == [str(tmp_path / (gone + "abc"))]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "adk-sandbox-vm-unrelated"])
+
+
+def test_pool_config_validation() -> None:
+    assert MicroVMPoolConfig(size=2).path == "/workspace"
+    for bad in ("workspace", "/a/../b", "/", "/tmp", "/proc/w", "/home"):
+        with pytest.raises(ValidationError):
+            MicroVMPoolConfig(size=1, path=bad)
+    with pytest.raises(ValidationError):
+        MicroVMPoolConfig(size=0)
+
+
+def test_plan_share_at_another_guest_path(tmp_path: Path) -> None:
+    """A pooled VM's directory is mounted at the pool's path, not at the host's (checked as the guest's)."""
+    if os.geteuid() == 0:
+        os.chown(tmp_path, 1000, 1000)
+    share = plan_share(tmp_path, "1000:1000", guest_path="/workspace")
+    assert (share.host_dir, share.guest_path) == (tmp_path, "/workspace")
+    with pytest.raises(InvalidRequestError, match="hide"):
+        plan_share(tmp_path, "1000:1000", guest_path="/home")

@@ -19,6 +19,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -94,6 +95,8 @@ class QemuCommand:
     tsc_khz: int | None
     kernel_args: tuple[str, ...] = ()
     """Appended to the kernel command line (last wins)."""
+    aslr: bool = True
+    """Randomise the guest processes' address spaces (False: ``norandmaps``)."""
     share: Share | None = None
     """The workspace shared over virtiofs (None: no host directory is reachable from the VM)."""
 
@@ -129,6 +132,10 @@ def kernel_command_line(spec: QemuCommand) -> str:
     if spec.tsc_khz:
         # Without it the early TSC calibration under TCG hangs about one boot in five.
         words.append(f"tsc_early_khz={spec.tsc_khz}")
+    if not spec.aslr:
+        # Under TCG (QEMU 7.2) translated code is keyed by virtual address: with randomised mappings each
+        # process's ld.so and libc are translated again, ~30 ms of a dynamically linked command's ~40.
+        words.append("norandmaps")
     return " ".join([*words, *spec.kernel_args])
 
 
@@ -216,6 +223,7 @@ class VmProcess:
     def __init__(self, wrapper: subprocess.Popen[bytes], lifeline: int, spec: QemuCommand) -> None:
         self._wrapper = wrapper
         self._lifeline: int | None = lifeline
+        self._kill_lock = threading.Lock()  # a pool's close may kill a VM its session is killing too
         self.spec = spec
 
     @property
@@ -251,10 +259,11 @@ class VmProcess:
     def kill(self) -> None:
         """Kill the whole group (wrapper and QEMU), reap the wrapper, wait for QEMU to be gone; idempotent."""
         qemu = qemu_pids(self._wrapper.pid)
-        lifeline, self._lifeline = self._lifeline, None
-        if lifeline is not None:
-            with contextlib.suppress(OSError):
-                os.close(lifeline)
+        with self._kill_lock:  # the lifeline's number is closed once: never a descriptor reused meanwhile
+            lifeline, self._lifeline = self._lifeline, None
+            if lifeline is not None:
+                with contextlib.suppress(OSError):
+                    os.close(lifeline)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._wrapper.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -24,7 +24,7 @@ from adk_sandbox.executor._layout import HOME_DIR, KERNEL_PATHS
 from adk_sandbox.executor.backends.microvm._qemu import Share
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 
-__all__ = ["GUEST_MOUNTS", "MAX_PATH_BYTES", "plan_share"]
+__all__ = ["GUEST_MOUNTS", "MAX_PATH_BYTES", "check_guest_path", "plan_share"]
 
 #: The guest's own file systems (tmpfs, kernel): a workspace is never one of them nor above one.
 GUEST_MOUNTS = ("/tmp", HOME_DIR, "/run", "/dev/shm", *KERNEL_PATHS)
@@ -32,10 +32,8 @@ GUEST_MOUNTS = ("/tmp", HOME_DIR, "/run", "/dev/shm", *KERNEL_PATHS)
 MAX_PATH_BYTES = 400
 
 
-def plan_share(workspace: str | os.PathLike[str], user: str, euid: int | None = None) -> Share:
-    """The share of ``workspace`` for commands running as ``user`` (``"uid:gid"``); refusals as above."""
-    path = os.path.abspath(os.fspath(workspace))
-    guest_path = path
+def check_guest_path(path: str) -> str:
+    """``path`` if the guest can mount a workspace there, else :class:`InvalidRequestError` saying why."""
     encoded = os.fsencode(path)
     if len(encoded) > MAX_PATH_BYTES or b"\n" in encoded:
         raise InvalidRequestError(
@@ -49,6 +47,18 @@ def plan_share(workspace: str | os.PathLike[str], user: str, euid: int | None = 
             )
         if reserved in (*KERNEL_PATHS, "/run") and path.startswith(reserved + "/"):
             raise InvalidRequestError(f"a workspace cannot be under {reserved} (the guest's own): {path!r}")
+    return path
+
+
+def plan_share(
+    workspace: str | os.PathLike[str], user: str, euid: int | None = None, guest_path: str | None = None
+) -> Share:
+    """The share of ``workspace`` for commands running as ``user`` (``"uid:gid"``); refusals as above.
+
+    The guest mounts it at ``guest_path`` (default: the workspace's own absolute path).
+    """
+    path = os.path.abspath(os.fspath(workspace))
+    guest_path = check_guest_path(path if guest_path is None else guest_path)
     try:
         info = os.stat(path)
     except FileNotFoundError as exc:

@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from adk_sandbox.executor._env import build_child_env
@@ -54,7 +55,8 @@ from adk_sandbox.executor.backends.microvm._qemu import (
 )
 from adk_sandbox.executor.backends.microvm._reaper import reap_vms, run_dir_prefix
 from adk_sandbox.executor.backends.microvm._share import plan_share
-from adk_sandbox.executor.backends.microvm.config import MicroVMConfig
+from adk_sandbox.executor.backends.microvm.config import MicroVMConfig, MicroVMPoolConfig
+from adk_sandbox.executor.backends.microvm.pool import MicroVMPool
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
@@ -62,10 +64,12 @@ from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome,
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
+    InvalidRequestError,
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
 from adk_sandbox.executor.types import Capabilities, ExecRequest, IsolationClass, Language, parse_user
+from adk_sandbox.executor.workspace.copies import reap_copies
 
 __all__ = ["GuestFacts", "MicroVMBackend", "MicroVMSession", "resolve_accel"]
 
@@ -78,7 +82,7 @@ _PROGRAM_LANGUAGES = {LANGUAGES[lang].program: lang for lang in (Language.PYTHON
 _PROBE = (
     "echo kernel=$(uname -r); echo net=$(ls /sys/class/net | tr '\\n' ' '); "
     "echo memory=$(cat /sys/fs/cgroup/memory.max); echo pids=$(cat /sys/fs/cgroup/pids.max); "
-    "echo cpus=$(nproc); "
+    "echo cpus=$(nproc); echo aslr=$(cat /proc/sys/kernel/randomize_va_space); "
     f"for p in {' '.join(_PROGRAM_LANGUAGES)}; do "
     "command -v $p >/dev/null 2>&1 && echo language=$p; done; true"
 )
@@ -110,6 +114,8 @@ class GuestFacts:
         self.memory_max = fields.get("memory", "")
         self.pids_max = fields.get("pids", "")
         self.cpus = int(fields["cpus"]) if fields.get("cpus", "").isdigit() else 0
+        self.aslr = fields.get("aslr", "") not in ("", "0")
+        """Whether the guest randomises its processes' address spaces (``randomize_va_space`` not 0)."""
         self.languages = tuple(languages)
 
 
@@ -129,19 +135,33 @@ def _vm_spec(
         ports=config.ports,
         tsc_khz=host_tsc_khz(),
         kernel_args=config.kernel_args,
+        aslr=guest_aslr(config, accel),
         share=share,
     )
 
 
-def boot(spec: QemuCommand, opener: PortOpener, deadline: float) -> VmProcess:
+def guest_aslr(config: MicroVMConfig, accel: str) -> bool:
+    """Whether the guest's processes get randomised address spaces (``MicroVMConfig.guest_aslr``)."""
+    return config.guest_aslr == "on" or (config.guest_aslr == "auto" and accel == "kvm")
+
+
+def boot(
+    spec: QemuCommand,
+    opener: PortOpener,
+    deadline: float,
+    started: Callable[[VmProcess], None] | None = None,
+) -> VmProcess:
     """Start the VM of ``spec`` and wait for its guest init to greet on port 1 by ``deadline``.
 
     Past the deadline, or when QEMU stops first, the VM is killed and :class:`BackendUnavailableError`
-    says why, with the end of the guest's console.
+    says why, with the end of the guest's console. ``started`` is called with the VM as soon as QEMU runs
+    (so that a close from another thread can kill a VM still booting).
     """
     server = fs_command(spec, fsjail(), virtiofsd()) if spec.share is not None else []
     vm = start_vm(spec, qemu_command(spec), server)
     try:
+        if started is not None:
+            started(vm)
         socket_path = spec.port_socket(1)
         while not socket_path.exists():
             if vm.finished():
@@ -257,9 +277,18 @@ class MicroVMSession(ChannelSession):
     _GONE = "this microVM session is closed"
     _WHERE = "the session's microVM"
 
-    def __init__(self, config: MicroVMConfig, workspace: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: MicroVMConfig,
+        workspace: str | os.PathLike[str] | None = None,
+        *,
+        share: Share | None = None,
+    ) -> None:
         self._config = config
-        self._share = plan_share(workspace, config.user) if workspace is not None else None
+        self._share = plan_share(workspace, config.user) if workspace is not None else share
+        self._owns_workspace = share is not None
+        """A pool member: its workspace directory was made for it and is removed at close."""
+        self._booting: VmProcess | None = None
         self._workdir = self._share.guest_path if self._share is not None else HOME_DIR
         self._session_id = uuid.uuid4().hex[:12]
         self._lock = threading.RLock()
@@ -314,7 +343,7 @@ class MicroVMSession(ChannelSession):
         opener = PortOpener([str(spec.port_socket(n)) for n in range(1, spec.ports + 1)])
         started = time.monotonic()
         _LIVE.add(self)
-        self._vm = boot(spec, opener, started + config.boot_timeout_seconds)
+        self._vm = boot(spec, opener, started + config.boot_timeout_seconds, self._boot_started)
         self.boot_seconds = time.monotonic() - started
         self._transport = AgentTransport(opener, agent="static")
         verify_from_inside(self._transport, dict(self._base_env), config.user, None)
@@ -325,11 +354,21 @@ class MicroVMSession(ChannelSession):
                 f"the session's commands do not run on the microVM's kernel ({parts.kernel_release}): the "
                 f"probe saw {facts.kernel or 'nothing'!r}"
             )
+        if guest_aslr(config, self.accel) and not facts.aslr:
+            raise PolicyNotEnforceableError(
+                "MicroVMConfig(guest_aslr='on') was asked for, but the guest does not randomise its "
+                "processes' address spaces (a kernel_args word such as norandmaps turned it off)"
+            )
         if facts.interfaces != ("lo",):
             raise PolicyNotEnforceableError(
                 f"the microVM has network interfaces besides lo ({', '.join(facts.interfaces) or 'none'}); "
                 "it was started without a NIC, so this is not the VM it should be"
             )
+
+    def _boot_started(self, vm: VmProcess) -> None:
+        self._booting = vm
+        if self._closed:  # closed from another thread while QEMU was being started
+            vm.kill()
 
     def _run_probe(self) -> str:
         capture = OutputCapture(64 * 1024)
@@ -356,10 +395,36 @@ class MicroVMSession(ChannelSession):
         _LIVE.discard(self)
 
     def close(self) -> None:
-        """Kill the VM (QEMU and its wrapper) and remove its run directory; idempotent."""
+        """Kill the VM (QEMU and its wrapper) and remove its run directory; idempotent.
+
+        A VM still booting (in another thread) is killed at once, not waited for. A pooled session's
+        workspace directory (made for it by the pool) is removed too: read results from it before.
+        """
+        self._closed = True
+        booting = self._booting
+        if booting is not None:
+            booting.kill()  # its boot() then fails at once and releases the lock
         with self._lock:
-            self._closed = True
             self._discard()
+            self._booting = None
+            if self._owns_workspace and self._share is not None:
+                shutil.rmtree(self._share.host_dir, ignore_errors=True)  # by descriptor: links not followed
+
+    def alive(self) -> bool:
+        """True while the session's VM is started and QEMU runs (no round trip into the guest)."""
+        vm = self._vm
+        return not self._closed and vm is not None and not vm.finished()
+
+    def ping(self, timeout: float = 2.0) -> bool:
+        """True when the started VM's agent answers a PING within ``timeout`` seconds; starts nothing.
+
+        The pool (:mod:`.pool`) asks this before handing a member out: a VM killed from outside, or a guest
+        that stopped answering, answers False.
+        """
+        transport = self._transport
+        if not self.alive() or transport is None:
+            return False
+        return transport.ping(self._config.user, timeout)
 
     # -- what is enforced ----------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -450,7 +515,14 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
 
     name = "microvm"
 
-    def __init__(self, config: MicroVMConfig | None = None) -> None:
+    def __init__(
+        self, config: MicroVMConfig | None = None, *, pool: int | MicroVMPoolConfig | None = None
+    ) -> None:
+        """Check QEMU is there and reap what killed owners left; with ``pool``, start booting its members.
+
+        ``pool`` keeps that many VMs (or as a :class:`MicroVMPoolConfig` says) booted for ``session()``
+        and ``session(copy_of=...)`` (docs/MICROVM.md, "The pool").
+        """
         self.config = config or MicroVMConfig()
         """What every session's VM is made of."""
         if shutil.which(os.environ.get("ADK_SANDBOX_QEMU") or "qemu-system-x86_64") is None:
@@ -460,19 +532,70 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
             )
         if shutil.which("setpriv") is None:
             raise BackendUnavailableError("setpriv (util-linux) is needed to tie each VM to its owner")
-        self.reaped: list[str] = reap_vms()
-        """Run directories of VMs whose owner process is gone, removed (their processes killed) here."""
+        self.reaped: list[str] = reap_vms() + reap_copies()
+        """Run directories of VMs whose owner process is gone, removed (their processes killed) here, and
+        the pool and copies directories such owners left."""
         if self.reaped:
             log.info("removed %d microVM run directories of gone owners", len(self.reaped))
         super().__init__()
+        settings = MicroVMPoolConfig(size=pool) if isinstance(pool, int) else pool
+        self.pool: MicroVMPool | None = None
+        """The booted VMs kept ready (``pool=``), else None."""
+        if settings is not None:
+            self.pool = MicroVMPool(self.config, settings, self._pool_member)
 
-    def session(self, workspace: str | os.PathLike[str] | None = None) -> MicroVMSession:
-        """A new session (its VM boots on entry or first use), ``workspace`` shared at the same path inside.
+    def _pool_member(self, share: Share) -> MicroVMSession:
+        return MicroVMSession(self.config, share=share)
 
-        The workspace must not be owned by root (:class:`PolicyNotEnforceableError`): what the VM creates
-        there is owned by the workspace's owner (docs/MICROVM.md, "The workspace").
+    def session(
+        self,
+        workspace: str | os.PathLike[str] | None = None,
+        *,
+        copy_of: str | os.PathLike[str] | None = None,
+    ) -> MicroVMSession:
+        """A new session, ``workspace`` shared at the same path inside; from the pool where it can be.
+
+        With ``workspace``, a VM booted for this session (on entry or first use): a share is fixed at boot,
+        so it cannot come from the pool. The workspace must not be owned by root
+        (:class:`PolicyNotEnforceableError`): what the VM creates there is owned by the workspace's owner
+        (docs/MICROVM.md, "The workspace").
+
+        Without it, and with ``pool=``, a VM of the pool, already booted, its workspace an empty directory
+        of its own (``session.workspace``) at the pool's ``path`` inside; ``copy_of=DIR`` fills that
+        directory with a copy of ``DIR`` first (``DIR`` is only read; no link is followed out of it). Both
+        are removed when the session closes: read results from ``session.workspace`` before. ``copy_of``
+        needs a pool (:class:`InvalidRequestError`).
         """
+        if copy_of is not None:
+            if workspace is not None:
+                raise InvalidRequestError(
+                    "give workspace= (the VM shares that directory) or copy_of= (it works in a copy of it), "
+                    "not both"
+                )
+            if self.pool is None:
+                raise InvalidRequestError(
+                    "copy_of= fills the workspace of a pooled VM: create the backend with "
+                    "MicroVMBackend(pool=...), or share the directory itself with workspace="
+                )
+            source = str(Path(copy_of).resolve(strict=False))
+            if not os.path.isdir(source):
+                raise InvalidRequestError(f"copy_of {str(copy_of)!r} is not a directory")
+            root = str(self.pool.root)
+            if root == source or root.startswith(source.rstrip("/") + "/"):
+                raise InvalidRequestError(
+                    f"copy_of {source!r} holds the pool's directory ({root}): a copy would take in other "
+                    "sessions' workspaces. Give the directory of the project itself"
+                )
+            return self._track(self.pool.acquire(copy_of=source))
+        if workspace is None and self.pool is not None:
+            return self._track(self.pool.acquire())
         return self._track(MicroVMSession(self.config, workspace))
+
+    def close(self) -> None:
+        """Close every session of this backend still open (their VMs killed), then the pool's VMs."""
+        super().close()
+        if self.pool is not None:
+            self.pool.close()
 
     def _probe_capabilities(self) -> Capabilities:
         with self.session() as probe:

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import math
+import posixpath
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from adk_sandbox.executor.backends.microvm._share import check_guest_path
+from adk_sandbox.executor.errors import InvalidRequestError
 from adk_sandbox.executor.types import ResourceLimits, parse_user
 
-__all__ = ["MicroVMConfig"]
+__all__ = ["MicroVMConfig", "MicroVMPoolConfig"]
 
 #: The image whose filesystem is the VM's root disk (exported once, docs/MICROVM.md).
 DEFAULT_IMAGE = "adk-sandbox/base:latest"
+#: Where a pooled VM's workspace is inside the guest (``MicroVMPoolConfig.path``).
+DEFAULT_POOL_PATH = "/workspace"
 
 
 class MicroVMConfig(BaseModel):
@@ -38,6 +43,12 @@ class MicroVMConfig(BaseModel):
     """virtio-serial ports of the VM: agents that can run at once (one per user), used in turn."""
     kernel_args: tuple[str, ...] = ()
     """Appended to the guest kernel's command line (diagnostics; later words win)."""
+    guest_aslr: Literal["auto", "on", "off"] = "auto"
+    """Address-space randomisation of the guest's processes (the guest kernel's own, KASLR, is not
+    affected). ``"auto"``: on under KVM, off under TCG, where QEMU 7.2 translates the guest's code per
+    virtual address, so every process's randomly placed ``ld.so`` and libc are translated afresh (a
+    dynamically linked ``true`` costs ~40 ms with it, ~10 ms without; docs/MICROVM.md, "Per command").
+    ``"on"`` is checked in the guest at every start (refused with ``PolicyNotEnforceableError`` if off)."""
 
     @field_validator("limits")
     @classmethod
@@ -69,3 +80,40 @@ class MicroVMConfig(BaseModel):
     def vcpus(self) -> int:
         """The VM's vCPUs."""
         return max(1, int(self.limits.cpus))
+
+
+class MicroVMPoolConfig(BaseModel):
+    """How ``MicroVMBackend(pool=...)`` keeps booted VMs ready (docs/MICROVM.md, "The pool").
+
+    Each member is a booted VM sharing a fresh, empty host directory of its own at :attr:`path` inside;
+    ``backend.session()`` takes a member as it is, ``backend.session(copy_of=SRC)`` copies ``SRC`` into the
+    member's directory first. A member is never handed out twice: closing its session kills the VM and
+    removes the directory.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    size: Annotated[int, Field(ge=1, le=64)]
+    """How many booted VMs to keep ready."""
+    path: str = DEFAULT_POOL_PATH
+    """Where each member's workspace is inside its VM (the same for every member; its host directory is
+    its own, below the pool's directory)."""
+    copy_size_mb: Annotated[int, Field(ge=1)] = 1024
+    """The largest ``copy_of`` tree taken (the copy lives in host memory when ``/dev/shm`` is a tmpfs);
+    a larger one is refused with ``PolicyNotEnforceableError`` before anything is copied."""
+    boot_concurrency: Annotated[int, Field(ge=1, le=16)] = 1
+    """At most this many members booting at once (each boot takes a core under TCG)."""
+    acquire_timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
+    """How long a session waits for a member when none is ready before it fails."""
+    ping_timeout_seconds: Annotated[float, Field(gt=0)] = 5.0
+    """How long a member's agent may take to answer before the member is replaced instead of handed out."""
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+            raise ValueError(f"must be an absolute, normalised directory path other than /, not {path!r}")
+        try:
+            return check_guest_path(path)
+        except InvalidRequestError as exc:
+            raise ValueError(str(exc)) from exc
