@@ -214,6 +214,57 @@ def test_guest_has_no_network_device(session: MicroVMSession) -> None:
     assert routes.stdout.strip() == "", routes
 
 
+FETCH = """
+import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode(), end="")
+except urllib.error.HTTPError as error:
+    print(error.code, error.read().decode()[:80])
+except Exception as error:
+    print("FAILED", type(error).__name__)
+"""
+
+
+def test_a_network_policy_reaches_allowed_names_through_the_channel(session: MicroVMSession) -> None:
+    """No device, no route: an allowed name answers through the agent's proxy; the rest gets nothing.
+
+    The direct connection goes to 10.0.2.2, QEMU's user-mode network gateway, which is the host's own
+    loopback: a naive design (a NIC plus an allowlisting proxy) would let it reach the host's server. Here
+    the VM has no NIC and it finds no route. The same session is switched to a policy and back.
+    """
+    from adk_sandbox.executor.network.policy import NetworkPolicy  # noqa: PLC0415
+    from tests.integration.egress_servers import Upstream  # noqa: PLC0415
+
+    server, other = Upstream(body=b"from the host\n"), Upstream(body=b"not for you\n")
+    try:
+        policy = NetworkPolicy(
+            allow=[f"allowed.test:{server.port}"],
+            hosts={"allowed.test": ["127.0.0.1"], "denied.test": ["127.0.0.1"]},
+        )
+        session.set_network(policy)
+        assert session.capabilities().network_policy == policy
+        allowed = sh(session, f"python3 -c '{FETCH}' http://allowed.test:{server.port}/ok")
+        assert allowed.stdout == "from the host\n", allowed
+        denied = sh(session, f"python3 -c '{FETCH}' http://denied.test:{other.port}/no")
+        assert denied.stdout.startswith("403 "), denied
+        direct = sh(
+            session, f"env -u HTTP_PROXY -u http_proxy python3 -c '{FETCH}' http://10.0.2.2:{other.port}/"
+        )
+        assert direct.stdout.startswith("FAILED"), direct
+        assert [entry.decision for entry in session.network_log().entries] == ["allowed", "refused"]
+        session.set_network(False)
+        off = sh(session, f"python3 -c '{FETCH}' http://allowed.test:{server.port}/after")
+        assert off.stdout.startswith("403 "), off
+        with pytest.raises(PolicyNotEnforceableError, match="no network device"):
+            session.set_network(True)
+        assert [head.split(b" ")[1] for head in server.received] == [b"/ok"]
+        assert other.received == [] and other.delivered == 0
+    finally:
+        session.set_network(False)
+        server.close()
+        other.close()
+
+
 def test_root_is_read_only_and_tmp_is_not(session: MicroVMSession) -> None:
     result = session.execute(
         ExecRequest(language="command", code="touch /usr/x 2>&1; touch /tmp/x && echo tmp-ok", timeout=30)

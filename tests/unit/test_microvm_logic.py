@@ -178,3 +178,13 @@ def test_plan_share_at_another_guest_path(tmp_path: Path) -> None:
     assert (share.host_dir, share.guest_path) == (tmp_path, "/workspace")
     with pytest.raises(InvalidRequestError, match="hide"):
         plan_share(tmp_path, "1000:1000", guest_path="/home")
+
+
+def test_network_takes_false_or_a_policy_and_refuses_a_route() -> None:
+    from adk_sandbox.executor.network.policy import NetworkPolicy  # noqa: PLC0415
+
+    assert MicroVMConfig().network is False
+    policy = MicroVMConfig(network={"allow": ["pypi.org"]}).network
+    assert isinstance(policy, NetworkPolicy) and policy.allow == ("pypi.org",)
+    with pytest.raises(ValidationError, match="a microVM has none"):
+        MicroVMConfig(network=True)

@@ -58,6 +58,7 @@ from adk_sandbox.executor.backends.microvm._share import plan_share
 from adk_sandbox.executor.backends.microvm.config import MicroVMConfig, MicroVMPoolConfig
 from adk_sandbox.executor.backends.microvm.pool import MicroVMPool
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.egress import SessionEgress
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome, PreparedCommand
@@ -68,6 +69,8 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
+from adk_sandbox.executor.network.log import LogSnapshot
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import Capabilities, ExecRequest, IsolationClass, Language, parse_user
 from adk_sandbox.executor.workspace.copies import reap_copies
 
@@ -299,6 +302,8 @@ class MicroVMSession(ChannelSession):
         self._capabilities: Capabilities | None = None
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
         self._enterable: set[tuple[str, str]] = set()
+        #: The network in force, the proxy endpoint, the live connections and the log (channel/egress.py).
+        self._egress = SessionEgress(config.network)
         self.accel: str | None = None
         """``"kvm"`` or ``"tcg"``, once started."""
         self.guest: GuestFacts | None = None
@@ -364,6 +369,8 @@ class MicroVMSession(ChannelSession):
                 f"the microVM has network interfaces besides lo ({', '.join(facts.interfaces) or 'none'}); "
                 "it was started without a NIC, so this is not the VM it should be"
             )
+        if self._egress.proxied:
+            self._egress.serve(self._transport, config.user)
 
     def _boot_started(self, vm: VmProcess) -> None:
         self._booting = vm
@@ -382,6 +389,7 @@ class MicroVMSession(ChannelSession):
         return capture.finish()["stdout"].text
 
     def _discard(self) -> None:
+        self._egress.close()
         transport, self._transport = self._transport, None
         if transport is not None:
             with contextlib.suppress(ExecutorError, OSError):
@@ -449,7 +457,42 @@ class MicroVMSession(ChannelSession):
                 channel="agent",
                 accel=self.accel,
             )
-        return self._capabilities
+        return self._capabilities.model_copy(update={"network_policy": self._egress.policy})
+
+    # -- the network (docs/network.md) ---------------------------------------------------------------
+    @property
+    def network(self) -> bool | NetworkPolicy:
+        """The network in force: False (nothing leaves the VM) or a :class:`NetworkPolicy`."""
+        return self._egress.network
+
+    def set_network(self, network: bool | NetworkPolicy) -> None:
+        """Change the VM's network while it runs (docs/network.md, "Changing it at run time").
+
+        ``False``: every live proxied connection is closed and new ones get a 403 (rule ``network off``);
+        a :class:`NetworkPolicy`: it replaces the policy, and the open connections it does not allow are
+        closed. ``True`` is refused (:class:`PolicyNotEnforceableError`): the VM has no network device.
+        Starts the session (a policy needs its agent).
+        """
+        if network is True:
+            raise PolicyNotEnforceableError(
+                "a microVM has no network device, so it cannot be given a route out (network=True); give a "
+                "NetworkPolicy to reach named hosts through the agent's proxy"
+            )
+        if not isinstance(network, bool | NetworkPolicy):
+            raise InvalidRequestError(
+                f"set_network takes False or a NetworkPolicy, not {type(network).__name__}"
+            )
+        with self._lock:
+            self.start()
+            self._egress.switch(network, self._transport, self._config.user)
+
+    def open_connections(self) -> list[tuple[str, int]]:
+        """The live proxied connections, as (host, port)."""
+        return self._egress.open_connections()
+
+    def network_log(self) -> LogSnapshot:
+        """The connections this session's VM asked for under its network policy (bounded)."""
+        return self._egress.snapshot()
 
     # -- commands (the body is ChannelSession.execute) -------------------------------------------------
     def _command_user(self, requested: str | None) -> str:
@@ -485,10 +528,12 @@ class MicroVMSession(ChannelSession):
         transport = self._transport
         if transport is None:
             raise SandboxFailedError(self._GONE)
+        user = self._command_user(request.user)
+        self._egress.ensure(transport, user)  # again after an agent restart, or for another user's agent
         command = PreparedCommand(
             argv=argv,
-            env=build_child_env(self._base_env, None, request.env),
-            user=self._command_user(request.user),
+            env={**self._egress.env(), **build_child_env(self._base_env, None, request.env)},
+            user=user,
             workdir=request.cwd if request.cwd is not None else self._workdir,
             stdin=request.stdin_bytes,
             marker=uuid.uuid4().hex,

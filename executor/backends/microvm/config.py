@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adk_sandbox.executor.backends.microvm._share import check_guest_path
 from adk_sandbox.executor.errors import InvalidRequestError
+from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
 from adk_sandbox.executor.types import ResourceLimits, parse_user
 
 __all__ = ["MicroVMConfig", "MicroVMPoolConfig"]
@@ -43,12 +44,29 @@ class MicroVMConfig(BaseModel):
     """virtio-serial ports of the VM: agents that can run at once (one per user), used in turn."""
     kernel_args: tuple[str, ...] = ()
     """Appended to the guest kernel's command line (diagnostics; later words win)."""
+    network: Literal[False] | NetworkPolicy = False
+    """``False``: nothing leaves the VM (it has no network device at all). A
+    :class:`~adk_sandbox.executor.network.NetworkPolicy` (or a mapping of its fields): still no device;
+    commands reach the names it allows through the agent's proxy on the guest's ``127.0.0.1``, carried over
+    the agent channel to this host, which decides, resolves and connects (docs/network.md).
+    ``session.set_network`` changes it at run time. ``True`` (a route out) is refused: a VM without a NIC
+    cannot be given one."""
     guest_aslr: Literal["auto", "on", "off"] = "auto"
     """Address-space randomisation of the guest's processes (the guest kernel's own, KASLR, is not
     affected). ``"auto"``: on under KVM, off under TCG, where QEMU 7.2 translates the guest's code per
     virtual address, so every process's randomly placed ``ld.so`` and libc are translated afresh (a
     dynamically linked ``true`` costs ~40 ms with it, ~10 ms without; docs/MICROVM.md, "Per command").
     ``"on"`` is checked in the guest at every start (refused with ``PolicyNotEnforceableError`` if off)."""
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _no_route(cls, network: object) -> object:
+        if network is True:
+            raise ValueError(
+                "network=True would need a network device, and a microVM has none: give a NetworkPolicy "
+                "(allow=[...]) to reach named hosts through the agent's proxy, or False"
+            )
+        return network_setting(network)
 
     @field_validator("limits")
     @classmethod

@@ -64,6 +64,8 @@ while [ $n -le "$ports" ]; do
     ln -s "$(ls /dev/vport*p$n)" "/dev/adk-port$n"
     n=$((n + 1))
 done
+# Loopback only (there is no other device): the agent's proxy for a NetworkPolicy listens on 127.0.0.1.
+ifconfig lo 127.0.0.1 up || fail "cannot bring lo up"
 mount --move /dev /newroot/dev
 mkdir -p /newroot/dev/shm && mount -t tmpfs -o "$opts" tmpfs /newroot/dev/shm
 mount --move /sys /newroot/sys
