@@ -41,7 +41,7 @@ from adk_sandbox.executor._layout import DIRECT_MOUNT
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.connections import ConnectionStream
 from adk_sandbox.executor.channel.transport import CommandTransport
-from adk_sandbox.executor.errors import PolicyNotEnforceableError
+from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.network.addresses import IPAddress, IPNetwork, infrastructure_addresses
 from adk_sandbox.executor.network.http_head import HeadError, forbidden, head_end, parse_head
 from adk_sandbox.executor.network.intercept import SYSTEM_BUNDLE_PATHS, Interceptor
@@ -50,7 +50,15 @@ from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT, CloseHandle, relay
 from adk_sandbox.executor.network.unix_endpoint import SOCKET_NAME, SessionSocket
 
-__all__ = ["DIRECT_MOUNT", "NETWORK_OFF_RULE", "EgressMode", "SessionEgress", "still_allowed"]
+__all__ = [
+    "DIRECT_MOUNT",
+    "NETWORK_OFF_RULE",
+    "EgressMode",
+    "SessionEgress",
+    "SessionNetwork",
+    "check_network_argument",
+    "still_allowed",
+]
 
 #: How the proxy endpoint's connections reach this process: over a Unix socket, or as channel frames.
 EgressMode = Literal["unix", "frames"]
@@ -377,3 +385,40 @@ class SessionEgress:
                 f"the session CA could not be written to {trust.path}: {body['error']}"
             )
         self._intercept_env = MappingProxyType(dict(trust.env))
+
+
+class SessionNetwork:
+    """The network methods every session on the agent channel shares, read from its :class:`SessionEgress`.
+
+    A Docker, Kubernetes or microVM session mixes this in and sets ``_egress``; each keeps its own
+    ``set_network``, because which networks it can switch between is the engine's (a container's network
+    mode, a Pod's label, a VM without a network device), and checks its argument with
+    :func:`check_network_argument`.
+    """
+
+    _egress: SessionEgress
+
+    @property
+    def network(self) -> bool | NetworkPolicy:
+        """The network in force: False (none), True (the engine's route out) or a :class:`NetworkPolicy`."""
+        return self._egress.network
+
+    def open_connections(self) -> list[tuple[str, int]]:
+        """The live proxied connections, as (host, port)."""
+        return self._egress.open_connections()
+
+    def network_log(self) -> LogSnapshot:
+        """The connections this session's sandbox asked for under its network policy (bounded)."""
+        return self._egress.snapshot()
+
+    @property
+    def network_log_store(self) -> ConnectionLog:
+        """The session's connection log itself (``network_log()`` gives a snapshot of it)."""
+        return self._egress.log
+
+
+def check_network_argument(network: object, *, route: bool = True) -> None:
+    """Refuse a ``set_network`` argument that is not a network: False, True (where ``route``) or a policy."""
+    if not isinstance(network, bool | NetworkPolicy):
+        takes = "False, True or a NetworkPolicy" if route else "False or a NetworkPolicy"
+        raise InvalidRequestError(f"set_network takes {takes}, not {type(network).__name__}")

@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 
 from adk_sandbox.executor.snapshots import SnapshotStore
 from tests.conftest import IN_CI, require
+from tests.integration.provider_containers import provider_containers
 
 try:
     from inspect_ai import Task
@@ -51,15 +51,6 @@ async def _read(env: Any) -> str:
     return " ".join(result.stdout.split()) if result.success else f"FAILED {result.stderr}"
 
 
-def _provider_containers() -> set[str]:
-    client = docker.from_env()
-    try:
-        label = f"{PROVIDER_LABEL}=adk-sandbox"
-        return {c.id for c in client.containers.list(all=True, sparse=True, filters={"label": label})}
-    finally:
-        client.close()
-
-
 @solver
 def branch_and_roll_back() -> Any:
     async def solve(state: TaskState, generate: Generate) -> TaskState:
@@ -87,7 +78,7 @@ def branch_and_roll_back() -> Any:
 
 def test_a_solver_snapshots_forks_and_restores_its_sample(tmp_path: Path) -> None:
     require(INSPECT_MISSING is None, f"inspect_ai is not installed: {INSPECT_MISSING}")
-    before = _provider_containers()
+    before = provider_containers(PROVIDER_LABEL)
     task = Task(
         dataset=[Sample(input="branch", target="")],
         solver=branch_and_roll_back(),
@@ -105,5 +96,5 @@ def test_a_solver_snapshots_forks_and_restores_its_sample(tmp_path: Path) -> Non
     assert seen["sample after restore"] == "one one"
     assert seen["after a second restore"] == "one one"
     # Nothing is left: no container of the sample, its fork or its restores, and no snapshot.
-    assert _provider_containers() - before == set()
+    assert provider_containers(PROVIDER_LABEL) - before == set()
     assert seen["snapshot"] not in {each.id for each in SnapshotStore().list()}

@@ -22,6 +22,7 @@ import docker.errors
 import pytest
 
 from tests.conftest import IN_CI, require
+from tests.integration.provider_containers import provider_containers
 
 try:
     from inspect_ai import Task
@@ -198,17 +199,8 @@ def _task(spec: SandboxEnvironmentSpec) -> tuple[Any, Any]:
     return task, get_model("mockllm/model", custom_outputs=outputs)
 
 
-def _provider_containers() -> set[str]:
-    client = docker.from_env()
-    try:
-        label = f"{PROVIDER_LABEL}=adk-sandbox"
-        return {c.id for c in client.containers.list(all=True, sparse=True, filters={"label": label})}
-    finally:
-        client.close()
-
-
 def _scores_100(spec: SandboxEnvironmentSpec, log_dir: Path) -> None:
-    before = _provider_containers()
+    before = provider_containers(PROVIDER_LABEL)
     task, model = _task(spec)
     [log] = inspect_eval(task, model=model, log_dir=str(log_dir), display="none")
     assert log.status == "success", log.error
@@ -218,7 +210,7 @@ def _scores_100(spec: SandboxEnvironmentSpec, log_dir: Path) -> None:
     [score] = sample.scores.values()
     assert score.value == CORRECT, score.explanation
     assert log.results is not None and log.results.scores[0].metrics["accuracy"].value == 1.0
-    assert _provider_containers() - before == set()
+    assert provider_containers(PROVIDER_LABEL) - before == set()
 
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])

@@ -51,7 +51,13 @@ from adk_sandbox.executor.backends.docker._spec import (
 )
 from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
-from adk_sandbox.executor.channel.egress import NETWORK_OFF_RULE, EgressMode, SessionEgress
+from adk_sandbox.executor.channel.egress import (
+    NETWORK_OFF_RULE,
+    EgressMode,
+    SessionEgress,
+    SessionNetwork,
+    check_network_argument,
+)
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import (
@@ -67,7 +73,6 @@ from adk_sandbox.executor.errors import (
     SandboxFailedError,
 )
 from adk_sandbox.executor.network.intercept import Interceptor
-from adk_sandbox.executor.network.log import ConnectionLog, LogSnapshot
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import (
     Capabilities,
@@ -188,7 +193,7 @@ def container_user(user: str) -> str:
     return f"{uid}:{gid if gid is not None else uid}"
 
 
-class DockerSession(ChannelSession):
+class DockerSession(SessionNetwork, ChannelSession):
     """One container for the whole session: created at entry (or first use), reused, removed at close.
 
     Every command runs with a cleared environment (the image's own variables, then policy, then request
@@ -572,11 +577,6 @@ class DockerSession(ChannelSession):
         return found, volume
 
     @property
-    def network(self) -> bool | NetworkPolicy:
-        """The network in force: False (none), True (Docker's bridge) or a :class:`NetworkPolicy`."""
-        return self._egress.network
-
-    @property
     def egress_mode(self) -> EgressMode | None:
         """How the proxy endpoint's connections reach this process (docs/network.md, "Speed").
 
@@ -597,10 +597,7 @@ class DockerSession(ChannelSession):
         are refused with :class:`PolicyNotEnforceableError`. The change holds for the rest of the session,
         a replacement container included. Starts the session (a policy needs its agent).
         """
-        if not isinstance(network, bool | NetworkPolicy):
-            raise InvalidRequestError(
-                f"set_network takes False, True or a NetworkPolicy, not {type(network).__name__}"
-            )
+        check_network_argument(network)
         bridge = self._config.spec.network
         if bridge or network is True:
             if network is True and bridge:
@@ -644,19 +641,6 @@ class DockerSession(ChannelSession):
             except PolicyNotEnforceableError:
                 return False
             return True
-
-    def open_connections(self) -> list[tuple[str, int]]:
-        """The live proxied connections, as (host, port)."""
-        return self._egress.open_connections()
-
-    def network_log(self) -> LogSnapshot:
-        """The connections this session's sandbox asked for under its network policy (bounded)."""
-        return self._egress.snapshot()
-
-    @property
-    def network_log_store(self) -> ConnectionLog:
-        """The session's connection log itself (``network_log()`` gives a snapshot of it)."""
-        return self._egress.log
 
     @property
     def _interceptor(self) -> Interceptor | None:

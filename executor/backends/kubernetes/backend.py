@@ -48,7 +48,7 @@ from adk_sandbox.executor.backends.kubernetes._spec import (
     pod_violations,
 )
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
-from adk_sandbox.executor.channel.egress import SessionEgress
+from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, check_network_argument
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome, PreparedCommand
@@ -59,7 +59,6 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
-from adk_sandbox.executor.network.log import LogSnapshot
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import Capabilities, ExecRequest, Language, parse_user
 from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
@@ -77,7 +76,7 @@ _PROBE_LANGUAGES = (
 )
 
 
-class KubernetesSession(ChannelSession):
+class KubernetesSession(SessionNetwork, ChannelSession):
     """One Pod for the whole session: created (or claimed) at entry, reused, deleted at close.
 
     Commands reach it through the agent channel over ``pods/exec`` (v5, else v4), as the Pod's user (an
@@ -332,11 +331,6 @@ class KubernetesSession(ChannelSession):
         return self._capabilities.model_copy(update={"network_policy": self._egress.policy})
 
     # -- the network (docs/network.md) ---------------------------------------------------------------
-    @property
-    def network(self) -> bool | NetworkPolicy:
-        """The network in force: False (none), True (the cluster network) or a :class:`NetworkPolicy`."""
-        return self._egress.network
-
     def set_network(self, network: bool | NetworkPolicy) -> None:
         """Change the sandbox's network while it runs (docs/network.md, "Changing it at run time").
 
@@ -348,10 +342,7 @@ class KubernetesSession(ChannelSession):
         those are refused with :class:`PolicyNotEnforceableError`. Starts the session (a policy needs its
         agent).
         """
-        if not isinstance(network, bool | NetworkPolicy):
-            raise InvalidRequestError(
-                f"set_network takes False, True or a NetworkPolicy, not {type(network).__name__}"
-            )
+        check_network_argument(network)
         route = self._config.network is True
         if route or network is True:
             if network is True and route:
@@ -370,14 +361,6 @@ class KubernetesSession(ChannelSession):
         with self._lock:
             self.start()
             self._egress.switch(network, self._transport, self._config.user)
-
-    def open_connections(self) -> list[tuple[str, int]]:
-        """The live proxied connections, as (host, port)."""
-        return self._egress.open_connections()
-
-    def network_log(self) -> LogSnapshot:
-        """The connections this session's sandbox asked for under its network policy (bounded)."""
-        return self._egress.snapshot()
 
     # -- commands (the body is ChannelSession.execute) -------------------------------------------------
     def _command_user(self, requested: str | None) -> str:

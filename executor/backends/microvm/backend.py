@@ -58,7 +58,7 @@ from adk_sandbox.executor.backends.microvm._share import plan_share
 from adk_sandbox.executor.backends.microvm.config import MicroVMConfig, MicroVMPoolConfig
 from adk_sandbox.executor.backends.microvm.pool import MicroVMPool
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
-from adk_sandbox.executor.channel.egress import SessionEgress
+from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, check_network_argument
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome, PreparedCommand
@@ -69,7 +69,6 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
-from adk_sandbox.executor.network.log import LogSnapshot
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import Capabilities, ExecRequest, IsolationClass, Language, parse_user
 from adk_sandbox.executor.workspace.copies import reap_copies
@@ -268,7 +267,7 @@ def resolve_accel(requested: str, parts: GuestParts) -> str:
 
 
 # -- the session -----------------------------------------------------------------------------------------
-class MicroVMSession(ChannelSession):
+class MicroVMSession(SessionNetwork, ChannelSession):
     """One VM for the whole session: booted at entry (or first use), reused, killed at close.
 
     Commands run through the static agent over a virtio-serial port, as ``config.user`` or a request's
@@ -460,11 +459,6 @@ class MicroVMSession(ChannelSession):
         return self._capabilities.model_copy(update={"network_policy": self._egress.policy})
 
     # -- the network (docs/network.md) ---------------------------------------------------------------
-    @property
-    def network(self) -> bool | NetworkPolicy:
-        """The network in force: False (nothing leaves the VM) or a :class:`NetworkPolicy`."""
-        return self._egress.network
-
     def set_network(self, network: bool | NetworkPolicy) -> None:
         """Change the VM's network while it runs (docs/network.md, "Changing it at run time").
 
@@ -478,21 +472,10 @@ class MicroVMSession(ChannelSession):
                 "a microVM has no network device, so it cannot be given a route out (network=True); give a "
                 "NetworkPolicy to reach named hosts through the agent's proxy"
             )
-        if not isinstance(network, bool | NetworkPolicy):
-            raise InvalidRequestError(
-                f"set_network takes False or a NetworkPolicy, not {type(network).__name__}"
-            )
+        check_network_argument(network, route=False)
         with self._lock:
             self.start()
             self._egress.switch(network, self._transport, self._config.user)
-
-    def open_connections(self) -> list[tuple[str, int]]:
-        """The live proxied connections, as (host, port)."""
-        return self._egress.open_connections()
-
-    def network_log(self) -> LogSnapshot:
-        """The connections this session's VM asked for under its network policy (bounded)."""
-        return self._egress.snapshot()
 
     # -- commands (the body is ChannelSession.execute) -------------------------------------------------
     def _command_user(self, requested: str | None) -> str:
