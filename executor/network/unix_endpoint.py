@@ -38,6 +38,12 @@ from typing import TYPE_CHECKING
 
 from adk_sandbox.executor.network.addresses import IPAddress, IPNetwork
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
+from adk_sandbox.executor.network.passed_socket import (
+    PASSED_RULE,
+    PassedSocket,
+    PassedSocketRefused,
+    receive_socket,
+)
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT, CloseHandle, relay
 
@@ -48,6 +54,7 @@ __all__ = [
     "FORWARDER_NAME",
     "MAX_CONNECTIONS",
     "OVER_LIMIT_RULE",
+    "PASSED_RULE",
     "SOCKET_NAME",
     "TOKEN_RULE",
     "TRUST_NAME",
@@ -107,6 +114,8 @@ class _BoundedListener:
         self._closed = False
         #: The connections being served, each with what ends its relay once it has one.
         self._live: dict[socket.socket, CloseHandle | None] = {}
+        #: The client socket each connection passed, once received and checked (what a stop shuts down).
+        self._passed: dict[socket.socket, PassedSocket] = {}
         self._handlers: set[threading.Thread] = set()
         self._turned_away = 0
         self._acceptor = threading.Thread(target=self._accept, name=names[0], daemon=True)
@@ -162,7 +171,34 @@ class _BoundedListener:
         """Forget ``conn`` and its thread (the last step of :meth:`_serve`)."""
         with self._lock:
             self._live.pop(conn, None)
+            self._passed.pop(conn, None)
             self._handlers.discard(threading.current_thread())
+
+    def _receive(self, conn: socket.socket, timeout: float) -> PassedSocket | None:
+        """The client socket passed over ``conn`` (:func:`.passed_socket.receive_socket`); closes ``conn``.
+
+        None when refused: nothing is relayed, and the refusal is logged once (rule :data:`PASSED_RULE`)
+        and in the log of this module. The socket is registered first, so :meth:`_stop` shuts it down.
+        """
+        started = time.time()
+        try:
+            passed = receive_socket(conn, timeout)
+        except PassedSocketRefused as refused:
+            log.warning("a connection to the egress socket was refused: %s", refused)
+            self._log.record(
+                ConnectionEntry(
+                    time=started, host="", port=0, decision="refused", rule=PASSED_RULE, detail=str(refused)
+                )
+            )
+            return None
+        finally:
+            conn.close()
+        with self._lock:
+            if not self._closed:
+                self._passed[conn] = passed
+                return passed
+        passed.close()  # stopped meanwhile: served by no one
+        return None
 
     def _stop(self, why: str) -> bool:
         """Stop listening and end every live connection (``why`` in its entry); False if stopped already."""
@@ -171,6 +207,7 @@ class _BoundedListener:
                 return False
             self._closed = True
             live = list(self._live.items())
+            passed = dict(self._passed)
             handlers = list(self._handlers)
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
@@ -179,9 +216,12 @@ class _BoundedListener:
         for conn, close in live:
             if close is not None:
                 close(why)
-            else:  # still reading its head, or deciding: a shutdown wakes its recv in the other thread
+            else:  # still reading its head, or deciding: a shutdown wakes its wait in the other thread
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    if conn in passed:
+                        passed[conn].shutdown(socket.SHUT_RDWR)
         deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
         for handler in handlers:
             handler.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -240,8 +280,11 @@ class UnixEndpoint(_BoundedListener):
             close("the command ended")
 
         try:
+            stream = self._receive(conn, DEFAULT_HEAD_TIMEOUT)
+            if stream is None:
+                return
             relay(
-                conn,
+                stream,
                 self._policy,
                 self._log,
                 extra_refused=self._extra_refused,
@@ -387,7 +430,7 @@ class SessionSocket(_BoundedListener):
 
     def __init__(
         self,
-        handler: Callable[[socket.socket], None],
+        handler: Callable[[PassedSocket], None],
         log: ConnectionLog,
         *,
         parent: str | None = None,
@@ -420,10 +463,8 @@ class SessionSocket(_BoundedListener):
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
-        # Handlers are named as the channel's connection threads: one relay per connection held, whichever
-        # way it came (the flood test counts them by that name).
         super().__init__(
-            listener, log, max_connections, names=("network-session-accept", "adk-sandbox-connection")
+            listener, log, max_connections, names=("network-session-accept", "network-session-relay")
         )
 
     def _read_token(self, conn: socket.socket) -> str | None:
@@ -454,8 +495,9 @@ class SessionSocket(_BoundedListener):
         try:
             why = self._read_token(conn)
             if why is None:
-                conn.settimeout(None)
-                self._handler(conn)  # closes conn
+                stream = self._receive(conn, self._token_timeout)  # closes conn
+                if stream is not None:
+                    self._handler(stream)  # closes stream
                 return
             if why:
                 log.warning("a connection to the session's egress socket was refused: %s", why)
