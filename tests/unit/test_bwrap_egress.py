@@ -7,6 +7,7 @@ runs them under the real bubblewrap.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -279,7 +280,8 @@ def _pass_client(path: str) -> socket.socket:
         accepted, _ = listener.accept()
     with accepted, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as unix:
         unix.connect(path)
-        socket.send_fds(unix, [b"\0"], [accepted.fileno()])
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # turned away (over the bound)
+            socket.send_fds(unix, [b"\0"], [accepted.fileno()])
     return client
 
 
