@@ -2,11 +2,11 @@
 
 A host process confined by bubblewrap under a :class:`~.policy.NetworkPolicy` has no network but its own
 loopback. Before the command, the sandbox runs :mod:`.inside_forward` (stdlib only, by the system's
-Python), which serves the HTTP proxy on ``127.0.0.1`` inside and carries each connection, unparsed, to a
-Unix socket in a directory of the host bound read-only into the sandbox. On the host,
-:class:`UnixEndpoint` listens there and serves each accepted connection with
-:func:`~.relay.relay`, which decides, resolves, checks and connects (docs/network.md); a connected Unix
-socket is the relay's ``ByteStream``.
+Python), which serves the HTTP proxy on ``127.0.0.1`` inside and passes each accepted connection's socket,
+unread, over a Unix socket in a directory of the host bound read-only into the sandbox. On the host,
+:class:`UnixEndpoint` listens there, receives and checks the passed socket
+(:func:`.passed_socket.receive_socket`) and serves it with :func:`~.relay.relay`, which decides, resolves,
+checks and connects (docs/network.md).
 
 :class:`CommandEgress` is one command's share: the private directory (``0700``) holding the socket, the
 forwarder's source and, for a policy with ``headers``, the trust bundle naming the interceptor's CA (so
@@ -14,8 +14,9 @@ clients inside trust it; the credentials stay in this process), the listener, an
 that starts the forwarder. Closing it stops the listener, closes the live connections and removes the
 directory.
 
-Nothing here trusts the sandbox: it can connect to the socket itself (the relay judges every connection
-the same way), flood it (at most :data:`MAX_CONNECTIONS` are served at once, one more is closed at once),
+Nothing here trusts the sandbox: it can connect to the socket itself and pass any descriptor (only a
+connected loopback TCP socket is served, and the relay judges it like any other), flood it (at most
+:data:`MAX_CONNECTIONS` are served at once, one more is closed at once),
 or kill its forwarder (then it has no network at all).
 """
 
@@ -405,7 +406,8 @@ class SessionSocket(_BoundedListener):
 
     For a sandbox of a local engine whose agent can reach a host socket (runc): the session binds
     :attr:`socket_directory` read-only into the container and the agent connects each proxied connection
-    to :attr:`socket_path` there, writes :attr:`token` and then copies bytes both ways in the kernel. Each
+    to :attr:`socket_path` there, writes :attr:`token` and then passes the client's socket (one byte
+    carrying it, checked by :func:`.passed_socket.receive_socket`). Each
     accepted connection is served in a thread of its own, at most ``max_connections`` at once (one more is
     closed at once and counted, as :class:`UnixEndpoint` does):
 
@@ -414,7 +416,8 @@ class SessionSocket(_BoundedListener):
        connection before a byte is relayed, with an entry in ``log`` (rule :data:`TOKEN_RULE`) and a
        warning. A connection that closes without sending a byte (the agent's probe at LISTEN) is closed
        and not logged: it asked for nothing;
-    2. the socket, positioned after the token, goes to ``handler``: the session's one handling path
+    2. the client's socket passed after it (refused, logged under :data:`PASSED_RULE`, unless it is a
+       connected loopback TCP socket) goes to ``handler``: the session's one handling path
        (policy, ``set_network``, the log and header injection are the same as for connections carried
        as frames).
 
