@@ -11,9 +11,10 @@ Prints Markdown tables for BENCHMARKS.md, for each runtime:
   through the policy against the same on the host, and what the policy adds at the median (goal ≤ 2 ms).
 
 Each Docker runtime's name says how its connections travel (``session.egress_mode``): ``unix``, the direct
-path (a local engine's runc: a Unix socket bound read-only into the container, spliced by the agent) or
-``frames`` (the agent channel: gVisor). ``bwrap`` is the host ``ProcessBackend`` under bubblewrap with
-the same policy: its proxy is a forwarder inside (Python) carrying each connection to a Unix socket of the
+path (a local engine's runc: a Unix socket bound read-only into the container, over which the agent
+passes each client's socket to the host) or ``frames`` (the agent channel: gVisor). ``bwrap`` is the
+host ``ProcessBackend`` under bubblewrap with
+the same policy: its proxy is a forwarder inside (Python) passing each connection to a Unix socket of the
 host, no channel and no engine between.
 
 The download's floor is measured alongside (Docker runtimes): the same bytes written straight into a

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +45,7 @@ from adk_sandbox.executor.network.addresses import IPAddress, IPNetwork, infrast
 from adk_sandbox.executor.network.http_head import HeadError, forbidden, head_end, parse_head
 from adk_sandbox.executor.network.intercept import SYSTEM_BUNDLE_PATHS, Interceptor
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog, LogSnapshot
+from adk_sandbox.executor.network.passed_socket import PassedSocket
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT, CloseHandle, relay
 from adk_sandbox.executor.network.unix_endpoint import SOCKET_NAME, SessionSocket
@@ -112,7 +112,7 @@ class SessionEgress:
         self._proxied = isinstance(network, NetworkPolicy)
         self._lock = threading.Lock()  # the network and the live connections
         self._serving = threading.RLock()  # one LISTEN at a time, and the CA written once per agent
-        self._live: dict[ConnectionStream | socket.socket, _Live] = {}
+        self._live: dict[ConnectionStream | PassedSocket, _Live] = {}
         #: Every connection the sandbox asked for under its network policy (bounded).
         self.log = ConnectionLog()
         self._port: int | None = None
@@ -122,6 +122,8 @@ class SessionEgress:
         self._intercept_env: Mapping[str, str] = MappingProxyType({})
         self._direct: SessionSocket | None = None
         self._mode: EgressMode | None = None
+        #: Seconds each connection has to send its request head (and, for CONNECT, its ClientHello).
+        self.head_timeout = DEFAULT_HEAD_TIMEOUT
 
     # -- what is in force ----------------------------------------------------------------------------
     @property
@@ -273,12 +275,12 @@ class SessionEgress:
             live.close(why)
 
     # -- one connection ------------------------------------------------------------------------------
-    def handle(self, stream: ConnectionStream | socket.socket) -> None:
+    def handle(self, stream: ConnectionStream | PassedSocket) -> None:
         """Serve one connection of the proxy endpoint under the network in force when it arrived.
 
-        Carried as frames (a :class:`ConnectionStream`) or by the direct path (a Unix socket, its token
-        already checked): one path for both, so policy, ``set_network``, the log and header injection are
-        the same.
+        Carried as frames (a :class:`ConnectionStream`) or by the direct path (the client's own socket,
+        passed by the agent after the token, checked): one path for both, so policy, ``set_network``, the
+        log and header injection are the same.
         """
         with self._lock:
             network = self._network
@@ -301,6 +303,7 @@ class SessionEgress:
                 network,
                 self.log,
                 extra_refused=self.infrastructure(),
+                head_timeout=self.head_timeout,
                 on_connected=connected,
                 intercept=intercept,
             )
@@ -315,7 +318,7 @@ class SessionEgress:
             found = self._infrastructure = frozenset(infrastructure_addresses(self._engine_hosts))
         return found
 
-    def _refuse_off(self, stream: ConnectionStream | socket.socket) -> None:
+    def _refuse_off(self, stream: ConnectionStream | PassedSocket) -> None:
         """The network is off: read the request head (so the client reads the answer) and answer 403."""
         started, host, port = time.time(), "", 0
         buffer = b""

@@ -81,15 +81,18 @@ endpoint below it serves, 1 here; absent or 0: none, and the host refuses a netw
 with ``PolicyNotEnforceableError`` rather than weaken it); HELLO ``"dial"`` (int >= 0: the version of
 the dialing below it serves, 1 here: DIAL, and LISTEN's ``"address"``; absent or 0: neither, and the host
 sends no DIAL and no LISTEN with an address to it: an older agent would listen on ``127.0.0.1`` instead);
-HELLO ``"unix"`` (int >= 0: the version of the direct path below, 1 here; absent or 0: the host sends no
-``"unix"`` in a LISTEN, whose connections then all travel as frames).
+HELLO ``"unix"`` (int >= 0: the version of the direct path below, 2 here: the client's socket passed; 1 was
+a byte-copying agent; below 2 the host sends no ``"unix"`` in a LISTEN, whose connections then all travel
+as frames).
 
 **The direct path** (a local engine's runc sandbox, docs/network.md "Speed"): a LISTEN with ``"unix"`` and
 ``"token"`` names a Unix socket the host listens on, bound read-only into the sandbox. The agent tries to
 connect to it once, at the LISTEN, and closes that probe without sending a byte. If that worked, the RESULT
 says ``"mode": "unix"``, and each connection accepted on that listener is carried without frames: the
-agent connects to the socket, writes the token as the first bytes and copies bytes both ways (no OPEN, no
-DATA); a connection whose connect fails is closed. If the probe failed (gVisor without ``--host-uds``, a
+agent connects to the socket, writes the token as the first bytes, then sends one byte carrying the accepted
+client socket (``SCM_RIGHTS``, exactly one descriptor) and closes both its descriptors (no OPEN, no DATA,
+no copying: the host reads, decides and splices the client's socket itself); a connection whose connect
+or send fails is closed. If the probe failed (gVisor without ``--host-uds``, a
 daemon that does not share this machine's files) the RESULT says ``"mode": "frames"`` and the connections
 are carried as below. The host checks the token before anything else and closes a connection without it.
 
@@ -244,7 +247,7 @@ PROXY_VERSION = 1
 #: The version of dialing (DIAL, LISTEN's ``"address"``) an agent's HELLO advertises (``"dial"``).
 DIAL_VERSION = 1
 #: The version of the direct path (LISTEN's ``"unix"`` and ``"token"``) a HELLO advertises (``"unix"``).
-UNIX_VERSION = 1
+UNIX_VERSION = 2
 #: The longest path of LISTEN's ``"unix"`` (``sun_path`` is 108 bytes with its terminating NUL).
 MAX_UNIX_PATH = 107
 _TOKEN = re.compile(r"[A-Za-z0-9]{16,256}")

@@ -8,21 +8,22 @@ sandbox has no network but its own loopback (``--unshare-net``); this program:
 2. starts ``PROGRAM`` as its child, with ``HTTP_PROXY``, ``HTTPS_PROXY``, ``http_proxy`` and ``https_proxy``
    naming that port and ``NO_PROXY``/``no_proxy`` = ``localhost,127.0.0.1``; stdin, stdout and stderr
    pass to the child untouched (inherited), and so does every other variable;
-3. carries each accepted connection, as bytes it never reads the meaning of, to a fresh connection to the
-   Unix socket ``SOCKET``, where the host's relay decides, resolves, checks and connects
-   (``executor/network/unix_endpoint.py``); at most :data:`MAX_CONNECTIONS` at once, one more is closed
-   at once;
+3. passes each accepted connection's socket, unread, to the host over a fresh connection to the Unix
+   socket ``SOCKET`` (one byte carrying it, ``SCM_RIGHTS``) and closes its own copies: the host's relay
+   reads the request from that socket itself, decides, resolves, checks, connects and copies the bytes
+   (``executor/network/unix_endpoint.py``, which serves at most 256 at once and closes any more);
 4. waits for the child and exits with its status (a child killed by signal ``n``: ``128 + n``, as a shell
    reports it).
 
-Nothing here is trusted: the command can connect to ``SOCKET`` itself, flood this listener, or kill this
-process (then its sandbox ends with it). The host side is the only judge of what a connection may reach.
+Nothing here is trusted: the command can connect to ``SOCKET`` itself and pass any descriptor (the host
+accepts only a connected loopback TCP socket, ``executor/network/passed_socket.py``), flood this listener,
+or kill this process (then its sandbox ends with it). The host side is the only judge of what a connection
+may reach.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import array
 import os
 import socket
 import subprocess
@@ -30,16 +31,8 @@ import sys
 import threading
 import time
 
-__all__ = ["MAX_CONNECTIONS", "main", "proxy_environment"]
+__all__ = ["main", "proxy_environment"]
 
-#: The most connections carried at once; one more is accepted and closed at once.
-MAX_CONNECTIONS = 256
-#: Bytes read at once per direction.
-_CHUNK = 64 * 1024
-_SPLICE_CHUNK = 1 << 20  # the most bytes asked of one splice
-_SPLICE_PIPE = 256 << 10  # the pipe's size: the most bytes moved per call and held, per direction
-#: Stack of a carrying thread: it only copies bytes.
-_STACK_SIZE = 256 * 1024
 #: Exit statuses as a shell gives them: a program that cannot be run, one that was not found.
 _CANNOT_RUN = 126
 _NOT_FOUND = 127
@@ -60,78 +53,33 @@ def proxy_environment(port: int) -> dict[str, str]:
     }
 
 
-def _splice(source: socket.socket, target: socket.socket) -> None:
-    """Copy in the kernel through a pipe (Python 3.10+ on Linux): the bytes never enter this process."""
-    read_end, write_end = os.pipe()
-    # The default pipe (64 KiB) would move a quarter as much per pair of calls (as in the host's relay).
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _SPLICE_PIPE)
-    try:
-        while True:
-            moved = os.splice(source.fileno(), write_end, _SPLICE_CHUNK)
-            if not moved:
-                return
-            while moved:
-                moved -= os.splice(read_end, target.fileno(), moved)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
+def _pass(client: socket.socket, path: str) -> None:
+    """Hand one accepted connection to the host: one byte carrying the client's socket (``SCM_RIGHTS``).
 
-
-def _copy(source: socket.socket, target: socket.socket) -> None:
-    """Copy ``source`` to ``target`` until ``source`` ends, then end ``target``'s sending side."""
-    try:
-        if hasattr(os, "splice"):
-            _splice(source, target)
-        else:
-            while True:
-                data = source.recv(_CHUNK)
-                if not data:
-                    break
-                target.sendall(data)
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        target.shutdown(socket.SHUT_WR)
-
-
-def _carry(client: socket.socket, path: str, slots: threading.BoundedSemaphore) -> None:
-    """Carry one accepted connection to a fresh connection to the host's socket at ``path``."""
+    The host serves the socket itself (no copy here); both of this process's descriptors are closed at once.
+    A host socket that is gone or full (a non-blocking connect fails) leaves the client's connection closed.
+    """
     host = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        try:
-            host.connect(path)
-        except OSError:
-            return  # the host side is gone (or refused): the client sees its connection closed
-        down = threading.Thread(target=_copy, args=(host, client), daemon=True)
-        down.start()
-        _copy(client, host)
-        down.join()
+        host.setblocking(False)
+        host.connect(path)
+        host.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [client.fileno()]))])
+    except OSError:
+        pass
     finally:
-        for end in (host, client):
-            with contextlib.suppress(OSError):
-                end.shutdown(socket.SHUT_RDWR)
-            end.close()
-        slots.release()
+        host.close()
+        client.close()
 
 
 def _accept(listener: socket.socket, path: str) -> None:
-    """Accept connections for ever, each carried in a thread of its own, at most MAX_CONNECTIONS at once."""
-    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+    """Accept connections for ever, each passed to the host at once (the host bounds how many it serves)."""
     while True:
         try:
             client, _ = listener.accept()
         except OSError:
             time.sleep(0.05)  # e.g. out of descriptors for a moment: the listener stays
             continue
-        if not slots.acquire(blocking=False):
-            client.close()  # over the bound: refused by closing
-            continue
-        try:
-            threading.Thread(target=_carry, args=(client, path, slots), daemon=True).start()
-        except RuntimeError:  # no thread to be had: refused like one over the bound
-            client.close()
-            slots.release()
+        _pass(client, path)
 
 
 def _exit_status(returncode: int) -> int:
@@ -148,7 +96,6 @@ def main(argv: list[str]) -> int:
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)
     port = listener.getsockname()[1]
-    threading.stack_size(_STACK_SIZE)
     threading.Thread(target=_accept, args=(listener, path), daemon=True).start()
     env = dict(os.environ)
     env.update(proxy_environment(port))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import socket
 import threading
 import time
@@ -66,6 +67,7 @@ from adk_sandbox.executor.network.http_head import (
     request_timeout,
 )
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
+from adk_sandbox.executor.network.passed_socket import PassedSocket, wait_for
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.tls_hello import server_name
 
@@ -236,9 +238,12 @@ def _deny_tls(rule: str, why: str) -> NoReturn:
 def _splice(source: socket.socket, target: socket.socket, counted: Callable[[int], None]) -> None:
     """Copy ``source`` to ``target`` until it ends, in the kernel (``splice`` through a pipe).
 
-    For two real sockets (the bubblewrap endpoint's Unix socket and the server's): the bytes never enter
-    this process, which keeps one Python thread per direction from being the download's bottleneck. At
-    most :data:`SPLICE_PIPE` bytes are in the pipe at once, so memory stays bounded as with ``recv``.
+    For two real sockets (the server's, and the client's socket the sandbox passed or the bubblewrap
+    endpoint's): the bytes never enter this process, which keeps one Python thread per direction from being
+    the download's bottleneck. At most :data:`SPLICE_PIPE` bytes are in the pipe at once, so memory stays
+    bounded as with ``recv``. A socket the sandbox passed shares its flags with the sandbox's copy, which may
+    make it non-blocking (or give it a receive timeout): ``EAGAIN`` waits in ``poll`` and tries again; a
+    shutdown by the connection's close handle wakes either wait.
     """
     read_end, write_end = os.pipe()
     # A pipe holds 64 KiB by default: each splice would move that much. A pipe of SPLICE_PIPE moves four
@@ -247,9 +252,9 @@ def _splice(source: socket.socket, target: socket.socket, counted: Callable[[int
     with contextlib.suppress(OSError):  # over /proc/sys/fs/pipe-max-size: the default pipe still works
         fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, SPLICE_PIPE)
     try:
-        while moved := os.splice(source.fileno(), write_end, SPLICE_CHUNK):
+        while moved := _spliced(source.fileno(), write_end, SPLICE_CHUNK, (source.fileno(), select.POLLIN)):
             while moved:
-                sent = os.splice(read_end, target.fileno(), moved)
+                sent = _spliced(read_end, target.fileno(), moved, (target.fileno(), select.POLLOUT))
                 moved -= sent
                 counted(sent)
     finally:
@@ -257,10 +262,26 @@ def _splice(source: socket.socket, target: socket.socket, counted: Callable[[int
         os.close(write_end)
 
 
+def _spliced(source: int, target: int, size: int, ready: tuple[int, int]) -> int:
+    """One ``splice``; on ``EAGAIN`` (a non-blocking socket) wait until ``ready`` (its fd, events), again."""
+    while True:
+        try:
+            return os.splice(source, target, size)
+        except (BlockingIOError, InterruptedError):
+            wait_for(*ready, None)
+
+
+def _spliceable(stream: ByteStream) -> socket.socket | None:
+    if isinstance(stream, PassedSocket):
+        return stream.socket
+    return stream if isinstance(stream, socket.socket) else None
+
+
 def _copy(source: ByteStream, target: ByteStream, counted: Callable[[int], None]) -> None:
     """Copy ``source`` to ``target`` until it ends: by ``splice`` between two real sockets, else by chunks."""
-    if isinstance(source, socket.socket) and isinstance(target, socket.socket) and hasattr(os, "splice"):
-        _splice(source, target, counted)
+    ends = _spliceable(source), _spliceable(target)
+    if ends[0] is not None and ends[1] is not None and hasattr(os, "splice"):
+        _splice(ends[0], ends[1], counted)
         return
     while data := source.recv(CHUNK):
         target.sendall(data)

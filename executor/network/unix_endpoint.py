@@ -2,11 +2,11 @@
 
 A host process confined by bubblewrap under a :class:`~.policy.NetworkPolicy` has no network but its own
 loopback. Before the command, the sandbox runs :mod:`.inside_forward` (stdlib only, by the system's
-Python), which serves the HTTP proxy on ``127.0.0.1`` inside and carries each connection, unparsed, to a
-Unix socket in a directory of the host bound read-only into the sandbox. On the host,
-:class:`UnixEndpoint` listens there and serves each accepted connection with
-:func:`~.relay.relay`, which decides, resolves, checks and connects (docs/network.md); a connected Unix
-socket is the relay's ``ByteStream``.
+Python), which serves the HTTP proxy on ``127.0.0.1`` inside and passes each accepted connection's socket,
+unread, over a Unix socket in a directory of the host bound read-only into the sandbox. On the host,
+:class:`UnixEndpoint` listens there, receives and checks the passed socket
+(:func:`.passed_socket.receive_socket`) and serves it with :func:`~.relay.relay`, which decides, resolves,
+checks and connects (docs/network.md).
 
 :class:`CommandEgress` is one command's share: the private directory (``0700``) holding the socket, the
 forwarder's source and, for a policy with ``headers``, the trust bundle naming the interceptor's CA (so
@@ -14,8 +14,9 @@ clients inside trust it; the credentials stay in this process), the listener, an
 that starts the forwarder. Closing it stops the listener, closes the live connections and removes the
 directory.
 
-Nothing here trusts the sandbox: it can connect to the socket itself (the relay judges every connection
-the same way), flood it (at most :data:`MAX_CONNECTIONS` are served at once, one more is closed at once),
+Nothing here trusts the sandbox: it can connect to the socket itself and pass any descriptor (only a
+connected loopback TCP socket is served, and the relay judges it like any other), flood it (at most
+:data:`MAX_CONNECTIONS` are served at once, one more is closed at once),
 or kill its forwarder (then it has no network at all).
 """
 
@@ -38,6 +39,12 @@ from typing import TYPE_CHECKING
 
 from adk_sandbox.executor.network.addresses import IPAddress, IPNetwork
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
+from adk_sandbox.executor.network.passed_socket import (
+    PASSED_RULE,
+    PassedSocket,
+    PassedSocketRefused,
+    receive_socket,
+)
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT, CloseHandle, relay
 
@@ -48,6 +55,7 @@ __all__ = [
     "FORWARDER_NAME",
     "MAX_CONNECTIONS",
     "OVER_LIMIT_RULE",
+    "PASSED_RULE",
     "SOCKET_NAME",
     "TOKEN_RULE",
     "TRUST_NAME",
@@ -107,6 +115,8 @@ class _BoundedListener:
         self._closed = False
         #: The connections being served, each with what ends its relay once it has one.
         self._live: dict[socket.socket, CloseHandle | None] = {}
+        #: The client socket each connection passed, once received and checked (what a stop shuts down).
+        self._passed: dict[socket.socket, PassedSocket] = {}
         self._handlers: set[threading.Thread] = set()
         self._turned_away = 0
         self._acceptor = threading.Thread(target=self._accept, name=names[0], daemon=True)
@@ -162,7 +172,34 @@ class _BoundedListener:
         """Forget ``conn`` and its thread (the last step of :meth:`_serve`)."""
         with self._lock:
             self._live.pop(conn, None)
+            self._passed.pop(conn, None)
             self._handlers.discard(threading.current_thread())
+
+    def _receive(self, conn: socket.socket, timeout: float) -> PassedSocket | None:
+        """The client socket passed over ``conn`` (:func:`.passed_socket.receive_socket`); closes ``conn``.
+
+        None when refused: nothing is relayed, and the refusal is logged once (rule :data:`PASSED_RULE`)
+        and in the log of this module. The socket is registered first, so :meth:`_stop` shuts it down.
+        """
+        started = time.time()
+        try:
+            passed = receive_socket(conn, timeout)
+        except PassedSocketRefused as refused:
+            log.warning("a connection to the egress socket was refused: %s", refused)
+            self._log.record(
+                ConnectionEntry(
+                    time=started, host="", port=0, decision="refused", rule=PASSED_RULE, detail=str(refused)
+                )
+            )
+            return None
+        finally:
+            conn.close()
+        with self._lock:
+            if not self._closed:
+                self._passed[conn] = passed
+                return passed
+        passed.close()  # stopped meanwhile: served by no one
+        return None
 
     def _stop(self, why: str) -> bool:
         """Stop listening and end every live connection (``why`` in its entry); False if stopped already."""
@@ -171,6 +208,7 @@ class _BoundedListener:
                 return False
             self._closed = True
             live = list(self._live.items())
+            passed = dict(self._passed)
             handlers = list(self._handlers)
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
@@ -179,9 +217,12 @@ class _BoundedListener:
         for conn, close in live:
             if close is not None:
                 close(why)
-            else:  # still reading its head, or deciding: a shutdown wakes its recv in the other thread
+            else:  # still reading its head, or deciding: a shutdown wakes its wait in the other thread
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    if conn in passed:
+                        passed[conn].shutdown(socket.SHUT_RDWR)
         deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
         for handler in handlers:
             handler.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -240,8 +281,11 @@ class UnixEndpoint(_BoundedListener):
             close("the command ended")
 
         try:
+            stream = self._receive(conn, DEFAULT_HEAD_TIMEOUT)
+            if stream is None:
+                return
             relay(
-                conn,
+                stream,
                 self._policy,
                 self._log,
                 extra_refused=self._extra_refused,
@@ -362,7 +406,8 @@ class SessionSocket(_BoundedListener):
 
     For a sandbox of a local engine whose agent can reach a host socket (runc): the session binds
     :attr:`socket_directory` read-only into the container and the agent connects each proxied connection
-    to :attr:`socket_path` there, writes :attr:`token` and then copies bytes both ways in the kernel. Each
+    to :attr:`socket_path` there, writes :attr:`token` and then passes the client's socket (one byte
+    carrying it, checked by :func:`.passed_socket.receive_socket`). Each
     accepted connection is served in a thread of its own, at most ``max_connections`` at once (one more is
     closed at once and counted, as :class:`UnixEndpoint` does):
 
@@ -371,7 +416,8 @@ class SessionSocket(_BoundedListener):
        connection before a byte is relayed, with an entry in ``log`` (rule :data:`TOKEN_RULE`) and a
        warning. A connection that closes without sending a byte (the agent's probe at LISTEN) is closed
        and not logged: it asked for nothing;
-    2. the socket, positioned after the token, goes to ``handler``: the session's one handling path
+    2. the client's socket passed after it (refused, logged under :data:`PASSED_RULE`, unless it is a
+       connected loopback TCP socket) goes to ``handler``: the session's one handling path
        (policy, ``set_network``, the log and header injection are the same as for connections carried
        as frames).
 
@@ -387,7 +433,7 @@ class SessionSocket(_BoundedListener):
 
     def __init__(
         self,
-        handler: Callable[[socket.socket], None],
+        handler: Callable[[PassedSocket], None],
         log: ConnectionLog,
         *,
         parent: str | None = None,
@@ -420,10 +466,8 @@ class SessionSocket(_BoundedListener):
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
-        # Handlers are named as the channel's connection threads: one relay per connection held, whichever
-        # way it came (the flood test counts them by that name).
         super().__init__(
-            listener, log, max_connections, names=("network-session-accept", "adk-sandbox-connection")
+            listener, log, max_connections, names=("network-session-accept", "network-session-relay")
         )
 
     def _read_token(self, conn: socket.socket) -> str | None:
@@ -454,8 +498,9 @@ class SessionSocket(_BoundedListener):
         try:
             why = self._read_token(conn)
             if why is None:
-                conn.settimeout(None)
-                self._handler(conn)  # closes conn
+                stream = self._receive(conn, self._token_timeout)  # closes conn
+                if stream is not None:
+                    self._handler(stream)  # closes stream
                 return
             if why:
                 log.warning("a connection to the session's egress socket was refused: %s", why)

@@ -36,6 +36,7 @@ from adk_sandbox.executor import (
     SandboxPolicy,
 )
 from adk_sandbox.executor.network import NetworkPolicy
+from adk_sandbox.executor.network.passed_socket import PASSED_RULE
 from adk_sandbox.executor.network.unix_endpoint import MAX_CONNECTIONS, OVER_LIMIT_RULE
 from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
 from tests.conftest import require
@@ -248,22 +249,67 @@ def test_attack_curl_to_the_hosts_own_address(stand: Stand) -> None:
         server.close()
 
 
+#: Connects to the command's socket itself and passes ``make()``'s descriptor (the forwarder's protocol: one
+#: byte carrying it); prints what the client end ``make()`` returns (if any) reads back.
+_HAND_OVER = """
+import array, glob, os, socket
+[path] = glob.glob(SOCKETS)
+fd, client = make()
+unix = socket.socket(socket.AF_UNIX)
+unix.connect(path)
+unix.sendmsg([b"\\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+unix.settimeout(20)
+try:
+    while unix.recv(100):
+        pass
+except ConnectionResetError:
+    pass
+if client is not None:
+    client.settimeout(20)
+    print(client.recv(200).decode())
+"""
+
+
 def test_direct_connection_to_the_hosts_socket_is_judged_by_the_relay(stand: Stand) -> None:
-    # The command can skip the forwarder and talk to the Unix socket itself: the relay decides the same.
+    # The command can skip the forwarder and pass a socket of its own: the relay decides the same.
     delivered = stand.plain.delivered
     code = (
-        "import glob, socket\n"
-        f"[path] = glob.glob({SOCKETS!r})\n"
-        "s = socket.socket(socket.AF_UNIX)\n"
-        "s.connect(path)\n"
-        f"s.sendall(b'GET http://denied.test:{stand.plain.port}/ HTTP/1.1\\r\\n'\n"
-        f"          b'Host: denied.test:{stand.plain.port}\\r\\n\\r\\n')\n"
-        "print(s.recv(200).decode())\n"
+        "import socket\n"
+        "def make():\n"
+        "    listener = socket.create_server(('127.0.0.1', 0))\n"
+        "    client = socket.create_connection(listener.getsockname())\n"
+        f"    client.sendall(b'GET http://denied.test:{stand.plain.port}/ HTTP/1.1\\r\\n'\n"
+        f"                   b'Host: denied.test:{stand.plain.port}\\r\\n\\r\\n')\n"
+        "    return listener.accept()[0].detach(), client\n"
     )
-    result = py(stand.backend, code)
+    result = py(stand.backend, f"SOCKETS = {SOCKETS!r}\n{code}{_HAND_OVER}")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.startswith("HTTP/1.1 403")
     assert stand.plain.delivered == delivered
+
+
+def test_attack_passing_a_pipe_with_an_allowed_request(stand: Stand) -> None:
+    """The command passes the read end of a pipe holding a valid request for an allowed host.
+
+    Catches a host that serves any descriptor it is passed (reading the request from the pipe and relaying
+    it): the allowed server must get nothing, and the log says the passed descriptor was refused.
+    """
+    delivered, logged = stand.plain.delivered, len(stand.backend.network_log().entries)
+    code = (
+        "import os\n"
+        "def make():\n"
+        "    r, w = os.pipe()\n"
+        f"    os.write(w, b'GET http://allowed.test:{stand.plain.port}/pipe HTTP/1.1\\r\\n'\n"
+        f"                b'Host: allowed.test:{stand.plain.port}\\r\\n\\r\\n')\n"
+        "    return r, None\n"
+    )
+    result = py(stand.backend, f"SOCKETS = {SOCKETS!r}\n{code}{_HAND_OVER}")
+    assert result.exit_code == 0, result.stderr
+    time.sleep(0.3)  # the server's threads record what they got
+    assert stand.plain.delivered == delivered
+    entries = stand.backend.network_log().entries[logged:]
+    assert [(entry.decision, entry.rule) for entry in entries] == [("refused", PASSED_RULE)], entries
+    assert "pipe" in entries[0].detail
 
 
 def test_killing_the_forwarder_ends_the_command(stand: Stand) -> None:

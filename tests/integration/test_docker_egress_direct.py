@@ -14,6 +14,7 @@ import hashlib
 import os
 import socket
 import stat
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +22,9 @@ import pytest
 from adk_sandbox.executor import ExecRequest, ExecResult, Language
 from adk_sandbox.executor._layout import DIRECT_MOUNT
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.network.passed_socket import PASSED_RULE
 from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT
 from adk_sandbox.executor.network.unix_endpoint import SOCKET_NAME, TOKEN_RULE
 from tests.conftest import require
 from tests.integration.egress_servers import Upstream
@@ -171,6 +174,29 @@ def test_inside_without_the_token_nothing_is_relayed(
     assert len(refused) >= 3 and all(entry.decision == "refused" for entry in refused)
 
 
+#: Passes a loopback TCP connection's accepted end to the session's socket after ``TOKEN``, as the agent does,
+#: and prints what the client end reads back (a program inside holding the real token: a compromised agent).
+PASS = f"""
+import socket
+def pair():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        return client, listener.accept()[0]
+client, accepted = pair()
+with socket.socket(socket.AF_UNIX) as unix:
+    unix.connect({INSIDE!r})
+    unix.sendall(TOKEN)
+    socket.send_fds(unix, [b"\\0"], [accepted.fileno()])
+accepted.close()
+client.settimeout(15)
+client.sendall(b"GET " + URL.encode() + b" HTTP/1.1\\r\\nHost: " + HOST.encode() + b"\\r\\n\\r\\n")
+got = b""
+while chunk := client.recv(65536):
+    got += chunk
+print(repr(got[:200]))
+"""
+
+
 def test_inside_with_the_real_token_the_policy_still_decides(
     runc_session: DockerSession, servers: tuple[BulkServer, Upstream, Upstream]
 ) -> None:
@@ -180,19 +206,30 @@ def test_inside_with_the_real_token_the_policy_still_decides(
     whatever the agent hands it): the denied host must still get nothing and the client a 403.
     """
     _, allowed, denied = servers
-    direct = runc_session._egress._direct
-    assert direct is not None
-    token = direct.token.encode()
+    token = token_of(runc_session)
     url = f"http://denied.test:{denied.port}/"
-    code = f"FIRST = {token!r}\nURL = {url!r}\nHOST = 'denied.test:{denied.port}'\n{RAW}"
+    code = f"TOKEN = {token!r}\nURL = {url!r}\nHOST = 'denied.test:{denied.port}'\n{PASS}"
     result = python(runc_session, code)
     assert "403 Forbidden" in result.stdout and "no rule allows it" in result.stdout, result
     assert denied.received == []
     url = f"http://allowed.test:{allowed.port}/with-token"
-    code = f"FIRST = {token!r}\nURL = {url!r}\nHOST = 'allowed.test:{allowed.port}'\n{RAW}"
+    code = f"TOKEN = {token!r}\nURL = {url!r}\nHOST = 'allowed.test:{allowed.port}'\n{PASS}"
     result = python(runc_session, code)
     assert "200 OK" in result.stdout, result
     assert any(head.startswith(b"GET /with-token ") for head in allowed.received)
+
+
+def token_of(session: DockerSession) -> bytes:
+    direct = session._egress._direct
+    assert direct is not None
+    return direct.token.encode()
+
+
+def direct_live(session: DockerSession) -> int:
+    """How many connections the session's socket serves now (token, passed socket or relay)."""
+    direct = session._egress._direct
+    assert direct is not None
+    return direct.live
 
 
 def test_host_processes_without_the_token_get_nothing(
@@ -291,3 +328,185 @@ print(len(ok), set(ok))
 """
     result = python(runc_session, code)
     assert result.stdout.strip() == "64 {200}", result
+
+
+# -- a compromised agent passing what is not its client's socket ---------------------------------------------
+#: Runs every attack in turn, each on a fresh connection to the session's socket opened by the real ``TOKEN``,
+#: and waits until the host closed that connection before the next (so the log's entries come in order).
+#: ``HEAD`` is a valid request for the allowed server: whatever the host relayed from it would reach it.
+ATTACKER = f"""
+import array, json, os, socket, tempfile
+def pair():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        return client, listener.accept()[0]
+def send(fds, data=b"\\\\0"):
+    unix = socket.socket(socket.AF_UNIX)
+    unix.connect({INSIDE!r})
+    unix.sendall(TOKEN)
+    control = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    unix.sendmsg([data], control)
+    unix.settimeout(20)
+    try:
+        while unix.recv(100):
+            pass
+    except ConnectionResetError:
+        pass
+    unix.close()
+def pipe():
+    r, w = os.pipe()
+    os.write(w, HEAD)
+    send([r])
+def socketpair():
+    a, b = socket.socketpair()
+    b.sendall(HEAD)
+    send([a.fileno()])
+def udp():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.connect(("127.0.0.1", 9))
+    send([u.fileno()])
+def listening():
+    s = socket.create_server(("127.0.0.1", 0))
+    c = socket.create_connection(s.getsockname())
+    c.sendall(HEAD)
+    send([s.fileno()])
+def unconnected():
+    s = socket.socket()  # held: a temporary's descriptor would be closed (and reused) before the send
+    send([s.fileno()])
+def netlink():
+    n = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+    send([n.fileno()])
+def regular_file():
+    f = tempfile.TemporaryFile()
+    f.write(HEAD); f.flush(); f.seek(0)
+    send([f.fileno()])
+def two_sockets():
+    (c1, a1), (c2, a2) = pair(), pair()
+    c1.sendall(HEAD); c2.sendall(HEAD)
+    send([a1.fileno(), a2.fileno()])
+def no_descriptor():
+    send([], b"\\\\0" + HEAD)  # the old protocol: the request on the Unix connection itself
+for attack in ATTACKS:
+    globals()[attack]()
+print(json.dumps("done"))
+"""
+
+#: Each attack, and what the host's refusal says (its log entry's detail).
+ATTACKS = {
+    "pipe": "a pipe",
+    "socketpair": "not an internet socket",
+    "udp": "not a stream socket",
+    "listening": "a listening socket",
+    "unconnected": "not connected",
+    "netlink": "not an internet socket",
+    "regular_file": "a file",
+    "two_sockets": "got 2",
+    "no_descriptor": "got 0",
+}
+
+
+def head_for(allowed: Upstream) -> bytes:
+    return b"GET http://allowed.test:%d/passed HTTP/1.1\r\nHost: allowed.test:%d\r\n\r\n" % (
+        allowed.port,
+        allowed.port,
+    )
+
+
+@pytest.fixture(scope="module")
+def passed_attacks(
+    runc_session: DockerSession, servers: tuple[BulkServer, Upstream, Upstream]
+) -> dict[str, str]:
+    """Every attack of :data:`ATTACKS` run once, inside; each one's log entry detail (one exec for all)."""
+    allowed = servers[1]
+    before, logged = len(allowed.received), len(runc_session.network_log().entries)
+    code = f"TOKEN = {token_of(runc_session)!r}\nHEAD = {head_for(allowed)!r}\nATTACKS = {list(ATTACKS)!r}\n"
+    result = python(runc_session, code + ATTACKER)
+    assert result.stdout.strip() == '"done"', result
+    wait_for(lambda: direct_live(runc_session) == 0)
+    time.sleep(0.3)  # the server's threads record what they got
+    assert allowed.received[before:] == []
+    entries = runc_session.network_log().entries[logged:]
+    assert all((entry.decision, entry.rule) == ("refused", PASSED_RULE) for entry in entries), entries
+    assert len(entries) == len(ATTACKS), entries
+    return dict(zip(ATTACKS, (entry.detail for entry in entries), strict=True))
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_a_passed_descriptor_that_is_not_a_loopback_tcp_client_is_refused(
+    passed_attacks: dict[str, str], attack: str
+) -> None:
+    """Passing anything but one connected loopback TCP socket: nothing relayed, one refusal logged.
+
+    Catches, in turn: a host that relays any passed descriptor (``pipe``, ``regular_file``: the request in
+    them would reach the allowed server); one that checks "is a socket" only (``socketpair``: a Unix pair
+    whose other end the attacker writes; ``netlink``); one that checks the family but not the type
+    (``udp``); one that skips ``SO_ACCEPTCONN`` or ``getpeername`` (``listening``, ``unconnected``); one that
+    takes the first of several descriptors (``two_sockets``: the second would stay open in the host); and
+    one that falls back to relaying the Unix connection itself when no descriptor came (``no_descriptor``).
+    The fixture checks the allowed server got nothing and the socket's live count went back to 0.
+    """
+    assert ATTACKS[attack] in passed_attacks[attack], passed_attacks
+
+
+STEAL = f"""
+import fcntl, os, socket, threading, time
+def pair():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        return client, listener.accept()[0]
+client, accepted = pair()
+with socket.socket(socket.AF_UNIX) as unix:
+    unix.connect({INSIDE!r})
+    unix.sendall(TOKEN)
+    socket.send_fds(unix, [b"\\\\0"], [accepted.fileno()])
+def steal():  # blocking, with O_NONBLOCK cleared again before every read: the bytes the host polls for
+    while True:
+        flags = fcntl.fcntl(accepted, fcntl.F_GETFL)
+        fcntl.fcntl(accepted, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+        try:
+            if not os.read(accepted.fileno(), 65536):
+                return
+        except OSError:
+            return
+threading.Thread(target=steal, daemon=True).start()
+start = time.monotonic()
+client.sendall(HEAD_START)
+for _ in range(25):  # a byte at a time, never a whole head, then nothing more: a host blocked in recv stays
+    client.sendall(b"a")
+    time.sleep(0.02)
+client.settimeout(WAIT)
+try:
+    answer = client.recv(200)
+except OSError as error:
+    answer = repr(error).encode()
+print(round(time.monotonic() - start, 1), answer.split(b"\\\\r\\\\n")[0].decode(errors="replace"))
+"""
+
+
+def test_the_sandbox_stealing_the_passed_sockets_bytes_cannot_hold_the_host(
+    runc_session: DockerSession, servers: tuple[BulkServer, Upstream, Upstream]
+) -> None:
+    """The sandbox keeps its copy of the passed socket, clears ``O_NONBLOCK`` and reads away what arrives.
+
+    Catches a host that waits for the head with a blocking ``recv`` after ``poll`` (or Python's
+    ``settimeout``, which relies on the shared ``O_NONBLOCK``): the bytes it was woken for are gone, it blocks
+    for ever past its head deadline and holds a slot. Here the host still answers 408 once its (shortened)
+    head deadline passes, and frees the slot.
+    """
+    allowed = servers[1]
+    egress = runc_session._egress
+    before, logged = len(allowed.received), len(runc_session.network_log().entries)
+    head_start = b"GET http://allowed.test:%d/steal HTTP/1.1\r\nX-Slow: " % allowed.port
+    egress.head_timeout = 2.0
+    try:
+        code = f"TOKEN = {token_of(runc_session)!r}\nHEAD_START = {head_start!r}\nWAIT = 30\n{STEAL}"
+        result = python(runc_session, code)
+    finally:
+        egress.head_timeout = DEFAULT_HEAD_TIMEOUT
+    elapsed, answer = result.stdout.split(" ", 1)
+    assert "408" in answer, result
+    assert float(elapsed) < 2.0 + 15, result  # does not hang: the deadline, with a generous margin
+    wait_for(lambda: direct_live(runc_session) == 0)
+    assert allowed.received[before:] == []
+    entries = runc_session.network_log().entries[logged:]
+    assert [(entry.decision, entry.rule) for entry in entries] == [("refused", "head timeout")], entries

@@ -2245,7 +2245,7 @@ static void finish_op(int index) {
 #define LINGER 30.0 /* frames.CLOSE_LINGER_SECONDS */
 
 /* A listener's direct path (LISTEN "unix" and "token", when the probe reached the socket): each accepted
- * connection goes to the host's Unix socket, opened by the token, instead of as frames. */
+ * connection's socket is passed to the host over its Unix socket, after the token, instead of as frames. */
 typedef struct { uint32_t ch; int fd; int direct; char unix_path[sizeof(((struct sockaddr_un *)0)->sun_path)]; char token[257]; } listener_t;
 static listener_t listeners[MAX_LISTENERS];
 static int nlisteners;
@@ -2264,21 +2264,6 @@ typedef struct {
 static conn_t *conns[MAX_CONNS];
 static int nconns;
 static unsigned long long next_conn = CONN_BASE;
-
-/* A connection on the direct path: the accepted client (fd[0]) and the host's Unix socket (fd[1]), bytes
- * moved by splice through one pipe per direction (d 0: client to host, 1: host to client), never read here.
- * Counted with conns against MAX_CONNS. */
-#define DIRECT_PIPE (256u << 10) /* bytes held in a direction's pipe at most */
-typedef struct {
-    int fd[2];
-    int pr[2], pw[2];   /* direction d's pipe: read end, write end */
-    size_t inpipe[2];   /* bytes in direction d's pipe */
-    int full[2];        /* the pipe took no more: wait until some of it is written */
-    int eof[2];         /* direction d's source ended */
-    int done[2];        /* ... and everything was written, the target's writing side shut */
-} direct_t;
-static direct_t *directs[MAX_CONNS];
-static int ndirects;
 
 static int listener_index(uint32_t ch) {
     for (int i = 0; i < nlisteners; i++)
@@ -2314,90 +2299,32 @@ static int direct_connect(const char *path) {
     return fd;
 }
 
-static void drop_direct(direct_t *f) {
-    for (int i = 0; i < ndirects; i++)
-        if (directs[i] == f) { directs[i] = directs[--ndirects]; break; }
-    for (int d = 0; d < 2; d++) {
-        close(f->fd[d]);
-        if (f->pr[d] >= 0) close(f->pr[d]);
-        if (f->pw[d] >= 0) close(f->pw[d]);
-    }
-    free(f);
-}
-
-static int direct_live(const direct_t *f) {
-    for (int i = 0; i < ndirects; i++)
-        if (directs[i] == f) return 1;
-    return 0;
-}
-
-/* An accepted connection on a direct listener: to the host's socket, the token first; else closed. */
+/* An accepted connection on a direct listener: to the host's socket, the token, then one byte carrying the
+ * client's socket (SCM_RIGHTS). The host serves that socket itself (it reads, decides and splices; nothing is
+ * copied here); both descriptors here are closed at once. Any failure leaves the client's connection closed. */
 static void direct_open(const listener_t *l, int client) {
     int host = direct_connect(l->unix_path);
     size_t len = strlen(l->token);
-    /* A fresh socket's buffer takes the token whole; a short write is a failure like a refused connect. */
-    if (host < 0 || send(host, l->token, len, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len) {
-        if (host >= 0) close(host);
-        close(client);
-        return;
+    /* A fresh socket's buffer takes the token and the byte whole; a short write is a failure. */
+    if (host >= 0 && send(host, l->token, len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)len) {
+        char one = 0;
+        struct iovec iov = {&one, 1};
+        union { struct cmsghdr h; char space[CMSG_SPACE(sizeof(int))]; } control;
+        memset(&control, 0, sizeof control);
+        struct msghdr msg = {0};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.space;
+        msg.msg_controllen = sizeof control.space;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &client, sizeof(int));
+        (void)sendmsg(host, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
-    direct_t *f = xrealloc(NULL, sizeof *f);
-    *f = (direct_t){{client, host}, {-1, -1}, {-1, -1}, {0, 0}, {0, 0}, {0, 0}, {0, 0}};
-    for (int d = 0; d < 2; d++) {
-        int p[2];
-        if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) { /* out of descriptors: refused like one over the cap */
-            directs[ndirects++] = f;
-            drop_direct(f);
-            return;
-        }
-        f->pr[d] = p[0];
-        f->pw[d] = p[1];
-        fcntl(p[1], F_SETPIPE_SZ, (int)DIRECT_PIPE); /* a larger pipe: fewer turns of the loop per MiB */
-    }
-    directs[ndirects++] = f;
-}
-
-/* Move what can be moved now in direction d (bounded turns, so one fast connection cannot hold the loop).
- * A failed direction ends alone: the other one still delivers what it holds (a server's answer written
- * just before it closed reaches the client even though the client's next bytes found the socket gone). */
-static void direct_move(direct_t *f, int d) {
-    int src = f->fd[d], dst = f->fd[1 - d];
-    for (int turn = 0; turn < 16 && !f->done[d]; turn++) {
-        int moved = 0;
-        if (!f->eof[d] && !f->full[d] && f->inpipe[d] < DIRECT_PIPE) {
-            ssize_t r = splice(src, NULL, f->pw[d], NULL, DIRECT_PIPE - f->inpipe[d], SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-            if (r > 0) { f->inpipe[d] += (size_t)r; moved = 1; }
-            else if (r == 0) { f->eof[d] = 1; moved = 1; }
-            else if (errno == EAGAIN) { if (f->inpipe[d]) f->full[d] = 1; } /* the pipe is full, or the socket empty */
-            else if (errno != EINTR) { f->eof[d] = 1; moved = 1; } /* the source failed: its end */
-        }
-        if (f->inpipe[d]) {
-            ssize_t w = splice(f->pr[d], NULL, dst, NULL, f->inpipe[d], SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-            if (w > 0) { f->inpipe[d] -= (size_t)w; f->full[d] = 0; moved = 1; }
-            else if (w < 0 && errno != EAGAIN && errno != EINTR) { /* the target is gone: nothing more goes this way */
-                f->eof[d] = 1; f->inpipe[d] = 0; f->full[d] = 0; f->done[d] = 1;
-                shutdown(src, SHUT_RD);
-                break;
-            }
-        }
-        if (f->eof[d] && !f->inpipe[d] && !f->done[d]) { f->done[d] = 1; shutdown(dst, SHUT_WR); }
-        if (!moved) break;
-    }
-}
-
-static void direct_events(direct_t *f) {
-    direct_move(f, 0);
-    direct_move(f, 1);
-    if (f->done[0] && f->done[1]) drop_direct(f);
-}
-
-/* What to poll each socket of f for: readable while its direction can take more, writable while the
- * other direction has bytes for it. */
-static short direct_interest(const direct_t *f, int k) {
-    short ev = 0;
-    if (!f->eof[k] && !f->full[k] && f->inpipe[k] < DIRECT_PIPE) ev |= POLLIN;
-    if (f->inpipe[1 - k]) ev |= POLLOUT;
-    return ev;
+    if (host >= 0) close(host);
+    close(client);
 }
 
 static void listen_req(uint32_t ch, const unsigned char *payload, size_t n) {
@@ -2485,9 +2412,10 @@ static void abort_conn(conn_t *n, const char *why) {
 static void accept_conns(int li) {
     uint32_t lch = listeners[li].ch;
     for (int k = 0; k < 64; k++) { /* a burst, then back to the loop: commands and other connections go on */
-        int fd = accept4(listeners[li].fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        /* A direct listener's client is passed to the host, which splices it: left blocking for it. */
+        int fd = accept4(listeners[li].fd, NULL, NULL, (listeners[li].direct ? 0 : SOCK_NONBLOCK) | SOCK_CLOEXEC);
         if (fd < 0) return; /* EAGAIN, or EMFILE and the like: the connection waits in the backlog */
-        if (nconns + ndirects >= MAX_CONNS || next_conn >= DIAL_BASE) { close(fd); continue; } /* the cap holds */
+        if (nconns >= MAX_CONNS || next_conn >= DIAL_BASE) { close(fd); continue; } /* the cap holds */
         if (listeners[li].direct) { direct_open(&listeners[li], fd); continue; }
         conn_t *n = xrealloc(NULL, sizeof *n);
         *n = (conn_t){0};
@@ -2592,7 +2520,7 @@ static void dial_req(uint32_t ch, const unsigned char *payload, size_t n) {
         jmembers_free(m, count);
     }
     if (why || port < 1 || port > 65535) { out(CLOSE_F, ch, "{\"error\":\"bad DIAL: it needs a port 1..65535\"}", 46); return; }
-    if (nconns + ndirects >= MAX_CONNS) {
+    if (nconns >= MAX_CONNS) {
         buf_t b = {0};
         buf_fmt(&b, "{\"error\":\"too many connections (%d)\"}", MAX_CONNS);
         out_json(CLOSE_F, ch, &b);
@@ -2658,7 +2586,6 @@ static void conn_frame(int kind, uint32_t ch, const unsigned char *payload, size
 static void close_conns(void) {
     while (nlisteners) close_listener(nlisteners - 1);
     while (nconns) drop_conn(conns[nconns - 1]);
-    while (ndirects) drop_direct(directs[ndirects - 1]);
 }
 
 static unsigned char *inbuf;
@@ -2784,7 +2711,7 @@ static void loop(void) {
             if (conns[i]->closing > 0 && now() >= conns[i]->closing) { drop_conn(conns[i]); continue; } /* never read */
             i++;
         }
-        size_t need = 2 + 4 * (size_t)ncmds + 3 * (size_t)nops + 2 * (size_t)ngroups + (size_t)nlisteners + (size_t)nconns + 2 * (size_t)ndirects;
+        size_t need = 2 + 4 * (size_t)ncmds + 3 * (size_t)nops + 2 * (size_t)ngroups + (size_t)nlisteners + (size_t)nconns;
         if (need > pcap) {
             pcap = need * 2;
             pfd = xrealloc(pfd, pcap * sizeof *pfd);
@@ -2823,11 +2750,6 @@ static void loop(void) {
             if (ev) { pfd[np] = (struct pollfd){c->fd, ev, 0}; owner[np] = c; what[np++] = 31; } /* else: nothing to do (not even a hang-up to spin on) */
             if (c->closing > 0 && (wait_until < 0 || c->closing < wait_until)) wait_until = c->closing;
         }
-        for (int i = 0; i < ndirects; i++)
-            for (int k = 0; k < 2; k++) {
-                short ev = direct_interest(directs[i], k);
-                if (ev) { pfd[np] = (struct pollfd){directs[i]->fd[k], ev, 0}; owner[np] = directs[i]; what[np++] = 32; }
-            }
         int timeout_ms = -1;
         if (wait_until >= 0) {
             double left = wait_until - now();
@@ -2867,9 +2789,6 @@ static void loop(void) {
                 if (c->connecting) { connected(c); continue; }
                 if (pfd[i].revents & (POLLOUT | POLLERR)) conn_write(c);
                 if (conn_live(c) && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) conn_read(c);
-            } else if (what[i] == 32) {
-                direct_t *f = owner[i];
-                if (direct_live(f) && (f->fd[0] == pfd[i].fd || f->fd[1] == pfd[i].fd)) direct_events(f);
             } else if (what[i] >= 20) {
                 cmd_t *g = owner[i];
                 int still = 0;
@@ -3011,7 +2930,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N_OPS; i++) buf_fmt(&b, "%s\"%s\"", i ? "," : "", OP_NAMES[i]);
     /* What everything it starts gets: the filter ("refused"), none by the host's choice ("allowed"), or
      * none for want of one on this architecture ("unavailable": every RUN and FILE then fails). */
-    buf_fmt(&b, "],\"proxy\":1,\"dial\":1,\"unix\":1,\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
+    buf_fmt(&b, "],\"proxy\":1,\"dial\":1,\"unix\":2,\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
     out_json(HELLO, 0, &b);
     loop();
     return 0;

@@ -34,7 +34,6 @@ LISTEN, OPEN, DATA, CREDIT, CLOSE, DIAL = range(13, 19)  # the proxy endpoint's 
 CONN_BASE = 0x80000000  # frames.CONNECTION_BASE: the agent allocates connection channels from here
 DIAL_BASE = 0xC0000000  # frames.DIAL_BASE: ... up to here; the host's DIAL channels are above
 MAX_LISTENERS = 64  # frames.MAX_LISTENERS
-DIRECT_BUFFER = 256 * 1024  # the most bytes held per direction of a direct-path connection
 WINDOW = 256 * 1024  # frames.WINDOW: each direction's initial window
 MAX_CONNS = 256  # frames.MAX_CONNECTIONS
 LINGER = 30.0  # frames.CLOSE_LINGER_SECONDS
@@ -610,78 +609,6 @@ class Conn:
         self.closing: "float | None" = None  # the host CLOSEd it: flush pending by this time, then close
 
 
-class Direct:
-    # A connection on the direct path (LISTEN "unix"): the accepted client and the host's Unix socket,
-    # bytes copied both ways here, never parsed; direction d reads socks[d] and writes socks[1 - d]. In the
-    # loop with non-blocking sockets rather than splice through pipes: select() takes descriptors below
-    # 1024 only, and two pipes per connection would push 256 connections' sockets past it.
-    def __init__(self, client: "Any", host: "Any") -> "None":
-        self.socks = (client, host)
-        self.fds = (client.fileno(), host.fileno())
-        self.buf = [bytearray(), bytearray()]  # direction d's bytes not yet written (at most DIRECT_BUFFER)
-        self.eof = [False, False]  # direction d's source ended
-        self.done = [False, False]  # ... everything written and the target's writing side shut
-
-    def wants(self, k: "int") -> "tuple[bool, bool]":
-        # (read, write) interest of socks[k]: read while its direction has room, write while the other has bytes
-        return (not self.eof[k] and len(self.buf[k]) < DIRECT_BUFFER, bool(self.buf[1 - k]))
-
-    def move(self, d: "int") -> "None":
-        # What can be moved now in direction d, in bounded turns. A failed direction ends alone: the other
-        # still delivers what it holds (a server's answer written just before it closed reaches the client
-        # even though the client's next bytes found the socket gone).
-        import socket
-
-        src, dst, buf = self.socks[d], self.socks[1 - d], self.buf[d]
-        for _ in range(16):
-            if self.done[d]:
-                return
-            moved = False
-            if not self.eof[d] and len(buf) < DIRECT_BUFFER:
-                try:
-                    data = src.recv(DIRECT_BUFFER - len(buf))
-                    if data:
-                        buf += data
-                    else:
-                        self.eof[d] = True
-                    moved = True
-                except (BlockingIOError, InterruptedError):
-                    pass
-                except OSError:  # the source failed: its end
-                    self.eof[d] = True
-                    moved = True
-            if buf:
-                try:
-                    sent = dst.send(buf)
-                    del buf[:sent]
-                    moved = moved or sent > 0
-                except (BlockingIOError, InterruptedError):
-                    pass
-                except OSError:  # the target is gone: nothing more goes this way
-                    self.eof[d] = self.done[d] = True
-                    del buf[:]
-                    try:
-                        src.shutdown(socket.SHUT_RD)
-                    except OSError:
-                        pass
-                    return
-            if self.eof[d] and not buf and not self.done[d]:
-                self.done[d] = True
-                try:
-                    dst.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-            if not moved:
-                break
-
-    def close(self) -> "None":
-        for sock in self.socks:
-            try:
-                sock.close()
-            except OSError:
-                pass
-
-
 def direct_connect(path: "str") -> "Any":
     # A non-blocking connection to the host's Unix socket at path, or None (a full backlog is a failure too).
     import socket
@@ -711,7 +638,6 @@ class Agent:
         self.listeners: "dict[int, Any]" = {}  # LISTEN channel -> listening socket
         self.conns: "dict[int, Conn]" = {}  # connection channel -> Conn
         self.direct_listeners: "dict[int, tuple[str, bytes]]" = {}  # LISTEN channel -> (socket path, token)
-        self.directs: "dict[int, Direct]" = {}  # client fd -> Direct (counted with conns against MAX_CONNS)
         self.next_conn = CONN_BASE
 
     def background_count(self) -> "int":
@@ -1159,40 +1085,37 @@ class Agent:
                 return
             except OSError:  # EMFILE and the like: this connection waits in the backlog
                 return
-            if len(self.conns) + len(self.directs) >= MAX_CONNS or self.next_conn >= DIAL_BASE:
+            if len(self.conns) >= MAX_CONNS or self.next_conn >= DIAL_BASE:
                 client.close()  # refused: the connection cap holds
                 continue
-            client.setblocking(False)
             if lch in self.direct_listeners:
-                self.direct_open(lch, client)
+                self.direct_open(lch, client)  # left blocking: the host splices it
                 continue
+            client.setblocking(False)
             n = Conn(client, self.next_conn)
             self.next_conn += 1
             self.conns[n.ch] = n
             self.out(OPEN, n.ch, {"listener": lch})
 
     def direct_open(self, lch: "int", client: "Any") -> "None":
-        # To the host's socket, the token first (a fresh socket's buffer takes it whole); else closed.
+        # To the host's socket: the token, then one byte carrying the client's socket (SCM_RIGHTS). The host
+        # serves the socket itself; both descriptors here are closed at once (a failure: the client's ends).
+        import array
+        import socket
+
         path, token = self.direct_listeners[lch]
         host = direct_connect(path)
         try:
-            if host is None or host.send(token) != len(token):
-                raise OSError(errno.EIO, "the host's socket took no token")
+            # A fresh socket's buffer takes the token and the byte whole; a short write is a failure.
+            if host is not None and host.send(token) == len(token):
+                fds = array.array("i", [client.fileno()])
+                host.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         except OSError:
+            pass
+        finally:
             if host is not None:
                 host.close()
             client.close()
-            return
-        self.directs[client.fileno()] = Direct(client, host)
-
-    def direct_events(self, ready: "set[int]") -> "None":
-        for f in list(self.directs.values()):
-            if f.fds[0] in ready or f.fds[1] in ready:
-                f.move(0)
-                f.move(1)
-                if f.done[0] and f.done[1]:
-                    self.directs.pop(f.fds[0], None)
-                    f.close()
 
     def dial(self, ch: "int", payload: "bytes") -> "None":
         # The host opens a connection into this sandbox: to 127.0.0.1:port only, answered OPEN or CLOSE.
@@ -1208,7 +1131,7 @@ class Agent:
         except (ValueError, KeyError):
             self.out(CLOSE, ch, {"error": "bad DIAL: it needs a port 1..65535"})
             return
-        if len(self.conns) + len(self.directs) >= MAX_CONNS:
+        if len(self.conns) >= MAX_CONNS:
             self.out(CLOSE, ch, {"error": "too many connections (%d)" % MAX_CONNS})
             return
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -1268,8 +1191,6 @@ class Agent:
             self.conn_write(n)
 
     def conn_events(self, r: "list[int]", w: "list[int]") -> "None":
-        if self.directs:
-            self.direct_events(set(r) | set(w))
         if not self.listeners and not self.conns:
             return
         by_fd = dict((n.fd, n) for n in self.conns.values())
@@ -1362,9 +1283,6 @@ class Agent:
             sock.close()
         self.listeners = {}
         self.direct_listeners = {}
-        for f in list(self.directs.values()):
-            f.close()
-        self.directs = {}
         for n in list(self.conns.values()):
             self.drop_conn(n)
 
@@ -1476,13 +1394,6 @@ class Agent:
             pipes = list(self.cmds.values()) + list(self.ops.values())
             wlist = [c.stdin for c in pipes if c.stdin is not None and c.pending]
             wlist += [n.fd for n in self.conns.values() if n.pending or n.connecting]
-            for f in self.directs.values():
-                for k in (0, 1):
-                    read, write = f.wants(k)
-                    if read:
-                        rlist.append(f.fds[k])
-                    if write:
-                        wlist.append(f.fds[k])
             waits = [c.deadline for c in self.cmds.values() if c.shim_done is None]
             waits += [c.drain_until for c in pipes if c.drain_until is not None]
             waits += [n.closing for n in self.conns.values() if n.closing is not None]
@@ -1612,7 +1523,7 @@ def main() -> "None":
             "setid": SETID_STATE[0] or "unavailable",
             "proxy": 1,
             "dial": 1,
-            "unix": 1,
+            "unix": 2,
         },
     )
     agent.loop(wr)
