@@ -13,6 +13,9 @@ path=...)``) holding a 2,000-file workspace (8 KiB files of random bytes, 16 MB)
   a backend without a pool + first ``true`` (which carries the workspace only, not /tmp), and against
   ``docker commit`` of the parent's container + create + start of a container from that image (which
   carries neither the mirrored workspace nor /tmp: a commit sees neither a volume nor a tmpfs);
+* the same fork by layer (``PoolConfig(..., fork_by="layer")``, a parent of its own from that pool: the
+  snapshot's safe copy, then overlays over it mounted into a pool member), against the cold ``copy_of``
+  and against the fork by copy;
 * the split of a fork: the snapshot alone, the session from it alone;
 * eight forks at once (one snapshot, eight sessions from it in threads) against eight cold ``copy_of``
   sessions at once, total time until all eight ran ``true``;
@@ -77,22 +80,30 @@ def forks_side_by_side(
     parent: DockerSession,
     pooled: DockerBackend,
     cold: DockerBackend,
+    layered: tuple[DockerBackend, DockerSession],
     tree: Path,
     runtime: str | None,
     repeat: int,
 ) -> tuple[dict[str, Stats], dict[str, Stats]]:
     """Milliseconds of each way to a second session holding the parent's state (see the docstring)."""
     client = pooled.client
-    samples: dict[str, list[float]] = {"fork": [], "fork-shm": [], "copy": [], "commit": []}
-    split: dict[str, list[float]] = {"snapshot": [], "session": [], "snapshot-shm": [], "session-shm": []}
+    samples: dict[str, list[float]] = {"fork": [], "fork-shm": [], "layer": [], "copy": [], "commit": []}
+    split: dict[str, list[float]] = {
+        **{"snapshot": [], "session": [], "snapshot-shm": [], "session-shm": []},
+        **{"snapshot-layer": [], "session-layer": []},
+    }
     disk = SnapshotStore(tempfile.mkdtemp(prefix="adk-bench-snapshots-", dir=DISK))
 
-    def forking(store: SnapshotStore, suffix: str) -> Callable[[], Callable[[], None]]:
+    def forking(
+        store: SnapshotStore, suffix: str, source: tuple[DockerBackend, DockerSession] = (pooled, parent)
+    ) -> Callable[[], Callable[[], None]]:
+        backend, origin = source
+
         def fork() -> Callable[[], None]:
             started = time.perf_counter()
-            snap = parent.snapshot(store=store)
+            snap = origin.snapshot(store=store)
             taken = time.perf_counter()
-            session = first(pooled.session(snapshot=snap))
+            session = first(backend.session(snapshot=snap))
             split["snapshot" + suffix].append((taken - started) * 1000)
             split["session" + suffix].append((time.perf_counter() - taken) * 1000)
 
@@ -119,14 +130,17 @@ def forks_side_by_side(
     fns = {
         "fork": forking(pooled.snapshots, ""),
         "fork-shm": forking(disk, "-shm"),
+        "layer": forking(layered[0].snapshots, "-layer", layered),
         "copy": copy,
         "commit": commit,
     }
     order = list(fns)
     assert pooled.pool is not None
+    assert layered[0].pool is not None
     for i in range(repeat + 1):  # the first round is the warm-up
-        for name in order[i % 4 :] + order[: i % 4]:
+        for name in order[i % len(order) :] + order[: i % len(order)]:
             assert pooled.pool.wait_ready(120)
+            assert layered[0].pool.wait_ready(120)
             started = time.perf_counter()
             undo = fns[name]()
             elapsed = (time.perf_counter() - started) * 1000
@@ -222,22 +236,35 @@ def main() -> None:
         pool=PoolConfig(size=FORKS, workspace="mirror", path=REPO, forkable=not options.archives),
     )
     cold = DockerBackend(runtime=options.runtime)
+    # Forks by layer: a pool of its own (two members: one fork at a time is timed), its own parent.
+    layering = PoolConfig(size=2, workspace="mirror", path=REPO, forkable=True, fork_by="layer")
+    layered = DockerBackend(runtime=options.runtime, pool=layering)
     try:
         parent = pooled.session(copy_of=tree)
+        layered_parent = layered.session(copy_of=tree)
         fill = f"for i in $(seq {TMP_MB}); do head -c 1048576 /dev/urandom > /tmp/blob$i; done"
         assert parent.execute(command(fill)).exit_code == 0
+        assert layered_parent.execute(command(fill)).exit_code == 0
         sizes = parent.snapshot()
         du = subprocess.run(
             ["du", "-sb", sizes.path], capture_output=True, text=True, check=True
         ).stdout.split()[0]
         pooled.snapshots.remove(sizes.id)
         stats, split = forks_side_by_side(
-            parent=parent, pooled=pooled, cold=cold, tree=tree, runtime=options.runtime, repeat=repeat
+            parent=parent,
+            pooled=pooled,
+            cold=cold,
+            layered=(layered, layered_parent),
+            tree=tree,
+            runtime=options.runtime,
+            repeat=repeat,
         )
         eight, eight_cold = eight_at_once(parent, pooled, cold, tree, max(2, repeat // 4))
         commit, archive, archived = root_layer(options.runtime, max(3, repeat // 4))
         parent.close()
+        layered_parent.close()
     finally:
+        layered.close()
         pooled.close()
         cold.close()
         shutil.rmtree(tree, ignore_errors=True)
@@ -248,6 +275,24 @@ def main() -> None:
             fork,
             "cold `session(copy_of=tree)` + first `true` (workspace only)",
             stats["copy"],
+        ),
+        Row.latency(
+            f"{rt}: `parent.fork()` by layer (`fork_by='layer'`: snapshot + overlays) + first `true`",
+            stats["layer"],
+            "cold `session(copy_of=tree)` + first `true` (workspace only)",
+            stats["copy"],
+        ),
+        Row.latency(
+            f"{rt}: the fork by layer",
+            stats["layer"],
+            "the fork by copy (`parent.fork()` above, the default store)",
+            fork,
+        ),
+        Row.latency(
+            f"{rt}: the session part of a fork by layer",
+            split["session-layer"],
+            "the session part of a fork by copy",
+            split["session"],
         ),
         Row.latency(
             f"{rt}: the same fork, a store on disk (`SnapshotStore(path)`: every snapshot on disk)",
@@ -282,6 +327,9 @@ def main() -> None:
         f"{split['snapshot'].p50:.0f} ms, session from it p50 {split['session'].p50:.0f} ms; store on disk: "
         f"snapshot p50 {split['snapshot-shm'].p50:.0f} ms, session p50 {split['session-shm'].p50:.0f} ms "
         "(the session from the pool: host copies of the workspace, /tmp and HOME, first `true`)",
+        f"target by layer: {stats['layer'].p50:.0f} ms "
+        f"({'met' if stats['layer'].p50 <= TARGET_MS else 'NOT met'}); its split: snapshot p50 "
+        f"{split['snapshot-layer'].p50:.0f} ms, session from it p50 {split['session-layer'].p50:.0f} ms",
         f"the snapshot on disk: {int(du) / 1e6:.1f} MB (`du -sb`; {TREE_FILES} files of 8 KiB + {TMP_MB} MiB "
         f"of /tmp, a tree or an archive), method {sizes.method}, size_bytes {sizes.size_bytes / 1e6:.1f} MB",
         f"the changed paths' archive: {archived / 1e6:.1f} MB",

@@ -263,6 +263,11 @@ class SnapshotStore:
         (:class:`InvalidRequestError`): its image would be left behind.
         """
         snapshot = self.get(key.id if isinstance(key, Snapshot) else key)
+        if _layered_on(snapshot.path):
+            raise InvalidRequestError(
+                f"snapshot {snapshot.id} is the lower layer of a running fork (PoolConfig(fork_by='layer')): "
+                "close the sessions forked from it first; it was kept as it was"
+            )
         if snapshot.root_image is not None:
             if remove_image is None:
                 raise InvalidRequestError(
@@ -347,3 +352,29 @@ def _out_of_space(exc: BaseException) -> bool:
 def _check_id(snapshot_id: str) -> None:
     if not SNAPSHOT_ID.fullmatch(snapshot_id):
         raise InvalidRequestError(f"{snapshot_id!r} is not a snapshot id (snap- and 16 hex digits)")
+
+
+def _layered_on(path: str) -> bool:
+    """Whether an overlay mounted on this host has a lower directory in ``path`` (a layered fork's).
+
+    Read from the kernel's mount table: forks of other processes count too. A reaper then defers the
+    snapshot (its removal is refused and logged) until its forks are closed or reaped.
+    """
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        dash = fields.index("-")
+        if fields[dash + 1 : dash + 2] != ["overlay"] or len(fields) <= dash + 3:
+            continue
+        for option in fields[dash + 3].split(","):
+            if option.startswith("lowerdir="):
+                lowers = option.removeprefix("lowerdir=").split(":")
+                if any(lower == path or lower.startswith(path + "/") for lower in lowers):
+                    return True
+    return False

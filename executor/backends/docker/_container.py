@@ -235,6 +235,7 @@ class ContainerProvider:
                 mounts.append(os.path.join(spec.workspace, ".git"))
         if spec.direct_egress is not None and not self.attached:
             mounts.append(spec.direct_egress)
+        mounts += [source for source, _ in spec.layer_binds]  # a layered member's (checked by _layers)
         problems = hardening_violations(
             inspect,
             network=spec.network,
@@ -264,7 +265,8 @@ class ContainerProvider:
             )
         # A mirrored workspace's owner is the session's to choose (its host copy may be elsewhere: a session
         # from a snapshot mirrors its own directory at the snapshot's path, which need not exist here).
-        owner_path = (spec.workspace if spec.mirror is None else None) or (
+        layered = bool(spec.layer_binds)  # its workspace's host side is not at its path
+        owner_path = (spec.workspace if spec.mirror is None and not layered else None) or (
             _mount_source_of(inspect, workdir) if self.attached else None
         )
         owner = None

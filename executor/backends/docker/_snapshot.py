@@ -182,6 +182,8 @@ def _take_tmpfs(
         if hosted:  # tmpfs volumes whose host side this process reads: copied like a workspace
             tree = os.path.join(partial, "tmpfs", str(index))
             os.mkdir(tree, 0o700)
+            if session.layers is not None:  # a layered fork's lower: the command user's, as its volume was
+                os.chown(tree, *session.layers.owner)
             copied = copy_workspace(hosted[path], tree, max(cap - used, 0), setting)
             used += copied.size_bytes
             skipped += [f"{path}/{note}" for note in copied.skipped]
@@ -200,6 +202,8 @@ def _copy_host_workspace(session: DockerSession, partial: str, cap: int, setting
         return CopyReport("none", 0, ())
     target = os.path.join(partial, "workspace")
     os.mkdir(target, 0o700)
+    if session.layers is not None:  # a layered fork's lower: the command user's, as its copy was
+        os.chown(target, *session.layers.owner)
     report = copy_workspace(host, target, cap, setting)
     if session._config.spec.git_placeholder is not None:
         # The empty .git made to be mounted read-only over a workspace without one: not one of its files.

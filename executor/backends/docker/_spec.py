@@ -140,6 +140,10 @@ class ContainerSpec:
     extra_hosts: Mapping[str, str] = field(default_factory=dict)
     """Names written to the container's ``/etc/hosts`` (name -> loopback address), see
     :func:`validate_extra_hosts`: how sibling services resolve (docs/network.md, "Several services")."""
+    layer_binds: tuple[tuple[str, str], ...] = ()
+    """(host directory, path inside) bound with ``bind-propagation=rslave``: a layered pool member's state
+    directories, whose fork's overlays the host mounts later (``PoolConfig(fork_by="layer")``, ``_layers``).
+    They replace the workspace's bind and the tmpfs mounts at those paths."""
     direct_egress: str | None = None
     """The host directory of the session's direct egress socket (docs/network.md, "Speed"), bound
     read-only at :data:`~adk_sandbox.executor.channel.egress.DIRECT_MOUNT`; None: none (a remote engine,
@@ -432,9 +436,14 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     mounts = []
     if spec.host_tmpfs:
         mounts += [host_tmpfs_mount(path, mb, spec.state_owner) for path, mb in tmpfs_sizes(spec).items()]
+    layered = {target for _, target in spec.layer_binds}
+    mounts += [
+        Mount(target=target, source=source, type="bind", read_only=False, propagation="rslave")
+        for source, target in spec.layer_binds
+    ]
     if spec.workspace and spec.mirror is not None:
         mounts.append(spec.mirror.mount(spec.workspace))
-    elif spec.workspace:
+    elif spec.workspace and spec.workspace not in layered:
         mounts.append(Mount(target=spec.workspace, source=spec.workspace, type="bind", read_only=False))
     for allowed in spec.extra_mounts:
         read_only = allowed.mode == "read_only"
@@ -460,7 +469,7 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
         "read_only": not spec.task,
         **task,
         "tmpfs": {}
-        if spec.host_tmpfs
+        if spec.host_tmpfs or spec.layer_binds
         else {
             "/tmp": tmpfs_options(limits),
             HOME_DIR: tmpfs_options(limits),

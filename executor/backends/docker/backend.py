@@ -180,6 +180,11 @@ class DockerBackend(SessionBackend[DockerSession]):
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self.reaped_copies = reap_copies()
+        from adk_sandbox.executor.backends.docker._layers import reap_layers  # noqa: PLC0415
+
+        self.reaped_layers = reap_layers()
+        """Layered pool members' mount points and directories of gone owners, unmounted and removed (before
+        the snapshots: a snapshot that is a live fork's lower is not removed)."""
         """Workspace copies (``session(copy_of=...)``) of gone owners this backend removed as it started."""
         from adk_sandbox.executor.backends.docker._snapshot import reap_snapshots  # noqa: PLC0415 - imports this module
         from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
@@ -432,6 +437,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             session.start()
             notes = restore_root(session, snapshot) if snapshot.root_archive else []
             session.restore_notes = notes + restore_tmpfs(session, snapshot)
+            session.fork_method = "copy"
         except BaseException:
             session.close()  # removes the container and the host copy
             raise

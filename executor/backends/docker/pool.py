@@ -126,6 +126,14 @@ class PoolConfig(BaseModel):
     copy them on the host instead of archiving them through the sandbox (docs/snapshots.md). Needs a local
     engine whose volumes this process reaches (root); refused at the first member's start otherwise."""
 
+    fork_by: Literal["copy", "layer"] = "copy"
+    """With ``forkable``: how a fork gets the snapshot's files. ``"copy"``: copied on the host into the
+    member's directory and volumes. ``"layer"``: each member's state directories are host mount points
+    propagated into its container, and a fork mounts an overlay per directory over the snapshot's copy
+    (nothing copied, nothing scanned; docs/snapshots.md, "Forks by layer"). Such a member serves
+    ``session(snapshot=s)`` and ``session(copy_of=X)`` (X copied into its fresh tmpfs, a bound workspace);
+    needs root on a local engine, overlayfs and runc (refused when the pool starts otherwise)."""
+
     @field_validator("path")
     @classmethod
     def _check_path(cls, path: str | None) -> str | None:
@@ -144,6 +152,8 @@ class PoolConfig(BaseModel):
             raise ValueError("path= is where a member's workspace copy is: it needs workspace='mirror'")
         if self.forkable and self.path is None:
             raise ValueError("forkable=True serves forks, which a pool serves only at a path: give path=")
+        if self.fork_by == "layer" and not self.forkable:
+            raise ValueError("fork_by='layer' is how a forkable pool serves forks: give forkable=True")
         return self
 
 
@@ -362,6 +372,10 @@ class SessionPool:
         self._config = replace(config, spec=spec)
         self._client = client
         self._make_session = make_session
+        self._layer_owner: tuple[int, int] | None = None
+        """A layered pool's command user (uid, gid): owns its members' directories (None: not layered)."""
+        if settings.fork_by == "layer":
+            self._layer_owner = _layered_owner(config, client)
         self._key = PoolKey.of(
             config, engine, workspace=settings.workspace, path=settings.path, forkable=settings.forkable
         )
@@ -425,6 +439,8 @@ class SessionPool:
     def serves_snapshot(self, snapshot: Snapshot) -> bool:
         """Whether a member can take ``snapshot``'s state: its workspace at this pool's ``path``, no root."""
         spec = self._config.spec
+        if self._layer_owner is not None and not _layers_fit(snapshot, self._config, self._layer_owner):
+            return False
         return (
             self.settings.path is not None
             and snapshot.workspace == self.settings.path
@@ -498,6 +514,10 @@ class SessionPool:
         from adk_sandbox.executor.backends.docker._snapshot import restore_tmpfs  # noqa: PLC0415
         from adk_sandbox.executor.snapshots.copy import copy_workspace  # noqa: PLC0415
 
+        if session.layers is not None:
+            self._fill_layers(session, snapshot)
+            return
+        session.fork_method = "copy"
         workspace = session.workspace
         hosted = snapshot.tmpfs_format == "tree" and set(snapshot.tmpfs) <= set(session.state_dirs)
         try:
@@ -522,6 +542,20 @@ class SessionPool:
             session.origin = snapshot
         except BaseException:
             _close_quietly(session)  # after the copy aside ended (the executor waits for it)
+            raise
+
+    def _fill_layers(self, session: DockerSession, snapshot: Snapshot) -> None:
+        """Mount the snapshot's copies as the member's lower layers (nothing copied), or destroy it."""
+        layers = session.layers
+        assert layers is not None  # noqa: S101 - only called for a layered member
+        try:
+            container = session._opened()
+            layers.fork(snapshot, container.inspect)
+            session.fork_method = "overlay"
+            session.restore_notes = []
+            session.origin = snapshot
+        except BaseException:
+            _close_quietly(session)
             raise
 
     def _take(self, deadline: float) -> _Member:
@@ -600,6 +634,8 @@ class SessionPool:
         """A new member's config, and the workspace directory made for it (``"mirror"``; else None)."""
         if self.root is None:
             return self._config, None
+        if self._layer_owner is not None:
+            return self._layered_config(self._layer_owner), None
         # The member's volume is mounted at this same path inside.
         workspace = tempfile.mkdtemp(prefix="copy-", dir=self.root)
         inside = self.settings.path or workspace
@@ -612,6 +648,25 @@ class SessionPool:
             host_workspace=workspace if inside != workspace else None,
         )
         return config, workspace
+
+    def _layered_config(self, owner: tuple[int, int]) -> SessionConfig:
+        """A layered member's config: its state directories bound from mount points made for it."""
+        from adk_sandbox.executor.backends.docker._layers import MemberLayers  # noqa: PLC0415
+        from adk_sandbox.executor.backends.docker._spec import tmpfs_sizes  # noqa: PLC0415
+
+        path = self.settings.path
+        assert path is not None  # noqa: S101 - fork_by needs forkable, which needs a path
+        sizes = {path: self._config.mirror_mb, **tmpfs_sizes(self._config.spec)}
+        layers = MemberLayers.create(path, sizes, owner)
+        spec = replace(self._config.spec, workspace=path, layer_binds=layers.binds, state_owner=owner)
+        return replace(
+            self._config,
+            spec=spec,
+            user=f"{owner[0]}:{owner[1]}",
+            workspace_transport="bind",
+            host_workspace=layers.points[path],
+            layers=layers,
+        )
 
     def _create_one(self) -> None:
         session: DockerSession | None = None
@@ -697,6 +752,34 @@ class SessionPool:
                     os.rmdir(self.root)
                 except OSError:
                     log.warning("warm pool directory %s left: sessions with copies in it are open", self.root)
+
+
+def _layered_owner(config: SessionConfig, client: docker.DockerClient) -> tuple[int, int]:
+    """The command user of a layered pool (this process's unless a numeric ``user`` says), checked first."""
+    from adk_sandbox.executor.backends.docker._daemon import engine_of  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker._layers import check_supported  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker.session import container_user  # noqa: PLC0415
+
+    check_supported(local=engine_of(client).local, runtime=config.spec.runtime)
+    if config.user is None:
+        return os.getuid(), os.getgid()
+    if not config.user.replace(":", "").isdigit():
+        raise ValueError("fork_by='layer' needs a numeric user (uid or uid:gid): its directories are its")
+    uid, gid = container_user(config.user).split(":")
+    return int(uid), int(gid)
+
+
+def _layers_fit(snapshot: Snapshot, config: SessionConfig, owner: tuple[int, int]) -> bool:
+    """Whether a layered member can take ``snapshot`` as its lower layers: trees of the command user's."""
+    from adk_sandbox.executor.backends.docker._spec import tmpfs_sizes  # noqa: PLC0415
+
+    if snapshot.tmpfs_format != "tree" or set(snapshot.tmpfs) != set(tmpfs_sizes(config.spec)):
+        return False
+    roots = [snapshot.workspace_dir, *(snapshot.tree(i) for i in range(len(snapshot.tmpfs)))]
+    try:
+        return all(os.stat(root).st_uid == owner[0] for root in roots)
+    except OSError:
+        return False
 
 
 def _close_quietly(session: DockerSession) -> None:

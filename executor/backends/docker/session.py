@@ -88,6 +88,7 @@ from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB, MirrorWorks
 from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace
 
 if TYPE_CHECKING:  # the snapshots package imports this module's names: imported where used at run time
+    from adk_sandbox.executor.backends.docker._layers import MemberLayers
     from adk_sandbox.executor.snapshots.model import Snapshot
     from adk_sandbox.executor.snapshots.store import SnapshotStore
 
@@ -177,6 +178,8 @@ class SessionConfig:
     """The workspace's host directory when it is not at ``spec.workspace`` (the path inside): a session
     from a snapshot mirrors a directory of its own at the snapshot's workspace path (docs/snapshots.md).
     None: the same path on both sides."""
+    layers: MemberLayers | None = None
+    """A layered pool member's mount points (``PoolConfig(fork_by="layer")``), released when it closes."""
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
@@ -282,6 +285,10 @@ class DockerSession(SessionNetwork, ChannelSession):
         """The host side of the mirrored workspace's volume when this process reads it (a forkable pool's
         members, like :attr:`state_dirs`): a fork copies the snapshot's workspace into it on the host
         (:meth:`fill_mirror_on_host`) instead of pushing it through the channel. None otherwise."""
+        self.layers: MemberLayers | None = config.layers
+        """A layered pool member's mount points (``PoolConfig(fork_by="layer")``), or None."""
+        self.fork_method: Literal["copy", "overlay"] | None = None
+        """How this session got its snapshot's files: copied, or layered over the snapshot (None: no fork)."""
         self.restore_notes: list[str] = []
         """What unpacking the snapshot's tmpfs archives complained of (files the sandbox refused), if any."""
 
@@ -405,10 +412,15 @@ class DockerSession(SessionNetwork, ChannelSession):
                     self._workspace.closing()
             finally:  # whatever the last pull-back raised, the container (and a copy_of copy) goes
                 self._closed = True
+                layers = self.layers
                 try:
+                    if layers is not None:
+                        layers.unfork()  # the fork's overlays first: nothing more lands in its uppers
                     self._discard_container()
                 finally:
                     self._egress.close()  # the direct path's socket and directory too
+                    if layers is not None:
+                        layers.release()
                 if self._workspace is not None:
                     self._workspace.close()
                 copy = self.workspace
@@ -506,7 +518,8 @@ class DockerSession(SessionNetwork, ChannelSession):
                 transport,
                 container.base_env,
                 self._user,
-                workspace if mode == "bind" else None,
+                # A layered member's host side is not at its path: its mountinfo is checked instead (below).
+                workspace if mode == "bind" and self.layers is None else None,
                 no_capabilities=container.dialect is Dialect.PODMAN,  # its inspect cannot show it
                 setid_allowed=task,
             )
@@ -515,6 +528,9 @@ class DockerSession(SessionNetwork, ChannelSession):
             if self._config.spec.host_tmpfs:
                 mirrored = workspace if mode == "mirror" else None
                 self.state_dirs, self.mirror_dir = self._host_tmpfs_dirs(container, mirrored)
+            if self.layers is not None:
+                self.layers.check(container.inspect)
+                self.state_dirs = self.layers.state_dirs
             self._start_workspace(mode, container, owner)
             # The host's cgroup counter exists only for a local engine: a remote container's pid is another
             # machine's (the agent's own count from inside is used there, and preferred everywhere).
