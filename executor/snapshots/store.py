@@ -38,6 +38,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from adk_sandbox.executor import _owner
+from adk_sandbox.executor._mountinfo import read_mountinfo
 from adk_sandbox.executor.channel.static_agent import cache_root
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor.snapshots.model import SNAPSHOT_ID, Snapshot
@@ -361,18 +362,13 @@ def _layered_on(path: str) -> bool:
     snapshot (its removal is refused and logged) until its forks are closed or reaped.
     """
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
+        mounts = read_mountinfo()
     except OSError:
         return False
-    for line in lines:
-        fields = line.split()
-        if "-" not in fields:
+    for mount in mounts:
+        if mount.fstype != "overlay":
             continue
-        dash = fields.index("-")
-        if fields[dash + 1 : dash + 2] != ["overlay"] or len(fields) <= dash + 3:
-            continue
-        for option in fields[dash + 3].split(","):
+        for option in mount.super_options:
             if option.startswith("lowerdir="):
                 lowers = option.removeprefix("lowerdir=").split(":")
                 if any(lower == path or lower.startswith(path + "/") for lower in lowers):

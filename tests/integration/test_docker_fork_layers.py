@@ -21,8 +21,9 @@ import pytest
 from adk_sandbox.devtools import Workspace
 from adk_sandbox.devtools.errors import PathEscapeError
 from adk_sandbox.executor import ExecRequest, ExecResult, InvalidRequestError, Language, ResourceLimits
+from adk_sandbox.executor._mountinfo import read_mountinfo, top_mounts
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession, PoolConfig
-from adk_sandbox.executor.backends.docker._layers import RUN_ROOT, reap_layers, top_mounts
+from adk_sandbox.executor.backends.docker._layers import RUN_ROOT, reap_layers
 from adk_sandbox.executor.backends.docker._reaper import reap_leaked
 from adk_sandbox.executor.snapshots import Snapshot, SnapshotStore
 from tests.conftest import require
@@ -63,8 +64,7 @@ def mounts_below(root: str) -> list[str]:
 def container_tops(session: DockerSession) -> dict[str, tuple[str, frozenset[str], tuple[str, ...]]]:
     """The top mount of each mount point inside, read from the host (the kernel's account)."""
     pid = session._opened().inspect["State"]["Pid"]
-    with open(f"/proc/{pid}/mountinfo", encoding="utf-8") as handle:
-        return top_mounts(handle.read())
+    return {p: (m.fstype, m.options, m.super_options) for p, m in top_mounts(read_mountinfo(pid)).items()}
 
 
 @pytest.fixture(scope="module")

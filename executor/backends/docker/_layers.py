@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from adk_sandbox.executor import _owner
+from adk_sandbox.executor._mountinfo import read_mountinfo, top_mounts
 from adk_sandbox.executor.backends.docker._spec import GVISOR_RUNTIME
 from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor.workspace.copies import _boot_tag
@@ -49,7 +50,6 @@ __all__ = [
     "MemberLayers",
     "check_supported",
     "reap_layers",
-    "top_mounts",
 ]
 
 log = logging.getLogger(__name__)
@@ -125,53 +125,6 @@ def check_supported(*, local: bool, runtime: str | None) -> None:
             f"container, which needs root on a local engine, overlayfs and runc: {'; '.join(problems)}. "
             "Nothing was started; use fork_by='copy'"
         )
-
-
-@dataclass(frozen=True)
-class _Mount:
-    mount_id: str
-    parent: str
-    point: str
-    fstype: str
-    options: frozenset[str]
-    super_options: tuple[str, ...]
-
-
-def _parse(mountinfo: str) -> list[_Mount]:
-    mounts = []
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if "-" not in fields:
-            continue
-        dash = fields.index("-")
-        point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
-        mounts.append(
-            _Mount(
-                fields[0],
-                fields[1],
-                point,
-                fields[dash + 1],
-                frozenset(fields[5].split(",")),
-                tuple(fields[dash + 3].split(",")) if len(fields) > dash + 3 else (),
-            )
-        )
-    return mounts
-
-
-def top_mounts(mountinfo: str) -> dict[str, tuple[str, frozenset[str], tuple[str, ...]]]:
-    """Per mount point, its top mount (the one no other mount at that point sits on).
-
-    Values: file system type, mount options, super options.
-    """
-    by_point: dict[str, list[_Mount]] = {}
-    for mount in _parse(mountinfo):
-        by_point.setdefault(mount.point, []).append(mount)
-    tops = {}
-    for point, stack in by_point.items():
-        parents = {m.parent for m in stack}
-        top = [m for m in stack if m.mount_id not in parents] or stack[-1:]
-        tops[point] = (top[-1].fstype, top[-1].options, top[-1].super_options)
-    return tops
 
 
 def _member_dir() -> str:
@@ -254,12 +207,14 @@ class MemberLayers:
             if propagation.get(point) != "rslave":
                 problems.append(f"{point} is not bound with bind-propagation=rslave")
         try:
-            with open(f"/proc/{pid}/mountinfo", encoding="utf-8") as handle:
-                tops = top_mounts(handle.read())
+            tops = top_mounts(read_mountinfo(pid))
         except OSError as exc:
             raise SandboxFailedError(f"could not read the sandbox's mounts ({exc.strerror})") from exc
         for path in self.points:
-            fstype, options, supers = tops.get(path, ("", frozenset(), ()))
+            top = tops.get(path)
+            fstype, options, supers = (
+                (top.fstype, top.options, top.super_options) if top else ("", frozenset(), ())
+            )
             want = "overlay" if self.forked else "tmpfs"
             if fstype != want:
                 problems.append(f"{path} is a {fstype or 'missing'} mount inside, not the {want} made here")
@@ -331,8 +286,7 @@ class MemberLayers:
 def _unmount_all(point: str, keep: int = 0) -> None:
     """Unmount the mounts stacked at ``point`` (top first) until ``keep`` of them are left."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-            stack = [m for m in _parse(handle.read()) if m.point == point]
+        stack = [m for m in read_mountinfo() if m.point == point]
     except OSError:
         stack = []
     for _ in range(max(len(stack) - keep, 0)):
@@ -343,8 +297,7 @@ def _unmount_all(point: str, keep: int = 0) -> None:
 def _release_dir(root: str) -> None:
     """Detach every mount at or below ``root`` (deepest and newest first), then remove the directory."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-            points = [m.point for m in _parse(handle.read())]
+        points = [m.point for m in read_mountinfo()]
     except OSError:
         points = []
     below = [p for p in points if p == root or p.startswith(root + "/")]

@@ -20,6 +20,7 @@ from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 from pydantic import Field, TypeAdapter, ValidationError
 
 from adk_sandbox.executor._layout import DIRECT_MOUNT, HOME_DIR, KERNEL_PATHS
+from adk_sandbox.executor._mountinfo import MountEntry, top_mounts
 from adk_sandbox.executor._owner import LABEL_PREFIX, PROJECT_LABEL
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
@@ -397,22 +398,15 @@ def host_tmpfs_mount(target: str, size_mb: int, owner: tuple[int, int]) -> Mount
 
 
 def host_tmpfs_dirs(
-    inspect: Mapping[str, Any], sizes: Mapping[str, int], mountinfo: str
+    inspect: Mapping[str, Any], sizes: Mapping[str, int], mounts: list[MountEntry]
 ) -> tuple[dict[str, str], list[str]]:
     """The host directories of a container's tmpfs volumes (path inside -> host path), and what is wrong.
 
-    ``mountinfo`` is this process's ``/proc/self/mountinfo``: each volume's host side must be a tmpfs this
+    ``mounts`` are this process's (``/proc/self/mountinfo``): each volume's host side must be a tmpfs this
     process sees, mounted ``nosuid,nodev`` with the size asked, else the host could not copy it, or a copy
     into it would not land in the container, or a protection of the tmpfs would be lost.
     """
-    mounted: dict[str, tuple[str, set[str], set[str]]] = {}
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if "-" not in fields:
-            continue
-        dash = fields.index("-")
-        point = fields[4].replace("\\040", " ")
-        mounted[point] = (fields[dash + 1], set(fields[5].split(",")), set(fields[dash + 3].split(",")))
+    mounted = top_mounts(mounts)
     found: dict[str, str] = {}
     problems: list[str] = []
     for mount in inspect.get("Mounts") or []:
@@ -423,10 +417,10 @@ def host_tmpfs_dirs(
         if source is None:
             problems.append(f"{path} is not a tmpfs volume")
             continue
-        fstype, options, super_options = mounted.get(source, ("", set(), set()))
-        if fstype != "tmpfs":
+        top = mounted.get(source)
+        if top is None or top.fstype != "tmpfs":
             problems.append(f"the host side of {path} ({source}) is not a tmpfs this process sees")
-        elif not {"nosuid", "nodev"} <= options or f"size={size * 1024}k" not in super_options:
+        elif not {"nosuid", "nodev"} <= top.options or f"size={size * 1024}k" not in top.super_options:
             problems.append(f"the host side of {path} ({source}) is not mounted nosuid,nodev,size={size}m")
     return found, problems
 

@@ -16,6 +16,7 @@ import docker
 from adk_sandbox.executor.backend import SessionBackend, SessionFactory
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
 from adk_sandbox.executor.backends.docker._daemon import connect
+from adk_sandbox.executor.backends.docker._layers import reap_layers
 from adk_sandbox.executor.backends.docker._reaper import cleanup_session, reap_leaked
 from adk_sandbox.executor.backends.docker._rootcap import root_cap_for, size_refusal
 from adk_sandbox.executor.backends.docker._spec import (
@@ -180,12 +181,10 @@ class DockerBackend(SessionBackend[DockerSession]):
         self.reaped = reap_leaked(self._client)
         """Leaked containers this backend removed when it started."""
         self.reaped_copies = reap_copies()
-        from adk_sandbox.executor.backends.docker._layers import reap_layers  # noqa: PLC0415
-
+        """Workspace copies (``session(copy_of=...)``) of gone owners this backend removed as it started."""
         self.reaped_layers = reap_layers()
         """Layered pool members' mount points and directories of gone owners, unmounted and removed (before
         the snapshots: a snapshot that is a live fork's lower is not removed)."""
-        """Workspace copies (``session(copy_of=...)``) of gone owners this backend removed as it started."""
         from adk_sandbox.executor.backends.docker._snapshot import reap_snapshots  # noqa: PLC0415 - imports this module
         from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
 

@@ -27,6 +27,7 @@ import docker.errors
 
 from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, request_argv
+from adk_sandbox.executor._mountinfo import read_mountinfo
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor._users import is_numeric
 from adk_sandbox.executor.backend import OutputCallback
@@ -571,14 +572,13 @@ class DockerSession(SessionNetwork, ChannelSession):
         Refused when this process lacks one.
         """
         try:
-            with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-                mountinfo = handle.read()
+            mounts = read_mountinfo()
         except OSError:
-            mountinfo = ""
+            mounts = []
         sizes = tmpfs_sizes(self._config.spec)
         if mirrored is not None:
             sizes[mirrored] = self._config.mirror_mb  # the same kind of volume, checked the same way
-        found, problems = host_tmpfs_dirs(container.inspect, sizes, mountinfo)
+        found, problems = host_tmpfs_dirs(container.inspect, sizes, mounts)
         for source in found.values():
             if not problems and not os.access(source, os.R_OK | os.W_OK | os.X_OK):
                 problems.append(f"this process cannot read and write {source}")
