@@ -261,6 +261,8 @@ class DockerSession(ChannelSession):
         self._gate = threading.Condition()
         self._running = 0
         self._holding = False
+        #: Called once when the first command ends or the session closes (the warm pool's deferred refill).
+        self._after_first: list[Callable[[], None]] = []
         self._snapshot_lock = threading.Lock()
         #: Where snapshots go, and who makes a session from one (set by the backend that opened this one).
         self.snapshot_store: SnapshotStore | None = None
@@ -414,6 +416,10 @@ class DockerSession(ChannelSession):
                         log.warning("the workspace copy %s of a closed session could not be removed", copy)
                 if not already:
                     self._drop_own_snapshot()
+        with self._gate:  # outside the session's lock: a hook takes the pool's
+            hooks, self._after_first = self._after_first, []
+        for hook in hooks:
+            hook()
 
     def _open_container(self) -> None:
         """Open a verified container with its workspace (``auto``: bind, else a mirror; lock held)."""
@@ -768,6 +774,21 @@ class DockerSession(ChannelSession):
             with self._gate:
                 self._running -= 1
                 self._gate.notify_all()
+                hooks, self._after_first = self._after_first, []
+            for hook in hooks:
+                hook()
+
+    def _call_after_first_command(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once: when the first command of this session ends, or when it closes.
+
+        The warm pool starts a fork's refill with it, so the refill's create does not compete with the
+        fork's first command (docs/snapshots.md). ``hook`` must not raise.
+        """
+        with self._gate:
+            if not self._closed:
+                self._after_first.append(hook)
+                return
+        hook()
 
     @contextlib.contextmanager
     def _quiesced(self, wait_seconds: float) -> Iterator[None]:
