@@ -515,15 +515,16 @@ class SessionPool:
                 tmpfs = aside.submit(restore_tmpfs, session, snapshot) if hosted else None
                 if workspace is None:  # pragma: no cover - every member of a mirror pool has one
                     raise SandboxFailedError("a warm pool member has no workspace copy")
-                copy_workspace(
-                    snapshot.workspace_dir,
-                    workspace,
-                    self._config.mirror_mb * MIB,
-                    "DockerBackend(mirror_size_mb=...)",
-                )
                 # A forkable member's copy in the sandbox is a volume this process reaches: filled on the
-                # host (after the host copy, so fewer of its files are racy), nothing through the channel.
-                if session.fill_mirror_on_host(snapshot.workspace_dir) is None:
+                # host by the walk that fills the host copy (each file read once), nothing through the
+                # channel. Else the host copy, then a push.
+                if session.fill_mirror_on_host(snapshot.workspace_dir, with_host=True) is None:
+                    copy_workspace(
+                        snapshot.workspace_dir,
+                        workspace,
+                        self._config.mirror_mb * MIB,
+                        "DockerBackend(mirror_size_mb=...)",
+                    )
                     session.push_workspace()
                 notes = tmpfs.result() if tmpfs is not None else restore_tmpfs(session, snapshot)
             session.restore_notes = notes

@@ -342,7 +342,7 @@ class DockerSession(ChannelSession):
         if workspace is not None:
             workspace.before_command()
 
-    def fill_mirror_on_host(self, source: str) -> list[str] | None:
+    def fill_mirror_on_host(self, source: str, *, with_host: bool = False) -> list[str] | None:
         """Copy ``source`` into the sandbox's workspace copy on the host and tell the mirror it holds it.
 
         For a session whose host workspace (:attr:`workspace`) was just filled from ``source`` (the warm
@@ -350,23 +350,29 @@ class DockerSession(ChannelSession):
         through the channel is copied on the host into the mirror's volume (:attr:`mirror_dir`), by the
         same safe walk (no link followed on either side, no link leading out, no special file, no set-id
         bit; the command user owns what it makes, as after a push), and the mirror then knows both sides
-        as in sync (:meth:`MirrorWorkspace.adopt`). Returns what the next sync still brings (the paths
-        where the two copies differ), or None when this session cannot (no volume this process reaches,
-        or one not empty): push then. Starts the session.
+        as in sync (:meth:`MirrorWorkspace.adopt`). ``with_host``: the host workspace is still empty and
+        is filled by the same walk (each file of ``source`` read once, written into both). Returns what
+        the next sync still brings (the paths where the two copies differ), or None when this session
+        cannot (no volume this process reaches, or one not empty; nothing was copied, the host workspace
+        neither): copy and push then. Starts the session.
         """
         from adk_sandbox.executor.snapshots.copy import copy_workspace  # noqa: PLC0415 - see TYPE_CHECKING
 
         self.start()
-        volume, workspace = self.mirror_dir, self._workspace
-        if volume is None or workspace is None or workspace.mirror is None:
+        volume, workspace, host = self.mirror_dir, self._workspace, self.workspace
+        if volume is None or workspace is None or workspace.mirror is None or host is None:
             return None
         cap = workspace.mirror.cap_bytes
-        with os.scandir(volume) as entries:
-            if any(True for _ in entries):  # not a fresh copy: only a push knows what to remove
-                return None
+        for directory in (volume, host) if with_host else (volume,):
+            with os.scandir(directory) as entries:
+                if any(True for _ in entries):  # not a fresh copy: only a push knows what to remove
+                    return None
 
         def fill(target: str) -> None:
-            copy_workspace(source, target, cap, "DockerBackend(mirror_size_mb=...)")
+            if with_host:  # the host copy first, the volume its twin: one read of each file for both
+                copy_workspace(source, host, cap, "DockerBackend(mirror_size_mb=...)", twin=target)
+            else:
+                copy_workspace(source, target, cap, "DockerBackend(mirror_size_mb=...)")
 
         return workspace.adopt(fill, volume)
 
