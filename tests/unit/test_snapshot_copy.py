@@ -139,15 +139,17 @@ def test_the_source_is_only_read(hostile: Path, tmp_path: Path) -> None:
 
 
 def _entries(root: Path) -> dict[str, tuple[int, int, bytes]]:
-    """Every entry below ``root``: its mode, its mtime and its content or link target (links not followed)."""
+    """Every entry below ``root``: its mode, a file's mtime and content, a link's target (not followed)."""
     found: dict[str, tuple[int, int, bytes]] = {}
     for path in sorted(root.rglob("*")):
         info = path.lstat()
-        if path.is_symlink():
-            what = os.readlink(path).encode()
-        else:
-            what = path.read_bytes() if path.is_file() else b""
-        found[str(path.relative_to(root))] = (info.st_mode, info.st_mtime_ns, what)
+        if path.is_symlink():  # made when the copy ends: its own time, not the source's
+            found[str(path.relative_to(root))] = (info.st_mode, 0, os.readlink(path).encode())
+            continue
+        if path.is_dir():  # changed by the copy's own writes into it: not kept
+            found[str(path.relative_to(root))] = (info.st_mode, 0, b"")
+            continue
+        found[str(path.relative_to(root))] = (info.st_mode, info.st_mtime_ns, path.read_bytes())
     return found
 
 
