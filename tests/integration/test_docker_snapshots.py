@@ -503,6 +503,13 @@ def test_a_forkable_fork_gets_its_workspace_on_the_host_and_both_ways_still_sync
             assert volume is not None and fork.workspace is not None
             inside = _stat_tree(volume)
             assert inside["README"][3] % 1_000_000_000 == 123456789  # copied on the host, not by tar
+            # The first listing's records were predicted on the host, byte for byte (all but the racy
+            # files): that pull-back parses nothing unchanged.
+            mirror, synced = fork.mirror, fork._workspace
+            assert mirror is not None and synced is not None
+            listed, _, _ = mirror._list(synced.run)
+            racy = {path.encode() for path in mirror._inside_racy}
+            assert mirror._records and mirror._records == {k: v for k, v in listed.items() if k not in racy}
             user = out(fork, "id -u; id -g").split()
             for path, (mode, uid, gid, _) in inside.items():
                 assert (str(uid), str(gid)) == tuple(user), path
