@@ -43,17 +43,20 @@ class CopyReport:
     skipped: tuple[str, ...]
 
 
-def copy_workspace(source: str, dest: str, cap_bytes: int, setting: str) -> CopyReport:
+def copy_workspace(
+    source: str, dest: str, cap_bytes: int, setting: str, *, twin: str | None = None
+) -> CopyReport:
     """Copy the host tree ``source`` into the empty host directory ``dest`` (see the module docstring).
 
     ``setting`` names what raises ``cap_bytes`` in the error that refuses a larger tree (nothing is
-    copied then). ``source`` is only read; ``dest`` must be this process's own fresh directory.
+    copied then). ``source`` is only read; ``dest`` must be this process's own fresh directory. ``twin``:
+    another such directory that gets the same copy by the same walk (each file read once; :func:`walk_copy`).
     """
 
     def make(host: dict[str, Entry], owner: tuple[int, int], budget: int) -> _CloningCopier:
         return _CloningCopier(host, owner, budget, setting=setting)
 
-    copier = walk_copy(source, dest, cap_bytes, make, setting)
+    copier = walk_copy(source, dest, cap_bytes, make, setting, twin=twin)
     skipped = copier.skipped
     for reason in skipped:
         log.info("copying %s into %s left out %s", source, dest, reason)
@@ -95,6 +98,7 @@ class _CloningCopier(_Copier):
                 os.utime(fd_out, ns=(entry.mtime_ns, entry.mtime_ns))
             finally:
                 os.close(fd_out)
+            self._twin_file(name, entry, fd_in, copied, dst)
         finally:
             os.close(fd_in)
 

@@ -150,12 +150,18 @@ def walk_copy(
     cap_bytes: int,
     make: Callable[[dict[str, Entry], tuple[int, int], int], CopierT],
     setting: str | None = None,
+    *,
+    twin: str | None = None,
 ) -> CopierT:
     """:func:`copy_tree`'s walk with the copier ``make`` builds (how file data travels); the copier after.
 
     The one place the safety of a host copy lives (scan, cap, descriptor walk, links made last and checked
     again); a snapshot's copy (``executor/snapshots/copy.py``) differs only in its copier. ``setting`` names
     what raises the cap in a refusal (default: the mirror's). ``copier.skipped`` says what was left out.
+
+    ``twin``, another empty directory of this process: the same copy made there too by the same walk
+    (each file of ``source`` opened and read once, written into both; each copy owned by its own root's
+    owner), so both hold the same tree; ``skipped`` is the same for both.
     """
     host = scan_host(source)
     if setting is None:
@@ -164,32 +170,53 @@ def walk_copy(
         check_fits(source, host, cap_bytes, setting)
     info = os.stat(dest)
     copier = make(host, (info.st_uid, info.st_gid), cap_bytes)
+    if twin is not None:
+        twin_info = os.stat(twin)
+        copier.twin_owner = (twin_info.st_uid, twin_info.st_gid)
     try:
-        _walk(source, dest, host, copier)
+        _walk(source, dest, host, copier, twin)
     except OSError as exc:
         if exc.errno not in NO_SPACE:
             raise
         raise HostCopyFullError(
-            f"copying {source} into {dest} ran out of space there ({exc.strerror}); the copy was refused, "
-            "not kept without the files that did not fit. Free space in that file system"
+            f"copying {source} into {dest if twin is None else dest + ' and ' + twin} ran out of space "
+            f"there ({exc.strerror}); the copy was refused, not kept without the files that did not fit. "
+            "Free space in that file system"
         ) from exc
     return copier
 
 
-def _walk(source: str, dest: str, host: dict[str, Entry], copier: _Copier) -> None:
+def _walk(source: str, dest: str, host: dict[str, Entry], copier: _Copier, twin: str | None = None) -> None:
     """The descriptor walk of :func:`walk_copy`, then the links (an ``ENOSPC`` is raised, never skipped)."""
-    info = os.stat(dest)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     src = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        dst = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dst = os.open(dest, flags)
         try:
-            copier.directory("", src, dst)
+            twin_fd = os.open(twin, flags) if twin is not None else None
+            try:
+                if twin_fd is not None:
+                    copier.twins[dst] = twin_fd
+                copier.directory("", src, dst)
+            finally:
+                copier.twins.pop(dst, None)
+                if twin_fd is not None:
+                    os.close(twin_fd)
         finally:
             os.close(dst)
     finally:
         os.close(src)
-    skipped = copier.skipped
     links = sorted(path for path, entry in host.items() if entry.kind == "l" and path in copier.reached)
+    for root in (dest,) if twin is None else (dest, twin):
+        _make_links(root, host, links, copier.skipped if root == dest else [])
+
+
+def _make_links(dest: str, host: dict[str, Entry], links: list[str], skipped: list[str]) -> None:
+    """Make the scan's ``links`` in the copy ``dest``, kept only where they stay inside (notes: ``skipped``).
+
+    A twin copy gets the same links by the same rules: its notes would repeat the first copy's.
+    """
+    info = os.stat(dest)
     tree_dir = RootDir(dest)
     try:
         tree = _HostTree(tree_dir, (info.st_uid, info.st_gid))
@@ -222,6 +249,10 @@ class _Copier:
     """Paths whose directory was copied (a link is made only there)."""
     _as_root: bool = field(default_factory=lambda: os.geteuid() == 0)
     _children: dict[str, list[str]] = field(default_factory=dict)
+    twin_owner: tuple[int, int] = (0, 0)
+    """The owner of the twin copy's root (:func:`walk_copy`'s ``twin``)."""
+    twins: dict[int, int] = field(default_factory=dict)
+    """A directory's descriptor in the first copy -> the same directory's in the twin copy (when one)."""
 
     def __post_init__(self) -> None:
         for path in sorted(self.host):
@@ -243,20 +274,55 @@ class _Copier:
                 self.skipped.append(f"{path}: {exc.strerror or exc}")
         if rel:
             os.fchmod(dst, self.host[rel].mode & 0o777)
+            twin = self.twins.get(dst)
+            if twin is not None:
+                os.fchmod(twin, self.host[rel].mode & 0o777)
 
     def _subdirectory(self, path: str, name: str, src: int, dst: int) -> None:
-        sub_src = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src)
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        sub_src = os.open(name, flags, dir_fd=src)
         try:
             os.mkdir(name, 0o700, dir_fd=dst)
-            sub_dst = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dst)
+            sub_dst = os.open(name, flags, dir_fd=dst)
+            twin = self.twins.get(dst)
+            sub_twin = None
             try:
                 if self._as_root:
                     os.fchown(sub_dst, *self.owner)
+                if twin is not None:
+                    os.mkdir(name, 0o700, dir_fd=twin)
+                    sub_twin = os.open(name, flags, dir_fd=twin)
+                    self.twins[sub_dst] = sub_twin
+                    if self._as_root:
+                        os.fchown(sub_twin, *self.twin_owner)
                 self.directory(path, sub_src, sub_dst)
             finally:
+                self.twins.pop(sub_dst, None)
+                if sub_twin is not None:
+                    os.close(sub_twin)
                 os.close(sub_dst)
         finally:
             os.close(sub_src)
+
+    def _twin_file(self, name: str, entry: Entry, fd_in: int, size: int, dst: int) -> None:
+        """Write the first ``size`` bytes of ``fd_in`` (what the first copy got) into the twin copy, if any.
+
+        Read from offset 0 whatever ``fd_in``'s position: the file is opened once for both copies, and a
+        file that grew meanwhile gets the same length in both.
+        """
+        twin = self.twins.get(dst)
+        if twin is None:
+            return
+        out_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd_out = os.open(name, out_flags, 0o600, dir_fd=twin)
+        try:
+            _copy_range(fd_in, fd_out, size)
+            if self._as_root:
+                os.fchown(fd_out, *self.twin_owner)
+            os.fchmod(fd_out, entry.mode & 0o777)  # after fchown, and never a set-id bit
+            os.utime(fd_out, ns=(entry.mtime_ns, entry.mtime_ns))
+        finally:
+            os.close(fd_out)
 
     def _file(self, path: str, name: str, entry: Entry, src: int, dst: int) -> None:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -282,8 +348,32 @@ class _Copier:
                 os.utime(fd_out, ns=(entry.mtime_ns, entry.mtime_ns))
             finally:
                 os.close(fd_out)
+            self._twin_file(name, entry, fd_in, copied, dst)
         finally:
             os.close(fd_in)
+
+
+def _copy_range(fd_in: int, fd_out: int, size: int) -> None:
+    """Copy bytes ``0..size`` of ``fd_in`` to ``fd_out`` without moving ``fd_in``'s position."""
+    copied = 0
+    while copied < size:
+        try:
+            n = os.copy_file_range(fd_in, fd_out, size - copied, copied)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            break
+        if n == 0:
+            break
+        copied += n
+    while copied < size:  # the fallback (another filesystem without support)
+        chunk = os.pread(fd_in, min(size - copied, 1 << 20), copied)
+        if not chunk:
+            break  # shrank since the first copy: the twin is shorter, and a mirror's adopt tells them apart
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd_out, view) :]
+        copied += len(chunk)
 
 
 def _copy_data(fd_in: int, fd_out: int, limit: int) -> int:

@@ -167,9 +167,10 @@ class MirrorWorkspace:
         copy = RootDir(volume)
         try:
             now = _now_on(copy.fd)  # the copy's file system's clock, stamped after every write of the copy
+            copy_keys = host_keys(copy.fd)
             inside = {
                 path: entry
-                for path, key in host_keys(copy.fd).items()
+                for path, key in copy_keys.items()
                 if (entry := _host_entry(copy, path, key)) is not None
             }
         finally:
@@ -192,6 +193,7 @@ class MirrorWorkspace:
             self._digests[path] = hashlib.sha256(content).digest()
         self._inside = {path: entry for path, entry in inside.items() if path in host and safe_name(path)}
         self._inside_racy = {p for p, e in self._inside.items() if e.kind == "f" and e.ctime_ns >= now}
+        self._records = _predicted_records(copy_keys, self._inside, self._inside_racy)
         self._host, self._host_keys, self._host_racy = host, keys, racy & set(host)
         self._pulled_links, self.refused = set(), []
         return sorted(left)
@@ -563,6 +565,39 @@ def _ns(text: bytes) -> int:
     if not fraction.isdigit() and fraction:
         raise ValueError(text)
     return int(seconds) * 1_000_000_000 + int((fraction[:9] or b"0").ljust(9, b"0"))
+
+
+def _find_time(ns: int) -> str:
+    """A time as GNU ``find -printf %T@`` prints it: seconds, a dot, nine digits of nanoseconds and a 0."""
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}0"
+
+
+def _predicted_records(keys: dict[str, _Key], inside: dict[str, Entry], racy: set[str]) -> dict[bytes, bytes]:
+    """The listing records the container will print for the entries of ``inside`` (in sync, not ``racy``).
+
+    Made from the host's ``lstat`` of the sandbox's copy (``keys``: a volume this process reads, the same
+    inodes the container lists), byte for byte as :data:`_LIST_SCRIPT`'s ``find`` prints them, so the first
+    pull-back after :meth:`MirrorWorkspace.adopt` parses nothing that did not change. Only what a pull-back
+    would keep itself is predicted (an entry in sync, a file whose ctime is below the copy's "now"); a
+    prediction only ever skips the parse of a record equal to it byte for byte: every stat field the same,
+    ctime and inode included, so the entry has not changed since it was read here. A runtime that shows
+    other inodes or times matches none of them, and the records are parsed as before.
+    """
+    records: dict[bytes, bytes] = {}
+    for path, entry in inside.items():
+        key = keys.get(path)
+        if key is None or path in racy:
+            continue
+        mode, size, mtime_ns, ctime_ns, inode, _ = key
+        kind = "f" if stat.S_ISREG(mode) else "d" if stat.S_ISDIR(mode) else "l" if stat.S_ISLNK(mode) else ""
+        if not kind or kind != entry.kind or mtime_ns < 0 or ctime_ns < 0:
+            continue
+        times = f"{_find_time(mtime_ns)} {_find_time(ctime_ns)}"
+        record = f"{kind} {stat.S_IMODE(mode):o} {size} {times} {inode}".encode()
+        if kind == "l" and entry.target:
+            record += b"\0" + entry.target.encode("utf-8", "surrogateescape")
+        records[path.encode("utf-8", "surrogateescape")] = record
+    return records
 
 
 def _parse_record(raw: bytes, record: bytes) -> tuple[str, Entry] | None:

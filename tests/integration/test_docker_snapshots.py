@@ -503,6 +503,13 @@ def test_a_forkable_fork_gets_its_workspace_on_the_host_and_both_ways_still_sync
             assert volume is not None and fork.workspace is not None
             inside = _stat_tree(volume)
             assert inside["README"][3] % 1_000_000_000 == 123456789  # copied on the host, not by tar
+            # The first listing's records were predicted on the host, byte for byte (all but the racy
+            # files): that pull-back parses nothing unchanged.
+            mirror, synced = fork.mirror, fork._workspace
+            assert mirror is not None and synced is not None
+            listed, _, _ = mirror._list(synced.run)
+            racy = {path.encode() for path in mirror._inside_racy}
+            assert mirror._records and mirror._records == {k: v for k, v in listed.items() if k not in racy}
             user = out(fork, "id -u; id -g").split()
             for path, (mode, uid, gid, _) in inside.items():
                 assert (str(uid), str(gid)) == tuple(user), path
@@ -570,3 +577,31 @@ def test_a_hostile_snapshot_workspace_is_copied_safely_into_a_forkable_member(
         assert Path(fork.workspace, "hard").read_text() == "pwned\n"
     assert secret.read_text() == "host only\n"
     forkable.remove_snapshot(taken)
+
+
+def test_a_forks_refill_waits_for_its_first_command_or_its_close(
+    forkable: DockerBackend, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The member a fork takes is replaced only once the fork's first command ended (or the fork closed),
+    so the replacement's create+start does not compete with that command for the engine's machine. The
+    fallback delay is made long here: each wait below ends by the fork's command or close, never by it."""
+    from adk_sandbox.executor.backends.docker import pool as pool_module  # noqa: PLC0415
+
+    monkeypatch.setattr(pool_module, "REFILL_DEFER_SECONDS", 120.0)
+    pool = forkable.pool
+    assert pool is not None
+    with forkable.session(copy_of=source) as parent:
+        taken = parent.snapshot()
+        for ends_by in ("first command", "close"):
+            assert pool.wait_ready(60)
+            fork = forkable.session(snapshot=taken)
+            try:
+                stats = pool.stats()
+                assert (stats.ready, stats.creating) == (1, 0), (ends_by, stats)  # deferred, not started
+                if ends_by == "first command":
+                    assert run(fork, "true").exit_code == 0
+                    assert pool.wait_ready(60), "the refill did not start when the first command ended"
+            finally:
+                fork.close()
+            assert pool.wait_ready(60), f"the refill did not start by the fork's {ends_by}"
+        forkable.remove_snapshot(taken)

@@ -136,3 +136,45 @@ def test_the_source_is_only_read(hostile: Path, tmp_path: Path) -> None:
     dest.mkdir()
     copy_workspace(str(hostile), str(dest), 64 * MIB, "max_mb")
     assert sorted((str(p), os.lstat(p).st_mtime_ns) for p in hostile.rglob("*")) == before
+
+
+def _entries(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every entry below ``root``: its mode, a file's mtime and content, a link's target (not followed)."""
+    found: dict[str, tuple[int, int, bytes]] = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        if path.is_symlink():  # made when the copy ends: its own time, not the source's
+            found[str(path.relative_to(root))] = (info.st_mode, 0, os.readlink(path).encode())
+            continue
+        if path.is_dir():  # changed by the copy's own writes into it: not kept
+            found[str(path.relative_to(root))] = (info.st_mode, 0, b"")
+            continue
+        found[str(path.relative_to(root))] = (info.st_mode, info.st_mtime_ns, path.read_bytes())
+    return found
+
+
+def test_a_twin_copy_gets_the_same_safe_tree_owned_by_its_own_root(hostile: Path, tmp_path: Path) -> None:
+    """The one walk that fills a fork's host copy and its mirror volume (``twin``): fails a twin that
+    skips the first copy's checks (the links out, the FIFO, the set-id bit would reach the volume), one
+    that misses files, modes, mtimes or links, and one owned like the first copy instead of its own root
+    (the volume's files must be the command user's)."""
+    (hostile / "pkg" / "big").write_bytes(os.urandom(3 * MIB + 5))  # more than one copy_file_range call
+    (hostile / "pkg" / "empty").write_bytes(b"")
+    os.chmod(hostile / "pkg", 0o700)
+    dest, twin = tmp_path / "dest", tmp_path / "twin"
+    dest.mkdir()
+    twin.mkdir()
+    if os.geteuid() == 0:
+        os.chown(twin, 1234, 4321)
+    report = copy_workspace(str(hostile), str(dest), 64 * MIB, "max_mb", twin=str(twin))
+    assert _entries(dest) == _entries(twin)
+    assert report.size_bytes == 3 * MIB + 5 + len("VALUE = 1\n") + len("#!/bin/sh\nid\n")  # counted once
+    for name in ("abs-link", "climb", "dir-link", "fifo"):
+        assert not os.path.lexists(twin / name)
+    assert os.readlink(twin / "inside-link") == "pkg/mod.py"
+    assert not os.stat(twin / "setuid").st_mode & (stat.S_ISUID | stat.S_ISGID)
+    assert os.stat(twin / "pkg").st_mode & 0o777 == 0o700
+    if os.geteuid() == 0:
+        owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in twin.rglob("*")}
+        assert owners == {(1234, 4321)}
+        assert {(p.lstat().st_uid, p.lstat().st_gid) for p in dest.rglob("*")} == {(0, 0)}

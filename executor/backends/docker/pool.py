@@ -87,6 +87,8 @@ log = logging.getLogger(__name__)
 
 #: The label naming the pool a container was made for (set at create; kept after it is handed out).
 POOL_LABEL = LABEL_PREFIX + "pool"
+#: At most this long after a fork is handed out its member's refill waits for the fork's first command.
+REFILL_DEFER_SECONDS = 1.0
 
 #: Makes an unstarted session from a pool's config, with the provider the pool gives it.
 SessionMaker = Callable[[SessionConfig, ContainerProvider], DockerSession]
@@ -388,6 +390,7 @@ class SessionPool:
         self._ready: deque[_Member] = deque()
         self._creating = 0
         self._waiting = 0
+        self._deferred = 0  # members handed to forks whose refill waits for their first command
         self._closed = False
         self._counters = _Counters()
         self._stop = threading.Event()
@@ -477,14 +480,19 @@ class SessionPool:
             # of an acquire's ~5).
             healthy = member.session.ping(self.settings.ping_timeout_seconds)
             if healthy:
+                deferred = False
                 try:
                     if snapshot is not None:
                         self._fill_snapshot(member.session, snapshot)
+                        deferred = True
                     elif copy_of is not None:
                         self._fill_copy(member.session, copy_of)
                 finally:
                     with self._cond:
+                        self._deferred += deferred
                         self._fill_locked()
+                if deferred:
+                    self._defer_refill(member.session)
                 with self._cond:
                     self._counters.served += 1
                 return member.session
@@ -527,15 +535,16 @@ class SessionPool:
                 tmpfs = aside.submit(restore_tmpfs, session, snapshot) if hosted else None
                 if workspace is None:  # pragma: no cover - every member of a mirror pool has one
                     raise SandboxFailedError("a warm pool member has no workspace copy")
-                copy_workspace(
-                    snapshot.workspace_dir,
-                    workspace,
-                    self._config.mirror_mb * MIB,
-                    "DockerBackend(mirror_size_mb=...)",
-                )
                 # A forkable member's copy in the sandbox is a volume this process reaches: filled on the
-                # host (after the host copy, so fewer of its files are racy), nothing through the channel.
-                if session.fill_mirror_on_host(snapshot.workspace_dir) is None:
+                # host by the walk that fills the host copy (each file read once), nothing through the
+                # channel. Else the host copy, then a push.
+                if session.fill_mirror_on_host(snapshot.workspace_dir, with_host=True) is None:
+                    copy_workspace(
+                        snapshot.workspace_dir,
+                        workspace,
+                        self._config.mirror_mb * MIB,
+                        "DockerBackend(mirror_size_mb=...)",
+                    )
                     session.push_workspace()
                 notes = tmpfs.result() if tmpfs is not None else restore_tmpfs(session, snapshot)
             session.restore_notes = notes
@@ -619,13 +628,43 @@ class SessionPool:
             _close_quietly(member.session)
 
     # -- refill --------------------------------------------------------------------------------------
+    def _defer_refill(self, session: DockerSession) -> None:
+        """Start the refill for the fork ``session`` when its first command ends (or it closes, or later).
+
+        A create+start costs the engine's machine CPU (dockerd, containerd, runc) for a few hundred ms:
+        started as the fork is handed out, it slowed the fork's first command on 2 cores. Held back at most
+        :data:`REFILL_DEFER_SECONDS`; never while an acquirer waits (:meth:`_fill_locked` then ignores it).
+        """
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._cond:
+                if released:
+                    return
+                released = True
+                self._deferred -= 1
+                self._fill_locked()
+            timer.cancel()
+
+        timer = threading.Timer(REFILL_DEFER_SECONDS, release)
+        timer.daemon = True
+        timer.name = "adk-sandbox-pool-deferred-refill"
+        timer.start()
+        session._call_after_first_command(release)
+
     def _fill_locked(self) -> None:
-        """Start creates until ready + creating covers the size and the waiting acquirers (lock held)."""
+        """Start creates until ready + creating covers the size and the waiting acquirers (lock held).
+
+        A member handed out to a fork whose first command has not ended yet counts as there (its refill is
+        deferred, :meth:`_defer_refill`) unless an acquirer waits.
+        """
         want = self.settings.size + self._waiting
+        held = 0 if self._waiting else self._deferred
         while (
             not self._closed
             and self._creating < self.settings.create_concurrency
-            and len(self._ready) + self._creating < want
+            and len(self._ready) + self._creating + held < want
         ):
             self._creating += 1
             threading.Thread(target=self._create_one, name="adk-sandbox-pool-create", daemon=True).start()

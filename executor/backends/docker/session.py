@@ -270,6 +270,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._gate = threading.Condition()
         self._running = 0
         self._holding = False
+        #: Called once when the first command ends or the session closes (the warm pool's deferred refill).
+        self._after_first: list[Callable[[], None]] = []
         self._snapshot_lock = threading.Lock()
         #: Where snapshots go, and who makes a session from one (set by the backend that opened this one).
         self.snapshot_store: SnapshotStore | None = None
@@ -353,7 +355,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         if workspace is not None:
             workspace.before_command()
 
-    def fill_mirror_on_host(self, source: str) -> list[str] | None:
+    def fill_mirror_on_host(self, source: str, *, with_host: bool = False) -> list[str] | None:
         """Copy ``source`` into the sandbox's workspace copy on the host and tell the mirror it holds it.
 
         For a session whose host workspace (:attr:`workspace`) was just filled from ``source`` (the warm
@@ -361,23 +363,29 @@ class DockerSession(SessionNetwork, ChannelSession):
         through the channel is copied on the host into the mirror's volume (:attr:`mirror_dir`), by the
         same safe walk (no link followed on either side, no link leading out, no special file, no set-id
         bit; the command user owns what it makes, as after a push), and the mirror then knows both sides
-        as in sync (:meth:`MirrorWorkspace.adopt`). Returns what the next sync still brings (the paths
-        where the two copies differ), or None when this session cannot (no volume this process reaches,
-        or one not empty): push then. Starts the session.
+        as in sync (:meth:`MirrorWorkspace.adopt`). ``with_host``: the host workspace is still empty and
+        is filled by the same walk (each file of ``source`` read once, written into both). Returns what
+        the next sync still brings (the paths where the two copies differ), or None when this session
+        cannot (no volume this process reaches, or one not empty; nothing was copied, the host workspace
+        neither): copy and push then. Starts the session.
         """
         from adk_sandbox.executor.snapshots.copy import copy_workspace  # noqa: PLC0415 - see TYPE_CHECKING
 
         self.start()
-        volume, workspace = self.mirror_dir, self._workspace
-        if volume is None or workspace is None or workspace.mirror is None:
+        volume, workspace, host = self.mirror_dir, self._workspace, self.workspace
+        if volume is None or workspace is None or workspace.mirror is None or host is None:
             return None
         cap = workspace.mirror.cap_bytes
-        with os.scandir(volume) as entries:
-            if any(True for _ in entries):  # not a fresh copy: only a push knows what to remove
-                return None
+        for directory in (volume, host) if with_host else (volume,):
+            with os.scandir(directory) as entries:
+                if any(True for _ in entries):  # not a fresh copy: only a push knows what to remove
+                    return None
 
         def fill(target: str) -> None:
-            copy_workspace(source, target, cap, "DockerBackend(mirror_size_mb=...)")
+            if with_host:  # the host copy first, the volume its twin: one read of each file for both
+                copy_workspace(source, host, cap, "DockerBackend(mirror_size_mb=...)", twin=target)
+            else:
+                copy_workspace(source, target, cap, "DockerBackend(mirror_size_mb=...)")
 
         return workspace.adopt(fill, volume)
 
@@ -432,6 +440,10 @@ class DockerSession(SessionNetwork, ChannelSession):
                         log.warning("the workspace copy %s of a closed session could not be removed", copy)
                 if not already:
                     self._drop_own_snapshot()
+        with self._gate:  # outside the session's lock: a hook takes the pool's
+            hooks, self._after_first = self._after_first, []
+        for hook in hooks:
+            hook()
 
     def _open_container(self) -> None:
         """Open a verified container with its workspace (``auto``: bind, else a mirror; lock held)."""
@@ -768,6 +780,21 @@ class DockerSession(SessionNetwork, ChannelSession):
             with self._gate:
                 self._running -= 1
                 self._gate.notify_all()
+                hooks, self._after_first = self._after_first, []
+            for hook in hooks:
+                hook()
+
+    def _call_after_first_command(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once: when the first command of this session ends, or when it closes.
+
+        The warm pool starts a fork's refill with it, so the refill's create does not compete with the
+        fork's first command (docs/snapshots.md). ``hook`` must not raise.
+        """
+        with self._gate:
+            if not self._closed:
+                self._after_first.append(hook)
+                return
+        hook()
 
     @contextlib.contextmanager
     def _quiesced(self, wait_seconds: float) -> Iterator[None]:
