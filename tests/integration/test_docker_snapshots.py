@@ -439,6 +439,23 @@ def test_forkable_forks_copy_tmp_and_home_on_the_host_and_siblings_see_nothing(
         forkable.remove_snapshot(taken)
 
 
+def test_a_forkable_snapshot_whose_directories_together_pass_the_cap_is_refused(
+    forkable: DockerBackend, source: Path
+) -> None:
+    """/tmp and HOME each hold 1.5 MB, under a 2 MiB cap alone, 3 MB together. The host copies them at
+    once, each within the whole cap: the sum is what is refused, and nothing of the copies is left. Catches
+    parallel copies that check only each directory against the cap."""
+    store = forkable.snapshots
+    with forkable.session(copy_of=source) as session:
+        before = {s.id for s in store.list()}
+        fill = "head -c 1500000 /dev/urandom > /tmp/half; head -c 1500000 /dev/urandom > ~/half"
+        assert run(session, fill).exit_code == 0
+        with pytest.raises(PolicyNotEnforceableError, match="cap of 2 MiB"):
+            session.snapshot(max_mb=2)
+        assert {s.id for s in store.list()} == before
+        assert [n for n in os.listdir(store.root) if n.startswith(".")] == []
+
+
 def test_a_hostile_tmp_in_a_forkable_session_is_copied_safely_on_the_host(
     forkable: DockerBackend, source: Path, tmp_path: Path
 ) -> None:

@@ -32,6 +32,7 @@ import shutil
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import docker
@@ -49,7 +50,7 @@ from adk_sandbox.executor.errors import (
     SandboxFailedError,
 )
 from adk_sandbox.executor.snapshots.copy import CopyReport, copy_workspace
-from adk_sandbox.executor.snapshots.model import SNAPSHOT_LABEL, Snapshot, SnapshotOptions
+from adk_sandbox.executor.snapshots.model import SNAPSHOT_LABEL, CopyMethod, Snapshot, SnapshotOptions
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix
 
@@ -104,13 +105,19 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
         images: list[str] = []  # root images committed (a retry on the disk tier commits again)
 
         def build(partial: str) -> Snapshot:
-            report = _copy_host_workspace(session, partial, cap, setting)
-            used = report.size_bytes
-            skipped = list(report.skipped)
             paths = ("/tmp", HOME_DIR, *sorted(spec.extra_tmpfs))
             hosted = bool(session.state_dirs)
-            used, notes = _take_tmpfs(session, container, partial, paths, budget=(used, cap), setting=setting)
-            skipped += notes
+            if hosted:
+                used, skipped, method = _copy_all_on_host(session, partial, paths, cap, setting)
+                if used > cap:
+                    raise _over_cap(used, options.max_mb, "its workspace and tmpfs directories")
+            else:
+                report = _copy_host_workspace(session, partial, cap, setting)
+                used, skipped, method = report.size_bytes, list(report.skipped), report.method
+                used, notes = _take_tmpfs(
+                    session, container, partial, paths, budget=(used, cap), setting=setting
+                )
+                skipped += notes
             owner = {} if options.detached else _owner_of_now()
             expires = int(created) + options.ttl_seconds
             record = Snapshot(
@@ -127,7 +134,7 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
                 workspace=spec.workspace,
                 tmpfs=paths,
                 tmpfs_format="tree" if hosted else "tar",
-                method=report.method,
+                method=method,
                 size_bytes=used,
                 skipped=tuple(skipped),
             )
@@ -160,6 +167,36 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
                     log.warning("the root image of a refused snapshot could not be removed: %s", exc)
 
 
+def _copy_all_on_host(
+    session: DockerSession, partial: str, paths: tuple[str, ...], cap: int, setting: str
+) -> tuple[int, list[str], CopyMethod]:
+    """Copy the workspace and every tmpfs directory of a forkable session on the host, all at once.
+
+    Each is a walk of its own (a thread each: the copies wait on system calls, and the 2,000 small files of
+    one overlap with the large file of another), each within the whole ``cap``: the caller refuses a
+    sum over it, and the partial snapshot (every copy) is removed then. Returns bytes in all, what was
+    left out and how the workspace was copied.
+    """
+    tmpfs = os.path.join(partial, "tmpfs")
+    os.mkdir(tmpfs, 0o700)
+    hosted = session.state_dirs
+
+    def tree(index: int, path: str) -> tuple[int, list[str]]:
+        target = os.path.join(tmpfs, str(index))
+        os.mkdir(target, 0o700)
+        if session.layers is not None:  # a layered fork's lower: the command user's, as its volume was
+            os.chown(target, *session.layers.owner)
+        copied = copy_workspace(hosted[path], target, cap, setting)
+        return copied.size_bytes, [f"{path}/{note}" for note in copied.skipped]
+
+    with ThreadPoolExecutor(max_workers=1 + len(paths), thread_name_prefix="snapshot-copy") as pool:
+        workspace = pool.submit(_copy_host_workspace, session, partial, cap, setting)
+        trees = [pool.submit(tree, index, path) for index, path in enumerate(paths)]
+        report = workspace.result()  # the first failure raises once every copy has ended (the pool's exit)
+        results = [(report.size_bytes, list(report.skipped)), *(future.result() for future in trees)]
+    return sum(size for size, _ in results), [note for _, notes in results for note in notes], report.method
+
+
 def _take_tmpfs(
     session: DockerSession,
     container: OpenedContainer,
@@ -169,25 +206,15 @@ def _take_tmpfs(
     budget: tuple[int, int],
     setting: str,
 ) -> tuple[int, list[str]]:
-    """Put the tmpfs directories into the partial snapshot; bytes used in all, and what was left out.
+    """Archive the tmpfs directories inside the sandbox into the partial snapshot: bytes used, what was left.
 
-    ``budget`` is (used so far, cap). A forkable session's are copied on the host (trees), others'
-    archived inside the sandbox.
+    ``budget`` is (used so far, cap). A forkable session's are copied on the host instead
+    (:func:`_copy_all_on_host`).
     """
     used, cap = budget
     skipped: list[str] = []
     os.mkdir(os.path.join(partial, "tmpfs"), 0o700)
-    hosted = session.state_dirs
     for index, path in enumerate(paths):
-        if hosted:  # tmpfs volumes whose host side this process reads: copied like a workspace
-            tree = os.path.join(partial, "tmpfs", str(index))
-            os.mkdir(tree, 0o700)
-            if session.layers is not None:  # a layered fork's lower: the command user's, as its volume was
-                os.chown(tree, *session.layers.owner)
-            copied = copy_workspace(hosted[path], tree, max(cap - used, 0), setting)
-            used += copied.size_bytes
-            skipped += [f"{path}/{note}" for note in copied.skipped]
-            continue
         data, notes = _archive(session, container, path, cap - used, setting)
         write_private(os.path.join(partial, "tmpfs", f"{index}.tar"), data)
         used += len(data)
