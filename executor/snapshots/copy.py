@@ -54,7 +54,7 @@ def copy_workspace(
     """
 
     def make(host: dict[str, Entry], owner: tuple[int, int], budget: int) -> _CloningCopier:
-        return _CloningCopier(host, owner, budget, setting=setting)
+        return _CloningCopier(host, owner, budget)
 
     copier = walk_copy(source, dest, cap_bytes, make, setting, twin=twin)
     skipped = copier.skipped
@@ -70,7 +70,6 @@ class _CloningCopier(_Copier):
 
     cloned: int = 0
     copied: int = 0
-    setting: str = ""
     _can_clone: bool = field(default=True)
 
     def _file(self, path: str, name: str, entry: Entry, src: int, dst: int) -> None:
@@ -92,10 +91,7 @@ class _CloningCopier(_Copier):
                         f"nothing was kept. Raise {self.setting}"
                     )
                 self.budget -= copied
-                if self._as_root:
-                    os.fchown(fd_out, *self.owner)
-                os.fchmod(fd_out, entry.mode & 0o777)  # after fchown, and never a set-id bit
-                os.utime(fd_out, ns=(entry.mtime_ns, entry.mtime_ns))
+                self._settle(fd_out, self.owner, entry)
             finally:
                 os.close(fd_out)
             self._twin_file(name, entry, fd_in, copied, dst)

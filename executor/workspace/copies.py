@@ -170,6 +170,8 @@ def walk_copy(
         check_fits(source, host, cap_bytes, setting)
     info = os.stat(dest)
     copier = make(host, (info.st_uid, info.st_gid), cap_bytes)
+    if setting is not None:
+        copier.setting = setting
     if twin is not None:
         twin_info = os.stat(twin)
         copier.twin_owner = (twin_info.st_uid, twin_info.st_gid)
@@ -253,6 +255,8 @@ class _Copier:
     """The owner of the twin copy's root (:func:`walk_copy`'s ``twin``)."""
     twins: dict[int, int] = field(default_factory=dict)
     """A directory's descriptor in the first copy -> the same directory's in the twin copy (when one)."""
+    setting: str = "DockerBackend(mirror_size_mb=...)"
+    """What raises the cap, named when the files grow past it while they are copied (``walk_copy``'s)."""
 
     def __post_init__(self) -> None:
         for path in sorted(self.host):
@@ -317,12 +321,16 @@ class _Copier:
         fd_out = os.open(name, out_flags, 0o600, dir_fd=twin)
         try:
             _copy_range(fd_in, fd_out, size)
-            if self._as_root:
-                os.fchown(fd_out, *self.twin_owner)
-            os.fchmod(fd_out, entry.mode & 0o777)  # after fchown, and never a set-id bit
-            os.utime(fd_out, ns=(entry.mtime_ns, entry.mtime_ns))
+            self._settle(fd_out, self.twin_owner, entry)
         finally:
             os.close(fd_out)
+
+    def _settle(self, fd_out: int, owner: tuple[int, int], entry: Entry) -> None:
+        """Give a copied file its owner (as root), its mode without set-id bits and its modification time."""
+        if self._as_root:
+            os.fchown(fd_out, *owner)
+        os.fchmod(fd_out, entry.mode & 0o777)  # after fchown, and never a set-id bit
+        os.utime(fd_out, ns=(entry.mtime_ns, entry.mtime_ns))
 
     def _file(self, path: str, name: str, entry: Entry, src: int, dst: int) -> None:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -338,14 +346,10 @@ class _Copier:
                 if copied > self.budget:  # grew since the scan past what the copy may hold
                     raise PolicyNotEnforceableError(
                         f"the files of the workspace grew past the cap of its copy while it was copied "
-                        f"({path}); nothing ran. Create the backend with a larger "
-                        "DockerBackend(mirror_size_mb=...)"
+                        f"({path}); nothing ran. Create the backend with a larger {self.setting}"
                     )
                 self.budget -= copied
-                if self._as_root:
-                    os.fchown(fd_out, *self.owner)
-                os.fchmod(fd_out, entry.mode & 0o777)  # after fchown, and never a set-id bit
-                os.utime(fd_out, ns=(entry.mtime_ns, entry.mtime_ns))
+                self._settle(fd_out, self.owner, entry)
             finally:
                 os.close(fd_out)
             self._twin_file(name, entry, fd_in, copied, dst)
