@@ -17,8 +17,8 @@ path=...)``) holding a 2,000-file workspace (8 KiB files of random bytes, 16 MB)
   snapshot's safe copy, then overlays over it mounted into a pool member), against the cold ``copy_of``
   and against the fork by copy;
 * the split of a fork: the snapshot alone, the session from it alone;
-* eight forks at once (one snapshot, eight sessions from it in threads) against eight cold ``copy_of``
-  sessions at once, total time until all eight ran ``true``;
+* eight forks at once (one snapshot, eight sessions from it in threads), by copy and by layer, against
+  eight cold ``copy_of`` sessions at once, total time until all eight ran ``true``;
 * the snapshot's size on disk;
 * the task profile's root layer (20 MB written under /opt): ``docker commit`` against an archive of the
   changed paths (``docker diff``, then ``tar`` of them inside over the channel), to say which is faster.
@@ -157,8 +157,9 @@ def forks_side_by_side(
 
 
 def eight_at_once(
-    parent: DockerSession, pooled: DockerBackend, cold: DockerBackend, tree: Path, rounds: int
+    parent: DockerSession, pooled: DockerBackend, cold: DockerBackend | None, tree: Path, rounds: int
 ) -> tuple[Stats, Stats]:
+    """FORKS forks of one snapshot at once, total; and (with ``cold``) FORKS cold ``copy_of`` sessions."""
     forked: list[float] = []
     copied: list[float] = []
     assert pooled.pool is not None
@@ -174,6 +175,8 @@ def eight_at_once(
         pooled.snapshots.remove(snap.id)
         if i:
             forked.append(elapsed)
+        if cold is None:
+            continue
         started = time.perf_counter()
         with ThreadPoolExecutor(FORKS) as threads:
             sessions = list(threads.map(lambda _: first(cold.session(copy_of=tree)), range(FORKS)))
@@ -182,7 +185,7 @@ def eight_at_once(
             session.close()
         if i:
             copied.append(elapsed)
-    return Stats(tuple(forked)), Stats(tuple(copied))
+    return Stats(tuple(forked)), Stats(tuple(copied) or (0.0,))
 
 
 def root_layer(runtime: str | None, repeat: int) -> tuple[Stats, Stats, int]:
@@ -236,8 +239,8 @@ def main() -> None:
         pool=PoolConfig(size=FORKS, workspace="mirror", path=REPO, forkable=not options.archives),
     )
     cold = DockerBackend(runtime=options.runtime)
-    # Forks by layer: a pool of its own (two members: one fork at a time is timed), its own parent.
-    layering = PoolConfig(size=2, workspace="mirror", path=REPO, forkable=True, fork_by="layer")
+    # Forks by layer: a pool of its own (FORKS members: for the forks at once too), its own parent.
+    layering = PoolConfig(size=FORKS, workspace="mirror", path=REPO, forkable=True, fork_by="layer")
     layered = DockerBackend(runtime=options.runtime, pool=layering)
     try:
         parent = pooled.session(copy_of=tree)
@@ -260,6 +263,7 @@ def main() -> None:
             repeat=repeat,
         )
         eight, eight_cold = eight_at_once(parent, pooled, cold, tree, max(2, repeat // 4))
+        eight_layered, _ = eight_at_once(layered_parent, layered, None, tree, max(2, repeat // 4))
         commit, archive, archived = root_layer(options.runtime, max(3, repeat // 4))
         parent.close()
         layered_parent.close()
@@ -309,6 +313,12 @@ def main() -> None:
         Row.latency(
             f"{rt}: {FORKS} forks at once (one snapshot, {FORKS} sessions in threads), total",
             eight,
+            f"{FORKS} cold `copy_of` sessions at once, total",
+            eight_cold,
+        ),
+        Row.latency(
+            f"{rt}: {FORKS} forks by layer at once (one snapshot, {FORKS} sessions in threads), total",
+            eight_layered,
             f"{FORKS} cold `copy_of` sessions at once, total",
             eight_cold,
         ),

@@ -191,6 +191,8 @@ class PoolKey:
     """Where a ``"mirror"`` member's workspace is inside (None: at its host directory's path)."""
     forkable: bool = False
     """Its tmpfs directories are volumes this process copies on the host (``PoolConfig.forkable``)."""
+    fork_by: str = "copy"
+    """How a fork gets a snapshot's files in a member (``PoolConfig.fork_by``: copied, or layered)."""
 
     @classmethod
     def of(
@@ -202,6 +204,7 @@ class PoolKey:
         path: str | None = None,
         *,
         forkable: bool = False,
+        fork_by: str = "copy",
     ) -> PoolKey:
         """The key of members made from ``config`` on ``engine`` (with ``workspace`` as in PoolConfig)."""
         spec = config.spec
@@ -222,6 +225,7 @@ class PoolKey:
             mirror_mb=config.mirror_mb if workspace == "mirror" else None,
             path=path,
             forkable=forkable,
+            fork_by=fork_by,
         )
 
 
@@ -379,7 +383,12 @@ class SessionPool:
         if settings.fork_by == "layer":
             self._layer_owner = _layered_owner(config, client)
         self._key = PoolKey.of(
-            config, engine, workspace=settings.workspace, path=settings.path, forkable=settings.forkable
+            config,
+            engine,
+            workspace=settings.workspace,
+            path=settings.path,
+            forkable=settings.forkable,
+            fork_by=settings.fork_by,
         )
         self.root: str | None = None
         """The host directory holding the members' workspace copies (``workspace="mirror"``), else None."""
