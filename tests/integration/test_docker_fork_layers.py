@@ -8,6 +8,7 @@ attack's docstring names the naive design it would catch.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -234,3 +235,44 @@ def test_a_killed_owners_mounts_are_reaped(backend: DockerBackend, tmp_path: Pat
     backend.reap_snapshots()
     reap_leaked(backend.client)
     assert backend.client.containers.list(all=True, filters={"id": container}) == []
+
+
+PEER_GROUPS = """
+import json, os
+from adk_sandbox.executor.backends.docker._layers import MemberLayers
+def peer_group(point):  # of the first mount at point: D's bind onto itself (the base tmpfs is on it)
+    for line in open("/proc/self/mountinfo"):
+        fields = line.split()
+        if fields[4] == point:
+            group = [t for t in fields[6 : fields.index("-")] if t.startswith("shared:")]
+            return group[0] if group else None
+    return None
+layers = MemberLayers.create("/work/repo", {"/work/repo": 1, "/tmp": 1}, (os.getuid(), os.getgid()))
+try:
+    print(json.dumps({"root": peer_group("/"), "points": [peer_group(p) for p in layers.points.values()]}))
+finally:
+    layers.release()
+"""
+
+
+def test_a_members_mount_points_leave_the_hosts_peer_group() -> None:
+    """On a host whose root mount is shared (systemd's default), each member's mount point is a peer group
+    of its own, so a fork's mounts on it reach its container and appear nowhere else. Run in a mount
+    namespace of its own (unshare) whose root is made shared. Catches a bind of D onto itself made shared
+    without being made private first: it joins the root's peer group, and every layer mounted on it would
+    appear wherever that mount is shared (other namespaces, other containers binding /run)."""
+    require(os.geteuid() == 0, "a layered pool's mount points need root")
+    shared = 'mount --make-shared / && exec "$0" -c "$1"'
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "unchanged", "sh", "-c", shared, sys.executable, PEER_GROUPS],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    groups = json.loads(result.stdout)
+    assert groups["root"] is not None  # the namespace's root is shared, as on a systemd host
+    assert all(group is not None and group != groups["root"] for group in groups["points"]), groups

@@ -4,9 +4,10 @@
 state directory (the workspace at the pool's ``path``, ``/tmp``, HOME, each extra tmpfs), a host directory
 of its own, ``D``, below a 0700 root-owned run directory (:data:`RUN_ROOT`):
 
-* ``D`` is made its own **shared** bind mount (``mount --bind D D``, ``--make-shared``: the engine refuses
-  ``rslave`` on a private mount), and a **base tmpfs** (the directory's size cap, ``nosuid,nodev``) is
-  mounted on it before the container starts, so the member never writes to the host's disk; the container
+* ``D`` is made its own **shared** bind mount (``mount --bind D D``, ``--make-private`` to leave the
+  parent's peer group, ``--make-shared``: the engine refuses ``rslave`` on a private mount), and a **base
+  tmpfs** (the directory's size cap, ``nosuid,nodev``) is mounted on it before the container starts, so
+  the member never writes to the host's disk; the container
   binds ``D`` at the directory with ``bind-propagation=rslave``. The base tmpfs is writable (the start-up
   probe and the agent's loader need a writable, executable ``/tmp``); it serves ``copy_of`` acquires as is.
 * **A fork mounts, it does not copy**: per directory a tmpfs of the directory's cap (``nosuid,nodev``) on
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 RUN_ROOT = "/run/adk-sandbox-layers"
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV = 1, 2, 4
-_MS_BIND, _MS_SHARED = 4096, 1 << 20
+_MS_BIND, _MS_PRIVATE, _MS_SHARED = 4096, 1 << 18, 1 << 20
 _MNT_DETACH = 2
 #: A member directory's name: its owner (boot, pid namespace, pid, start time), then random.
 _MEMBER_NAME = re.compile(r"member-([0-9a-f]{8})-(\d+)-(\d+)-(\d+)-[0-9a-f]+")
@@ -169,6 +170,10 @@ class MemberLayers:
                 os.mkdir(point, 0o700)
                 layers.points[path] = point
                 _mount(point, point, None, _MS_BIND)
+                # Private first: a bind made under a shared parent (/run on a systemd host) joins the parent's
+                # peer group, and every mount on D would then appear wherever /run is shared. Then shared
+                # again, in a peer group of its own, which the container's rslave bind follows.
+                _mount("none", point, None, _MS_PRIVATE)
                 _mount("none", point, None, _MS_SHARED)
                 _mount("adk-sandbox-base", point, "tmpfs", _MS_NOSUID | _MS_NODEV, layers._tmpfs_data(path))
         except BaseException:
