@@ -103,9 +103,10 @@ def test_commands_run_as_the_images_user_with_a_writable_root(session: Any) -> N
 
 
 def test_users_are_added_and_named(backend: DockerBackend) -> None:
-    # A session of its own: each new user starts an agent of its own, and under gVisor 20240729 starting
-    # one beside another sometimes stops the whole sandbox (docs/engines.md); the module's shared session,
-    # which the attack tests use, stays out of that (it failed them in CI).
+    # A session of its own: each new user starts an agent of its own, and "taskuser:root" gives up
+    # taskuser's (the same uid). Under gVisor that give-up once stopped the whole sandbox (an agent that
+    # exited while its spare was dying; see docs/docker/agent-channel.md "Leaving"); the module's shared
+    # session, which the attack tests use, stays out of whatever a new user's agent may still bring.
     with backend.session() as session:
         made = run(session, "id -u taskuser >/dev/null 2>&1 || useradd -m taskuser; id -u taskuser")
         assert made.exit_code == 0, made.stderr

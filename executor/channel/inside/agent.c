@@ -872,6 +872,19 @@ static void sweep(void) {
     if (!strict_mode && ngroups) prune_groups();
 }
 
+static void below_self_targets(const procs_t *ps, char *mark, void *ctx);
+
+/* The agent's only way out once it runs: nothing below it may still be dying when it exits. Under gVisor
+ * an exec'd process has no parent, and a subreaper's descendant whose exit overlaps its subreaper's finds
+ * no task to be re-parented to: the sentry then treats it as its namespace's init and kills every process
+ * of the sandbox (runsc 20240729: a spare killed just before the agent's exit stopped the container). So
+ * everything below is killed and seen exited (a zombie or gone) first; zombies go with the agent. */
+static void __attribute__((noreturn)) exit_alone(int code) {
+    kill_all(below_self_targets, NULL, 5.0, NULL);
+    reap_any(NULL);
+    _exit(code);
+}
+
 static void kill_everything_and_exit(int code) {
     spare_drop(1);
     for (int i = 0; i < ncmds; i++)
@@ -881,7 +894,7 @@ static void kill_everything_and_exit(int code) {
         if (!ops[i]->done) send_sig(ops[i]->pid, ops[i]->start, SIGKILL);
         if (ops[i]->tmp) unlink(ops[i]->tmp);
     }
-    _exit(code);
+    exit_alone(code);
 }
 
 static void protocol_error(const char *fmt, ...) {
@@ -2828,13 +2841,18 @@ static int is_other_agent(int pid) {
 
 typedef struct { int *pids; int n; } olds_t;
 
+/* An earlier agent's tree and the orphans at PID 1; the agent itself goes after them (old_agents). */
 static void startup_targets(const procs_t *ps, char *mark, void *ctx) {
+    olds_t *o = ctx;
+    mark_below(ps, mark, o->pids, o->n);
+    mark_escapees(ps, mark);
+}
+
+static void old_agents(const procs_t *ps, char *mark, void *ctx) {
     olds_t *o = ctx;
     for (int i = 0; i < ps->n; i++)
         for (int k = 0; k < o->n; k++)
             if (ps->v[i].pid == o->pids[k]) mark[i] = 1;
-    mark_below(ps, mark, o->pids, o->n);
-    mark_escapees(ps, mark);
 }
 
 static int cmp_protected(const void *a, const void *b) {
@@ -2917,9 +2935,15 @@ int main(int argc, char **argv) {
      * and orphans at PID 1. */
     olds_t olds = {xrealloc(NULL, ((size_t)ps.n + 1) * sizeof(int)), 0};
     for (int i = 0; i < ps.n; i++)
-        if (ps.v[i].pid != SELF && ps.v[i].ppid == 0 && is_other_agent(ps.v[i].pid)) olds.pids[olds.n++] = ps.v[i].pid;
+        if (ps.v[i].pid != SELF && ps.v[i].ppid == 0 && is_other_agent(ps.v[i].pid)) {
+            olds.pids[olds.n++] = ps.v[i].pid;
+            send_sig(ps.v[i].pid, ps.v[i].start, SIGSTOP); /* it can no longer fork nor exit on its own */
+        }
     free(ps.v);
+    /* Its tree first, the old agent after (see exit_alone: under gVisor a descendant dying with its
+     * exec'd subreaper stops the whole sandbox); stopped, it can neither reap nor fork meanwhile. */
     kill_all(startup_targets, &olds, 5.0, NULL);
+    kill_all(old_agents, &olds, 5.0, NULL);
     free(olds.pids);
 
     buf_t b = {0};
@@ -2933,5 +2957,5 @@ int main(int argc, char **argv) {
     buf_fmt(&b, "],\"proxy\":1,\"dial\":1,\"unix\":2,\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
     out_json(HELLO, 0, &b);
     loop();
-    return 0;
+    exit_alone(0);
 }

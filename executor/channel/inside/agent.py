@@ -1506,9 +1506,13 @@ def main() -> "None":
         protected = set((p, procs[p][2]) for p in mine if p in procs)
     agent = Agent(rfd, wfd, protected, strict)
     # What earlier agents of this container left: another agent (the host gave up on it) and its tree,
-    # and orphans at PID 1.
+    # and orphans at PID 1. The old agent is stopped first and killed last: under gVisor a descendant that
+    # dies with its exec'd subreaper stops the whole sandbox (see the end of main).
     olds = other_agents(procs)
-    kill_all(lambda procs: set(olds) | below(olds, procs) | agent.escapees(procs))
+    for p in olds:
+        send(p, procs[p][2], signal.SIGSTOP)
+    kill_all(lambda procs: below(olds, procs) | agent.escapees(procs))
+    kill_all(lambda procs: set(olds))
     agent.out(
         HELLO,
         0,
@@ -1526,7 +1530,13 @@ def main() -> "None":
             "unix": 2,
         },
     )
-    agent.loop(wr)
+    try:
+        agent.loop(wr)
+    finally:
+        # Nothing below the agent may still be dying when it exits: under gVisor an exec'd process has no
+        # parent, and a subreaper's descendant whose exit overlaps its subreaper's is taken for the
+        # namespace's init, which kills every process of the sandbox (runsc 20240729). Zombies are fine.
+        kill_all(lambda procs: below([SELF], procs))
 
 
 main()
