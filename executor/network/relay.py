@@ -26,8 +26,9 @@ session's channel; in the tests, one end of a ``socket.socketpair``). :func:`rel
 
 Once connected, and before any byte is sent either way, ``on_connected(host, port, close)`` is called (when
 given) with a **close handle** for the live connection: ``close(why)`` from any thread ends it (both sides
-closed, ``why`` in the log entry's detail). A session keeps these to cut connections its network no
-longer allows (``set_network``).
+shut down, ``why`` in the log entry's detail; the relay closes the descriptors once its threads have ended,
+so a number is never reused under a thread still holding it). A session keeps these to cut connections
+its network no longer allows (``set_network``).
 
 The server is always reached by an address checked by :func:`.addresses.refusal` (or pinned by the user),
 never by a name, so a name that rebinds between the decision and the connection changes nothing.
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import select
 import socket
@@ -71,6 +73,8 @@ from adk_sandbox.executor.network.passed_socket import PassedSocket, wait_for
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.tls_hello import server_name
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:  # intercept.py imports this module (ByteStream)
     from adk_sandbox.executor.network.intercept import Interceptor
 
@@ -92,6 +96,9 @@ SPLICE_CHUNK = 1 << 20
 """The most bytes asked of one ``splice`` between two real sockets (in a pipe, never in Python)."""
 SPLICE_PIPE = 256 << 10
 """The pipe of a spliced direction: the most bytes it moves per call and holds in the kernel."""
+SENDER_GRACE = 30.0
+"""Seconds a connection's second thread has to end once both sockets are shut down (it takes
+microseconds); past it the sockets are left open rather than closed under it."""
 DEFAULT_HEAD_TIMEOUT = 10.0
 """Seconds the sandbox has to send a whole request head (and, for CONNECT, its ClientHello)."""
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -154,6 +161,8 @@ class _Outcome:
     up: int = 0
     down: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    in_use: bool = False
+    """A pump thread did not end after both sockets were shut down: their descriptors are left open."""
 
 
 def _read_until(
@@ -314,17 +323,40 @@ def _pump(stream: ByteStream, upstream: socket.socket, outcome: _Outcome) -> Non
     except OSError as error:
         outcome.detail += f"; ended by {error.strerror or type(error).__name__}"
     finally:
-        upstream.close()
-        _close(stream)
-        sender.join(timeout=5)
+        # Wake the other direction and wait for it *before* anything is closed: a splice holds descriptor
+        # numbers, and a number closed under it is soon the next connection's (the lowest free one), so its
+        # next splice would move this connection's bytes into another's -- another session's, even.
+        _wake(stream, upstream)
+        sender.join(timeout=SENDER_GRACE)
+        if sender.is_alive():
+            outcome.in_use = True
+            outcome.detail += "; a relay thread did not end: its sockets are left open"
+            log.warning(
+                "a network relay thread did not end %g s after shutdown; its sockets stay open", SENDER_GRACE
+            )
+
+
+def _wake(stream: ByteStream, upstream: socket.socket | None = None) -> None:
+    """End the connection for every thread using it, closing no descriptor (that is the relay's, after).
+
+    A socket is shut down (its ``close`` would not wake a ``recv`` or ``poll`` of another thread, and would
+    free its number for reuse under it); a stream without ``shutdown`` (a channel's) is closed, which wakes
+    its readers and frees no descriptor.
+    """
+    if upstream is not None:
+        with contextlib.suppress(OSError):
+            upstream.shutdown(socket.SHUT_RDWR)
+    shutdown = getattr(stream, "shutdown", None)
+    with contextlib.suppress(OSError):
+        if shutdown is not None:
+            shutdown(socket.SHUT_RDWR)
+        else:
+            stream.close()
 
 
 def _close(stream: ByteStream) -> None:
-    # A socket's close does not wake a recv blocked in another thread; a shutdown does.
-    shutdown = getattr(stream, "shutdown", None)
-    if shutdown is not None:
-        with contextlib.suppress(OSError):
-            shutdown(socket.SHUT_RDWR)
+    """Wake, then close ``stream``: only once no other thread uses it (see :func:`_pump`)."""
+    _wake(stream)
     with contextlib.suppress(OSError):
         stream.close()
 
@@ -385,9 +417,9 @@ def _close_handle(stream: ByteStream, upstream: socket.socket, outcome: _Outcome
     def close(why: str) -> None:
         with outcome.lock:
             outcome.detail += f"; closed: {why}"
-        with contextlib.suppress(OSError):  # wakes the relay's recv on the server's side
-            upstream.shutdown(socket.SHUT_RDWR)
-        _close(stream)
+        # Shut down, never closed from here: the relay's threads may still hold the descriptors (see
+        # _pump); the relay closes them once it has ended.
+        _wake(stream, upstream)
 
     return close
 
@@ -471,9 +503,10 @@ def relay(
         outcome.detail += f"; ended by {error.strerror or type(error).__name__}"
         outcome.rule = outcome.rule or "closed"
     finally:
-        if upstream is not None:
-            upstream.close()
-        _close(stream)
+        if not outcome.in_use:
+            if upstream is not None:
+                upstream.close()
+            _close(stream)
     entry = ConnectionEntry(
         time=started,
         host=outcome.host,

@@ -5,11 +5,13 @@ The sandbox's side is one end of a ``socket.socketpair``; the server is a loopba
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
 
 from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
+from adk_sandbox.executor.network.passed_socket import PassedSocket
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import CloseHandle, relay
 
@@ -96,3 +98,100 @@ def test_a_close_before_any_byte_delivers_nothing() -> None:
     finally:
         sandbox.close()
         listener.close()
+
+
+def _server(answer: bytes, seen: list[bytes]) -> socket.socket:
+    """A loopback server: reads a head, keeps what follows it in ``seen``, answers and closes at once."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            with contextlib.suppress(OSError):
+                while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+                    data += chunk
+                conn.sendall(answer)
+                conn.setblocking(False)
+                with contextlib.suppress(OSError):
+                    data += conn.recv(1 << 20)  # whatever came with or right after the head
+            seen.append(data.partition(b"\r\n\r\n")[2])
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=serve, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
+
+
+QUIET_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nquiet"
+
+
+def test_a_connection_ending_while_its_sandbox_still_sends_never_feeds_another() -> None:
+    """One side of a connection ends while the other still splices: nothing it holds reaches a new one.
+
+    The relay used to close both sockets as soon as the server's direction ended, while the sandbox's
+    direction was still in a ``splice`` holding their descriptor numbers; the next connection got those
+    numbers (the lowest free ones), and the stale splice moved one connection's bytes into another's. Here
+    each "flooding" connection's server answers and closes at once while its sandbox keeps sending ``P``,
+    beside "quiet" connections whose server and sandbox must see only their own bytes.
+    """
+    flood_seen: list[bytes] = []
+    quiet_seen: list[bytes] = []
+    flood = _server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", flood_seen)
+    quiet = _server(QUIET_ANSWER, quiet_seen)
+    ports = flood.getsockname()[1], quiet.getsockname()[1]
+    policy = NetworkPolicy(
+        allow=[f"flood.test:{ports[0]}", f"quiet.test:{ports[1]}"],
+        hosts={"flood.test": ["127.0.0.1"], "quiet.test": ["127.0.0.1"]},
+    )
+    log = ConnectionLog()
+    answers: list[bytes] = []
+
+    def connection(name: str, port: int, keep_sending: bool) -> None:
+        # As on the direct paths: the client's TCP socket, passed to the host non-blocking (the sandbox's
+        # copy decides the flags), so the relay's splice waits in poll on EAGAIN.
+        with socket.create_server(("127.0.0.1", 0)) as endpoint:
+            sandbox = socket.create_connection(endpoint.getsockname())
+            host_end = endpoint.accept()[0]
+        host_end.setblocking(False)
+        relaying = threading.Thread(target=relay, args=(PassedSocket(host_end), policy, log), daemon=True)
+        relaying.start()
+        with sandbox:
+            sandbox.settimeout(5)
+            sandbox.sendall(f"GET http://{name}:{port}/ HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n".encode())
+            received = b""
+            with contextlib.suppress(OSError):
+                if keep_sending:  # a pause (the relay's up direction waits in poll), then a flood
+                    time.sleep(0.02)
+                    sandbox.setblocking(False)
+                    end = time.monotonic() + 0.05
+                    while time.monotonic() < end:
+                        with contextlib.suppress(BlockingIOError):
+                            sandbox.send(b"P" * 65536)
+                    sandbox.settimeout(5)
+                while chunk := sandbox.recv(65536):
+                    received += chunk
+            if not keep_sending:
+                answers.append(received)
+        relaying.join(timeout=10)
+
+    try:
+        for _ in range(40):
+            threads = [
+                threading.Thread(target=connection, args=("flood.test", ports[0], True)),
+                *(threading.Thread(target=connection, args=("quiet.test", ports[1], False)) for _ in "abc"),
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=20)
+        assert len(answers) == 120 and len(quiet_seen) == 120
+        # Exactly the quiet server's answer: not one of the flood's bytes, nothing cut.
+        assert [answer[-80:] for answer in answers if answer != QUIET_ANSWER] == []
+        assert [seen for seen in quiet_seen if seen] == []  # a quiet server got nothing but its head
+    finally:
+        flood.close()
+        quiet.close()
