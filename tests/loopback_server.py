@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
-__all__ = ["LoopbackServer"]
+__all__ = ["LoopbackServer", "stop_serving"]
+
+
+def stop_serving(sock: socket.socket, thread: threading.Thread) -> None:
+    """Stop ``thread``, which waits in ``sock`` (an ``accept`` or a ``recv``), then close ``sock``.
+
+    The shutdown wakes it; closing first would not, and would free the descriptor's number while the thread
+    still holds it: the next socket this process opens (another test's server) gets that number, and the
+    stale thread then accepts that server's connections (a closed server once answered a later module's
+    request with its own 16 MiB body this way).
+    """
+    with contextlib.suppress(OSError):  # ENOTCONN from UDP, which it does not wake (send it a datagram)
+        sock.shutdown(socket.SHUT_RDWR)
+    thread.join(timeout=10)
+    sock.close()
 
 
 class LoopbackServer:
@@ -20,7 +35,8 @@ class LoopbackServer:
         self.port: int = self.listener.getsockname()[1]
         #: Connections accepted so far.
         self.accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._serve, daemon=True)
+        self._acceptor.start()
 
     def _serve(self) -> None:
         while True:
@@ -36,4 +52,4 @@ class LoopbackServer:
 
     def close(self) -> None:
         """Stop accepting (connections being served go on to their end)."""
-        self.listener.close()
+        stop_serving(self.listener, self._acceptor)

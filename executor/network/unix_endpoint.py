@@ -212,8 +212,11 @@ class _BoundedListener:
             handlers = list(self._handlers)
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
-        self._listener.close()
+        # Closed once the acceptor has ended: a number freed under a thread about to accept on it could be
+        # the next session's listener, whose connections it would then serve under this session's policy.
         self._acceptor.join(timeout=_CLOSE_WAIT_SECONDS)
+        if not self._acceptor.is_alive():
+            self._listener.close()
         for conn, close in live:
             if close is not None:
                 close(why)

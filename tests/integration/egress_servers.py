@@ -20,7 +20,7 @@ import docker
 import docker.errors
 
 from tests.conftest import require
-from tests.loopback_server import LoopbackServer
+from tests.loopback_server import LoopbackServer, stop_serving
 
 BODY = b"hello through the policy\n"
 
@@ -96,8 +96,13 @@ class DnsSink:
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.udp.bind((host, self.port))
         self.raw: list[bytes] = []
-        threading.Thread(target=self._datagrams, daemon=True).start()
-        threading.Thread(target=self._streams, daemon=True).start()
+        self._stopping = False
+        self._threads = (
+            threading.Thread(target=self._datagrams, daemon=True),
+            threading.Thread(target=self._streams, daemon=True),
+        )
+        for thread in self._threads:
+            thread.start()
 
     @property
     def delivered(self) -> int:
@@ -107,9 +112,12 @@ class DnsSink:
     def _datagrams(self) -> None:
         while True:
             try:
-                self.raw.append(self.udp.recv(65536))
+                datagram = self.udp.recv(65536)
             except OSError:
                 return
+            if self._stopping:
+                return
+            self.raw.append(datagram)
 
     def _streams(self) -> None:
         while True:
@@ -126,8 +134,12 @@ class DnsSink:
                 conn.close()
 
     def close(self) -> None:
-        self.tcp.close()
-        self.udp.close()
+        # A shutdown does not wake a UDP socket's recv here: a datagram of its own does.
+        self._stopping = True
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as waker:
+            waker.sendto(b"", self.udp.getsockname())
+        stop_serving(self.udp, self._threads[0])
+        stop_serving(self.tcp, self._threads[1])
 
 
 def make_certificate(where: Path) -> tuple[Path, Path]:

@@ -48,6 +48,7 @@ from tests.integration.egress_servers import (
     make_certificate,
     server_context,
 )
+from tests.loopback_server import stop_serving
 
 pytestmark = pytest.mark.docker
 
@@ -505,7 +506,8 @@ def naive(docker_backend: DockerBackend, tools_image: str, servers: Servers) -> 
                 return
             threading.Thread(target=relay, args=(conn, servers.policy, log), daemon=True).start()
 
-    threading.Thread(target=serve, daemon=True).start()
+    serving = threading.Thread(target=serve, daemon=True)
+    serving.start()
     url = f"http://{servers.host}:{proxy.getsockname()[1]}"
     env = {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
            "NO_PROXY": "localhost,127.0.0.1", "no_proxy": "localhost,127.0.0.1"}  # fmt: skip
@@ -522,7 +524,7 @@ def naive(docker_backend: DockerBackend, tools_image: str, servers: Servers) -> 
                 container.remove(force=True)
         with contextlib.suppress(docker.errors.DockerException):
             network.remove()
-        proxy.close()
+        stop_serving(proxy, serving)
 
 
 def test_the_naive_design_lets_the_route_attacks_through(naive: Any, servers: Servers) -> None:

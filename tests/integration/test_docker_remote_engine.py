@@ -43,6 +43,7 @@ from tests.integration.private_engine import (
     find_sshd,
 )
 from tests.integration.test_docker_tree_kill import ENDINGS, alive, check_no_descendant_survives
+from tests.loopback_server import stop_serving
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -416,7 +417,8 @@ class CuttableProxy:
         self._lock = threading.Lock()
         self._open: list[socket.socket] = []
         self.refusing = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while True:
@@ -458,7 +460,7 @@ class CuttableProxy:
 
     def close(self) -> None:
         self.cut()
-        self._listener.close()
+        stop_serving(self._listener, self._acceptor)
 
 
 def test_a_connection_dropped_mid_command_fails_it_clearly_and_leaves_no_process(

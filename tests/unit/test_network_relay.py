@@ -24,6 +24,7 @@ from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import TLS_ACCESS_DENIED, relay
 from tests.conftest import require
+from tests.loopback_server import stop_serving
 
 BODY = b"hello from upstream\n"
 
@@ -78,7 +79,7 @@ class Upstream:
             conn.close()
 
     def close(self) -> None:
-        self.listener.close()
+        stop_serving(self.listener, self.thread)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from adk_sandbox.executor.network.log import ConnectionEntry, ConnectionLog
 from adk_sandbox.executor.network.passed_socket import PassedSocket
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import CloseHandle, relay
+from tests.loopback_server import LoopbackServer
 
 
 def _slow_server() -> tuple[socket.socket, threading.Event]:
@@ -100,30 +101,26 @@ def test_a_close_before_any_byte_delivers_nothing() -> None:
         listener.close()
 
 
-def _server(answer: bytes, seen: list[bytes]) -> socket.socket:
-    """A loopback server: reads a head, keeps what follows it in ``seen``, answers and closes at once."""
-    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+class _Answering(LoopbackServer):
+    """Reads a head, keeps what follows it in ``seen``, answers ``answer`` and closes at once."""
 
-    def serve(conn: socket.socket) -> None:
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.seen: list[bytes] = []
+        super().__init__(backlog=64)
+
+    def _handle(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(5)
             data = b""
             with contextlib.suppress(OSError):
                 while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
                     data += chunk
-                conn.sendall(answer)
+                conn.sendall(self.answer)
                 conn.setblocking(False)
                 with contextlib.suppress(OSError):
                     data += conn.recv(1 << 20)  # whatever came with or right after the head
-            seen.append(data.partition(b"\r\n\r\n")[2])
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                threading.Thread(target=serve, args=(listener.accept()[0],), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return listener
+            self.seen.append(data.partition(b"\r\n\r\n")[2])
 
 
 QUIET_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nquiet"
@@ -138,11 +135,9 @@ def test_a_connection_ending_while_its_sandbox_still_sends_never_feeds_another()
     each "flooding" connection's server answers and closes at once while its sandbox keeps sending ``P``,
     beside "quiet" connections whose server and sandbox must see only their own bytes.
     """
-    flood_seen: list[bytes] = []
-    quiet_seen: list[bytes] = []
-    flood = _server(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", flood_seen)
-    quiet = _server(QUIET_ANSWER, quiet_seen)
-    ports = flood.getsockname()[1], quiet.getsockname()[1]
+    flood = _Answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    quiet = _Answering(QUIET_ANSWER)
+    ports = flood.port, quiet.port
     policy = NetworkPolicy(
         allow=[f"flood.test:{ports[0]}", f"quiet.test:{ports[1]}"],
         hosts={"flood.test": ["127.0.0.1"], "quiet.test": ["127.0.0.1"]},
@@ -188,10 +183,10 @@ def test_a_connection_ending_while_its_sandbox_still_sends_never_feeds_another()
                 thread.start()
             for thread in threads:
                 thread.join(timeout=20)
-        assert len(answers) == 120 and len(quiet_seen) == 120
+        assert len(answers) == 120 and len(quiet.seen) == 120
         # Exactly the quiet server's answer: not one of the flood's bytes, nothing cut.
         assert [answer[-80:] for answer in answers if answer != QUIET_ANSWER] == []
-        assert [seen for seen in quiet_seen if seen] == []  # a quiet server got nothing but its head
+        assert [seen for seen in quiet.seen if seen] == []  # a quiet server got nothing but its head
     finally:
         flood.close()
         quiet.close()
