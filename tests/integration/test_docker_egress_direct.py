@@ -174,9 +174,9 @@ def test_inside_without_the_token_nothing_is_relayed(
     assert len(refused) >= 3 and all(entry.decision == "refused" for entry in refused)
 
 
-#: Passes a loopback TCP connection's accepted end to the session's socket after ``TOKEN``, as the agent does,
-#: and prints what the client end reads back (a program inside holding the real token: a compromised agent).
-PASS = f"""
+#: Inside, holding the real ``TOKEN`` (a compromised agent): a loopback TCP connection (``client``,
+#: ``accepted``) whose accepted end is passed to the session's socket, as the agent passes its client's.
+PASSED_PAIR = f"""
 import socket
 def pair():
     with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -187,7 +187,11 @@ with socket.socket(socket.AF_UNIX) as unix:
     unix.connect({INSIDE!r})
     unix.sendall(TOKEN)
     socket.send_fds(unix, [b"\\0"], [accepted.fileno()])
-accepted.close()
+"""
+#: ``PASSED_PAIR``, then the client sends a request for ``URL`` and prints what it reads back.
+PASS = (
+    PASSED_PAIR
+    + """accepted.close()
 client.settimeout(15)
 client.sendall(b"GET " + URL.encode() + b" HTTP/1.1\\r\\nHost: " + HOST.encode() + b"\\r\\n\\r\\n")
 got = b""
@@ -195,6 +199,7 @@ while chunk := client.recv(65536):
     got += chunk
 print(repr(got[:200]))
 """
+)
 
 
 def test_inside_with_the_real_token_the_policy_still_decides(
@@ -451,17 +456,10 @@ def test_a_passed_descriptor_that_is_not_a_loopback_tcp_client_is_refused(
     assert ATTACKS[attack] in passed_attacks[attack], passed_attacks
 
 
-STEAL = f"""
-import fcntl, os, socket, threading, time
-def pair():
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        client = socket.create_connection(listener.getsockname())
-        return client, listener.accept()[0]
-client, accepted = pair()
-with socket.socket(socket.AF_UNIX) as unix:
-    unix.connect({INSIDE!r})
-    unix.sendall(TOKEN)
-    socket.send_fds(unix, [b"\\\\0"], [accepted.fileno()])
+STEAL = (
+    PASSED_PAIR
+    + """
+import fcntl, os, threading, time
 def steal():  # blocking, with O_NONBLOCK cleared again before every read: the bytes the host polls for
     while True:
         flags = fcntl.fcntl(accepted, fcntl.F_GETFL)
@@ -482,8 +480,9 @@ try:
     answer = client.recv(200)
 except OSError as error:
     answer = repr(error).encode()
-print(round(time.monotonic() - start, 1), answer.split(b"\\\\r\\\\n")[0].decode(errors="replace"))
+print(round(time.monotonic() - start, 1), answer.split(b"\\r\\n")[0].decode(errors="replace"))
 """
+)
 
 
 def test_the_sandbox_stealing_the_passed_sockets_bytes_cannot_hold_the_host(
