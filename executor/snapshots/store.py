@@ -41,10 +41,11 @@ from adk_sandbox.executor import _owner
 from adk_sandbox.executor._mountinfo import read_mountinfo
 from adk_sandbox.executor.channel.static_agent import cache_root
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
+from adk_sandbox.executor.snapshots import owned
 from adk_sandbox.executor.snapshots.model import SNAPSHOT_ID, Snapshot
 from adk_sandbox.executor.workspace.copies import NO_SPACE, HostCopyFullError, _boot_tag, copies_dir
 
-__all__ = ["RECORD", "SnapshotStore", "default_memory_root", "default_root", "new_id"]
+__all__ = ["RECORD", "SnapshotStore", "default_memory_root", "default_root", "layered_on", "new_id"]
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +135,12 @@ class SnapshotStore:
         os.mkdir(path, 0o700)
         return path
 
-    def commit(self, partial: str, snapshot: Snapshot) -> Snapshot:
-        """Write the record into ``partial`` and make it the snapshot (renamed to its id); the record."""
+    def commit(self, partial: str, snapshot: Snapshot, remove_image: ImageRemover | None = None) -> Snapshot:
+        """Write the record into ``partial`` and make it the snapshot (renamed to its id); the record.
+
+        An owned snapshot is removed when this process exits (:mod:`.owned`), its root image by
+        ``remove_image``.
+        """
         record = os.path.join(partial, RECORD)
         fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -151,13 +156,23 @@ class SnapshotStore:
                 os.close(directory)
         final = os.path.join(root, snapshot.id)
         os.rename(partial, final)
+        if snapshot.owner.get(_owner.OWNER_PID) == str(os.getpid()):
+            owned.register(final, remove_image)  # this process's: removed when it exits, not left to a reaper
         return snapshot.model_copy(update={"path": final})
 
-    def take(self, snapshot_id: str, build: Callable[[str], Snapshot], *, durable: bool = True) -> Snapshot:
+    def take(
+        self,
+        snapshot_id: str,
+        build: Callable[[str], Snapshot],
+        *,
+        durable: bool = True,
+        remove_image: ImageRemover | None = None,
+    ) -> Snapshot:
         """Build the snapshot ``snapshot_id`` with ``build(partial)`` and :meth:`commit` it; the record.
 
         ``build`` fills the fresh directory ``partial`` and returns the record; a failure leaves nothing of
-        the directory (``build``'s caller undoes what it made elsewhere: a root image).
+        the directory (``build``'s caller undoes what it made elsewhere: a root image). An owned snapshot
+        is removed at this process's exit, its root image by ``remove_image`` (:mod:`.owned`).
 
         **Out of space** (decided): when the memory tier is full (``ENOSPC``/``EDQUOT`` from any write of the
         snapshot, a copy's :class:`~adk_sandbox.executor.workspace.copies.HostCopyFullError` included) the
@@ -168,7 +183,7 @@ class SnapshotStore:
         """
         memory = not durable and self.memory_root is not None
         try:
-            return self._take_once(snapshot_id, build, durable=durable)
+            return self._take_once(snapshot_id, build, durable=durable, remove_image=remove_image)
         except (OSError, HostCopyFullError) as exc:
             if not _out_of_space(exc):
                 raise
@@ -177,16 +192,23 @@ class SnapshotStore:
                 raise self._full(where, exc) from exc
             log.warning("memory tier %s full (%s): snapshot %s is taken on disk", where, exc, snapshot_id)
         try:
-            return self._take_once(snapshot_id, build, durable=True)
+            return self._take_once(snapshot_id, build, durable=True, remove_image=remove_image)
         except (OSError, HostCopyFullError) as exc:
             if not _out_of_space(exc):
                 raise
             raise self._full(self.root, exc, also=self.memory_root) from exc
 
-    def _take_once(self, snapshot_id: str, build: Callable[[str], Snapshot], *, durable: bool) -> Snapshot:
+    def _take_once(
+        self,
+        snapshot_id: str,
+        build: Callable[[str], Snapshot],
+        *,
+        durable: bool,
+        remove_image: ImageRemover | None,
+    ) -> Snapshot:
         partial = self.begin(snapshot_id, durable=durable)
         try:
-            return self.commit(partial, build(partial))
+            return self.commit(partial, build(partial), remove_image)
         except BaseException:
             self.abort(partial)
             raise
@@ -264,7 +286,7 @@ class SnapshotStore:
         (:class:`InvalidRequestError`): its image would be left behind.
         """
         snapshot = self.get(key.id if isinstance(key, Snapshot) else key)
-        if _layered_on(snapshot.path):
+        if layered_on(snapshot.path):
             raise InvalidRequestError(
                 f"snapshot {snapshot.id} is the lower layer of a running fork (PoolConfig(fork_by='layer')): "
                 "close the sessions forked from it first; it was kept as it was"
@@ -277,11 +299,13 @@ class SnapshotStore:
                     "its engine (DockerBackend.remove_snapshot, `adk-sandbox snapshots rm`)"
                 )
             remove_image(snapshot.root_image)
-        self._discard(snapshot.id, os.path.dirname(snapshot.path))
+        self.discard(snapshot.id, os.path.dirname(snapshot.path))
         return snapshot
 
     @staticmethod
-    def _discard(snapshot_id: str, root: str) -> None:
+    def discard(snapshot_id: str, root: str) -> None:
+        """Remove the directory of ``snapshot_id`` in the tier ``root`` (renamed away first), nothing else."""
+        owned.forget(os.path.join(root, snapshot_id))
         gone = os.path.join(root, f".removing-{snapshot_id}-{uuid.uuid4().hex[:8]}")
         try:
             os.rename(os.path.join(root, snapshot_id), gone)
@@ -355,7 +379,7 @@ def _check_id(snapshot_id: str) -> None:
         raise InvalidRequestError(f"{snapshot_id!r} is not a snapshot id (snap- and 16 hex digits)")
 
 
-def _layered_on(path: str) -> bool:
+def layered_on(path: str) -> bool:
     """Whether an overlay mounted on this host has a lower directory in ``path`` (a layered fork's).
 
     Read from the kernel's mount table: forks of other processes count too. A reaper then defers the
