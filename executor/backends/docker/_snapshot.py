@@ -32,6 +32,7 @@ import shutil
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -155,7 +156,9 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
 
         taken: Snapshot | None = None
         try:
-            taken = store.take(snapshot_id, build, durable=options.detached)
+            taken = store.take(
+                snapshot_id, build, durable=options.detached, remove_image=_image_remover(client)
+            )
             return taken
         finally:
             for image in images:
@@ -382,6 +385,11 @@ def _commit(client: docker.DockerClient, container_id: str, snapshot: Snapshot) 
             pause=True,
         )
     return str(made["Id"])
+
+
+def _image_remover(client: docker.DockerClient) -> Callable[[str], None]:
+    """What removes a root image of ``client``'s engine (for an owned snapshot removed at exit)."""
+    return lambda image: remove_snapshot_image(client, image)
 
 
 def remove_snapshot_image(client: docker.DockerClient, image: str) -> None:
