@@ -11,7 +11,8 @@ half of one and a reaper removes what a killed owner left half-written.
 memory, ``adk-sandbox-snapshots-<uid>`` in :func:`~adk_sandbox.executor.workspace.copies.copies_dir`
 (``/dev/shm`` when it is a tmpfs), and a detached one on disk (:attr:`SnapshotStore.root`). An owned
 snapshot is reaped once its owner is gone, a reboot included, so a disk would buy it nothing, while creating
-its files there costs seconds on some filesystems (docs/benchmarks/issue-24-forks.md, "Where the time went"). A detached
+its files there costs seconds on some filesystems (docs/benchmarks/issue-24-forks.md, "Where the time
+went"); it is removed when its owner exits by any path but SIGKILL (:mod:`.owned`). A detached
 snapshot is meant to outlive the process and the machine's next boot: the disk, made durable by one
 ``syncfs`` before it is renamed into place. Both tiers are listed, read, removed and reaped as one.
 

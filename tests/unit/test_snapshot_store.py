@@ -227,9 +227,10 @@ def test_a_pools_fixed_path_is_checked() -> None:
 
 
 def test_a_two_tier_store_keeps_owned_snapshots_in_memory_and_detached_ones_on_disk(tmp_path: Path) -> None:
-    """The default store's split (docs/benchmarks/issue-24-forks.md, "Where the time went"): an owned snapshot is built
-    and kept in the memory tier, a detached one on disk; both are listed, found, removed and reaped as one
-    store. Catches a store that still writes every snapshot to disk, or loses sight of one tier."""
+    """The default store's split (docs/benchmarks/issue-24-forks.md, "Where the time went"): an owned
+    one is built and kept in the memory tier, a detached one on disk; both are listed, found, removed and
+    reaped as one store. Catches a store that still writes every snapshot to disk, or loses sight of one
+    tier."""
     store = SnapshotStore(tmp_path / "disk", memory_root=tmp_path / "memory")
     owned, detached = record(), record(owner={})
     for snapshot, durable in ((owned, False), (detached, True)):
