@@ -184,7 +184,9 @@ class RootDir:
     """
 
     def __init__(self, path: str, *, use_openat2: bool | None = None) -> None:
-        self.path = os.path.realpath(path)
+        # An open directory's /proc/self/fd/<n> (another mount namespace's directory, _proc_root) is taken
+        # as it is: resolving it would give its path in that namespace, which names another directory here.
+        self.path = path if path.startswith("/proc/self/fd/") else os.path.realpath(path)
         self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._root_parts = split_components(self.path)
         self.use_openat2 = openat2_available() if use_openat2 is None else use_openat2

@@ -314,10 +314,13 @@ def test_a_snapshot_over_its_cap_is_refused_and_leaves_nothing(
 def test_a_snapshot_outlives_its_process_and_is_reaped_after_its_owner_or_expiry(
     task_backend: DockerBackend, store: SnapshotStore
 ) -> None:
-    """Taken in a subprocess: the detached one is read here after that process ended; the owned one (with a
-    root image) is reaped once its owner is gone, and one past its expiry too: no directory, no image."""
+    """Taken in a subprocess: the detached one is read here after that process ended; an owned one (with a
+    root image) goes with its owner's normal exit, directory and image (before, it stayed until a reaper
+    ran); one whose owner ended without exit handlers (``os._exit``, as SIGKILL) is reaped once its owner
+    is gone, and one past its expiry too: no directory, no image."""
     script = textwrap.dedent(
         f"""
+        import os, sys
         from adk_sandbox.executor import DockerBackend, ExecRequest, Language
         from adk_sandbox.executor.snapshots import SnapshotStore
         with DockerBackend(profile="task") as backend:
@@ -325,16 +328,26 @@ def test_a_snapshot_outlives_its_process_and_is_reaped_after_its_owner_or_expiry
             with backend.session() as session:
                 request = ExecRequest(language=Language.COMMAND, code="echo kept > /tmp/kept", timeout=30)
                 session.execute(request)
-                print(session.snapshot(name="detached", detached=True, ttl_seconds=600).id)
-                print(session.snapshot(name="owned").id)
+                if sys.argv[1] == "exit":
+                    print(session.snapshot(name="detached", detached=True, ttl_seconds=600).id)
+                print(session.snapshot(name="owned").id, flush=True)
+        if sys.argv[1] == "_exit":
+            os._exit(0)
         """
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, check=False
-    )
-    assert child.returncode == 0, child.stderr
-    detached_id, owned_id = child.stdout.split()
+    ids = []
+    for ending in ("exit", "_exit"):
+        child = subprocess.run(
+            [sys.executable, "-c", script, ending],
+            capture_output=True, text=True, env=env, timeout=300, check=False,
+        )  # fmt: skip
+        assert child.returncode == 0, child.stderr
+        ids += child.stdout.split()
+    detached_id, gone_id, owned_id = ids
+    with pytest.raises(InvalidRequestError):
+        store.get(gone_id)
+    assert snapshot_images(task_backend.client, gone_id) == []
     detached, owned = store.get(detached_id), store.get(owned_id)
     assert detached.owner == {} and owned.owner and owned.root_image
     client = task_backend.client

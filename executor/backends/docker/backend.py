@@ -19,6 +19,7 @@ from adk_sandbox.executor.backends.docker._daemon import connect
 from adk_sandbox.executor.backends.docker._layers import reap_layers
 from adk_sandbox.executor.backends.docker._reaper import cleanup_session, reap_leaked
 from adk_sandbox.executor.backends.docker._rootcap import root_cap_for, size_refusal
+from adk_sandbox.executor.backends.docker._spares import ForkSpares
 from adk_sandbox.executor.backends.docker._spec import (
     MIB,
     ContainerSpec,
@@ -203,6 +204,14 @@ class DockerBackend(SessionBackend[DockerSession]):
                 self._pool_member,
                 engine=self.engine.describe(),
             )
+        self._spares = ForkSpares(
+            self._client,
+            lambda: self._session_config(None),
+            self._pool_member,
+            size=config.fork_spares if config.container is None and config.profile == "hardened" else 0,
+            engine=self.engine.describe(),
+            local=self.engine.local,
+        )
 
     # -- the settings, read from self.config (never copied) --------------------------------------------
     @property
@@ -296,7 +305,13 @@ class DockerBackend(SessionBackend[DockerSession]):
         session.snapshot_store = self.snapshots
         session._forker = self._fork_from
         session._image_remover = self._remove_image
+        session._before_snapshot = self._prepare_spare
         return super()._track(session)
+
+    def _prepare_spare(self, session: DockerSession) -> None:
+        """Start a spare for forks of ``session`` unless the warm pool serves its path (``_spares``)."""
+        if self.pool is None or self.pool.settings.path != session.workspace_inside:
+            self._spares.prepare(session)
 
     def _fork_from(self, snapshot: Snapshot) -> DockerSession:
         return self.session(snapshot=snapshot)
@@ -413,6 +428,10 @@ class DockerBackend(SessionBackend[DockerSession]):
         pool = self.pool
         if pool is not None and pool.serves_snapshot(snapshot):
             return self._track(pool.acquire(snapshot=snapshot))
+        spare = self._spares.acquire(snapshot)
+        if spare is not None:
+            spare.origin = snapshot
+            return self._track(spare)
         host = fork_workspace(snapshot, self.mirror_size_mb * MIB)
         try:
             config = self._session_config(host, mode="mirror" if host is not None else None)
@@ -594,6 +613,7 @@ class DockerBackend(SessionBackend[DockerSession]):
     def close(self) -> None:
         """Close every session of this backend still open (their containers are removed), drain the pool."""
         super().close()  # a pooled session's removal is queued in the pool, which the next line waits for
+        self._spares.close()
         if self.pool is not None:
             self.pool.close()
         self._client.close()

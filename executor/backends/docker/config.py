@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -124,6 +124,10 @@ class DockerConfig(BaseModel):
     """Keep started containers for workspace-less sessions, each used once (docs/DOCKER.md, "Warm
     pool"); an int ``N`` means ``PoolConfig(size=N)``. ``PoolConfig(workspace="mirror")`` keeps them for
     ``backend.session(copy_of=...)`` instead: each with an empty workspace copy, filled at acquire."""
+    fork_spares: Annotated[int, Field(ge=0, le=8)] = 1
+    """Started containers kept per forked workspace path, so forks of any session come warm, by layer
+    (docs/snapshots.md, "Forks of any session"): made when a session is first snapshotted, where the engine
+    allows (root on a local engine, runc, a workspace outside the sandbox's own directories). 0: none."""
 
     @field_validator("network", mode="before")
     @classmethod

@@ -277,6 +277,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         self.snapshot_store: SnapshotStore | None = None
         self._forker: Callable[[Snapshot], DockerSession] | None = None
         self._image_remover: Callable[[str], None] | None = None
+        #: Told before each snapshot is taken (the backend starts a spare for this session's forks).
+        self._before_snapshot: Callable[[DockerSession], None] | None = None
         #: The snapshot fork() took for this session: removed when it closes.
         self._own_snapshot: Snapshot | None = None
         self.origin: Snapshot | None = None
@@ -722,6 +724,13 @@ class DockerSession(SessionNetwork, ChannelSession):
 
         return self._lookup_numeric(user, run)
 
+    def command_user_ids(self) -> tuple[int, int] | None:
+        """(uid, gid) commands run as by default, when known by number (None: a name, or not started)."""
+        uid, _, gid = self._user.partition(":")
+        if not (uid.isdigit() and gid.isdigit()):
+            return None
+        return int(uid), int(gid)
+
     def _lookup_user(self) -> str:
         # The task profile's image user may itself be a name: its tables are read as root.
         return "0:0" if self._config.spec.task else self._user
@@ -855,6 +864,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         )  # fmt: skip
         if self._closed:
             raise SandboxFailedError("this Docker session is closed")
+        if self._before_snapshot is not None:
+            self._before_snapshot(self)  # a spare's start overlaps the copy
         return take_snapshot(self, options, store or self.snapshot_store or SnapshotStore())
 
     def fork(

@@ -1,0 +1,160 @@
+"""Fork spares: forks of any session come warm, by layer, without a pool configured for them.
+
+A fork of an ordinary session (``backend.session(workspace=DIR)`` or ``copy_of``, with or without a pool)
+started cold: a container created and started, the snapshot's workspace pushed through the channel and its
+``/tmp`` and HOME unpacked through it (2x a cold ``copy_of`` in the report that asked, 4x here under load).
+Only a pool built for forks (``PoolConfig(path=..., forkable=True, fork_by="layer")``) forked fast.
+
+So the backend keeps such a pool itself, one per (workspace path inside, command user), made the first
+time a session of that path is snapshotted (``session.snapshot()``, and ``fork()``, which snapshots): its
+member starts while the snapshot is copied, and a session from the snapshot then takes it, its state
+mounted as overlays over the snapshot's copies (docs/snapshots.md, "Forks by layer"): nothing copied,
+nothing pushed. Each taken spare is replaced after the fork's first command. The snapshot of an ordinary
+runc session reads its tmpfs directories on the host (``_proc_root``), so it is a tree the layers can use.
+
+Where a spare is made (decided): root on a local engine, runc and overlayfs (``_layers.check_supported``),
+the hardened profile, a command user known by number, and a workspace path a pool may use (not below
+``/tmp``, HOME or a kernel path, ``PoolConfig.path``). Elsewhere forks start cold, as before, and say so
+(``fork_method == "copy"``). ``DockerConfig(fork_spares=N)`` keeps N started per path (default 1; 0:
+none); at most :data:`MAX_PATHS` paths at once, the least recently forked one's spares closed first. A
+spare that cannot be made or filled is dropped (logged) and the fork starts cold: a spare never makes a
+fork fail that would have worked without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from adk_sandbox.executor.backends.docker.pool import PoolConfig, SessionPool
+from adk_sandbox.executor.errors import ExecutorError
+
+if TYPE_CHECKING:
+    import docker
+
+    from adk_sandbox.executor.backends.docker.pool import SessionMaker
+    from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
+    from adk_sandbox.executor.snapshots.model import Snapshot
+
+__all__ = ["MAX_PATHS", "ForkSpares"]
+
+log = logging.getLogger(__name__)
+
+#: At most this many workspace paths keep spares at once (each its own small pool).
+MAX_PATHS = 4
+#: How long a fork waits for its spare to start before it starts cold instead.
+ACQUIRE_SECONDS = 30.0
+
+_Key = tuple[str, tuple[int, int]]
+
+
+class ForkSpares:
+    """The backend's spares for forks, per (workspace path inside, command user); see the module."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        base: Callable[[], SessionConfig],
+        make_session: SessionMaker,
+        *,
+        size: int,
+        engine: str,
+        local: bool,
+    ) -> None:
+        self._client = client
+        self._base = base
+        self._make_session = make_session
+        self._size = size
+        self._engine = engine
+        self._local = local
+        self._lock = threading.Lock()
+        self._pools: OrderedDict[_Key, SessionPool] = OrderedDict()
+        self._refused: set[_Key] = set()
+        self._closed = False
+
+    def prepare(self, session: DockerSession) -> None:
+        """Start a spare for forks of ``session`` when it may have one and has none (never raises)."""
+        key = self._key_of(session)
+        if key is None:
+            return
+        with self._lock:
+            if self._closed or key in self._refused:
+                return
+            if key in self._pools:
+                self._pools.move_to_end(key)
+                return
+        try:
+            pool = self._make_pool(key)
+        except (ExecutorError, ValueError) as exc:  # the engine or host cannot: forks start cold
+            log.info("forks of sessions at %s start cold: %s", key[0], exc)
+            with self._lock:
+                self._refused.add(key)
+            return
+        evicted: list[SessionPool] = []
+        with self._lock:
+            if self._closed or key in self._pools:
+                evicted.append(pool)
+            else:
+                self._pools[key] = pool
+                while len(self._pools) > MAX_PATHS:
+                    evicted.append(self._pools.popitem(last=False)[1])
+        for old in evicted:
+            old.close()
+
+    def acquire(self, snapshot: Snapshot) -> DockerSession | None:
+        """A spare holding ``snapshot``'s files (by layer), or None: none serves it, or it failed (logged)."""
+        with self._lock:
+            found = [(key, pool) for key, pool in self._pools.items() if pool.serves_snapshot(snapshot)]
+        for key, pool in found:
+            try:
+                return pool.acquire(snapshot=snapshot)
+            except ExecutorError as exc:
+                log.warning("the fork spare for %s failed (%s): dropped, this fork starts cold", key[0], exc)
+                self._drop(key, pool)
+        return None
+
+    def close(self) -> None:
+        """Close every spare (their containers are removed); later calls make none."""
+        with self._lock:
+            self._closed = True
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
+            pool.close()
+
+    def _drop(self, key: _Key, pool: SessionPool) -> None:
+        with self._lock:
+            if self._pools.get(key) is pool:
+                del self._pools[key]
+            self._refused.add(key)
+        pool.close()
+
+    def _key_of(self, session: DockerSession) -> _Key | None:
+        """(path inside, command user) when this session's forks may have a spare, else None."""
+        if self._size == 0 or not self._local or os.geteuid() != 0:
+            return None
+        spec = session._config.spec
+        path = session.workspace_inside
+        user = session.command_user_ids()
+        if path is None or user is None or spec.task or session.attached or session.layers is not None:
+            return None  # a layered member's forks come from its own pool
+        return path, user
+
+    def _make_pool(self, key: _Key) -> SessionPool:
+        """A layered pool of this backend's containers at the key's path, run as its user (may raise)."""
+        path, (uid, gid) = key
+        settings = PoolConfig(
+            size=self._size,
+            workspace="mirror",
+            path=path,
+            forkable=True,
+            fork_by="layer",
+            acquire_timeout_seconds=ACQUIRE_SECONDS,
+        )
+        config = replace(self._base(), user=f"{uid}:{gid}")
+        return SessionPool(self._client, config, settings, self._make_session, engine=self._engine)
