@@ -37,22 +37,22 @@ __all__ = ["forget", "register", "remove_all"]
 
 log = logging.getLogger(__name__)
 
-#: Removes an engine image by id (gone already is not an error).
-ImageRemover = Callable[[str], None]
-
 _lock = threading.RLock()  # re-entered by a signal handler that interrupts a registration
-#: Snapshot path -> (owner pid, the root image's remover or None).
-_owned: dict[str, tuple[int, ImageRemover | None]] = {}
+#: Snapshot path -> (owner pid, what removes it).
+_owned: dict[str, tuple[int, Callable[[], None]]] = {}
 _hooked_pid: int | None = None
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-def register(path: str, remove_image: ImageRemover | None = None) -> None:
-    """Remove the owned snapshot at ``path`` when this process exits (unless :func:`forget` comes first)."""
+def register(path: str, remove: Callable[[], None]) -> None:
+    """Call ``remove`` when this process exits (it removes the owned snapshot at ``path``).
+
+    Unless :func:`forget` comes first.
+    """
     global _hooked_pid  # noqa: PLW0603 - one hook per process, installed once
     pid = os.getpid()
     with _lock:
-        _owned[path] = (pid, remove_image)
+        _owned[path] = (pid, remove)
         if _hooked_pid == pid:
             return
         _hooked_pid = pid
@@ -71,30 +71,19 @@ def forget(path: str) -> None:
 
 
 def remove_all() -> list[str]:
-    """Remove every owned snapshot this process still has; the ids removed (failures are logged)."""
-    from adk_sandbox.executor.snapshots.store import SnapshotStore, layered_on  # noqa: PLC0415 - it imports this
-
+    """Remove every owned snapshot this process still has; the paths removed (failures are logged)."""
     pid = os.getpid()
     with _lock:
-        mine = [(path, remover) for path, (owner, remover) in _owned.items() if owner == pid]
+        mine = [(path, remove) for path, (owner, remove) in _owned.items() if owner == pid]
         _owned.clear()
     removed = []
-    for path, remover in mine:
-        snapshot_id = os.path.basename(path)
-        store = SnapshotStore(os.path.dirname(path))
+    for path, remove in mine:
         try:
-            store.remove(snapshot_id, remover)
+            remove()
         except Exception as exc:
-            if not os.path.isdir(path):
-                continue
-            if layered_on(path):
-                log.warning("owned snapshot %s is a live fork's lower layer: left to the reaper", snapshot_id)
-                continue
-            log.warning(
-                "owned snapshot %s: %s; its directory is removed, its image left to the reaper", path, exc
-            )
-            store.discard(snapshot_id, os.path.dirname(path))
-        removed.append(snapshot_id)
+            log.warning("owned snapshot %s could not be removed at exit: %s", path, exc)
+            continue
+        removed.append(path)
     return removed
 
 

@@ -158,7 +158,8 @@ class SnapshotStore:
         final = os.path.join(root, snapshot.id)
         os.rename(partial, final)
         if snapshot.owner.get(_owner.OWNER_PID) == str(os.getpid()):
-            owned.register(final, remove_image)  # this process's: removed when it exits, not left to a reaper
+            # This process's: removed when it exits, not left to a reaper.
+            owned.register(final, lambda: self._remove_at_exit(final, remove_image))
         return snapshot.model_copy(update={"path": final})
 
     def take(
@@ -302,6 +303,27 @@ class SnapshotStore:
             remove_image(snapshot.root_image)
         self.discard(snapshot.id, os.path.dirname(snapshot.path))
         return snapshot
+
+    def _remove_at_exit(self, path: str, remove_image: ImageRemover | None) -> None:
+        """Remove the owned snapshot at ``path`` as its owner exits (see :mod:`.owned`).
+
+        What :meth:`remove` refuses is still removed, but for a live fork's lower layer (its mounts outlive
+        this process until the reaper detaches them): a root image still in use stays for the reaper
+        (its labels say it is leaked once this process is gone), its directory goes.
+        """
+        snapshot_id, root = os.path.basename(path), os.path.dirname(path)
+        try:
+            self.remove(snapshot_id, remove_image)
+        except Exception as exc:
+            if not os.path.isdir(path):
+                return
+            if layered_on(path):
+                log.warning("owned snapshot %s is a live fork's lower layer: left to the reaper", snapshot_id)
+                return
+            log.warning(
+                "owned snapshot %s: %s; its directory is removed, its image left to the reaper", path, exc
+            )
+            self.discard(snapshot_id, root)
 
     @staticmethod
     def discard(snapshot_id: str, root: str) -> None:

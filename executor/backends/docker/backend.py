@@ -101,6 +101,7 @@ class DockerBackend(SessionBackend[DockerSession]):
         pool: int | PoolConfig | None = None,
         profile: str = "hardened",
         root_size_mb: int | None = None,
+        fork_spares: int = 1,
         config: DockerConfig | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
@@ -123,7 +124,9 @@ class DockerBackend(SessionBackend[DockerSession]):
         ``pool`` keeps that many containers (or as a
         :class:`~adk_sandbox.executor.backends.docker.pool.PoolConfig` says) started for workspace-less
         sessions, or with ``PoolConfig(workspace="mirror")`` for
-        ``session(copy_of=...)`` (docs/DOCKER.md, "Warm pool").
+        ``session(copy_of=...)`` (docs/DOCKER.md, "Warm pool"); ``fork_spares`` keeps that many started
+        containers per forked workspace path, so forks of any session come warm, by layer
+        (docs/snapshots.md, "Forks of any session"; 0: none).
         """
         options: dict[str, object] = {
             "image": image,
@@ -145,6 +148,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             "pool": pool,
             "profile": profile,
             "root_size_mb": root_size_mb,
+            "fork_spares": fork_spares,
         }
         if config is None:
             config = config_from_options(options)
