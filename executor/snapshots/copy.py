@@ -6,8 +6,9 @@ opened by descriptor with ``O_NOFOLLOW`` on both sides, special files left out, 
 link kept only as a link and only when it resolves inside the copy and out of any ``.git``, refused
 beyond the cap before anything is written), and the same again from the snapshot into each session made
 from it. The difference is how a file's data travels: first ``FICLONE`` (a reflink: the copy shares the
-blocks, copy-on-write; btrfs, XFS, bcachefs), else the kernel's ``copy_file_range``, else read and write.
-:class:`CopyReport` says which was used.
+blocks, copy-on-write; btrfs, XFS, bcachefs), else the kernel's ``copy_file_range``, else read and write,
+either way only over the file's data extents, so a sparse file stays sparse (docs/sparse.md).
+:class:`CopyReport` says which was used; its size counts the bytes of data, not the holes.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ _NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.EN
 
 @dataclass(frozen=True)
 class CopyReport:
-    """What :func:`copy_workspace` did: how, how many bytes of files, what it left out and why."""
+    """What :func:`copy_workspace` did: how, how many bytes of data, what it left out and why.
+
+    ``size_bytes`` counts what the files hold, not their holes: a clone its allocated blocks (at most its
+    apparent size), a copy the data extents it wrote.
+    """
 
     method: CopyMethod
     size_bytes: int
@@ -83,7 +88,7 @@ class _CloningCopier(_Copier):
             out_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd_out = os.open(name, out_flags, 0o600, dir_fd=dst)
             try:
-                copied = self._data(fd_in, fd_out, info.st_size)
+                copied = self._data(fd_in, fd_out, min(info.st_size, info.st_blocks * 512))
                 if copied > self.budget:  # grew since the scan past what the copy may hold
                     raise PolicyNotEnforceableError(
                         f"the workspace's files grew past the snapshot's cap while they were copied "
@@ -91,16 +96,21 @@ class _CloningCopier(_Copier):
                         f"nothing was kept. Raise {self.setting}"
                     )
                 self.budget -= copied
+                size = os.fstat(fd_out).st_size  # the apparent size: the twin gets the same
                 self._settle(fd_out, self.owner, entry)
             finally:
                 os.close(fd_out)
-            self._twin_file(name, entry, fd_in, copied, dst)
+            self._twin_file(name, entry, fd_in, size, dst)
         finally:
             os.close(fd_in)
 
-    def _data(self, fd_in: int, fd_out: int, size: int) -> int:
-        """Clone ``fd_in`` into ``fd_out`` when it fits the budget and the filesystem can, else copy."""
-        if self._can_clone and size <= self.budget:
+    def _data(self, fd_in: int, fd_out: int, cost: int) -> int:
+        """Clone ``fd_in`` into ``fd_out`` when it fits the budget and the filesystem can, else copy.
+
+        ``cost`` is what the source's blocks hold; returns what the copy holds (a clone's allocated
+        bytes, a copy's data: holes count nothing either way).
+        """
+        if self._can_clone and cost <= self.budget:
             try:
                 fcntl.ioctl(fd_out, FICLONE, fd_in)
             except OSError as exc:
@@ -108,8 +118,10 @@ class _CloningCopier(_Copier):
                     raise
                 self._can_clone = False  # one refusal says it for the whole tree: stop asking
             else:
-                # The file may have grown between the fstat and the clone: the size counted is the clone's.
-                cloned = os.fstat(fd_out).st_size
+                # The file may have grown between the fstat and the clone: what is counted is the clone's
+                # (its blocks, at most its size: a clone keeps the source's holes).
+                info = os.fstat(fd_out)
+                cloned = min(info.st_size, info.st_blocks * 512)
                 if cloned <= self.budget:
                     self.cloned += 1
                     return cloned

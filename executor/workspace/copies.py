@@ -25,7 +25,7 @@ from adk_sandbox.executor import _owner
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.workspace.beneath import RootDir
 from adk_sandbox.executor.workspace.pullback import _HostTree, _Refused
-from adk_sandbox.executor.workspace.scan import Entry, check_fits, scan_host
+from adk_sandbox.executor.workspace.scan import Entry, check_fits, data_extents, scan_host
 
 __all__ = ["NO_SPACE", "HostCopyFullError", "copies_dir", "copy_prefix", "copy_tree", "reap_copies"]
 
@@ -312,7 +312,7 @@ class _Copier:
         """Write the first ``size`` bytes of ``fd_in`` (what the first copy got) into the twin copy, if any.
 
         Read from offset 0 whatever ``fd_in``'s position: the file is opened once for both copies, and a
-        file that grew meanwhile gets the same length in both.
+        file that grew meanwhile gets the same length in both. Holes stay holes (:func:`_copy_range`).
         """
         twin = self.twins.get(dst)
         if twin is None:
@@ -349,56 +349,76 @@ class _Copier:
                         f"({path}); nothing ran. Create the backend with a larger {self.setting}"
                     )
                 self.budget -= copied
+                size = os.fstat(fd_out).st_size  # the apparent size: the twin gets the same
                 self._settle(fd_out, self.owner, entry)
             finally:
                 os.close(fd_out)
-            self._twin_file(name, entry, fd_in, copied, dst)
+            self._twin_file(name, entry, fd_in, size, dst)
         finally:
             os.close(fd_in)
 
 
 def _copy_range(fd_in: int, fd_out: int, size: int) -> None:
-    """Copy bytes ``0..size`` of ``fd_in`` to ``fd_out`` without moving ``fd_in``'s position."""
-    copied = 0
-    while copied < size:
-        try:
-            n = os.copy_file_range(fd_in, fd_out, size - copied, copied)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            break
-        if n == 0:
-            break
-        copied += n
-    while copied < size:  # the fallback (another filesystem without support)
-        chunk = os.pread(fd_in, min(size - copied, 1 << 20), copied)
-        if not chunk:
-            break  # shrank since the first copy: the twin is shorter, and a mirror's adopt tells them apart
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(fd_out, view) :]
-        copied += len(chunk)
+    """Copy bytes ``0..size`` of ``fd_in`` to ``fd_out``, holes kept, then give ``fd_out`` that size.
+
+    ``fd_in``'s position does not matter (every copy names its offsets). Only the data extents below
+    ``size`` are copied (:func:`data_extents`); the rest of ``fd_out`` stays a hole, so a sparse file's
+    twin costs its data, not its apparent size. A file that shrank since the first copy gives a shorter
+    twin (never zeros where the first copy has data at the same size), and a mirror's adopt tells them apart.
+    """
+    for offset, length in data_extents(fd_in, 0, size):
+        _copy_extent(fd_in, fd_out, offset, length)
+    os.ftruncate(fd_out, min(size, os.fstat(fd_in).st_size))
 
 
 def _copy_data(fd_in: int, fd_out: int, limit: int) -> int:
-    """Copy ``fd_in`` to ``fd_out`` (in the kernel when it can) until EOF or ``limit`` bytes; how many."""
+    """Copy ``fd_in`` to ``fd_out`` (in the kernel when it can), holes kept, until ``limit`` bytes of data.
+
+    Returns the bytes of data copied (a hole counts nothing; past ``limit`` the copy stops and the caller
+    refuses it). ``fd_out`` gets ``fd_in``'s apparent size, its holes left holes: ``copy_file_range`` or a
+    write over a range writes every hole out on a tmpfs, so only the extents :func:`data_extents` lists are
+    copied, each at its own offset, and the size is set last (``ftruncate``).
+    """
     copied = 0
-    while copied < limit:
+    size = os.fstat(fd_in).st_size
+    for offset, length in data_extents(fd_in, 0, size):
+        want = min(length, limit - copied)
+        done = _copy_extent(fd_in, fd_out, offset, want)
+        copied += done
+        if copied >= limit or done < want:
+            break  # at the limit (refused by the caller), or the file shrank meanwhile
+    # The apparent size (a trailing hole stays one), as of the copy's start; one that shrank meanwhile gives
+    # a shorter copy, as a copy to EOF would.
+    os.ftruncate(fd_out, min(size, os.fstat(fd_in).st_size))
+    return copied
+
+
+def _copy_extent(fd_in: int, fd_out: int, offset: int, length: int) -> int:
+    """Copy ``length`` bytes at ``offset`` of ``fd_in`` to that offset of ``fd_out``; how many (EOF: fewer).
+
+    In the kernel (``copy_file_range`` with both offsets: neither position moves) when it can, else
+    ``pread``/``pwrite`` in chunks of 1 MiB.
+    """
+    done = 0
+    while done < length:
+        at = offset + done
         try:
-            n = os.copy_file_range(fd_in, fd_out, min(limit - copied, 1 << 30))
+            n = os.copy_file_range(fd_in, fd_out, min(length - done, 1 << 30), at, at)
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
             break
         if n == 0:
-            return copied
-        copied += n
-    while copied < limit:  # the fallback (another filesystem without support), or to the limit's edge
-        chunk = os.read(fd_in, min(limit - copied, 1 << 20))
+            return done
+        done += n
+    while done < length:  # the fallback (another filesystem without support)
+        at = offset + done
+        chunk = os.pread(fd_in, min(length - done, 1 << 20), at)
         if not chunk:
             break
         view = memoryview(chunk)
         while view:
-            view = view[os.write(fd_out, view) :]
-        copied += len(chunk)
-    return copied
+            written = os.pwrite(fd_out, view, at)
+            view, at = view[written:], at + written
+        done += len(chunk)
+    return done

@@ -6,7 +6,8 @@ path; :mod:`adk_sandbox.executor.workspace.synced` drives it for both sessions).
 pushed in at start; after each command the container's tree is listed (GNU ``find -printf``), diffed against
 what the host last gave it, and only the regular files that changed travel back (one GNU ``tar -c`` of
 them). Host-side changes (the file tools write the host copy, which stays the truth) are found by a
-host-side diff and pushed before the next command. All traffic goes over the session's own command channel,
+host-side diff and pushed before the next command. A sparse file travels as its data both ways and is
+written sparse on either side (docs/sparse.md). All traffic goes over the session's own command channel,
 as the command user (``tar -x`` in the container, so what it creates is the user's); the image needs GNU
 ``find`` and ``tar`` (the base image has both).
 
@@ -18,28 +19,34 @@ cannot be trusted.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
 import stat
 import tarfile
-from typing import Literal
+from typing import Literal, cast
 
 from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor.workspace.beneath import EscapeError, RootDir
 from adk_sandbox.executor.workspace.protocol import Run, RunResult
-from adk_sandbox.executor.workspace.pullback import _HostTree, _Refused, safe_name
+from adk_sandbox.executor.workspace.pullback import Content, _HostTree, _Refused, read_content, safe_name
 from adk_sandbox.executor.workspace.racy import RACY_NS, racy, scan_clock_ns, window_ns
 from adk_sandbox.executor.workspace.scan import Entry, Kind, _host_entry, _Key, check_fits, host_keys
 
-__all__ = ["DEFAULT_MIRROR_MB", "MirrorWorkspace"]
+__all__ = ["DEFAULT_MIRROR_MB", "MAX_PUSH_BYTES", "MirrorWorkspace", "tar_end", "tar_file_member"]
 
 log = logging.getLogger(__name__)
 
 
 #: The default size cap of a mirror volume, in MiB.
 DEFAULT_MIRROR_MB = 1024
+#: The most one command's input may carry into the sandbox: the in-sandbox agent holds at most 256 MiB of
+#: a command's input not yet read (MAX_STDIN_PENDING in executor/channel/inside/agent.c) and ends the input
+#: there, which ``tar -x`` reports as "Unexpected EOF in archive". Pushes are cut below it.
+MAX_PUSH_BYTES = 255 * 1024 * 1024
+#: A push's archives are cut at about this many bytes each (one file's data is never cut): the memory a
+#: push holds at once, and far from :data:`MAX_PUSH_BYTES`.
+_PUSH_BATCH = 64 * 1024 * 1024
 
 # Lists the tree below $1 as records "<path>\0<type> <mode> <size> <mtime> <ctime> <inode>\0<link target>\0",
 # every .git (at any depth) left out: pull-back never writes one, so there is nothing to list there. First
@@ -53,10 +60,12 @@ _LIST_SCRIPT = (
     'status=$?\nrm -f -- "$2"\nexit $status'
 )
 # A tar of the NUL-separated names on stdin (relative to $1), each itself: no recursion into directories,
-# hard links as full files, names taken verbatim (one starting with '-' is not an option).
+# hard links as full files, names taken verbatim (one starting with '-' is not an option), a sparse file as
+# its data and its map (--sparse: its holes never travel).
 _FETCH_SCRIPT = (
     'cd -- "$1" || exit 97\n'
-    "exec tar -c -f - --format=gnu --no-recursion --hard-dereference --verbatim-files-from --null -T -"
+    "exec tar -c -f - --format=gnu --sparse --no-recursion --hard-dereference --verbatim-files-from --null "
+    "-T -"
 )
 # Unpacks the tar on stdin into $1 with its modes and mtimes, as the command user.
 _PUSH_SCRIPT = 'cd -- "$1" || exit 97\nexec tar -x -p -f - --no-same-owner --delay-directory-restore'
@@ -190,7 +199,7 @@ class MirrorWorkspace:
                 _forget([path], host, keys)
                 left.append(path)
                 continue
-            self._digests[path] = hashlib.sha256(content).digest()
+            self._digests[path] = content.digest()
         self._inside = {path: entry for path, entry in inside.items() if path in host and safe_name(path)}
         self._inside_racy = {p for p, e in self._inside.items() if e.kind == "f" and e.ctime_ns >= now}
         self._records = _predicted_records(copy_keys, self._inside, self._inside_racy)
@@ -258,7 +267,7 @@ class MirrorWorkspace:
         """Whether the racy host file ``path`` still holds what the container was given (or gave back)."""
         content = _read_host_file(self._tree, path)
         digest = self._digests.get(path)
-        return content is not None and digest is not None and hashlib.sha256(content).digest() == digest
+        return content is not None and digest is not None and content.digest() == digest
 
     def after_command(self, run: Run) -> list[str]:
         """Pull back what changed in the container; the refusals, also kept in :attr:`refused`."""
@@ -382,37 +391,66 @@ class MirrorWorkspace:
                     del self._inside[known]
         if not paths:
             return skipped
+        batch: list[bytes | memoryview] = []
+        held = 0
+        for path in paths:
+            entry = host[path]
+            member = self._member(path, entry, racy, skipped)
+            if member is None:
+                continue
+            parts, entry = member
+            size = sum(len(part) for part in parts)
+            if held and held + size > _PUSH_BATCH:
+                self._send(run, batch)  # cut between files: what this push holds at once stays bounded
+                batch, held = [], 0
+            batch += parts
+            held += size
+            if safe_name(path):  # a .git is never listed, so never compared
+                # What the container will list for it (tar restores the mode and the whole-second mtime).
+                self._inside[path] = Entry(entry.kind, entry.mode, entry.size, entry.mtime_ns, entry.target)
+        if batch:
+            self._send(run, batch)
+        return skipped
+
+    def _member(
+        self, path: str, entry: Entry, racy: set[str], skipped: list[str]
+    ) -> tuple[list[bytes | memoryview], Entry] | None:
+        """The tar member of the host entry ``path`` and the entry it makes inside (None: skipped).
+
+        A file's holes never travel (:func:`tar_file_member`); one whose data alone passes what a push
+        can carry is refused with its name, before anything of it is sent.
+        """
         uid, gid = self.owner
-        data = io.BytesIO()
-        with tarfile.open(fileobj=data, mode="w", format=tarfile.GNU_FORMAT) as archive:
-            for path in paths:
-                entry = host[path]
-                info = tarfile.TarInfo(path)
-                info.uid, info.gid, info.mode = uid, gid, entry.mode
-                info.mtime = entry.mtime_ns // 1_000_000_000
-                if entry.kind == "d":
-                    info.type = tarfile.DIRTYPE
-                    archive.addfile(info)
-                elif entry.kind == "l":
-                    info.type, info.linkname = tarfile.SYMTYPE, entry.target
-                    archive.addfile(info)
-                else:
-                    content = _read_host_file(self._tree, path)
-                    if content is None:
-                        skipped.append(path)  # gone or no longer reachable as scanned: the next sync sees it
-                        continue
-                    info.size = len(content)
-                    archive.addfile(info, io.BytesIO(content))
-                    if path in racy:
-                        self._digests[path] = hashlib.sha256(content).digest()
-                    entry = Entry("f", entry.mode, len(content), info.mtime * 1_000_000_000)
-                if safe_name(path):  # a .git is never listed, so never compared
-                    # What the container will list for it (tar restores the mode and the whole-second mtime).
-                    self._inside[path] = Entry(
-                        entry.kind, entry.mode, entry.size, entry.mtime_ns, entry.target
-                    )
+        info = tarfile.TarInfo(path)
+        info.uid, info.gid, info.mode = uid, gid, entry.mode
+        info.mtime = entry.mtime_ns // 1_000_000_000
+        if entry.kind == "d":
+            info.type = tarfile.DIRTYPE
+            return [info.tobuf(tarfile.GNU_FORMAT, _ENCODING, "surrogateescape")], entry
+        if entry.kind == "l":
+            info.type, info.linkname = tarfile.SYMTYPE, entry.target
+            return [info.tobuf(tarfile.GNU_FORMAT, _ENCODING, "surrogateescape")], entry
+        content = _read_host_file(self._tree, path)
+        if content is None:
+            skipped.append(path)  # gone or no longer reachable as scanned: the next sync sees it
+            return None
+        if content.data_bytes > MAX_PUSH_BYTES - 64 * 1024:
+            self._inside, self._records = {}, {}  # what was pushed before is unknown: compared next time
+            raise SandboxFailedError(
+                f"the workspace file {path} holds {content.data_bytes // (1024 * 1024)} MiB of data, more "
+                f"than one copy into the sandbox carries ({MAX_PUSH_BYTES // (1024 * 1024)} MiB); nothing "
+                "ran. Keep files that large out of a mirrored workspace (or snapshot), or use "
+                "workspace_transport='bind' on a local engine"
+            )
+        parts = tar_file_member(path, content, mode=entry.mode, owner=(uid, gid), mtime=info.mtime)
+        if path in racy:
+            self._digests[path] = content.digest()
+        return parts, Entry("f", entry.mode, content.size, info.mtime * 1_000_000_000)
+
+    def _send(self, run: Run, parts: list[bytes | memoryview]) -> None:
+        """Unpack the tar members ``parts`` (an archive once ended) in the sandbox's copy, as the user."""
         result = run(
-            ("/bin/sh", "-c", _PUSH_SCRIPT, "adk-sandbox-push", self.inside), data.getvalue(), 64 * 1024
+            ("/bin/sh", "-c", _PUSH_SCRIPT, "adk-sandbox-push", self.inside), tar_end(parts), 64 * 1024
         )
         _check_tools(result, "tar")
         if result.exit_code != 0:
@@ -429,7 +467,6 @@ class MirrorWorkspace:
                 + f"copying host files into the sandbox failed ({why or f'exit status {result.exit_code}'}); "
                 "nothing ran"
             )
-        return skipped
 
     # -- host side -----------------------------------------------------------------------------------
     def _apply(  # noqa: PLR0912 - one pass over the kinds of change, in the order they must land
@@ -456,6 +493,9 @@ class MirrorWorkspace:
                 self._inside[path] = entry  # the push before the next command replaces it
                 continue
             if entry.kind == "f":
+                # The listing gives no allocation: the apparent size is what is known here, so a file
+                # whose apparent size passes the cap is refused as before (docs/sparse.md); what comes
+                # is then counted by its data (_fetch).
                 if entry.size > budget:
                     refused.append(f"{path}: {entry.size} bytes, more than the copy's cap lets come back")
                     self._inside[path] = entry
@@ -504,11 +544,19 @@ class MirrorWorkspace:
             self._host[path] = now
 
     def _fetch(self, run: Run, files: dict[str, Entry], tree: _HostTree, refused: list[str]) -> None:
+        """Bring ``files`` back from the sandbox (one ``tar -c --sparse``) and write them on the host.
+
+        At most the copy's cap of data comes: the archive is cut there (plus its headers and sparse maps),
+        and a file whose data passes what is left of the cap is refused. A sparse file's holes neither
+        travel nor are written: only its extents land, at their offsets, and its size is set.
+        """
         names = b"".join(path.encode("utf-8") + b"\0" for path in files)
-        # The files asked for hold at most the cap; tar adds a header (long names: three) per file and an end.
-        room = self.cap_bytes + 2048 * (len(files) + 1) + 20 * 512
+        # The files asked for hold at most the cap; tar adds a header (long names: three) per file and an
+        # end, and a sparse file's map (extension headers, 21 extents each).
+        room = self.cap_bytes + 2048 * (len(files) + 1) + 20 * 512 + self.cap_bytes // 64
         result = run(("/bin/sh", "-c", _FETCH_SCRIPT, "adk-sandbox-fetch", self.inside), names, room)
         _check_tools(result, "tar")
+        budget = self.cap_bytes
         try:
             archive = tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:")  # noqa: SIM115 - with below
         except tarfile.TarError:
@@ -524,15 +572,18 @@ class MirrorWorkspace:
                     if not member.isreg():
                         refused.append(f"{path}: no longer a regular file when it was copied")
                         continue
-                    source = archive.extractfile(member)
-                    if source is None:
+                    content = _member_content(result.stdout, member)
+                    if content.data_bytes > budget:
+                        why = f"{content.data_bytes} bytes of data, more than the copy's cap lets come back"
+                        refused.append(f"{path}: {why}")
+                        self._inside[path] = entry
                         continue
-                    data = source.read()
+                    budget -= content.data_bytes
                     try:
                         # A racy file is fetched again: often what the host holds already.
-                        if not tree.holds(path, data, entry.mode, member.mtime):
-                            tree.write_file(path, data, entry.mode, member.mtime)
-                        self._digests[path] = hashlib.sha256(data).digest()
+                        if not tree.holds(path, content, entry.mode, member.mtime):
+                            tree.write_file(path, content, entry.mode, member.mtime)
+                        self._digests[path] = content.digest()
                     except _Refused as exc:
                         refused.append(f"{path}: {exc}")
                     except OSError as exc:
@@ -588,7 +639,7 @@ def _predicted_records(keys: dict[str, _Key], inside: dict[str, Entry], racy: se
         key = keys.get(path)
         if key is None or path in racy:
             continue
-        mode, size, mtime_ns, ctime_ns, inode, _ = key
+        mode, size, mtime_ns, ctime_ns, inode, _, _ = key
         kind = "f" if stat.S_ISREG(mode) else "d" if stat.S_ISDIR(mode) else "l" if stat.S_ISLNK(mode) else ""
         if not kind or kind != entry.kind or mtime_ns < 0 or ctime_ns < 0:
             continue
@@ -653,13 +704,14 @@ def _forget(skipped: list[str], host: dict[str, Entry], keys: dict[str, _Key]) -
         keys.pop(path, None)
 
 
-def _read_host_file(tree: RootDir, rel: str) -> bytes | None:
+def _read_host_file(tree: RootDir, rel: str) -> Content | None:
     """The content of the host file at ``rel``, reached as written: no link followed on the way or at it.
 
     Opened by descriptor beneath the root and then checked against its literal path, so a host process
     that swaps a directory for a link between the scan and this read cannot make the push send a file
-    from elsewhere (outside, or another name inside) into the sandbox. None: gone, not a regular file, or
-    not reachable as written; the next sync sees what it became.
+    from elsewhere (outside, or another name inside) into the sandbox. Its data extents only: a hole is
+    never read (:func:`read_content`). None: gone, not a regular file, or not reachable as written; the
+    next sync sees what it became.
     """
     try:
         fd = tree.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -668,11 +720,81 @@ def _read_host_file(tree: RootDir, rel: str) -> bytes | None:
     try:
         if tree.real_path(fd) != os.path.join(tree.path, rel) or not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return read_content(fd)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+#: How names and link targets are written in a tar (what ``tarfile`` does by default here).
+_ENCODING = "utf-8"
+_BLOCK = 512
+#: Where a PAX 1.0 sparse member's header puts its file: the real name is in ``GNU.sparse.name``.
+_SPARSE_PLACEHOLDER = "GNUSparseFile.0/f"
+
+
+def tar_file_member(
+    name: str, content: Content, *, mode: int, owner: tuple[int, int], mtime: int
+) -> list[bytes | memoryview]:
+    r"""The tar member of a regular file ``name`` holding ``content``: header blocks, data, padding.
+
+    A file without holes is a plain GNU member. A sparse one is a PAX 1.0 sparse member, which GNU tar
+    unpacks as a sparse file (Python's ``tarfile`` writes no sparse member, so it would write the holes
+    out): a pax header with ``GNU.sparse.major=1``, ``GNU.sparse.minor=0``, ``GNU.sparse.name`` and
+    ``GNU.sparse.realsize``; then the data block starts with the map ("count\noffset\nsize\n...", padded
+    to 512 bytes) followed by the extents' data. A trailing hole ends the map with an empty extent at the
+    file's size, as GNU tar writes it. The data is referenced, not copied.
+    """
+    info = tarfile.TarInfo(name)
+    info.uid, info.gid = owner
+    info.mode, info.mtime = mode, mtime
+    data = [part for _, part in content.extents]
+    if content.sparse:
+        entries = [(offset, len(part)) for offset, part in content.extents]
+        if not entries or entries[-1][0] + entries[-1][1] < content.size:
+            entries.append((content.size, 0))
+        table = (f"{len(entries)}\n" + "".join(f"{offset}\n{size}\n" for offset, size in entries)).encode()
+        table += bytes(-len(table) % _BLOCK)
+        info.name = _SPARSE_PLACEHOLDER
+        info.size = len(table) + content.data_bytes
+        info.pax_headers = {
+            "GNU.sparse.major": "1",
+            "GNU.sparse.minor": "0",
+            "GNU.sparse.name": name,
+            "GNU.sparse.realsize": str(content.size),
+        }
+        # A name that is not UTF-8 (a host name's surrogate escapes) goes as bytes (pax "hdrcharset=BINARY").
+        header = info.tobuf(tarfile.PAX_FORMAT, _ENCODING, "surrogateescape")
+        return [header, table, *data, bytes(-info.size % _BLOCK)]
+    info.size = content.size
+    return [info.tobuf(tarfile.GNU_FORMAT, _ENCODING, "surrogateescape"), *data, bytes(-info.size % _BLOCK)]
+
+
+def tar_end(parts: list[bytes | memoryview]) -> bytes:
+    """The archive of the members ``parts``: joined, ended by two zero blocks, padded to a 10 KiB record."""
+    size = sum(len(part) for part in parts) + 2 * _BLOCK
+    return b"".join([*parts, bytes(2 * _BLOCK + (-size % tarfile.RECORDSIZE))])
+
+
+def _member_content(archive: bytes, member: tarfile.TarInfo) -> Content:
+    """The content of the regular (maybe sparse) ``member`` of ``archive``, its data referenced in place.
+
+    A sparse member (GNU or PAX, as ``tarfile`` reads its map) stores its extents one after the other from
+    ``offset_data``; the holes are not in the archive and are not made here. An extent past the end of the
+    archive (a cut one) raises ``tarfile.ReadError``.
+    """
+    view = memoryview(archive)
+    extents: list[tuple[int, bytes | memoryview]] = []
+    at = member.offset_data
+    # tarfile keeps a sparse member's map as (offset, size) pairs (its stubs call it bytes).
+    sparse = cast("list[tuple[int, int]] | None", member.sparse)
+    pieces = [(0, member.size)] if sparse is None else sparse
+    for offset, length in pieces:
+        if length <= 0:
+            continue
+        if at + length > len(archive) or offset + length > member.size:
+            raise tarfile.ReadError("a member's data goes past the archive or its size")
+        extents.append((offset, view[at : at + length]))
+        at += length
+    return Content(member.size, tuple(extents))

@@ -7,12 +7,16 @@ path checked (no symlink on the host is followed by a write), special files are 
 recreated only when it resolves inside the workspace (and not into a ``.git``), set-id bits are dropped,
 and ownership stays the workspace owner's. The mirror writes its pull-back through :class:`_HostTree`, and
 the workspace copies (:mod:`adk_sandbox.executor.workspace.copies`) make their links through it.
+
+File content travels as :class:`Content`: the apparent size and the data extents, never the holes, so a
+sparse file stays sparse on its way and where it is written (docs/sparse.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import posixpath
 import shutil
@@ -21,9 +25,129 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from adk_sandbox.executor.workspace.beneath import EscapeError, RootDir
-from adk_sandbox.executor.workspace.scan import Entry
+from adk_sandbox.executor.workspace.scan import Entry, data_extents
 
-__all__ = ["safe_name"]
+__all__ = ["Content", "read_content", "safe_name"]
+
+#: The block a :meth:`Content.digest` looks at: an all-zero one counts as a hole, wherever it is stored.
+_DIGEST_BLOCK = 64 * 1024
+_ZEROS = bytes(_DIGEST_BLOCK)
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Content:
+    """A regular file's content without its holes: its apparent size and its data extents.
+
+    ``extents`` are (offset, data) pairs in ascending order, not overlapping, within ``size``; every byte
+    outside them reads as zero. A file with no hole is one extent at 0 (or none when empty).
+    """
+
+    size: int
+    extents: tuple[tuple[int, bytes | memoryview], ...]
+
+    @property
+    def data_bytes(self) -> int:
+        """The bytes of data held (what a copy that keeps holes spends)."""
+        return sum(len(data) for _, data in self.extents)
+
+    @property
+    def sparse(self) -> bool:
+        """Whether anything of the file is a hole (its data does not cover it from 0 to its size)."""
+        return self.data_bytes != self.size
+
+    def digest(self) -> bytes:
+        """SHA-256 of the content, whatever its holes: the same bytes give the same digest.
+
+        Made of the size and each non-zero block of 64 KiB with its index, so a hole and written zeros
+        count alike (the host's file system and the sandbox's tar may split the same file into other
+        extents) and a hole is never read or hashed.
+        """
+        hasher = hashlib.sha256(self.size.to_bytes(8, "big"))
+        index, block = -1, bytearray()
+
+        def flush() -> None:
+            if index >= 0 and block != _ZEROS:
+                hasher.update(index.to_bytes(8, "big"))
+                hasher.update(block)
+
+        for offset, data in self.extents:
+            view, done = memoryview(data), 0
+            while done < len(view):
+                at = offset + done
+                here, start = divmod(at, _DIGEST_BLOCK)
+                n = min(_DIGEST_BLOCK - start, len(view) - done)
+                if here != index:
+                    flush()
+                    index, block = here, bytearray(_DIGEST_BLOCK)
+                block[start : start + n] = view[done : done + n]
+                done += n
+        flush()
+        return hasher.digest()
+
+
+def read_content(fd: int) -> Content:
+    """The content of the open regular file ``fd``: its data extents read, its holes never read."""
+    size = os.fstat(fd).st_size
+    extents: list[tuple[int, bytes]] = []
+    for offset, length in data_extents(fd, 0, size):
+        chunks = []
+        done = 0
+        while done < length:
+            chunk = os.pread(fd, min(length - done, 64 * _CHUNK), offset + done)
+            if not chunk:
+                break  # shrank meanwhile
+            chunks.append(chunk)
+            done += len(chunk)
+        if done:
+            extents.append((offset, b"".join(chunks) if len(chunks) != 1 else chunks[0]))
+    return Content(size, tuple(extents))
+
+
+def write_content(fd: int, content: Content) -> None:
+    """Write ``content`` into the empty file ``fd``: each extent at its offset, then the size (holes kept)."""
+    for offset, data in content.extents:
+        view, at = memoryview(data), offset
+        while view:
+            written = os.pwrite(fd, view, at)
+            view, at = view[written:], at + written
+    os.ftruncate(fd, content.size)
+
+
+def _holds_content(fd: int, content: Content) -> bool:
+    """Whether the open file ``fd`` (of ``content.size`` bytes) reads as ``content``, its holes not read.
+
+    Its bytes where ``content`` has data are compared; where ``content`` has a hole, the file's own data
+    extents (if any) must read as zeros.
+    """
+    covered: list[tuple[int, int]] = []
+    for offset, data in content.extents:
+        view = memoryview(data)
+        for done in range(0, len(view), _CHUNK):
+            part = view[done : done + _CHUNK]
+            if os.pread(fd, len(part), offset + done) != part:
+                return False
+        covered.append((offset, offset + len(view)))
+    for start, length in data_extents(fd, 0, content.size):
+        at, end = start, start + length
+        for low, high in covered:
+            if high <= at or low >= end:
+                continue
+            if low > at and not _zeros(fd, at, low):
+                return False
+            at = max(at, high)
+        if at < end and not _zeros(fd, at, end):
+            return False
+    return True
+
+
+def _zeros(fd: int, start: int, end: int) -> bool:
+    """Whether bytes ``start..end`` of ``fd`` are all zero (read in chunks)."""
+    for at in range(start, end, _CHUNK):
+        want = min(_CHUNK, end - at)
+        if os.pread(fd, want, at) != bytes(want):
+            return False
+    return True
 
 
 def safe_name(path: str) -> bool:
@@ -92,22 +216,29 @@ class _HostTree:
             )  # fmt: skip
         return None
 
-    def holds(self, rel: str, data: bytes, mode: int, mtime: float) -> bool:
-        """Whether the host file ``rel`` (reached as written, no link) is ``data``, ``mode``, ``mtime``."""
+    def holds(self, rel: str, content: Content, mode: int, mtime: float) -> bool:
+        """Whether the host file ``rel`` (reached as written, no link) is ``content``, ``mode``, ``mtime``.
+
+        Compared without reading its holes or ``content``'s (:func:`_holds_content`).
+        """
         try:
             with self.parent(rel, create=False) as fd:
                 out = os.open(posixpath.basename(rel), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
         except (OSError, _Refused):
             return False
-        with os.fdopen(out, "rb") as handle:
-            info = os.fstat(handle.fileno())
+        try:
+            info = os.fstat(out)
             if not stat.S_ISREG(info.st_mode) or (info.st_size, info.st_mode & 0o777, int(info.st_mtime)) != (
-                len(data),
+                content.size,
                 mode,
                 int(mtime),
             ):
                 return False
-            return handle.read(len(data) + 1) == data
+            return _holds_content(out, content)
+        except OSError:
+            return False
+        finally:
+            os.close(out)
 
     def remove(self, rel: str) -> None:
         """Remove ``rel`` (a directory with all it holds), never following a link; absent is done."""
@@ -173,8 +304,11 @@ class _HostTree:
             os.close(fd)
         return ".git" not in real[len(self.tree.path) :].split("/")
 
-    def write_file(self, rel: str, data: bytes, mode: int, mtime: float) -> None:
-        """``data`` as the file ``rel``: a temp file in its directory, renamed over whatever was there."""
+    def write_file(self, rel: str, content: Content, mode: int, mtime: float) -> None:
+        """``content`` as the file ``rel``: a temp file in its directory, renamed over whatever was there.
+
+        Only its data is written, each extent at its offset, then the size is set: its holes stay holes.
+        """
         with self.parent(rel, create=True) as fd:
             name = posixpath.basename(rel)
             old = _lstat(name, fd)
@@ -187,9 +321,7 @@ class _HostTree:
             )
             try:
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(out, view) :]
+                    write_content(out, content)
                     if self._as_root:
                         keep = (
                             (old.st_uid, old.st_gid)

@@ -32,7 +32,7 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,8 @@ from adk_sandbox.executor.snapshots.copy import CopyReport, copy_workspace
 from adk_sandbox.executor.snapshots.model import SNAPSHOT_LABEL, CopyMethod, Snapshot, SnapshotOptions
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix
+from adk_sandbox.executor.workspace.mirror import MAX_PUSH_BYTES, tar_end, tar_file_member
+from adk_sandbox.executor.workspace.pullback import read_content
 
 if TYPE_CHECKING:
     from adk_sandbox.executor.backends.docker._container import OpenedContainer
@@ -280,6 +282,10 @@ def restore_tmpfs(session: DockerSession, snapshot: Snapshot) -> list[str]:
     """Unpack the snapshot's tmpfs archives into the started ``session``'s sandbox; tar's complaints.
 
     Each is unpacked inside the sandbox as its command user (the task profile's root), never on the host.
+    What crosses the channel holds no holes (the archives were made with ``--sparse``; a tree is archived
+    with sparse members, :func:`_tree_archives`), and goes in pieces of about 64 MiB cut between members
+    (:func:`_archive_pieces`): the sandbox's agent ends a command's input past 256 MiB it holds, which tar
+    reported as "Unexpected EOF in archive".
     """
     container = session._opened()
     if snapshot.tmpfs_format == "tree" and set(snapshot.tmpfs) <= set(session.state_dirs):
@@ -288,29 +294,77 @@ def restore_tmpfs(session: DockerSession, snapshot: Snapshot) -> list[str]:
     for index, path in enumerate(snapshot.tmpfs):
         try:
             if snapshot.tmpfs_format == "tree":
-                data = _tree_archive(snapshot.tree(index))
+                pieces = _tree_archives(snapshot.tree(index), path)
             else:
                 fd = os.open(snapshot.archive(index), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                with os.fdopen(fd, "rb") as handle:
-                    data = handle.read()
+                pieces = _archive_pieces(fd)
+            argv = ("/bin/sh", "-c", _RESTORE_SCRIPT, "adk-sandbox-restore", path)
+            for data in pieces:
+                code, _, err, _ = run_in_sandbox(session, container, argv, data, 64 * 1024)
+                lines = [line for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
+                if code not in (0, 2):
+                    raise SandboxFailedError(
+                        f"could not restore {path} from snapshot {snapshot.id} (tar exit {code}: "
+                        f"{' '.join(lines)[:300]})"
+                    )
+                notes += [f"{path}: {line}" for line in lines[:_MAX_NOTES]]
         except FileNotFoundError:
             raise SandboxFailedError(
                 f"snapshot {snapshot.id} lost its copy of {path} (removed meanwhile?); the session "
                 "was not "
                 "started from it"
             ) from None
-        argv = ("/bin/sh", "-c", _RESTORE_SCRIPT, "adk-sandbox-restore", path)
-        code, _, err, _ = run_in_sandbox(session, container, argv, data, 64 * 1024)
-        lines = [line for line in err.decode("utf-8", "replace").splitlines() if line.strip()]
-        if code not in (0, 2):
-            raise SandboxFailedError(
-                f"could not restore {path} from snapshot {snapshot.id} (tar exit {code}: "
-                f"{' '.join(lines)[:300]})"
-            )
-        notes += [f"{path}: {line}" for line in lines[:_MAX_NOTES]]
     for note in notes:
         log.info("restoring snapshot %s: %s", snapshot.id, note)
     return notes
+
+
+#: About how many bytes of archive one restoring command is given (cut between members).
+_RESTORE_PIECE = 64 * MIB
+
+
+def _archive_pieces(fd: int) -> Iterator[bytes]:
+    """The tar archive open at ``fd`` (closed at the end) as archives of whole members, each about 64 MiB.
+
+    The archive is a sandbox's output: only its headers are read here (``tarfile``, nothing unpacked), for
+    where each member starts; the bytes between go as they are. One that does not read as a tar goes
+    whole, for the sandbox's tar to judge, as before.
+    """
+    try:
+        size = os.fstat(fd).st_size
+        starts: list[int] = []
+        end = 0
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            try:
+                with tarfile.open(fileobj=handle, mode="r:") as archive:
+                    starts = [member.offset for member in archive]
+                    end = archive.offset  # past the last member's data: the end blocks follow
+            except tarfile.TarError:
+                starts = []
+        if not starts or end > size:
+            yield _read_range(fd, 0, size)
+            return
+        bounds = [*starts, end]
+        first = 0
+        for index in range(1, len(bounds)):
+            last = index == len(bounds) - 1
+            if last or bounds[index + 1] - bounds[first] > _RESTORE_PIECE:
+                yield tar_end([_read_range(fd, bounds[first], bounds[index])])
+                first = index
+    finally:
+        os.close(fd)
+
+
+def _read_range(fd: int, start: int, end: int) -> bytes:
+    """Bytes ``start..end`` of ``fd`` (fewer at its end)."""
+    chunks = []
+    while start < end:
+        chunk = os.pread(fd, min(end - start, 16 * MIB), start)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        start += len(chunk)
+    return b"".join(chunks)
 
 
 def _copy_trees_in(session: DockerSession, snapshot: Snapshot) -> list[str]:
@@ -337,15 +391,59 @@ def _copy_trees_in(session: DockerSession, snapshot: Snapshot) -> list[str]:
     return notes
 
 
-def _tree_archive(tree: str) -> bytes:
-    """A tar of a snapshot's tmpfs tree (its own safe copy: no link leads out) for a sandbox to unpack."""
+def _tree_archives(tree: str, path: str) -> Iterator[bytes]:
+    """A snapshot's tmpfs tree (its own safe copy: no link leads out) as tars for a sandbox to unpack.
+
+    Links are kept as links, never followed; a sparse file goes as a sparse member (its data and its map:
+    :func:`tar_file_member`), never its holes. Cut between files into archives of about 64 MiB, each whole,
+    so neither this process nor the sandbox's agent holds more at once; a file whose data alone passes what
+    one command's input carries is refused with its name (``path`` is where the tree goes inside).
+    """
     if not os.path.isdir(tree):
         raise FileNotFoundError(tree)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as archive:
-        for name in sorted(os.listdir(tree)):
-            archive.add(os.path.join(tree, name), arcname=name)  # links are kept as links, never followed
-    return buffer.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(), mode="w", format=tarfile.GNU_FORMAT) as builder:  # headers only
+        parts: list[bytes | memoryview] = []
+        held = 0
+        for member in _tree_members(builder, tree, "", path):
+            size = sum(len(part) for part in member)
+            if held and held + size > _RESTORE_PIECE:
+                yield tar_end(parts)
+                parts, held = [], 0
+            parts += member
+            held += size
+        if parts:
+            yield tar_end(parts)
+
+
+def _tree_members(
+    builder: tarfile.TarFile, tree: str, rel: str, path: str
+) -> Iterator[list[bytes | memoryview]]:
+    """The members of everything below ``tree``/``rel`` in order (a directory before what it holds)."""
+    for name in sorted(os.listdir(os.path.join(tree, rel) if rel else tree)):
+        arcname = f"{rel}/{name}" if rel else name
+        full = os.path.join(tree, arcname)
+        info = builder.gettarinfo(full, arcname)  # lstat: a link is a link, never followed
+        if info is None:
+            continue  # a special file the safe copy would not have made
+        if info.isreg():
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                content = read_content(fd)
+            finally:
+                os.close(fd)
+            if content.data_bytes > MAX_PUSH_BYTES - 64 * 1024:
+                raise SandboxFailedError(
+                    f"{path}/{arcname} of the snapshot holds {content.data_bytes // MIB} MiB of data, more "
+                    f"than one copy into the sandbox carries ({MAX_PUSH_BYTES // MIB} MiB); the session was "
+                    "not started from it. Start it from a forkable pool (PoolConfig(forkable=True)), whose "
+                    "copy stays on the host"
+                )
+            owner = (info.uid, info.gid)
+            yield tar_file_member(arcname, content, mode=info.mode, owner=owner, mtime=int(info.mtime))
+            continue
+        yield [info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")]
+        if info.isdir():
+            yield from _tree_members(builder, tree, arcname, path)
 
 
 def fork_workspace(snapshot: Snapshot, cap_bytes: int) -> str | None:
