@@ -366,6 +366,9 @@ def _copy_range(fd_in: int, fd_out: int, size: int) -> None:
     twin costs its data, not its apparent size. A file that shrank since the first copy gives a shorter
     twin (never zeros where the first copy has data at the same size), and a mirror's adopt tells them apart.
     """
+    info = os.fstat(fd_in)
+    if _dense(info) and size <= info.st_size and _copy_extent(fd_in, fd_out, 0, size) == size:
+        return  # no hole to keep: one range, as a plain copy (no extent queries, no truncate)
     for offset, length in data_extents(fd_in, 0, size):
         _copy_extent(fd_in, fd_out, offset, length)
     os.ftruncate(fd_out, min(size, os.fstat(fd_in).st_size))
@@ -380,17 +383,28 @@ def _copy_data(fd_in: int, fd_out: int, limit: int) -> int:
     copied, each at its own offset, and the size is set last (``ftruncate``).
     """
     copied = 0
-    size = os.fstat(fd_in).st_size
-    for offset, length in data_extents(fd_in, 0, size):
+    info = os.fstat(fd_in)
+    size = info.st_size
+    # A file whose blocks hold all of its size has no hole: one range, without the extent queries (three
+    # more system calls per file, which a 2,000-file fork paid on its path).
+    extents = [(0, size)] if _dense(info) else data_extents(fd_in, 0, size)
+    for offset, length in extents:
         want = min(length, limit - copied)
         done = _copy_extent(fd_in, fd_out, offset, want)
         copied += done
         if copied >= limit or done < want:
             break  # at the limit (refused by the caller), or the file shrank meanwhile
+    if copied == size and _dense(info):
+        return copied  # written to its size: nothing to truncate
     # The apparent size (a trailing hole stays one), as of the copy's start; one that shrank meanwhile gives
     # a shorter copy, as a copy to EOF would.
     os.ftruncate(fd_out, min(size, os.fstat(fd_in).st_size))
     return copied
+
+
+def _dense(info: os.stat_result) -> bool:
+    """Whether the file's blocks hold at least its size: it has no hole worth keeping."""
+    return info.st_blocks * 512 >= info.st_size
 
 
 def _copy_extent(fd_in: int, fd_out: int, offset: int, length: int) -> int:

@@ -76,13 +76,16 @@ def test_no_set_id_bit_reaches_the_host(hostile: Path, tmp_path: Path) -> None:
 
 
 def test_a_tree_over_the_cap_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    """Fails a copy that checks as it goes: a sparse file of 1 TiB apparent size costs nothing in the
-    sandbox's tmpfs and would fill the host's disk (or leave half a snapshot) before a running count stops."""
+    """Fails a copy that checks as it goes: a tree with more data than the cap would fill the host's disk
+    (or leave half a snapshot) before a running count stops. A sparse file counts its allocated blocks
+    (docs/sparse.md): its 1 TiB of holes cost nothing, its data does."""
     root = tmp_path / "ws"
     root.mkdir()
     (root / "small").write_text("x")
     with open(root / "sparse", "wb") as handle:
         handle.truncate(1 << 40)
+        handle.seek(1 << 30)
+        handle.write(os.urandom(8 * MIB))  # 8 MiB of data in the holes: over the 7 MiB cap
     dest = tmp_path / "dest"
     dest.mkdir()
     with pytest.raises(PolicyNotEnforceableError, match="max_mb=7"):
