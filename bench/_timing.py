@@ -47,11 +47,17 @@ class Stats:
         return percentile(self.samples, 0.9)
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeat: int, warm_up: bool = True) -> dict[str, Stats]:
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    repeat: int,
+    warm_up: bool = True,
+    before: Callable[[], object] | None = None,
+) -> dict[str, Stats]:
     """Milliseconds of each function, run in turn ``repeat`` times so machine drift hits all alike.
 
     Each round starts one function later, so every function follows every other equally often: one that
     leaves work behind (an exec's teardown in dockerd and runc) does not always slow the same neighbour.
+    ``before`` runs, untimed, before each sample (waiting for a pool to be ready, say).
     """
     if warm_up:
         for fn in fns.values():
@@ -61,6 +67,8 @@ def interleaved(fns: dict[str, Callable[[], object]], repeat: int, warm_up: bool
     for round_number in range(repeat):
         shift = round_number % len(order)
         for name, fn in order[shift:] + order[:shift]:
+            if before is not None:
+                before()  # untimed: what each sample starts from
             started = time.perf_counter()
             fn()
             samples[name].append((time.perf_counter() - started) * 1000)

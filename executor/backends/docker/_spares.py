@@ -118,6 +118,11 @@ class ForkSpares:
                 self._drop(key, pool)
         return None
 
+    def pools(self) -> list[SessionPool]:
+        """The spares' pools now, least recently forked first (for measurements and checks)."""
+        with self._lock:
+            return list(self._pools.values())
+
     def close(self) -> None:
         """Close every spare (their containers are removed); later calls make none."""
         with self._lock:

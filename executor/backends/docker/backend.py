@@ -312,6 +312,14 @@ class DockerBackend(SessionBackend[DockerSession]):
         session._before_snapshot = self._prepare_spare
         return super()._track(session)
 
+    @property
+    def spares(self) -> list[SessionPool]:
+        """The pools of fork spares this backend keeps now, one per forked workspace path.
+
+        ``fork_spares`` members each (docs/snapshots.md, "Forks of any session").
+        """
+        return self._spares.pools()
+
     def _prepare_spare(self, session: DockerSession) -> None:
         """Start a spare for forks of ``session`` unless the warm pool serves its path (``_spares``)."""
         if self.pool is None or self.pool.settings.path != session.workspace_inside:
