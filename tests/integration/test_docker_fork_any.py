@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from adk_sandbox.executor import ExecRequest, ExecResult, Language
-from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession, PoolConfig
 from adk_sandbox.executor.backends.docker.config import DockerConfig
 from tests.conftest import require
 
@@ -157,5 +157,21 @@ def test_without_spares_a_fork_starts_cold(workspace: Path) -> None:
             with parent.fork() as child:
                 assert child.fork_method == "copy"
                 assert ok(child, "cat /tmp/state") == "cold\n"
+    finally:
+        backend.close()
+
+
+def test_a_copy_from_the_default_pool_forks_by_layer(workspace: Path) -> None:
+    """``PoolConfig(workspace="mirror")`` without a path puts each copy in the copies directory
+    (``/dev/shm``), where a user's pool path may not be; the backend's own spare may (the copy is mounted
+    there already). Old code: cold, ``fork_method == "copy"``."""
+    backend = DockerBackend(pool=PoolConfig(size=1, workspace="mirror"))
+    try:
+        with backend.session(copy_of=str(workspace)) as parent:
+            ok(parent, "echo copied > /tmp/state && echo more > more.txt")
+            with parent.fork() as child:
+                assert child.fork_method == "overlay"
+                assert child.workspace_inside == parent.workspace_inside
+                assert ok(child, "cat /tmp/state more.txt") == "copied\nmore\n"
     finally:
         backend.close()

@@ -14,7 +14,8 @@ runc session reads its tmpfs directories on the host (``_proc_root``), so it is 
 
 Where a spare is made (decided): root on a local engine, runc and overlayfs (``_layers.check_supported``),
 the hardened profile, a command user known by number, and a workspace path a pool may use (not below
-``/tmp``, HOME or a kernel path, ``PoolConfig.path``). Elsewhere forks start cold, as before, and say so
+``/tmp``, HOME or a kernel path, ``PoolConfig.path``; a ``copy_of`` session's copy in the copies
+directory, ``/dev/shm``, may: it is mounted there already). Elsewhere forks start cold, as before, and say so
 (``fork_method == "copy"``). ``DockerConfig(fork_spares=N)`` keeps N started per path (default 1; 0:
 none); at most :data:`MAX_PATHS` paths at once, the least recently forked one's spares closed first. A
 spare that cannot be made or filled is dropped (logged) and the fork starts cold: a spare never makes a
@@ -31,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from adk_sandbox.executor.backends.docker.pool import PoolConfig, SessionPool
+from adk_sandbox.executor.backends.docker.pool import COPIES_CONTEXT, PoolConfig, SessionPool
 from adk_sandbox.executor.errors import ExecutorError
+from adk_sandbox.executor.workspace.copies import copies_dir
 
 if TYPE_CHECKING:
     import docker
@@ -153,13 +155,15 @@ class ForkSpares:
     def _make_pool(self, key: _Key) -> SessionPool:
         """A layered pool of this backend's containers at the key's path, run as its user (may raise)."""
         path, (uid, gid) = key
-        settings = PoolConfig(
-            size=self._size,
-            workspace="mirror",
-            path=path,
-            forkable=True,
-            fork_by="layer",
-            acquire_timeout_seconds=ACQUIRE_SECONDS,
-        )
+        fields = {
+            "size": self._size,
+            "workspace": "mirror",
+            "path": path,
+            "forkable": True,
+            "fork_by": "layer",
+            "acquire_timeout_seconds": ACQUIRE_SECONDS,
+        }
+        # A copy's workspace (copy_of without a pool path) is in the copies directory: allowed here only.
+        settings = PoolConfig.model_validate(fields, context={COPIES_CONTEXT: copies_dir()})
         config = replace(self._base(), user=f"{uid}:{gid}")
         return SessionPool(self._client, config, settings, self._make_session, engine=self._engine)

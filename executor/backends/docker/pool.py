@@ -67,7 +67,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import docker
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from adk_sandbox.executor._layout import KERNEL_PATHS
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, OpenedContainer
@@ -92,6 +92,11 @@ REFILL_DEFER_SECONDS = 1.0
 
 #: Makes an unstarted session from a pool's config, with the provider the pool gives it.
 SessionMaker = Callable[[SessionConfig, ContainerProvider], DockerSession]
+
+
+#: The validation context key under which the backend's fork spares name the copies directory, below which
+#: (``/dev/shm``) their path may lie: ``PoolConfig.model_validate(..., context={COPIES_CONTEXT: dir})``.
+COPIES_CONTEXT = "adk-sandbox-copies-dir"
 
 
 class PoolConfig(BaseModel):
@@ -138,11 +143,16 @@ class PoolConfig(BaseModel):
 
     @field_validator("path")
     @classmethod
-    def _check_path(cls, path: str | None) -> str | None:
+    def _check_path(cls, path: str | None, info: ValidationInfo) -> str | None:
         if path is None:
             return None
         if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
             raise ValueError("must be an absolute, normalised directory path other than /")
+        copies = (info.context or {}).get(COPIES_CONTEXT)
+        if isinstance(copies, str) and path.startswith(copies.rstrip("/") + "/"):
+            # The backend's own spares for a copy's forks: a copy is mounted there already (copy_of), so a
+            # member may be too. Never a user's setting: only this context allows it.
+            return path
         for reserved in (*KERNEL_PATHS, *BUILTIN_TMPFS):
             if path == reserved or path.startswith(reserved + "/") or reserved.startswith(path + "/"):
                 raise ValueError(f"overlaps {reserved}, which the sandbox mounts itself")
