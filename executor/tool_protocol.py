@@ -12,6 +12,14 @@ Errors are information, in one of two ways, fixed per tool by ``errors_are_resul
   ``FileNotFoundError``, ...), so Python callers can ``except`` what they expect;
 * the code tools never raise: every failure is a result ``{"status": "error", "message": ...}``.
 
+Odd argument values are refused by the argument models, worded for the model: text arguments are
+checked by :func:`text_rules` (a NUL byte where the value must reach a program or a file name, a lone
+surrogate anywhere, since it cannot be encoded as UTF-8, and a length bound where one applies). As a
+last line of defence, :meth:`AgentTool.run` turns a ``ValueError`` (``UnicodeError`` and pydantic's
+``ValidationError`` included) that a layer below the tool raises on arguments the models let through
+into an :class:`InvalidArgumentsError`, logged with its traceback and chained, so the error is not lost;
+every other unexpected exception propagates as before, because it is a bug to fix, not a bad argument.
+
 Adapters for agent frameworks (MCP, google-adk) do not care which: :func:`call_tool` runs any tool and
 returns a :class:`ToolOutcome` whose ``payload`` is the result, or ``{"status": "error", "message": ...}``
 for any failure, so nothing a tool raises can abort an agent's run. Cancellation is the exception: it
@@ -34,7 +42,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic_core import PydanticCustomError
 
 from adk_sandbox.executor.errors import ExecutorError
 from adk_sandbox.executor.types import Stream
@@ -51,6 +60,7 @@ __all__ = [
     "error_payload",
     "find_tool",
     "parse_arguments",
+    "text_rules",
 ]
 
 _log = logging.getLogger(__name__)
@@ -70,6 +80,10 @@ once per level, so a few thousand ``[`` would otherwise end in ``RecursionError`
 """
 
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[{]|[\]}]', re.DOTALL)
+
+# Every surrogate code point in a Python str is a lone one: json.loads joins an escaped pair into one
+# character, so what is left cannot be encoded as UTF-8 (file names, file content, argv, stdin).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ToolError(Exception):
@@ -103,6 +117,56 @@ def _json_text_too_deep(text: str, limit: int) -> bool:
         elif char in "]}":
             depth -= 1
     return False
+
+
+def text_rules(
+    *,
+    nul: str | None = None,
+    max_chars: int | None = None,
+    kind: str = "it",
+    limit: str | None = None,
+    pass_surrogates: bool = False,
+) -> BeforeValidator:
+    r"""A pydantic validator for a text argument, used as ``Annotated[str, <it>]``; worded for the model.
+
+    Refuses a lone surrogate (``"\ud800"`` is valid JSON but not Unicode text: nothing can encode it as
+    UTF-8), unless ``pass_surrogates`` leaves that to a later check of the caller's own. ``nul`` names what
+    cannot hold a NUL byte (``"a shell command"``); without it NUL bytes pass (file content may hold them).
+    ``max_chars`` bounds the length, ``kind`` naming the value in that message (``"a glob pattern"``) and
+    ``limit`` the limit it states (default: ``max_chars`` characters).
+    :func:`parse_arguments` puts the argument's name before each message.
+
+    It runs before pydantic's own ``str`` checks: with a constraint such as ``min_length`` pydantic-core
+    answers a lone surrogate with "unable to parse raw data as a unicode string", which tells the model
+    nothing. Values that are not ``str`` pass on to pydantic's type check.
+    """
+    stated_limit = limit or f"{max_chars} characters"
+
+    def check(value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        if max_chars is not None and len(value) > max_chars:
+            raise PydanticCustomError(
+                "text_too_long",
+                "is {length} characters long; {kind} may be at most {limit}",
+                {"length": len(value), "kind": kind, "limit": stated_limit},
+            )
+        if nul is not None and (at := value.find("\0")) != -1:
+            raise PydanticCustomError(
+                "text_nul_byte",
+                "contains a NUL byte (\\x00) at position {at}, which {holder} cannot hold; remove it",
+                {"at": at, "holder": nul},
+            )
+        if not pass_surrogates and (surrogate := _SURROGATE.search(value)) is not None:
+            raise PydanticCustomError(
+                "text_lone_surrogate",
+                "contains a lone surrogate (U+{code} at position {at}), which is not valid Unicode text "
+                "and cannot be encoded as UTF-8; send the character itself, or remove it",
+                {"code": f"{ord(surrogate.group()):04X}", "at": surrogate.start()},
+            )
+        return value
+
+    return BeforeValidator(check)
 
 
 def parse_arguments(tool: str, model: type[BaseModel], arguments: object) -> BaseModel:
@@ -176,18 +240,57 @@ class AgentTool(ABC):
     async def run(
         self, arguments: Mapping[str, Any] | str, on_progress: ProgressCallback | None = None
     ) -> dict[str, Any]:
-        """Validate ``arguments`` and run the tool; a JSON-ready dict (errors: see ``errors_are_results``)."""
+        """Validate ``arguments`` and run the tool; a JSON-ready dict (errors: see ``errors_are_results``).
+
+        A ``ValueError`` from below the tool (a dependency refusing a value the argument model let through:
+        pydantic's ``ValidationError``, ``UnicodeEncodeError``, "embedded null byte") becomes an
+        :class:`InvalidArgumentsError` chained to it, and is logged with its traceback: the model reads an
+        argument error instead of a dependency's exception, and the gap in the argument model stays
+        visible. Project errors (``ToolError``, ``ExecutorError``) pass unchanged, and any other exception
+        propagates as before: it is a bug, not a bad argument.
+        """
         try:
             parsed = self.parse(arguments)
+            return await self._run_guarded(parsed, on_progress)
         except InvalidArgumentsError as exc:
             if self.errors_are_results:
                 return error_payload(str(exc))
             raise
-        return await self._run(parsed, on_progress)
+
+    async def _run_guarded(self, parsed: BaseModel, on_progress: ProgressCallback | None) -> dict[str, Any]:
+        try:
+            return await self._run(parsed, on_progress)
+        except (ToolError, ExecutorError):
+            raise  # documented errors (InvalidRequestError is a ValueError too, and keeps its type)
+        except ValueError as exc:  # UnicodeError and pydantic's ValidationError are ValueErrors
+            _log.warning(
+                "tool %s: a value its arguments let through was refused below it", self.name, exc_info=True
+            )
+            raise InvalidArgumentsError(_refusal_message(self.name, exc)) from exc
 
     @abstractmethod
     async def _run(self, arguments: Any, on_progress: ProgressCallback | None) -> dict[str, Any]:
         """Run on validated arguments (an instance of ``args_model``)."""
+
+
+def _refusal_message(tool: str, exc: ValueError) -> str:
+    """The message of an argument refused below the tool: the reason without the dependency's noise."""
+    if isinstance(exc, ValidationError):
+        reasons = []
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(part) for part in error["loc"])
+            reason = error["msg"].removeprefix("Value error, ")
+            reasons.append(f"{where}: {reason}" if where else reason)
+        detail = "; ".join(reasons)
+    elif isinstance(exc, UnicodeEncodeError) and _SURROGATE.match(exc.object, exc.start):
+        char = exc.object[exc.start]
+        detail = (
+            f"text holding U+{ord(char):04X} (a lone surrogate) is not valid Unicode and cannot be encoded "
+            "as UTF-8; send the character itself, or remove it"
+        )
+    else:
+        detail = str(exc) or type(exc).__name__
+    return f"the arguments of {tool} cannot be used: {detail}"
 
 
 def error_payload(message: str) -> dict[str, Any]:

@@ -6,7 +6,9 @@ with a ``status`` and a ``message`` written for the model. Arguments are validat
 JSON schemas are the tools' ``parameters``. Argument text nested deeper than :data:`MAX_ARGUMENT_DEPTH`
 is refused before it is parsed (Python's parser would hit its recursion limit), and ``code_exec``'s
 ``input`` must be JSON data nested at most :data:`MAX_INPUT_DEPTH` levels (serde_json's limit in the
-harness; deeper input would silently arrive as ``null``).
+harness; deeper input would silently arrive as ``null``). Text arguments holding a lone surrogate (valid
+JSON, but not Unicode text) are refused, and so is a NUL byte in ``sandbox_exec``'s ``code``, which no
+program can be handed.
 
 ``run(arguments)`` is ``async`` and runs the blocking work in a thread of its own (the project's one bridge,
 ``adk_sandbox.executor._bridge.run_blocking``), so an agent's event loop stays free and long calls do not hold
@@ -19,10 +21,11 @@ the adapters for agent frameworks take.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar, Generic, Self, TypeVar, cast
+from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
@@ -36,6 +39,7 @@ from adk_sandbox.executor.tool_protocol import (
     InvalidArgumentsError,
     ProgressCallback,
     error_payload,
+    text_rules,
 )
 from adk_sandbox.executor.types import ExecRequest, ExecResult, Language
 
@@ -79,16 +83,30 @@ def _check_json_value(value: Any) -> Any:
                 for key, child in item.items():
                     if not isinstance(key, str):
                         raise ValueError(f"input has an object key that is not a string: {key!r}")
+                    _check_input_text(key)
                     stack.append((child, depth + 1))
             else:
                 stack.extend((child, depth + 1) for child in item)
         elif isinstance(item, float):
             if not math.isfinite(item):
                 raise ValueError(f"input contains {item!r}, which JSON cannot represent")
-        elif item is not None and not isinstance(item, (str, int)):  # bool is an int
+        elif isinstance(item, str):
+            _check_input_text(item)
+        elif item is not None and not isinstance(item, int):  # bool is an int
             raise ValueError(f"input must be JSON data; it contains a {type(item).__name__}")
     return value
 
+
+def _check_input_text(text: str) -> None:
+    # json.dumps writes a lone surrogate as a "\ud800" escape, which serde_json refuses: the whole input
+    # would silently arrive as null.
+    if _LONE_SURROGATE.search(text):
+        raise ValueError(
+            "input holds a lone surrogate (not valid Unicode text), which the harness cannot read"
+        )
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 _TIMEOUT_DESCRIPTION = (
     f"Wall-clock limit for the whole call in seconds (default {DEFAULT_TIMEOUT_SECS:g}; values are "
@@ -114,7 +132,7 @@ class CodeExecArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    code: StrictStr = Field(
+    code: Annotated[StrictStr, text_rules()] = Field(
         description=(
             "Rust source defining `fn run(input: Value) -> Value` (serde_json::Value is imported; the "
             "serde_json crate is available). Do not define `fn main` or crate attributes `#![...]`."
@@ -134,8 +152,13 @@ class SandboxExecArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     language: Language = Field(description="What `code` is: `command` is a `sh -c` string.")
-    code: StrictStr = Field(description="The command string or the program's source text.")
-    stdin: StrictStr | None = Field(default=None, description="Text fed to the program's standard input.")
+    code: Annotated[StrictStr, text_rules(nul="code handed to a program")] = Field(
+        description="The command string or the program's source text."
+    )
+    # NUL bytes pass: standard input is bytes, and a program may read them.
+    stdin: Annotated[StrictStr, text_rules()] | None = Field(
+        default=None, description="Text fed to the program's standard input."
+    )
     timeout_secs: float = Field(default=DEFAULT_TIMEOUT_SECS, description=_TIMEOUT_DESCRIPTION)
 
     _not_blank = field_validator("code")(_code_not_blank)

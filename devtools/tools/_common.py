@@ -1,17 +1,28 @@
-"""What several tools share: argument-model base, text limits, the contained directory walk."""
+"""What several tools share: argument-model base, argument text types, text limits, the contained walk."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
+from adk_sandbox.executor.tool_protocol import text_rules
+
 __all__ = [
     "BINARY_SNIFF_BYTES",
+    "MAX_GLOB_PATTERN_CHARS",
     "MAX_LINE_CHARS",
+    "MAX_PATH_ARGUMENT_CHARS",
+    "MAX_REGEX_CHARS",
     "SKIP_DIRS",
+    "CommandText",
+    "GlobText",
+    "PathText",
+    "RegexText",
     "ToolArgs",
+    "ToolText",
     "is_binary",
     "read_all",
     "walk_files",
@@ -30,6 +41,41 @@ SKIP_DIRS = frozenset(
     }
 )  # fmt: skip
 """Build, dependency and VCS directories glob and grep never descend into (unless asked to start there)."""
+
+MAX_PATH_ARGUMENT_CHARS = 8192
+"""Longest path argument the argument model passes on to the workspace.
+
+The real limit is the workspace's: 4095 bytes (PATH_MAX less its NUL), and 255 per name, each an
+``InvalidPathError``. But the workspace's refusals quote the path, so a megabyte of path (with a NUL byte,
+say) would come back as a megabyte of message; twice the limit is refused here first, without quoting."""
+
+MAX_GLOB_PATTERN_CHARS = 4096
+"""Longest glob pattern: no path is longer, and wcmatch compiles in time quadratic in the length (a
+megabyte of pattern took a minute)."""
+
+MAX_REGEX_CHARS = 16384
+"""Longest grep pattern: compiling takes time superlinear in the length (a 10 MB literal took 40 s)."""
+
+ToolText = Annotated[str, text_rules()]
+"""Text that may hold any character but a lone surrogate (file content, edit strings): NUL bytes pass."""
+
+CommandText = Annotated[str, text_rules(nul="a shell command")]
+"""A ``sh -c`` command line: no NUL byte (an argv string ends at one), no lone surrogate."""
+
+PathText = Annotated[
+    str,
+    text_rules(max_chars=MAX_PATH_ARGUMENT_CHARS, kind="a path", limit="4095 bytes", pass_surrogates=True),
+]
+"""A path: only a gross length is checked here; NUL bytes, lone surrogates and the exact limits are the
+workspace's ``InvalidPathError``, where every path is checked, whichever way it arrives."""
+
+GlobText = Annotated[
+    str, text_rules(nul="a file name", max_chars=MAX_GLOB_PATTERN_CHARS, kind="a glob pattern")
+]
+"""A glob pattern: matches file names, which cannot hold a NUL byte."""
+
+RegexText = Annotated[str, text_rules(max_chars=MAX_REGEX_CHARS, kind="a regular expression")]
+"""A grep pattern: may search for NUL (files past their first 8 KiB may hold one), not a lone surrogate."""
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 

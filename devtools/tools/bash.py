@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import threading
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
 from adk_sandbox.devtools.errors import BashDisabledError
-from adk_sandbox.devtools.tools._common import ToolArgs
+from adk_sandbox.devtools.tools._common import CommandText, ToolArgs
 from adk_sandbox.devtools.workspace import Workspace
 from adk_sandbox.executor import ExecRequest, ExecResult, IsolationClass, Language, Stream
 from adk_sandbox.executor._bridge import run_blocking
@@ -27,11 +29,18 @@ DESCRIPTION = (
 )
 
 
+def _not_nan(value: object) -> object:
+    # NaN fails every comparison, so `gt=0` alone would answer "should be greater than 0".
+    if isinstance(value, float) and math.isnan(value):
+        raise PydanticCustomError("nan_seconds", "is NaN, not a number of seconds; pass e.g. 60")
+    return value
+
+
 class BashArgs(ToolArgs):
     """Arguments of bash."""
 
-    command: str = Field(min_length=1, description="The command line, run with `sh -c`.")
-    timeout_secs: Annotated[float, Field(gt=0)] | None = Field(
+    command: CommandText = Field(min_length=1, description="The command line, run with `sh -c`.")
+    timeout_secs: Annotated[float, Field(gt=0), BeforeValidator(_not_nan)] | None = Field(
         default=None,
         description="Seconds before the command is killed (default and ceiling: the workspace's).",
     )

@@ -18,7 +18,7 @@ from adk_sandbox.devtools.errors import (
     PathNotFoundError,
     ReadOnlyError,
 )
-from adk_sandbox.devtools.tools._common import ToolArgs, read_all
+from adk_sandbox.devtools.tools._common import PathText, ToolArgs, ToolText, read_all
 from adk_sandbox.devtools.tools.write_file import encode_content
 from adk_sandbox.devtools.workspace import Workspace, check_permitted
 
@@ -34,9 +34,11 @@ DESCRIPTION = (
 class EditFileArgs(ToolArgs):
     """Arguments of edit_file."""
 
-    path: str = Field(description="File to edit, relative to the workspace root (or absolute inside it).")
-    old_string: str = Field(min_length=1, description="The exact text to replace.")
-    new_string: str = Field(description="The text to put in its place.")
+    path: PathText = Field(
+        description="File to edit, relative to the workspace root (or absolute inside it)."
+    )
+    old_string: ToolText = Field(min_length=1, description="The exact text to replace.")
+    new_string: ToolText = Field(description="The text to put in its place.")
     replace_all: bool = Field(default=False, description="Replace every occurrence instead of exactly one.")
 
 

@@ -12,7 +12,7 @@ from wcmatch import glob as wcglob
 from wcmatch._wcparse import PatternLimitException  # not re-exported by wcmatch's public modules
 
 from adk_sandbox.devtools.errors import InvalidArgumentsError, PathEscapeError, PathNotFoundError
-from adk_sandbox.devtools.tools._common import ToolArgs, walk_files
+from adk_sandbox.devtools.tools._common import GlobText, PathText, ToolArgs, walk_files
 from adk_sandbox.devtools.workspace import Workspace
 
 __all__ = [
@@ -71,8 +71,8 @@ def compile_glob(pattern: str, argument: str, *, fnmatch: bool = False) -> Any:
 class GlobArgs(ToolArgs):
     """Arguments of glob."""
 
-    pattern: str = Field(min_length=1, description="Glob pattern, relative (no '..', not absolute).")
-    path: str | None = Field(default=None, description="Directory to search in (default: the root).")
+    pattern: GlobText = Field(min_length=1, description="Glob pattern, relative (no '..', not absolute).")
+    path: PathText | None = Field(default=None, description="Directory to search in (default: the root).")
 
 
 def glob(ws: Workspace, args: GlobArgs) -> dict[str, Any]:

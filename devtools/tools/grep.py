@@ -10,7 +10,16 @@ import regex
 from pydantic import Field
 
 from adk_sandbox.devtools.errors import InvalidArgumentsError, PatternTimeoutError
-from adk_sandbox.devtools.tools._common import MAX_LINE_CHARS, ToolArgs, is_binary, read_all, walk_files
+from adk_sandbox.devtools.tools._common import (
+    MAX_LINE_CHARS,
+    GlobText,
+    PathText,
+    RegexText,
+    ToolArgs,
+    is_binary,
+    read_all,
+    walk_files,
+)
 from adk_sandbox.devtools.tools.glob import compile_glob
 from adk_sandbox.devtools.workspace import Workspace
 
@@ -44,9 +53,11 @@ DESCRIPTION = (
 class GrepArgs(ToolArgs):
     """Arguments of grep."""
 
-    pattern: str = Field(min_length=1, description="Regular expression to search for.")
-    path: str | None = Field(default=None, description="File or directory to search (default: the root).")
-    glob: str | None = Field(default=None, description="Only search files whose name matches this glob.")
+    pattern: RegexText = Field(min_length=1, description="Regular expression to search for.")
+    path: PathText | None = Field(
+        default=None, description="File or directory to search (default: the root)."
+    )
+    glob: GlobText | None = Field(default=None, description="Only search files whose name matches this glob.")
     case_insensitive: bool = Field(default=False, description="Match regardless of case.")
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from adk_sandbox.devtools.errors import BinaryFileError
-from adk_sandbox.devtools.tools._common import MAX_LINE_CHARS, ToolArgs, is_binary
+from adk_sandbox.devtools.tools._common import MAX_LINE_CHARS, PathText, ToolArgs, is_binary
 from adk_sandbox.devtools.workspace import Workspace
 
 __all__ = ["DEFAULT_READ_LIMIT", "DESCRIPTION", "ReadFileArgs", "read_file"]
@@ -28,7 +28,9 @@ DESCRIPTION = (
 class ReadFileArgs(ToolArgs):
     """Arguments of read_file."""
 
-    path: str = Field(description="File to read, relative to the workspace root (or absolute inside it).")
+    path: PathText = Field(
+        description="File to read, relative to the workspace root (or absolute inside it)."
+    )
     offset: Annotated[int, Field(ge=1, description="First line to return (1-based).")] = 1
     limit: Annotated[int, Field(ge=1, description="Most lines to return.")] = DEFAULT_READ_LIMIT
 

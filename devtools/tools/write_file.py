@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from adk_sandbox.devtools.errors import InvalidArgumentsError, ReadOnlyError
-from adk_sandbox.devtools.tools._common import ToolArgs
+from adk_sandbox.devtools.tools._common import PathText, ToolArgs, ToolText
 from adk_sandbox.devtools.workspace import Workspace
 
 __all__ = ["DESCRIPTION", "WriteFileArgs", "encode_content", "write_file"]
@@ -21,8 +21,10 @@ DESCRIPTION = (
 class WriteFileArgs(ToolArgs):
     """Arguments of write_file."""
 
-    path: str = Field(description="File to write, relative to the workspace root (or absolute inside it).")
-    content: str = Field(description="The complete new content of the file.")
+    path: PathText = Field(
+        description="File to write, relative to the workspace root (or absolute inside it)."
+    )
+    content: ToolText = Field(description="The complete new content of the file.")
 
 
 def encode_content(text: str, field: str) -> bytes:
