@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import docker
@@ -43,6 +44,7 @@ from adk_sandbox.executor import _owner
 from adk_sandbox.executor._layout import HOME_DIR
 from adk_sandbox.executor.backends.docker._daemon import idempotent
 from adk_sandbox.executor.backends.docker._inside import run_in_sandbox, write_private
+from adk_sandbox.executor.backends.docker._proc_root import open_tmpfs_dirs, readable_runtime
 from adk_sandbox.executor.backends.docker._spec import GVISOR_RUNTIME, MIB, tmpfs_sizes
 from adk_sandbox.executor.errors import (
     ExecutorError,
@@ -109,18 +111,10 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
 
         def build(partial: str) -> Snapshot:
             paths = ("/tmp", HOME_DIR, *sorted(spec.extra_tmpfs))
-            hosted = bool(session.state_dirs)
-            if hosted:
-                used, skipped, method = _copy_all_on_host(session, partial, paths, cap, setting)
-                if used > cap:
-                    raise _over_cap(used, options.max_mb, "its workspace and tmpfs directories")
-            else:
-                report = _copy_host_workspace(session, partial, cap, setting)
-                used, skipped, method = report.size_bytes, list(report.skipped), report.method
-                used, notes = _take_tmpfs(
-                    session, container, partial, paths, budget=(used, cap), setting=setting
-                )
-                skipped += notes
+            hosted = bool(host.dirs)
+            used, skipped, method = _take_files(session, partial, paths, host, budget=(cap, setting))
+            if used > cap:
+                raise _over_cap(used, options.max_mb, "its workspace and tmpfs directories")
             owner = {} if options.detached else _owner_of_now()
             expires = int(created) + options.ttl_seconds
             record = Snapshot(
@@ -158,9 +152,11 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
 
         taken: Snapshot | None = None
         try:
-            taken = store.take(
-                snapshot_id, build, durable=options.detached, remove_image=_image_remover(client)
-            )
+            with contextlib.ExitStack() as opened:
+                host = _host_side(session, container, opened)
+                taken = store.take(
+                    snapshot_id, build, durable=options.detached, remove_image=_image_remover(client)
+                )
             return taken
         finally:
             for image in images:
@@ -172,30 +168,85 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
                     log.warning("the root image of a refused snapshot could not be removed: %s", exc)
 
 
-def _copy_all_on_host(
-    session: DockerSession, partial: str, paths: tuple[str, ...], cap: int, setting: str
+@dataclass(frozen=True)
+class _HostSide:
+    """Where the host reads a session's tmpfs directories, and whose the snapshot's copies are."""
+
+    dirs: dict[str, str]
+    """Path inside -> host path: a forkable session's tmpfs volumes, a layered member's mount points, or
+    a runc container's own tmpfs mounts through ``/proc/<pid>/root`` (:mod:`._proc_root`); empty: none
+    (the directories are archived inside)."""
+    owner: tuple[int, int] | None
+    """Whose the copies are: the command user's, so a fork by layer (whose lower shows through) can
+    write them; None: this process's."""
+
+
+def _host_side(session: DockerSession, container: OpenedContainer, opened: contextlib.ExitStack) -> _HostSide:
+    """Where the host reads the session's tmpfs directories (``opened`` holds what must stay open)."""
+    from adk_sandbox.executor.backends.docker._daemon import engine_of  # noqa: PLC0415
+
+    if session.state_dirs:
+        owner = session.layers.owner if session.layers is not None else None
+        return _HostSide(dict(session.state_dirs), owner)
+    pid = readable_runtime(container.inspect, local=engine_of(session._client).local)
+    user = session.command_user_ids()
+    if session._config.spec.task or pid is None or user is None:
+        return _HostSide({}, None)  # the task profile's /tmp may hold several users' files: archived
+    try:
+        return _HostSide(opened.enter_context(open_tmpfs_dirs(pid, tmpfs_sizes(session._config.spec))), user)
+    except OSError as exc:
+        log.info("the tmpfs directories of %s are archived inside: %s", container.id[:12], exc)
+        return _HostSide({}, None)
+
+
+def _take_files(
+    session: DockerSession,
+    partial: str,
+    paths: tuple[str, ...],
+    host: _HostSide,
+    *,
+    budget: tuple[int, str],
 ) -> tuple[int, list[str], CopyMethod]:
-    """Copy the workspace and every tmpfs directory of a forkable session on the host, all at once.
+    """The workspace and the tmpfs directories into the partial snapshot: bytes, what was left out, how.
+
+    ``budget`` is (cap, the setting that raises it).
+    """
+    cap, setting = budget
+    if host.dirs:
+        return _copy_all_on_host(session, partial, paths, host, budget)
+    report = _copy_host_workspace(session, partial, cap, setting)
+    container = session._opened()
+    used, notes = _take_tmpfs(
+        session, container, partial, paths, budget=(report.size_bytes, cap), setting=setting
+    )
+    return used, [*report.skipped, *notes], report.method
+
+
+def _copy_all_on_host(
+    session: DockerSession, partial: str, paths: tuple[str, ...], host: _HostSide, budget: tuple[int, str]
+) -> tuple[int, list[str], CopyMethod]:
+    """Copy the workspace and every tmpfs directory (in ``paths``' order) on the host, all at once.
 
     Each is a walk of its own (a thread each: the copies wait on system calls, and the 2,000 small files of
-    one overlap with the large file of another), each within the whole ``cap``: the caller refuses a
-    sum over it, and the partial snapshot (every copy) is removed then. Returns bytes in all, what was
-    left out and how the workspace was copied.
+    one overlap with the large file of another), each within the whole cap: the caller refuses a sum over
+    it, and the partial snapshot (every copy) is removed then. Returns bytes in all, what was left out and
+    how the workspace was copied.
     """
+    cap, setting = budget
+    owner = host.owner
     tmpfs = os.path.join(partial, "tmpfs")
     os.mkdir(tmpfs, 0o700)
-    hosted = session.state_dirs
 
     def tree(index: int, path: str) -> tuple[int, list[str]]:
         target = os.path.join(tmpfs, str(index))
         os.mkdir(target, 0o700)
-        if session.layers is not None:  # a layered fork's lower: the command user's, as its volume was
-            os.chown(target, *session.layers.owner)
-        copied = copy_workspace(hosted[path], target, cap, setting)
+        if owner is not None:
+            os.chown(target, *owner)
+        copied = copy_workspace(host.dirs[path], target, cap, setting)
         return copied.size_bytes, [f"{path}/{note}" for note in copied.skipped]
 
     with ThreadPoolExecutor(max_workers=1 + len(paths), thread_name_prefix="snapshot-copy") as pool:
-        workspace = pool.submit(_copy_host_workspace, session, partial, cap, setting)
+        workspace = pool.submit(_copy_host_workspace, session, partial, cap, setting, owner)
         trees = [pool.submit(tree, index, path) for index, path in enumerate(paths)]
         report = workspace.result()  # the first failure raises once every copy has ended (the pool's exit)
         results = [(report.size_bytes, list(report.skipped)), *(future.result() for future in trees)]
@@ -227,15 +278,20 @@ def _take_tmpfs(
     return used, skipped
 
 
-def _copy_host_workspace(session: DockerSession, partial: str, cap: int, setting: str) -> CopyReport:
-    """Copy the session's host workspace (the truth while no command runs) into the partial snapshot."""
+def _copy_host_workspace(
+    session: DockerSession, partial: str, cap: int, setting: str, owner: tuple[int, int] | None = None
+) -> CopyReport:
+    """Copy the session's host workspace (the truth while no command runs) into the partial snapshot.
+
+    ``owner``: whose the copy is (a fork by layer's lower: the command user's); None: this process's.
+    """
     host = session.workspace
     if host is None:
         return CopyReport("none", 0, ())
     target = os.path.join(partial, "workspace")
     os.mkdir(target, 0o700)
-    if session.layers is not None:  # a layered fork's lower: the command user's, as its copy was
-        os.chown(target, *session.layers.owner)
+    if owner is not None:
+        os.chown(target, *owner)
     report = copy_workspace(host, target, cap, setting)
     if session._config.spec.git_placeholder is not None:
         # The empty .git made to be mounted read-only over a workspace without one: not one of its files.
