@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import string
 from collections.abc import Iterator
@@ -258,7 +259,12 @@ CALLS = st.one_of(
 )  # fmt: skip
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=400,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(call=CALLS)
 def test_the_tools_raise_only_tool_errors_and_never_touch_the_outside(
     layout: tuple[Workspace, Path], call: tuple[str, dict[str, Any]]
@@ -267,7 +273,9 @@ def test_the_tools_raise_only_tool_errors_and_never_touch_the_outside(
     outside = snapshot(top / "outside")
     name, args = call
     if name == "edit_file":
-        run(ws, "read_file", path="real.txt")
+        # An earlier example may have written binary content there: then edit_file says it was not read.
+        with contextlib.suppress(ToolError):
+            run(ws, "read_file", path="real.txt")
     try:
         result = run(ws, name, **args)
     except ToolError as exc:
