@@ -88,7 +88,7 @@ class _CloningCopier(_Copier):
             out_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd_out = os.open(name, out_flags, 0o600, dir_fd=dst)
             try:
-                copied = self._data(fd_in, fd_out, min(info.st_size, info.st_blocks * 512))
+                copied = self._data(fd_in, fd_out, info)
                 if copied > self.budget:  # grew since the scan past what the copy may hold
                     raise PolicyNotEnforceableError(
                         f"the workspace's files grew past the snapshot's cap while they were copied "
@@ -96,7 +96,9 @@ class _CloningCopier(_Copier):
                         f"nothing was kept. Raise {self.setting}"
                     )
                 self.budget -= copied
-                size = os.fstat(fd_out).st_size  # the apparent size: the twin gets the same
+                # The apparent size, which the twin gets too: a dense file copied whole has its own.
+                dense = copied == info.st_size and info.st_blocks * 512 >= info.st_size
+                size = info.st_size if dense else os.fstat(fd_out).st_size
                 self._settle(fd_out, self.owner, entry)
             finally:
                 os.close(fd_out)
@@ -104,12 +106,13 @@ class _CloningCopier(_Copier):
         finally:
             os.close(fd_in)
 
-    def _data(self, fd_in: int, fd_out: int, cost: int) -> int:
+    def _data(self, fd_in: int, fd_out: int, info: os.stat_result) -> int:
         """Clone ``fd_in`` into ``fd_out`` when it fits the budget and the filesystem can, else copy.
 
-        ``cost`` is what the source's blocks hold; returns what the copy holds (a clone's allocated
-        bytes, a copy's data: holes count nothing either way).
+        ``info`` is ``fd_in``'s fstat. Returns what the copy holds (a clone's allocated bytes, a copy's
+        data: holes count nothing either way).
         """
+        cost = min(info.st_size, info.st_blocks * 512)  # what the source's blocks hold
         if self._can_clone and cost <= self.budget:
             try:
                 fcntl.ioctl(fd_out, FICLONE, fd_in)
@@ -127,4 +130,4 @@ class _CloningCopier(_Copier):
                     return cloned
                 return cloned  # over the budget: the caller refuses
         self.copied += 1
-        return _copy_data(fd_in, fd_out, self.budget + 1)
+        return _copy_data(fd_in, fd_out, self.budget + 1, info)

@@ -336,13 +336,14 @@ class _Copier:
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         fd_in = os.open(name, flags, dir_fd=src)  # NONBLOCK: a FIFO swapped in does not hang the copy
         try:
-            if not stat.S_ISREG(os.fstat(fd_in).st_mode):
+            info = os.fstat(fd_in)
+            if not stat.S_ISREG(info.st_mode):
                 self.skipped.append(f"{path}: no longer a regular file when it was copied")
                 return
             out_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd_out = os.open(name, out_flags, 0o600, dir_fd=dst)
             try:
-                copied = _copy_data(fd_in, fd_out, self.budget + 1)
+                copied = _copy_data(fd_in, fd_out, self.budget + 1, info)
                 if copied > self.budget:  # grew since the scan past what the copy may hold
                     raise PolicyNotEnforceableError(
                         f"the files of the workspace grew past the cap of its copy while it was copied "
@@ -374,16 +375,17 @@ def _copy_range(fd_in: int, fd_out: int, size: int) -> None:
     os.ftruncate(fd_out, min(size, os.fstat(fd_in).st_size))
 
 
-def _copy_data(fd_in: int, fd_out: int, limit: int) -> int:
+def _copy_data(fd_in: int, fd_out: int, limit: int, info: os.stat_result | None = None) -> int:
     """Copy ``fd_in`` to ``fd_out`` (in the kernel when it can), holes kept, until ``limit`` bytes of data.
 
-    Returns the bytes of data copied (a hole counts nothing; past ``limit`` the copy stops and the caller
+    ``info``: ``fd_in``'s fstat, when the caller has it. Returns the bytes of data copied (a hole counts
+    nothing; past ``limit`` the copy stops and the caller
     refuses it). ``fd_out`` gets ``fd_in``'s apparent size, its holes left holes: ``copy_file_range`` or a
     write over a range writes every hole out on a tmpfs, so only the extents :func:`data_extents` lists are
     copied, each at its own offset, and the size is set last (``ftruncate``).
     """
     copied = 0
-    info = os.fstat(fd_in)
+    info = info or os.fstat(fd_in)  # the caller's fstat of fd_in when it has one: one system call less
     size = info.st_size
     # A file whose blocks hold all of its size has no hole: one range, without the extent queries (three
     # more system calls per file, which a 2,000-file fork paid on its path).
