@@ -30,6 +30,13 @@ pytestmark = pytest.mark.docker
 HOME = "/home/sandbox"
 
 
+def outside_tmp(prefix: str) -> Path:
+    """A fresh directory outside /tmp (a spare's path may not be in the sandbox's own tmpfs): the cache."""
+    cache = Path.home() / ".cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=cache))
+
+
 def run(session: DockerSession, code: str) -> ExecResult:
     return session.execute(ExecRequest(language=Language.COMMAND, code=code, timeout=60))
 
@@ -43,7 +50,7 @@ def ok(session: DockerSession, code: str) -> str:
 @pytest.fixture(scope="module")
 def secret_dir() -> Iterator[Path]:
     """A host directory holding a secret a naive host-side copy would read by following a planted link."""
-    path = Path(tempfile.mkdtemp(prefix="adk-fork-any-secret-", dir="/srv"))
+    path = outside_tmp("adk-fork-any-secret-")
     (path / "secret").write_text("host-secret-" + uuid.uuid4().hex)
     yield path
     (path / "secret").unlink()
@@ -61,7 +68,7 @@ def backend() -> Iterator[DockerBackend]:
 @pytest.fixture(scope="module")
 def workspace() -> Iterator[Path]:
     """The parent's host directory: outside /tmp (a pool's path may not be in the sandbox's own tmpfs)."""
-    path = Path(tempfile.mkdtemp(prefix="adk-fork-any-", dir="/srv"))
+    path = outside_tmp("adk-fork-any-")
     (path / "src.py").write_text("print('parent')\n")
     yield path
     for child in sorted(path.rglob("*"), reverse=True):
@@ -132,7 +139,7 @@ def test_a_hostile_parents_links_fifos_and_setid_files_stay_out(
                 assert secret not in Path(path).read_text(errors="replace"), path
     listing = ok(fork, "ls -a /tmp")
     assert {"escape", "hostroot", "climb", "fifo"}.isdisjoint(listing.split())
-    read = run(fork, "cat /tmp/escape/secret /tmp/climb/secret /tmp/hostroot/srv/*/secret")
+    read = run(fork, f"cat /tmp/escape/secret /tmp/climb/secret /tmp/hostroot{secret_dir}/secret")
     assert secret not in read.stdout + read.stderr
     # (the sandbox's filter refuses set-id modes already; the host copy drops them besides)
     assert int(ok(fork, "stat -c %a /tmp/setuid").strip(), 8) & 0o7000 == 0
