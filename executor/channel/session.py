@@ -39,7 +39,7 @@ from adk_sandbox.executor._users import is_numeric, resolve_user
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.files import SandboxFiles
-from adk_sandbox.executor.channel.transport import CommandOutcome, CommandTransport
+from adk_sandbox.executor.channel.transport import MAX_COMMAND_INPUT, CommandOutcome, CommandTransport
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, SandboxFailedError
 from adk_sandbox.executor.types import ExecRequest, ExecResult, parse_user
 from adk_sandbox.executor.workspace.synced import SyncedWorkspace, refusal_note
@@ -171,6 +171,13 @@ class ChannelSession(SandboxSession):
     ) -> ExecResult:
         """Run ``request`` in the session's sandbox (see the engine's class docstring)."""
         argv = request_argv(request, self.name)
+        stdin = request.stdin_bytes
+        if stdin is not None and len(stdin) > MAX_COMMAND_INPUT:
+            raise InvalidRequestError(
+                f"stdin holds {len(stdin) // (1024 * 1024)} MiB, more than one command in {self._WHERE} "
+                f"may be given ({MAX_COMMAND_INPUT // (1024 * 1024)} MiB: the sandbox's agent would cut it "
+                "short); nothing ran. Write larger data into the workspace and have the command read the file"
+            )
         self._refuse(request)
         request = self._numeric_request(request)
         self._refuse_user(request.user)

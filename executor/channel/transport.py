@@ -20,6 +20,7 @@ __all__ = [
     "CANCEL_POLL_SECONDS",
     "DEFAULT_PATH",
     "KILL_ON_ERROR_SECONDS",
+    "MAX_COMMAND_INPUT",
     "CommandOutcome",
     "CommandTransport",
     "ContainerGoneError",
@@ -32,6 +33,10 @@ CANCEL_POLL_SECONDS = 0.05
 KILL_ON_ERROR_SECONDS = 5.0
 #: The PATH a command gets when the image says none.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: The most input one command may be given through the channel: the in-sandbox agent holds at most this
+#: much of a command's input not yet read (``MAX_STDIN_PENDING`` in ``executor/channel/inside/agent.c``)
+#: and ends the input there, so a larger ``stdin`` is refused before anything is sent, never cut short.
+MAX_COMMAND_INPUT = 256 * 1024 * 1024
 
 
 class ContainerGoneError(SandboxFailedError):

@@ -26,6 +26,7 @@ import stat
 import tarfile
 from typing import Literal, cast
 
+from adk_sandbox.executor.channel.transport import MAX_COMMAND_INPUT
 from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor.workspace.beneath import EscapeError, RootDir
 from adk_sandbox.executor.workspace.protocol import Run, RunResult
@@ -40,10 +41,9 @@ log = logging.getLogger(__name__)
 
 #: The default size cap of a mirror volume, in MiB.
 DEFAULT_MIRROR_MB = 1024
-#: The most one command's input may carry into the sandbox: the in-sandbox agent holds at most 256 MiB of
-#: a command's input not yet read (MAX_STDIN_PENDING in executor/channel/inside/agent.c) and ends the input
-#: there, which ``tar -x`` reports as "Unexpected EOF in archive". Pushes are cut below it.
-MAX_PUSH_BYTES = 255 * 1024 * 1024
+#: The most one push's input may carry into the sandbox: below the channel's :data:`MAX_COMMAND_INPUT`
+#: (past it the agent would end the input, which ``tar -x`` reports as "Unexpected EOF in archive").
+MAX_PUSH_BYTES = MAX_COMMAND_INPUT - 1024 * 1024
 #: A push's archives are cut at about this many bytes each (one file's data is never cut): the memory a
 #: push holds at once, and far from :data:`MAX_PUSH_BYTES`.
 _PUSH_BATCH = 64 * 1024 * 1024

@@ -19,6 +19,7 @@ import pytest
 from adk_sandbox.executor import ExecRequest, ExecResult, InvalidRequestError, Language, SandboxFailedError
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.transport import MAX_COMMAND_INPUT
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -141,6 +142,16 @@ def test_a_mebibyte_of_random_bytes_reaches_the_command_intact(session: DockerSe
     data = os.urandom(1024 * 1024)
     result = _argv(session, "sha256sum", stdin=data)
     assert result.stdout.split()[0] == hashlib.sha256(data).hexdigest(), result.stderr
+
+
+def test_stdin_larger_than_the_agent_holds_is_refused_not_cut_short(agent_session: DockerSession) -> None:
+    """The sandbox's agent ends a command's input once 256 MiB wait unread: on d163729 a slow reader got
+    part of its stdin and exit 0, nothing said. Now refused before anything is sent; at the limit it all
+    arrives."""
+    over = bytes(MAX_COMMAND_INPUT + 1)
+    with pytest.raises(InvalidRequestError, match="256 MiB"):
+        _sh(agent_session, "sleep 3; wc -c", stdin=over)
+    assert _sh(agent_session, "sleep 1; wc -c", stdin=bytes(32 * 1024 * 1024)).stdout.strip() == str(32 << 20)
 
 
 # -- cwd ---------------------------------------------------------------------------------------------
