@@ -24,29 +24,30 @@ import logging
 import os
 import stat
 import tarfile
-from typing import Literal, cast
+from collections.abc import Iterator
+from typing import Literal
 
-from adk_sandbox.executor.channel.transport import MAX_COMMAND_INPUT
 from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor.workspace.beneath import EscapeError, RootDir
 from adk_sandbox.executor.workspace.protocol import Run, RunResult
 from adk_sandbox.executor.workspace.pullback import Content, _HostTree, _Refused, read_content, safe_name
 from adk_sandbox.executor.workspace.racy import RACY_NS, racy, scan_clock_ns, window_ns
 from adk_sandbox.executor.workspace.scan import Entry, Kind, _host_entry, _Key, check_fits, host_keys
+from adk_sandbox.executor.workspace.tarstream import (
+    MAX_FILE_DATA,
+    archives,
+    member_content,
+    tar_file_member,
+    tar_header,
+)
 
-__all__ = ["DEFAULT_MIRROR_MB", "MAX_PUSH_BYTES", "MirrorWorkspace", "tar_end", "tar_file_member"]
+__all__ = ["DEFAULT_MIRROR_MB", "MirrorWorkspace"]
 
 log = logging.getLogger(__name__)
 
 
 #: The default size cap of a mirror volume, in MiB.
 DEFAULT_MIRROR_MB = 1024
-#: The most one push's input may carry into the sandbox: below the channel's :data:`MAX_COMMAND_INPUT`
-#: (past it the agent would end the input, which ``tar -x`` reports as "Unexpected EOF in archive").
-MAX_PUSH_BYTES = MAX_COMMAND_INPUT - 1024 * 1024
-#: A push's archives are cut at about this many bytes each (one file's data is never cut): the memory a
-#: push holds at once, and far from :data:`MAX_PUSH_BYTES`.
-_PUSH_BATCH = 64 * 1024 * 1024
 
 # Lists the tree below $1 as records "<path>\0<type> <mode> <size> <mtime> <ctime> <inode>\0<link target>\0",
 # every .git (at any depth) left out: pull-back never writes one, so there is nothing to list there. First
@@ -391,25 +392,22 @@ class MirrorWorkspace:
                     del self._inside[known]
         if not paths:
             return skipped
-        batch: list[bytes | memoryview] = []
-        held = 0
-        for path in paths:
-            entry = host[path]
-            member = self._member(path, entry, racy, skipped)
-            if member is None:
-                continue
-            parts, entry = member
-            size = sum(len(part) for part in parts)
-            if held and held + size > _PUSH_BATCH:
-                self._send(run, batch)  # cut between files: what this push holds at once stays bounded
-                batch, held = [], 0
-            batch += parts
-            held += size
-            if safe_name(path):  # a .git is never listed, so never compared
-                # What the container will list for it (tar restores the mode and the whole-second mtime).
-                self._inside[path] = Entry(entry.kind, entry.mode, entry.size, entry.mtime_ns, entry.target)
-        if batch:
-            self._send(run, batch)
+
+        def members() -> Iterator[list[bytes | memoryview]]:
+            for path in paths:
+                member = self._member(path, host[path], racy, skipped)
+                if member is None:
+                    continue
+                parts, entry = member
+                if safe_name(path):  # a .git is never listed, so never compared
+                    # What the container will list for it (tar restores the mode and the whole-second mtime).
+                    self._inside[path] = Entry(
+                        entry.kind, entry.mode, entry.size, entry.mtime_ns, entry.target
+                    )
+                yield parts
+
+        for archive in archives(members()):  # cut between files: what a push holds at once stays bounded
+            self._send(run, archive)
         return skipped
 
     def _member(
@@ -426,19 +424,19 @@ class MirrorWorkspace:
         info.mtime = entry.mtime_ns // 1_000_000_000
         if entry.kind == "d":
             info.type = tarfile.DIRTYPE
-            return [info.tobuf(tarfile.GNU_FORMAT, _ENCODING, "surrogateescape")], entry
+            return [tar_header(info)], entry
         if entry.kind == "l":
             info.type, info.linkname = tarfile.SYMTYPE, entry.target
-            return [info.tobuf(tarfile.GNU_FORMAT, _ENCODING, "surrogateescape")], entry
+            return [tar_header(info)], entry
         content = _read_host_file(self._tree, path)
         if content is None:
             skipped.append(path)  # gone or no longer reachable as scanned: the next sync sees it
             return None
-        if content.data_bytes > MAX_PUSH_BYTES - 64 * 1024:
+        if content.data_bytes > MAX_FILE_DATA:
             self._inside, self._records = {}, {}  # what was pushed before is unknown: compared next time
             raise SandboxFailedError(
                 f"the workspace file {path} holds {content.data_bytes // (1024 * 1024)} MiB of data, more "
-                f"than one copy into the sandbox carries ({MAX_PUSH_BYTES // (1024 * 1024)} MiB); nothing "
+                f"than one copy into the sandbox carries ({MAX_FILE_DATA // (1024 * 1024)} MiB); nothing "
                 "ran. Keep files that large out of a mirrored workspace (or snapshot), or use "
                 "workspace_transport='bind' on a local engine"
             )
@@ -447,11 +445,9 @@ class MirrorWorkspace:
             self._digests[path] = content.digest()
         return parts, Entry("f", entry.mode, content.size, info.mtime * 1_000_000_000)
 
-    def _send(self, run: Run, parts: list[bytes | memoryview]) -> None:
-        """Unpack the tar members ``parts`` (an archive once ended) in the sandbox's copy, as the user."""
-        result = run(
-            ("/bin/sh", "-c", _PUSH_SCRIPT, "adk-sandbox-push", self.inside), tar_end(parts), 64 * 1024
-        )
+    def _send(self, run: Run, archive: bytes) -> None:
+        """Unpack ``archive`` in the sandbox's copy, as the user."""
+        result = run(("/bin/sh", "-c", _PUSH_SCRIPT, "adk-sandbox-push", self.inside), archive, 64 * 1024)
         _check_tools(result, "tar")
         if result.exit_code != 0:
             why = result.stderr.decode("utf-8", "replace").strip()[-400:]
@@ -572,7 +568,7 @@ class MirrorWorkspace:
                     if not member.isreg():
                         refused.append(f"{path}: no longer a regular file when it was copied")
                         continue
-                    content = _member_content(result.stdout, member)
+                    content = member_content(result.stdout, member)
                     if content.data_bytes > budget:
                         why = f"{content.data_bytes} bytes of data, more than the copy's cap lets come back"
                         refused.append(f"{path}: {why}")
@@ -725,76 +721,3 @@ def _read_host_file(tree: RootDir, rel: str) -> Content | None:
         return None
     finally:
         os.close(fd)
-
-
-#: How names and link targets are written in a tar (what ``tarfile`` does by default here).
-_ENCODING = "utf-8"
-_BLOCK = 512
-#: Where a PAX 1.0 sparse member's header puts its file: the real name is in ``GNU.sparse.name``.
-_SPARSE_PLACEHOLDER = "GNUSparseFile.0/f"
-
-
-def tar_file_member(
-    name: str, content: Content, *, mode: int, owner: tuple[int, int], mtime: int
-) -> list[bytes | memoryview]:
-    r"""The tar member of a regular file ``name`` holding ``content``: header blocks, data, padding.
-
-    A file without holes is a plain GNU member. A sparse one is a PAX 1.0 sparse member, which GNU tar
-    unpacks as a sparse file (Python's ``tarfile`` writes no sparse member, so it would write the holes
-    out): a pax header with ``GNU.sparse.major=1``, ``GNU.sparse.minor=0``, ``GNU.sparse.name`` and
-    ``GNU.sparse.realsize``; then the data block starts with the map ("count\noffset\nsize\n...", padded
-    to 512 bytes) followed by the extents' data. A trailing hole ends the map with an empty extent at the
-    file's size, as GNU tar writes it. The data is referenced, not copied.
-    """
-    info = tarfile.TarInfo(name)
-    info.uid, info.gid = owner
-    info.mode, info.mtime = mode, mtime
-    data = [part for _, part in content.extents]
-    if content.sparse:
-        entries = [(offset, len(part)) for offset, part in content.extents]
-        if not entries or entries[-1][0] + entries[-1][1] < content.size:
-            entries.append((content.size, 0))
-        table = (f"{len(entries)}\n" + "".join(f"{offset}\n{size}\n" for offset, size in entries)).encode()
-        table += bytes(-len(table) % _BLOCK)
-        info.name = _SPARSE_PLACEHOLDER
-        info.size = len(table) + content.data_bytes
-        info.pax_headers = {
-            "GNU.sparse.major": "1",
-            "GNU.sparse.minor": "0",
-            "GNU.sparse.name": name,
-            "GNU.sparse.realsize": str(content.size),
-        }
-        # A name that is not UTF-8 (a host name's surrogate escapes) goes as bytes (pax "hdrcharset=BINARY").
-        header = info.tobuf(tarfile.PAX_FORMAT, _ENCODING, "surrogateescape")
-        return [header, table, *data, bytes(-info.size % _BLOCK)]
-    info.size = content.size
-    return [info.tobuf(tarfile.GNU_FORMAT, _ENCODING, "surrogateescape"), *data, bytes(-info.size % _BLOCK)]
-
-
-def tar_end(parts: list[bytes | memoryview]) -> bytes:
-    """The archive of the members ``parts``: joined, ended by two zero blocks, padded to a 10 KiB record."""
-    size = sum(len(part) for part in parts) + 2 * _BLOCK
-    return b"".join([*parts, bytes(2 * _BLOCK + (-size % tarfile.RECORDSIZE))])
-
-
-def _member_content(archive: bytes, member: tarfile.TarInfo) -> Content:
-    """The content of the regular (maybe sparse) ``member`` of ``archive``, its data referenced in place.
-
-    A sparse member (GNU or PAX, as ``tarfile`` reads its map) stores its extents one after the other from
-    ``offset_data``; the holes are not in the archive and are not made here. An extent past the end of the
-    archive (a cut one) raises ``tarfile.ReadError``.
-    """
-    view = memoryview(archive)
-    extents: list[tuple[int, bytes | memoryview]] = []
-    at = member.offset_data
-    # tarfile keeps a sparse member's map as (offset, size) pairs (its stubs call it bytes).
-    sparse = cast("list[tuple[int, int]] | None", member.sparse)
-    pieces = [(0, member.size)] if sparse is None else sparse
-    for offset, length in pieces:
-        if length <= 0:
-            continue
-        if at + length > len(archive) or offset + length > member.size:
-            raise tarfile.ReadError("a member's data goes past the archive or its size")
-        extents.append((offset, view[at : at + length]))
-        at += length
-    return Content(member.size, tuple(extents))

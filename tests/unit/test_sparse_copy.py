@@ -25,9 +25,9 @@ from adk_sandbox.executor.snapshots.copy import copy_workspace
 from adk_sandbox.executor.workspace import copies
 from adk_sandbox.executor.workspace.beneath import RootDir
 from adk_sandbox.executor.workspace.copies import _Copier, copy_tree, walk_copy
-from adk_sandbox.executor.workspace.mirror import _member_content, tar_end, tar_file_member
 from adk_sandbox.executor.workspace.pullback import Content, _HostTree, read_content
 from adk_sandbox.executor.workspace.scan import data_extents, scan_host
+from adk_sandbox.executor.workspace.tarstream import member_content, tar_end, tar_file_member
 
 MIB = 1024 * 1024
 #: Data at the start, the middle and the end of a 64 MiB file, then a trailing hole of 8 MiB.
@@ -172,9 +172,9 @@ def test_a_sparse_member_is_unpacked_sparse_by_gnu_tar_and_read_by_tarfile(room:
     with tarfile.open(fileobj=io.BytesIO(archive)) as opened:
         members = {member.name: member for member in opened}
         assert set(members) == {"dir/f", "hole", "small"}
-        read = _member_content(archive, members["dir/f"])
+        read = member_content(archive, members["dir/f"])
         assert read.size == SIZE and read.digest() == content.digest()
-        assert _member_content(archive, members["hole"]).digest() == Content(SIZE, ()).digest()
+        assert member_content(archive, members["hole"]).digest() == Content(SIZE, ()).digest()
     if shutil.which("tar") is None:
         return
     out = room / "out"

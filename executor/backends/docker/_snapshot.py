@@ -56,8 +56,15 @@ from adk_sandbox.executor.snapshots.copy import CopyReport, copy_workspace
 from adk_sandbox.executor.snapshots.model import SNAPSHOT_LABEL, CopyMethod, Snapshot, SnapshotOptions
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix
-from adk_sandbox.executor.workspace.mirror import MAX_PUSH_BYTES, tar_end, tar_file_member
 from adk_sandbox.executor.workspace.pullback import read_content
+from adk_sandbox.executor.workspace.tarstream import (
+    ARCHIVE_BYTES,
+    MAX_FILE_DATA,
+    archives,
+    tar_end,
+    tar_file_member,
+    tar_header,
+)
 
 if TYPE_CHECKING:
     from adk_sandbox.executor.backends.docker._container import OpenedContainer
@@ -375,10 +382,6 @@ def restore_tmpfs(session: DockerSession, snapshot: Snapshot) -> list[str]:
     return notes
 
 
-#: About how many bytes of archive one restoring command is given (cut between members).
-_RESTORE_PIECE = 64 * MIB
-
-
 def _archive_pieces(fd: int) -> Iterator[bytes]:
     """The tar archive open at ``fd`` (closed at the end) as archives of whole members, each about 64 MiB.
 
@@ -404,7 +407,7 @@ def _archive_pieces(fd: int) -> Iterator[bytes]:
         first = 0
         for index in range(1, len(bounds)):
             last = index == len(bounds) - 1
-            if last or bounds[index + 1] - bounds[first] > _RESTORE_PIECE:
+            if last or bounds[index + 1] - bounds[first] > ARCHIVE_BYTES:
                 yield tar_end([_read_range(fd, bounds[first], bounds[index])])
                 first = index
     finally:
@@ -458,17 +461,7 @@ def _tree_archives(tree: str, path: str) -> Iterator[bytes]:
     if not os.path.isdir(tree):
         raise FileNotFoundError(tree)
     with tarfile.open(fileobj=io.BytesIO(), mode="w", format=tarfile.GNU_FORMAT) as builder:  # headers only
-        parts: list[bytes | memoryview] = []
-        held = 0
-        for member in _tree_members(builder, tree, "", path):
-            size = sum(len(part) for part in member)
-            if held and held + size > _RESTORE_PIECE:
-                yield tar_end(parts)
-                parts, held = [], 0
-            parts += member
-            held += size
-        if parts:
-            yield tar_end(parts)
+        yield from archives(_tree_members(builder, tree, "", path), ARCHIVE_BYTES)
 
 
 def _tree_members(
@@ -487,17 +480,17 @@ def _tree_members(
                 content = read_content(fd)
             finally:
                 os.close(fd)
-            if content.data_bytes > MAX_PUSH_BYTES - 64 * 1024:
+            if content.data_bytes > MAX_FILE_DATA:
                 raise SandboxFailedError(
                     f"{path}/{arcname} of the snapshot holds {content.data_bytes // MIB} MiB of data, more "
-                    f"than one copy into the sandbox carries ({MAX_PUSH_BYTES // MIB} MiB); the session was "
+                    f"than one copy into the sandbox carries ({MAX_FILE_DATA // MIB} MiB); the session was "
                     "not started from it. Start it from a forkable pool (PoolConfig(forkable=True)), whose "
                     "copy stays on the host"
                 )
             owner = (info.uid, info.gid)
             yield tar_file_member(arcname, content, mode=info.mode, owner=owner, mtime=int(info.mtime))
             continue
-        yield [info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")]
+        yield [tar_header(info)]
         if info.isdir():
             yield from _tree_members(builder, tree, arcname, path)
 
