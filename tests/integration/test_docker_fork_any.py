@@ -182,3 +182,25 @@ def test_a_copy_from_the_default_pool_forks_by_layer(workspace: Path) -> None:
                 assert ok(child, "cat /tmp/state more.txt") == "copied\nmore\n"
     finally:
         backend.close()
+
+
+def test_the_hosts_namesake_of_the_sandboxs_home_is_never_copied(parent: DockerSession) -> None:
+    """The snapshot reads HOME as ``/proc/self/fd/<n>`` of a directory in the container's mount namespace.
+    Resolving that path (``realpath``, as a plain walk does) names the *host's* directory of the same name,
+    ``/home/sandbox`` here, whose files a naive copy would put in the snapshot and the fork."""
+    made = not os.path.exists(HOME)
+    os.makedirs(HOME, exist_ok=True)
+    marker = Path(HOME) / f"host-only-{uuid.uuid4().hex}"
+    marker.write_text("the host's file")
+    try:
+        with parent.fork() as child:
+            assert ok(child, f"cat {HOME}/.rc") == "home-state\n"
+            assert run(child, f"ls {HOME}/{marker.name}").exit_code != 0
+            origin = child.origin
+            assert origin is not None
+            for _, _, files in os.walk(origin.path):
+                assert marker.name not in files
+    finally:
+        marker.unlink()
+        if made:
+            os.rmdir(HOME)
