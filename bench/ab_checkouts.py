@@ -103,7 +103,8 @@ def main() -> None:
         for name, src in order if round_number % 2 == 0 else reversed(order):
             runs[name].append(child(src, options.quick))
             print(f"round {round_number + 1} {name}: {runs[name][-1]}", file=sys.stderr)
-    print(f"load average {os.getloadavg()[0]:.2f}; medians over {options.rounds} rounds, old and new alternated\n")
+    load = os.getloadavg()[0]
+    print(f"load average {load:.2f}; medians over {options.rounds} rounds, old and new alternated\n")
     print("| figure | old | new | new/old |\n|---|---|---|---|")
     for key, label in [
         ("command_ms", "warm `true` per command"),
