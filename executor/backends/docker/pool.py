@@ -12,20 +12,14 @@ workspace-less ``backend.session()`` (and what is built on it: the throw-away ``
   is created (its provider's ``io.adk-sandbox.session`` label) and the session that gets the member
   keeps it, so :func:`~adk_sandbox.executor.backends.docker.cleanup_session` and the reaper find a handed-out
   member like any session's container. Members also carry ``io.adk-sandbox.pool=<pool id>``.
-* **Acquire** pops the oldest ready member, checks it answers a ping (its agent's PONG, or the engine
-  saying it runs on the exec transport) and that it is younger than ``max_age_seconds`` and of the
-  newest image digest, else replaces it (counted in :attr:`PoolStats.replaced`) and takes the next. With
-  none ready it waits for one being created (started for it if need be), never longer than
-  ``acquire_timeout_seconds``; a failed create is raised to a waiting caller, not retried in a loop.
-* **Release destroys.** Closing a pooled session removes its container (never handed out again) through
-  the pool's remover, in the background; each acquire starts a refill. Creates and removes have separate
-  concurrency limits (``create_concurrency``, ``remove_concurrency``), so a backlog of removals never
-  holds up a refill, nor refills a removal.
-* **Tending.** A background thread pings idle members and replaces those past their age, so a member
-  killed from outside or left idle too long is replaced before anyone asks for it.
-* **Close** stops refills, removes the ready members, waits for the creates in flight (their containers
-  are removed too) and for the remover to finish: no container is left. A killed owner leaves its pool
-  to the reaper like any leaked container (the owner labels are set at create).
+* **The lifecycle is every pool's** (:mod:`adk_sandbox.executor.pool`: fill, acquire with a deadline,
+  never reused, tending, close). Here the ping is the agent's PONG (or the engine saying it runs, on the
+  exec transport), a member past ``max_age_seconds`` or of an older image digest than the newest member
+  is replaced, the tending thread pings idle members every ``min(max_age_seconds / 4, 15)`` s, and a
+  released or replaced member's container is removed in the background by the pool's remover: creates
+  and removes have separate limits (``create_concurrency``, ``remove_concurrency``), so a backlog of
+  removals never holds up a refill, nor refills a removal. Close waits for the creates in flight and the
+  removals: no container is left; a killed owner's pool is the reaper's (owner labels are set at create).
 
 Sessions bound to a host workspace cannot come from a pool: the bind mount is fixed when the container
 is created, and so is a mirror volume's mount point (the workspace's own path), on a read-only root
@@ -49,32 +43,26 @@ is a *copy* of a workspace, ``backend.session(copy_of=X)``, with ``PoolConfig(wo
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
-import logging
 import os
 import posixpath
-import shutil
 import tempfile
-import threading
-import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import docker
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from adk_sandbox.executor._layout import KERNEL_PATHS
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, OpenedContainer
 from adk_sandbox.executor.backends.docker._spec import BUILTIN_TMPFS, LABEL_PREFIX, MIB, ContainerSpec
 from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
-from adk_sandbox.executor.errors import ExecutorError, SandboxFailedError
+from adk_sandbox.executor.errors import SandboxFailedError
 from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.pool import PoolSettings, PoolStats, Remover, WarmPool
 from adk_sandbox.executor.types import ResourceLimits
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree
 
@@ -82,8 +70,6 @@ if TYPE_CHECKING:
     from adk_sandbox.executor.snapshots.model import Snapshot
 
 __all__ = ["POOL_LABEL", "PoolConfig", "PoolKey", "PoolStats", "SessionPool"]
-
-log = logging.getLogger(__name__)
 
 #: The label naming the pool a container was made for (set at create; kept after it is handed out).
 POOL_LABEL = LABEL_PREFIX + "pool"
@@ -99,13 +85,13 @@ SessionMaker = Callable[[SessionConfig, ContainerProvider], DockerSession]
 COPIES_CONTEXT = "adk-sandbox-copies-dir"
 
 
-class PoolConfig(BaseModel):
-    """How a :class:`SessionPool` keeps its members (``DockerBackend(pool=PoolConfig(size=4, ...))``)."""
+class PoolConfig(PoolSettings):
+    """How a :class:`SessionPool` keeps its members (``DockerBackend(pool=PoolConfig(size=4, ...))``).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    ``size`` (1 to 256 started containers), ``acquire_timeout_seconds`` (120) and ``ping_timeout_seconds``
+    (2) are every pool's (:class:`~adk_sandbox.executor.pool.PoolSettings`).
+    """
 
-    size: Annotated[int, Field(ge=1, le=256)]
-    """How many started containers to keep ready."""
     max_age_seconds: Annotated[float, Field(gt=0)] = 600.0
     """A member older than this is replaced, not handed out (bounds how stale a ready container gets;
     it must be below the backend's ``lifetime_seconds``, which runs from the member's create)."""
@@ -113,10 +99,6 @@ class PoolConfig(BaseModel):
     """At most this many containers being created and started at once (refills)."""
     remove_concurrency: Annotated[int, Field(ge=1, le=32)] = 2
     """At most this many containers being removed at once (released and replaced members)."""
-    ping_timeout_seconds: Annotated[float, Field(gt=0)] = 2.0
-    """How long a member may take to answer the ping before it is replaced."""
-    acquire_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
-    """How long an acquire waits for a member when none is ready before it fails."""
     workspace: Literal["none", "mirror"] = "none"
     """What the members serve. ``"none"``: workspace-less ``backend.session()``. ``"mirror"``: copies,
     ``backend.session(copy_of=X)``; each member then holds an empty mirror volume at a directory the pool
@@ -239,111 +221,10 @@ class PoolKey:
         )
 
 
-@dataclass(frozen=True)
-class PoolStats:
-    """A snapshot of a pool's counters."""
-
-    ready: int
-    """Members started and waiting to be handed out."""
-    creating: int
-    """Members being created and started now."""
-    removing: int
-    """Containers queued for or being removed now (released or replaced members)."""
-    created: int
-    """Members made ready since the pool started."""
-    served: int
-    """Members handed out."""
-    replaced: int
-    """Members found dead, past their age or of an older image, and removed instead of handed out."""
-    failed: int
-    """Creates that failed."""
-
-
-@dataclass(eq=False)  # members are compared by identity (``in self._ready``)
-class _Member:
-    session: DockerSession
-    ready_at: float
-    image_id: str | None
-
-
-@dataclass
-class _Counters:
-    created: int = 0
-    served: int = 0
-    replaced: int = 0
-    failed: int = 0
-    failures: deque[Exception] = field(default_factory=deque)
-    """Create failures not yet reported, raised to waiting acquirers (one each)."""
-
-
-class _Remover:
-    """Runs removals in at most ``limit`` threads, started on demand; :meth:`drain` waits for all."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._cond = threading.Condition()
-        self._queue: deque[Callable[[], None]] = deque()
-        self._workers = 0
-        self._busy = 0
-        self._closed = False
-
-    @property
-    def pending(self) -> int:
-        """Removals queued or running."""
-        with self._cond:
-            return len(self._queue) + self._busy
-
-    def submit(self, job: Callable[[], None]) -> bool:
-        """Queue ``job``; False once drained (the caller then runs it itself)."""
-        with self._cond:
-            if self._closed:
-                return False
-            if self._workers < self._limit:
-                worker = threading.Thread(target=self._work, name="adk-sandbox-pool-remove", daemon=True)
-                try:
-                    worker.start()  # it waits for this lock, so it sees the job appended below
-                except RuntimeError:  # the interpreter is shutting down (a close from atexit)
-                    if not self._workers:
-                        return False
-                else:
-                    self._workers += 1
-            self._queue.append(job)
-        return True
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                if not self._queue:
-                    self._workers -= 1
-                    self._cond.notify_all()
-                    return
-                job = self._queue.popleft()
-                self._busy += 1
-            try:
-                job()
-            except Exception:  # a removal the engine refused is noted for the reaper (ContainerProvider)
-                log.warning("a warm pool container could not be removed", exc_info=True)
-            finally:
-                with self._cond:
-                    self._busy -= 1
-
-    def drain(self, timeout: float) -> bool:
-        """Take no more jobs (later ones run in their caller) and wait for the queued ones; True if done."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            self._closed = True
-            while self._queue or self._workers:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
-
-
 class _PooledProvider(ContainerProvider):
     """A member's container provider: removals go to the pool's remover; it remembers the image digest."""
 
-    def __init__(self, client: docker.DockerClient, spec: ContainerSpec, remover: _Remover) -> None:
+    def __init__(self, client: docker.DockerClient, spec: ContainerSpec, remover: Remover) -> None:
         super().__init__(client, spec, None)
         self._remover = remover
         self.image_id: str | None = None
@@ -362,12 +243,20 @@ class _PooledProvider(ContainerProvider):
             super().remove(container_id)
 
 
-class SessionPool:
+class SessionPool(WarmPool[DockerSession, PoolConfig]):
     """Started sessions kept ready for one backend's settings (see the module docstring).
 
     ``DockerBackend(pool=...)`` makes and owns one; ``make_session`` builds an unstarted session from the
-    pool's config and provider (the backend's tracked session class).
+    pool's config and provider (the backend's tracked session class). The lifecycle is
+    :class:`~adk_sandbox.executor.pool.WarmPool`'s; this class makes the members and fills them.
     """
+
+    closed_message = "this DockerBackend is closed: its warm pool hands out no more sessions"
+    timeout_message = (
+        "no warm container was ready within {timeout:g} s ({creating} being started, at most {limit} at "
+        "once): the Docker engine is slow or overloaded; nothing ran. Retry, or raise "
+        "PoolConfig.acquire_timeout_seconds"
+    )
 
     def __init__(
         self,
@@ -382,8 +271,6 @@ class SessionPool:
             raise ValueError("a pool member has no workspace and is created, not attached")
         self.id = uuid.uuid4().hex[:12]
         """The ``io.adk-sandbox.pool`` label of this pool's containers."""
-        self.settings = settings
-        """How this pool keeps its members."""
         spec = replace(config.spec, labels={**config.spec.labels, POOL_LABEL: self.id})
         self._config = replace(config, spec=spec)
         self._client = client
@@ -404,58 +291,24 @@ class SessionPool:
         """The host directory holding the members' workspace copies (``workspace="mirror"``), else None."""
         if settings.workspace == "mirror":
             self.root = tempfile.mkdtemp(prefix=copy_prefix("pool"), dir=copies_dir())  # 0700, ours
-        self._remover = _Remover(settings.remove_concurrency)
-        self._cond = threading.Condition()
-        self._ready: deque[_Member] = deque()
-        self._creating = 0
-        self._waiting = 0
-        self._deferred = 0  # members handed to forks whose refill waits for their first command
-        self._closed = False
-        self._counters = _Counters()
-        self._stop = threading.Event()
-        with self._cond:
-            self._fill_locked()
-        self._tender = threading.Thread(target=self._tend, name="adk-sandbox-pool-tend", daemon=True)
-        self._tender.start()
-        # A pool its owner forgot to close is drained when the interpreter exits normally (a killed
-        # owner's is left to the reaper).
-        atexit.register(self.close)
+        super().__init__(
+            settings,
+            concurrency=settings.create_concurrency,
+            tend_seconds=min(settings.max_age_seconds / 4, 15.0),
+            max_age=settings.max_age_seconds,
+            removers=settings.remove_concurrency,
+        )
 
     @property
     def key(self) -> PoolKey:
         """What this pool's members are made from (the image digest is the newest member's)."""
         with self._cond:
-            return self._key
+            return replace(self._key, image_id=self._newest)
 
     @property
     def labels(self) -> Mapping[str, str]:
         """The labels of this pool's containers: the backend's, the pool's (the owner labels aside)."""
         return self._config.spec.labels
-
-    def stats(self) -> PoolStats:
-        """The pool's counters now."""
-        with self._cond:
-            counters = self._counters
-            return PoolStats(
-                ready=len(self._ready),
-                creating=self._creating,
-                removing=self._remover.pending,
-                created=counters.created,
-                served=counters.served,
-                replaced=counters.replaced,
-                failed=counters.failed,
-            )
-
-    def wait_ready(self, timeout: float = 120.0) -> bool:
-        """Wait until ``size`` members are ready (True), or ``timeout`` passed or the pool closed (False)."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while len(self._ready) < self.settings.size:
-                left = deadline - time.monotonic()
-                if self._closed or left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
 
     # -- acquire -------------------------------------------------------------------------------------
     def serves_snapshot(self, snapshot: Snapshot) -> bool:
@@ -480,7 +333,8 @@ class SessionPool:
         (the error is raised). :class:`SandboxFailedError` when the pool is closed or no member was ready
         in ``acquire_timeout_seconds``; a failed create's own error when one failed while this waited.
         With ``snapshot`` (a pool with ``path``, see :meth:`serves_snapshot`) the member takes the
-        snapshot's state instead: its workspace copied in and pushed, its tmpfs archives unpacked.
+        snapshot's state instead: its workspace copied in and pushed, its tmpfs archives unpacked; its
+        refill waits for its first command (at most :data:`REFILL_DEFER_SECONDS`).
         """
         if snapshot is not None:
             if copy_of is not None or not self.serves_snapshot(snapshot):
@@ -491,49 +345,27 @@ class SessionPool:
                 if copy_of is None
                 else "this pool's members have no workspace: acquire() only"
             )
-        deadline = time.monotonic() + self.settings.acquire_timeout_seconds
-        while True:
-            member = self._take(deadline)
-            # The refill starts once the member answered (a copy: once it is pushed in): its create would
-            # compete with the ping, and the copy, for the interpreter and the engine (measured: a few ms
-            # of an acquire's ~5).
-            healthy = member.session.ping(self.settings.ping_timeout_seconds)
-            if healthy:
-                deferred = False
-                try:
-                    if snapshot is not None:
-                        self._fill_snapshot(member.session, snapshot)
-                        deferred = True
-                    elif copy_of is not None:
-                        self._fill_copy(member.session, copy_of)
-                finally:
-                    with self._cond:
-                        self._deferred += deferred
-                        self._fill_locked()
-                if deferred:
-                    self._defer_refill(member.session)
-                with self._cond:
-                    self._counters.served += 1
-                return member.session
-            with self._cond:
-                self._fill_locked()
-            log.info("warm pool member %s did not answer its ping: replaced", member.session.session_id)
-            self._discard([member])
+
+        def prepare(session: DockerSession) -> float | None:
+            if snapshot is not None:
+                self._fill_snapshot(session, snapshot)
+                return REFILL_DEFER_SECONDS
+            if copy_of is not None:
+                self._fill_copy(session, copy_of)
+            return None
+
+        return self._acquire(prepare)
 
     def _fill_copy(self, session: DockerSession, source: str) -> None:
-        """Copy ``source`` into the member's empty workspace on the host and push it in; else destroy it."""
+        """Copy ``source`` into the member's empty workspace on the host and push it in."""
         workspace = session.workspace
-        try:
-            if workspace is None:  # pragma: no cover - every member of a mirror pool has one
-                raise SandboxFailedError("a warm pool member has no workspace copy")
-            copy_tree(source, workspace, self._config.mirror_mb * MIB)
-            session.push_workspace()
-        except BaseException:
-            _close_quietly(session)  # the copy went into its workspace: never handed out again
-            raise
+        if workspace is None:  # pragma: no cover - every member of a mirror pool has one
+            raise SandboxFailedError("a warm pool member has no workspace copy")
+        copy_tree(source, workspace, self._config.mirror_mb * MIB)
+        session.push_workspace()
 
     def _fill_snapshot(self, session: DockerSession, snapshot: Snapshot) -> None:
-        """Give the member the snapshot's files (workspace copied, pushed; tmpfs unpacked), or destroy it.
+        """Give the member the snapshot's files (workspace copied, pushed; tmpfs unpacked).
 
         A forkable member's are all copied on the host: the workspace into its host directory and into its
         mirror's volume, /tmp and HOME into their volumes (docs/snapshots.md).
@@ -542,151 +374,53 @@ class SessionPool:
         from adk_sandbox.executor.snapshots.copy import copy_workspace  # noqa: PLC0415
 
         if session.layers is not None:
-            self._fill_layers(session, snapshot)
+            # The snapshot's copies become the member's lower layers: nothing copied.
+            session.layers.fork(snapshot, session._opened().inspect)
+            session.fork_method = "overlay"
+            session.restore_notes = []
+            session.origin = snapshot
             return
         session.fork_method = "copy"
         workspace = session.workspace
         hosted = snapshot.tmpfs_format == "tree" and set(snapshot.tmpfs) <= set(session.state_dirs)
+        # /tmp and HOME copied on the host meanwhile (measured: 50 MB, most of it time in the kernel's
+        # copy, without the interpreter's lock); through the channel otherwise, after the workspace. On
+        # failure the member is destroyed after the copy aside ended (the executor waits for it).
+        with ThreadPoolExecutor(1, thread_name_prefix="adk-sandbox-fork") as aside:
+            tmpfs = aside.submit(restore_tmpfs, session, snapshot) if hosted else None
+            if workspace is None:  # pragma: no cover - every member of a mirror pool has one
+                raise SandboxFailedError("a warm pool member has no workspace copy")
+            # A forkable member's copy in the sandbox is a volume this process reaches: filled on the
+            # host by the walk that fills the host copy (each file read once), nothing through the
+            # channel. Else the host copy, then a push.
+            if session.fill_mirror_on_host(snapshot.workspace_dir, with_host=True) is None:
+                copy_workspace(
+                    snapshot.workspace_dir,
+                    workspace,
+                    self._config.mirror_mb * MIB,
+                    "DockerBackend(mirror_size_mb=...)",
+                )
+                session.push_workspace()
+            notes = tmpfs.result() if tmpfs is not None else restore_tmpfs(session, snapshot)
+        session.restore_notes = notes
+        session.origin = snapshot
+
+    # -- members -------------------------------------------------------------------------------------
+    def _new_member(self) -> DockerSession:
+        config, workspace = self._member_config()
         try:
-            # /tmp and HOME copied on the host meanwhile (measured: 50 MB, most of it time in the kernel's
-            # copy, without the interpreter's lock); through the channel otherwise, after the workspace.
-            with ThreadPoolExecutor(1, thread_name_prefix="adk-sandbox-fork") as aside:
-                tmpfs = aside.submit(restore_tmpfs, session, snapshot) if hosted else None
-                if workspace is None:  # pragma: no cover - every member of a mirror pool has one
-                    raise SandboxFailedError("a warm pool member has no workspace copy")
-                # A forkable member's copy in the sandbox is a volume this process reaches: filled on the
-                # host by the walk that fills the host copy (each file read once), nothing through the
-                # channel. Else the host copy, then a push.
-                if session.fill_mirror_on_host(snapshot.workspace_dir, with_host=True) is None:
-                    copy_workspace(
-                        snapshot.workspace_dir,
-                        workspace,
-                        self._config.mirror_mb * MIB,
-                        "DockerBackend(mirror_size_mb=...)",
-                    )
-                    session.push_workspace()
-                notes = tmpfs.result() if tmpfs is not None else restore_tmpfs(session, snapshot)
-            session.restore_notes = notes
-            session.origin = snapshot
+            return self._make_session(config, _PooledProvider(self._client, config.spec, self._remover))
         except BaseException:
-            _close_quietly(session)  # after the copy aside ended (the executor waits for it)
+            if workspace is not None:
+                os.rmdir(workspace)  # made empty above, nothing in it yet
             raise
 
-    def _fill_layers(self, session: DockerSession, snapshot: Snapshot) -> None:
-        """Mount the snapshot's copies as the member's lower layers (nothing copied), or destroy it."""
-        layers = session.layers
-        assert layers is not None  # noqa: S101 - only called for a layered member
-        try:
-            container = session._opened()
-            layers.fork(snapshot, container.inspect)
-            session.fork_method = "overlay"
-            session.restore_notes = []
-            session.origin = snapshot
-        except BaseException:
-            _close_quietly(session)
-            raise
+    def _version(self, member: DockerSession) -> str | None:
+        provider = member._provider
+        return provider.image_id if isinstance(provider, _PooledProvider) else None
 
-    def _take(self, deadline: float) -> _Member:
-        """The oldest ready member that is not stale, waiting for one when none is (stale ones removed)."""
-        stale: list[_Member] = []
-        try:
-            with self._cond:
-                member = self._pop_fresh_locked(stale)
-                if member is not None:
-                    return member
-                self._waiting += 1
-                try:
-                    while member is None:
-                        self._fill_locked()
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise self._timeout_error()
-                        self._cond.wait(left)
-                        member = self._pop_fresh_locked(stale)
-                        if member is None and self._counters.failures:
-                            raise self._counters.failures.popleft()
-                    return member
-                finally:
-                    self._waiting -= 1
-        finally:
-            self._discard(stale)
-
-    def _pop_fresh_locked(self, stale: list[_Member]) -> _Member | None:
-        """Pop ready members until a fresh one (returned); the stale ones into ``stale``."""
-        if self._closed:
-            raise SandboxFailedError("this DockerBackend is closed: its warm pool hands out no more sessions")
-        now = time.monotonic()
-        while self._ready:
-            member = self._ready.popleft()
-            if not self._is_stale(member, now):
-                return member
-            stale.append(member)
-        return None
-
-    def _timeout_error(self) -> SandboxFailedError:
-        return SandboxFailedError(
-            f"no warm container was ready within {self.settings.acquire_timeout_seconds:g} s "
-            f"({self._creating} being started, at most {self.settings.create_concurrency} at once): the "
-            "Docker engine is slow or overloaded; nothing ran. Retry, or raise "
-            "PoolConfig.acquire_timeout_seconds"
-        )
-
-    def _is_stale(self, member: _Member, now: float) -> bool:
-        """Past its age, or running an older image than the newest member (a tag rebuilt meanwhile)."""
-        too_old = now - member.ready_at > self.settings.max_age_seconds
-        return too_old or (self._key.image_id is not None and member.image_id != self._key.image_id)
-
-    def _discard(self, members: list[_Member]) -> None:
-        """Remove members instead of handing them out (closing queues the removal) and refill."""
-        if not members:
-            return
-        with self._cond:
-            self._counters.replaced += len(members)
-            self._fill_locked()
-        for member in members:
-            _close_quietly(member.session)
-
-    # -- refill --------------------------------------------------------------------------------------
-    def _defer_refill(self, session: DockerSession) -> None:
-        """Start the refill for the fork ``session`` when its first command ends (or it closes, or later).
-
-        A create+start costs the engine's machine CPU (dockerd, containerd, runc) for a few hundred ms:
-        started as the fork is handed out, it slowed the fork's first command on 2 cores. Held back at most
-        :data:`REFILL_DEFER_SECONDS`; never while an acquirer waits (:meth:`_fill_locked` then ignores it).
-        """
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            with self._cond:
-                if released:
-                    return
-                released = True
-                self._deferred -= 1
-                self._fill_locked()
-            timer.cancel()
-
-        timer = threading.Timer(REFILL_DEFER_SECONDS, release)
-        timer.daemon = True
-        timer.name = "adk-sandbox-pool-deferred-refill"
-        timer.start()
-        session._call_after_first_command(release)
-
-    def _fill_locked(self) -> None:
-        """Start creates until ready + creating covers the size and the waiting acquirers (lock held).
-
-        A member handed out to a fork whose first command has not ended yet counts as there (its refill is
-        deferred, :meth:`_defer_refill`) unless an acquirer waits.
-        """
-        want = self.settings.size + self._waiting
-        held = 0 if self._waiting else self._deferred
-        while (
-            not self._closed
-            and self._creating < self.settings.create_concurrency
-            and len(self._ready) + self._creating + held < want
-        ):
-            self._creating += 1
-            threading.Thread(target=self._create_one, name="adk-sandbox-pool-create", daemon=True).start()
+    def _after_first_command(self, member: DockerSession, hook: Callable[[], None]) -> None:
+        member._call_after_first_command(hook)
 
     def _member_config(self) -> tuple[SessionConfig, str | None]:
         """A new member's config, and the workspace directory made for it (``"mirror"``; else None)."""
@@ -726,91 +460,6 @@ class SessionPool:
             layers=layers,
         )
 
-    def _create_one(self) -> None:
-        session: DockerSession | None = None
-        workspace: str | None = None
-        try:
-            config, workspace = self._member_config()
-            provider = _PooledProvider(self._client, config.spec, self._remover)
-            session = self._make_session(config, provider)
-            session.start()
-        except Exception as exc:
-            if session is not None:
-                _close_quietly(session)
-            if workspace is not None:
-                shutil.rmtree(workspace, ignore_errors=True)
-            log.warning("the warm pool could not start a container: %s", exc)
-            with self._cond:
-                self._creating -= 1
-                self._counters.failed += 1
-                # Raised to one waiting acquirer each; none waiting: the next acquire tries again.
-                if len(self._counters.failures) < self._waiting:
-                    self._counters.failures.append(exc)
-                self._cond.notify_all()
-            return
-        member = _Member(session, time.monotonic(), provider.image_id)
-        with self._cond:
-            if not self._closed:
-                if member.image_id != self._key.image_id:
-                    self._key = replace(self._key, image_id=member.image_id)
-                self._ready.append(member)
-                self._counters.created += 1
-                self._counters.failures.clear()  # a create works again: earlier failures are history
-                self._creating -= 1
-                self._fill_locked()
-                self._cond.notify_all()
-                return
-        # Closed while it started: removed before the create counts as done, so close() waits for it.
-        _close_quietly(session)
-        with self._cond:
-            self._creating -= 1
-            self._cond.notify_all()
-
-    def _tend(self) -> None:
-        """Replace idle members that stopped answering or grew too old, until the pool closes."""
-        interval = min(self.settings.max_age_seconds / 4, 15.0)
-        while not self._stop.wait(interval):
-            with self._cond:
-                members = list(self._ready)
-            now = time.monotonic()
-            bad = [
-                m
-                for m in members
-                if self._is_stale(m, now) or not m.session.ping(self.settings.ping_timeout_seconds)
-            ]
-            with self._cond:  # only those still ready: an acquire may have taken one meanwhile
-                bad = [m for m in bad if m in self._ready]
-                for m in bad:
-                    self._ready.remove(m)
-            self._discard(bad)
-
-    # -- close ---------------------------------------------------------------------------------------
-    def close(self, timeout: float = 120.0) -> None:
-        """Stop refilling and remove every container of the pool (ready, starting, released). Idempotent."""
-        deadline = time.monotonic() + timeout
-        atexit.unregister(self.close)
-        with self._cond:
-            self._closed = True
-            members = list(self._ready)
-            self._ready.clear()
-            self._cond.notify_all()
-        self._stop.set()
-        for member in members:
-            _close_quietly(member.session)
-        with self._cond:
-            while self._creating and time.monotonic() < deadline:
-                self._cond.wait(max(deadline - time.monotonic(), 0.001))
-        if not self._remover.drain(max(deadline - time.monotonic(), 0.001)):
-            log.warning("the warm pool's removals did not finish in %g s; the reaper takes the rest", timeout)
-        if self.root is not None:
-            # Empty once every member closed (each removes its copy); a handed-out session still open
-            # keeps its copy, and so the root, until it closes (DockerBackend.close closes those first).
-            with contextlib.suppress(FileNotFoundError):
-                try:
-                    os.rmdir(self.root)
-                except OSError:
-                    log.warning("warm pool directory %s left: sessions with copies in it are open", self.root)
-
 
 def _layered_owner(config: SessionConfig, client: docker.DockerClient) -> tuple[int, int]:
     """The command user of a layered pool (this process's unless a numeric ``user`` says), checked first."""
@@ -838,10 +487,3 @@ def _layers_fit(snapshot: Snapshot, config: SessionConfig, owner: tuple[int, int
         return all(os.stat(root).st_uid == owner[0] for root in roots)
     except OSError:
         return False
-
-
-def _close_quietly(session: DockerSession) -> None:
-    try:
-        session.close()
-    except ExecutorError as exc:  # noted for the reaper by the provider; a pool close goes on
-        log.warning("closing a warm pool session failed: %s", exc)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from adk_sandbox.executor.backends.microvm._share import check_guest_path
 from adk_sandbox.executor.errors import InvalidRequestError
 from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
+from adk_sandbox.executor.pool import PoolSettings
 from adk_sandbox.executor.types import ResourceLimits, parse_user
 
 __all__ = ["MicroVMConfig", "MicroVMPoolConfig"]
@@ -100,16 +101,15 @@ class MicroVMConfig(BaseModel):
         return max(1, int(self.limits.cpus))
 
 
-class MicroVMPoolConfig(BaseModel):
+class MicroVMPoolConfig(PoolSettings):
     """How ``MicroVMBackend(pool=...)`` keeps booted VMs ready (docs/MICROVM.md, "The pool").
 
     Each member is a booted VM sharing a fresh, empty host directory of its own at :attr:`path` inside;
     ``backend.session()`` takes a member as it is, ``backend.session(copy_of=SRC)`` copies ``SRC`` into the
     member's directory first. A member is never handed out twice: closing its session kills the VM and
-    removes the directory.
+    removes the directory. The fields are every pool's (:class:`~adk_sandbox.executor.pool.PoolSettings`)
+    and the VM's.
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     size: Annotated[int, Field(ge=1, le=64)]
     """How many booted VMs to keep ready."""
