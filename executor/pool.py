@@ -159,6 +159,8 @@ class WarmPool(Generic[M, S]):
     """Close destroys the members still starting (their start fails at once) instead of waiting for them."""
     close_seconds: ClassVar[float] = 120.0
     """How long a close waits at most for the creates in flight and the removals."""
+    ready_seconds: ClassVar[float] = 120.0
+    """How long :meth:`wait_ready` waits when not told."""
     root: str | os.PathLike[str] | None = None
     """The host directory holding the members' workspaces (one each), removed at close, if any."""
 
@@ -228,8 +230,8 @@ class WarmPool(Generic[M, S]):
             )
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Wait until ``size`` members are ready (True), or ``timeout`` (the acquire's) passed (False)."""
-        timeout = self.settings.acquire_timeout_seconds if timeout is None else timeout
+        """Wait until ``size`` members are ready (True), or ``timeout`` passed or the pool closed (False)."""
+        timeout = self.ready_seconds if timeout is None else timeout
         with self._cond:
             self._cond.wait_for(lambda: self._closed or len(self._ready) >= self.settings.size, timeout)
             return not self._closed and len(self._ready) >= self.settings.size

@@ -71,6 +71,7 @@ class MicroVMPool(WarmPool["MicroVMSession", MicroVMPoolConfig]):
     )
     kill_starting = True
     close_seconds = 60.0
+    ready_seconds = 300.0
 
     def __init__(
         self,
