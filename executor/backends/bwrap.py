@@ -9,12 +9,19 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from adk_sandbox.executor.backends.enforcer import Confinement, Enforcer
 from adk_sandbox.executor.errors import EnforcerUnavailableError, PolicyNotEnforceableError
+from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
 from adk_sandbox.executor.policy import SandboxPolicy
 
-__all__ = ["RUNTIME_READ_ONLY_PATHS", "BubblewrapEnforcer", "bwrap_arguments", "get_enforcer"]
+if TYPE_CHECKING:
+    from adk_sandbox.executor.backends.process import ProcessBackend
+
+__all__ = ["RUNTIME_READ_ONLY_PATHS", "BubblewrapEnforcer", "BwrapConfig", "bwrap_arguments", "get_enforcer"]
 
 INSTALL_HINT = "install it with `apt install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
 
@@ -180,3 +187,32 @@ def get_enforcer() -> BubblewrapEnforcer:
             "unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone=1)"
         )
     return enforcer
+
+
+class BwrapConfig(BaseModel):
+    """A :class:`ProcessBackend` under bubblewrap (``OS_ENFORCED``), for the backend factory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["bwrap"] = "bwrap"
+    policy: SandboxPolicy = Field(default_factory=lambda: SandboxPolicy(allow_process_spawn=True))
+    """What the commands may reach (default: no host path but the runtime's, no network; spawning
+    allowed, which bubblewrap cannot deny)."""
+    workdir: str | None = None
+    """Every command's working directory; the policy must allow it (default: a scratch directory)."""
+    search_path: str | None = None
+    """The PATH programs are resolved on (default: the caller's)."""
+    network: bool | NetworkPolicy = False
+    """As :class:`ProcessBackend`'s ``network``."""
+
+    def make(self) -> ProcessBackend:
+        """The backend (``EnforcerUnavailableError`` where bubblewrap does not work)."""
+        from adk_sandbox.executor.backends.process import ProcessBackend  # noqa: PLC0415 - it imports this module
+
+        return ProcessBackend.with_sandbox(
+            get_enforcer(),
+            self.policy,
+            workdir=self.workdir,
+            search_path=self.search_path,
+            network=network_setting(self.network),
+        )

@@ -24,7 +24,9 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES, RUSTC_EDITION, check_argument_sizes, inline_argv
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SYSTEM_PYTHONS",
     "ProcessBackend",
+    "ProcessConfig",
     "Toolchain",
     "find_system_python",
     "probe_toolchain",
@@ -69,6 +72,23 @@ __all__ = [
 SYSTEM_PYTHONS: tuple[str, ...] = ("/usr/bin/python3", "/bin/python3", "/usr/local/bin/python3")
 """Where the system's Python is looked for, first found first: it runs a network policy's forwarder inside
 the sandbox (visible there through the runtime read-only paths, whatever the caller's own Python is)."""
+
+
+class ProcessConfig(BaseModel):
+    """A plain :class:`ProcessBackend` (no isolation: ``SUBPROCESS_ONLY``), for the backend factory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["process"] = "process"
+    workdir: str | None = None
+    """Every command's working directory (default: a fresh scratch directory per execution)."""
+    search_path: str | None = None
+    """The PATH programs are resolved on (default: the caller's)."""
+
+    def make(self) -> ProcessBackend:
+        """The backend."""
+        return ProcessBackend(workdir=self.workdir, search_path=self.search_path)
+
 
 # How long to keep reading after the process tree was killed. Pipes normally reach EOF at once; only a
 # process that escaped the group (possible without an enforcer) can hold them open longer.

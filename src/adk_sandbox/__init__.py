@@ -72,11 +72,13 @@ if TYPE_CHECKING:
         SandboxFiles,
         cleanup_session,
     )
+    from adk_sandbox.executor.backends.factory import BackendConfig, make_backend
 
 # Where each public name lives; the module is imported the first time the name is asked for.
 _EXECUTOR = "adk_sandbox.executor"
 _DEVTOOLS = "adk_sandbox.devtools"
 _DOCKER = "adk_sandbox.executor.backends.docker"
+_FACTORY = "adk_sandbox.executor.backends.factory"
 _HOME: dict[str, str] = {
     **dict.fromkeys(
         [
@@ -128,6 +130,7 @@ _HOME: dict[str, str] = {
         _DEVTOOLS,
     ),
     **dict.fromkeys(["DockerConfig", "PoolConfig", "SandboxFiles", "cleanup_session"], _DOCKER),
+    **dict.fromkeys(["BackendConfig", "make_backend"], _FACTORY),
 }
 
 
@@ -148,6 +151,7 @@ __all__ = [
     "DEFAULT_ENV_ALLOWLIST",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "AllowedPath",
+    "BackendConfig",
     "BackendUnavailableError",
     "Capabilities",
     "CodeTool",
@@ -188,4 +192,5 @@ __all__ = [
     "Workspace",
     "__version__",
     "cleanup_session",
+    "make_backend",
 ]

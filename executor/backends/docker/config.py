@@ -58,6 +58,8 @@ class DockerConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
+    type: Literal["docker"] = "docker"
+    """Discriminator, for configs that choose a backend by type (gVisor is ``runtime="runsc"``)."""
     image: str = BASE_IMAGE
     """The image of the containers this backend creates (built locally or pushed; never pulled)."""
     profile: Literal["hardened", "task"] = "hardened"

@@ -98,6 +98,8 @@ class KubernetesConfig(BaseModel):
     creating Pods; its template must be :func:`pod_spec` of this config (checked on each claimed Pod)."""
     startup_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
     """How long a session's Pod may take to be scheduled, pulled and running."""
+    context: str | None = None
+    """The kubeconfig context the backend connects with (None: the current one); not part of a Pod."""
 
     @field_validator("network", mode="before")
     @classmethod

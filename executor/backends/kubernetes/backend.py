@@ -470,7 +470,7 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
         """Connect with the kubeconfig ``context`` (None: the current one), or use ``api`` (tests)."""
         self.config = config or KubernetesConfig()
         """The configuration every session Pod is made from."""
-        self._api: KubernetesApi = api if api is not None else ClientApi(context)
+        self._api: KubernetesApi = api if api is not None else ClientApi(context or self.config.context)
         if self.config.warm_pool is not None and not self._api.has_claims():
             raise BackendUnavailableError(
                 f"warm_pool={self.config.warm_pool!r} needs agent-sandbox's CRDs (extensions.agents.x-k8s.io "

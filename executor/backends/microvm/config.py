@@ -27,6 +27,8 @@ class MicroVMConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    type: Literal["microvm"] = "microvm"
+    """Discriminator, for configs that choose a backend by type."""
     image: str = DEFAULT_IMAGE
     """The image whose filesystem becomes the VM's read-only root disk (needs the Docker engine once)."""
     limits: ResourceLimits = Field(default_factory=lambda: ResourceLimits(memory_mb=512, cpus=1, pids=512))
