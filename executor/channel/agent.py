@@ -1,11 +1,11 @@
 """The in-sandbox agent: one long-lived process per session that runs every command (protocol version 1).
 
-:data:`AGENT_SOURCE` is a standard-library-only Python program (compatible with Python >= 3.6), the file
-``inside/agent.py`` with the shared prelude spliced in (:mod:`.programs`), started through **one** exec per
-sandbox (a stream the engine opens: :mod:`.streams`) as ``python3 -I -S -c AGENT_SOURCE adk-sandbox-agent
+The agent is ``inside/agent.c``, a static binary started through **one** exec per sandbox (a stream the
+engine opens: :mod:`.streams`) by the loader of :mod:`.static_agent`, as ``adk-sandbox-agent
 [setid-allowed] [<protected>]`` with stdin attached. Frames (:mod:`.frames`) travel on its stdin and
 stdout; its stderr carries diagnostics only. No file is installed in the image, no port, socket or mount
-is needed.
+is needed. This module holds what the host and the agent agree on besides the frames: its name and
+arguments.
 
 What it does:
 
@@ -25,7 +25,7 @@ What it does:
   the command's pipes on 0, 1, 2 and every other descriptor closed; the shim carries the set-id seccomp
   filter of :mod:`.setid` that the agent installed on itself at start (with no_new_privs: inherited by
   everything it starts, never lifted; once per agent rather than per command), enters the cwd, and
-  spawns the command (``posix_spawn``, no copy of the Python process; fork and exec before Python 3.8)
+  spawns the command (``vfork`` and exec)
   into its own session (``setsid``) with exactly the RUN's environment (it travels in the frame, never on
   an argv). When the command exits and the shim has no child left, nothing of the
   command is left either (every orphan comes back to the shim). Orphans of the
@@ -70,36 +70,17 @@ Signals go through a pidfd after re-checking the target's start time (a reused p
 
 from __future__ import annotations
 
-from adk_sandbox.executor.channel.programs import in_container_program, program_text
+__all__ = ["AGENT_ARGV0", "SETID_ALLOWED_WORD", "agent_arguments"]
 
-__all__ = ["AGENT_ARGV0", "AGENT_SOURCE", "SETID_ALLOWED_WORD", "agent_arguments", "agent_argv"]
-
-#: The argument after the script: names the agent in ``ps`` and in ``/proc/PID/cmdline``.
+#: The agent's name (its argv[0]): names it in ``ps`` and in ``/proc/PID/cmdline``.
 AGENT_ARGV0 = "adk-sandbox-agent"
 
-#: The opt-in word that starts an agent (Python or static) without the set-id filter. It comes right after
-#: the agent's name, before the optional protected list: a word with a fixed spelling in a fixed place,
-#: never mistaken for the list (digits, ``:`` and ``,``), and the agents' recognition of each other (by the
-#: name's position) is unchanged.
+#: The opt-in word that starts an agent without the set-id filter. It comes right after the agent's
+#: name, before the optional protected list: a word with a fixed spelling in a fixed place, never
+#: mistaken for the list (digits, ``:`` and ``,``); the generated C header carries the same spelling.
 SETID_ALLOWED_WORD = "setid-allowed"
-
-#: The agent program (run with ``python3 -I -S -c``).
-AGENT_SOURCE = in_container_program(program_text("agent.py"))
 
 
 def agent_arguments(protected: str | None, *, setid_allowed: bool = False) -> list[str]:
-    """What follows the agent's name on its argv (both flavours): ``[setid-allowed] [<protected>]``."""
+    """What follows the agent's name on its argv: ``[setid-allowed] [<protected>]``."""
     return [*([SETID_ALLOWED_WORD] if setid_allowed else []), *([protected] if protected else [])]
-
-
-def agent_argv(
-    protected: str | None = None, source: str = AGENT_SOURCE, *, setid_allowed: bool = False
-) -> list[str]:
-    """The exec argv that starts an agent; ``protected`` is the container's own processes from a HELLO.
-
-    ``setid_allowed`` starts it without the set-id filter (see :data:`SETID_ALLOWED_WORD`).
-    """
-    return [
-        "python3", "-I", "-S", "-c", source, AGENT_ARGV0,
-        *agent_arguments(protected, setid_allowed=setid_allowed),
-    ]  # fmt: skip

@@ -1,6 +1,6 @@
 """The host side of the agent channel: :class:`AgentTransport`, a :class:`CommandTransport` over one stream.
 
-The agent (:mod:`.agent`, or the static one of :mod:`.static_agent`) is started on first use through
+The agent (:mod:`.agent`, started as :mod:`.static_agent` says) is started on first use through
 **one** exec with stdin attached, whose byte stream the engine opens (the :data:`AgentStreamOpener` it
 supplies, :mod:`.streams`: a Docker exec over a hijacked connection to the engine's socket, a Kubernetes
 ``pods/exec`` websocket). One reader thread reads the stream's stdout and stderr pieces, decodes the
@@ -55,18 +55,12 @@ from adk_sandbox.executor.channel.frames import (
     validate_listen_address,
     validate_result_for,
 )
-from adk_sandbox.executor.channel.static_agent import (
-    AgentFlavour,
-    AgentLaunch,
-    StaticAgentUnavailableError,
-    agent_launches,
-)
+from adk_sandbox.executor.channel.static_agent import AgentLaunch, StaticAgentUnavailableError, agent_launch
 from adk_sandbox.executor.channel.streams import AgentStream, AgentStreamOpener
 from adk_sandbox.executor.channel.transport import (
     CANCEL_POLL_SECONDS,
     KILL_ON_ERROR_SECONDS,
     CommandOutcome,
-    ContainerGoneError,
     PreparedCommand,
 )
 from adk_sandbox.executor.errors import (
@@ -297,8 +291,8 @@ class AgentTransport:
 
     ``open_stream`` is how the engine starts an agent process and opens its stream (:mod:`.streams`);
     everything above it (frames, channels, deadlines, restarts, file operations) is the same on every
-    engine. ``on_restart`` is told why when an agent had to be replaced; ``source`` (a Python agent
-    program, for tests) and ``agent`` choose the agent (:func:`.static_agent.agent_launches`).
+    engine. ``on_restart`` is told why when an agent had to be replaced; ``launch`` starts a stand-in
+    agent instead (tests), else :func:`.static_agent.agent_launch` says how.
     ``setid_allowed`` starts every agent of this transport without the set-id filter, for a sandbox
     where set-id files may exist (its workspace never a bind mount of the host's); the default keeps the
     filter on every command and file operation, and either way an agent whose HELLO does not say what was
@@ -312,8 +306,7 @@ class AgentTransport:
         open_stream: AgentStreamOpener,
         *,
         on_restart: Callable[[str], None] | None = None,
-        source: str | None = None,
-        agent: AgentFlavour | None = None,
+        launch: AgentLaunch | None = None,
         setid_allowed: bool = False,
     ) -> None:
         self._open_stream = open_stream
@@ -324,8 +317,7 @@ class AgentTransport:
         self._protected: str | None = None
         self._started = 0
         self._on_restart = on_restart
-        self._source = source
-        self._flavour = agent
+        self._launch = launch
 
     @property
     def setid_allowed(self) -> bool:
@@ -501,7 +493,7 @@ class AgentTransport:
         offered = hello.get("proxy", 0)
         if not (isinstance(offered, int) and offered >= PROXY_VERSION):
             raise PolicyNotEnforceableError(
-                f"the in-sandbox agent ({hello.get('agent', 'python')}) does not serve the proxy endpoint "
+                f"the in-sandbox agent ({hello.get('agent', 'unnamed')}) does not serve the proxy endpoint "
                 f"(its HELLO says proxy={offered!r}), so a network policy cannot be enforced in this "
                 "sandbox; it is refused"
             )
@@ -511,7 +503,7 @@ class AgentTransport:
         offered = hello.get("dial", 0)
         if not (isinstance(offered, int) and offered >= DIAL_VERSION):
             raise PolicyNotEnforceableError(
-                f"the in-sandbox agent ({hello.get('agent', 'python')}) does not offer dialing (its HELLO "
+                f"the in-sandbox agent ({hello.get('agent', 'unnamed')}) does not offer dialing (its HELLO "
                 f"says dial={offered!r}), so it cannot {what}; it is refused"
             )
 
@@ -549,34 +541,14 @@ class AgentTransport:
             return agent
 
     def _start_agent(self, user: str, start_by: float) -> tuple[_Agent, dict[str, Any]]:
-        """Start an agent as ``user``: each launch of :func:`agent_launches` in turn until one answers.
-
-        The flavour that answered is kept: a replacement agent of this container starts the same way.
-        """
-        try:
-            launches = agent_launches(
-                self._flavour, self._protected, self._source, setid_allowed=self._setid_allowed
-            )
-        except StaticAgentUnavailableError as exc:
-            raise SandboxFailedError(f"the static in-sandbox agent is not available: {exc}") from exc
-        failures: list[str] = []
-        for launch in launches:
+        """Start an agent as ``user`` (:func:`.static_agent.agent_launch`, or the stand-in's launch)."""
+        launch = self._launch
+        if launch is None:
             try:
-                started = self._start_launch(launch, user, start_by)
-            except ContainerGoneError:
-                raise  # nothing to try in a container that is gone: the session replaces it
-            except SandboxFailedError as exc:
-                failures.append(str(exc))
-                if len(failures) == 1 and launch is launches[-1]:
-                    raise
-                if launch is launches[-1] or time.monotonic() >= start_by:
-                    raise SandboxFailedError("; then ".join(failures)) from exc
-                log.info("the %s agent did not start, trying the next flavour: %s", launch.flavour, exc)
-                continue
-            if self._source is None:
-                self._flavour = launch.flavour
-            return started
-        raise SandboxFailedError("no in-sandbox agent flavour to start")  # pragma: no cover - never empty
+                launch = agent_launch(self._protected, setid_allowed=self._setid_allowed)
+            except StaticAgentUnavailableError as exc:
+                raise SandboxFailedError(f"the in-sandbox agent is not available: {exc}") from exc
+        return self._start_launch(launch, user, start_by)
 
     def _start_launch(self, launch: AgentLaunch, user: str, start_by: float) -> tuple[_Agent, dict[str, Any]]:
         agent = _Agent(self._open_stream(launch.argv, user, start_by), user)
@@ -598,8 +570,7 @@ class AgentTransport:
     def _check_setid(self, hello: dict[str, Any], launch: AgentLaunch) -> None:
         """Refuse an agent whose set-id filter is not what this transport asked for.
 
-        Not a fall-back case (``PolicyNotEnforceableError`` is not caught by the flavour loop): an agent
-        that says the wrong thing, or nothing, is not one that could not start. Without the filter a
+        An agent that says the wrong thing, or nothing, is not one that could not start. Without the filter a
         command of a bind-mounted workspace could plant a set-uid file the host honours; with it, a
         sandbox that must install set-uid programs (dpkg) would fail in ways far from the cause.
         """
@@ -609,19 +580,11 @@ class AgentTransport:
             return
         what = "without" if self._setid_allowed else "with"
         raise PolicyNotEnforceableError(
-            f"the in-sandbox agent ({launch.flavour}) was started {what} the set-id seccomp filter, but its "
+            f"the in-sandbox agent was started {what} the set-id seccomp filter, but its "
             f"HELLO says setid={said!r} where {wanted!r} was asked for"
             + (" (there is no filter for this architecture)" if said == "unavailable" else "")
             + "; it is refused"
         )
-
-    @property
-    def agent_flavour(self) -> str | None:
-        """``"python"`` or ``"static"``: which agent answered last (None before the first command)."""
-        agent = self._last
-        if agent is None or not agent.hello:
-            return None
-        return "static" if agent.hello.get("agent") == "static" else "python"
 
     def run(
         self,
@@ -777,10 +740,10 @@ class AgentTransport:
         if not isinstance(ops, list) or request["op"] not in ops:
             # Nothing was sent and the agent is fine: the request cannot be served by this agent.
             raise InvalidRequestError(
-                f"the in-sandbox agent ({(agent.hello or {}).get('agent', 'python')}) does not perform the "
-                f"file operation {request['op']!r} (it offers {ops!r}); the Python and the static agents of "
-                "this version perform them all, so this is another agent program (a custom agent source): "
-                "start the session without one"
+                f"the in-sandbox agent ({(agent.hello or {}).get('agent', 'unnamed')}) does not perform the "
+                f"file operation {request['op']!r} (it offers {ops!r}); the agent of this version performs "
+                "them all, so this is another agent program (a stand-in's launch): start the session without "
+                "one"
             )
         number, channel = agent.open_channel()
         try:

@@ -1,11 +1,10 @@
-"""The programs that run inside a sandbox, as the host ships them.
+"""The Python program that runs inside a sandbox, as the host ships it: the exec transport's supervisor.
 
-The Python programs that run inside a sandbox are real files under ``inside/`` (package data, read with
-:mod:`importlib.resources`): the agent (``inside/agent.py``, :mod:`.agent`), the exec transport's
-supervisor (``inside/supervisor.py``, :mod:`.supervisor`), and what both share (``inside/setid_filter.py``
-and ``inside/prelude.py``). They travel as ``python3 -I -S -c`` arguments, so they cannot import anything of
-this package inside the sandbox. What both need is written once and spliced into each at the line
-``# @PRELUDE@`` by :func:`in_container_program`:
+The supervisor (``inside/supervisor.py``, :mod:`.supervisor`) and its prelude (``inside/setid_filter.py``
+and ``inside/prelude.py``) are real files under ``inside/`` (package data, read with
+:mod:`importlib.resources`). They travel as a ``python3 -I -S -c`` argument, so they cannot import anything
+of this package inside the sandbox. The prelude is spliced into the program at the line ``# @PRELUDE@`` by
+:func:`in_container_program` (the agent is C: :mod:`.static_agent`):
 
 * the set-id seccomp filter (:mod:`.setid`): ``install_setid_filter`` (``inside/setid_filter.py``) and
   ``SETID``, the program for this machine's architecture (``None`` where there is none: commands then refuse
@@ -66,7 +65,7 @@ def program_text(name: str) -> str:
     return "".join(shipped)
 
 
-#: Python source, run inside the sandbox by a command's supervisor, shim or worker in the child before
+#: Python source, run inside the sandbox by a command's supervisor in the child before
 #: exec: ``install_setid_filter(bytes.fromhex(...))``. Needs only ctypes and the C library.
 INSTALL_FILTER_SOURCE = program_text("setid_filter.py")
 

@@ -1,33 +1,46 @@
-"""How an agent is started in a container: the Python agent, or the static one for images without python3.
+"""The in-sandbox agent: ``inside/agent.c``, a static binary, and how an exec starts it in a sandbox.
 
-The agent channel (:mod:`.agent_transport`) is one mechanism; what differs between the two agent
-*flavours* is only how the exec starts one, an :class:`AgentLaunch` (the exec's argv, and bytes written
-to its stdin before the first frame):
+One agent serves every channel-based backend (Docker, Kubernetes, the microVM guest): ``inside/agent.c``
+(the protocol of :mod:`.frames`, the process-tree rules of :mod:`.agent`), a fully static binary
+(``gcc -static``, glibc's ``libc.a``; the agent never uses the name service, so static glibc is safe). It
+reaches the sandbox without a file: ``/bin/sh -c SCRIPT`` writes the tiny ``inside/loader.c`` (about
+1.5 KiB, no libc) with the ``printf`` builtin to a fresh, randomly named file in ``/tmp`` (else ``$HOME``,
+``/dev/shm``), ``chmod 700`` and ``exec`` it; the loader makes itself non-dumpable, unlinks its file, reads
+exactly the agent's bytes from stdin into a sealed ``memfd`` and ``execveat``s it as ``adk-sandbox-agent
+[setid-allowed] [<protected>]``. The image needs ``/bin/sh`` (``printf`` builtin), ``chmod`` and an
+executable tmpfs (the session's ``/tmp`` is mounted ``exec``), nothing else: no python3. Nothing of the
+agent is ever a file a command could replace, and each start streams a fresh copy. The opt-in word
+``setid-allowed`` (:data:`.agent.SETID_ALLOWED_WORD`, also in the generated C header) starts it without
+the set-id filter; without it the filter is on.
 
-* ``python``: ``python3 -I -S -c AGENT_SOURCE adk-sandbox-agent [setid-allowed] [<protected>]``
-  (:mod:`.agent`), nothing on stdin. Needs ``python3`` in the image.
-* ``static``: ``inside/agent.c``, the same protocol and process-tree rules in C, built on the host as a fully
-  static binary (``gcc -static``, glibc's ``libc.a``; the agent never uses the name service, so static
-  glibc is safe). It reaches the container without a file: ``/bin/sh -c SCRIPT`` writes the tiny
-  ``inside/loader.c`` (about 1.5 KiB, no libc) with the ``printf`` builtin to a fresh, randomly named file
-  in ``/tmp`` (else ``$HOME``, ``/dev/shm``), ``chmod 700`` and ``exec`` it; the loader makes itself
-  non-dumpable, unlinks its file, reads exactly the agent's bytes from stdin into a sealed ``memfd`` and
-  ``execveat``s it as ``adk-sandbox-agent [setid-allowed] [<protected>]``. Needs ``/bin/sh`` (``printf``
-  builtin), ``chmod`` and an executable tmpfs (the session's ``/tmp`` is mounted ``exec``). Nothing of the
-  agent is ever a file a command could replace, and each start streams a fresh copy.
+**Where the binary comes from** (:func:`load_static_agent`), for the sandbox's architecture (the host's:
+a container runs the engine's architecture, and a Docker Desktop on an arm64 Mac runs aarch64 ones):
 
-Both flavours take the same arguments after their name (:func:`.agent.agent_arguments`): the opt-in word
-``setid-allowed`` (:data:`.agent.SETID_ALLOWED_WORD`, also in the generated C header, so both read one
-spelling) starts the agent without the set-id filter; without it the filter is on, as ever.
+1. the wheel: ``inside/bin/<machine>/`` (``agent``, ``loader``, ``SHA256SUMS``, ``DIGEST``), built when
+   the wheel is built (``hatch_build.py``) for x86_64, and for aarch64 where the cross toolchain
+   (Debian: ``gcc-aarch64-linux-gnu libc6-dev-arm64-cross``) is installed. The agent runs in the sandbox,
+   not on the host, so a pure-Python wheel carries it and a plain ``pip install`` needs no C compiler,
+   on Linux and macOS alike. Used only when its ``DIGEST`` is that of the sources beside it.
+2. the cache, ``$ADK_SANDBOX_CACHE`` or ``~/.cache/adk-sandbox/static-agent-<digest>``: built there from
+   the sources by ``scripts/setup`` (``main()`` here) or by the first session that needs it (about a
+   second) when a C compiler with a static libc is present. The digest covers everything that goes into
+   it (sources, the generated header — the set-id filter of :mod:`.setid` and the opt-in word —, flags,
+   compiler): a binary that does not match the source is never used.
+3. else :class:`StaticAgentUnavailableError`, naming what to install.
 
-The binaries are built once per source into a cache directory named by the SHA-256 of everything that
-goes into them (sources, the generated header — the set-id filter of :mod:`.setid` and the opt-in word —,
-flags, compiler): a binary that does not match the source is never used, a changed source (``agent.c``,
-``loader.c``) is rebuilt. ``scripts/setup`` builds it (``main()`` here); otherwise the first session that
-wants it builds it (about a second) when a C compiler with a static libc is present.
-
-Selection (``ADK_SANDBOX_AGENT`` or the transport's ``agent=`` argument): ``static``, ``python`` or
-``auto`` (the default): the static agent when it is available (built or buildable), else the Python one.
+**One agent, not two** (issue 33). A Python agent (``python3 -I -S -c``, the same protocol) was kept
+beside this one until it was measured and the cases it served were weighed (docs/docker/agent-channel.md,
+"One agent"). On the Docker runc backend, alternated in one run (``bench/bench_agent_flavours.py``), the
+C agent took a session to the end of its first command in 362 ms against 487, ran a warm ``true`` in
+2.5 ms against 6.2 and held 0.9 MiB resident against 16.6. Every case the Python agent served, the C one
+serves: a host without a compiler (pip on Linux or macOS) gets the wheel's binary, the microVM guest
+already ran the C agent alone, and Kubernetes Pods, gVisor and podman start it with the same exec. It
+also serves the images the Python one could not (no python3). What only the Python agent served is an
+image with python3 but no ``/bin/sh`` (a distroless Python image) or an attached container where
+``/tmp``, ``$HOME`` and ``/dev/shm`` are all ``noexec``: the backends' own containers and Pods always
+have an executable ``/tmp``, and such an image now fails at the first command with the requirement named.
+That was not worth a second implementation of every protocol change (about 1,700 lines), so the Python
+agent was removed.
 """
 
 from __future__ import annotations
@@ -45,18 +58,15 @@ import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import Literal
 
-from adk_sandbox.executor.channel import agent as _agent
-from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD, agent_arguments, agent_argv
-from adk_sandbox.executor.channel.setid import native_arch, setid_filter
+from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD, agent_arguments
+from adk_sandbox.executor.channel.setid import setid_filter
 
 __all__ = [
-    "AgentFlavour",
     "AgentLaunch",
     "StaticAgent",
     "StaticAgentUnavailableError",
-    "agent_launches",
+    "agent_launch",
     "build_static_agent",
     "cache_root",
     "filter_header",
@@ -66,9 +76,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-AgentFlavour = Literal["auto", "python", "static"]
-#: Environment variable choosing the flavour when the transport is not told.
-FLAVOUR_VARIABLE = "ADK_SANDBOX_AGENT"
 _SOURCES = ("agent.c", "loader.c")
 _AGENT_FLAGS = ("-static", "-O2", "-s", "-Wall", "-Wextra", "-fno-strict-aliasing")
 _LOADER_FLAGS = (
@@ -77,15 +84,23 @@ _LOADER_FLAGS = (
     "-Wl,-z,noseparate-code", "-Wl,--gc-sections", "-s", "-Wall", "-Wextra",
 )  # fmt: skip
 _BUILD_SECONDS = 120.0
+#: What to install, quoted when no agent binary can be had.
+_INSTALL = (
+    "install a wheel of adk-sandbox built with the agent for this architecture, or a C compiler with a "
+    "static C library (Debian: apt install gcc libc6-dev) and run scripts/setup or "
+    "`python -m adk_sandbox.executor.channel.static_agent`"
+)
+#: The sandbox's machine names (``uname -m``) with a prebuilt agent possible, and their AUDIT_ARCH values.
+MACHINES = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 
 
 class StaticAgentUnavailableError(RuntimeError):
-    """The static agent could not be built here (no C compiler or no static C library); says why."""
+    """No agent binary for the sandbox's architecture (none packaged, none buildable here); says why."""
 
 
 @dataclasses.dataclass(frozen=True)
 class StaticAgent:
-    """A built static agent: the agent binary, its loader, and the digest of what they were built from."""
+    """A built agent: the agent binary, its loader, and the digest of what they were built from."""
 
     agent: bytes
     loader: bytes
@@ -94,13 +109,15 @@ class StaticAgent:
 
 @dataclasses.dataclass(frozen=True)
 class AgentLaunch:
-    """How one agent is started: the exec's argv and the bytes written to its stdin before any frame."""
+    """How one agent is started: the exec's argv and the bytes written to its stdin before any frame.
 
-    flavour: Literal["python", "static"]
+    ``requirement`` (what the image must provide) is quoted when the agent does not start. Tests start
+    stand-in agents with a launch of their own (``AgentTransport(launch=...)``).
+    """
+
     argv: list[str]
     preamble: bytes = b""
-    #: What the image must provide, quoted when the agent does not start.
-    requirement: str = "the session image must provide python3 on PATH"
+    requirement: str = "the agent needs /bin/sh, chmod and an executable /tmp (or $HOME) in the image"
 
 
 def filter_header(arch: int) -> str:
@@ -133,13 +150,14 @@ def _source_text(name: str) -> bytes:
     return resources.files(__package__).joinpath("inside", name).read_bytes()
 
 
-def _digest(compiler: str, header: str) -> str:
+def source_digest(machine: str) -> str:
+    """The SHA-256 of what an agent for ``machine`` is built from: sources, generated header, flags."""
     h = hashlib.sha256()
     for name in _SOURCES:
         h.update(name.encode() + b"\0" + _source_text(name) + b"\0")
-    h.update(header.encode() + b"\0")
+    h.update(filter_header(MACHINES[machine]).encode() + b"\0")
     h.update(" ".join(_AGENT_FLAGS + _LOADER_FLAGS).encode() + b"\0")
-    h.update(f"{os.uname().machine}\0{os.path.basename(compiler)}".encode())
+    h.update(machine.encode())
     return h.hexdigest()
 
 
@@ -161,24 +179,59 @@ def _load_built(directory: Path, digest: str) -> StaticAgent | None:
         agent = (directory / "agent").read_bytes()
         loader = (directory / "loader").read_bytes()
         sums = (directory / "SHA256SUMS").read_text()
+        built_from = (directory / "DIGEST").read_text().strip()
     except OSError:
         return None
-    if sums != _sums(agent, loader):
-        return None  # damaged or tampered with: rebuilt
+    if sums != _sums(agent, loader) or built_from != digest:
+        return None  # damaged, tampered with or of other sources: not used
     return StaticAgent(agent, loader, digest)
 
 
+def compile_agent(compiler: str, machine: str, directory: Path) -> StaticAgent:
+    """Build the agent and its loader for ``machine`` with ``compiler`` into ``directory`` (which exists).
+
+    Writes ``agent``, ``loader``, ``SHA256SUMS`` and ``DIGEST`` (:func:`source_digest`); the wheel's build
+    hook (``hatch_build.py``) calls it too, with a cross compiler for another machine.
+    """
+    for name in _SOURCES:
+        (directory / name).write_bytes(_source_text(name))
+    (directory / "setid_filter.h").write_text(filter_header(MACHINES[machine]))
+    targets = (("agent", "agent.c", _AGENT_FLAGS), ("loader", "loader.c", _LOADER_FLAGS))
+    for output, source, flags in targets:
+        cmd = [compiler, *flags, "-I", str(directory), "-o", str(directory / output), str(directory / source)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_SECONDS, check=False)
+        if done.returncode != 0:
+            raise StaticAgentUnavailableError(
+                f"building the agent ({source}) failed; a static C library is needed (Debian: apt install "
+                f"gcc libc6-dev): {done.stderr.strip()[-1500:]}"
+            )
+    for name in (*_SOURCES, "setid_filter.h"):
+        (directory / name).unlink()
+    agent, loader = (directory / "agent").read_bytes(), (directory / "loader").read_bytes()
+    digest = source_digest(machine)
+    (directory / "SHA256SUMS").write_text(_sums(agent, loader))
+    (directory / "DIGEST").write_text(digest + "\n")
+    return StaticAgent(agent, loader, digest)
+
+
+def _machine() -> str:
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(os.uname().machine, os.uname().machine)
+    if machine not in MACHINES:
+        raise StaticAgentUnavailableError(f"the agent is not made for the architecture {machine}")
+    return machine
+
+
 def build_static_agent(*, force: bool = False) -> tuple[StaticAgent, Path]:
-    """The static agent for the current sources, built into :func:`cache_root` unless already there."""
+    """The agent for the current sources, built into :func:`cache_root` unless already there."""
+    machine = _machine()
     compiler = _compiler()
     if compiler is None:
         raise StaticAgentUnavailableError(
-            "no C compiler (gcc or cc, or $CC) to build the static agent; install one with a static C "
-            "library (Debian: apt install gcc libc6-dev)"
+            f"no agent binary for {machine} and no C compiler to build one: {_INSTALL}"
         )
-    header = filter_header(native_arch())
-    digest = _digest(compiler, header)
-    final = cache_root() / f"static-agent-{digest[:32]}"
+    digest = source_digest(machine)
+    key = hashlib.sha256(f"{digest}\0{os.path.basename(compiler)}".encode()).hexdigest()
+    final = cache_root() / f"static-agent-{key[:32]}"
     if not force:
         built = _load_built(final, digest)
         if built is not None:
@@ -186,20 +239,7 @@ def build_static_agent(*, force: bool = False) -> tuple[StaticAgent, Path]:
     cache_root().mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".static-agent-", dir=cache_root()))
     try:
-        for name in _SOURCES:
-            (work / name).write_bytes(_source_text(name))
-        (work / "setid_filter.h").write_text(header)
-        targets = (("agent", "agent.c", _AGENT_FLAGS), ("loader", "loader.c", _LOADER_FLAGS))
-        for output, source, flags in targets:
-            cmd = [compiler, *flags, "-I", str(work), "-o", str(work / output), str(work / source)]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=_BUILD_SECONDS, check=False)
-            if done.returncode != 0:
-                raise StaticAgentUnavailableError(
-                    f"building the static agent ({source}) failed; a static C library is needed (Debian: "
-                    f"apt install gcc libc6-dev): {done.stderr.strip()[-1500:]}"
-                )
-        agent, loader = (work / "agent").read_bytes(), (work / "loader").read_bytes()
-        (work / "SHA256SUMS").write_text(_sums(agent, loader))
+        fresh = compile_agent(compiler, machine, work)
         with contextlib.suppress(OSError):
             shutil.rmtree(final)  # an outdated or damaged copy of the same digest
         try:
@@ -209,21 +249,28 @@ def build_static_agent(*, force: bool = False) -> tuple[StaticAgent, Path]:
             if built is None:
                 raise
             return built, final
-        return StaticAgent(agent, loader, digest), final
+        return fresh, final
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def packaged_agent(machine: str) -> StaticAgent | None:
+    """The wheel's agent for ``machine`` (``inside/bin/<machine>/``), if it was built from these sources."""
+    directory = Path(str(resources.files(__package__).joinpath("inside", "bin", machine)))
+    return _load_built(directory, source_digest(machine))
 
 
 @functools.cache
 def _static_or_reason() -> StaticAgent | str:
     try:
-        return build_static_agent()[0]
+        packaged = packaged_agent(_machine())
+        return packaged if packaged is not None else build_static_agent()[0]
     except (StaticAgentUnavailableError, OSError, subprocess.SubprocessError) as exc:
         return str(exc)
 
 
 def load_static_agent() -> StaticAgent:
-    """The static agent, built on first use (once per process); else :class:`StaticAgentUnavailableError`."""
+    """The agent: the wheel's, else the cache's (built on first use, once per process), else an error."""
     found = _static_or_reason()
     if isinstance(found, str):
         raise StaticAgentUnavailableError(found)
@@ -253,71 +300,25 @@ def loader_script(loader: bytes, token: str) -> str:
     )
 
 
-def _static_launch(agent: StaticAgent, protected: str | None, *, setid_allowed: bool = False) -> AgentLaunch:
+def agent_launch(protected: str | None, *, setid_allowed: bool = False) -> AgentLaunch:
+    """How to start the next agent: the loader script, then the agent's bytes on stdin.
+
+    ``setid_allowed`` starts it without the set-id filter (the opt-in word on its argv); by default the
+    filter is on. :class:`StaticAgentUnavailableError` when there is no binary (see the module docstring).
+    """
+    agent = load_static_agent()
     script = loader_script(agent.loader, secrets.token_hex(12))
     argv = ["/bin/sh", "-c", script, "adk-sandbox-agent-loader", str(len(agent.agent))]
-    return AgentLaunch(
-        "static",
-        # The loader passes what follows the byte count on to the agent, after its name.
-        argv + agent_arguments(protected, setid_allowed=setid_allowed),
-        agent.agent,
-        "the static agent needs /bin/sh, chmod and an executable /tmp (or $HOME) in the image",
-    )
-
-
-def _flavour(requested: str | None) -> str:
-    flavour = requested or os.environ.get(FLAVOUR_VARIABLE) or "auto"
-    if flavour not in ("auto", "python", "static"):
-        raise ValueError(f"{FLAVOUR_VARIABLE} must be auto, python or static, not {flavour!r}")
-    return flavour
-
-
-def agent_launches(
-    requested: str | None,
-    protected: str | None,
-    source: str | None = None,
-    *,
-    setid_allowed: bool = False,
-) -> list[AgentLaunch]:
-    """How to start the next agent, in order of preference: the transport tries each until one answers.
-
-    ``requested`` is the flavour (None: ``$ADK_SANDBOX_AGENT``, else ``auto``). ``auto`` prefers the
-    static agent (the same protocol and file operations, about twice as fast per command and a fraction
-    of the memory) and falls back to the Python agent when the static one cannot start there (no
-    ``/bin/sh`` or no executable ``/tmp``); ``static`` or ``python`` is that one only. ``source`` (a
-    Python agent program, for tests) forces the Python flavour. ``setid_allowed`` starts every flavour
-    without the set-id filter (the opt-in word on its argv); by default the filter is on.
-    """
-    flavour = "python" if source is not None else _flavour(requested)
-    # Looked up at each start (not bound at import), so the program in force is the module's current one.
-    python = AgentLaunch(
-        "python", agent_argv(protected, source or _agent.AGENT_SOURCE, setid_allowed=setid_allowed)
-    )
-    if flavour == "python":
-        return [python]
-    found = _static_or_reason()
-    if isinstance(found, str):
-        if flavour == "static":
-            raise StaticAgentUnavailableError(found)
-        log.info("static agent unavailable, only the Python agent can be used: %s", found)
-        return [
-            AgentLaunch(
-                "python",
-                python.argv,
-                requirement=f"the session image must provide python3 on PATH (the static agent that needs "
-                f"no python3 could not be built: {found})",
-            )
-        ]
-    static = _static_launch(found, protected, setid_allowed=setid_allowed)
-    return [static] if flavour == "static" else [static, python]
+    # The loader passes what follows the byte count on to the agent, after its name.
+    return AgentLaunch(argv + agent_arguments(protected, setid_allowed=setid_allowed), agent.agent)
 
 
 def main() -> int:
-    """Build the static agent (if needed) and print its directory (``scripts/setup`` calls this)."""
+    """Build the agent (if needed) and print its directory (``scripts/setup`` calls this)."""
     try:
         _, directory = build_static_agent(force="--force" in sys.argv[1:])
     except StaticAgentUnavailableError as exc:
-        print(f"static agent: {exc}", file=sys.stderr)
+        print(f"agent: {exc}", file=sys.stderr)
         return 1
     print(directory)
     return 0

@@ -349,7 +349,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         _LIVE.add(self)
         self._vm = boot(spec, opener, started + config.boot_timeout_seconds, self._boot_started)
         self.boot_seconds = time.monotonic() - started
-        self._transport = AgentTransport(opener, agent="static")
+        self._transport = AgentTransport(opener)
         verify_from_inside(self._transport, dict(self._base_env), config.user, None)
         probe = self._run_probe()
         self.guest = facts = GuestFacts(probe)
