@@ -7,11 +7,11 @@ r"""adk-sandbox executor: run agent code in sandboxes that report the isolation 
 'hi\\n'
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from adk_sandbox.executor.backend import OutputCallback, SandboxBackend, SessionFactory
 from adk_sandbox.executor.backends.bwrap import BubblewrapEnforcer, bwrap_arguments, get_enforcer
-from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.backends.enforcer import Confinement, Enforcer
 from adk_sandbox.executor.backends.process import ProcessBackend
 from adk_sandbox.executor.errors import (
@@ -39,24 +39,28 @@ from adk_sandbox.executor.types import (
 )
 
 if TYPE_CHECKING:
+    from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
     from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
     from adk_sandbox.executor.backends.wasm import WasmBackend
 
 __version__ = "0.1.0"
 
+# The engines' backends are imported the first time one is named, so that importing this package (and the
+# workspace and tools on top of it) loads no engine's client: docker-py (with paramiko), wasmtime, kubernetes.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(["DockerBackend", "DockerSession"], "adk_sandbox.executor.backends.docker"),
+    **dict.fromkeys(["KubernetesBackend", "KubernetesConfig"], "adk_sandbox.executor.backends.kubernetes"),
+    "WasmBackend": "adk_sandbox.executor.backends.wasm",
+}
+
 
 def __getattr__(name: str) -> Any:
-    # WasmBackend needs the optional wasmtime: imported on first use so `import executor` works without.
-    if name == "WasmBackend":
-        from adk_sandbox.executor.backends.wasm import WasmBackend  # noqa: PLC0415 - lazy on purpose
-
-        return WasmBackend
-    if name in ("KubernetesBackend", "KubernetesConfig"):
-        # Lazy like WasmBackend: the kubernetes client itself is imported only when a backend connects.
-        from adk_sandbox.executor.backends import kubernetes  # noqa: PLC0415 - lazy on purpose
-
-        return getattr(kubernetes, name)
-    raise AttributeError(f"module 'executor' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'adk_sandbox.executor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
 __all__ = [
