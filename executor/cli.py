@@ -27,15 +27,16 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from adk_sandbox.executor.backend import SandboxBackend, SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.bwrap import get_enforcer
-from adk_sandbox.executor.backends.docker.config import DockerConfig, config_from_options
+from adk_sandbox.executor.backends.docker.config import config_from_options
 from adk_sandbox.executor.backends.docker.engine import Engine
-from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor.backends.factory import BACKEND_TYPES, make_backend, parse_config
 from adk_sandbox.executor.backends.process import ProcessBackend, find_system_python
 from adk_sandbox.executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
 from adk_sandbox.executor.network.policy import NetworkPolicy
-from adk_sandbox.executor.policy import SandboxPolicy
-from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, ResourceLimits, Stream
+from adk_sandbox.executor.policy import AllowedPath, SandboxPolicy
+from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, Stream
 
 __all__ = ["main"]
 
@@ -88,9 +89,7 @@ def engine_lines(engine: Engine, dialect: str, version: str = "") -> list[str]:
 
 def _doctor_engine() -> None:
     """The engine the Docker backend would use and its dialect (or why it does not answer)."""
-    from adk_sandbox.executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
-    from adk_sandbox.executor.backends.docker._dialect import dialect_of  # noqa: PLC0415
-    from adk_sandbox.executor.backends.docker.engine import resolve_engine  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker import connect, dialect_of, resolve_engine  # noqa: PLC0415 - docker-py loads lazily
 
     try:
         engine = resolve_engine()
@@ -239,21 +238,23 @@ EXAMPLE_COMMAND = ("sh", "demo.sh")
 
 
 def run(args: argparse.Namespace) -> int:
-    """``adk-sandbox run``: one command in a per-session container, output streamed live."""
-    from adk_sandbox.executor.backends.docker import DockerBackend  # noqa: PLC0415 - docker-py loads lazily
-
+    """``adk-sandbox run``: one command in a per-session sandbox of ``--backend``, output streamed live."""
     command = list(args.cmd)
     if command[:1] == ["--"]:
         command = command[1:]
     with contextlib.ExitStack() as stack:
         workspace = args.workspace
-        if workspace is None and args.container is None:
+        if workspace is None and args.container is None and not command:
             workspace = stack.enter_context(_example_workspace())
-            command = command or list(EXAMPLE_COMMAND)
+            command = list(EXAMPLE_COMMAND)
         if not command:
             raise InvalidRequestError("no command given: adk-sandbox run [options] -- CMD [ARGS...]")
-        backend = stack.enter_context(DockerBackend(config=docker_config(args, container=args.container)))
-        session = stack.enter_context(backend.session(workspace=workspace))
+        backend = stack.enter_context(
+            make_backend(backend_config(args, container=args.container, workdir=workspace))
+        )
+        sandbox: SandboxBackend | SandboxSession = backend
+        if isinstance(backend, SessionBackend):
+            sandbox = stack.enter_context(backend.session(workspace=workspace))
         request = ExecRequest(
             language=Language.COMMAND,
             code=shlex.join(command) if len(command) > 1 else command[0],
@@ -265,12 +266,12 @@ def run(args: argparse.Namespace) -> int:
 
         def stop(signum: int, _frame: object) -> None:
             received.append(signum)
-            cancel.set()  # the session kills the command's whole tree in the container
+            cancel.set()  # the session kills the command's whole tree in the sandbox
 
-        # Ctrl-C or a CI job's SIGTERM must not leave the command running in the container.
+        # Ctrl-C or a CI job's SIGTERM must not leave the command running in the sandbox.
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            result = session.execute(request, _stream_to_terminal, cancel=cancel)
+            result = sandbox.execute(request, _stream_to_terminal, cancel=cancel)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -281,21 +282,80 @@ def run(args: argparse.Namespace) -> int:
     return 1  # pragma: no cover - unreachable
 
 
-def docker_config(args: argparse.Namespace, **more: Any) -> DockerConfig:
-    """The :class:`DockerConfig` of the sandbox options that ``run`` and ``mcp`` share."""
-    limits_given = {"memory_mb": args.memory, "cpus": args.cpus}
-    limits = ResourceLimits(**{k: v for k, v in limits_given.items() if v is not None})
-    return config_from_options(
-        {
-            "image": args.image,
-            "limits": limits,
-            "runtime": args.runtime,
-            "engine": args.engine,
-            "tmpfs": _tmpfs_of(args.tmpfs or []),
-            "network": _network_of(args.allow_host or []),
-            **more,
-        }
-    )
+#: The options only a Docker backend has (``--container`` too): refused with another ``--backend``.
+_DOCKER_ONLY = ("runtime", "tmpfs", "engine")
+
+
+def backend_config(
+    args: argparse.Namespace, *, container: str | None = None, workdir: str | None = None
+) -> Any:
+    """The :data:`~.backends.factory.BackendConfig` of ``--backend``, ``--backend-config`` and the flags.
+
+    The file's settings first, the flags over them; a flag the backend has no setting for is refused.
+    ``workdir`` (a host workspace) is where a process or bwrap backend's commands start (bwrap: allowed
+    read-write).
+    """
+    settings: dict[str, Any] = _config_file(args.backend_config) if args.backend_config else {}
+    kind = args.backend or settings.get("type") or "docker"
+    if settings.setdefault("type", kind) != kind:
+        raise InvalidRequestError(f"--backend {kind} but {args.backend_config} says type: {settings['type']}")
+    limits = {k: v for k, v in {"memory_mb": args.memory, "cpus": args.cpus}.items() if v is not None}
+    flags: dict[str, Any] = {
+        "image": args.image,
+        "runtime": args.runtime,
+        "engine": args.engine,
+        "tmpfs": _tmpfs_of(args.tmpfs) if args.tmpfs else None,
+        "network": _network_of(args.allow_host or []),
+        "container": container,
+    }
+    if limits:
+        flags["limits"] = {**dict(settings.get("limits") or {}), **limits}
+    given = {key: value for key, value in flags.items() if value is not None}
+    if kind != "docker":
+        refused = [key for key in (*_DOCKER_ONLY, "container") if key in given]
+        if refused:
+            raise InvalidRequestError(
+                f"--{refused[0]} is a Docker option: the {kind} backend has no such setting"
+            )
+    if kind in ("process", "bwrap"):
+        for key in ("image", "limits"):
+            if key in given:
+                raise InvalidRequestError(f"the {kind} backend runs host processes: it has no {key} setting")
+        if workdir is not None:
+            given["workdir"] = os.path.abspath(workdir)
+            if kind == "bwrap":
+                policy = SandboxPolicy.model_validate(settings.get("policy") or {"allow_process_spawn": True})
+                paths = (*policy.allowed_paths, AllowedPath(path=given["workdir"], mode="read_write"))
+                given["policy"] = policy.model_copy(update={"allowed_paths": paths})
+    if kind == "docker":
+        return config_from_options({**{k: v for k, v in settings.items() if k != "type"}, **given})
+    return parse_config({**settings, **given})
+
+
+def _config_file(path: str) -> dict[str, Any]:
+    """``--backend-config FILE``: a JSON or YAML mapping of a backend config's fields."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidRequestError(f"--backend-config {path}: {exc.strerror}") from None
+    try:
+        loaded = json.loads(text) if path.endswith(".json") else _yaml(text)
+    except ValueError as exc:
+        raise InvalidRequestError(f"--backend-config {path}: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise InvalidRequestError(f"--backend-config {path} must hold a mapping of the backend's settings")
+    return loaded
+
+
+def _yaml(text: str) -> Any:
+    try:
+        import yaml  # type: ignore[import-untyped]  # noqa: PLC0415 - PyYAML comes with the inspect extra
+    except ImportError:
+        raise ValueError("a YAML file needs PyYAML (pip install pyyaml); or give JSON (FILE.json)") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _network_of(allowed: Sequence[str]) -> NetworkPolicy | None:
@@ -311,7 +371,18 @@ def _network_of(allowed: Sequence[str]) -> NetworkPolicy | None:
 
 def _sandbox_options(parser: argparse.ArgumentParser, *, image_help: str) -> None:
     """The options of the sandbox container that ``run`` and ``mcp`` share (one place for their spelling)."""
-    parser.add_argument("--image", default=BASE_IMAGE, metavar="IMG", help=image_help)
+    parser.add_argument(
+        "--backend",
+        choices=BACKEND_TYPES,
+        help="the sandbox backend (default: docker, or the type in --backend-config); docs/GUIDE.md",
+    )
+    parser.add_argument(
+        "--backend-config",
+        metavar="FILE",
+        help="the backend's settings: a JSON (.json) or YAML mapping of its config's fields (the flags "
+        "override them)",
+    )
+    parser.add_argument("--image", metavar="IMG", help=image_help)
     parser.add_argument("--runtime", metavar="RUNTIME", help="container runtime, e.g. runsc (gVisor)")
     parser.add_argument("--memory", type=int, metavar="MB", help="memory limit (= memory+swap), MiB")
     parser.add_argument("--cpus", type=float, metavar="N", help="CPU limit in cores")
@@ -382,8 +453,7 @@ def _example_workspace() -> Iterator[str]:
 
 def cleanup_pods(context: str | None, namespace: str) -> int:
     """``adk-sandbox cleanup --kubernetes``: delete the namespace's leaked session Pods (extra ``k8s``)."""
-    from adk_sandbox.executor.backends.kubernetes._api import ClientApi  # noqa: PLC0415 - the optional k8s extra
-    from adk_sandbox.executor.backends.kubernetes._reaper import reap_leaked_pods  # noqa: PLC0415
+    from adk_sandbox.executor.backends.kubernetes import ClientApi, reap_leaked_pods  # noqa: PLC0415 - the k8s extra
 
     removed = reap_leaked_pods(ClientApi(context), namespace)
     for pod in removed:
@@ -394,8 +464,7 @@ def cleanup_pods(context: str | None, namespace: str) -> int:
 
 def cleanup(session: str | None = None) -> int:
     """``adk-sandbox cleanup``: remove this project's leaked containers, or one session's (by label)."""
-    from adk_sandbox.executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
-    from adk_sandbox.executor.backends.docker._reaper import cleanup_session, reap_leaked  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker import cleanup_session, connect, reap_leaked  # noqa: PLC0415 - docker-py loads lazily
 
     if session is not None:
         ids = cleanup_session(session)
@@ -450,7 +519,7 @@ def snapshots_command(args: argparse.Namespace) -> int:
                 print(f"removed {snapshot.id} ({snapshot.name})")
             return 0
         client = _snapshot_engine()
-        from adk_sandbox.executor.backends.docker._snapshot import reap_snapshots  # noqa: PLC0415
+        from adk_sandbox.executor.backends.docker import reap_snapshots  # noqa: PLC0415 - docker-py loads lazily
 
         removed = reap_snapshots(client, store)
         for line in removed:
@@ -463,7 +532,7 @@ def snapshots_command(args: argparse.Namespace) -> int:
 
 
 def _snapshot_engine() -> Any:
-    from adk_sandbox.executor.backends.docker._daemon import connect  # noqa: PLC0415 - docker-py loads lazily
+    from adk_sandbox.executor.backends.docker import connect  # noqa: PLC0415 - docker-py loads lazily
 
     return connect()
 
@@ -471,7 +540,7 @@ def _snapshot_engine() -> Any:
 def _image_remover(client: Any) -> Any:
     if client is None:
         return None
-    from adk_sandbox.executor.backends.docker._snapshot import remove_snapshot_image  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker import remove_snapshot_image  # noqa: PLC0415 - docker-py loads lazily
 
     return lambda image: remove_snapshot_image(client, image)
 
@@ -583,7 +652,7 @@ def mcp_server(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.workspace):
         print(f"adk-sandbox: error: --workspace {args.workspace!r} is not a directory", file=sys.stderr)
         return 2
-    config = docker_config(args)  # checked even for --read-only, which starts no container
+    config = backend_config(args)  # checked even for --read-only, which starts no sandbox
     return mcp.main(args.workspace, config=config, read_only=args.read_only, code_exec=args.code_exec)
 
 

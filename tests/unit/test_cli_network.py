@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from adk_sandbox.executor.cli import _proxy_of, _sandbox_options, docker_config, main
+from adk_sandbox.executor.cli import _proxy_of, _sandbox_options, backend_config, main
 from adk_sandbox.executor.errors import InvalidRequestError
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from tests.conftest import require
@@ -20,19 +20,19 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_allow_host_options_make_a_network_policy() -> None:
-    config = docker_config(_args("--allow-host", "pypi.org", "--allow-host", "*.pythonhosted.org:8443"))
+    config = backend_config(_args("--allow-host", "pypi.org", "--allow-host", "*.pythonhosted.org:8443"))
     assert config.network == NetworkPolicy(allow=["pypi.org", "*.pythonhosted.org:8443"])
     assert config.egress == config.network
 
 
 def test_without_allow_host_the_network_stays_off() -> None:
-    config = docker_config(_args("--runtime", "runsc"))
+    config = backend_config(_args("--runtime", "runsc"))
     assert config.network is False and config.egress is None
 
 
 def test_a_bad_allow_host_is_refused_naming_the_option() -> None:
     with pytest.raises(InvalidRequestError, match=r"--allow-host: .*is an IP address"):
-        docker_config(_args("--allow-host", "10.0.0.1"))
+        backend_config(_args("--allow-host", "10.0.0.1"))
 
 
 @pytest.mark.parametrize(

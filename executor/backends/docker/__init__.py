@@ -1,6 +1,9 @@
 """The Docker backend: hardened per-session containers (docs/DOCKER.md)."""
 
-from adk_sandbox.executor.backends.docker._reaper import cleanup_labelled, cleanup_session
+from adk_sandbox.executor.backends.docker._daemon import connect
+from adk_sandbox.executor.backends.docker._dialect import dialect_of
+from adk_sandbox.executor.backends.docker._reaper import cleanup_labelled, cleanup_session, reap_leaked
+from adk_sandbox.executor.backends.docker._snapshot import reap_snapshots, remove_snapshot_image
 from adk_sandbox.executor.backends.docker.backend import DockerBackend
 from adk_sandbox.executor.backends.docker.config import DockerConfig
 from adk_sandbox.executor.backends.docker.engine import Engine, resolve_engine
@@ -24,5 +27,10 @@ __all__ = [
     "SessionPool",
     "cleanup_labelled",
     "cleanup_session",
+    "connect",
+    "dialect_of",
+    "reap_leaked",
+    "reap_snapshots",
+    "remove_snapshot_image",
     "resolve_engine",
 ]

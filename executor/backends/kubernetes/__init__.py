@@ -4,6 +4,7 @@ Extra ``k8s`` (the ``kubernetes`` client), imported only when a backend connects
 needs nothing beyond the core. Not run against a cluster where it was written: see docs/KUBERNETES.md.
 """
 
+from adk_sandbox.executor.backends.kubernetes._api import ClientApi
 from adk_sandbox.executor.backends.kubernetes._channel import ChannelProtocol, ExecStatus
 from adk_sandbox.executor.backends.kubernetes._claim import (
     ClaimState,
@@ -13,6 +14,7 @@ from adk_sandbox.executor.backends.kubernetes._claim import (
 )
 from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
 from adk_sandbox.executor.backends.kubernetes._failures import api_error, pod_failure
+from adk_sandbox.executor.backends.kubernetes._reaper import reap_leaked_pods
 from adk_sandbox.executor.backends.kubernetes._spec import (
     PER_SESSION_FIELDS,
     capabilities_from_pod,
@@ -31,6 +33,7 @@ __all__ = [
     "PER_SESSION_FIELDS",
     "ChannelProtocol",
     "ClaimState",
+    "ClientApi",
     "ExecStatus",
     "KubernetesBackend",
     "KubernetesConfig",
@@ -44,6 +47,7 @@ __all__ = [
     "pod_failure",
     "pod_spec",
     "pod_violations",
+    "reap_leaked_pods",
     "sandbox_pod_name",
     "workspace_config",
 ]
