@@ -46,6 +46,7 @@ from pydantic import Field, PrivateAttr
 from adk_sandbox.devtools.toolset import DevToolset
 from adk_sandbox.devtools.workspace import Workspace
 from adk_sandbox.executor.backend import SandboxBackend, SessionFactory
+from adk_sandbox.executor.backends.factory import BackendConfig, make_backend
 from adk_sandbox.executor.tool_protocol import AgentTool, call_tool, error_payload
 from adk_sandbox.executor.tools import DEFAULT_TIMEOUT_SECS, SandboxTool
 
@@ -294,6 +295,9 @@ class SandboxCodeExecutor(BaseCodeExecutor):
     reported in
     ``stderr`` of the result, never raised, so it reaches the model instead of ending the run.
 
+    ``backend`` may also be a backend config (``{"type": "microvm"}``, any :data:`BackendConfig`): the
+    backend is made from it (:func:`~adk_sandbox.make_backend`) and closed with the executor.
+
     ``timeout_seconds`` (default 30) bounds each block, clamped to 1..300 like ``sandbox_exec``.
     ``input_files`` of a code execution input are not copied into the sandbox: a result says so.
     """
@@ -303,9 +307,14 @@ class SandboxCodeExecutor(BaseCodeExecutor):
     timeout_seconds: int | None = Field(default=int(DEFAULT_TIMEOUT_SECS), gt=0)
 
     _tool: SandboxTool = PrivateAttr()
+    _made: SandboxBackend | None = PrivateAttr(default=None)
 
-    def __init__(self, backend: SandboxBackend | SessionFactory, **data: Any) -> None:
+    def __init__(
+        self, backend: SandboxBackend | SessionFactory | BackendConfig | Mapping[str, Any], **data: Any
+    ) -> None:
         super().__init__(**data)
+        if not isinstance(backend, SandboxBackend | SessionFactory):
+            backend = self._made = make_backend(backend)
         self._tool = SandboxTool(backend)
 
     def execute_code(
@@ -337,6 +346,8 @@ class SandboxCodeExecutor(BaseCodeExecutor):
     def close(self) -> None:
         """Close the session opened for the code blocks (its container is removed). Idempotent."""
         self._tool.close()
+        if self._made is not None:
+            self._made.close()
 
     def __enter__(self) -> Self:
         return self

@@ -36,7 +36,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union, overload
+from typing import Annotated, Any, Literal, TypeVar, Union, cast, overload
 
 import docker
 import docker.errors
@@ -55,7 +55,15 @@ from inspect_ai.util import (
 # private constant is the one place it is defined, and matching it exactly is the point (see below).
 from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.environment import SandboxUnavailableError
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from adk_sandbox.devtools.adapters.inspect_compose import (
     compose_services,
@@ -69,6 +77,7 @@ from adk_sandbox.executor.backend import SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.docker import DockerBackend, cleanup_labelled, cleanup_session
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.backends.docker.session import DockerSession
+from adk_sandbox.executor.backends.factory import BackendConfig, make_backend, parse_config
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.services import LinkedService, ServiceLinks, service_addresses
 from adk_sandbox.executor.channel.session import ChannelSession
@@ -145,9 +154,18 @@ class AdkSandboxConfig(BaseModel):
         image: my-task-image
         runtime: runsc
         limits: {memory_mb: 1024, pids: 256}
+
+    ``backend`` chooses the engine: ``docker`` (the default, gVisor with ``runtime: runsc``), ``microvm``
+    or ``kubernetes``, or a mapping of that backend's own config (``{type: kubernetes, namespace: evals,
+    context: my-cluster}``, docs/INTEGRATIONS.md). ``image``, ``limits``, ``network`` and ``user`` apply to
+    every backend; the other sandbox fields are Docker's and are refused elsewhere unless left at their
+    defaults.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["docker", "kubernetes", "microvm"] | dict[str, Any] = "docker"
+    """The backend each sample's sandbox runs on: its name, or a mapping of its config with ``type``."""
 
     image: str = BASE_IMAGE
     """The container image (built locally: ``adk-sandbox images build``, or ``build``; never pulled)."""
@@ -205,6 +223,50 @@ class AdkSandboxConfig(BaseModel):
         if value is not None and not posixpath.isabs(value):
             raise ValueError(f"working_dir must be an absolute path, not {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _backend_settings(self) -> AdkSandboxConfig:
+        self.backend_config()  # a setting the backend cannot honour is refused now, not at the first sample
+        return self
+
+    @property
+    def backend_type(self) -> str:
+        """``docker``, ``kubernetes`` or ``microvm``."""
+        return self.backend if isinstance(self.backend, str) else str(self.backend.get("type"))
+
+    def backend_config(self) -> BackendConfig | None:
+        """The config of a backend other than Docker (None: Docker, made from these fields as ever)."""
+        kind = self.backend_type
+        if kind == "docker":
+            if isinstance(self.backend, dict) and len(self.backend) > 1:
+                raise ValueError(
+                    "Docker's settings are this config's own fields, not backend: {type: docker, ...}"
+                )
+            return None
+        if kind not in ("kubernetes", "microvm"):
+            raise ValueError(f"backend type {kind!r} is not one of docker, kubernetes, microvm")
+        fields = type(self).model_fields
+        docker_only = ("profile", "root_size_mb", "runtime", "tmpfs", "extra_hosts", "build")
+        refused = [
+            name
+            for name in docker_only
+            if getattr(self, name) != fields[name].get_default(call_default_factory=True)
+        ]
+        if kind == "microvm" and refused == ["build"]:
+            refused = []  # a microVM's root disk is made from the built image
+        if refused:
+            raise ValueError(f"{', '.join(refused)}: Docker settings, which the {kind} backend has not")
+        settings: dict[str, Any] = dict(self.backend) if isinstance(self.backend, dict) else {"type": kind}
+        shared = {"image": self.image, "limits": self.limits, "network": self.network, "user": self.user}
+        for name, value in shared.items():
+            if value != fields[name].get_default(call_default_factory=True):
+                if name in settings:
+                    raise ValueError(f"{name} is given twice: here and in backend")
+                settings[name] = value
+        try:
+            return parse_config(settings)
+        except InvalidRequestError as exc:
+            raise ValueError(str(exc)) from None
 
     def command_user(self) -> str | None:
         """Who commands run as by default: the configured user; None: the profile's default."""
@@ -452,18 +514,22 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             if backend is None:
                 if config.build is not None:
                     build_image(config.image, config.build)
-                backend = DockerBackend(
-                    image=config.image,
-                    profile=config.profile,
-                    root_size_mb=config.root_size_mb,
-                    limits=config.limits,
-                    runtime=config.runtime,
-                    network=config.network,
-                    user=config.command_user(),
-                    tmpfs=config.tmpfs,
-                    extra_hosts=config.extra_hosts,
-                    labels={PROVIDER_LABEL: "adk-sandbox", TASK_LABEL: task_name[:4096]},
-                )
+                other = config.backend_config()
+                if other is None:
+                    backend = DockerBackend(
+                        image=config.image,
+                        profile=config.profile,
+                        root_size_mb=config.root_size_mb,
+                        limits=config.limits,
+                        runtime=config.runtime,
+                        network=config.network,
+                        user=config.command_user(),
+                        tmpfs=config.tmpfs,
+                        extra_hosts=config.extra_hosts,
+                        labels={PROVIDER_LABEL: "adk-sandbox", TASK_LABEL: task_name[:4096]},
+                    )
+                else:
+                    backend = cast("SessionBackend[Any]", make_backend(other))  # all three have sessions
                 cls._backends[key] = backend
             return backend
 
@@ -678,9 +744,15 @@ class AdkSandboxEnvironment(SandboxEnvironment):
                 f"{what} is not available for a sample of several services: its services are linked to each "
                 "other's running sandboxes, which a snapshot does not carry (docs/snapshots.md)"
             )
-        if not isinstance(self._opener, DockerBackend) or not isinstance(self._session, DockerSession):
+        opener = self._opener
+        if opener is None:
             raise InvalidRequestError(f"{what} needs a sample started by this provider's sample_init")
-        return self._session, self._opener
+        if not isinstance(opener, DockerBackend) or not isinstance(self._session, DockerSession):
+            raise InvalidRequestError(
+                f"{what} is not available on the {opener.name} backend: only Docker sessions take "
+                "snapshots (docs/snapshots.md)"
+            )
+        return self._session, opener
 
     def _close(self, _: threading.Event) -> None:
         if self._links is not None:
@@ -732,8 +804,10 @@ class _SampleStart:
     def of(cls, session: SandboxSession, config: AdkSandboxConfig) -> _SampleStart:
         """Ask ``session`` (started) where it starts and as whom; make ``working_dir`` (task profile)."""
         if config.working_dir is not None and config.profile == "task":
-            # As Docker does for a compose file's working_dir: made when missing, by root.
-            _checked(session, ("mkdir", "-p", "--", config.working_dir), "0:0")
+            # As Docker does for a compose file's working_dir: made when missing, by root (a Docker task
+            # sandbox; elsewhere by the command user, where it may write).
+            root = "0:0" if config.backend_type == "docker" else None
+            _checked(session, ("mkdir", "-p", "--", config.working_dir), root)
         output = _checked(session, ("sh", "-c", 'pwd; echo "$(id -u):$(id -g)"'), None)
         session_workdir, user = output.split("\n")[:2]
         return cls(config.working_dir or session_workdir, session_workdir, user)

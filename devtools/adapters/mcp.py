@@ -41,6 +41,7 @@ from mcp.server.stdio import stdio_server
 
 from adk_sandbox.devtools.toolset import DevToolset
 from adk_sandbox.devtools.workspace import Workspace
+from adk_sandbox.executor.errors import InvalidRequestError
 from adk_sandbox.executor.tool_protocol import (
     AgentTool,
     ProgressCallback,
@@ -51,7 +52,7 @@ from adk_sandbox.executor.tool_protocol import (
 from adk_sandbox.executor.types import Stream
 
 if TYPE_CHECKING:
-    from adk_sandbox.executor.backends.docker import DockerConfig
+    from adk_sandbox.executor.backends.factory import BackendConfig
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -249,27 +250,31 @@ async def _stdin_lines() -> AsyncIterator[_StdinLines | None]:
 def workspace_tools(
     root: str | os.PathLike[str],
     *,
-    config: DockerConfig | None = None,
+    config: BackendConfig | None = None,
     read_only: bool = False,
     code_exec: bool = False,
 ) -> Iterator[list[AgentTool]]:
     """The tools ``adk-sandbox mcp`` serves for ``root``, and everything they open closed on exit.
 
     Writable (default): read_file, glob, grep, write_file, edit_file, bash, sandbox_exec. ``bash`` and
-    ``sandbox_exec`` share one Docker session with ``root`` mounted (one container, started here so a
+    ``sandbox_exec`` share one session with ``root`` mounted (one container or VM, started here so a
     broken engine or image fails the start, not the first call); file tools work on the host through the
-    workspace's containment. ``config`` makes the container (image, runtime, engine, limits, tmpfs, and its
-    ``network``: a NetworkPolicy, ``--allow-host``, lets commands reach the names it allows through the
-    sandbox's proxy; the defaults without it); on a remote engine the workspace travels as a mirror.
+    workspace's containment. ``config`` is any backend's config (:data:`~.backends.factory.BackendConfig`;
+    default: Docker's) and makes the sandbox (image, limits, and its ``network``: a NetworkPolicy,
+    ``--allow-host``, lets commands reach the names it allows through the sandbox's proxy); on a remote
+    engine the workspace travels as a mirror.
     ``read_only``: read_file, glob and grep only, and no container at all: a server for exploring is given
     nothing that writes, and a command could write. ``code_exec`` adds the Rust tool on its own backend,
-    the same settings with the image ``adk-sandbox/rust``.
+    the same settings with the image ``adk-sandbox/rust`` (a backend without images refuses it).
     """
-    from adk_sandbox.executor.backends.docker import DockerBackend, DockerConfig  # noqa: PLC0415 - docker-py loads lazily
+    from adk_sandbox.executor.backends.docker import DockerConfig  # noqa: PLC0415 - docker-py loads lazily
     from adk_sandbox.executor.backends.docker.images import RUST_IMAGE  # noqa: PLC0415
+    from adk_sandbox.executor.backends.factory import make_backend  # noqa: PLC0415
     from adk_sandbox.executor.tools import CodeTool, SandboxTool  # noqa: PLC0415
 
     settings = config or DockerConfig()
+    if code_exec and "image" not in type(settings).model_fields:
+        raise InvalidRequestError(f"code_exec runs the Rust image: the {settings.type} backend has no image")
 
     with contextlib.ExitStack() as stack:
         tools: list[AgentTool] = []
@@ -277,7 +282,7 @@ def workspace_tools(
             workspace = stack.enter_context(Workspace.read_only(root))
             tools += DevToolset(workspace).tools
         else:
-            backend = stack.enter_context(DockerBackend(config=settings))
+            backend = stack.enter_context(make_backend(settings))
             workspace = stack.enter_context(Workspace(root, sandbox=backend))
             session, _in_root = workspace.bash_backend()  # starts the container now
             tools += DevToolset(workspace).tools
@@ -285,7 +290,7 @@ def workspace_tools(
             tools.append(stack.enter_context(SandboxTool(session)))
         if code_exec:
             rust_settings = settings.model_copy(update={"image": RUST_IMAGE})
-            rust = stack.enter_context(DockerBackend(config=rust_settings))
+            rust = stack.enter_context(make_backend(rust_settings))
             tools.append(stack.enter_context(CodeTool(rust)))
         yield tools
 
@@ -324,7 +329,7 @@ class _ShutdownHandler:
 def main(
     root: str | os.PathLike[str],
     *,
-    config: DockerConfig | None = None,
+    config: BackendConfig | None = None,
     read_only: bool = False,
     code_exec: bool = False,
 ) -> int:
