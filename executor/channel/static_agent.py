@@ -254,10 +254,13 @@ def build_static_agent(*, force: bool = False) -> tuple[StaticAgent, Path]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _packaged_directory(machine: str) -> Path:
+    return Path(str(resources.files(__package__).joinpath("inside", "bin", machine)))
+
+
 def packaged_agent(machine: str) -> StaticAgent | None:
     """The wheel's agent for ``machine`` (``inside/bin/<machine>/``), if it was built from these sources."""
-    directory = Path(str(resources.files(__package__).joinpath("inside", "bin", machine)))
-    return _load_built(directory, source_digest(machine))
+    return _load_built(_packaged_directory(machine), source_digest(machine))
 
 
 @functools.cache

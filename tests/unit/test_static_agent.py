@@ -1,6 +1,7 @@
-"""The static agent's build: one source of truth for the set-id filter, the cache, and the sh loader.
+"""The agent's build: one source of truth for the set-id filter, the wheel and the cache, the sh loader.
 
-Needs a C compiler with a static libc on the host (gcc and libc6-dev, installed by scripts/setup). The
+Needs a C compiler with a static libc on the host (gcc and libc6-dev, installed by scripts/setup); the
+aarch64 build needs Debian's cross toolchain (gcc-aarch64-linux-gnu, also installed by scripts/setup). The
 agent itself never runs on the host here (it would treat the host's orphans as its own escapees); the
 loader does, with a harmless program as its payload.
 """
@@ -20,8 +21,9 @@ from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD
 from adk_sandbox.executor.channel.setid import native_arch, setid_filter
 from adk_sandbox.executor.channel.static_agent import (
     StaticAgentUnavailableError,
-    agent_launches,
+    agent_launch,
     build_static_agent,
+    compile_agent,
     filter_header,
     loader_script,
 )
@@ -52,7 +54,7 @@ def test_the_c_filter_table_is_the_python_filter(arch: int) -> None:
 def test_the_built_agent_carries_exactly_this_filter(cache: Path) -> None:
     built, directory = build_static_agent()
     assert setid_filter(native_arch()) in built.agent
-    assert directory.parent == cache and built.digest[:32] in directory.name
+    assert directory.parent == cache and (directory / "DIGEST").read_text().strip() == built.digest
     assert built.agent.startswith(b"\x7fELF") and built.loader.startswith(b"\x7fELF")
     assert b"INTERP" not in built.agent[:4096] and len(built.loader) < 4096  # static; tiny loader
 
@@ -104,25 +106,58 @@ def test_no_compiler_is_a_clear_error(cache: Path, monkeypatch: pytest.MonkeyPat
         build_static_agent()
 
 
-def test_a_python_source_given_by_a_test_forces_the_python_flavour() -> None:
-    (launch,) = agent_launches("static", "1:2", source="print(1)")
-    assert launch.flavour == "python" and launch.argv[:4] == ["python3", "-I", "-S", "-c"]
-    assert launch.preamble == b""
+def test_no_binary_and_no_compiler_names_what_to_install(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(_static_agent, "_compiler", lambda: None)
+    monkeypatch.setattr(_static_agent, "_packaged_directory", lambda machine: tmp_path / machine)
+    _static_agent._static_or_reason.cache_clear()
+    try:
+        with pytest.raises(StaticAgentUnavailableError, match=r"wheel .* apt install gcc libc6-dev"):
+            agent_launch(None)
+    finally:
+        _static_agent._static_or_reason.cache_clear()
 
 
-def test_auto_prefers_the_static_agent_then_the_python_one(cache: Path) -> None:
-    """Both perform every operation; the static agent is faster and smaller, the Python one the fallback."""
-    assert [launch.flavour for launch in agent_launches("auto", None)] == ["static", "python"]
-    assert [launch.flavour for launch in agent_launches("static", None)] == ["static"]
-    assert [launch.flavour for launch in agent_launches("python", None)] == ["python"]
+def test_the_wheels_agent_is_used_without_a_compiler(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The wheel's binary (hatch_build.py) serves a host without a compiler, if it is of these sources."""
+    machine = _static_agent._machine()
+    packaged = tmp_path / machine
+    packaged.mkdir()
+    compile_agent(str(_static_agent._compiler()), machine, packaged)
+    assert sorted(p.name for p in packaged.iterdir()) == ["DIGEST", "SHA256SUMS", "agent", "loader"]
+    monkeypatch.setattr(_static_agent, "_compiler", lambda: None)
+    monkeypatch.setattr(_static_agent, "_packaged_directory", lambda machine: tmp_path / machine)
+    _static_agent._static_or_reason.cache_clear()
+    try:
+        launch = agent_launch("1:2", setid_allowed=True)
+        assert launch.preamble == (packaged / "agent").read_bytes()
+        assert launch.argv[:2] == ["/bin/sh", "-c"]
+        assert launch.argv[3:] == [
+            "adk-sandbox-agent-loader",
+            str(len(launch.preamble)),
+            SETID_ALLOWED_WORD,
+            "1:2",
+        ]
+        # A binary of other sources (an older wheel's files in a newer checkout) is never used.
+        (packaged / "DIGEST").write_text("0" * 64 + "\n")
+        _static_agent._static_or_reason.cache_clear()
+        with pytest.raises(StaticAgentUnavailableError, match="no C compiler"):
+            agent_launch(None)
+    finally:
+        _static_agent._static_or_reason.cache_clear()
 
 
-def test_auto_without_a_compiler_is_the_python_agent_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_static_agent, "_static_or_reason", lambda: "no C compiler")  # memoised per process
-    (launch,) = agent_launches("auto", None)
-    assert launch.flavour == "python" and "could not be built" in launch.requirement
-    with pytest.raises(StaticAgentUnavailableError):
-        agent_launches("static", None)
+def test_the_aarch64_agent_cross_builds(tmp_path: Path) -> None:
+    """The wheel carries an aarch64 agent (an arm64 Mac's Docker Desktop runs aarch64 containers)."""
+    compiler = shutil.which("aarch64-linux-gnu-gcc")
+    require(compiler is not None, "no aarch64 cross compiler (Debian: gcc-aarch64-linux-gnu)")
+    built = compile_agent(str(compiler), "aarch64", tmp_path)
+    assert built.agent[:4] == b"\x7fELF" and built.agent[18:20] == (183).to_bytes(2, "little")  # EM_AARCH64
+    assert built.loader[18:20] == (183).to_bytes(2, "little") and len(built.loader) < 4096
+    assert setid_filter(AARCH64) in built.agent
 
 
 @pytest.mark.parametrize("shell", ["dash", "busybox"])
