@@ -24,7 +24,11 @@ ISOLATION = {
     "process": IsolationClass.SUBPROCESS_ONLY,
     "bwrap": IsolationClass.OS_ENFORCED,
 }
-MARKS = {"docker": pytest.mark.docker, "bwrap": pytest.mark.bwrap, "process": ()}
+MARKS: dict[str, tuple[pytest.MarkDecorator, ...]] = {
+    "docker": (pytest.mark.docker,),
+    "bwrap": (pytest.mark.bwrap,),
+    "process": (),
+}
 
 
 def adk(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
