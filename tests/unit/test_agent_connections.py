@@ -1,4 +1,4 @@
-"""The proxy endpoint over the agent channel: a real agent (Python, static) on the host, ending in handlers.
+"""The proxy endpoint over the agent channel: a real agent on the host, ending in handlers.
 
 The agent runs in namespaces of its own (``unshare``: a user namespace and a PID namespace with its own
 ``/proc``, so it sees, and would kill, nothing of the host's), with the host's network namespace so the
@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from adk_sandbox.executor.channel import agent as _agent
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.connections import Connections, ConnectionStream
 from adk_sandbox.executor.channel.frames import (
@@ -34,7 +33,9 @@ from adk_sandbox.executor.channel.frames import (
     Frame,
     FrameType,
     ProtocolError,
+    encode,
 )
+from adk_sandbox.executor.channel.static_agent import AgentLaunch
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.network.log import ConnectionLog
 from adk_sandbox.executor.network.policy import NetworkPolicy
@@ -103,10 +104,9 @@ class ProcessStream:
 
 
 class Agent:
-    """A transport with one running agent (the flavour asked for), and its processes to kill."""
+    """A transport with one running agent (or a stand-in's ``launch``), and its processes to kill."""
 
-    def __init__(self, flavour: str, source: str | None = None) -> None:
-        self.flavour = flavour
+    def __init__(self, launch: AgentLaunch | None = None) -> None:
         self.streams: list[ProcessStream] = []
 
         def open_stream(argv: list[str], user: str, until: float) -> ProcessStream:
@@ -114,7 +114,7 @@ class Agent:
             self.streams.append(stream)
             return stream
 
-        self.transport = AgentTransport(open_stream, agent=flavour, source=source)  # type: ignore[arg-type]
+        self.transport = AgentTransport(open_stream, launch=launch)
 
     def serve(self, handler: Callable[[ConnectionStream], object]) -> int:
         return self.transport.serve_connections(USER, handler)
@@ -125,15 +125,20 @@ class Agent:
             stream.close()
 
 
-FLAVOURS = ["python", "static"]
+def older_agent(without: str) -> AgentLaunch:
+    """A stand-in for an agent of an older version: its HELLO offers no ``without`` (proxy, dial)."""
+    hello = {"protocol": 1, "pid": 2, "subreaper": True, "setid": "refused", "agent": "older", "proxy": 1,
+             "dial": 1}  # fmt: skip
+    del hello[without]
+    program = f"import os, sys; os.write(1, bytes.fromhex({encode(FrameType.HELLO, 0, hello).hex()!r})); "
+    return AgentLaunch([sys.executable, "-c", program + "sys.stdin.buffer.read()"])
 
 
-@pytest.fixture(params=FLAVOURS)
-def agent(request: pytest.FixtureRequest) -> Iterator[Agent]:
+@pytest.fixture
+def agent() -> Iterator[Agent]:
     require(_namespaces_work(), "unshare with user and PID namespaces is needed to run an agent here")
-    if request.param == "static":
-        require(shutil.which("gcc") is not None or shutil.which("cc") is not None, "no C compiler")
-    running = Agent(request.param)
+    require(shutil.which("gcc") is not None or shutil.which("cc") is not None, "no C compiler")
+    running = Agent()
     yield running
     running.close()
 
@@ -170,7 +175,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10) -> None:
 def test_hello_offers_the_endpoint_and_a_connection_reaches_the_handler(agent: Agent) -> None:
     port = agent.serve(echo_upper)
     hello = agent.transport._agents[USER].hello or {}
-    assert hello.get("proxy") == 1 and hello.get("agent") == agent.flavour
+    assert hello.get("proxy") == 1 and hello.get("agent") == "static"
     with connect(port) as client:
         client.sendall(b"hello")
         assert client.recv(5) == b"HELLO"
@@ -295,9 +300,7 @@ def test_the_agent_gone_ends_every_connection(agent: Agent) -> None:
 
 def test_an_agent_without_the_endpoint_is_refused() -> None:
     require(_namespaces_work(), "unshare with user and PID namespaces is needed to run an agent here")
-    source = _agent.AGENT_SOURCE.replace('"proxy": 1,', "")
-    assert source != _agent.AGENT_SOURCE
-    old = Agent("python", source=source)
+    old = Agent(older_agent("proxy"))
     try:
         with pytest.raises(PolicyNotEnforceableError, match="proxy endpoint"):
             old.serve(echo_upper)

@@ -1,4 +1,4 @@
-"""Dialing into a sandbox (DIAL) and listening on other loopback addresses: a real agent (Python, static).
+"""Dialing into a sandbox (DIAL) and listening on other loopback addresses: a real agent.
 
 The agents run as in :mod:`tests.unit.test_agent_connections` (namespaces of their own, the host's network
 namespace), so a DIAL reaches servers these tests start on ``127.0.0.1`` and a listener on ``127.0.0.2`` is
@@ -18,7 +18,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from adk_sandbox.executor.channel import agent as _agent
 from adk_sandbox.executor.channel.connections import Connections
 from adk_sandbox.executor.channel.frames import (
     DIAL_BASE,
@@ -40,6 +39,7 @@ from tests.unit.test_agent_connections import (
     _namespaces_work,
     agent,
     connect,
+    older_agent,
     read_all,
     wait_for,
 )
@@ -74,7 +74,7 @@ def server() -> Iterator[Server]:
 
 def test_hello_offers_dialing_and_a_dial_reaches_the_server(agent: Agent, server: Server) -> None:
     hello = agent.transport._agent_for(USER, time.monotonic() + 30).hello or {}
-    assert hello.get("dial") == 1 and hello.get("agent") == agent.flavour
+    assert hello.get("dial") == 1 and hello.get("agent") == "static"
     stream = agent.transport.dial(USER, server.port, timeout=10)
     try:
         assert stream.channel >= DIAL_BASE
@@ -194,9 +194,7 @@ def test_a_listen_address_outside_loopback_is_refused_by_host_and_agent(agent: A
 
 def test_an_agent_without_dialing_is_refused() -> None:
     require(_namespaces_work(), "unshare with user and PID namespaces is needed to run an agent here")
-    source = _agent.AGENT_SOURCE.replace('"dial": 1,', "")
-    assert source != _agent.AGENT_SOURCE
-    old = Agent("python", source=source)
+    old = Agent(older_agent("dial"))
     try:
         with pytest.raises(PolicyNotEnforceableError, match="dialing"):
             old.transport.dial(USER, 80)

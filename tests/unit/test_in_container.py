@@ -1,4 +1,4 @@
-"""The programs that run inside a container share one prelude: each compiles, nothing is defined twice."""
+"""The supervisor that runs inside a container gets its prelude once: it compiles, nothing is defined twice."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import collections
 
 import pytest
 
-from adk_sandbox.executor.channel import agent as _agent
 from adk_sandbox.executor.channel import supervisor as _supervisor
 from adk_sandbox.executor.channel.programs import PRELUDE_LINE, in_container_program
 
 
-@pytest.mark.parametrize("source", [_agent.AGENT_SOURCE, _supervisor.SCRIPT], ids=["agent", "supervisor"])
+@pytest.mark.parametrize("source", [_supervisor.SCRIPT], ids=["supervisor"])
 def test_each_program_has_the_prelude_once_and_compiles(source: str) -> None:
     tree = ast.parse(source)
     names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
@@ -27,7 +26,7 @@ def test_a_program_without_a_prelude_line_is_refused() -> None:
         in_container_program("print('no prelude')\n")
 
 
-@pytest.mark.parametrize("source", [_agent.AGENT_SOURCE, _supervisor.SCRIPT], ids=["agent", "supervisor"])
+@pytest.mark.parametrize("source", [_supervisor.SCRIPT], ids=["supervisor"])
 def test_the_checker_only_lines_are_not_shipped(source: str) -> None:
     """inside/*.py import the prelude's names for mypy only: nothing of this package runs inside."""
     tree = ast.parse(source)
@@ -37,7 +36,7 @@ def test_the_checker_only_lines_are_not_shipped(source: str) -> None:
     assert "@CHECK-ONLY@" not in source and "@END-CHECK-ONLY@" not in source
 
 
-@pytest.mark.parametrize("source", [_agent.AGENT_SOURCE, _supervisor.SCRIPT], ids=["agent", "supervisor"])
+@pytest.mark.parametrize("source", [_supervisor.SCRIPT], ids=["supervisor"])
 def test_the_programs_keep_to_python_3_6_syntax(source: str) -> None:
     """Old images' python3: string annotations only, no syntax newer than 3.6, no ``__future__`` import."""
     tree = ast.parse(source, feature_version=(3, 6))

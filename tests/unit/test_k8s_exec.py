@@ -29,6 +29,7 @@ from adk_sandbox.executor.backends.kubernetes._channel import (
 from adk_sandbox.executor.backends.kubernetes._exec import ExecBridge
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.frames import HOST_TO_AGENT, FrameDecoder, FrameType, encode
+from adk_sandbox.executor.channel.static_agent import AgentLaunch
 from adk_sandbox.executor.channel.transport import PreparedCommand
 
 RECORDINGS = json.loads((Path(__file__).parent / "fixtures" / "k8s" / "exec_recordings.json").read_text())
@@ -188,14 +189,28 @@ def test_a_broken_frame_ends_the_stream_with_a_reason() -> None:
 
 
 # -- the agent channel over the bridge ---------------------------------------------------------------
+#: A stand-in's launch: the loader's argv, then the binary's bytes on stdin before the first frame.
+LAUNCH = AgentLaunch(["/bin/sh", "-c", "LOADER", "adk-sandbox-agent-loader", "13"], b"\x7fELF stand-in")
+
+
 def _agent_stub(subprotocol: str) -> StubWebSocket:
-    """A server whose process answers like the agent: HELLO at once, then STDOUT + EXIT for each RUN."""
+    """A server whose process answers like the agent: HELLO at once, then STDOUT + EXIT for each RUN.
+
+    The binary's bytes come first on its stdin (what the loader reads): they are checked and skipped.
+    """
     decoder = FrameDecoder(HOST_TO_AGENT, expect_hello=False)
+    binary = bytearray()
 
     def on_send(ws: StubWebSocket, message: bytes) -> None:
         if message[0] != 0:
             return  # v5's close of stdin
-        for frame in decoder.feed(message[1:]):
+        data = message[1:]
+        if len(binary) < len(LAUNCH.preamble):
+            taken = len(LAUNCH.preamble) - len(binary)
+            binary.extend(data[:taken])
+            data = data[taken:]
+            assert bytes(binary) == LAUNCH.preamble[: len(binary)]
+        for frame in decoder.feed(data):
             if frame.type == FrameType.RUN and frame.body is not None:
                 text = " ".join(frame.body["argv"]).encode() + b" in " + frame.body["cwd"].encode()
                 ws.push(b"\x01" + encode(FrameType.STDOUT, frame.channel, text))
@@ -220,7 +235,7 @@ def test_the_agent_channel_runs_a_command_over_the_bridge(subprotocol: str) -> N
         opened.append((argv, ws, bridge))
         return bridge
 
-    transport = AgentTransport(open_stream, agent="python")
+    transport = AgentTransport(open_stream, launch=LAUNCH)
     command = PreparedCommand(argv=("echo", "hi"), env={}, user="1000:1000", workdir="/workspace", stdin=None,
                               marker="m")  # fmt: skip
     capture = OutputCapture(1024)
@@ -228,7 +243,7 @@ def test_the_agent_channel_runs_a_command_over_the_bridge(subprotocol: str) -> N
     assert outcome.exit_code == 7
     assert capture.finish()["stdout"].text == "echo hi in /workspace"
     argv, ws, bridge = opened[0]
-    assert argv[0] == "python3"  # the Python agent's launch, unchanged
+    assert argv == LAUNCH.argv
     transport.close()
     bridge.join(5)
     assert ws.closed

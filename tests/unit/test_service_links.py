@@ -31,7 +31,7 @@ from tests.unit.test_agent_dial import Server
 def agents() -> Iterator[tuple[Agent, Agent]]:
     require(_namespaces_work(), "unshare with user and PID namespaces is needed to run an agent here")
     require(shutil.which("gcc") is not None or shutil.which("cc") is not None, "no C compiler")
-    default, web = Agent("python"), Agent("static")
+    default, web = Agent(), Agent()
     yield default, web
     default.close()
     web.close()

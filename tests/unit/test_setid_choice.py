@@ -1,18 +1,15 @@
-"""The set-id filter as a per-channel choice: argv building, the in-sandbox programs' parsing and
-recognition of each other, the HELLO check and the start-up probe's verdict (no engine; the real
-containers are tests/integration/test_docker_setid_choice.py).
+"""The set-id filter as a per-channel choice: argv building, the supervisor's recognition of its kin, the
+HELLO check and the start-up probe's verdict (no engine; the real containers, and the agent's own parsing
+of its arguments, are tests/integration/test_docker_setid_choice.py).
 
-The in-sandbox programs never run on the host (they would treat the host's processes as their own), so
-their argv parsing and recognition functions are lifted out of the shipped text and run on fake input.
+The supervisor never runs on the host (it would treat the host's processes as its own), so its
+recognition function is lifted out of the shipped text and run on fake input.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 import queue
-import re
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +22,7 @@ from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
 from adk_sandbox.executor.channel import static_agent as _static_agent
 from adk_sandbox.executor.channel import supervisor as _supervisor
-from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD, agent_arguments, agent_argv
+from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.frames import (
     HOST_TO_AGENT,
@@ -38,7 +35,7 @@ from adk_sandbox.executor.channel.frames import (
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.programs import program_text
 from adk_sandbox.executor.channel.setid import native_arch
-from adk_sandbox.executor.channel.static_agent import StaticAgent, agent_launches, filter_header
+from adk_sandbox.executor.channel.static_agent import StaticAgent, agent_launch, filter_header
 from adk_sandbox.executor.channel.transport import CommandOutcome, PreparedCommand
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
 from adk_sandbox.executor.types import Stream
@@ -46,42 +43,23 @@ from adk_sandbox.executor.types import Stream
 FAKE_STATIC = StaticAgent(agent=b"\x7fELF agent", loader=b"\x7fELF loader", digest="0" * 64)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def static_available(monkeypatch: pytest.MonkeyPatch) -> None:
-    """agent_launches offers the static flavour without building it (its argv is what is tested)."""
+    """agent_launch uses a fake binary without building one (its argv is what is tested)."""
     monkeypatch.setattr(_static_agent, "_static_or_reason", lambda: FAKE_STATIC)
 
 
 # -- argv building ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("protected", [None, "1:100,7:200"])
-def test_the_python_agents_argv_carries_the_word_only_when_asked(protected: str | None) -> None:
-    default = agent_argv(protected, "SRC")
-    allowed = agent_argv(protected, "SRC", setid_allowed=True)
-    tail = [protected] if protected else []
-    assert default == ["python3", "-I", "-S", "-c", "SRC", "adk-sandbox-agent", *tail]
-    # The word right after the name: the name stays at index 5 (how agents recognise each other), the
-    # protected list stays last.
-    assert allowed == ["python3", "-I", "-S", "-c", "SRC", "adk-sandbox-agent", SETID_ALLOWED_WORD, *tail]
-    assert SETID_ALLOWED_WORD not in default
-
-
-@pytest.mark.usefixtures("static_available")
 @pytest.mark.parametrize("protected", [None, "1:100"])
-def test_both_flavours_launch_with_the_same_arguments_after_their_name(protected: str | None) -> None:
+def test_the_agent_launches_with_the_word_only_when_asked(protected: str | None) -> None:
     for setid_allowed in (False, True):
-        static, python = agent_launches("auto", protected, setid_allowed=setid_allowed)
-        assert (static.flavour, python.flavour) == ("static", "python")
-        # The loader: sh -c SCRIPT NAME BYTES, then the agent's own arguments (passed on after its name).
-        assert static.argv[3:5] == ["adk-sandbox-agent-loader", str(len(FAKE_STATIC.agent))]
-        assert static.preamble == FAKE_STATIC.agent
+        launch = agent_launch(protected, setid_allowed=setid_allowed)
+        # The loader: sh -c SCRIPT NAME BYTES, then the agent's own arguments (passed on after its name):
+        # the word right after the name, the protected list last.
+        assert launch.argv[3:5] == ["adk-sandbox-agent-loader", str(len(FAKE_STATIC.agent))]
+        assert launch.preamble == FAKE_STATIC.agent
         expected = [*([SETID_ALLOWED_WORD] if setid_allowed else []), *([protected] if protected else [])]
-        assert static.argv[5:] == expected
-        assert python.argv[6:] == expected
-
-
-def test_a_test_source_gets_the_word_too() -> None:
-    (launch,) = agent_launches("static", None, source="print(1)", setid_allowed=True)
-    assert launch.argv[5:] == ["adk-sandbox-agent", SETID_ALLOWED_WORD]
+        assert launch.argv[5:] == expected
 
 
 @pytest.mark.parametrize("setid_allowed", [False, True])
@@ -131,55 +109,11 @@ def _functions(program: str, names: list[str], namespace: dict[str, Any]) -> dic
     return namespace
 
 
-def _parse_args() -> Callable[[list[str]], tuple[bool, str | None]]:
-    namespace = {"os": os, "sys": sys, "SETID_ALLOWED_WORD": SETID_ALLOWED_WORD}
-    return _functions(program_text("agent.py"), ["parse_args"], namespace)["parse_args"]  # type: ignore[no-any-return]
-
-
 def test_one_spelling_of_the_word_everywhere() -> None:
-    agent_text = program_text("agent.py")
-    assert re.search(r'^SETID_ALLOWED_WORD = "([^"]+)"$', agent_text, re.MULTILINE)[1] == SETID_ALLOWED_WORD  # type: ignore[index]
     assert f'#define SETID_ALLOWED_WORD "{SETID_ALLOWED_WORD}"\n' in filter_header(native_arch())
     assert "SETID_ALLOWED_WORD" in program_text("agent.c")
     assert f'b"{_supervisor.RUN}", b"{_supervisor.RUN_SETID_ALLOWED}"' in program_text("supervisor.py")
     assert f'"{_supervisor.RUN_SETID_ALLOWED}": lambda: run(filtered=False)' in program_text("supervisor.py")
-
-
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        ([], (False, None)),
-        (["1:100,7:200"], (False, "1:100,7:200")),
-        ([SETID_ALLOWED_WORD], (True, None)),
-        ([SETID_ALLOWED_WORD, "1:100"], (True, "1:100")),
-    ],
-)
-def test_the_python_agent_reads_its_arguments(args: list[str], expected: tuple[bool, str | None]) -> None:
-    namespace = _functions(
-        program_text("agent.py"),
-        ["parse_args"],
-        {"os": os, "sys": sys, "SETID_ALLOWED_WORD": SETID_ALLOWED_WORD},
-    )
-    assert namespace["parse_args"](args) == expected
-
-
-@pytest.mark.parametrize(
-    "args",
-    [["1:100", SETID_ALLOWED_WORD], ["1:100", "2:200"], [SETID_ALLOWED_WORD, SETID_ALLOWED_WORD, "1:1"]],
-)
-def test_the_python_agent_refuses_any_other_arguments(
-    args: list[str], capfd: pytest.CaptureFixture[str]
-) -> None:
-    """The word after the list, or anything more: the agent ends before it does anything."""
-    namespace = _functions(
-        program_text("agent.py"),
-        ["parse_args"],
-        {"os": os, "sys": sys, "SETID_ALLOWED_WORD": SETID_ALLOWED_WORD},
-    )
-    with pytest.raises(SystemExit) as ended:
-        namespace["parse_args"](args)
-    assert ended.value.code == 2
-    assert "usage" in capfd.readouterr().err
 
 
 def _cmdline(argv: list[str]) -> list[bytes]:
@@ -187,32 +121,12 @@ def _cmdline(argv: list[str]) -> list[bytes]:
     return [a.encode() for a in argv] + [b""]
 
 
-@pytest.mark.parametrize("protected", [None, "1:100"])
-def test_agents_recognise_each_other_with_and_without_the_word(protected: str | None) -> None:
-    static_tail = agent_arguments(protected, setid_allowed=True)
-    argvs = {
-        10: agent_argv(protected, "SRC"),
-        11: agent_argv(protected, "SRC", setid_allowed=True),
-        12: _supervisor.supervisor_argv("m", "1:2", 1.0, {}, ("true",)),  # not an agent
-        13: agent_argv(protected, "SRC", setid_allowed=True),  # a child (ppid != 0): not an exec root
-        14: ["adk-sandbox-agent", *static_tail],  # a static agent, as its loader executes it
-        15: ["adk-sandbox-agent"],
-        16: ["/bin/sh", "-c", "SCRIPT", "adk-sandbox-agent-loader", "123", *static_tail],  # its loader
-        99: agent_argv(protected, "SRC"),  # the agent itself
-    }
-    namespace = _functions(
-        program_text("agent.py"), ["other_agents"], {"SELF": 99, "argv_of": lambda p: _cmdline(argvs[p])}
-    )
-    procs = {p: (0 if p != 13 else 10, p, b"1") for p in argvs}
-    assert sorted(namespace["other_agents"](procs)) == [10, 11, 14, 15]
-
-
 def test_the_killer_finds_supervisors_of_both_modes() -> None:
     argvs = {
         20: _supervisor.supervisor_argv("m-a", "1:2", 1.0, {}, ("true",)),
         21: _supervisor.supervisor_argv("m-b", "1:2", 1.0, {"X": "y"}, ("true",), setid_allowed=True),
         22: _supervisor.killer_argv("m-a", "1:2", strict=True),  # the killer itself is no supervisor
-        23: agent_argv(None, "SRC", setid_allowed=True),
+        23: ["adk-sandbox-agent", SETID_ALLOWED_WORD],
     }
     namespace = _functions(
         program_text("supervisor.py"),
@@ -236,7 +150,10 @@ def test_hello_setid_must_be_one_of_the_states(value: object) -> None:
 
 
 class _FakeAgentStream:
-    """An agent that says HELLO with ``hello``, then answers each RUN with an EXIT (status 0)."""
+    """An agent that says HELLO with ``hello``, then answers each RUN with an EXIT (status 0).
+
+    The bytes of the (fake) binary the loader reads come first: they are skipped.
+    """
 
     def __init__(self, hello: dict[str, Any]) -> None:
         self._out: queue.Queue[bytes | None] = queue.Queue()
@@ -244,13 +161,16 @@ class _FakeAgentStream:
         self._decoder = FrameDecoder(HOST_TO_AGENT, expect_hello=False)
         self.runs = 0
         self.closed = threading.Event()
+        self._binary = len(FAKE_STATIC.agent)
 
     def read(self) -> list[tuple[Stream, bytes]] | None:
         data = self._out.get()
         return None if data is None else [("stdout", data)]
 
     def write(self, data: bytes, until: float) -> None:
-        for frame in self._decoder.feed(data):
+        skipped = min(self._binary, len(data))
+        self._binary -= skipped
+        for frame in self._decoder.feed(data[skipped:]):
             if frame.type == FrameType.RUN:
                 self.runs += 1
                 exit_body = {"exit_code": 0, "signal": None, "timed_out": False, "stdout_dropped": 0,
@@ -276,7 +196,6 @@ def _transport(
         streams.append(_FakeAgentStream(hello))
         return streams[-1]
 
-    kwargs.setdefault("agent", "python")
     return AgentTransport(open_stream, **kwargs), argvs, streams
 
 
@@ -285,7 +204,7 @@ def _run(transport: AgentTransport) -> CommandOutcome:
     return transport.run(command, OutputCapture(64), deadline=time.monotonic() + 10, cancel=None)
 
 
-HELLO = {"protocol": 1, "pid": 5, "subreaper": True, "agent": "python"}
+HELLO = {"protocol": 1, "pid": 5, "subreaper": True, "agent": "static"}
 
 
 @pytest.mark.parametrize("setid_allowed", [False, True])
@@ -375,16 +294,3 @@ def test_the_probe_requires_set_id_allowed_when_asked() -> None:
 def test_a_probe_that_could_not_check_is_never_a_pass(setid_allowed: bool) -> None:
     with pytest.raises(PolicyNotEnforceableError, match="no writable /tmp"):
         _verify("", setid_allowed=setid_allowed)()
-
-
-@pytest.mark.usefixtures("static_available")
-def test_a_refused_agent_is_not_a_flavour_that_could_not_start() -> None:
-    """``auto`` falls back to the Python agent when the static one cannot start; an agent that says the
-    wrong thing is no such case (the mismatch is refused at once, not tried again another way)."""
-    transport, argvs, _ = _transport({**HELLO, "setid": "allowed"}, agent="auto")
-    try:
-        with pytest.raises(PolicyNotEnforceableError):
-            _run(transport)
-        assert len(argvs) == 1 and argvs[0][0] == "/bin/sh"  # the static launch only
-    finally:
-        transport.close()

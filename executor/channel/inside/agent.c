@@ -1,13 +1,14 @@
-/* adk-sandbox static agent, protocol version 1: the C twin of the Python agent (inside/agent.py).
+/* adk-sandbox in-sandbox agent, protocol version 1: the one agent of every channel-based backend (a Python
+ * twin was removed, issue 33: executor/channel/static_agent.py says why).
  *
- * For images without python3. Built fully static (gcc -static, glibc's libc.a; no name service is ever
+ * Needs no python3 in the image. Built fully static (gcc -static, glibc's libc.a; no name service is ever
  * used) by executor/channel/static_agent.py, delivered into the container over the exec's stdin
  * by loader.c (a memfd, no file), started as  adk-sandbox-agent [setid-allowed] [<protected>]  with frames
  * on stdin and stdout (framing: the docstring of frames.py). The set-id filter below is on everything the
  * agent starts unless the host gave the opt-in word SETID_ALLOWED_WORD (generated with the filter): a
  * sandbox whose workspace only travels as a copy, where package managers must install set-uid programs;
- * HELLO's "setid" says which ("refused" or "allowed"), so the host checks it got what it asked for. The process-tree model is the Python agent's, rule for
- * rule (docs/DOCKER.md, "The agent channel"):
+ * HELLO's "setid" says which ("refused" or "allowed"), so the host checks it got what it asked for. The process-tree model
+ * (docs/docker/agent-channel.md):
  *   - the agent: non-dumpable, child subreaper (lenient mode when refused), framing pipes on private
  *     close-on-exec descriptors, /dev/null on 0 and 1; kills what earlier agents left; HELLO;
  *   - per RUN a shim (fork of the agent): subreaper, the command's pipes on 0/1/2 and nothing else,
@@ -22,7 +23,7 @@
  *   - RUN "background": at the command's normal exit the shim reports and stays as the keeper of what is
  *     left (a kept group, at most MAX_GROUPS, drained, never a stray), killed at the end of stdin or exit;
  *   - per FILE a worker (fork of the agent: non-dumpable, only its pipes, umask 0, the set-id filter) that
- *     performs the operation with the Python agent's semantics and streams its bytes over pipes, so the
+ *     performs the operation (docs/docker/agent-channel.md, "File operations") and streams its bytes over pipes, so the
  *     loop never waits on a file; live workers are not strays, and a write's temporary file is named and,
  *     on failure or KILL, removed by the agent.
  * The host is not trusted either: every frame is checked (type, flags, reserved, length, channel), a RUN or
@@ -938,7 +939,7 @@ static void __attribute__((noreturn)) start_failed(const char *argv0, int err, c
     _exit(0);
 }
 
-/* argv[0] found on the command's own PATH, as Python's agent resolves it. */
+/* argv[0] found on the command's own PATH. */
 static char *resolve(const char *name, char **envp, int *err) {
     if (strchr(name, '/')) return strdup(name);
     const char *path = "/usr/local/bin:/usr/bin:/bin";
@@ -1366,7 +1367,7 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     c->ch = ch;
     c->background = background;
     long long cap = cap_v && cap_v->type == J_NUM ? (long long)cap_v->num : 0;
-    c->cap = cap ? cap : 1048576; /* as the Python agent: 0 or missing is the default */
+    c->cap = cap ? cap : 1048576; /* 0 or missing is the default */
     c->tail_cap = tail_v && tail_v->type == J_NUM ? (size_t)tail_v->num : 0;
     double timeout = timeout_v && timeout_v->type == J_NUM ? timeout_v->num : 60.0;
     int want_stdin = stdin_v && stdin_v->type == J_BOOL && stdin_v->b;
@@ -1571,7 +1572,7 @@ static void discard_output(cmd_t *g, int which) {
 static const char *const OP_NAMES[] = {"read", "write", "stat", "list", "mkdir", "remove", "rename"};
 enum { OP_READ, OP_WRITE, OP_STAT, OP_LIST, OP_MKDIR, OP_REMOVE, OP_RENAME, N_OPS };
 
-/* errno names as Python's errno.errorcode spells them (Linux, all); unknown: "EIO", as the Python agent. */
+/* errno names as Python's errno.errorcode spells them (Linux, all); unknown: "EIO". */
 static const char *const ERRNO_NAMES[] = {
     [1]="EPERM", [2]="ENOENT", [3]="ESRCH", [4]="EINTR", [5]="EIO", [6]="ENXIO", [7]="E2BIG", [8]="ENOEXEC",
     [9]="EBADF", [10]="ECHILD", [11]="EAGAIN", [12]="ENOMEM", [13]="EACCES", [14]="EFAULT", [15]="ENOTBLK",
@@ -1616,7 +1617,7 @@ static void out_op_error(uint32_t ch, int code, const char *message) {
     out_json(RESULT, ch, &b);
 }
 
-/* A FILE request, validated by the agent before any worker exists (the Python agent's rules). */
+/* A FILE request, validated by the agent before any worker exists. */
 typedef struct {
     int op;
     const char *path, *target;
@@ -2836,7 +2837,7 @@ static int is_other_agent(int pid) {
     for (size_t at = 0; at < len && n < 7; at += strlen(data + at) + 1) a[n++] = data + at;
     if (n >= 1 && strcmp(a[0], "adk-sandbox-agent") == 0) return 1; /* a static agent */
     return n >= 6 && strcmp(a[1], "-I") == 0 && strcmp(a[2], "-S") == 0 && strcmp(a[3], "-c") == 0 &&
-           strcmp(a[5], "adk-sandbox-agent") == 0; /* a Python agent */
+           strcmp(a[5], "adk-sandbox-agent") == 0; /* an earlier version's Python agent */
 }
 
 typedef struct { int *pids; int n; } olds_t;
