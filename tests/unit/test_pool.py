@@ -24,6 +24,7 @@ from adk_sandbox.executor.backends.docker._container import ContainerProvider
 from adk_sandbox.executor.backends.docker._spec import ContainerSpec
 from adk_sandbox.executor.backends.docker.pool import PoolConfig, SessionPool
 from adk_sandbox.executor.backends.docker.session import SessionConfig
+from adk_sandbox.executor.pool import PoolSettings, PoolStats, WarmPool
 from adk_sandbox.testing import FakeSession
 
 CONFIG = SessionConfig(spec=ContainerSpec(image="img", limits=ResourceLimits()), user=None, policy_env={})
@@ -50,6 +51,9 @@ class PoolMember(FakeSession):
 
     def ping(self, timeout: float) -> bool:
         return self.alive
+
+    def push_workspace(self) -> None:
+        self.pushed = True
 
     def close(self) -> None:
         if not self.closed:
@@ -234,3 +238,62 @@ def test_each_pool_serves_its_own_kind_of_session(
         plain.acquire(copy_of="/some/project")
     assert copies.stats().served == plain.stats().served == 0
     assert plain.root is None and plain.key.workspace == "none" and plain.key.mirror_mb is None
+
+
+class Booting(FakeSession):
+    """A member whose start lasts until it is closed (a VM killed while it boots), then fails."""
+
+    def __init__(self) -> None:
+        super().__init__(session_id=uuid.uuid4().hex[:12])
+        self.killed = threading.Event()
+
+    def start(self) -> None:
+        self.killed.wait(30)
+        raise SandboxFailedError("killed while it booted")
+
+    def ping(self, timeout: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.killed.set()
+        super().close()
+
+
+class BootingPool(WarmPool[Booting, PoolSettings]):
+    kill_starting = True
+
+    def __init__(self) -> None:
+        self.made: list[Booting] = []
+        super().__init__(PoolSettings(size=2), concurrency=2, tend_seconds=60)
+
+    def _new_member(self) -> Booting:
+        self.made.append(Booting())
+        return self.made[-1]
+
+
+def test_a_pool_that_kills_starting_members_closes_at_once_and_counts_them_as_booting() -> None:
+    pool = BootingPool()
+    deadline = time.monotonic() + 5
+    while len(pool.made) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.stats().booting == pool.stats().creating == 2
+    started = time.monotonic()
+    pool.close(timeout=20)
+    assert time.monotonic() - started < 5  # killed, not waited for
+    assert all(member.closed for member in pool.made)
+    assert pool.stats() == PoolStats(
+        ready=0, creating=0, removing=0, created=0, served=0, replaced=0, failed=0
+    )
+
+
+def test_a_member_whose_copy_fails_is_destroyed_and_not_counted_as_served(
+    pools: list[SessionPool], engine: FakeEngine, maker: Maker, tmp_path: Any
+) -> None:
+    pool = make_pool(pools, engine, maker, size=1, workspace="mirror")
+    assert pool.wait_ready(5)
+    with pytest.raises(FileNotFoundError):
+        pool.acquire(copy_of=str(tmp_path / "missing"))
+    assert maker.made[0].closed and pool.stats().served == 0
+    served = pool.acquire(copy_of=str(tmp_path))
+    assert served is not maker.made[0] and served in maker.made[1:]  # a refill, never the destroyed member
+    assert served.pushed and pool.stats().served == 1

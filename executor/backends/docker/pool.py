@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import os
 import posixpath
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping
@@ -412,7 +413,7 @@ class SessionPool(WarmPool[DockerSession, PoolConfig]):
             return self._make_session(config, _PooledProvider(self._client, config.spec, self._remover))
         except BaseException:
             if workspace is not None:
-                os.rmdir(workspace)  # made empty above, nothing in it yet
+                shutil.rmtree(workspace, ignore_errors=True)
             raise
 
     def _version(self, member: DockerSession) -> str | None:
