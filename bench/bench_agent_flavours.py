@@ -5,7 +5,8 @@ On the Docker runc backend and the base image. Each round opens a fresh session 
 (:func:`_timing.interleaved`): the time from ``backend.session()`` to the end of the first ``true`` (the
 container, the probe, the agent's start and one command), then ``true`` in that warm session, then the
 agent's resident memory (VmRSS, read by a separate exec as root). Issue 33 chose one agent with it
-(docs/docker/agent-channel.md, "One agent"); after that choice only ``static`` exists.
+(docs/docker/agent-channel.md, "One agent"): ``--flavours python,static`` compared the two at commit
+6a864af (the last with the Python agent, chosen then by ``ADK_SANDBOX_AGENT``); since, only ``static`` exists.
 """
 
 from __future__ import annotations
@@ -79,9 +80,8 @@ def main() -> None:
         commands = _timing.Stats(tuple(per_command[flavour]))
         start = _timing.Stats(tuple(starts[flavour]))
         rss = sorted(memory[flavour])[len(memory[flavour]) // 2]
-        print(
-            f"| {flavour} | {start.p50:.0f} ms | {commands.p50:.2f} / {commands.p99:.2f} ms | {rss / 1024:.1f} MiB |"
-        )
+        warm_ms = f"{commands.p50:.2f} / {commands.p99:.2f} ms"
+        print(f"| {flavour} | {start.p50:.0f} ms | {warm_ms} | {rss / 1024:.1f} MiB |")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.files import SandboxFiles
 from adk_sandbox.executor.channel.frames import FILE_OPS, FrameType, encode
+from adk_sandbox.executor.channel.static_agent import AgentLaunch
 from adk_sandbox.executor.channel.streams import AgentStreamOpener
 from adk_sandbox.executor.channel.transport import PreparedCommand
 from tests.conftest import project_containers, unique_sleep_seconds
@@ -209,7 +210,7 @@ def _opener(session: DockerSession) -> AgentStreamOpener:
 def liar_run(session: DockerSession, output: bytes, linger: float = 0.0) -> None:
     """Run one command through a transport whose 'agent' writes ``output`` and lingers."""
     source = LIAR.replace("sys.argv[1]", repr(output.hex())).replace("sys.argv[2]", repr(str(linger)))
-    transport = AgentTransport(_opener(session), source=source)
+    transport = AgentTransport(_opener(session), launch=AgentLaunch(["python3", "-I", "-S", "-c", source]))
     command = PreparedCommand(
         argv=("true",), env={}, user="1000:1000", workdir="/", stdin=None, marker="liar"
     )
@@ -288,7 +289,7 @@ def file_liar(
 ) -> None:
     """One file operation through a transport whose 'agent' reads the request, then writes ``output``."""
     source = FILE_LIAR.replace("HELLO_HEX", repr(hello.hex())).replace("OUTPUT_HEX", repr(output.hex()))
-    transport = AgentTransport(_opener(session), source=source)
+    transport = AgentTransport(_opener(session), launch=AgentLaunch(["python3", "-I", "-S", "-c", source]))
     request = {"path": str(workspace / "target"), **op}
     data = b"new" if op["op"] == "write" else None
     try:

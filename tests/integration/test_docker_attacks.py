@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ import pytest
 from adk_sandbox.executor import ExecRequest, ExecResult, Language, PolicyNotEnforceableError
 from adk_sandbox.executor.backends.docker import DockerBackend
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option
-from adk_sandbox.executor.channel import agent as _agent
+from adk_sandbox.executor.channel import static_agent as _static_agent
 from adk_sandbox.executor.channel import supervisor as _supervisor
 from tests.conftest import require
 
@@ -203,9 +204,13 @@ def _unfiltered(source: str) -> str:
     return source.replace(head[0], head[0] + "    return  # disabled by the test\n", 1)
 
 
+#: A seccomp program that allows everything (``RET ALLOW``): the agent installs it and says "refused".
+ALLOW_ALL = struct.pack("=HBBI", 0x06, 0, 0, 0x7FFF0000)
+
+
 @pytest.mark.parametrize("transport", ["agent", "exec"])
 def test_a_session_whose_commands_could_set_setid_bits_is_refused(
-    docker_backend: DockerBackend, monkeypatch: pytest.MonkeyPatch, transport: str
+    docker_backend: DockerBackend, monkeypatch: pytest.MonkeyPatch, transport: str, tmp_path: Path
 ) -> None:
     """The start-up probe, not an assumption: without the per-command filter, gVisor lets exec'd commands
     set the bits (runsc applies the container's profile to its first process only), and the session
@@ -216,13 +221,18 @@ def test_a_session_whose_commands_could_set_setid_bits_is_refused(
         "_PREFIX",
         ("python3", "-I", "-S", "-c", _unfiltered(_supervisor.SCRIPT), _supervisor.ARGV0),
     )
-    monkeypatch.setattr(_agent, "AGENT_SOURCE", _unfiltered(_agent.AGENT_SOURCE))
-    monkeypatch.setenv("ADK_SANDBOX_AGENT", "python")  # the agent whose filter is disabled above
-    with (
-        DockerBackend(runtime="runsc", transport=transport) as backend,
-        pytest.raises(PolicyNotEnforceableError) as refused,
-    ):
-        backend.session().start()
+    # The agent built with a filter that refuses nothing (a cache of its own: a build of other sources).
+    monkeypatch.setattr(_static_agent, "setid_filter", lambda arch: ALLOW_ALL)
+    monkeypatch.setenv("ADK_SANDBOX_CACHE", str(tmp_path))
+    _static_agent._static_or_reason.cache_clear()
+    try:
+        with (
+            DockerBackend(runtime="runsc", transport=transport) as backend,
+            pytest.raises(PolicyNotEnforceableError) as refused,
+        ):
+            backend.session().start()
+    finally:
+        _static_agent._static_or_reason.cache_clear()  # the next session's agent is the real one
     assert "setuid" in str(refused.value)
 
 

@@ -1,6 +1,6 @@
 """Background processes of a call (``ExecRequest(background=True)``), and the commands' ``oom_score_adj``.
 
-Real engine, both agents (python and static), runc unless said. Without the flag nothing outlives its
+Real engine, runc unless said. Without the flag nothing outlives its
 command (test_docker_tree_kill.py holds the whole attack matrix; one contrast case here). With it what the
 command leaves survives its normal exit, is usable by the next command, and dies with the session; a
 timed-out or cancelled background command dies with its tree; a neighbour's timeout leaves a kept group
@@ -45,28 +45,18 @@ CLIENT = (
 )
 
 
-@pytest.fixture(autouse=True, params=["python", "static"])
-def agent_flavour(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs on both agents (the variable is read when an agent starts): the same semantics."""
-    flavour = str(request.param)
-    monkeypatch.setenv("ADK_SANDBOX_AGENT", flavour)
-    return flavour
-
-
-def open_session(backend: DockerBackend, workspace: Path, flavour: str) -> DockerSession:
+def open_session(backend: DockerBackend, workspace: Path) -> DockerSession:
     session = backend.session(workspace=workspace)
     session.start()
     session.execute(ExecRequest(language=Language.COMMAND, code="true", timeout=20))
     transport = session._transport
-    assert isinstance(transport, AgentTransport) and transport.agent_flavour == flavour
+    assert isinstance(transport, AgentTransport) and transport.agent_pid is not None
     return session
 
 
 @pytest.fixture
-def session(
-    docker_backend: DockerBackend, owned_workspace: Path, agent_flavour: str
-) -> Iterator[DockerSession]:
-    with open_session(docker_backend, owned_workspace, agent_flavour) as opened:
+def session(docker_backend: DockerBackend, owned_workspace: Path) -> Iterator[DockerSession]:
+    with open_session(docker_backend, owned_workspace) as opened:
         yield opened
 
 
@@ -134,11 +124,9 @@ def test_a_background_server_survives_its_command_and_serves_the_next(
     assert len(alive(docker_backend, session, f"sleep {mark}")) == 1
 
 
-def test_kept_groups_die_with_the_session(
-    docker_backend: DockerBackend, owned_workspace: Path, agent_flavour: str
-) -> None:
+def test_kept_groups_die_with_the_session(docker_backend: DockerBackend, owned_workspace: Path) -> None:
     mark = unique_sleep_seconds()
-    session = open_session(docker_backend, owned_workspace, agent_flavour)
+    session = open_session(docker_backend, owned_workspace)
     container = session.container_id
     try:
         assert run(session, f"setsid sleep {mark} & echo ok", background=True).stdout == "ok\n"
@@ -213,7 +201,7 @@ def test_a_neighbours_timeout_leaves_a_kept_group_alone(
     assert len(alive(docker_backend, session, f"sleep {kept}")) == 1
 
 
-def test_the_exec_transport_refuses_background(owned_workspace: Path, agent_flavour: str) -> None:
+def test_the_exec_transport_refuses_background(owned_workspace: Path) -> None:
     backend = DockerBackend(transport="exec")
     try:
         with backend.session(workspace=owned_workspace) as session:
@@ -224,12 +212,12 @@ def test_the_exec_transport_refuses_background(owned_workspace: Path, agent_flav
         backend.close()
 
 
-def test_background_under_gvisor(owned_workspace: Path, agent_flavour: str) -> None:
+def test_background_under_gvisor(owned_workspace: Path) -> None:
     backend = DockerBackend(runtime="runsc")
     require("runsc" in (backend._client.info().get("Runtimes") or {}), "gVisor's runsc is not registered")
     mark, doomed = unique_sleep_seconds(), unique_sleep_seconds()
     try:
-        session = open_session(backend, owned_workspace, agent_flavour)
+        session = open_session(backend, owned_workspace)
         container = session.container_id
         try:
             assert run(session, f"setsid sleep {mark} & echo ok", background=True).stdout == "ok\n"
@@ -248,9 +236,9 @@ def test_background_under_gvisor(owned_workspace: Path, agent_flavour: str) -> N
 
 # -- oom_score_adj: commands before the agent, the agent and the shim still non-dumpable ----------------
 def test_commands_get_oom_score_adj_500_and_shim_and_agent_stay_non_dumpable(
-    docker_backend: DockerBackend, workspace_of_either_owner: Path, agent_flavour: str
+    docker_backend: DockerBackend, workspace_of_either_owner: Path
 ) -> None:
-    with open_session(docker_backend, workspace_of_either_owner, agent_flavour) as session:
+    with open_session(docker_backend, workspace_of_either_owner) as session:
         transport = session._transport
         assert isinstance(transport, AgentTransport)
         agent = transport._last.hello["pid"]  # type: ignore[union-attr]

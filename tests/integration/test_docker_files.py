@@ -30,14 +30,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 QUICK = 30.0
 
 
-@pytest.fixture(autouse=True, params=["python", "static"])
-def agent_flavour(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs on both agents (the variable is read when an agent starts): the same semantics."""
-    flavour = str(request.param)
-    monkeypatch.setenv("ADK_SANDBOX_AGENT", flavour)
-    return flavour
-
-
 @pytest.fixture
 def workspace(workspace_of_either_owner: Path) -> Path:
     """Owned by uid 1000 or by root (tests/conftest.py): every test here runs both ways."""
@@ -45,12 +37,12 @@ def workspace(workspace_of_either_owner: Path) -> Path:
 
 
 @pytest.fixture
-def session(docker_backend: DockerBackend, workspace: Path, agent_flavour: str) -> Iterator[DockerSession]:
+def session(docker_backend: DockerBackend, workspace: Path) -> Iterator[DockerSession]:
     with docker_backend.session(workspace=workspace) as opened:
         transport = opened._transport
         assert isinstance(transport, AgentTransport)
         opened.execute(ExecRequest(language=Language.COMMAND, code="true", timeout=20))
-        assert transport.agent_flavour == agent_flavour
+        assert transport.agent_pid is not None
         yield opened
 
 

@@ -1,8 +1,8 @@
 """The set-id filter as a per-channel choice (issue 22: a task sandbox must let dpkg install set-uid files).
 
-Real engine, runc and gVisor, each channel: the Python agent, the static agent and the exec transport's
-supervisor. The *permissive* container is what a task sandbox leaves for set-id modes: root, Docker's own
-default seccomp profile (which lets ``chmod 4755`` through), no-new-privileges, and the capabilities a
+Real engine, runc and gVisor, each channel: the agent and the exec transport's supervisor. The
+*permissive* container is what a task sandbox leaves for set-id modes: root, Docker's own default seccomp
+profile (which lets ``chmod 4755`` through), no-new-privileges, and the capabilities a
 package manager needs (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, SETUID, SETGID). So there the channel's own
 filter is all that refuses set-id modes:
 
@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 QUICK = 30.0
 #: What a package manager needs to install set-uid programs as root (a subset of Docker's defaults).
 TASK_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID"]
-CHANNELS = ["python", "static", "exec"]
+CHANNELS = ["agent", "exec"]
 ENV = {"PATH": DEFAULT_PATH}
 #: Prints the modes it could give a fresh file in /tmp and on the root filesystem (dpkg's /usr).
 SETID_SCRIPT = (
@@ -117,8 +117,7 @@ def _transport(
         def opener(argv: list[str], user: str, until: float) -> AgentStream:
             return inner(wrap(argv), user, until)
 
-    flavour = "python" if channel == "python" else "static"
-    return AgentTransport(opener, agent=flavour, **extra)
+    return AgentTransport(opener, **extra)
 
 
 def _run(
@@ -203,8 +202,7 @@ def test_with_the_opt_in_set_id_modes_work_and_hello_says_so(
 
 def _with_word(argv: list[str]) -> list[str]:
     """The launch with the opt-in word put in (right after the agent's name, where the agent reads it)."""
-    at = 6 if argv[0] == "python3" else 5
-    return [*argv[:at], SETID_ALLOWED_WORD, *argv[at:]]
+    return [*argv[:5], SETID_ALLOWED_WORD, *argv[5:]]
 
 
 def _without_word(argv: list[str]) -> list[str]:
@@ -212,7 +210,7 @@ def _without_word(argv: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("permissive", RUNTIMES, indirect=True)
-@pytest.mark.parametrize("channel", ["python", "static"])
+@pytest.mark.parametrize("channel", ["agent"])
 @pytest.mark.parametrize("asked", [False, True], ids=["asked-for-the-filter", "asked-for-none"])
 def test_an_agent_that_is_not_what_the_host_asked_for_is_refused(
     docker_backend: DockerBackend, permissive: str, channel: str, asked: bool
@@ -238,44 +236,41 @@ def test_an_agent_that_is_not_what_the_host_asked_for_is_refused(
 
 
 MALFORMED = {
-    # One argument too many: both agents print their usage.
-    "too-many": (["1:1", "2:2"], {"python": "usage", "static": "usage"}),
-    # A misspelt word is no protected list either: the static agent says so, the Python agent cannot read it.
-    "misspelt": ([SETID_ALLOWED_WORD + "x"], {"python": "invalid literal", "static": "not a protected list"}),
+    # One argument too many: the agent prints its usage.
+    "too-many": (["1:1", "2:2"], "usage"),
+    # A misspelt word is no protected list either: the agent says so.
+    "misspelt": ([SETID_ALLOWED_WORD + "x"], "not a protected list"),
 }
 
 
 @pytest.mark.parametrize("permissive", RUNTIMES, indirect=True)
-@pytest.mark.parametrize("channel", ["python", "static"])
+@pytest.mark.parametrize("channel", ["agent"])
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_an_agent_with_a_malformed_argv_does_not_start(
     docker_backend: DockerBackend, permissive: str, channel: str, case: str
 ) -> None:
     """Anything but ``[setid-allowed] [<protected>]`` ends the agent before HELLO, so nothing runs with a
     choice nobody made (nor with a protected list that spares nothing)."""
-    extra, messages = MALFORMED[case]
+    extra, message = MALFORMED[case]
     transport = _transport(docker_backend._client, permissive, channel, wrap=lambda argv: [*argv, *extra])
     try:
         with pytest.raises(SandboxFailedError, match="could not start") as failed:
             _run(transport, "true")
-        assert messages[channel] in str(failed.value)
+        assert message in str(failed.value)
     finally:
         transport.close()
 
 
 # -- the agents and the supervisor still find each other with the word ------------------------------------
 @pytest.mark.parametrize("permissive", RUNC_ONLY, indirect=True)
-@pytest.mark.parametrize(
-    ("first", "second"), [("python", "static"), ("static", "python"), ("python", "python")]
-)
 def test_a_new_agent_kills_an_older_one_whatever_either_was_started_with(
-    docker_backend: DockerBackend, permissive: str, first: str, second: str
+    docker_backend: DockerBackend, permissive: str
 ) -> None:
     """An agent recognises another by its name's place on the argv: the word after it changes nothing."""
     client = docker_backend._client
     for old_allowed in (True, False):
-        old = _transport(client, permissive, first, setid_allowed=old_allowed)
-        new = _transport(client, permissive, second, setid_allowed=not old_allowed)
+        old = _transport(client, permissive, "agent", setid_allowed=old_allowed)
+        new = _transport(client, permissive, "agent", setid_allowed=not old_allowed)
         try:
             mark = unique_sleep_seconds()
             # Kept by the old agent (a background command) until that agent is killed.
@@ -294,7 +289,7 @@ def test_a_new_agent_kills_an_older_one_whatever_either_was_started_with(
 
 
 @pytest.mark.parametrize("permissive", RUNC_ONLY, indirect=True)
-@pytest.mark.parametrize("channel", ["python", "static"])
+@pytest.mark.parametrize("channel", ["agent"])
 def test_a_replacement_agent_gets_the_word_and_the_protected_list(
     docker_backend: DockerBackend, permissive: str, channel: str
 ) -> None:

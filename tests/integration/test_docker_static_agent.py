@@ -1,4 +1,4 @@
-"""The static agent (issue 11, "any image"): sessions on an image without python3, and the C agent's rules.
+"""The agent (issue 11, "any image"): sessions on an image without python3, and the agent's rules.
 
 The image is made here with ``docker import`` from the host's static busybox (Debian's busybox-static,
 installed by scripts/setup): /bin/busybox and its applets, nothing else — no python3, no libc. Real
@@ -8,6 +8,7 @@ separate exec as root. Bounds are generous "does not hang" limits, not timings.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -33,8 +34,11 @@ QUICK = 30.0
 BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 
 
-def _busybox_rootfs() -> bytes:
-    """A tarball: /bin/busybox, a symlink per applet, empty /tmp /proc /dev /etc /home; nothing else."""
+def _busybox_rootfs(shell: bool = True) -> bytes:
+    """A tarball: /bin/busybox, a symlink per applet, empty /tmp /proc /dev /etc /home; nothing else.
+
+    Without ``shell``: no ``/bin/sh`` (every other applet is there).
+    """
     require(os.path.exists(BUSYBOX), "busybox is missing (scripts/setup installs busybox-static)")
     kind = subprocess.run(["file", "-b", BUSYBOX], capture_output=True, text=True, check=False).stdout
     require("statically linked" in kind or "static-pie" in kind or not kind, "busybox must be static")
@@ -47,24 +51,30 @@ def _busybox_rootfs() -> bytes:
             tar.addfile(info)
         tar.add(BUSYBOX, arcname="bin/busybox")
         for applet in applets:
-            if applet != "busybox":
+            if applet != "busybox" and (shell or applet != "sh"):
                 link = tarfile.TarInfo(f"bin/{applet}")
                 link.type, link.linkname = tarfile.SYMTYPE, "busybox"
                 tar.addfile(link)
     return out.getvalue()
 
 
-@pytest.fixture(scope="module")
-def busybox_image(docker_backend: DockerBackend) -> Iterator[str]:
-    tag = f"adk-sandbox-test/busybox:static-agent-{os.getpid()}"
+@contextlib.contextmanager
+def _imported(name: str, rootfs: bytes) -> Iterator[str]:
+    tag = f"adk-sandbox-test/busybox:{name}-{os.getpid()}"
     subprocess.run(
         ["docker", "import", "--change", "ENV PATH=/bin", "-", tag],
-        input=_busybox_rootfs(), check=True, capture_output=True, timeout=120,
+        input=rootfs, check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     try:
         yield tag
     finally:
         subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def busybox_image(docker_backend: DockerBackend) -> Iterator[str]:
+    with _imported("static-agent", _busybox_rootfs()) as tag:
+        yield tag
 
 
 @pytest.fixture(scope="module")
@@ -105,22 +115,23 @@ def alive(backend: DockerBackend, session: DockerSession, *needles: str) -> list
     return [line for line in lines if any(n in line for n in needles)]
 
 
-def test_the_image_has_no_python_and_the_python_agent_cannot_start_there(
-    busybox_image: str, owned_workspace: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("ADK_SANDBOX_AGENT", "python")
-    backend = DockerBackend(image=busybox_image)
-    try:
-        with pytest.raises(SandboxFailedError, match="python3"), backend.session(workspace=owned_workspace):
-            pass
-    finally:
-        backend.close()
+def test_an_image_without_bin_sh_names_what_the_agent_needs(owned_workspace: Path) -> None:
+    """The one thing the agent's loader needs of an image (with chmod and an executable /tmp), said."""
+    with _imported("no-sh", _busybox_rootfs(shell=False)) as tag:
+        backend = DockerBackend(image=tag)
+        try:
+            with (
+                pytest.raises(SandboxFailedError, match="needs /bin/sh, chmod and an executable /tmp"),
+                backend.session(workspace=owned_workspace),
+            ):
+                pass
+        finally:
+            backend.close()
 
 
 def test_commands_run_with_the_same_semantics(session: DockerSession, workspace: Path) -> None:
     first = run(session, "echo hello; echo oops >&2; exit 3")
     assert (first.exit_code, first.stdout, first.stderr) == (3, "hello\n", "oops\n")
-    assert transport_of(session).agent_flavour == "static"
     assert run(session, "command -v python3 || echo none").stdout == "none\n"
     assert run(session, "cat; echo", stdin="from stdin").stdout == "from stdin\n"
     # The environment is exactly the image's, HOME, the request's, and the marker.
@@ -520,21 +531,16 @@ def test_a_frame_the_protocol_forbids_ends_the_agent_and_the_next_command_gets_a
     assert run(session, "echo next").stdout == "next\n"
 
 
-@pytest.mark.parametrize("flavour", ["python", "static"])
-def test_both_flavours_on_the_base_image(
-    docker_backend: DockerBackend, owned_workspace: Path, monkeypatch: pytest.MonkeyPatch, flavour: str
-) -> None:
-    monkeypatch.setenv("ADK_SANDBOX_AGENT", flavour)
+def test_the_agent_on_the_base_image(docker_backend: DockerBackend, owned_workspace: Path) -> None:
     marks = [unique_sleep_seconds() for _ in range(6)]
     with docker_backend.session(workspace=owned_workspace) as session:
         result = run(session, escapees_script(marks) + "; sleep 60", timeout=2.5)
         assert result.timed_out and result.stdout == "started\n"
-        assert transport_of(session).agent_flavour == flavour
         assert alive(docker_backend, session, *marks) == []
         assert run(session, "cat", stdin="x" * 200_000).stdout == "x" * 200_000
         assert run(session, "echo $A", env={"A": "b"}).stdout == "b\n"
         # The umask commands get is the container's (Docker's 0022), not the loader's own 077: files a
-        # command makes in the workspace are the same under both agents (and the exec transport).
+        # command makes in the workspace are the same as under the exec transport.
         assert run(session, "umask; touch made; mkdir dir").stdout == "0022\n"
         assert oct((owned_workspace / "made").stat().st_mode & 0o777) == oct(0o644)
         assert oct((owned_workspace / "dir").stat().st_mode & 0o777) == oct(0o755)
@@ -548,7 +554,6 @@ def test_the_static_agent_under_gvisor(
     backend = DockerBackend(image=busybox_image, runtime="runsc")
     try:
         with backend.session(workspace=owned_workspace) as session:  # the set-id probe passed
-            assert transport_of(session).agent_flavour == "static"
             result = run(session, "cp /bin/busybox s; chmod 4755 s; echo $?")
             assert result.stdout.strip() == "1"
             assert (owned_workspace / "s").stat().st_mode & 0o6000 == 0

@@ -1,4 +1,4 @@
-"""The supervisor that runs inside a container gets its prelude once: it compiles, nothing is defined twice."""
+"""The supervisor run inside a container gets its prelude once: it compiles, no name is defined twice."""
 
 from __future__ import annotations
 
