@@ -163,7 +163,9 @@ def pod_spec(
             "runAsNonRoot": True,
             "runAsUser": config.uid,
             "runAsGroup": config.gid,
-            "fsGroup": config.gid,
+            # No fsGroup: it makes every emptyDir set-gid, each directory made in one inherits the bit, and
+            # a copy that keeps modes (shutil.copytree: pip install -e) then asks for it with chmod, which
+            # the agent's set-id filter refuses. Without it an emptyDir is root's 1777, writable by the user.
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [
