@@ -88,3 +88,14 @@ def test_run_on_a_microvm_answers_with_the_guests_kernel(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     guest = done.stdout.strip()
     assert guest and guest != platform.release()  # the VM's own kernel, not the host's
+
+
+def test_the_adk_code_executor_takes_a_config() -> None:
+    adk_adapter = pytest.importorskip("adk_sandbox.devtools.adapters.adk")
+    from google.adk.code_executors.code_execution_utils import CodeExecutionInput  # noqa: PLC0415
+
+    with adk_adapter.SandboxCodeExecutor({"type": "process"}) as executor:
+        made = executor._made
+        result = executor.execute_code(None, CodeExecutionInput(code="print(6 * 7)"))
+    assert (result.stdout, result.stderr) == ("42\n", "")
+    assert made is not None and made.name == "process"
