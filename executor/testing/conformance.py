@@ -35,6 +35,11 @@ differs). It runs anyway, as a strict ``xfail``: a listed check that passes fail
 failing with another error than the listed one, or a listed check that does not apply -- so the lists stay
 true. A name that is no check fails :meth:`ConformanceSuite.test_known_differences_are_checks`.
 
+A target given a ``table`` (a :class:`~adk_sandbox.executor.testing.capability_table.TableColumn`) also
+has its column of a capability table checked: some checks record a cell as they run (``results``, ``files``,
+``background``, ``egress``, ``snapshot_fork``, ``warm_pool``: ✅ or the backend's reason), and the last
+check compares them with the committed table (docs/CAPABILITIES.md for this library's backends).
+
 The suite shares one sandbox among its checks (one session of a session-opening backend, opened with the
 target's ``workspace``; else the backend itself), and keeps each check short (one-second timeouts). Checks
 raise ``AssertionError`` with a message saying what differs.
@@ -58,7 +63,14 @@ from typing import Any, Literal, TypeVar
 import pytest
 
 from adk_sandbox.executor.backend import OutputCallback, SandboxBackend, SandboxSession, SessionFactory
-from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
+from adk_sandbox.executor.errors import (
+    BackendUnavailableError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
+from adk_sandbox.executor.network.policy import NetworkPolicy
+from adk_sandbox.executor.testing import capability_table
 from adk_sandbox.executor.testing._programs import Programs, programs_for
 from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, Stream
 
@@ -127,6 +139,12 @@ class ConformanceTarget:
     """For a closed session: what of it remains (containers, Pods, processes), as descriptions; the close
     check requires none. None: only the session's own state and, with ``processes="host"``, host
     processes are checked."""
+    warm_pool: Callable[[], SandboxBackend] | None = None
+    """Makes another backend of this engine with a warm pool of one session (closed by the suite), for the
+    ``warm_pool`` check; a refusal it raises is the table's reason. None: the check does not run."""
+    table: capability_table.TableColumn | None = None
+    """The target's column of a capability table (docs/CAPABILITIES.md): the cells the checks record are
+    compared with it by the last check (see :mod:`adk_sandbox.executor.testing.capability_table`)."""
 
 
 class _Context:
@@ -141,6 +159,12 @@ class _Context:
         self.programs: Programs | None = programs_for(capabilities.languages)
         self.outside = outside
         """A host directory no policy of the target allows (the fs checks' secret and planted files)."""
+        self.cells: dict[str, str] = {}
+        """The capability table's cells the checks found (row -> ``✅`` or ``no: <reason>``)."""
+
+    def record(self, row: str, reason: str | None = None) -> None:
+        """Record the table's cell of ``row``: ``✅``, or ``no`` with ``reason``."""
+        self.cells[row] = "✅" if reason is None else f"no: {reason}"
 
     def run(
         self,
@@ -390,6 +414,8 @@ class ConformanceSuite:
         if missing is not None:
             if listed is not None:
                 pytest.fail(f"check {name!r} is a listed known difference but does not apply ({missing})")
+            for row in _ROWS_OF_CHECK.get(name, ()):
+                conformance.record(row, missing)
             pytest.skip(f"not applicable: {missing}")
         if listed is not None:
             difference = listed if isinstance(listed, KnownDifference) else KnownDifference(listed)
@@ -443,6 +469,7 @@ class ConformanceSuite:
         )
         succeeded = conformance.run(conformance.program(lambda p: p.results(0)))
         _expect(succeeded.ok and succeeded.exit_code == 0, f"exit 0 is not ok: {_shown(succeeded)}")
+        conformance.record("exec")
 
     @_check(claim="timeout")
     def test_timeout(self, conformance: _Context) -> None:
@@ -655,18 +682,29 @@ class ConformanceSuite:
             "ADK_CONFORMANCE_GIVEN=given" in result.stdout.splitlines(), "the request's env did not arrive"
         )
 
-    @_check(sh=True)
+    @_check()
     def test_background(self, conformance: _Context) -> None:
         """``background=True`` keeps what the command leaves running, or is refused with nothing run.
 
-        Refused means ``InvalidRequestError``; never accepted and then killed at the command's exit.
+        Refused means ``InvalidRequestError``; never accepted and then killed at the command's exit. A
+        target without a shell is asked with a program of its language (refused, or run).
         """
         marker = _marker()
+        shell = conformance.target.shell
+        request = (
+            _background(marker) if shell else conformance.program(lambda p: p.results(0), background=True)
+        )
         try:
-            result = conformance.run(_background(marker))
-        except InvalidRequestError:
-            alive = conformance.survivors(marker)
-            _expect(not alive, f"background=True was refused, yet the command ran: {alive}")
+            result = conformance.run(request)
+        except InvalidRequestError as exc:
+            if shell:
+                alive = conformance.survivors(marker)
+                _expect(not alive, f"background=True was refused, yet the command ran: {alive}")
+            conformance.record("background", str(exc))
+            return
+        if not shell:
+            _expect(result.exit_code == 0, f"the program failed: {_shown(result)}")
+            conformance.record("background")
             return
         _expect(result.stdout == "started\n", f"the command failed: {_shown(result)}")
         time.sleep(0.5)  # what is killed at a command's exit is gone by now
@@ -674,6 +712,7 @@ class ConformanceSuite:
             bool(conformance.survivors(marker)),
             "background=True was accepted, but what the command left running was killed at its exit",
         )
+        conformance.record("background")
 
     # -- files ----------------------------------------------------------------------------------------
 
@@ -708,6 +747,7 @@ class ConformanceSuite:
         except FileNotFoundError:
             gone = True
         _expect(gone, "a removed file is still there (stat did not raise FileNotFoundError)")
+        conformance.record("files")
 
     # -- what capabilities() claims is enforced --------------------------------------------------------
 
@@ -808,6 +848,98 @@ class ConformanceSuite:
         _expect(not planted.exists(), f"the command created {planted} on the host")
         _expect(kept.exists() and kept.read_text() == "unchanged\n", f"the command changed or removed {kept}")
 
+    # -- what a sandbox offers besides commands (the capability table's rows) ---------------------------
+
+    @_check()
+    def test_egress(self, conformance: _Context) -> None:
+        """A ``NetworkPolicy`` is in force, or ``set_network`` sets one, or refuses it and nothing changed.
+
+        A policy set is taken away again with ``set_network(False)``; a refusal is a
+        ``PolicyNotEnforceableError``.
+        """
+        backend = conformance.backend
+        if conformance.capabilities.network_policy is not None:
+            conformance.record("egress")
+            return
+        set_network = getattr(backend, "set_network", None)
+        if set_network is None:
+            conformance.record(
+                "egress",
+                f"{type(backend).__name__} takes no NetworkPolicy: capabilities().network_policy is None "
+                "and there is no set_network",
+            )
+            return
+        policy = NetworkPolicy(allow=("adk-conformance.invalid",))
+        try:
+            set_network(policy)
+        except PolicyNotEnforceableError as exc:
+            _expect(backend.capabilities().network_policy is None, "set_network was refused, yet took effect")
+            conformance.record("egress", str(exc))
+            return
+        try:
+            in_force = backend.capabilities().network_policy
+            _expect(in_force == policy, f"set_network(policy) was accepted; capabilities() says {in_force}")
+        finally:
+            set_network(False)
+        _expect(backend.capabilities().network_policy is None, "set_network(False) left a policy in force")
+        conformance.record("egress")
+
+    @_check()
+    def test_snapshot_fork(self, conformance: _Context) -> None:
+        """``fork()`` starts a session holding a file written before; what it writes stays its own.
+
+        Applies where ``capabilities().snapshots`` has ``"files"``; elsewhere that is the table's reason.
+        """
+        snapshots = conformance.capabilities.snapshots
+        if "files" not in snapshots:
+            reason = f"capabilities().snapshots is {snapshots!r}: the backend does not snapshot sessions"
+            conformance.record("snapshot", reason)
+            conformance.record("fork", reason)
+            return
+        fork = getattr(conformance.backend, "fork", None)
+        _expect(callable(fork), "capabilities().snapshots has 'files', yet the session has no fork()")
+        _expect(conformance.target.shell, "a target that snapshots is expected to run a shell")
+        name = f"{conformance.target.scratch}/adk-conformance-{uuid.uuid4().hex[:12]}"
+        made = conformance.sh(f"echo parent > {name}")
+        _expect(made.exit_code == 0, f"writing {name} failed: {_shown(made)}")
+        assert fork is not None  # noqa: S101 - for the type checker: _expect above
+        with fork() as child:
+            conformance.record("snapshot")
+            seen = conformance.sh(f"cat {name}; echo child > {name}.child", backend=child)
+            _expect(seen.stdout == "parent\n", f"the fork does not hold its parent's file: {_shown(seen)}")
+        after = conformance.sh(f"test -e {name}.child && echo reached; rm -f {name}; true")
+        _expect("reached" not in after.stdout, "what the fork wrote reached its parent")
+        conformance.record("fork")
+
+    @_check(session=True)
+    def test_warm_pool(self, conformance: _Context) -> None:
+        """A backend made with a warm pool gives a session that runs a command, or refuses when asked.
+
+        The backend is made by ``ConformanceTarget.warm_pool``; a refusal when it is made or asked for a
+        session is the table's reason.
+        """
+        make = conformance.target.warm_pool
+        if make is None:
+            pytest.skip("the target gives no warm_pool to make")
+        refusals = (PolicyNotEnforceableError, InvalidRequestError, BackendUnavailableError)
+        try:
+            pooled = make()
+        except refusals as exc:
+            conformance.record("pool", str(exc))
+            return
+        with pooled:
+            _expect(isinstance(pooled, SessionFactory), "warm_pool() made a backend that opens no sessions")
+            assert isinstance(pooled, SessionFactory)  # noqa: S101 - for the type checker: _expect above
+            try:
+                session = pooled.session()
+            except refusals as exc:
+                conformance.record("pool", str(exc))
+                return
+            with session:
+                result = conformance.run(conformance.program(lambda p: p.results(0)), backend=session)
+            _expect(result.exit_code == 0, f"a command in a pooled session failed: {_shown(result)}")
+        conformance.record("pool")
+
     # -- close ----------------------------------------------------------------------------------------
 
     @_check(session=True)
@@ -847,6 +979,29 @@ class ConformanceSuite:
             _expect(not left, f"left after close: {left}")
         if conformance.target.processes == "host":
             conformance.expect_gone(marker, what="processes of the closed session are")
+
+    # -- last: the capability table ------------------------------------------------------------------
+
+    def test_capability_table(self, conformance: _Context) -> None:
+        """The target's column of its capability table (``ConformanceTarget.table``) is what was found."""
+        column = conformance.target.table
+        if column is None:
+            pytest.skip("the target names no column of a capability table")
+        cells = {**dict.fromkeys(capability_table.FUTURE_ROWS, capability_table.NOT_YET), **conformance.cells}
+        if capability_table.writing():
+            capability_table.write_column(column, cells)
+            return
+        found = capability_table.differences(column, cells)
+        _expect(not found, f"{column.path} differs: {found}; made again with: {capability_table.COMMAND}")
+
+
+#: The capability table's rows a check records, also when it does not apply (with the reason it does not).
+_ROWS_OF_CHECK: dict[str, tuple[str, ...]] = {
+    "results": ("exec",),
+    "files": ("files",),
+    "background": ("background",),
+    "warm_pool": ("pool",),
+}
 
 
 CHECKS: dict[str, str] = {

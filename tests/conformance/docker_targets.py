@@ -12,6 +12,7 @@ import pytest
 from adk_sandbox.executor import ResourceLimits, SandboxBackend, SandboxFailedError
 from adk_sandbox.executor.backends.docker import DockerBackend
 from adk_sandbox.testing import ConformanceTarget, KnownDifference
+from tests.conformance.table import column
 
 #: Small enough that the memory and pids checks are quick; large enough for every other check.
 LIMITS = ResourceLimits(memory_mb=128, pids=128)
@@ -40,10 +41,16 @@ GVISOR_KNOWN_DIFFERENCES = {
 
 
 def docker_target(
-    backend: DockerBackend, tmp_path_factory: pytest.TempPathFactory, **known: KnownDifference
+    backend: DockerBackend,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    table: str | None = None,
+    warm_pool: Callable[[], SandboxBackend] | None = None,
+    **known: KnownDifference,
 ) -> ConformanceTarget:
     """The suite's target on ``backend``: a workspace owned by uid 1000 (as a checkout is), its limits, the
-    containers a closed session left on its engine; ``known``: the checks it fails, by name."""
+    containers a closed session left on its engine; ``table``: its column of docs/CAPABILITIES.md,
+    ``warm_pool``: makes a pooled backend of the same engine; ``known``: the checks it fails, by name."""
     workspace = tmp_path_factory.mktemp("conformance-ws")
     os.chown(workspace, 1000, 1000)
     limits = backend.config.limits
@@ -54,6 +61,8 @@ def docker_target(
         pids_limit=limits.pids,
         leftovers=containers_left(backend._client),
         known_differences=known,
+        warm_pool=warm_pool,
+        table=column(table) if table is not None else None,
     )
 
 

@@ -25,7 +25,12 @@ class TestDockerRuncConformance(ConformanceSuite):
     @classmethod
     def conformance_target(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConformanceTarget]:
         with DockerBackend(limits=LIMITS) as backend:
-            yield docker_target(backend, tmp_path_factory)
+            yield docker_target(
+                backend,
+                tmp_path_factory,
+                table="docker (runc)",
+                warm_pool=lambda: DockerBackend(limits=LIMITS, pool=1),
+            )
 
 
 class TestDockerGvisorConformance(ConformanceSuite):
@@ -40,5 +45,7 @@ class TestDockerGvisorConformance(ConformanceSuite):
             yield docker_target(
                 backend,
                 tmp_path_factory,
+                table="docker (gVisor)",
+                warm_pool=lambda: DockerBackend(runtime="runsc", limits=GVISOR_LIMITS, pool=1),
                 **GVISOR_KNOWN_DIFFERENCES,
             )

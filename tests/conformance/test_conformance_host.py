@@ -13,6 +13,7 @@ import pytest
 
 from adk_sandbox.executor import BubblewrapEnforcer, PolicyNotEnforceableError, ProcessBackend, SandboxPolicy
 from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
+from tests.conformance.table import column
 
 #: Host backends run every command as the caller: another uid is refused, never faked.
 RUNS_AS_THE_CALLER = KnownDifference(
@@ -32,6 +33,7 @@ class TestProcessBackendConformance(ConformanceSuite):
                 backend,
                 processes="host",
                 scratch=str(workdir),
+                table=column("process"),
                 known_differences={
                     "escapees_die": KnownDifference(
                         "without an enforcer only the command's process group is killed: a process that "
@@ -57,5 +59,6 @@ class TestBubblewrapConformance(ConformanceSuite):
                 backend,
                 processes="host",
                 scratch=str(workdir),
+                table=column("bwrap"),
                 known_differences={"user_other": RUNS_AS_THE_CALLER},
             )

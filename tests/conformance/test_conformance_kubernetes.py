@@ -19,6 +19,7 @@ from adk_sandbox.executor import PolicyNotEnforceableError, ResourceLimits, Sand
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
 from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
+from tests.conformance.table import column
 from tests.integration.k8s_on_docker import DockerPodApi, docker_pod_api
 
 pytestmark = [pytest.mark.docker]
@@ -51,6 +52,9 @@ def conformance_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Con
             workspace=workspace,
             memory_limit_mb=MEMORY_MB,
             leftovers=pods_left(api),
+            table=column("kubernetes (stand-in)"),
+            # The stand-in cluster serves no agent-sandbox claims: a warm pool is refused when asked.
+            warm_pool=lambda: KubernetesBackend(config.model_copy(update={"warm_pool": "pool"}), api=api),
             known_differences={
                 "user_other": KnownDifference(
                     "a pods/exec cannot choose the user: commands run as the Pod's user "

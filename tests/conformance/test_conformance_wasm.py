@@ -14,6 +14,7 @@ import pytest
 
 from adk_sandbox.executor import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
+from tests.conformance.table import column
 from tests.conftest import require
 
 MEMORY_MB = 16
@@ -29,6 +30,7 @@ def conformance_target() -> Iterator[ConformanceTarget]:
             backend,
             shell=False,
             memory_limit_mb=MEMORY_MB,
+            table=column("wasm"),
             known_differences={
                 "argv": KnownDifference(
                     "runs a WASI module given as code, never a program from argv", raises=InvalidRequestError

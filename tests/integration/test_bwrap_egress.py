@@ -39,6 +39,7 @@ from adk_sandbox.executor.network import NetworkPolicy
 from adk_sandbox.executor.network.passed_socket import PASSED_RULE
 from adk_sandbox.executor.network.unix_endpoint import MAX_CONNECTIONS, OVER_LIMIT_RULE
 from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
+from tests.conformance.table import column
 from tests.conftest import require
 from tests.integration.egress_servers import BODY, Upstream, make_certificate, server_context
 
@@ -448,6 +449,7 @@ class TestBubblewrapEgressConformance(ConformanceSuite):
                 backend,
                 processes="host",
                 scratch=str(workdir),
+                table=column("bwrap + NetworkPolicy"),
                 known_differences={
                     "user_other": KnownDifference(
                         "host backends run commands as the calling user; another uid:gid is refused",

@@ -44,6 +44,7 @@ from adk_sandbox.executor.errors import (
 )
 from adk_sandbox.executor.types import ExecResult, IsolationClass
 from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
+from tests.conformance.table import column
 from tests.conftest import require
 
 pytestmark = [pytest.mark.slow]
@@ -159,6 +160,8 @@ class TestMicroVMConformance(ConformanceSuite):
             memory_limit_mb=LIMITS.memory_mb,
             pids_limit=LIMITS.pids,
             leftovers=_leftovers,
+            table=column("microvm"),
+            warm_pool=lambda: MicroVMBackend(CONFIG, pool=1),
             known_differences={
                 "memory_limit": KnownDifference(
                     "under TCG the guest's reclaim before its cgroup's OOM kill is emulated and slow: after "
