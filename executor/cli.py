@@ -333,29 +333,16 @@ def backend_config(
 
 
 def _config_file(path: str) -> dict[str, Any]:
-    """``--backend-config FILE``: a JSON or YAML mapping of a backend config's fields."""
+    """``--backend-config FILE``: a JSON mapping of a backend config's fields."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        loaded = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise InvalidRequestError(f"--backend-config {path}: {exc.strerror}") from None
-    try:
-        loaded = json.loads(text) if path.endswith(".json") else _yaml(text)
     except ValueError as exc:
-        raise InvalidRequestError(f"--backend-config {path}: {exc}") from None
+        raise InvalidRequestError(f"--backend-config {path} is not JSON: {exc}") from None
     if not isinstance(loaded, dict):
         raise InvalidRequestError(f"--backend-config {path} must hold a mapping of the backend's settings")
     return loaded
-
-
-def _yaml(text: str) -> Any:
-    try:
-        import yaml  # type: ignore[import-untyped]  # noqa: PLC0415 - PyYAML comes with the inspect extra
-    except ImportError:
-        raise ValueError("a YAML file needs PyYAML (pip install pyyaml); or give JSON (FILE.json)") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(str(exc)) from None
 
 
 def _network_of(allowed: Sequence[str]) -> NetworkPolicy | None:
@@ -379,8 +366,7 @@ def _sandbox_options(parser: argparse.ArgumentParser, *, image_help: str) -> Non
     parser.add_argument(
         "--backend-config",
         metavar="FILE",
-        help="the backend's settings: a JSON (.json) or YAML mapping of its config's fields (the flags "
-        "override them)",
+        help="the backend's settings: a JSON mapping of its config's fields (the flags override them)",
     )
     parser.add_argument("--image", metavar="IMG", help=image_help)
     parser.add_argument("--runtime", metavar="RUNTIME", help="container runtime, e.g. runsc (gVisor)")
