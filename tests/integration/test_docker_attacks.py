@@ -26,7 +26,13 @@ from typing import Any
 import docker
 import pytest
 
-from adk_sandbox.executor import ExecRequest, ExecResult, Language, PolicyNotEnforceableError
+from adk_sandbox.executor import (
+    ExecRequest,
+    ExecResult,
+    Language,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
 from adk_sandbox.executor.backends.docker import DockerBackend
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option
 from adk_sandbox.executor.channel import static_agent as _static_agent
@@ -289,10 +295,9 @@ def test_attaching_to_a_fully_hardened_container_works(docker_backend: DockerBac
          "not the sandbox's"),
         ({"security_opt": ["no-new-privileges", profile_option(), "apparmor=unconfined"]}, "AppArmor"),
         ({"cgroupns": "host"}, "cgroup namespace"),
-        ({"tmpfs": {}}, "writable /tmp"),  # the set-id probe cannot run: unverified is refused
     ],
     ids=["docker-sock", "run-dir", "host-root-ro", "default-seccomp", "seccomp-unconfined",
-         "seccomp-allow-all", "apparmor", "cgroupns-host", "no-tmp"],
+         "seccomp-allow-all", "apparmor", "cgroupns-host"],
 )  # fmt: skip
 def test_attaching_to_a_weakened_container_is_refused(
     docker_backend: DockerBackend, repo: Path, overrides: dict[str, Any], problem: str
@@ -305,6 +310,26 @@ def test_attaching_to_a_weakened_container_is_refused(
         finally:
             backend.close()
     assert problem in str(refused.value)
+
+
+@pytest.mark.parametrize("transport", ["agent", "exec"])
+def test_attaching_to_a_container_without_a_writable_tmp_is_refused(
+    docker_backend: DockerBackend, repo: Path, transport: str
+) -> None:
+    """No tmpfs on a read-only root (and Docker's /dev/shm is noexec): the agent's loader has nowhere to
+    run, and says what it needs; the exec transport's supervisor starts, and the set-id probe, which
+    cannot run either, refuses the container unverified."""
+    with attached_container(docker_backend._client, **_hardened(repo, tmpfs={})) as name:
+        backend = DockerBackend(container=name, transport=transport)
+        try:
+            with pytest.raises((PolicyNotEnforceableError, SandboxFailedError)) as refused:
+                backend.session(workspace=repo).start()
+        finally:
+            backend.close()
+    if transport == "agent":
+        assert refused.type is SandboxFailedError and "executable /tmp" in str(refused.value)
+    else:
+        assert refused.type is PolicyNotEnforceableError and "writable /tmp" in str(refused.value)
 
 
 def test_attaching_to_a_container_with_unmasked_system_paths_is_refused(

@@ -174,7 +174,7 @@ def test_by_default_the_channel_refuses_set_id_modes_where_the_profile_would_not
             verify_from_inside(transport, ENV, "0:0", None, setid_allowed=True)
         if channel != "exec":
             assert _hello(transport)["setid"] == "refused"
-            assert _hello(transport)["agent"] == channel
+            assert _hello(transport)["agent"] == "static"
     finally:
         transport.close()
 
