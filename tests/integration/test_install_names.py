@@ -33,9 +33,9 @@ print("three roots")
 """
 
 
-def _run(*argv: str | Path, cwd: Path) -> str:
+def _run(*argv: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
-        [str(a) for a in argv], check=False, cwd=cwd, capture_output=True, text=True, timeout=600
+        [str(a) for a in argv], check=False, cwd=cwd, capture_output=True, text=True, timeout=600, env=env
     )
     assert done.returncode == 0, f"{argv[:4]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
@@ -57,6 +57,12 @@ def test_the_project_installs_next_to_pypis_devtools_and_executor(tmp_path: Path
     # The command line and its module form come from the same root.
     assert "usage: adk-sandbox" in _run(env_dir / "bin" / "adk-sandbox", "--help", cwd=empty)
     assert "usage: adk-sandbox" in _run(python, "-m", "adk_sandbox", "--help", cwd=empty)
+    # The wheel carries the in-sandbox agent (hatch_build.py), used without a compiler on the host.
+    agent = (
+        "from adk_sandbox.executor.channel import static_agent as s; print(len(s.load_static_agent().agent))"
+    )
+    shipped = _run(python, "-c", agent, cwd=empty, env={"PATH": "/nonexistent", "HOME": str(empty)})
+    assert int(shipped) > 100_000
 
 
 def test_the_editable_install_puts_only_src_on_the_path() -> None:
