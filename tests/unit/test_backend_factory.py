@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 from pydantic import ValidationError
@@ -92,3 +94,23 @@ def test_the_inspect_providers_backend_key() -> None:
         inspect_sandbox.AdkSandboxConfig(backend="microvm", runtime="runsc")
     with pytest.raises(ValidationError, match="microvm backend config: acel: Extra inputs"):
         inspect_sandbox.AdkSandboxConfig(backend={"type": "microvm", "acel": "kvm"})
+
+
+def test_the_union_loads_without_the_engines_clients() -> None:
+    """DockerConfig, KubernetesConfig and the factory import no docker-py, kubernetes or wasmtime."""
+    probe = (
+        "import sys; import adk_sandbox.executor.backends.factory as f; "
+        "f.parse_config({'type': 'docker', 'runtime': 'runsc'}); "
+        "print(sorted({'docker', 'kubernetes', 'wasmtime'} & {m.split('.')[0] for m in sys.modules}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_configs_transport_names_are_the_sessions() -> None:
+    from adk_sandbox.executor.backends.docker.config import TRANSPORT_NAMES  # noqa: PLC0415
+    from adk_sandbox.executor.backends.docker.session import TRANSPORTS  # noqa: PLC0415
+
+    assert tuple(TRANSPORTS) == TRANSPORT_NAMES

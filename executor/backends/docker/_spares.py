@@ -32,7 +32,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from adk_sandbox.executor.backends.docker.pool import COPIES_CONTEXT, PoolConfig, SessionPool
+from adk_sandbox.executor.backends.docker.config import COPIES_CONTEXT, PoolConfig
+from adk_sandbox.executor.backends.docker.pool import SessionPool
 from adk_sandbox.executor.errors import ExecutorError
 from adk_sandbox.executor.workspace.copies import copies_dir
 

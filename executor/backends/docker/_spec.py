@@ -14,9 +14,8 @@ import re
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from docker.types import DriverConfig, LogConfig, Mount, Ulimit
 from pydantic import Field, TypeAdapter, ValidationError
 
 from adk_sandbox.executor._layout import DIRECT_MOUNT, HOME_DIR, KERNEL_PATHS
@@ -26,6 +25,9 @@ from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.policy import AllowedPath
 from adk_sandbox.executor.types import Capabilities, IsolationClass, Language, ResourceLimits
+
+if TYPE_CHECKING:  # docker-py is imported where mounts are made: DockerConfig's checks load without it
+    from docker.types import Mount
 
 __all__ = [
     "GVISOR_RUNTIME",
@@ -85,6 +87,8 @@ class MirrorVolume:
 
     def mount(self, target: str) -> Mount:
         """An anonymous volume of the local driver: removed with its container (``v=True``, auto_remove)."""
+        from docker.types import DriverConfig, Mount  # noqa: PLC0415
+
         options = f"size={self.size_mb}m,uid={self.uid},gid={self.gid},mode={self.mode:04o},nosuid,nodev"
         config = DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": options})
         return Mount(target=target, source=None, type="volume", driver_config=config)
@@ -391,6 +395,8 @@ def host_tmpfs_mount(target: str, size_mb: int, owner: tuple[int, int]) -> Mount
     Anonymous, so removed with its container; its host side (the volume's mount point) is a tmpfs the
     engine mounted, which this process reads and writes for snapshots and forks (:func:`host_tmpfs_dirs`).
     """
+    from docker.types import DriverConfig, Mount  # noqa: PLC0415
+
     uid, gid = owner
     options = f"size={size_mb}m,uid={uid},gid={gid},mode=1777,nosuid,nodev"
     config = DriverConfig("local", {"type": "tmpfs", "device": "tmpfs", "o": options})
@@ -427,6 +433,8 @@ def host_tmpfs_dirs(
 
 def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     """Keyword arguments for docker-py's ``create_host_config``: the hardened defaults (docs/docker/)."""
+    from docker.types import LogConfig, Mount, Ulimit  # noqa: PLC0415
+
     mounts = []
     if spec.host_tmpfs:
         mounts += [host_tmpfs_mount(path, mb, spec.state_owner) for path, mb in tmpfs_sizes(spec).items()]

@@ -10,13 +10,25 @@ with the same messages.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from adk_sandbox.executor._layout import KERNEL_PATHS
 from adk_sandbox.executor.backends.docker._spec import (
+    BUILTIN_TMPFS,
     MAX_TMPFS_MB,
     tmpfs_overlap,
     validate_extra_hosts,
@@ -24,17 +36,114 @@ from adk_sandbox.executor.backends.docker._spec import (
     validate_tmpfs,
 )
 from adk_sandbox.executor.backends.docker.engine import Engine
-from adk_sandbox.executor.backends.docker.images import BASE_IMAGE, ExpectedImage
-from adk_sandbox.executor.backends.docker.pool import PoolConfig
-from adk_sandbox.executor.backends.docker.session import TRANSPORTS
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
 from adk_sandbox.executor.policy import SandboxPolicy
+from adk_sandbox.executor.pool import PoolSettings
 from adk_sandbox.executor.types import ResourceLimits, check_user
 from adk_sandbox.executor.workspace.mirror import DEFAULT_MIRROR_MB
 from adk_sandbox.executor.workspace.protocol import WORKSPACE_TRANSPORTS
 
-__all__ = ["DEFAULT_LIFETIME_SECONDS", "DEFAULT_ROOT_MB", "PROFILES", "DockerConfig", "config_from_options"]
+__all__ = [
+    "BASE_IMAGE",
+    "DEFAULT_LIFETIME_SECONDS",
+    "DEFAULT_ROOT_MB",
+    "PROFILES",
+    "RUST_IMAGE",
+    "TRANSPORT_NAMES",
+    "DockerConfig",
+    "ExpectedImage",
+    "PoolConfig",
+    "config_from_options",
+]
+
+# Here, not in images.py and pool.py (which import them from here): this module loads without docker-py.
+BASE_IMAGE = "adk-sandbox/base:latest"
+RUST_IMAGE = "adk-sandbox/rust:latest"
+#: How commands reach a container: the names of :data:`.session.TRANSPORTS`.
+TRANSPORT_NAMES = ("agent", "exec")
+
+
+@dataclass(frozen=True)
+class ExpectedImage:
+    """The image id a session's container must run, and how a different one is treated."""
+
+    image_id: str
+    pinned: bool
+    """True: given by the caller (``DockerBackend(image_id=...)``), a mismatch is refused. False: read from
+    this machine's engine for a remote one, a mismatch is warned about (:class:`ImageMismatchWarning`)."""
+
+
+#: The validation context key under which the backend's fork spares name the copies directory, below which
+#: (``/dev/shm``) their path may lie: ``PoolConfig.model_validate(..., context={COPIES_CONTEXT: dir})``.
+COPIES_CONTEXT = "adk-sandbox-copies-dir"
+
+
+class PoolConfig(PoolSettings):
+    """How a :class:`SessionPool` keeps its members (``DockerBackend(pool=PoolConfig(size=4, ...))``).
+
+    ``size`` (1 to 256 started containers), ``acquire_timeout_seconds`` (120) and ``ping_timeout_seconds``
+    (2) are every pool's (:class:`~adk_sandbox.executor.pool.PoolSettings`).
+    """
+
+    max_age_seconds: Annotated[float, Field(gt=0)] = 600.0
+    """A member older than this is replaced, not handed out (bounds how stale a ready container gets;
+    it must be below the backend's ``lifetime_seconds``, which runs from the member's create)."""
+    create_concurrency: Annotated[int, Field(ge=1, le=32)] = 2
+    """At most this many containers being created and started at once (refills)."""
+    remove_concurrency: Annotated[int, Field(ge=1, le=32)] = 2
+    """At most this many containers being removed at once (released and replaced members)."""
+    workspace: Literal["none", "mirror"] = "none"
+    """What the members serve. ``"none"``: workspace-less ``backend.session()``. ``"mirror"``: copies,
+    ``backend.session(copy_of=X)``; each member then holds an empty mirror volume at a directory the pool
+    made, which ``X`` is copied into at acquire (``backend.session()`` then starts cold)."""
+    path: str | None = None
+    """With ``workspace="mirror"``: where each member's workspace is inside its sandbox, the same for all
+    (its host directory is still its own). None: at its host directory's path. A pool with a path also
+    serves ``backend.session(snapshot=s)`` for snapshots whose workspace is at that path (forks of its own
+    sessions; docs/snapshots.md)."""
+
+    forkable: bool = False
+    """With ``path``: each member's ``/tmp``, HOME and extra tmpfs are tmpfs volumes (the same size and
+    ``nosuid,nodev``) that this process copies on the host, so a snapshot of a member and a fork into one
+    copy them on the host instead of archiving them through the sandbox (docs/snapshots.md). Needs a local
+    engine whose volumes this process reaches (root); refused at the first member's start otherwise."""
+
+    fork_by: Literal["copy", "layer"] = "copy"
+    """With ``forkable``: how a fork gets the snapshot's files. ``"copy"``: copied on the host into the
+    member's directory and volumes. ``"layer"``: each member's state directories are host mount points
+    propagated into its container, and a fork mounts an overlay per directory over the snapshot's copy
+    (nothing copied, nothing scanned; docs/snapshots.md, "Forks by layer"). Such a member serves
+    ``session(snapshot=s)`` and ``session(copy_of=X)`` (X copied into its fresh tmpfs, a bound workspace);
+    needs root on a local engine, overlayfs and runc (refused when the pool starts otherwise)."""
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, path: str | None, info: ValidationInfo) -> str | None:
+        if path is None:
+            return None
+        if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+            raise ValueError("must be an absolute, normalised directory path other than /")
+        copies = (info.context or {}).get(COPIES_CONTEXT)
+        if isinstance(copies, str) and path.startswith(copies.rstrip("/") + "/"):
+            # The backend's own spares for a copy's forks: a copy is mounted there already (copy_of), so a
+            # member may be too. Never a user's setting: only this context allows it.
+            return path
+        for reserved in (*KERNEL_PATHS, *BUILTIN_TMPFS):
+            if path == reserved or path.startswith(reserved + "/") or reserved.startswith(path + "/"):
+                raise ValueError(f"overlaps {reserved}, which the sandbox mounts itself")
+        return path
+
+    @model_validator(mode="after")
+    def _path_needs_mirror(self) -> PoolConfig:
+        if self.path is not None and self.workspace != "mirror":
+            raise ValueError("path= is where a member's workspace copy is: it needs workspace='mirror'")
+        if self.forkable and self.path is None:
+            raise ValueError("forkable=True serves forks, which a pool serves only at a path: give path=")
+        if self.fork_by == "layer" and not self.forkable:
+            raise ValueError("fork_by='layer' is how a forkable pool serves forks: give forkable=True")
+        return self
+
 
 #: How long a container this library creates may live at most (its expiry label; the reaper enforces it).
 DEFAULT_LIFETIME_SECONDS = 12 * 3600
@@ -139,8 +248,10 @@ class DockerConfig(BaseModel):
     @field_validator("transport")
     @classmethod
     def _known_transport(cls, transport: str) -> str:
-        if transport not in TRANSPORTS:
-            raise InvalidRequestError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
+        if transport not in TRANSPORT_NAMES:
+            raise InvalidRequestError(
+                f"transport must be one of {', '.join(TRANSPORT_NAMES)}, not {transport!r}"
+            )
         return transport
 
     @field_validator("policy")

@@ -37,6 +37,7 @@ import docker.errors
 import docker.utils
 
 from adk_sandbox.executor.backends.docker._daemon import connect, daemon_errors, idempotent
+from adk_sandbox.executor.backends.docker.config import BASE_IMAGE, RUST_IMAGE, ExpectedImage
 from adk_sandbox.executor.backends.docker.engine import Engine, resolve_engine
 from adk_sandbox.executor.errors import BackendUnavailableError, ExecutorError
 
@@ -67,8 +68,6 @@ __all__ = [
     "push_images",
 ]
 
-BASE_IMAGE = "adk-sandbox/base:latest"
-RUST_IMAGE = "adk-sandbox/rust:latest"
 BOOTSTRAP_IMAGE = "adk-sandbox/debian:trixie"
 REGISTRY_BASE_IMAGE = "debian:trixie-slim"
 RUST_DEPS_DIR = "/opt/rust-deps"
@@ -482,16 +481,6 @@ class PushResult:
     """``pushed`` (saved here, loaded there), ``tagged`` (there under another name only) or ``up to date``."""
     bytes_sent: int
     seconds: float
-
-
-@dataclass(frozen=True)
-class ExpectedImage:
-    """The image id a session's container must run, and how a different one is treated."""
-
-    image_id: str
-    pinned: bool
-    """True: given by the caller (``DockerBackend(image_id=...)``), a mismatch is refused. False: read from
-    this machine's engine for a remote one, a mismatch is warned about (:class:`ImageMismatchWarning`)."""
 
 
 def _short(image_id: str) -> str:

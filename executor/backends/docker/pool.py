@@ -45,25 +45,23 @@ from __future__ import annotations
 
 import functools
 import os
-import posixpath
 import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING
 
 import docker
-from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from adk_sandbox.executor._layout import KERNEL_PATHS
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, OpenedContainer
-from adk_sandbox.executor.backends.docker._spec import BUILTIN_TMPFS, LABEL_PREFIX, MIB, ContainerSpec
+from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, MIB, ContainerSpec
+from adk_sandbox.executor.backends.docker.config import PoolConfig
 from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
 from adk_sandbox.executor.errors import SandboxFailedError
 from adk_sandbox.executor.network.policy import NetworkPolicy
-from adk_sandbox.executor.pool import PoolSettings, PoolStats, Remover, WarmPool
+from adk_sandbox.executor.pool import PoolStats, Remover, WarmPool
 from adk_sandbox.executor.types import ResourceLimits
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix, copy_tree
 
@@ -79,77 +77,6 @@ REFILL_DEFER_SECONDS = 1.0
 
 #: Makes an unstarted session from a pool's config, with the provider the pool gives it.
 SessionMaker = Callable[[SessionConfig, ContainerProvider], DockerSession]
-
-
-#: The validation context key under which the backend's fork spares name the copies directory, below which
-#: (``/dev/shm``) their path may lie: ``PoolConfig.model_validate(..., context={COPIES_CONTEXT: dir})``.
-COPIES_CONTEXT = "adk-sandbox-copies-dir"
-
-
-class PoolConfig(PoolSettings):
-    """How a :class:`SessionPool` keeps its members (``DockerBackend(pool=PoolConfig(size=4, ...))``).
-
-    ``size`` (1 to 256 started containers), ``acquire_timeout_seconds`` (120) and ``ping_timeout_seconds``
-    (2) are every pool's (:class:`~adk_sandbox.executor.pool.PoolSettings`).
-    """
-
-    max_age_seconds: Annotated[float, Field(gt=0)] = 600.0
-    """A member older than this is replaced, not handed out (bounds how stale a ready container gets;
-    it must be below the backend's ``lifetime_seconds``, which runs from the member's create)."""
-    create_concurrency: Annotated[int, Field(ge=1, le=32)] = 2
-    """At most this many containers being created and started at once (refills)."""
-    remove_concurrency: Annotated[int, Field(ge=1, le=32)] = 2
-    """At most this many containers being removed at once (released and replaced members)."""
-    workspace: Literal["none", "mirror"] = "none"
-    """What the members serve. ``"none"``: workspace-less ``backend.session()``. ``"mirror"``: copies,
-    ``backend.session(copy_of=X)``; each member then holds an empty mirror volume at a directory the pool
-    made, which ``X`` is copied into at acquire (``backend.session()`` then starts cold)."""
-    path: str | None = None
-    """With ``workspace="mirror"``: where each member's workspace is inside its sandbox, the same for all
-    (its host directory is still its own). None: at its host directory's path. A pool with a path also
-    serves ``backend.session(snapshot=s)`` for snapshots whose workspace is at that path (forks of its own
-    sessions; docs/snapshots.md)."""
-
-    forkable: bool = False
-    """With ``path``: each member's ``/tmp``, HOME and extra tmpfs are tmpfs volumes (the same size and
-    ``nosuid,nodev``) that this process copies on the host, so a snapshot of a member and a fork into one
-    copy them on the host instead of archiving them through the sandbox (docs/snapshots.md). Needs a local
-    engine whose volumes this process reaches (root); refused at the first member's start otherwise."""
-
-    fork_by: Literal["copy", "layer"] = "copy"
-    """With ``forkable``: how a fork gets the snapshot's files. ``"copy"``: copied on the host into the
-    member's directory and volumes. ``"layer"``: each member's state directories are host mount points
-    propagated into its container, and a fork mounts an overlay per directory over the snapshot's copy
-    (nothing copied, nothing scanned; docs/snapshots.md, "Forks by layer"). Such a member serves
-    ``session(snapshot=s)`` and ``session(copy_of=X)`` (X copied into its fresh tmpfs, a bound workspace);
-    needs root on a local engine, overlayfs and runc (refused when the pool starts otherwise)."""
-
-    @field_validator("path")
-    @classmethod
-    def _check_path(cls, path: str | None, info: ValidationInfo) -> str | None:
-        if path is None:
-            return None
-        if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
-            raise ValueError("must be an absolute, normalised directory path other than /")
-        copies = (info.context or {}).get(COPIES_CONTEXT)
-        if isinstance(copies, str) and path.startswith(copies.rstrip("/") + "/"):
-            # The backend's own spares for a copy's forks: a copy is mounted there already (copy_of), so a
-            # member may be too. Never a user's setting: only this context allows it.
-            return path
-        for reserved in (*KERNEL_PATHS, *BUILTIN_TMPFS):
-            if path == reserved or path.startswith(reserved + "/") or reserved.startswith(path + "/"):
-                raise ValueError(f"overlaps {reserved}, which the sandbox mounts itself")
-        return path
-
-    @model_validator(mode="after")
-    def _path_needs_mirror(self) -> PoolConfig:
-        if self.path is not None and self.workspace != "mirror":
-            raise ValueError("path= is where a member's workspace copy is: it needs workspace='mirror'")
-        if self.forkable and self.path is None:
-            raise ValueError("forkable=True serves forks, which a pool serves only at a path: give path=")
-        if self.fork_by == "layer" and not self.forkable:
-            raise ValueError("fork_by='layer' is how a forkable pool serves forks: give forkable=True")
-        return self
 
 
 @dataclass(frozen=True)

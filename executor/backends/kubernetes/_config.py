@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adk_sandbox.executor._layout import HOME_DIR, KERNEL_PATHS
 from adk_sandbox.executor._owner import LABEL_PREFIX  # the owner labels' namespace, valid as Kubernetes keys
-from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
+from adk_sandbox.executor.backends.docker.config import BASE_IMAGE
 from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
 from adk_sandbox.executor.types import ResourceLimits, parse_user
 
