@@ -6,10 +6,13 @@ and skips locally, as tests/integration/test_microvm.py.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -99,3 +102,24 @@ def test_the_adk_code_executor_takes_a_config() -> None:
         result = executor.execute_code(None, CodeExecutionInput(code="print(6 * 7)"))
     assert (result.stdout, result.stderr) == ("42\n", "")
     assert made is not None and made.name == "process"
+
+
+@pytest.mark.slow
+def test_the_mcp_tools_run_bash_in_a_microvm() -> None:
+    require(shutil.which("qemu-system-x86_64") is not None, "QEMU is not installed (scripts/setup)")
+    mcp = pytest.importorskip("adk_sandbox.devtools.adapters.mcp")
+    from adk_sandbox.executor.backends.microvm import MicroVMConfig  # noqa: PLC0415
+
+    # The VM's share reaches the workspace as its owner only: a directory of 1000's it can reach
+    # (pytest's tmp_path is below a 0700 directory of root's).
+    workspace = Path(tempfile.mkdtemp(prefix="adk-sandbox-mcp-vm-"))
+    try:
+        os.chown(workspace, 1000, 1000)
+        with mcp.workspace_tools(workspace, config=MicroVMConfig(boot_timeout_seconds=120)) as tools:
+            bash = next(tool for tool in tools if tool.name == "bash")
+            result = asyncio.run(bash.run({"command": "uname -r; echo made > new.txt"}))
+        assert (result["exit_code"], result["isolation"]) == (0, "microvm"), result
+        assert result["stdout"].strip() != platform.release()
+        assert (workspace / "new.txt").read_text() == "made\n"
+    finally:
+        shutil.rmtree(workspace)
