@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -114,3 +115,14 @@ def test_the_configs_transport_names_are_the_sessions() -> None:
     from adk_sandbox.executor.backends.docker.session import TRANSPORTS  # noqa: PLC0415
 
     assert tuple(TRANSPORTS) == TRANSPORT_NAMES
+
+
+def test_the_providers_config_file_names_the_backend(tmp_path: Path) -> None:
+    inspect_sandbox = pytest.importorskip("adk_sandbox.devtools.adapters.inspect_sandbox")
+    path = tmp_path / "adk-sandbox.yaml"
+    path.write_text(
+        "backend: {type: microvm, accel: tcg}\nimage: my-task\nlimits: {memory_mb: 1024, cpus: 1}\n"
+    )
+    made = inspect_sandbox.resolve_config(str(path)).backend_config()
+    assert isinstance(made, MicroVMConfig)
+    assert (made.accel, made.image, made.limits.memory_mb, made.limits.cpus) == ("tcg", "my-task", 1024, 1)
