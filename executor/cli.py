@@ -282,16 +282,13 @@ def run(args: argparse.Namespace) -> int:
     return 1  # pragma: no cover - unreachable
 
 
-#: The options only a Docker backend has (``--container`` too): refused with another ``--backend``.
-_DOCKER_ONLY = ("runtime", "tmpfs", "engine")
-
-
 def backend_config(
     args: argparse.Namespace, *, container: str | None = None, workdir: str | None = None
 ) -> Any:
     """The :data:`~.backends.factory.BackendConfig` of ``--backend``, ``--backend-config`` and the flags.
 
-    The file's settings first, the flags over them; a flag the backend has no setting for is refused.
+    The file's settings first, the flags over them; a flag the backend has no setting for is refused
+    (``--runtime`` on a microVM: "microvm backend config: runtime: Extra inputs are not permitted").
     ``workdir`` (a host workspace) is where a process or bwrap backend's commands start (bwrap: allowed
     read-write).
     """
@@ -311,22 +308,12 @@ def backend_config(
     if limits:
         flags["limits"] = {**dict(settings.get("limits") or {}), **limits}
     given = {key: value for key, value in flags.items() if value is not None}
-    if kind != "docker":
-        refused = [key for key in (*_DOCKER_ONLY, "container") if key in given]
-        if refused:
-            raise InvalidRequestError(
-                f"--{refused[0]} is a Docker option: the {kind} backend has no such setting"
-            )
-    if kind in ("process", "bwrap"):
-        for key in ("image", "limits"):
-            if key in given:
-                raise InvalidRequestError(f"the {kind} backend runs host processes: it has no {key} setting")
-        if workdir is not None:
-            given["workdir"] = os.path.abspath(workdir)
-            if kind == "bwrap":
-                policy = SandboxPolicy.model_validate(settings.get("policy") or {"allow_process_spawn": True})
-                paths = (*policy.allowed_paths, AllowedPath(path=given["workdir"], mode="read_write"))
-                given["policy"] = policy.model_copy(update={"allowed_paths": paths})
+    if kind in ("process", "bwrap") and workdir is not None:
+        given["workdir"] = os.path.abspath(workdir)
+        if kind == "bwrap":
+            policy = SandboxPolicy.model_validate(settings.get("policy") or {"allow_process_spawn": True})
+            paths = (*policy.allowed_paths, AllowedPath(path=given["workdir"], mode="read_write"))
+            given["policy"] = policy.model_copy(update={"allowed_paths": paths})
     if kind == "docker":
         return config_from_options({**{k: v for k, v in settings.items() if k != "type"}, **given})
     return parse_config({**settings, **given})

@@ -73,8 +73,7 @@ def test_run_refuses_a_docker_flag_on_another_backend() -> None:
     done = adk("run", "--backend", "process", "--runtime", "runsc", "--", "true")
     assert done.returncode == 2
     assert (
-        done.stderr
-        == "adk-sandbox: error: --runtime is a Docker option: the process backend has no such setting\n"
+        done.stderr == "adk-sandbox: error: process backend config: runtime: Extra inputs are not permitted\n"
     )
 
 
