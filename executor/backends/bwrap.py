@@ -9,17 +9,14 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from adk_sandbox.executor.backends.enforcer import Confinement, Enforcer
 from adk_sandbox.executor.errors import EnforcerUnavailableError, PolicyNotEnforceableError
-from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import SandboxPolicy
-
-if TYPE_CHECKING:
-    from adk_sandbox.executor.backends.process import ProcessBackend
 
 __all__ = ["RUNTIME_READ_ONLY_PATHS", "BubblewrapEnforcer", "BwrapConfig", "bwrap_arguments", "get_enforcer"]
 
@@ -204,15 +201,3 @@ class BwrapConfig(BaseModel):
     """The PATH programs are resolved on (default: the caller's)."""
     network: bool | NetworkPolicy = False
     """As :class:`ProcessBackend`'s ``network``."""
-
-    def make(self) -> ProcessBackend:
-        """The backend (``EnforcerUnavailableError`` where bubblewrap does not work)."""
-        from adk_sandbox.executor.backends.process import ProcessBackend  # noqa: PLC0415 - it imports this module
-
-        return ProcessBackend.with_sandbox(
-            get_enforcer(),
-            self.policy,
-            workdir=self.workdir,
-            search_path=self.search_path,
-            network=network_setting(self.network),
-        )

@@ -19,12 +19,13 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from adk_sandbox.executor.backend import SandboxBackend
-from adk_sandbox.executor.backends.bwrap import BwrapConfig
+from adk_sandbox.executor.backends.bwrap import BwrapConfig, get_enforcer
 from adk_sandbox.executor.backends.docker.config import DockerConfig
-from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
+from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig
 from adk_sandbox.executor.backends.microvm.config import MicroVMConfig
-from adk_sandbox.executor.backends.process import ProcessConfig
+from adk_sandbox.executor.backends.process import ProcessBackend, ProcessConfig
 from adk_sandbox.executor.errors import InvalidRequestError
+from adk_sandbox.executor.network.policy import network_setting
 
 __all__ = ["BACKEND_TYPES", "BackendConfig", "WasmConfig", "make_backend", "parse_config"]
 
@@ -101,4 +102,12 @@ def make_backend(config: BackendConfig | Mapping[str, Any]) -> SandboxBackend:
         from adk_sandbox.executor.backends.wasm import WasmBackend  # noqa: PLC0415 - needs wasmtime
 
         return WasmBackend(memory_limit_mb=parsed.memory_limit_mb)
+    if isinstance(parsed, BwrapConfig):
+        return ProcessBackend.with_sandbox(
+            get_enforcer(),
+            parsed.policy,
+            workdir=parsed.workdir,
+            search_path=parsed.search_path,
+            network=network_setting(parsed.network),
+        )
     return parsed.make()

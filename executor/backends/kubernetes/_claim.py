@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adk_sandbox.executor._owner import PROJECT_LABEL, SESSION
-from adk_sandbox.executor.backends.kubernetes._config import KubernetesConfig
+from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig
 
 __all__ = [
     "CLAIM_GROUP",

@@ -29,7 +29,7 @@ from adk_sandbox.executor._owner import (
     PROJECT_LABEL,
     SESSION,
 )
-from adk_sandbox.executor.backends.kubernetes._config import LABEL_PREFIX, KubernetesConfig
+from adk_sandbox.executor.backends.kubernetes.config import LABEL_PREFIX, KubernetesConfig
 from adk_sandbox.executor.types import Capabilities, IsolationClass, Language
 
 __all__ = [
