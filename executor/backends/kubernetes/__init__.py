@@ -12,7 +12,6 @@ from adk_sandbox.executor.backends.kubernetes._claim import (
     claim_state,
     sandbox_pod_name,
 )
-from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig
 from adk_sandbox.executor.backends.kubernetes._failures import api_error, pod_failure
 from adk_sandbox.executor.backends.kubernetes._reaper import reap_leaked_pods
 from adk_sandbox.executor.backends.kubernetes._spec import (
@@ -28,6 +27,7 @@ from adk_sandbox.executor.backends.kubernetes.backend import (
     KubernetesSession,
     workspace_config,
 )
+from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig
 
 __all__ = [
     "PER_SESSION_FIELDS",

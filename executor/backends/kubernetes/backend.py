@@ -32,7 +32,6 @@ from adk_sandbox.executor._owner import owner_labels
 from adk_sandbox.executor.backend import SessionBackend
 from adk_sandbox.executor.backends.kubernetes._api import ClientApi, KubernetesApi
 from adk_sandbox.executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
-from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig
 from adk_sandbox.executor.backends.kubernetes._exec import ExecBridge
 from adk_sandbox.executor.backends.kubernetes._failures import pod_failure, pod_waiting_reason
 from adk_sandbox.executor.backends.kubernetes._reaper import LeakedPod, reap_leaked_pods
@@ -47,6 +46,7 @@ from adk_sandbox.executor.backends.kubernetes._spec import (
     pod_spec,
     pod_violations,
 )
+from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, check_network_argument
 from adk_sandbox.executor.channel.probe import verify_from_inside
