@@ -243,8 +243,9 @@ class ProcessBackend(SandboxBackend):
         del network
         raise PolicyNotEnforceableError(
             f"backend {self.name!r} cannot change its network at run time (set_network): its commands are "
-            "host processes with no session to switch. Make another ProcessBackend with the network you "
-            "want (network=False, True or a NetworkPolicy), or use a DockerBackend session"
+            "host processes with no session to switch. Make another backend with the network you want "
+            "(ProcessBackend(network=False or True); a NetworkPolicy needs bubblewrap: make_backend({'type': "
+            "'bwrap', 'network': {'allow': [...]}})), or use a DockerBackend session"
         )
 
     def network_log(self) -> LogSnapshot:
