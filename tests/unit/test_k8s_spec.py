@@ -261,3 +261,10 @@ def test_config_refuses(field: str, value: Any) -> None:
 
 def test_config_bare_uid_means_uid_uid() -> None:
     assert KubernetesConfig(user="4321").user == "4321:4321"
+
+
+def test_the_pod_sets_no_fs_group() -> None:
+    # fsGroup makes every emptyDir set-gid; a copy keeping modes (pip install -e) then asks for the bit with
+    # chmod, which the agent's set-id filter refuses: seen on a real cluster, not on the stand-in.
+    assert "fsGroup" not in SPEC["spec"]["securityContext"]
+    assert "fsGroup" not in SPEC["spec"]["containers"][0]["securityContext"]
