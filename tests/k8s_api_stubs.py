@@ -20,6 +20,10 @@ class ClusterWithoutClaims:
         """Nothing leaked (tests/unit/test_k8s_reaper.py lists some)."""
         return []
 
+    def list_nodes(self) -> list[dict[str, Any]] | None:
+        """The nodes may not be listed (RBAC): the messages do without their capacity."""
+        return None
+
     def read_runtime_class(self, name: str) -> dict[str, Any] | None:
         """No RuntimeClasses."""
         return None

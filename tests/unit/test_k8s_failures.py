@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 
 from adk_sandbox.executor.backends.kubernetes import api_error, pod_failure
-from adk_sandbox.executor.backends.kubernetes._failures import pod_waiting_reason
+from adk_sandbox.executor.backends.kubernetes._failures import (
+    capacity_text,
+    never_schedulable,
+    pod_waiting_reason,
+)
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
@@ -56,6 +60,8 @@ def test_api_errors(case: str, kind: type[ExecutorError], says: list[str]) -> No
         ("preempted", SandboxFailedError, ["PreemptionByScheduler"]),
         ("deadline_exceeded", SandboxFailedError, ["activeDeadlineSeconds (600 s)", "self-expiry"]),
         ("keeper_ended", SandboxFailedError, ["OOMKilled", "137"]),
+        # Recorded on ../shared/k8s: an image without python3 cannot take the network down.
+        ("recorded_init_failed", PolicyNotEnforceableError, ["network-off", "python3", "network=True"]),
     ],
 )
 def test_pod_failures(case: str, kind: type[ExecutorError], says: list[str]) -> None:
@@ -77,3 +83,25 @@ def test_a_pod_still_starting_is_no_failure_and_says_what_it_waits_for(case: str
 def test_a_running_pod_is_no_failure() -> None:
     pod: dict[str, Any] = json.loads((FIXTURES / "pod_gvisor_running.json").read_text())
     assert pod_failure(pod) is None
+
+
+NODES = json.loads((FIXTURES / "nodes_one_2cpu.json").read_text())
+
+
+def test_a_pod_larger_than_every_node_fails_at_once_naming_the_capacity() -> None:
+    """Recorded on ../shared/k8s: requests=None with 4 CPUs on its 2-CPU node."""
+    pod = PODS["recorded_unschedulable_cpu"]
+    assert pod_failure(pod) is None and "Insufficient cpu" in pod_waiting_reason(pod)
+    error = never_schedulable(pod, NODES)
+    assert isinstance(error, BackendUnavailableError)
+    assert "requests cpu 4" in str(error) and "adk-node: cpu 2" in str(error) and "pods 110" in str(error)
+
+
+def test_a_pod_that_fits_an_emptier_node_waits_and_unknown_nodes_say_nothing() -> None:
+    pod = json.loads(json.dumps(PODS["recorded_unschedulable_cpu"]))
+    for container in pod["spec"]["containers"] + pod["spec"]["initContainers"]:
+        container["resources"]["requests"]["cpu"] = "1500m"  # fits the node once others end
+    assert never_schedulable(pod, NODES) is None
+    assert never_schedulable(PODS["recorded_unschedulable_cpu"], None) is None  # RBAC: nodes not listed
+    assert capacity_text(None) == ""
+    assert never_schedulable(PODS["container_creating"], NODES) is None  # scheduled: not this question

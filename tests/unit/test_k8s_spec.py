@@ -8,14 +8,17 @@ import pytest
 from pydantic import ValidationError
 
 from adk_sandbox.executor._owner import owner_labels
-from adk_sandbox.executor.backends.kubernetes import KubernetesConfig, network_policy, pod_spec
+from adk_sandbox.executor.backends.kubernetes import KubernetesConfig, PodRequests, network_policy, pod_spec
 from adk_sandbox.executor.backends.kubernetes._spec import (
     NETWORK_LABEL,
     PER_SESSION_FIELDS,
     network_policy_in_force,
+    network_probe_argv,
     network_probe_found_no_route,
+    network_probe_targets,
     pod_violations,
 )
+from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import ResourceLimits
 
 CONFIG = KubernetesConfig(
@@ -63,7 +66,12 @@ SPEC = pod_spec(CONFIG)
         ("spec.containers.0.securityContext.capabilities", {"drop": ["ALL"]}),
         ("spec.containers.0.securityContext.seccompProfile", {"type": "RuntimeDefault"}),
         ("spec.containers.0.resources.limits", {"cpu": "1500m", "memory": "1536Mi"}),
-        ("spec.containers.0.resources.requests", {"cpu": "1500m", "memory": "1536Mi"}),
+        # Requests far below the limits: idle sessions pack a node (PodRequests' defaults).
+        ("spec.containers.0.resources.requests", {"cpu": "10m", "memory": "64Mi"}),
+        ("spec.initContainers.0.name", "network-off"),
+        ("spec.initContainers.0.securityContext.capabilities", {"drop": ["ALL"], "add": ["NET_ADMIN"]}),
+        ("spec.initContainers.0.securityContext.readOnlyRootFilesystem", True),
+        ("spec.initContainers.0.securityContext.allowPrivilegeEscalation", False),
         ("spec.containers.0.image", "registry.example.com/adk-sandbox/base:1.4"),
         ("spec.containers.0.command", ["sleep", "3600"]),
         ("spec.containers.0.workingDir", "/workspace"),
@@ -209,26 +217,76 @@ def test_a_network_on_pod_is_not_selected_by_the_policy() -> None:
     assert not network_policy_in_force(network_policy(CONFIG), on)
 
 
+TARGETS = network_probe_targets({"status": {"hostIP": "10.244.0.1"}})
+
+
 @pytest.mark.parametrize(
     ("stdout", "no_route"),
     [
         (
-            "blocked 1.1.1.1:53 TimeoutError\nblocked 8.8.8.8:53 TimeoutError\n"
-            "blocked kubernetes.default.svc:443 gaierror\nprobe-done\n",
+            "blocked 1.1.1.1:53 OSError\nblocked 8.8.8.8:53 OSError\nblocked 10.244.0.1:10250 OSError\n"
+            "probe-done\n",
             True,
         ),
+        # The node's kubelet answers: a CNI that ignores NetworkPolicy, had the interfaces stayed up.
         (
-            "reached 1.1.1.1:53\nblocked 8.8.8.8:53 TimeoutError\n"
-            "blocked kubernetes.default.svc:443 x\nprobe-done\n",
+            "blocked 1.1.1.1:53 TimeoutError\nblocked 8.8.8.8:53 TimeoutError\nreached 10.244.0.1:10250\n"
+            "probe-done\n",
             False,
         ),
         ("blocked 1.1.1.1:53 TimeoutError\n", False),  # cut short: not evidence
         ("", False),
-        ("blocked 1.1.1.1:53 TimeoutError\nprobe-done\n", False),  # a target not tried
+        ("blocked 1.1.1.1:53 OSError\nblocked 8.8.8.8:53 OSError\nprobe-done\n", False),  # kubelet not tried
     ],
 )
 def test_network_probe_reading(stdout: str, no_route: bool) -> None:
-    assert network_probe_found_no_route(stdout) is no_route
+    assert network_probe_found_no_route(stdout, TARGETS) is no_route
+
+
+def test_the_probe_tries_the_node_by_address_and_no_name() -> None:
+    assert TARGETS == (("1.1.1.1", 53), ("8.8.8.8", 53), ("10.244.0.1", 10250))
+    assert network_probe_targets({"status": {}}) == (("1.1.1.1", 53), ("8.8.8.8", 53))
+    assert network_probe_argv((("fd00::1", 10250),))[-1] == "[fd00::1]:10250"
+
+
+def _tampered(change: Any) -> dict[str, Any]:
+    pod = pod_spec(CONFIG, name="x")
+    change(pod["spec"])
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (_tampered(lambda s: s.pop("initContainers")), "the init containers are [], not ['network-off']"),
+        (
+            _tampered(lambda s: s["initContainers"][0].update(command=["true"])),
+            "'network-off' has another command",
+        ),
+        (
+            _tampered(lambda s: s["initContainers"][0]["securityContext"].update(privileged=True)),
+            "'network-off' has another securityContext",
+        ),
+        (
+            _tampered(lambda s: s["initContainers"].append({"name": "istio-init"})),
+            "the init containers are ['network-off', 'istio-init']",
+        ),
+        (
+            _tampered(lambda s: s["containers"][0]["resources"]["requests"].update(cpu="1")),
+            "the resources are",
+        ),
+    ],
+)
+def test_a_changed_init_container_or_resources_is_a_violation(pod: dict[str, Any], expected: str) -> None:
+    problems = pod_violations(pod, CONFIG)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_quantities_the_server_rewrote_are_the_same_resources() -> None:
+    pod = pod_spec(CONFIG.model_copy(update={"limits": ResourceLimits(cpus=2, memory_mb=2048)}), name="x")
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"cpu": "2", "memory": "2Gi"}
+    config = CONFIG.model_copy(update={"limits": ResourceLimits(cpus=2, memory_mb=2048)})
+    assert pod_violations(pod, config) == []
 
 
 @pytest.mark.parametrize(
@@ -268,3 +326,29 @@ def test_the_pod_sets_no_fs_group() -> None:
     # chmod, which the agent's set-id filter refuses: seen on a real cluster, not on the stand-in.
     assert "fsGroup" not in SPEC["spec"]["securityContext"]
     assert "fsGroup" not in SPEC["spec"]["containers"][0]["securityContext"]
+
+
+def test_requests_none_asks_for_the_limits_guaranteed() -> None:
+    resources = pod_spec(CONFIG.model_copy(update={"requests": None}))["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"] == {"cpu": "1500m", "memory": "1536Mi"}
+
+
+def test_default_requests_are_lowered_to_smaller_limits_and_set_ones_are_checked() -> None:
+    small = KubernetesConfig(limits=ResourceLimits(cpus=0.005, memory_mb=32))
+    assert pod_spec(small)["spec"]["containers"][0]["resources"]["requests"] == {
+        "cpu": "5m",
+        "memory": "32Mi",
+    }
+    with pytest.raises(ValidationError, match="must not exceed the limits"):
+        KubernetesConfig(limits=ResourceLimits(cpus=1), requests=PodRequests(cpus=2))
+    with pytest.raises(ValidationError, match="must not exceed the limits"):
+        KubernetesConfig.model_validate({"limits": {"memory_mb": 64}, "requests": {"memory_mb": 65}})
+
+
+def test_only_network_off_pods_take_their_interfaces_down() -> None:
+    assert [c["name"] for c in SPEC["spec"]["initContainers"]] == ["network-off"]
+    policy = pod_spec(CONFIG.model_copy(update={"network": NetworkPolicy(allow=["example.com"])}))
+    assert [c["name"] for c in policy["spec"]["initContainers"]] == [
+        "network-off"
+    ]  # the proxy is the way out
+    assert "initContainers" not in pod_spec(CONFIG.model_copy(update={"network": True}))["spec"]

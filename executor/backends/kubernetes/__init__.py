@@ -27,7 +27,7 @@ from adk_sandbox.executor.backends.kubernetes.backend import (
     KubernetesSession,
     workspace_config,
 )
-from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig
+from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig, PodRequests
 
 __all__ = [
     "PER_SESSION_FIELDS",
@@ -38,6 +38,7 @@ __all__ = [
     "KubernetesBackend",
     "KubernetesConfig",
     "KubernetesSession",
+    "PodRequests",
     "api_error",
     "capabilities_from_pod",
     "claim_object",

@@ -23,7 +23,7 @@ from adk_sandbox.executor.backends.kubernetes._claim import (
 )
 from adk_sandbox.executor.backends.kubernetes._exec import WebSocketClientAdapter, WebSocketLike
 from adk_sandbox.executor.backends.kubernetes._failures import api_error
-from adk_sandbox.executor.errors import BackendUnavailableError
+from adk_sandbox.executor.errors import BackendUnavailableError, ExecutorError
 
 __all__ = ["ClientApi", "KubernetesApi"]
 
@@ -36,6 +36,7 @@ class KubernetesApi(Protocol):
     def delete_pod(self, namespace: str, name: str) -> None: ...
     def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]: ...
     def read_runtime_class(self, name: str) -> dict[str, Any] | None: ...
+    def list_nodes(self) -> list[dict[str, Any]] | None: ...
     def apply_network_policy(self, namespace: str, policy: dict[str, Any]) -> dict[str, Any]: ...
     def has_claims(self) -> bool: ...
     def server_host(self) -> str | None: ...
@@ -115,6 +116,16 @@ class ClientApi:
         """LIST the namespace's Pods that ``label_selector`` selects."""
         with _mapped("list the session Pods"):
             listed = self._json(self._core.list_namespaced_pod(namespace, label_selector=label_selector))
+        items: list[dict[str, Any]] = listed.get("items") or []
+        return items
+
+    def list_nodes(self) -> list[dict[str, Any]] | None:
+        """LIST the cluster's Nodes; None when the account may not (RBAC) or the server does not answer."""
+        try:
+            with _mapped("list the nodes"):
+                listed = self._json(self._core.list_node())
+        except ExecutorError:
+            return None
         items: list[dict[str, Any]] = listed.get("items") or []
         return items
 

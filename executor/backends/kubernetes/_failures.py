@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from adk_sandbox.executor.backends.kubernetes._spec import quantity
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
@@ -28,7 +29,15 @@ from adk_sandbox.executor.errors import (
     SandboxFailedError,
 )
 
-__all__ = ["IMAGE_PULL_REASONS", "api_error", "pod_failure", "pod_waiting_reason", "status_message"]
+__all__ = [
+    "IMAGE_PULL_REASONS",
+    "api_error",
+    "capacity_text",
+    "never_schedulable",
+    "pod_failure",
+    "pod_waiting_reason",
+    "status_message",
+]
 
 #: Container ``waiting`` reasons that mean the image cannot be had (it will not get better by waiting).
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
@@ -59,8 +68,8 @@ def api_error(status: int, body: object, action: str) -> ExecutorError:  # noqa:
     if status == 403 and "exceeded quota" in lowered:
         return BackendUnavailableError(
             f"could not {action}: the namespace's ResourceQuota is used up ({message}). Each session Pod "
-            "requests its full limits (Guaranteed QoS): wait for sessions to end, lower ResourceLimits, "
-            "or raise the quota"
+            "counts KubernetesConfig.requests (its limits with requests=None) against it: wait for sessions "
+            "to end, lower ResourceLimits or the requests, or raise the quota"
         )
     if status == 403 and "runtimeclass" in lowered and "not found" in lowered:
         return PolicyNotEnforceableError(
@@ -123,8 +132,20 @@ def pod_failure(pod: Mapping[str, Any]) -> ExecutorError | None:  # noqa: PLR091
                 f"the session Pod {name} is being removed by the cluster ({condition.get('reason')}: "
                 f"{condition.get('message', '')}); what ran in it is lost; open a new session"
             )
+    for container in status.get("initContainerStatuses") or []:
+        ended = (container.get("state") or {}).get("terminated") or {}
+        if ended and ended.get("exitCode") != 0:
+            return PolicyNotEnforceableError(
+                f"the session Pod {name}'s init container {container.get('name')!r}, which takes the Pod's "
+                f"network down (network off, or a NetworkPolicy served by the proxy), failed (exit code "
+                f"{ended.get('exitCode')}: {str(ended.get('message') or ended.get('reason') or '').strip()}) "
+                "; it needs python3 in the image and NET_ADMIN for that container. Use an image with python3 "
+                "or KubernetesConfig(network=True) for the cluster network"
+            )
     for container in _container_statuses(pod):
         state = container.get("state") or {}
+        if container in (status.get("initContainerStatuses") or []) and state.get("terminated"):
+            continue  # an init container that ended well (a failed one is above)
         waiting = state.get("waiting") or {}
         why, detail = str(waiting.get("reason") or ""), str(waiting.get("message") or "")
         if why in IMAGE_PULL_REASONS:
@@ -163,3 +184,59 @@ def pod_waiting_reason(pod: Mapping[str, Any]) -> str:
         if waiting:
             return f"its container is waiting ({waiting.get('reason')}: {waiting.get('message', '')})"
     return f"it is {status.get('phase', 'Pending')}"
+
+
+def _requested(pod: Mapping[str, Any], resource: str) -> float:
+    """What the Pod asks the scheduler for: its containers' requests summed, or its largest init's."""
+    spec = pod.get("spec") or {}
+
+    def asked(container: Mapping[str, Any]) -> float:
+        return quantity(((container.get("resources") or {}).get("requests") or {}).get(resource, "0")) or 0.0
+
+    total = sum(asked(c) for c in spec.get("containers") or [])
+    return max([total, *(asked(c) for c in spec.get("initContainers") or [])])
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def capacity_text(nodes: list[dict[str, Any]] | None) -> str:
+    """The nodes' allocatable CPU, memory and Pod count, for a message (empty when they are not known)."""
+    if not nodes:
+        return ""
+    parts = []
+    for node in nodes:
+        free = (node.get("status") or {}).get("allocatable") or {}
+        memory = (quantity(free.get("memory", "0")) or 0) / 2**20
+        parts.append(
+            f"{(node.get('metadata') or {}).get('name', '?')}: cpu {free.get('cpu', '?')}, "
+            f"memory {memory:.0f} MiB, pods {free.get('pods', '?')}"
+        )
+    return "the nodes can allocate " + "; ".join(parts)
+
+
+def never_schedulable(pod: Mapping[str, Any], nodes: list[dict[str, Any]] | None) -> ExecutorError | None:
+    """An unschedulable Pod that asks more than any node can allocate, even empty; None otherwise.
+
+    Such a Pod waits for ever (nothing ending frees enough), so the start fails at once, naming the
+    capacity. A Pod that would fit an emptier node waits for its start timeout (sessions end, nodes are
+    added); :func:`pod_waiting_reason` and :func:`capacity_text` then say why.
+    """
+    if not nodes or not _unschedulable(pod):
+        return None
+    cpu, memory = _requested(pod, "cpu"), _requested(pod, "memory")
+    for node in nodes:
+        free = (node.get("status") or {}).get("allocatable") or {}
+        if cpu <= (quantity(free.get("cpu", "0")) or 0) and memory <= (
+            quantity(free.get("memory", "0")) or 0
+        ):
+            return None
+    return BackendUnavailableError(
+        f"no node can ever run the session Pod: it requests cpu {cpu:g} and memory {memory / 2**20:.0f} MiB, "
+        f"and {capacity_text(nodes)}. Lower KubernetesConfig(requests=...) (or the limits, when "
+        "requests=None asks for them), or add larger nodes"
+    )

@@ -36,19 +36,24 @@ __all__ = [
     "CONTAINER_NAME",
     "GVISOR_HANDLER",
     "NETWORK_LABEL",
+    "NETWORK_OFF_CONTAINER",
     "NETWORK_POLICY_NAME",
     "PER_SESSION_FIELDS",
     "capabilities_from_pod",
     "isolation_of_pod",
+    "network_off_container",
     "network_policy",
     "network_policy_in_force",
     "network_probe_argv",
     "network_probe_found_no_route",
+    "network_probe_targets",
     "owner_labels_of_pod",
     "pod_name",
     "pod_owner_labels",
+    "pod_resources",
     "pod_spec",
     "pod_violations",
+    "quantity",
     "selector_labels",
 ]
 
@@ -125,6 +130,74 @@ def _cpu(cores: float) -> str:
     return f"{max(math.ceil(cores * 1000), 1)}m"
 
 
+def pod_resources(config: KubernetesConfig) -> dict[str, dict[str, str]]:
+    """The sandbox container's ``resources``: the limits, and the requests it is scheduled by.
+
+    ``config.requests`` None asks for the limits themselves (Guaranteed QoS, the last class evicted under
+    node pressure); the default asks for far less (:class:`PodRequests`), so idle sessions pack a node.
+    """
+    limits, requests = config.limits, config.requests
+    limited = {"cpu": _cpu(limits.cpus), "memory": _memory(limits.memory_mb)}
+    if requests is None:
+        return {"requests": dict(limited), "limits": limited}
+    cpus, memory_mb = min(requests.cpus, limits.cpus), min(requests.memory_mb, limits.memory_mb)
+    return {"requests": {"cpu": _cpu(cpus), "memory": _memory(memory_mb)}, "limits": limited}
+
+
+#: The init container that takes the Pod's network down (network off, or a policy served by the proxy).
+NETWORK_OFF_CONTAINER = "network-off"
+# Sets every interface but loopback down (SIOCGIFFLAGS, then SIOCSIFFLAGS without IFF_UP), then checks it.
+# The Pod's network namespace is shared by its containers; the sandbox container has no CAP_NET_ADMIN in
+# it (capabilities dropped, no privilege escalation, and a user namespace it makes does not own this
+# network namespace), so nothing inside can bring an interface back: the Pod has loopback only, whatever
+# the cluster's CNI does with NetworkPolicy.
+_NETWORK_OFF_SOURCE = r"""
+import fcntl, socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _, name in socket.if_nameindex():
+    if name == "lo":
+        continue
+    raw = name.encode()
+    flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, struct.pack("16sH14x", raw, 0)))[1]
+    fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", raw, flags & ~1))
+    flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, struct.pack("16sH14x", raw, 0)))[1]
+    if flags & 1:
+        raise SystemExit("interface " + name + " is still up")
+    print("down", name)
+"""
+
+
+def network_off_container(config: KubernetesConfig) -> dict[str, Any]:
+    """The init container that sets the Pod's interfaces down before the sandbox container starts.
+
+    It runs the session image's ``python3`` as root with ``NET_ADMIN`` alone (every other capability
+    dropped, no privilege escalation, a read-only root), and nothing else: the sandbox container that
+    follows has no capability to undo it. So network off holds on any CNI, the NetworkPolicy being a
+    second layer; an admission that refuses ``NET_ADMIN`` (Pod Security ``restricted``) refuses the Pod,
+    which the start reports.
+    """
+    return {
+        "name": NETWORK_OFF_CONTAINER,
+        "image": config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": ["python3", "-I", "-S", "-c", _NETWORK_OFF_SOURCE],
+        # The sandbox's own: the Pod is scheduled (and its QoS class set) as the sandbox container alone.
+        "resources": pod_resources(config),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": False,
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "stdin": False,
+        "tty": False,
+    }
+
+
 def pod_spec(
     config: KubernetesConfig, session: Mapping[str, str] | None = None, name: str | None = None
 ) -> dict[str, Any]:
@@ -136,7 +209,6 @@ def pod_spec(
     name), identical for every session of ``config``.
     """
     limits = config.limits
-    resources = {"cpu": _cpu(limits.cpus), "memory": _memory(limits.memory_mb)}
     own = pod_owner_labels(session or {})
     metadata: dict[str, Any] = {
         "labels": {**config.labels, **selector_labels(config), **own},
@@ -177,8 +249,7 @@ def pod_spec(
                 "command": ["sleep", str(config.active_deadline_seconds)],
                 "workingDir": config.workspace_path,
                 "env": [{"name": "HOME", "value": HOME_DIR}],
-                # Equal requests and limits: Guaranteed QoS, the last class evicted under node pressure.
-                "resources": {"requests": dict(resources), "limits": dict(resources)},
+                "resources": pod_resources(config),
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "privileged": False,
@@ -208,6 +279,8 @@ def pod_spec(
             {"name": "home", "emptyDir": {"medium": "Memory", "sizeLimit": _memory(limits.tmpfs_mb)}},
         ],
     }
+    if config.network is not True:
+        spec["initContainers"] = [network_off_container(config)]
     if config.runtime_class_name is not None:
         spec["runtimeClassName"] = config.runtime_class_name
     if config.node_selector:
@@ -261,26 +334,46 @@ def network_policy_in_force(policy: Mapping[str, Any] | None, pod: Mapping[str, 
     return {"Ingress", "Egress"} <= types and not spec.get("ingress") and not spec.get("egress")
 
 
-#: Where the in-Pod probe tries to connect: public resolvers and the API server's Service name.
-NETWORK_PROBE_TARGETS = (("1.1.1.1", 53), ("8.8.8.8", 53), ("kubernetes.default.svc", 443))
+#: Where the in-Pod probe always tries to connect: public resolvers, by address (no name: with the network
+#: off there is no DNS, and a resolver's timeouts once cost every session start 20 s). The session adds
+#: its node's kubelet (:func:`network_probe_targets`).
+NETWORK_PROBE_TARGETS = (("1.1.1.1", 53), ("8.8.8.8", 53))
+#: The kubelet's port: on every node, reachable from a Pod unless something stops it.
+KUBELET_PORT = 10250
+# Every target at once (threads), each bounded by 2 s: the probe costs one timeout at most.
 _PROBE_SOURCE = r"""
-import socket, sys
-found = []
-for target in sys.argv[1:]:
+import socket, sys, threading
+found = {}
+def attempt(target):
     host, _, port = target.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=2).close()
-        found.append("reached " + target)
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+        found[target] = "reached " + target
     except OSError as exc:
-        found.append("blocked " + target + " " + type(exc).__name__)
-print("\n".join(found))
+        found[target] = "blocked " + target + " " + type(exc).__name__
+threads = [threading.Thread(target=attempt, args=(t,)) for t in sys.argv[1:]]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("\n".join(found[t] for t in sys.argv[1:]))
 print("probe-done")
 """
 
 
+def network_probe_targets(pod: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The probe's targets for a running Pod: the public resolvers and its node's kubelet (``hostIP``)."""
+    host = (pod.get("status") or {}).get("hostIP")
+    return (*NETWORK_PROBE_TARGETS, *(((str(host), KUBELET_PORT),) if host else ()))
+
+
 def network_probe_argv(targets: Sequence[tuple[str, int]] = NETWORK_PROBE_TARGETS) -> tuple[str, ...]:
-    """The command that tries each target from inside the Pod (needs ``python3`` in the image)."""
-    return ("python3", "-I", "-S", "-c", _PROBE_SOURCE, *(f"{host}:{port}" for host, port in targets))
+    """The command that tries each target from inside the Pod, all at once (needs ``python3``)."""
+    return ("python3", "-I", "-S", "-c", _PROBE_SOURCE, *(_target(host, port) for host, port in targets))
+
+
+def _target(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def network_probe_found_no_route(
@@ -292,7 +385,7 @@ def network_probe_found_no_route(
         return False
     blocked = {line.split()[1] for line in lines if line.startswith("blocked ")}
     reached = [line for line in lines if line.startswith("reached ")]
-    return not reached and all(f"{host}:{port}" in blocked for host, port in targets)
+    return not reached and all(_target(host, port) in blocked for host, port in targets)
 
 
 def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -365,10 +458,13 @@ def pod_violations(pod: Mapping[str, Any], config: KubernetesConfig) -> list[str
     want(seccomp in ("RuntimeDefault", "Localhost"), f"the seccomp profile is {seccomp or 'Unconfined'!r}")
     want(context.get("procMount", "Default") == "Default", "/proc is not masked (procMount Unmasked)")
     resources = container.get("resources") or {}
-    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    limits = resources.get("limits") or {}
     want(bool(limits.get("memory")), "no memory limit")
     want(bool(limits.get("cpu")), "no cpu limit")
-    want(limits.get("memory") == requests.get("memory"), "memory request differs from its limit")
+    want(
+        _same_resources(resources, pod_resources(config)),
+        f"the resources are {resources}, not {pod_resources(config)}",
+    )
     want(spec.get("activeDeadlineSeconds") is not None, "no activeDeadlineSeconds (the Pod never expires)")
     if config.runtime_class_name is not None:
         name = spec.get("runtimeClassName")
@@ -389,6 +485,53 @@ def pod_violations(pod: Mapping[str, Any], config: KubernetesConfig) -> list[str
             problems.append(
                 f"an extra container {other.get('name')!r} was added (a sidecar shares the network)"
             )
+    problems.extend(_init_violations(spec, config))
+    return problems
+
+
+_SUFFIXES = {
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+
+def quantity(value: object) -> float | None:
+    """A Kubernetes quantity as a number (``"2"``, ``"2000m"``, ``"64Mi"``: the server may rewrite one)."""
+    match = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(value))
+    if match is None or (match.group(2) and match.group(2) not in _SUFFIXES):
+        return None
+    return float(match.group(1)) * _SUFFIXES.get(match.group(2), 1)
+
+
+def _same_resources(have: Mapping[str, Any], want: Mapping[str, Mapping[str, str]]) -> bool:
+    for kind, amounts in want.items():
+        stored = have.get(kind) or {}
+        if set(stored) != set(amounts):
+            return False
+        if any(quantity(stored[key]) != quantity(amount) for key, amount in amounts.items()):
+            return False
+    return set(have) <= set(want)
+
+
+def _init_violations(spec: Mapping[str, Any], config: KubernetesConfig) -> list[str]:
+    """Init containers: exactly the network-off one when the network is off, none otherwise."""
+    wanted = [network_off_container(config)] if config.network is not True else []
+    found = list(spec.get("initContainers") or [])
+    names, wanted_names = [c.get("name") for c in found], [c["name"] for c in wanted]
+    if names != wanted_names:
+        return [f"the init containers are {names}, not {wanted_names}"]
+    problems = []
+    for have, want in zip(found, wanted, strict=True):
+        for key in ("image", "command", "securityContext"):
+            if have.get(key) != want[key]:
+                problems.append(f"the init container {want['name']!r} has another {key} ({have.get(key)!r})")
     return problems
 
 

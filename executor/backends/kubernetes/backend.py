@@ -33,7 +33,12 @@ from adk_sandbox.executor.backend import SessionBackend
 from adk_sandbox.executor.backends.kubernetes._api import ClientApi, KubernetesApi
 from adk_sandbox.executor.backends.kubernetes._claim import claim_object, claim_state, sandbox_pod_name
 from adk_sandbox.executor.backends.kubernetes._exec import ExecBridge
-from adk_sandbox.executor.backends.kubernetes._failures import pod_failure, pod_waiting_reason
+from adk_sandbox.executor.backends.kubernetes._failures import (
+    capacity_text,
+    never_schedulable,
+    pod_failure,
+    pod_waiting_reason,
+)
 from adk_sandbox.executor.backends.kubernetes._reaper import LeakedPod, reap_leaked_pods
 from adk_sandbox.executor.backends.kubernetes._spec import (
     CONTAINER_NAME,
@@ -42,7 +47,9 @@ from adk_sandbox.executor.backends.kubernetes._spec import (
     network_policy_in_force,
     network_probe_argv,
     network_probe_found_no_route,
+    network_probe_targets,
     pod_name,
+    pod_resources,
     pod_spec,
     pod_violations,
 )
@@ -135,6 +142,7 @@ class KubernetesSession(SessionNetwork, ChannelSession):
         self._egress = SessionEgress(config.network, engine_hosts=(server,) if server else ())
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
         self._enterable: set[tuple[str, str]] = set()
+        self._nodes_checked = False
 
     # -- lifecycle -----------------------------------------------------------------------------------
     @property
@@ -255,7 +263,7 @@ class KubernetesSession(SessionNetwork, ChannelSession):
             pod = self._api.read_pod(self._config.namespace, name)
             if pod is None:
                 raise SandboxFailedError(f"the session Pod {name} vanished while it was starting")
-            failure = pod_failure(pod)
+            failure = pod_failure(pod) or self._never_schedulable(pod)
             if failure is not None:
                 raise failure
             statuses = (pod.get("status") or {}).get("containerStatuses") or []
@@ -264,11 +272,24 @@ class KubernetesSession(SessionNetwork, ChannelSession):
             ):
                 return pod
             if time.monotonic() >= deadline:
+                capacity = capacity_text(self._api.list_nodes()) if pod_waiting_reason(pod) else ""
                 raise BackendUnavailableError(
                     f"the session Pod {name} did not start within "
                     f"{self._config.startup_timeout_seconds:g} s: {pod_waiting_reason(pod)}"
+                    + (f" ({capacity}; each session requests {self._requests_text()})" if capacity else "")
                 )
             time.sleep(POLL_SECONDS)
+
+    def _never_schedulable(self, pod: dict[str, Any]) -> ExecutorError | None:
+        """Checked once per start, when the scheduler first says the Pod does not fit."""
+        if self._nodes_checked or not pod_waiting_reason(pod).startswith("it is not scheduled"):
+            return None
+        self._nodes_checked = True
+        return never_schedulable(pod, self._api.list_nodes())
+
+    def _requests_text(self) -> str:
+        requests = pod_resources(self._config)["requests"]
+        return f"cpu {requests['cpu']}, memory {requests['memory']} (KubernetesConfig.requests)"
 
     def _open_stream(self, argv: list[str], user: str, until: float) -> ExecBridge:
         assert self.pod_name is not None  # noqa: S101 - the transport exists only once the Pod does
@@ -278,8 +299,9 @@ class KubernetesSession(SessionNetwork, ChannelSession):
         return bridge
 
     def _probe_network(self) -> bool:
-        probe = self.execute(ExecRequest(argv=network_probe_argv(), timeout=30))
-        found = network_probe_found_no_route(probe.stdout)
+        targets = network_probe_targets(self._pod or {})
+        probe = self.execute(ExecRequest(argv=network_probe_argv(targets), timeout=30))
+        found = network_probe_found_no_route(probe.stdout, targets)
         if not found:
             log.warning("the default-deny NetworkPolicy does not stop traffic from Pod %s: %s", self.pod_name,
                         probe.stdout.strip() or probe.stderr.strip())  # fmt: skip

@@ -6,7 +6,7 @@ import posixpath
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adk_sandbox.executor._layout import HOME_DIR, KERNEL_PATHS
 from adk_sandbox.executor._owner import LABEL_PREFIX  # the owner labels' namespace, valid as Kubernetes keys
@@ -14,7 +14,7 @@ from adk_sandbox.executor.backends.docker.config import BASE_IMAGE
 from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
 from adk_sandbox.executor.types import ResourceLimits, parse_user
 
-__all__ = ["LABEL_PREFIX", "KubernetesConfig", "validate_label_key", "validate_label_value"]
+__all__ = ["LABEL_PREFIX", "KubernetesConfig", "PodRequests", "validate_label_key", "validate_label_value"]
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -44,6 +44,25 @@ def validate_label_value(value: str) -> str:
     return value
 
 
+class PodRequests(BaseModel):
+    """What a session Pod asks the scheduler for: what it is placed by, not what it may use.
+
+    The defaults pack idle sandboxes (an idle session is its keeper and the agent: a few MiB, no CPU), so
+    a 2-core node holds 100 of them; each may still use up to its :class:`ResourceLimits`. Such a Pod is
+    ``Burstable``: under node memory pressure it is evicted before ``Guaranteed`` ones (a clear
+    :class:`~adk_sandbox.executor.errors.SandboxFailedError` on its next command).
+    ``KubernetesConfig(requests=None)`` asks for the full limits instead (``Guaranteed``, one 2-CPU session
+    per 2-core node).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpus: Annotated[float, Field(gt=0)] = 0.01
+    """CPU request in cores (10 m by default: 100 idle sessions ask for half of a 2-core node)."""
+    memory_mb: Annotated[int, Field(gt=0)] = 64
+    """Memory request in MiB."""
+
+
 class KubernetesConfig(BaseModel):
     """How a :class:`KubernetesBackend` makes a session's Pod (see docs/KUBERNETES.md).
 
@@ -67,9 +86,13 @@ class KubernetesConfig(BaseModel):
     """The Pod's ``runtimeClassName`` (e.g. ``"gvisor"``, whose handler is ``runsc``); None: the node's
     default runtime. Isolation is read from the RuntimeClass's handler, not from this name."""
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
-    """Memory and CPU (requests = limits, so the Pod is Guaranteed QoS) and the ``/tmp`` and HOME sizes
+    """Memory and CPU limits (what a session may use; see :attr:`requests` for what it is placed by) and
+    the ``/tmp`` and HOME sizes
     (``tmpfs_mb``). ``pids``, ``nofile`` and ``file_size_mb`` cannot be set from a Pod spec (a node's
     ``podPidsLimit`` is kubelet configuration) and are not reported as enforced."""
+    requests: PodRequests | None = Field(default_factory=PodRequests)
+    """What the scheduler places the Pod by (:class:`PodRequests`; set, each must be at most its limit;
+    the default is lowered to a smaller limit); None: the limits themselves (``Guaranteed`` QoS)."""
     workspace_mb: Annotated[int, Field(gt=0, le=64 * 1024)] = 1024
     """Size limit of the workspace ``emptyDir`` (memory-backed: counts against the memory limit)."""
     workspace_path: str = "/workspace"
@@ -100,6 +123,21 @@ class KubernetesConfig(BaseModel):
     """How long a session's Pod may take to be scheduled, pulled and running."""
     context: str | None = None
     """The kubeconfig context the backend connects with (None: the current one); not part of a Pod."""
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> KubernetesConfig:
+        requests, limits = self.requests, self.limits
+        # The default requests are lowered to smaller limits (pod_resources); requests asked for are not.
+        if (
+            "requests" in self.model_fields_set
+            and requests is not None
+            and (requests.cpus > limits.cpus or requests.memory_mb > limits.memory_mb)
+        ):
+            raise ValueError(
+                f"requests (cpus={requests.cpus:g}, memory_mb={requests.memory_mb}) must not exceed the "
+                f"limits (cpus={limits.cpus:g}, memory_mb={limits.memory_mb}); Kubernetes refuses such a Pod"
+            )
+        return self
 
     @field_validator("network", mode="before")
     @classmethod
