@@ -28,6 +28,7 @@ from adk_sandbox.executor.backends.kubernetes.backend import (
     workspace_config,
 )
 from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig, PodRequests
+from adk_sandbox.executor.backends.kubernetes.pool import KubernetesPool, KubernetesPoolConfig
 
 __all__ = [
     "PER_SESSION_FIELDS",
@@ -37,6 +38,8 @@ __all__ = [
     "ExecStatus",
     "KubernetesBackend",
     "KubernetesConfig",
+    "KubernetesPool",
+    "KubernetesPoolConfig",
     "KubernetesSession",
     "PodRequests",
     "api_error",

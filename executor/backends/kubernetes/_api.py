@@ -9,6 +9,7 @@ modules read exactly what the API server stored. Every ``ApiException`` is mappe
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -89,6 +90,13 @@ class ClientApi:
         self._net: Any = kubernetes.client.NetworkingV1Api(self._client)
         self._custom: Any = kubernetes.client.CustomObjectsApi(self._client)
         self._apis: Any = kubernetes.client.ApisApi(self._client)
+        # The client's stream() swaps its ApiClient's call_api for a websocket one while it connects: an
+        # API call from another thread meanwhile (a pool filling, a session closing) would go out as a
+        # websocket and fail. So exec connects through a client of its own, one at a time.
+        self._exec_core: Any = kubernetes.client.CoreV1Api(
+            kubernetes.client.ApiClient(self._client.configuration)
+        )
+        self._exec_lock = threading.Lock()
 
     def _json(self, obj: object) -> dict[str, Any]:
         value: dict[str, Any] = self._client.sanitize_for_serialization(obj)
@@ -207,9 +215,9 @@ class ClientApi:
         """Open ``pods/exec`` with stdin, offering v5 then v4; the websocket (not yet read)."""
         from kubernetes.stream import stream  # noqa: PLC0415 - the optional k8s extra
 
-        with _mapped(f"exec into the Pod {pod}"):
+        with self._exec_lock, _mapped(f"exec into the Pod {pod}"):
             client = stream(
-                self._core.connect_get_namespaced_pod_exec,
+                self._exec_core.connect_get_namespaced_pod_exec,
                 pod,
                 namespace,
                 container=container,

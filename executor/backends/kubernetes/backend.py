@@ -54,6 +54,7 @@ from adk_sandbox.executor.backends.kubernetes._spec import (
     pod_violations,
 )
 from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig
+from adk_sandbox.executor.backends.kubernetes.pool import KubernetesPool, KubernetesPoolConfig
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, check_network_argument
 from adk_sandbox.executor.channel.probe import verify_from_inside
@@ -230,6 +231,20 @@ class KubernetesSession(SessionNetwork, ChannelSession):
             self._workspace.started()
         if config.network is not True:  # off or a policy: the default-deny NetworkPolicy selects the Pod
             self._network_denied = network_policy_in_force(policy, pod) and self._probe_network()
+
+    def ping(self, timeout: float = 2.0) -> bool:
+        """True when the started Pod's agent answers a PING within ``timeout`` seconds; starts nothing.
+
+        The pool (:mod:`.pool`) asks this before handing a member out: a Pod deleted or evicted from
+        outside answers False.
+        """
+        transport = self._transport
+        if self._closed or transport is None:
+            return False
+        try:
+            return transport.ping(self._config.user, timeout)
+        except ExecutorError:
+            return False
 
     def _sync_channel(self) -> SyncChannel | None:
         """Where a workspace sync step runs: the Pod's agent channel, as the Pod's user."""
@@ -488,8 +503,13 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
         *,
         context: str | None = None,
         api: KubernetesApi | None = None,
+        pool: int | KubernetesPoolConfig | None = None,
     ) -> None:
-        """Connect with the kubeconfig ``context`` (None: the current one), or use ``api`` (tests)."""
+        """Connect with the kubeconfig ``context`` (None: the current one), or use ``api`` (tests).
+
+        ``pool`` keeps that many sessions (or as a :class:`KubernetesPoolConfig` says) started for
+        ``session()`` without a workspace (docs/KUBERNETES.md, "The pool"); not with ``warm_pool``.
+        """
         self.config = config or KubernetesConfig()
         """The configuration every session Pod is made from."""
         self._api: KubernetesApi = api if api is not None else ClientApi(context or self.config.context)
@@ -503,6 +523,25 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
         self._policy: dict[str, Any] | None = None
         self.reaped: list[LeakedPod] = self._reap()
         """The leaked session Pods this backend's start deleted (see :mod:`._reaper`)."""
+        if pool is not None and self.config.warm_pool is not None:
+            raise InvalidRequestError(
+                "pool= keeps Pods this process started; warm_pool= claims them from agent-sandbox's "
+                "controller: choose one"
+            )
+        settings = KubernetesPoolConfig(size=pool) if isinstance(pool, int) else pool
+        self.pool: KubernetesPool | None = None
+        """The started sessions kept ready (``pool=``), else None."""
+        if settings is not None:
+            self.pool = KubernetesPool(settings, self._pool_member)
+
+    def _pool_member(self) -> KubernetesSession:
+        return KubernetesSession(self._api, self.config, network_policy_ready=self._network_policy)
+
+    def close(self) -> None:
+        """Close every session of this backend still open (their Pods deleted), then the pool's Pods."""
+        super().close()
+        if self.pool is not None:
+            self.pool.close()
 
     def _reap(self) -> list[LeakedPod]:
         """Delete the namespace's leaked session Pods, as the Docker backend does with its containers.
@@ -549,6 +588,8 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
                     "KubernetesConfig without warm_pool"
                 )
             config, root = workspace_config(config, workspace)
+        elif self.pool is not None:
+            return self._track(self.pool.acquire())
         return self._track(
             KubernetesSession(self._api, config, network_policy_ready=self._network_policy, workspace=root)
         )
