@@ -1,12 +1,8 @@
-"""KubernetesBackend: one hardened Pod per session (or a claim from an agent-sandbox warm pool).
+"""KubernetesBackend: one hardened Pod per session (from its own pool, or claimed from agent-sandbox's).
 
-**Not run against a cluster here.** No Kubernetes API server can be installed on the machines this was
-written on, so every part below the API calls is unit-tested against recorded API objects and exec
-traffic; a whole session with a host workspace runs against a stand-in whose Pods are real hardened
-containers made from the Pod spec and whose ``pods/exec`` is a real ``docker exec`` in the v5 framing
-(tests/integration/test_k8s_mirror_on_docker.py); the whole is covered by
-tests/integration/test_k8s_cluster.py, which runs only when ``ADK_SANDBOX_K8S_CONTEXT`` names a cluster
-(docs/KUBERNETES.md says how).
+Run in CI against a real one-node cluster (v1.28, ``../shared/k8s``; tests/integration/test_k8s_cluster*.py
+and the conformance suite); a stand-in whose Pods are Docker containers made from the Pod spec stays for
+what only it can do (faults, recorded traffic). docs/KUBERNETES.md has the whole design.
 """
 
 from __future__ import annotations
@@ -484,15 +480,9 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
     agent-sandbox's CRDs installed, sessions are claimed from that pool.
     ``session(workspace=dir)`` mirrors ``dir`` into the Pod at its own path (not with ``warm_pool``).
 
-    **What was not run:** no Kubernetes API server exists where this was written (none in Debian, PyPI or
-    npm; kind cannot pull its node image). The Pod/NetworkPolicy/claim objects, the isolation reading, the
-    exec framing and the failure mapping are unit-tested against recorded objects and frames, and the agent
-    channel is the Docker backend's, engine-neutral in ``executor/channel`` (run, with a host workspace's
-    mirror, over a real ``docker exec`` in the ``pods/exec`` framing into a container made from the Pod
-    spec); the calls to a real API server
-    (:class:`._api.ClientApi`), the kubelet's handling of the spec and a CNI's enforcement of the policy
-    are exercised only by tests/integration/test_k8s_cluster.py against a real cluster
-    (``ADK_SANDBOX_K8S_CONTEXT``).
+    With ``pool=N`` that many sessions are kept started (:mod:`.pool`). Agent-sandbox's claims
+    (``warm_pool``) are created, watched and deleted through the real API, but no controller binds them
+    here (it cannot be built on these machines).
     """
 
     name = "kubernetes"
