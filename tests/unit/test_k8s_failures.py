@@ -38,6 +38,12 @@ PODS = json.loads((FIXTURES / "pod_failures.json").read_text())
         ("invalid", PolicyNotEnforceableError, ["memory limit"]),
         ("unreachable", BackendUnavailableError, ["did not answer", "Connection refused"]),
         ("server_error", BackendUnavailableError, ["did not answer", "webhook"]),
+        # Recorded on the two-node cluster: an exec to a Pod whose kubelet was killed (no headers quoted).
+        (
+            "kubelet_gone",
+            SandboxFailedError,
+            ["node does not answer (error dialing backend: dial tcp", "new session"],
+        ),
     ],
 )
 def test_api_errors(case: str, kind: type[ExecutorError], says: list[str]) -> None:
@@ -45,6 +51,7 @@ def test_api_errors(case: str, kind: type[ExecutorError], says: list[str]) -> No
     error = api_error(recorded["status"], recorded["body"], "create the session Pod")
     assert type(error) is kind
     assert str(error).startswith("could not create the session Pod")
+    assert "-+-+-" not in str(error)
     for text in says:
         assert text in str(error)
 

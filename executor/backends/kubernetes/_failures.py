@@ -64,6 +64,10 @@ def api_error(status: int, body: object, action: str) -> ExecutorError:  # noqa:
     ``action`` says what was asked, for the message (e.g. ``"create the session Pod"``).
     """
     message = status_message(body)
+    if (
+        isinstance(body, str) and " -+-+- " in body
+    ):  # a refused websocket upgrade: "status -+-+- headers -+-+- body"
+        message = status_message(body.rsplit(" -+-+- ", 1)[1]) or message
     lowered = message.lower()
     if status == 403 and "exceeded quota" in lowered:
         return BackendUnavailableError(
@@ -88,6 +92,12 @@ def api_error(status: int, body: object, action: str) -> ExecutorError:  # noqa:
         )
     if status == 404 and "namespaces" in lowered:
         return BackendUnavailableError(f"could not {action}: {message}; create the namespace first")
+    if "error dialing backend" in lowered:
+        return SandboxFailedError(
+            f"could not {action}: the Pod's node does not answer ({message}): its kubelet is down or "
+            "unreachable, and what runs in the Pod is out of reach; open a new session (the scheduler "
+            "places it on a node that answers)"
+        )
     if status == 0 or status >= 500:
         return BackendUnavailableError(
             f"could not {action}: the Kubernetes API server did not answer ({message or 'no response'}); "

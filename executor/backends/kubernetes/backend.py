@@ -463,7 +463,15 @@ class KubernetesSession(SessionNetwork, ChannelSession):
             return exc
         if pod is None:
             return SandboxFailedError(f"the session Pod {self.pod_name} was deleted ({exc})")
-        return pod_failure(pod) or exc
+        failure = pod_failure(pod)
+        if failure is not None:
+            return failure
+        try:  # the Pod looks well: is its node's kubelet there to reach it? (the API learns in ~40 s)
+            self._api.open_exec(self._config.namespace, self.pod_name, CONTAINER_NAME, ["true"]).close()
+        except ExecutorError as lost:
+            node = (pod.get("spec") or {}).get("nodeName", "?")
+            return SandboxFailedError(f"the session Pod {self.pod_name} on node {node}: {lost}")
+        return exc
 
 
 class KubernetesBackend(SessionBackend[KubernetesSession]):
