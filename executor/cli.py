@@ -255,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         sandbox: SandboxBackend | SandboxSession = backend
         if isinstance(backend, SessionBackend):
             sandbox = stack.enter_context(backend.session(workspace=workspace))
+        _publish(sandbox, args.publish or [])
         request = ExecRequest(
             language=Language.COMMAND,
             code=shlex.join(command) if len(command) > 1 else command[0],
@@ -280,6 +281,24 @@ def run(args: argparse.Namespace) -> int:
             return 128 + received[0]
         return _report(result)
     return 1  # pragma: no cover - unreachable
+
+
+def _publish(sandbox: SandboxBackend | SandboxSession, ports: list[str]) -> None:
+    """``--publish [HOST:]PORT``: each port of the sandbox reached on the host's loopback (said on stderr)."""
+    if not ports:
+        return
+    publish = getattr(sandbox, "publish", None)
+    if publish is None:
+        raise InvalidRequestError(
+            "--publish needs a session on the agent channel (docker, kubernetes, microvm), not "
+            f"{sandbox.name}"
+        )
+    for spec in ports:
+        host, _, inside = spec.rpartition(":")
+        if not inside.isdigit() or (host and not host.isdigit()):
+            raise InvalidRequestError(f"--publish {spec!r}: give PORT or HOSTPORT:PORT (numbers)")
+        address = publish(int(inside), int(host or 0))
+        print(f"adk-sandbox: port {inside} of the sandbox is at http://{address}", file=sys.stderr)
 
 
 def backend_config(
@@ -653,6 +672,13 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911, PLR0915 - 
     )
     run_parser.add_argument(
         "--container", metavar="NAME", help="attach to this running container (e.g. the compose sandbox)"
+    )
+    run_parser.add_argument(
+        "--publish",
+        action="append",
+        metavar="[HOST:]PORT",
+        help="reach the sandbox's 127.0.0.1:PORT at 127.0.0.1:HOST on this machine while CMD runs (HOST "
+        "omitted: a free port, printed); repeatable",
     )
     run_parser.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its args"

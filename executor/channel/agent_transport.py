@@ -480,6 +480,11 @@ class AgentTransport:
         except SandboxFailedError as exc:
             raise ConnectionRefusedError(errno.ECONNREFUSED, f"the in-sandbox agent failed: {exc}") from exc
 
+    def require_dialing(self, user: str, what: str) -> None:
+        """:class:`PolicyNotEnforceableError` (naming ``what``) unless ``user``'s agent offers DIAL."""
+        agent = self._agent_for(user, time.monotonic() + AGENT_START_SECONDS)
+        self._need_dialing(agent.hello or {}, what)
+
     def _listen_mode(self, agent: _Agent, answer: dict[str, Any], asked: bool) -> str:
         """The mode a LISTEN's answer says (``"frames"`` unless the direct path was asked for and taken)."""
         mode = answer.get("mode", "frames") if asked else "frames"

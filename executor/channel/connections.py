@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from adk_sandbox.executor.channel.frames import (
     CONNECTION_BASE,
@@ -36,7 +37,7 @@ from adk_sandbox.executor.channel.frames import (
     encode,
 )
 
-__all__ = ["ConnectionHandler", "ConnectionStream", "Connections"]
+__all__ = ["ByteStream", "ConnectionHandler", "ConnectionStream", "Connections", "pump"]
 
 log = logging.getLogger(__name__)
 
@@ -333,3 +334,23 @@ class Connections:
             self._handlers.clear()
         for stream in streams:
             stream._ended(why)
+
+
+class ByteStream(Protocol):
+    """What :func:`pump` copies between: a :class:`ConnectionStream` or a connected socket."""
+
+    def recv(self, size: int) -> bytes: ...  # noqa: D102
+    def sendall(self, data: bytes) -> None: ...  # noqa: D102
+    def shutdown(self, how: int) -> None: ...  # noqa: D102
+    def close(self) -> None: ...  # noqa: D102
+
+
+def pump(source: ByteStream, target: ByteStream) -> None:
+    """Copy one direction to its end, then pass the end of file on (a half-close); errors end both."""
+    try:
+        while data := source.recv(64 * 1024):
+            target.sendall(data)
+        target.shutdown(socket.SHUT_WR)
+    except OSError:
+        source.close()
+        target.close()

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
-from adk_sandbox.executor.channel.connections import ConnectionStream
+from adk_sandbox.executor.channel.connections import ConnectionStream, pump
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError
 
 __all__ = ["DIAL_SECONDS", "MAX_SERVICES", "LinkedService", "ServiceLinks", "Splice", "service_addresses"]
@@ -34,7 +33,6 @@ log = logging.getLogger(__name__)
 DIAL_SECONDS = 10.0
 #: The most services of one sample (their addresses are ``127.0.0.2`` .. ``127.0.0.254``).
 MAX_SERVICES = 253
-_CHUNK = 64 * 1024
 
 #: The transport and the user of a service's agent now (the transport changes with a new container).
 AgentOf = Callable[[], tuple[AgentTransport, str]]
@@ -186,11 +184,11 @@ class ServiceLinks:
             self._streams |= {inbound, outbound}
         self._record(Splice(source, target, port))
         back = threading.Thread(
-            target=_pump, args=(outbound, inbound), name="adk-sandbox-service-link", daemon=True
+            target=pump, args=(outbound, inbound), name="adk-sandbox-service-link", daemon=True
         )
         back.start()
         try:
-            _pump(inbound, outbound)
+            pump(inbound, outbound)
             back.join()
         finally:
             outbound.close()
@@ -202,14 +200,3 @@ class ServiceLinks:
         with self._lock:
             self.splices.append(splice)
             del self.splices[:-1000]
-
-
-def _pump(source: ConnectionStream, target: ConnectionStream) -> None:
-    """Copy one direction to its end, then pass the end of file on (a half-close); errors end both."""
-    try:
-        while data := source.recv(_CHUNK):
-            target.sendall(data)
-        target.shutdown(socket.SHUT_WR)
-    except OSError:
-        source.close()
-        target.close()

@@ -15,14 +15,17 @@ subclasses it and supplies its parts:
 * :meth:`~ChannelSession._explained` -- what a broken channel means for this engine (Kubernetes reads the
   Pod's status); default: the error as it is;
 * :meth:`~ChannelSession._command_user` -- whom a command (and a file operation) runs as;
-* :meth:`~ChannelSession._refuse_user` -- a user (in numbers) this sandbox cannot switch to.
+* :meth:`~ChannelSession._refuse_user` -- a user (in numbers) this sandbox cannot switch to;
+* :meth:`~ChannelSession._close_sandbox` -- remove the sandbox (``close`` first stops what the shape
+  holds: published ports).
 
 A request's user given by name (``"root"``, ``"app:app"``) is looked up in the sandbox's own
 ``/etc/passwd`` and ``/etc/group`` before anything else of the call (:meth:`ChannelSession._numeric_request`),
 so every part above sees numbers.
 
-File operations (:attr:`ChannelSession.files`) come with the shape: every session on the agent channel
-reads and writes files inside its sandbox the same way (:mod:`.files`).
+File operations (:attr:`ChannelSession.files`) and published ports (:meth:`ChannelSession.publish`) come
+with the shape: every session on the agent channel reads and writes files inside its sandbox, and reaches
+its ports from the host, the same way (:mod:`.files`, :mod:`.ports`).
 """
 
 from __future__ import annotations
@@ -39,8 +42,14 @@ from adk_sandbox.executor._users import is_numeric, resolve_user
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.files import SandboxFiles
+from adk_sandbox.executor.channel.ports import PublishedPorts
 from adk_sandbox.executor.channel.transport import MAX_COMMAND_INPUT, CommandOutcome, CommandTransport
-from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.errors import (
+    ExecutorError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
 from adk_sandbox.executor.types import ExecRequest, ExecResult, parse_user
 from adk_sandbox.executor.workspace.synced import SyncedWorkspace, refusal_note
 
@@ -73,6 +82,8 @@ class ChannelSession(SandboxSession):
     _WHERE: ClassVar[str] = "the session's sandbox"
     #: (sandbox id, user) pairs known to enter the default working directory (see :meth:`_check_cwd`).
     _enterable: set[tuple[str, str]]
+    _ports: PublishedPorts | None = None
+    _ports_done = False  # set by close: nothing is published after it
 
     # -- the engine's parts ---------------------------------------------------------------------------
     @abstractmethod
@@ -106,6 +117,10 @@ class ChannelSession(SandboxSession):
     @abstractmethod
     def _command_user(self, requested: str | None) -> str:
         """The ``"uid:gid"`` a command (or file operation) runs as, given the request's numeric ``user``."""
+
+    @abstractmethod
+    def _close_sandbox(self) -> None:
+        """Remove the sandbox (the engine's close: last syncs, the container or Pod or VM); idempotent."""
 
     def _refuse_user(self, user: str | None) -> None:
         """Raise for a user (``"uid:gid"``, from the request) this sandbox cannot run as (default: none)."""
@@ -284,3 +299,47 @@ class ChannelSession(SandboxSession):
         return transport.file_op(
             self._command_user(None), request, data, deadline=deadline, max_output=max_output
         )
+
+    # -- ports ----------------------------------------------------------------------------------------
+    def publish(self, port: int, host_port: int = 0) -> str:
+        """An address on the host's loopback (``"127.0.0.1:N"``) that reaches ``127.0.0.1:port`` inside.
+
+        Each connection to it is carried over the agent channel to the sandbox's own loopback and nowhere
+        else (:mod:`.ports`); publishing a port again returns its address. ``host_port`` asks for that
+        port on the host (0: a free one). Starts the session. Bounded (:data:`.ports.MAX_PUBLISHED` ports,
+        :data:`.ports.MAX_CONNECTIONS` connections); :meth:`unpublish` and :meth:`close` end it.
+        """
+        self.start()
+        if self._transport is not None and not isinstance(self._transport, AgentTransport):
+            raise PolicyNotEnforceableError(
+                f"{self._WHERE} runs its commands on the {getattr(self._transport, 'channel', 'exec')} "
+                "transport, not the agent channel, which is what carries a published port; it is refused"
+            )
+        with _PORTS_LOCK:
+            if self._closed or self._ports_done:
+                raise SandboxFailedError(self._GONE)
+            if self._ports is None:
+                self._ports = PublishedPorts(self.agent_channel)
+            ports = self._ports
+        return ports.publish(port, host_port)
+
+    def unpublish(self, port: int) -> None:
+        """Stop publishing ``port``: its address refuses, its live connections are cut (none: no error)."""
+        if self._ports is not None:
+            self._ports.unpublish(port)
+
+    def published(self) -> dict[int, str]:
+        """The sandbox's published ports and the host address of each."""
+        return self._ports.published() if self._ports is not None else {}
+
+    def close(self) -> None:
+        """Stop publishing ports, then remove the sandbox (:meth:`_close_sandbox`); idempotent."""
+        with _PORTS_LOCK:
+            ports, self._ports, self._ports_done = self._ports, None, True
+        if ports is not None:
+            ports.close()
+        self._close_sandbox()
+
+
+#: Guards a session's published ports being made or taken away (rare: one lock for all sessions).
+_PORTS_LOCK = threading.Lock()

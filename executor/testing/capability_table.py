@@ -28,13 +28,13 @@ ROWS: dict[str, str] = {
     "fork": "`session.fork()` starts a session holding them, apart from its parent",
     "pool": "a warm pool of started sessions: a session comes from it and runs a command",
     "pty": "a command on a terminal (not built yet)",
-    "ports": "a port of the sandbox reached from the host (not built yet)",
+    "ports": "`session.publish(port)`: a host address reaching a server on the sandbox's loopback",
     "processes in snapshots": "a snapshot holds running processes, not only files (not built yet)",
 }
 #: The cell of a row no backend has yet.
 NOT_YET = "not yet"
 #: Rows that no backend has yet: every column says :data:`NOT_YET`.
-FUTURE_ROWS = ("pty", "ports", "processes in snapshots")
+FUTURE_ROWS = ("pty", "processes in snapshots")
 #: Set to ``1``: the suite writes each target's column into its table instead of comparing.
 WRITE_VARIABLE = "ADK_SANDBOX_WRITE_CAPABILITIES"
 #: How the table is made again: at the top of the page, and in the message of a difference.

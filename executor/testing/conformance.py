@@ -911,6 +911,61 @@ class ConformanceSuite:
         _expect("reached" not in after.stdout, "what the fork wrote reached its parent")
         conformance.record("fork")
 
+    @_check()
+    def test_ports(self, conformance: _Context) -> None:
+        """``publish(port)`` gives a host address reaching a server on the sandbox's loopback; then refuses.
+
+        The server is a command (python3) that answers one connection with a token; the host connects to
+        the published address until the token comes. After ``unpublish`` the address refuses. A backend
+        without ``publish`` (or refusing it) gives the table's reason.
+        """
+        backend = conformance.backend
+        publish = getattr(backend, "publish", None)
+        if publish is None:
+            conformance.record(
+                "ports", f"{type(backend).__name__} has no publish(): no agent channel to carry one"
+            )
+            return
+        if Language.PYTHON not in conformance.capabilities.languages:
+            pytest.skip("no python3 inside to serve a port")
+        port, token = random.randint(20000, 29999), uuid.uuid4().hex  # noqa: S311 - a port, not a secret
+        server = (
+            "import socket, sys\ns = socket.socket()\ns.bind(('127.0.0.1', int(sys.argv[1])))\ns.listen(1)\n"
+            "c, _ = s.accept()\nc.sendall(sys.argv[2].encode())\nc.close()\n"
+        )
+        served: list[ExecResult] = []
+        thread = threading.Thread(
+            target=lambda: served.append(
+                conformance.run(ExecRequest(argv=("python3", "-c", server, str(port), token), timeout=30))
+            ),
+            daemon=True,
+        )
+        try:
+            address = publish(port)
+        except (PolicyNotEnforceableError, InvalidRequestError) as exc:
+            conformance.record("ports", str(exc))
+            return
+        host, _, number = str(address).rpartition(":")
+        _expect(host == "127.0.0.1", f"publish gave {address}, not an address on the host's loopback")
+        thread.start()
+        received, deadline = b"", time.monotonic() + 30
+        while not received and time.monotonic() < deadline:  # until the server listens inside
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((host, int(number)), timeout=5) as client,
+            ):
+                received = client.recv(100)
+            if not received:
+                time.sleep(0.1)
+        thread.join(35)
+        _expect(
+            received == token.encode(), f"the published address gave {received!r}, not the server's token"
+        )
+        getattr(backend, "unpublish")(port)  # noqa: B009 - a session that publishes has it
+        with pytest.raises(OSError):
+            socket.create_connection((host, int(number)), timeout=5).close()
+        conformance.record("ports")
+
     @_check(session=True)
     def test_warm_pool(self, conformance: _Context) -> None:
         """A backend made with a warm pool gives a session that runs a command, or refuses when asked.

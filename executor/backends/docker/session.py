@@ -411,7 +411,7 @@ class DockerSession(SessionNetwork, ChannelSession):
             raise SandboxFailedError("this Docker session is closed")
         return container
 
-    def close(self) -> None:
+    def _close_sandbox(self) -> None:
         """Bring a mirrored workspace's last changes back, then remove the container (unless attached).
 
         Idempotent.

@@ -335,7 +335,7 @@ class KubernetesSession(SessionNetwork, ChannelSession):
         if self._workspace is not None:
             self._workspace.close()  # after any last pull-back (close), or a start that failed
 
-    def close(self) -> None:
+    def _close_sandbox(self) -> None:
         """Bring a host workspace's last changes back, then delete the Pod (or the claim). Idempotent."""
         with self._lock:
             if self._closed:

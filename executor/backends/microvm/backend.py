@@ -401,7 +401,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             shutil.rmtree(run_dir, ignore_errors=True)
         _LIVE.discard(self)
 
-    def close(self) -> None:
+    def _close_sandbox(self) -> None:
         """Kill the VM (QEMU and its wrapper) and remove its run directory; idempotent.
 
         A VM still booting (in another thread) is killed at once, not waited for. A pooled session's
