@@ -514,22 +514,22 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             if backend is None:
                 if config.build is not None:
                     build_image(config.image, config.build)
-                other = config.backend_config()
-                if other is None:
-                    backend = DockerBackend(
-                        image=config.image,
-                        profile=config.profile,
-                        root_size_mb=config.root_size_mb,
-                        limits=config.limits,
-                        runtime=config.runtime,
-                        network=config.network,
-                        user=config.command_user(),
-                        tmpfs=config.tmpfs,
-                        extra_hosts=config.extra_hosts,
-                        labels={PROVIDER_LABEL: "adk-sandbox", TASK_LABEL: task_name[:4096]},
-                    )
-                else:
-                    backend = cast("SessionBackend[Any]", make_backend(other))  # all three have sessions
+                chosen: BackendConfig | dict[str, Any] | None = config.backend_config()
+                if chosen is None:
+                    chosen = {
+                        "type": "docker",
+                        "image": config.image,
+                        "profile": config.profile,
+                        "root_size_mb": config.root_size_mb,
+                        "limits": config.limits,
+                        "runtime": config.runtime,
+                        "network": config.network,
+                        "user": config.command_user(),
+                        "tmpfs": config.tmpfs,
+                        "extra_hosts": config.extra_hosts,
+                        "labels": {PROVIDER_LABEL: "adk-sandbox", TASK_LABEL: task_name[:4096]},
+                    }
+                backend = cast("SessionBackend[Any]", make_backend(chosen))  # every one it takes has sessions
                 cls._backends[key] = backend
             return backend
 
