@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from adk_sandbox.executor.testing.capability_table import (
+    FUTURE_ROWS,
     NOT_YET,
     ROWS,
     WRITE_VARIABLE,
@@ -62,4 +63,4 @@ def test_the_committed_page_is_one_the_generator_writes() -> None:
     assert render_table(parse_table(text)) == text
     for cells in parse_table(text).values():
         assert "not checked" not in cells.values()
-        assert [cells[row] for row in ("pty", "ports", "processes in snapshots")] == [NOT_YET] * 3
+        assert [cells[row] for row in FUTURE_ROWS] == [NOT_YET] * len(FUTURE_ROWS)
