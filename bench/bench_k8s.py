@@ -22,6 +22,7 @@ Run: KUBECONFIG=/var/tmp/adk-k8s/run/admin.kubeconfig .venv/bin/python bench/ben
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import contextlib
 import cProfile
@@ -30,6 +31,7 @@ import io
 import json
 import os
 import pstats
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +56,8 @@ PROJECT_SELECTOR = f"{PROJECT_LABEL}=adk-sandbox"
 #: The label of the anchors' Pods (not the project's: the reaper leaves them, this script deletes them).
 BENCH_LABEL = "adk-sandbox-bench"
 NAMESPACE = "default"
+#: A session Pod's name in an error's text (left out, so equal errors are counted together).
+POD_NAME = re.compile(r"adk-sandbox-[0-9a-f]{12}")
 
 
 # --- the cluster, through the plain client ---------------------------------------------------------------
@@ -305,18 +309,23 @@ def short(exc: BaseException) -> str:
 # --- 1. session start ------------------------------------------------------------------------------------
 
 
-def bench_start(backend: KubernetesBackend, cluster: Cluster, repeat: int) -> tuple[list[Row], list[str]]:
-    """Session start + first ``true`` alternated with a bare Pod and the session's Pod spec until Running."""
+def bench_start(
+    backend: KubernetesBackend, open_backend: KubernetesBackend, cluster: Cluster, repeat: int
+) -> tuple[list[Row], list[str]]:
+    """Session start + first ``true`` alternated with a bare Pod and the session's Pod spec until Running.
+
+    ``open_backend`` is the same config with ``network=True``: no network-off init container, no probe.
+    """
     config = backend.config
-    samples: dict[str, list[float]] = {"session": [], "bare": [], "spec": []}
+    samples: dict[str, list[float]] = {"session": [], "open": [], "bare": [], "spec": []}
     closing: list[float] = []
 
-    def session_sample() -> None:
-        session = backend.session()
+    def session_sample(which: str, of: KubernetesBackend) -> None:
         started = time.perf_counter()
+        session = of.session()
         session.start()
         assert session.execute(TRUE).exit_code == 0
-        samples["session"].append((time.perf_counter() - started) * 1000)
+        samples[which].append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
         session.close()
         closing.append((time.perf_counter() - started) * 1000)
@@ -334,16 +343,21 @@ def bench_start(backend: KubernetesBackend, cluster: Cluster, repeat: int) -> tu
         samples["spec"].append(cluster.run_pod(pod) * 1000)
         cluster.delete_pod(name)
 
-    order: list[Callable[[], None]] = [session_sample, bare_sample, spec_sample]
+    order: list[Callable[[], None]] = [
+        lambda: session_sample("session", backend),
+        bare_sample,
+        spec_sample,
+        lambda: session_sample("open", open_backend),
+    ]
     for fn in order:  # warm-up, untimed
         fn()
     for values in samples.values():
         values.clear()
     closing.clear()
     for i in range(repeat):
-        for fn in order[i % 3 :] + order[: i % 3]:
+        for fn in order[i % 4 :] + order[: i % 4]:
             fn()
-    session, bare, spec = (Stats(tuple(samples[k])) for k in ("session", "bare", "spec"))
+    session, opened, bare, spec = (Stats(tuple(samples[k])) for k in ("session", "open", "bare", "spec"))
     rows = [
         Row(
             "session start → first `true` (`session()`, `execute`)",
@@ -360,6 +374,13 @@ def bench_start(backend: KubernetesBackend, cluster: Cluster, repeat: int) -> tu
             "the session's own Pod spec (with its init container), POST → running",
             spread(spec),
             session.p50 / spec.p50,
+        ),
+        Row(
+            "session start, `network=True` (no init container, no probe)",
+            spread(opened),
+            "the bare Pod",
+            spread(bare),
+            opened.p50 / bare.p50,
         ),
     ]
     notes = [
@@ -538,19 +559,19 @@ def memory_notes(before: Memory, after: Memory, per: int) -> tuple[str, str, str
         )
 
     this_rss = (after.this_rss - before.this_rss) / 1024
-    available = (before.available - after.available) / 1024
+    available = (after.available - before.available) / 1024
     kubepods = (after.kubepods - before.kubepods) / 1024
     per_session = (delta("pods", 2) + delta("shims", 2) + this_rss) / per
     ours = f"{per_session:.2f} MiB (Pods' processes + shims PSS, + this process's RSS)"
     others = (
-        f"MemAvailable -{available / per:.2f} MiB/session; kubepods cgroup +{kubepods / per:.2f} MiB/session"
+        f"MemAvailable {available / per:+.2f} MiB/session; kubepods cgroup +{kubepods / per:.2f} MiB/session"
     )
     whole = (
         "memory growth, all started sessions together (/proc smaps_rollup; PSS shares the pause and sleep "
         "binaries' pages out fairly): "
         + "; ".join(growth(kind) for kind in ("pods", "shims", "control"))
         + f" (control: etcd, API server, controller manager, scheduler, kubelet, containerd); this Python "
-        f"process RSS +{this_rss:.0f} MiB ({this_rss / per:.2f}/session); MemAvailable -{available:.0f} MiB; "
+        f"process RSS +{this_rss:.0f} MiB ({this_rss / per:.2f}/session); MemAvailable {available:+.0f} MiB; "
         f"kubepods memory cgroup +{kubepods:.0f} MiB (with page cache and tmpfs)"
     )
     return ours, others, whole
@@ -574,7 +595,7 @@ def start_fleet(
             assert session.execute(TRUE).exit_code == 0
         except Exception as exc:
             with lock:
-                errors[short(exc)[:400]] += 1
+                errors[POD_NAME.sub("adk-sandbox-…", short(exc))[:700]] += 1
             with contextlib.suppress(Exception):
                 session.close()
             return
@@ -742,8 +763,8 @@ def section(title: str) -> Iterator[None]:
         print(f"**failed**: {short(exc)}\n", flush=True)
 
 
-def main() -> None:
-    """Print the issue 34 tables."""
+def arguments() -> argparse.Namespace:
+    """The command line (``--quick`` scales the counts down)."""
     args = parser(__doc__)
     args.add_argument("--context", default="admin")
     args.add_argument("--image", default="adk-sandbox/base:latest")
@@ -760,15 +781,26 @@ def main() -> None:
     )
     args.add_argument("--only", default="1,2,3,4", help="which parts, e.g. 1,3")
     args.add_argument("--cprofile", action="store_true", help="also print a cProfile of one session start")
-    args.add_argument("--child", type=int, default=0, help=argparse_hidden())
+    args.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)  # part 4's owner
     options = args.parse_args()
+    if options.quick:
+        options.repeat, options.commands, options.execs = 3, 50, 10
+        options.fleet = min(options.fleet, 10)
+    return options
+
+
+def print_part(rows: list[Row], notes: list[str]) -> None:
+    """A part's table and its notes."""
+    print(markdown(rows) + "\n\n" + "\n".join(f"* {n}" for n in notes) + "\n", flush=True)
+
+
+def main() -> None:
+    """Print the issue 34 tables."""
+    options = arguments()
     os.environ.setdefault("KUBECONFIG", DEFAULT_KUBECONFIG)
     if options.child:
         child(options.context, options.image, options.child)
         return
-    if options.quick:
-        options.repeat, options.commands, options.execs = 3, 50, 10
-        options.fleet = min(options.fleet, 10)
     parts = {int(p) for p in options.only.split(",") if p}
     config = KubernetesConfig(image=options.image, image_pull_policy="Never")
     cluster = Cluster(options.context, options.image)
@@ -777,39 +809,34 @@ def main() -> None:
     try:
         if 1 in parts:
             with section(f"Session start (repeat {options.repeat})"):
-                rows, notes = bench_start(backend, cluster, options.repeat)
-                notes += profile_start(backend, cluster, options.cprofile)
-                print(markdown(rows) + "\n\n" + "\n".join(f"* {n}" for n in notes) + "\n", flush=True)
+                open_backend = KubernetesBackend(
+                    config.model_copy(update={"network": True}), context=options.context
+                )
+                try:
+                    rows, notes = bench_start(backend, open_backend, cluster, options.repeat)
+                finally:
+                    open_backend.close()
+                print_part(rows, notes + profile_start(backend, cluster, options.cprofile))
         if 2 in parts:
             with section("Per command"):
-                print(
-                    markdown(bench_commands(backend, cluster, options.commands, options.execs)) + "\n",
-                    flush=True,
-                )
+                print_part(bench_commands(backend, cluster, options.commands, options.execs), [])
         if 3 in parts:
             fleet_config = config.model_copy(
                 update={"startup_timeout_seconds": options.fleet_timeout}
                 | ({"requests": None} if options.guaranteed else {})
             )
             with section(f"Fleet of {options.fleet}"):
-                rows, notes = bench_fleet(
-                    fleet_config, options.context, cluster, options.fleet, options.fleet_parallel
+                print_part(
+                    *bench_fleet(
+                        fleet_config, options.context, cluster, options.fleet, options.fleet_parallel
+                    )
                 )
-                print(markdown(rows) + "\n\n" + "\n".join(f"* {n}" for n in notes) + "\n", flush=True)
         if 4 in parts:
             with section("Owner SIGKILLed"):
-                rows, notes = bench_sigkill(config, options.context, cluster, options.image)
-                print(markdown(rows) + "\n\n" + "\n".join(f"* {n}" for n in notes) + "\n", flush=True)
+                print_part(*bench_sigkill(config, options.context, cluster, options.image))
     finally:
         backend.close()
         cluster.delete_anchors()
-
-
-def argparse_hidden() -> str:
-    """Help text that hides an option (the child mode of part 4)."""
-    import argparse  # noqa: PLC0415
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":
