@@ -652,7 +652,7 @@ def bench_fleet(
             met=not left,
         ),
     ]
-    requests = config.requests
+    requests = getattr(config, "requests", None)  # a revision before requests apart from limits has none
     asked = (
         "the limits (Guaranteed)"
         if requests is None
