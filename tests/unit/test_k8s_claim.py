@@ -15,6 +15,7 @@ from adk_sandbox.executor.backends.kubernetes import (
     claim_state,
     sandbox_pod_name,
 )
+from adk_sandbox.executor.backends.kubernetes._spec import pod_owner_labels
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 CLAIMS = json.loads((FIXTURES / "sandbox_claims.json").read_text())
@@ -33,7 +34,10 @@ def test_claim_object() -> None:
         "labels": {"io.adk-sandbox.project": "adk-sandbox", "io.adk-sandbox.session": "3f9c2a7d10be"},
     }
     assert claim["spec"]["warmPoolRef"] == {"name": "python-pool"}
-    assert claim["spec"]["additionalPodMetadata"] == {"labels": session}
+    # The Pod's form of the owner labels: the controller copies them onto the Pod, whose API refuses a
+    # label value like the pid namespace's "pid:[N]".
+    assert claim["spec"]["additionalPodMetadata"] == {"labels": pod_owner_labels(session)}
+    assert all("[" not in value for value in claim["spec"]["additionalPodMetadata"]["labels"].values())
     assert claim["spec"]["lifecycle"] == {"shutdownTime": "2026-01-01T13:00:00Z", "shutdownPolicy": "Delete"}
     # Setting env makes agent-sandbox cold-start every claim: never sent.
     assert "env" not in claim["spec"]
@@ -64,3 +68,22 @@ def test_claim_state(case: str, ready: bool, sandbox: str | None, failure: str |
 def test_sandbox_pod_name() -> None:
     assert sandbox_pod_name(CLAIMS["sandbox_adopted"]) == "python-pool-pod-7fd2q"
     assert sandbox_pod_name(CLAIMS["sandbox_own_pod"]) == "python-pool-x8k2p"
+
+
+@pytest.mark.parametrize(
+    "reason", ["InvalidMetadata", "EnvVarsInjectionRejected", "SandboxExpired", "PodFailed"]
+)
+def test_claim_state_the_controllers_terminal_reasons_fail(reason: str) -> None:
+    claim = {
+        "status": {"conditions": [{"type": "Ready", "status": "False", "reason": reason, "message": "m"}]}
+    }
+    assert claim_state(claim).failure == f"{reason}: m"
+
+
+@pytest.mark.parametrize("reason", ["WarmPoolNotFound", "TemplateNotFound", "DependenciesNotReady"])
+def test_claim_state_what_the_controller_retries_is_waited_for(reason: str) -> None:
+    claim = {
+        "status": {"conditions": [{"type": "Ready", "status": "False", "reason": reason, "message": "m"}]}
+    }
+    state = claim_state(claim)
+    assert state.failure is None and state.waiting == f"{reason}: m"

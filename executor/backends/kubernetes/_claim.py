@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adk_sandbox.executor._owner import PROJECT_LABEL, SESSION
+from adk_sandbox.executor.backends.kubernetes._spec import pod_owner_labels
 from adk_sandbox.executor.backends.kubernetes.config import KubernetesConfig
 
 __all__ = [
@@ -53,7 +54,9 @@ def claim_object(
 
     Nothing per-session goes anywhere but the Pod's labels (no ``env``: agent-sandbox cold-starts every
     claim that sets one). The claim expires with the session's lifetime (``shutdownTime``, policy
-    ``Delete``), the same bound the Pod's ``activeDeadlineSeconds`` gives a created Pod.
+    ``Delete``), the same bound the Pod's ``activeDeadlineSeconds`` gives a created Pod. The labels are
+    the Pod's form of the owner labels (:func:`._spec.pod_owner_labels`): the controller copies them onto
+    the Pod, and the API server refuses a Pod whose label value is no valid one (``pid:[N]``).
     """
     if config.warm_pool is None:
         raise ValueError("claim_object needs a config with warm_pool set")
@@ -68,7 +71,7 @@ def claim_object(
         },
         "spec": {
             "warmPoolRef": {"name": config.warm_pool},
-            "additionalPodMetadata": {"labels": dict(session)},
+            "additionalPodMetadata": {"labels": pod_owner_labels(session)},
             "lifecycle": {
                 "shutdownTime": shutdown.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "shutdownPolicy": "Delete",
@@ -91,6 +94,20 @@ class ClaimState:
     """What a claim not yet ready waits for (its Ready condition's reason and message)."""
 
 
+#: The Ready reasons of agent-sandbox's claim controller (and of the Sandbox's, which it forwards) after
+#: which it does not retry: the claim's spec or the pool's template is refused, or the Pod has ended.
+#: (``WarmPoolNotFound`` and ``TemplateNotFound`` are retried: the pool may yet be created.)
+TERMINAL_REASONS = frozenset(
+    {
+        "InvalidMetadata",
+        "EnvVarsInjectionRejected",
+        "VolumeClaimTemplatesError",
+        "SandboxExpired",
+        "PodSucceeded",
+    }
+)
+
+
 def claim_state(claim: Mapping[str, Any]) -> ClaimState:
     """Read a SandboxClaim's ``status``: ``conditions[type=Ready]`` and ``sandbox.name``."""
     status = claim.get("status") or {}
@@ -106,7 +123,7 @@ def claim_state(claim: Mapping[str, Any]) -> ClaimState:
         return ClaimState(ready=True, sandbox=sandbox)
     if reason == "ClaimExpired":
         return ClaimState(ready=False, sandbox=sandbox, failure=f"the claim expired ({message})")
-    if "fail" in reason.lower() or "error" in reason.lower():
+    if reason in TERMINAL_REASONS or "fail" in reason.lower() or "error" in reason.lower():
         return ClaimState(ready=False, sandbox=sandbox, failure=f"{reason}: {message}")
     return ClaimState(ready=False, sandbox=sandbox, waiting=f"{reason}: {message}".strip(": "))
 
