@@ -162,7 +162,7 @@ class _TestReconciler(threading.Thread):
         self, claim: dict[str, Any], condition: dict[str, Any], sandbox: dict[str, Any]
     ) -> None:
         old = claim.get("status") or {}
-        ready = next((c for c in old.get("conditions") or [] if c.get("type") == "Ready"), {})
+        ready: dict[str, Any] = next((c for c in old.get("conditions") or [] if c.get("type") == "Ready"), {})
         if (ready.get("status"), ready.get("reason"), ready.get("message"), old.get("sandbox") or {}) == (
             condition["status"],
             condition["reason"],
@@ -276,7 +276,7 @@ class _TestReconciler(threading.Thread):
             condition = _condition(
                 "False", "DependenciesNotReady", f"Pod exists with phase: {status.get('phase')}", generation
             )
-        old = next(
+        old: dict[str, Any] = next(
             (c for c in (sandbox.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), {}
         )
         if (old.get("status"), old.get("message")) != (condition["status"], condition["message"]):
@@ -310,7 +310,8 @@ def reconciler() -> Iterator[_TestReconciler]:
     _kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
     _kubectl("wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{name}" for name in CRD_NAMES))
     client = kubernetes.config.new_client_from_config(context=CONTEXT)  # type: ignore[no-untyped-call]
-    core, custom = kubernetes.client.CoreV1Api(client), kubernetes.client.CustomObjectsApi(client)
+    core: Any = kubernetes.client.CoreV1Api(client)
+    custom: Any = kubernetes.client.CustomObjectsApi(client)
     try:
         core.create_namespace({"metadata": {"name": NAMESPACE}})
     except kubernetes.client.exceptions.ApiException as exc:
@@ -332,7 +333,12 @@ def reconciler() -> Iterator[_TestReconciler]:
         ("sandboxwarmpools", STRICT_POOL, {"replicas": 0, "sandboxTemplateRef": {"name": "adk-python"}}),
     ):
         kind = "SandboxTemplate" if plural == "sandboxtemplates" else "SandboxWarmPool"
-        body = {"apiVersion": "/".join(EXT), "kind": kind, "metadata": {"name": name}, "spec": spec}
+        body: dict[str, Any] = {
+            "apiVersion": "/".join(EXT),
+            "kind": kind,
+            "metadata": {"name": name},
+            "spec": spec,
+        }
         try:
             custom.create_namespaced_custom_object(*EXT, NAMESPACE, plural, body)
         except kubernetes.client.exceptions.ApiException as exc:
