@@ -8,14 +8,17 @@ fails the tests instead of skipping them: the cluster is there, so a skip would 
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from adk_sandbox.executor.backends.kubernetes import KubernetesConfig
 
 CONTEXT = os.environ.get("ADK_SANDBOX_K8S_CONTEXT")
+F = TypeVar("F", bound=Callable[..., Any])
 K8S_HOME = Path(os.environ.get("K8S_HOME", "/var/tmp/adk-k8s"))
 
 
@@ -32,6 +35,19 @@ def require_cluster() -> list[pytest.MarkDecorator]:
     return [
         pytest.mark.skip(reason="no Kubernetes cluster: set ADK_SANDBOX_K8S_CONTEXT (docs/KUBERNETES.md)")
     ]
+
+
+def needs_cluster(function: F) -> F:
+    """:func:`require_cluster`'s marks on one test (for a module whose other tests need no cluster)."""
+    for mark in require_cluster():
+        function = mark(function)
+    return function
+
+
+def import_image(image: str) -> None:
+    """Put the Docker engine's ``image`` into the one-node cluster's containerd (no registry here)."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "k8s-cluster"
+    subprocess.run([str(script), "import", image], check=True, timeout=600)
 
 
 def cluster_config(**changes: Any) -> KubernetesConfig:

@@ -1,17 +1,17 @@
-"""The Kubernetes backend against a real cluster: runs only when ADK_SANDBOX_K8S_CONTEXT names one.
+"""The Kubernetes backend against a real cluster: the one-node cluster of ``../shared/k8s`` in CI.
 
-No Kubernetes API server can be installed where this backend was written (none in Debian, PyPI or npm;
-kind cannot pull its node image), and CI has none either, so this module is skipped there too -- the one
-skip allowed in CI, because no cluster can exist. Run it with (docs/KUBERNETES.md)::
+``scripts/test`` starts it (``scripts/k8s-cluster``) and exports ``ADK_SANDBOX_K8S_CONTEXT``; with ``CI``
+set and the cluster's directory there, a missing context fails these tests rather than skipping them
+(tests/integration/k8s_cluster.py). Any other cluster works too (docs/KUBERNETES.md)::
 
     ADK_SANDBOX_K8S_CONTEXT=my-context ADK_SANDBOX_K8S_IMAGE=registry.example/adk-sandbox/base:1 \
-        [ADK_SANDBOX_K8S_NAMESPACE=adk-sandbox-test] [ADK_SANDBOX_K8S_RUNTIME_CLASS=gvisor] \
-        [ADK_SANDBOX_K8S_WARM_POOL=python-pool] pytest tests/integration/test_k8s_cluster.py
+        ADK_SANDBOX_K8S_PULL_POLICY=IfNotPresent [ADK_SANDBOX_K8S_NAMESPACE=adk-sandbox-test] \
+        [ADK_SANDBOX_K8S_RUNTIME_CLASS=gvisor] \
+        pytest tests/integration/test_k8s_cluster.py
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -22,26 +22,13 @@ import pytest
 from adk_sandbox.executor import ExecRequest, IsolationClass, Language
 from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
 from adk_sandbox.executor.errors import BackendUnavailableError, PolicyNotEnforceableError
+from tests.integration.k8s_cluster import CONTEXT, cluster_config, require_cluster
 
-CONTEXT = os.environ.get("ADK_SANDBOX_K8S_CONTEXT")
-pytestmark = pytest.mark.skipif(
-    not CONTEXT,
-    reason=(
-        "no Kubernetes cluster: ADK_SANDBOX_K8S_CONTEXT is not set. None can exist on these machines or in "
-        "CI (no API server in Debian, PyPI or npm; kind cannot pull its node image), so this is the one "
-        "suite allowed to skip in CI; set it to a kubeconfig context to run it (docs/KUBERNETES.md)"
-    ),
-)
+pytestmark = require_cluster()
 
 
 def _config(**changes: object) -> KubernetesConfig:
-    base = {
-        "namespace": os.environ.get("ADK_SANDBOX_K8S_NAMESPACE", "default"),
-        "image": os.environ.get("ADK_SANDBOX_K8S_IMAGE", "adk-sandbox/base"),
-        "runtime_class_name": os.environ.get("ADK_SANDBOX_K8S_RUNTIME_CLASS"),
-        "startup_timeout_seconds": 300.0,
-    }
-    return KubernetesConfig.model_validate({**base, **changes})
+    return cluster_config(**changes)
 
 
 @pytest.fixture
@@ -145,7 +132,7 @@ def test_a_host_workspace_travels_as_a_copy_at_its_own_path(
 
 
 def test_an_unpullable_image_is_a_clear_error() -> None:
-    config = _config(image="registry.invalid/adk-sandbox/none:0")
+    config = _config(image="registry.invalid/adk-sandbox/none:0", image_pull_policy="IfNotPresent")
     with (
         KubernetesBackend(config, context=CONTEXT) as backend,
         pytest.raises(BackendUnavailableError, match="pull"),
@@ -158,11 +145,4 @@ def test_another_user_is_refused(backend: KubernetesBackend) -> None:
         session.execute(ExecRequest(language=Language.COMMAND, code="id", user="0:0", timeout=30))
 
 
-@pytest.mark.skipif(
-    not os.environ.get("ADK_SANDBOX_K8S_WARM_POOL"), reason="ADK_SANDBOX_K8S_WARM_POOL names no pool"
-)
-def test_a_session_claimed_from_a_warm_pool() -> None:
-    config = _config(warm_pool=os.environ["ADK_SANDBOX_K8S_WARM_POOL"])
-    with KubernetesBackend(config, context=CONTEXT) as backend, backend.session() as session:
-        result = session.execute(ExecRequest(language=Language.COMMAND, code="id -u", timeout=30))
-        assert result.stdout.strip() == str(config.uid)
+# The warm_pool (agent-sandbox) path: tests/integration/test_k8s_cluster_claims.py.
