@@ -53,8 +53,8 @@ def conformance_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Con
             memory_limit_mb=MEMORY_MB,
             leftovers=pods_left(api),
             table=column("kubernetes (stand-in)"),
-            # The stand-in cluster serves no agent-sandbox claims: a warm pool is refused when asked.
-            warm_pool=lambda: KubernetesBackend(config.model_copy(update={"warm_pool": "pool"}), api=api),
+            # The backend's own pool (agent-sandbox's claims: tests/integration/test_k8s_cluster_claims.py).
+            warm_pool=lambda: KubernetesBackend(config, api=api, pool=1),
             known_differences={
                 "user_other": KnownDifference(
                     "a pods/exec cannot choose the user: commands run as the Pod's user "
