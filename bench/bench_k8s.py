@@ -2,7 +2,7 @@
 
 Run: KUBECONFIG=/var/tmp/adk-k8s/run/admin.kubeconfig .venv/bin/python bench/bench_k8s.py [--quick]
      [--context admin] [--repeat N] [--commands N] [--fleet K] [--fleet-parallel P] [--fleet-timeout S]
-     [--guaranteed] [--only 1,2,3,4] [--cprofile]
+     [--guaranteed] [--only 1,2,3,4,5] [--acquires N] [--cprofile]
 (the cluster of ../shared/k8s, or any whose nodes hold ``--image``; Pods use ``imagePullPolicy: Never``).
 
 1. Session start to the first command (``with backend.session() as s: s.execute(true)``), p50/p90 over
@@ -18,6 +18,8 @@ Run: KUBECONFIG=/var/tmp/adk-k8s/run/admin.kubeconfig .venv/bin/python bench/ben
    processes counted until they are gone.
 4. A child process opens 3 sessions and is SIGKILLed: its Pods are listed, then a new backend is made (its
    start reaps leaked Pods) and what is left is listed again.
+5. The pool: ``session()`` from ``KubernetesBackend(pool=2)`` (a started Pod handed out, its agent pinged)
+   over ``--acquires``, alternated with a cold session start to its first command.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from _timing import Row, Stats, load_note, markdown, parser, rss_kib
 
 from adk_sandbox.executor import ExecRequest, Language
 from adk_sandbox.executor._owner import PROJECT_LABEL, SESSION, owner_labels
-from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
+from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig, KubernetesPoolConfig
 from adk_sandbox.executor.backends.kubernetes._spec import CONTAINER_NAME, pod_name, pod_spec
 
 DEFAULT_KUBECONFIG = "/var/tmp/adk-k8s/run/admin.kubeconfig"
@@ -732,6 +734,43 @@ def bench_sigkill(
 # --- main ------------------------------------------------------------------------------------------------
 
 
+def bench_pool(config: KubernetesConfig, context: str, acquires: int) -> tuple[list[Row], list[str]]:
+    """``session()`` from a pool of started Pods, against a cold session start, alternated."""
+    pooled: list[float] = []
+    first: list[float] = []
+    cold: list[float] = []
+    with (
+        KubernetesBackend(config, context=context, pool=KubernetesPoolConfig(size=2)) as backend,
+        KubernetesBackend(config, context=context) as plain,
+    ):
+        assert backend.pool is not None
+        for _ in range(acquires):
+            backend.pool.wait_ready(120)
+            started = time.perf_counter()
+            session = backend.session()
+            pooled.append((time.perf_counter() - started) * 1000)
+            assert session.execute(TRUE).exit_code == 0
+            first.append((time.perf_counter() - started) * 1000)
+            session.close()
+            started = time.perf_counter()
+            with plain.session() as fresh:
+                assert fresh.execute(TRUE).exit_code == 0
+            cold.append((time.perf_counter() - started) * 1000)
+        stats = backend.pool.stats()
+    ours, anchor = Stats(tuple(pooled)), Stats(tuple(cold))
+    return [
+        Row(
+            f"pool acquire: `session()` with `pool=2` ({len(pooled)})",
+            f"p50 {ours.p50:.2f} / p99 {ours.p99:.2f} ms",
+            "a cold session start → first `true`",
+            f"p50 {anchor.p50:.0f} ms",
+            ours.p50 / anchor.p50,
+            "≤ 10 ms p50",
+            ours.p50 <= 10,
+        ),
+    ], [f"acquire → first `true` p50 {Stats(tuple(first)).p50:.1f} ms; pool stats at the end: {stats}"]
+
+
 def revision() -> str:
     """The checkout's commit, and whether its executor/ has changes not committed."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -779,7 +818,8 @@ def arguments() -> argparse.Namespace:
     args.add_argument(
         "--guaranteed", action="store_true", help="the fleet requests its limits (requests=None)"
     )
-    args.add_argument("--only", default="1,2,3,4", help="which parts, e.g. 1,3")
+    args.add_argument("--only", default="1,2,3,4,5", help="which parts, e.g. 1,3")
+    args.add_argument("--acquires", type=int, default=10, help="sessions taken from the pool (part 5)")
     args.add_argument("--cprofile", action="store_true", help="also print a cProfile of one session start")
     args.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)  # part 4's owner
     options = args.parse_args()
@@ -834,6 +874,9 @@ def main() -> None:
         if 4 in parts:
             with section("Owner SIGKILLed"):
                 print_part(*bench_sigkill(config, options.context, cluster, options.image))
+        if 5 in parts:
+            with section(f"Pool acquire ({options.acquires})"):
+                print_part(*bench_pool(config, options.context, options.acquires))
     finally:
         backend.close()
         cluster.delete_anchors()
