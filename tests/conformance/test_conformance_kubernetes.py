@@ -25,6 +25,14 @@ from tests.integration.k8s_on_docker import DockerPodApi, docker_pod_api
 pytestmark = [pytest.mark.docker]
 
 MEMORY_MB = 128
+#: What every Kubernetes session does otherwise than the suite asks (the stand-in's and the cluster's).
+KNOWN_DIFFERENCES = {
+    "user_other": KnownDifference(
+        "a pods/exec cannot choose the user: commands run as the Pod's user (KubernetesConfig(user=...)), "
+        "another one is refused",
+        raises=PolicyNotEnforceableError,
+    ),
+}
 
 
 def pods_left(api: DockerPodApi) -> Callable[[SandboxBackend], Sequence[str]]:
@@ -55,13 +63,7 @@ def conformance_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Con
             table=column("kubernetes (stand-in)"),
             # The backend's own pool (agent-sandbox's claims: tests/integration/test_k8s_cluster_claims.py).
             warm_pool=lambda: KubernetesBackend(config, api=api, pool=1),
-            known_differences={
-                "user_other": KnownDifference(
-                    "a pods/exec cannot choose the user: commands run as the Pod's user "
-                    "(KubernetesConfig(user=...)), another one is refused",
-                    raises=PolicyNotEnforceableError,
-                ),
-            },
+            known_differences=KNOWN_DIFFERENCES,
         )
 
 

@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from adk_sandbox.executor import PolicyNotEnforceableError, ResourceLimits, SandboxBackend
+from adk_sandbox.executor import ResourceLimits, SandboxBackend
 from adk_sandbox.executor.backends.kubernetes import KubernetesBackend
-from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
+from adk_sandbox.testing import ConformanceSuite, ConformanceTarget
 from tests.conformance.table import column
+from tests.conformance.test_conformance_kubernetes import KNOWN_DIFFERENCES
 from tests.integration.k8s_cluster import CONTEXT, cluster_config, require_cluster
 
 pytestmark = require_cluster()
@@ -47,13 +48,7 @@ def conformance_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Con
             leftovers=pods_left(backend),
             table=column("kubernetes"),
             warm_pool=lambda: KubernetesBackend(config, context=CONTEXT, pool=1),
-            known_differences={
-                "user_other": KnownDifference(
-                    "a pods/exec cannot choose the user: commands run as the Pod's user "
-                    "(KubernetesConfig(user=...)), another one is refused",
-                    raises=PolicyNotEnforceableError,
-                ),
-            },
+            known_differences=KNOWN_DIFFERENCES,
         )
 
 
