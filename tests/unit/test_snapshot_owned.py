@@ -20,6 +20,9 @@ _PRELUDE = textwrap.dedent(
     """
     import os, signal, sys, time
     from pathlib import Path
+    # The endings are tried with each signal at its default, as an owner started from a terminal has it; a
+    # test run under nohup hands SIGHUP down ignored, which the library rightly keeps.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     from adk_sandbox.executor import _owner
     from adk_sandbox.executor.snapshots import Snapshot, SnapshotStore
     from adk_sandbox.executor.snapshots.store import new_id
