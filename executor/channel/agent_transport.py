@@ -46,6 +46,7 @@ from adk_sandbox.executor.channel.frames import (
     CONNECTION_TYPES,
     DIAL_VERSION,
     PROXY_VERSION,
+    PTY_VERSION,
     UNIX_VERSION,
     Frame,
     FrameDecoder,
@@ -57,6 +58,7 @@ from adk_sandbox.executor.channel.frames import (
 )
 from adk_sandbox.executor.channel.static_agent import AgentLaunch, StaticAgentUnavailableError, agent_launch
 from adk_sandbox.executor.channel.streams import AgentStream, AgentStreamOpener
+from adk_sandbox.executor.channel.terminal import Terminal
 from adk_sandbox.executor.channel.transport import (
     CANCEL_POLL_SECONDS,
     KILL_ON_ERROR_SECONDS,
@@ -684,6 +686,54 @@ class AgentTransport:
             # KeyboardInterrupt): the command must not keep running behind the exception.
             self._kill_after_error(agent, number, channel)
             raise
+
+    def open_terminal(
+        self,
+        command: PreparedCommand,
+        rows: int,
+        cols: int,
+        *,
+        deadline: float,
+        on_close: Callable[[Terminal], None] | None = None,
+    ) -> Terminal:
+        """Start ``command`` on a new terminal of ``rows`` x ``cols`` (:mod:`.terminal`), until ``deadline``.
+
+        The agent's answer is known before this returns: a PING after the RUN comes back after the RUN's
+        ERROR, if any (the agent takes frames in order), so a refusal (too many terminals) raises
+        :class:`InvalidRequestError` and a failure :class:`SandboxFailedError` here, with nothing left open.
+        """
+        until = time.monotonic() + AGENT_START_SECONDS
+        agent = self._agent_for(command.user, until)
+        offered = (agent.hello or {}).get("pty", 0)
+        if not (isinstance(offered, int) and offered >= PTY_VERSION):
+            raise PolicyNotEnforceableError(
+                f"the in-sandbox agent ({(agent.hello or {}).get('agent', 'unnamed')}) offers no terminals "
+                f"(its HELLO says pty={offered!r}); a terminal cannot be opened in this sandbox"
+            )
+        number, channel = agent.open_channel()
+        run = {
+            "argv": list(command.argv),
+            "env": command.env,
+            "cwd": command.workdir,
+            "timeout": max(deadline - time.monotonic(), 0.0),
+            "pty": True,
+            "rows": rows,
+            "cols": cols,
+        }
+        try:
+            agent.send(encode(FrameType.RUN, number, run), until)
+            if not agent.ping(AGENT_START_SECONDS):
+                why = agent.broken or "the in-sandbox agent did not answer opening a terminal"
+                raise SandboxFailedError(why)
+            kind, value = channel.events.queue[0] if channel.events.qsize() else ("", None)
+            if kind == "refused":
+                raise InvalidRequestError(f"{value}; no terminal was opened")
+            if kind == "error":
+                raise SandboxFailedError(f"the in-sandbox agent could not open a terminal: {value}")
+        except BaseException:
+            agent.close_channel(number)
+            raise
+        return Terminal(agent, number, channel, on_close=on_close)
 
     def _kill_after_error(self, agent: _Agent, number: int, channel: _Channel) -> None:
         until = time.monotonic() + KILL_ON_ERROR_SECONDS

@@ -65,6 +65,10 @@ DIAL      18     host→agent  on a fresh connection channel the host allocates 
                              ``{"port": int}`` (1..65535): connect to ``127.0.0.1:port`` inside the
                              sandbox; answered by OPEN ``{"port": int}`` once connected, or by CLOSE
                              ``{"error": str}`` (refused, unreachable, over :data:`MAX_CONNECTIONS`)
+RESIZE    19     host→agent  on a terminal's channel (RUN ``"pty"``): ``{"rows": int, "cols": int}``
+                             (1..:data:`MAX_PTY_SIDE` each), its new size
+SIGNAL    20     host→agent  on a terminal's channel: ``{"signal": int}`` (1..64), sent to the terminal's
+                             foreground process group
 ========  =====  ==========  =============================================================================
 
 Optional keys (an agent may omit them; the host then falls back): HELLO ``"agent"`` (``"python"`` or
@@ -83,7 +87,19 @@ the dialing below it serves, 1 here: DIAL, and LISTEN's ``"address"``; absent or
 sends no DIAL and no LISTEN with an address to it: an older agent would listen on ``127.0.0.1`` instead);
 HELLO ``"unix"`` (int >= 0: the version of the direct path below, 2 here: the client's socket passed; 1 was
 a byte-copying agent; below 2 the host sends no ``"unix"`` in a LISTEN, whose connections then all travel
-as frames).
+as frames); HELLO ``"pty"`` (int >= 0: the version of the terminals below, 1 here; absent or 0: the host
+sends no RUN with ``"pty"``).
+
+**Terminals** (RUN ``"pty": true`` with ``"rows"`` and ``"cols"``, integers 1..:data:`MAX_PTY_SIDE`; not
+with ``"background"``): the agent opens a new pseudo-terminal, the command's 0, 1 and 2 are the terminal,
+which it takes as its controlling terminal in its own session. What it writes comes as STDOUT frames,
+**not capped but flow-controlled**: the agent sends at most :data:`PTY_WINDOW` bytes plus the CREDIT the
+host returned (CREDIT ``{"bytes": int}`` on the terminal's channel, host→agent, as the host's reader takes
+the bytes), so a terminal nobody reads stops only itself. STDIN frames are keystrokes (an empty one closes
+only the agent's writing end); RESIZE and SIGNAL above; KILL, the timeout and the end of the agent's stdin
+end it as any command, and EXIT ends the channel. At most :data:`MAX_PTYS` terminals per agent: one more
+is answered with ERROR ``"refused": true``. CREDIT, RESIZE and SIGNAL for a channel that is no terminal
+are dropped (as late frames); a malformed one is a protocol error.
 
 **The direct path** (a local engine's runc sandbox, docs/network.md "Speed"): a LISTEN with ``"unix"`` and
 ``"token"`` names a Unix socket the host listens on, bound read-only into the sandbox. The agent tries to
@@ -197,9 +213,14 @@ __all__ = [
     "MAX_CREDIT",
     "MAX_LISTENERS",
     "MAX_PAYLOAD",
+    "MAX_PTYS",
+    "MAX_PTY_SIDE",
     "MAX_UNIX_PATH",
     "PROTOCOL_VERSION",
     "PROXY_VERSION",
+    "PTY_TYPES",
+    "PTY_VERSION",
+    "PTY_WINDOW",
     "SETID_STATES",
     "UNIX_VERSION",
     "WINDOW",
@@ -248,6 +269,14 @@ PROXY_VERSION = 1
 DIAL_VERSION = 1
 #: The version of the direct path (LISTEN's ``"unix"`` and ``"token"``) a HELLO advertises (``"unix"``).
 UNIX_VERSION = 2
+#: The version of terminals (RUN ``"pty"``, RESIZE, SIGNAL) a HELLO advertises (``"pty"``).
+PTY_VERSION = 1
+#: A terminal's output the agent sends before any CREDIT (and the most it ever has in flight).
+PTY_WINDOW = 1 << 20
+#: The most terminals an agent holds open at once (one more RUN ``"pty"`` is refused).
+MAX_PTYS = 32
+#: A terminal's rows and columns are 1..this.
+MAX_PTY_SIDE = 10000
 #: The longest path of LISTEN's ``"unix"`` (``sun_path`` is 108 bytes with its terminating NUL).
 MAX_UNIX_PATH = 107
 _TOKEN = re.compile(r"[A-Za-z0-9]{16,256}")
@@ -276,6 +305,8 @@ class FrameType(enum.IntEnum):
     CREDIT = 16
     CLOSE = 17
     DIAL = 18
+    RESIZE = 19
+    SIGNAL = 20
 
 
 DATA_TYPES = frozenset({FrameType.STDIN, FrameType.STDOUT, FrameType.STDERR, FrameType.DATA})
@@ -310,8 +341,12 @@ HOST_TO_AGENT = frozenset(
         FrameType.CREDIT,
         FrameType.CLOSE,
         FrameType.DIAL,
+        FrameType.RESIZE,
+        FrameType.SIGNAL,
     }
 )
+#: The frames of a terminal's channel besides a command's (host→agent; CREDIT also a connection's).
+PTY_TYPES = frozenset({FrameType.RESIZE, FrameType.SIGNAL})
 _SESSION_TYPES = frozenset({FrameType.HELLO, FrameType.PING, FrameType.PONG})
 
 
@@ -422,8 +457,12 @@ class FrameDecoder:
             raise ProtocolError(f"frame payload of {length} bytes exceeds {MAX_PAYLOAD}")
         if (channel == 0) != (frame_type in _SESSION_TYPES):
             raise ProtocolError(f"{frame_type.name} frame on channel {channel}")
-        if (channel >= CONNECTION_BASE) != (frame_type in CONNECTION_TYPES) and (
-            frame_type in CONNECTION_TYPES or frame_type not in DATA_TYPES
+        # A terminal's CREDIT (host→agent) is on a host channel, as RESIZE and SIGNAL are.
+        terminal_credit = frame_type == FrameType.CREDIT and FrameType.RESIZE in self._accept
+        if (
+            (channel >= CONNECTION_BASE) != (frame_type in CONNECTION_TYPES)
+            and not (terminal_credit and channel < CONNECTION_BASE)
+            and (frame_type in CONNECTION_TYPES or frame_type not in DATA_TYPES)
         ):
             where = "a connection channel" if channel >= CONNECTION_BASE else "a host channel"
             raise ProtocolError(f"{frame_type.name} frame on {where} ({channel})")
@@ -475,7 +514,7 @@ def validate_hello(body: dict[str, Any]) -> None:
         raise ProtocolError(f"HELLO ops {ops!r} is not a list of strings")
     if "setid" in body and body["setid"] not in SETID_STATES:
         raise ProtocolError(f"HELLO setid {body['setid']!r} is not one of {', '.join(SETID_STATES)}")
-    for key in ("proxy", "dial", "unix"):
+    for key in ("proxy", "dial", "unix", "pty"):
         if key in body and not (_is_int(body[key]) and body[key] >= 0):
             raise ProtocolError(f"HELLO {key} {body[key]!r} is not an integer >= 0")
 
@@ -529,6 +568,21 @@ def _validate_connection(kind: FrameType, body: dict[str, Any], channel: int = 0
             raise ProtocolError(f"CREDIT bytes {amount!r}")
     elif kind == FrameType.CLOSE and "error" in body and not isinstance(body["error"], str):
         raise ProtocolError(f"CLOSE error {body['error']!r} is not a string")
+    elif kind in PTY_TYPES:
+        _validate_terminal(kind, body)
+
+
+def _validate_terminal(kind: FrameType, body: dict[str, Any]) -> None:
+    """The bodies of RESIZE and SIGNAL."""
+    if kind == FrameType.RESIZE:
+        for key in ("rows", "cols"):
+            value = body.get(key)
+            if not (isinstance(value, int) and _is_int(value) and 1 <= value <= MAX_PTY_SIDE):
+                raise ProtocolError(f"RESIZE {key} {value!r}")
+    else:
+        value = body.get("signal")
+        if not (isinstance(value, int) and _is_int(value) and 1 <= value <= 64):
+            raise ProtocolError(f"SIGNAL signal {value!r}")
 
 
 def validate_exit(body: dict[str, Any]) -> None:

@@ -10,8 +10,11 @@ subclasses it and supplies its parts:
   memory limit below its own); also makes sure the sandbox is started;
 * :meth:`~ChannelSession._before_command` -- checks that need the sandbox (Docker: the cwd can be
   entered); default none;
-* :meth:`~ChannelSession._run_command` -- run one prepared command, returning the transport's outcome and
-  whether the kernel's OOM killer hit it (Docker also replaces a container that died);
+* :meth:`~ChannelSession._prepare_command` -- a request made ready for the transport: its program,
+  environment (the egress proxy's included), user and working directory;
+* :meth:`~ChannelSession._run_command` -- run one prepared command (default: through the transport, the
+  agent's OOM count saying whether the kernel's OOM killer hit it; Docker also replaces a container that
+  died);
 * :meth:`~ChannelSession._explained` -- what a broken channel means for this engine (Kubernetes reads the
   Pod's status); default: the error as it is;
 * :meth:`~ChannelSession._command_user` -- whom a command (and a file operation) runs as;
@@ -23,9 +26,10 @@ A request's user given by name (``"root"``, ``"app:app"``) is looked up in the s
 ``/etc/passwd`` and ``/etc/group`` before anything else of the call (:meth:`ChannelSession._numeric_request`),
 so every part above sees numbers.
 
-File operations (:attr:`ChannelSession.files`) and published ports (:meth:`ChannelSession.publish`) come
-with the shape: every session on the agent channel reads and writes files inside its sandbox, and reaches
-its ports from the host, the same way (:mod:`.files`, :mod:`.ports`).
+File operations (:attr:`ChannelSession.files`), published ports (:meth:`ChannelSession.publish`) and
+terminals (:meth:`ChannelSession.open_pty`) come with the shape: every session on the agent channel reads
+and writes files inside its sandbox, reaches its ports from the host and opens terminals in it the same
+way (:mod:`.files`, :mod:`.ports`, :mod:`.terminal`).
 """
 
 from __future__ import annotations
@@ -42,8 +46,15 @@ from adk_sandbox.executor._users import is_numeric, resolve_user
 from adk_sandbox.executor.backend import OutputCallback, SandboxSession
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.files import SandboxFiles
+from adk_sandbox.executor.channel.frames import MAX_PTYS
 from adk_sandbox.executor.channel.ports import PublishedPorts
-from adk_sandbox.executor.channel.transport import MAX_COMMAND_INPUT, CommandOutcome, CommandTransport
+from adk_sandbox.executor.channel.terminal import DEFAULT_SHELL, Terminal, check_size
+from adk_sandbox.executor.channel.transport import (
+    MAX_COMMAND_INPUT,
+    CommandOutcome,
+    CommandTransport,
+    PreparedCommand,
+)
 from adk_sandbox.executor.errors import (
     ExecutorError,
     InvalidRequestError,
@@ -83,7 +94,8 @@ class ChannelSession(SandboxSession):
     #: (sandbox id, user) pairs known to enter the default working directory (see :meth:`_check_cwd`).
     _enterable: set[tuple[str, str]]
     _ports: PublishedPorts | None = None
-    _ports_done = False  # set by close: nothing is published after it
+    _ports_done = False  # set by close: nothing is published or opened after it
+    _terminals: set[Terminal] | None = None
 
     # -- the engine's parts ---------------------------------------------------------------------------
     @abstractmethod
@@ -99,6 +111,9 @@ class ChannelSession(SandboxSession):
         self._check_cwd(request, started)
 
     @abstractmethod
+    def _prepare_command(self, request: ExecRequest, argv: tuple[str, ...]) -> PreparedCommand:
+        """``argv`` for ``request``, ready for the transport (the sandbox is started)."""
+
     def _run_command(
         self,
         request: ExecRequest,
@@ -109,6 +124,12 @@ class ChannelSession(SandboxSession):
         cancel: threading.Event | None,
     ) -> tuple[CommandOutcome, bool]:
         """Run ``argv`` for ``request`` through the transport: its outcome and whether it was OOM-killed."""
+        transport = self._transport
+        if transport is None:
+            raise SandboxFailedError(self._GONE)
+        command = self._prepare_command(request, argv)
+        outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
+        return outcome, bool(outcome.oom_kills)
 
     def _explained(self, exc: SandboxFailedError) -> ExecutorError:
         """What a broken channel means here (default: the error as it is)."""
@@ -332,10 +353,85 @@ class ChannelSession(SandboxSession):
         """The sandbox's published ports and the host address of each."""
         return self._ports.published() if self._ports is not None else {}
 
+    # -- terminals ------------------------------------------------------------------------------------
+    def open_pty(
+        self,
+        argv: list[str] | tuple[str, ...] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        user: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 24 * 3600,
+    ) -> Terminal:
+        """A program on a new terminal in the sandbox (:class:`.terminal.Terminal`); the shell by default.
+
+        ``argv`` runs as a command would (``user``, ``cwd``, ``env`` and ``timeout`` as in
+        :class:`ExecRequest`; ``TERM`` is ``xterm-256color`` unless ``env`` says otherwise), in its own
+        session with the terminal as its controlling one. Without ``argv``: ``bash -i`` when the sandbox
+        has bash, else ``sh -i``. At most :data:`.frames.MAX_PTYS` terminals per session at once. Starts
+        the session; its close ends every terminal.
+        """
+        rows, cols = check_size(rows, cols)
+        request = ExecRequest(argv=tuple(argv) if argv is not None else DEFAULT_SHELL, user=user, cwd=cwd,
+                              env={"TERM": "xterm-256color", **(env or {})}, timeout=timeout)  # fmt: skip
+        self._refuse(request)
+        request = self._numeric_request(request)
+        self._refuse_user(request.user)
+        started = time.monotonic()
+        self._before_command(request, started)
+        transport = self._transport
+        if not isinstance(transport, AgentTransport):
+            raise PolicyNotEnforceableError(
+                f"{self._WHERE} runs its commands on the {getattr(transport, 'channel', 'exec')} transport, "
+                "not the agent channel, which is what carries a terminal; it is refused"
+            )
+        with _PORTS_LOCK:
+            if self._closed or self._ports_done:
+                raise SandboxFailedError(self._GONE)
+            terminals = self._terminals if self._terminals is not None else set()
+            self._terminals = terminals
+            if len(terminals) >= MAX_PTYS:
+                raise InvalidRequestError(
+                    f"{len(terminals)} terminals are open in this session, the most it may hold at once "
+                    f"({MAX_PTYS}); close one first"
+                )
+        workspace = self._workspace
+        if workspace is not None:
+            workspace.before_command()
+        command = self._prepare_command(request, request.argv or ())
+        try:
+            terminal = transport.open_terminal(
+                command, rows, cols, deadline=started + request.timeout, on_close=self._terminal_closed
+            )
+        except SandboxFailedError as exc:
+            explained = self._explained(exc)
+            if explained is exc:
+                raise
+            raise explained from exc
+        with _PORTS_LOCK:
+            terminals.add(terminal)
+        return terminal
+
+    def _terminal_closed(self, terminal: Terminal) -> None:
+        with _PORTS_LOCK:
+            if self._terminals is not None:
+                self._terminals.discard(terminal)
+        workspace = self._workspace
+        if workspace is not None and not self._ports_done:  # at the session's close its own last sync does it
+            workspace.after_command()  # what the terminal's programs changed comes back to the host
+
     def close(self) -> None:
-        """Stop publishing ports, then remove the sandbox (:meth:`_close_sandbox`); idempotent."""
+        """End the terminals, stop publishing ports, then remove the sandbox (:meth:`_close_sandbox`).
+
+        Idempotent.
+        """
         with _PORTS_LOCK:
             ports, self._ports, self._ports_done = self._ports, None, True
+            terminals, self._terminals = list(self._terminals or ()), None
+        for terminal in terminals:
+            terminal.close()
         if ports is not None:
             ports.close()
         self._close_sandbox()

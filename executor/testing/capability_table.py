@@ -27,14 +27,14 @@ ROWS: dict[str, str] = {
     "snapshot": "`session.snapshot()` keeps the session's files (taken by `fork()`)",
     "fork": "`session.fork()` starts a session holding them, apart from its parent",
     "pool": "a warm pool of started sessions: a session comes from it and runs a command",
-    "pty": "a command on a terminal (not built yet)",
+    "pty": "`session.open_pty()`: a shell on a terminal, resized, interrupted by Ctrl-C (the `pty` check)",
     "ports": "`session.publish(port)`: a host address reaching a server on the sandbox's loopback",
     "processes in snapshots": "a snapshot holds running processes, not only files (not built yet)",
 }
 #: The cell of a row no backend has yet.
 NOT_YET = "not yet"
 #: Rows that no backend has yet: every column says :data:`NOT_YET`.
-FUTURE_ROWS = ("pty", "processes in snapshots")
+FUTURE_ROWS = ("processes in snapshots",)
 #: Set to ``1``: the suite writes each target's column into its table instead of comparing.
 WRITE_VARIABLE = "ADK_SANDBOX_WRITE_CAPABILITIES"
 #: How the table is made again: at the top of the page, and in the message of a difference.

@@ -380,6 +380,20 @@ def _name_of(test_name: str) -> str:
     return test_name.removeprefix("test_")
 
 
+def _read_until(terminal: Any, wanted: bytes, timeout: float = 30.0) -> bytes:
+    """What a terminal showed until ``wanted`` (an AssertionError with what it showed if it never came)."""
+    seen, deadline = b"", time.monotonic() + timeout
+    while wanted not in seen:
+        left = deadline - time.monotonic()
+        try:
+            piece = terminal.read(timeout=max(left, 0.001))
+        except TimeoutError:
+            piece = b""
+        _expect(bool(piece) or left > 0 and terminal.running, f"no {wanted!r} on the terminal: {seen[-300:]!r}")
+        seen += piece
+    return seen
+
+
 class ConformanceSuite:
     """The checks; subclass it as ``Test...`` in a module that provides a ``conformance_target`` fixture.
 
@@ -965,6 +979,42 @@ class ConformanceSuite:
         with pytest.raises(OSError):
             socket.create_connection((host, int(number)), timeout=5).close()
         conformance.record("ports")
+
+    @_check()
+    def test_pty(self, conformance: _Context) -> None:
+        """``open_pty`` gives a shell on a terminal of the asked size: resized, Ctrl-C, its exit status.
+
+        Driven by keystrokes as a person would: ``stty size`` shows the size given and, after ``resize``,
+        the new one; Ctrl-C (byte 3) interrupts a ``sleep`` and the shell lives; ``exit 7`` ends it with
+        status 7. A backend without ``open_pty`` (or refusing it) gives the table's reason.
+        """
+        open_pty = getattr(conformance.backend, "open_pty", None)
+        if open_pty is None:
+            conformance.record(
+                "pty", f"{type(conformance.backend).__name__} has no open_pty(): no agent channel to carry one"
+            )
+            return
+        try:
+            terminal = open_pty(["/bin/sh", "-i"], rows=33, cols=101, env={"PS1": "ready$ "})
+        except (PolicyNotEnforceableError, InvalidRequestError) as exc:
+            conformance.record("pty", str(exc))
+            return
+        with terminal:
+            seen = _read_until(terminal, b"ready$ ")
+            terminal.write(b"stty size\n")
+            seen = _read_until(terminal, b"33 101")
+            terminal.resize(40, 120)
+            terminal.write(b"stty size\n")
+            seen = _read_until(terminal, b"40 120")
+            terminal.write(b"sleep 60; echo slept\n")
+            time.sleep(0.5)
+            terminal.write(b"\x03")
+            terminal.write(b"echo alive\n")
+            seen = _read_until(terminal, b"alive\r\n")
+            _expect(b"slept" not in seen, f"Ctrl-C did not interrupt the sleep: {seen[-300:]!r}")
+            terminal.write(b"exit 7\n")
+            _expect(terminal.wait(30) == 7, f"the shell ended with {terminal.exit_code}, not 7")
+        conformance.record("pty")
 
     @_check(session=True)
     def test_warm_pool(self, conformance: _Context) -> None:

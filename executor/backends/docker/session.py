@@ -1004,6 +1004,26 @@ class DockerSession(SessionNetwork, ChannelSession):
     ) -> tuple[CommandOutcome, bool]:
         return self._run(request, argv, self._opened(), capture, started=started, cancel=cancel)
 
+    def _prepare_command(self, request: ExecRequest, argv: tuple[str, ...]) -> PreparedCommand:
+        return self._prepare(request, argv, self._opened())
+
+    def _prepare(
+        self, request: ExecRequest, argv: tuple[str, ...], container: OpenedContainer
+    ) -> PreparedCommand:
+        self._egress.ensure(self._transport, self._user)
+        return PreparedCommand(
+            argv=argv,
+            env={
+                **self._egress.env(),
+                **build_child_env(container.base_env, self._config.policy_env, request.env),
+            },
+            user=self._command_user(request.user),
+            workdir=request.cwd if request.cwd is not None else container.workdir,
+            stdin=request.stdin_bytes,
+            marker=uuid.uuid4().hex,
+            background=request.background,
+        )
+
     def _run(
         self,
         request: ExecRequest,
@@ -1014,20 +1034,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         started: float,
         cancel: threading.Event | None,
     ) -> tuple[CommandOutcome, bool]:
-        self._egress.ensure(self._transport, self._user)
-        env = {
-            **self._egress.env(),
-            **build_child_env(container.base_env, self._config.policy_env, request.env),
-        }
-        command = PreparedCommand(
-            argv=argv,
-            env=env,
-            user=self._command_user(request.user),
-            workdir=request.cwd if request.cwd is not None else container.workdir,
-            stdin=request.stdin_bytes,
-            marker=uuid.uuid4().hex,
-            background=request.background,
-        )
+        command = self._prepare(request, argv, container)
         for attempt in (1, 2):
             transport = self._transport
             oom_counter = None if self._ooms_from_inside else self._oom_counter

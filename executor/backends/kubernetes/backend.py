@@ -23,7 +23,6 @@ from pydantic import ValidationError
 from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES
 from adk_sandbox.executor._layout import HOME_DIR
-from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor._owner import owner_labels
 from adk_sandbox.executor.backend import SessionBackend
 from adk_sandbox.executor.backends.kubernetes._api import ClientApi, KubernetesApi
@@ -55,7 +54,7 @@ from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, check_network_argument
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
-from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome, PreparedCommand
+from adk_sandbox.executor.channel.transport import DEFAULT_PATH, PreparedCommand
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
@@ -429,20 +428,12 @@ class KubernetesSession(SessionNetwork, ChannelSession):
     def _working_directory(self) -> tuple[str, str]:
         return self.pod_name or "", self._config.workspace_path
 
-    def _run_command(
-        self,
-        request: ExecRequest,
-        argv: tuple[str, ...],
-        capture: OutputCapture,
-        *,
-        started: float,
-        cancel: threading.Event | None,
-    ) -> tuple[CommandOutcome, bool]:
+    def _prepare_command(self, request: ExecRequest, argv: tuple[str, ...]) -> PreparedCommand:
         transport = self._transport
         if transport is None:
-            raise SandboxFailedError("this Kubernetes session is closed")
+            raise SandboxFailedError(self._GONE)
         self._egress.ensure(transport, self._config.user)  # again after an agent restart
-        command = PreparedCommand(
+        return PreparedCommand(
             argv=argv,
             env={**self._egress.env(), **build_child_env(self._base_env, None, request.env)},
             user=self._config.user,
@@ -450,8 +441,6 @@ class KubernetesSession(SessionNetwork, ChannelSession):
             stdin=request.stdin_bytes,
             marker=uuid.uuid4().hex,
         )
-        outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
-        return outcome, bool(outcome.oom_kills)
 
     def _explained(self, exc: SandboxFailedError) -> ExecutorError:
         """The agent channel broke: the Pod's status says why when the Pod itself failed."""

@@ -61,7 +61,7 @@ from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, check_network_argument
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
-from adk_sandbox.executor.channel.transport import DEFAULT_PATH, CommandOutcome, PreparedCommand
+from adk_sandbox.executor.channel.transport import DEFAULT_PATH, PreparedCommand
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
@@ -499,21 +499,13 @@ class MicroVMSession(SessionNetwork, ChannelSession):
     def _working_directory(self) -> tuple[str, str]:
         return self._session_id, self._workdir
 
-    def _run_command(
-        self,
-        request: ExecRequest,
-        argv: tuple[str, ...],
-        capture: OutputCapture,
-        *,
-        started: float,
-        cancel: threading.Event | None,
-    ) -> tuple[CommandOutcome, bool]:
+    def _prepare_command(self, request: ExecRequest, argv: tuple[str, ...]) -> PreparedCommand:
         transport = self._transport
         if transport is None:
             raise SandboxFailedError(self._GONE)
         user = self._command_user(request.user)
         self._egress.ensure(transport, user)  # again after an agent restart, or for another user's agent
-        command = PreparedCommand(
+        return PreparedCommand(
             argv=argv,
             env={**self._egress.env(), **build_child_env(self._base_env, None, request.env)},
             user=user,
@@ -522,8 +514,6 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             marker=uuid.uuid4().hex,
             background=request.background,
         )
-        outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
-        return outcome, bool(outcome.oom_kills)
 
     def _explained(self, exc: SandboxFailedError) -> ExecutorError:
         """The agent channel broke: say so when the VM itself stopped."""

@@ -50,6 +50,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -62,6 +63,7 @@
 
 enum { HELLO = 1, RUN, STDIN_F, STDOUT_F, STDERR_F, EXIT_F, KILL_F, PING, PONG, ERROR_F, FILE_F, RESULT };
 enum { LISTEN_F = 13, OPEN_F, DATA_F, CREDIT_F, CLOSE_F, DIAL_F }; /* the proxy endpoint's connections, dialing */
+enum { RESIZE_F = 19, SIGNAL_F }; /* a terminal's (RUN "pty") size and signals */
 #define HDR 12
 #define MAXP (4u << 20) /* frames.MAX_PAYLOAD */
 #define MAX_COMMANDS 4096
@@ -648,6 +650,8 @@ typedef struct {
     int background; /* RUN "background": at its normal exit the shim keeps what is left (a kept group) */
     char marker[64];
     long long oom_before; /* the memory cgroup's oom_kill counter when the command started (-1: unreadable) */
+    int pty;              /* RUN "pty": out_fd[0] is the terminal's master (stdin_fd a copy of it) */
+    long long credit;     /* a terminal's output the host lets the agent send (frames.PTY_WINDOW, CREDIT) */
 } cmd_t;
 
 static cmd_t *cmds[MAX_COMMANDS];
@@ -966,6 +970,8 @@ static char *resolve(const char *name, char **envp, int *err) {
 
 /* Set by the command's vfork child when its execve failed (the child shares the shim's memory until then). */
 static volatile int exec_errno;
+/* Set in a terminal's shim: its 0, 1 and 2 are the terminal, which the command takes as its controlling one. */
+static int pty_command;
 
 /* The command in a session of its own, with the signals the shim ignores back to their defaults. vfork: no
  * copy of the shim's page tables, and the shim resumes exactly when the command has replaced the child (or
@@ -978,6 +984,7 @@ static pid_t __attribute__((noinline)) spawn_command(const char *path, char **ar
         dfl.sa_handler = SIG_DFL;
         for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &dfl, NULL);
         setsid();
+        if (pty_command && ioctl(0, TIOCSCTTY, 0) != 0) { exec_errno = errno ? errno : ENOTTY; _exit(127); }
         execve(path, argv, envp); /* status_w is close-on-exec */
         exec_errno = errno ? errno : ENOEXEC;
         _exit(127);
@@ -1317,6 +1324,123 @@ static int spare_take(cmd_t *c, char **argv, char **envp, const char *cwd, int w
     return 1;
 }
 
+/* -- terminals (RUN "pty") ------------------------------------------------------------------------------
+ * The agent opens the master of a new pseudo-terminal, the shim gets the terminal itself on 0, 1 and 2, and
+ * the command makes it its controlling terminal in its own session (spawn_command). The master carries
+ * stdout (STDOUT frames, within the host's credit: a terminal's output is not capped but flow-controlled,
+ * so a reader that stops stops only its terminal) and stdin (STDIN frames; an empty one closes only the
+ * agent's writing copy). RESIZE sets its size (the kernel sends SIGWINCH to its foreground group), SIGNAL
+ * signals its foreground process group, as a terminal's keys would. */
+#define MAX_PTYS 32               /* frames.MAX_PTYS: terminals per agent */
+#define PTY_WINDOW (1ll << 20)    /* frames.PTY_WINDOW: a terminal's output sent before any CREDIT */
+#define MAX_PTY_SIDE 10000        /* frames.MAX_PTY_SIDE: rows and columns at most */
+
+static int pty_count(void) {
+    int n = 0;
+    for (int i = 0; i < ncmds; i++) n += cmds[i]->pty;
+    return n;
+}
+
+/* RUN's "pty": true with "rows" and "cols", integers 1..MAX_PTY_SIDE; NULL, or why not. */
+static const char *want_int(jmember_t *m, int n, const char *key, long long dflt, long long *out_v);
+static const char *pty_size(jmember_t *m, int n, long long *rows, long long *cols) {
+    const char *why = want_int(m, n, "rows", -1, rows);
+    if (!why) why = want_int(m, n, "cols", -1, cols);
+    if (why) return why;
+    if (*rows < 1 || *rows > MAX_PTY_SIDE || *cols < 1 || *cols > MAX_PTY_SIDE) return "pty rows and cols must be 1..10000";
+    return NULL;
+}
+
+/* The terminal's master (close-on-exec) and its other end opened; 0 or an errno. */
+static int pty_open(int *master, int *slave, unsigned short rows, unsigned short cols) {
+    *master = *slave = -1;
+    int mfd = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (mfd < 0) return errno;
+    int unlock = 0, num = -1;
+    struct winsize ws = {rows, cols, 0, 0};
+    if (ioctl(mfd, TIOCSPTLCK, &unlock) != 0 || ioctl(mfd, TIOCSWINSZ, &ws) != 0) { int e = errno; close(mfd); return e; }
+    /* TIOCGPTPEER opens this master's own terminal (no path a command could swap); older kernels: the path. */
+    int sfd = ioctl(mfd, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (sfd < 0 && ioctl(mfd, TIOCGPTN, &num) == 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/dev/pts/%d", num);
+        sfd = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    }
+    if (sfd < 0) { int e = errno ? errno : ENOTTY; close(mfd); return e; }
+    *master = mfd;
+    *slave = sfd;
+    return 0;
+}
+
+static int pty_start(cmd_t *c, char **argv, char **envp, const char *cwd, unsigned short rows, unsigned short cols) {
+    int master, slave, fds[2] = {-1, -1};
+    int err = pty_open(&master, &slave, rows, cols);
+    if (err) return err;
+    int copy = fcntl(master, F_DUPFD_CLOEXEC, 3);
+    if (copy < 0 || pipe2(fds, O_CLOEXEC) != 0) {
+        err = errno;
+        close(master); close(slave);
+        if (copy >= 0) close(copy);
+        return err;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        err = errno;
+        close(master); close(slave); close(copy); close_pipes(fds, 2);
+        return err;
+    }
+    if (pid == 0) {
+        pty_command = 1;
+        shim(argv, envp, cwd, slave, slave, slave, fds[1], 0);
+    }
+    close(slave);
+    close(fds[1]);
+    c->pty = 1;
+    c->credit = PTY_WINDOW;
+    c->cap = 1ll << 62; /* no cap: flow control bounds what is in flight */
+    c->shim = pid;
+    c->shim_start = start_of(pid);
+    c->out_fd[0] = master;
+    c->out_fd[1] = -1;
+    c->stdin_fd = copy;
+    c->status_fd = fds[0];
+    set_nonblock(master);
+    set_nonblock(copy);
+    set_nonblock(fds[0]);
+    return 0;
+}
+
+/* CREDIT, RESIZE and SIGNAL on a terminal's channel (nothing for another command: dropped, as a late frame). */
+static void pty_frame(int kind, cmd_t *c, const unsigned char *payload, size_t n) {
+    if (!c || !c->pty) return;
+    jmember_t *m;
+    int count;
+    const char *err;
+    if (jobject(payload, n, &m, &count, &err) != 0) protocol_error("a terminal's frame %d is not a JSON object", kind);
+    long long a = 0, b = 0;
+    const char *why = NULL;
+    if (kind == CREDIT_F) {
+        why = want_int(m, count, "bytes", -1, &a);
+        if (!why && a < 1) why = "bytes must be >= 1";
+        if (!why) c->credit = c->credit + a > (1ll << 40) ? 1ll << 40 : c->credit + a;
+    } else if (kind == RESIZE_F) {
+        why = want_int(m, count, "rows", -1, &a);
+        if (!why) why = want_int(m, count, "cols", -1, &b);
+        if (!why && (a < 1 || a > MAX_PTY_SIDE || b < 1 || b > MAX_PTY_SIDE)) why = "rows and cols must be 1..10000";
+        struct winsize ws = {(unsigned short)a, (unsigned short)b, 0, 0};
+        if (!why && c->out_fd[0] >= 0) (void)ioctl(c->out_fd[0], TIOCSWINSZ, &ws);
+    } else {
+        why = want_int(m, count, "signal", -1, &a);
+        if (!why && (a < 1 || a > 64)) why = "signal must be 1..64";
+        /* The terminal's foreground process group: always one of its own session (the kernel allows no
+         * other), so nothing outside the command's session can be reached this way. */
+        pid_t group = -1;
+        if (!why && c->out_fd[0] >= 0 && ioctl(c->out_fd[0], TIOCGPGRP, &group) == 0 && group > 1) kill(-group, (int)a);
+    }
+    jmembers_free(m, count);
+    if (why) protocol_error("a terminal's frame %d: %s", kind, why);
+}
+
 static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     if (cmd_of(ch) || op_of(ch)) { out_error(ch, "channel %u is in use", ch); return; }
     if (ncmds >= MAX_COMMANDS) { out_error(ch, "cannot start the command: too many commands at once"); return; }
@@ -1330,9 +1454,13 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     jval_t *argv_v = jget(m, count, "argv"), *env_v = jget(m, count, "env"), *cwd_v = jget(m, count, "cwd");
     jval_t *timeout_v = jget(m, count, "timeout"), *cap_v = jget(m, count, "max_output_bytes");
     jval_t *stdin_v = jget(m, count, "stdin"), *tail_v = jget(m, count, "tail_bytes");
-    jval_t *bg_v = jget(m, count, "background");
+    jval_t *bg_v = jget(m, count, "background"), *pty_v = jget(m, count, "pty");
+    long long rows = 0, cols = 0;
     const char *bad = NULL;
-    if (!argv_v || argv_v->type != J_ARR) bad = "argv must be an array of strings";
+    if (pty_v && pty_v->type != J_BOOL && pty_v->type != J_NULL) bad = "pty must be a boolean";
+    else if (pty_v && pty_v->type == J_BOOL && pty_v->b) bad = pty_size(m, count, &rows, &cols);
+    if (bad) {
+    } else if (!argv_v || argv_v->type != J_ARR) bad = "argv must be an array of strings";
     else if (argv_v->n == 0) bad = "empty argv";
     else if (!env_v || env_v->type != J_OBJ) bad = "env must be an object of strings";
     else if (cwd_v && cwd_v->type != J_STR && cwd_v->type != J_NULL) bad = "cwd must be a string";
@@ -1349,6 +1477,17 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
             if (!env_v->items[i][0] || strchr(env_v->items[i], '=')) bad = "an environment name is empty or holds '='";
     if (bad) { jmembers_free(m, count); out_error(ch, "bad RUN: %s", bad); return; }
     int background = bg_v && bg_v->type == J_BOOL && bg_v->b;
+    int pty = rows > 0;
+    if (pty && background) bad = "a terminal (pty) cannot be a background command";
+    if (bad) { jmembers_free(m, count); out_error(ch, "bad RUN: %s", bad); return; }
+    if (pty && pty_count() >= MAX_PTYS) {
+        jmembers_free(m, count);
+        buf_t b = {0};
+        buf_fmt(&b, "{\"refused\":true,\"message\":\"at most %d terminals may be open at once in this session "
+                    "(per user); close one first\"}", MAX_PTYS);
+        out_json(ERROR_F, ch, &b);
+        return;
+    }
     if (background && background_count() >= MAX_GROUPS) prune_groups();
     if (background && background_count() >= MAX_GROUPS) {
         jmembers_free(m, count);
@@ -1399,6 +1538,19 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     char *cwd = strdup(cwd_v && cwd_v->type == J_STR && cwd_v->s[0] ? cwd_v->s : "/");
     jmembers_free(m, count);
 
+    if (pty) {
+        int err = pty_start(c, argv, envp, cwd, (unsigned short)rows, (unsigned short)cols);
+        free_strv(argv); free_strv(envp); free(cwd);
+        if (err) {
+            out_error(ch, "cannot open a terminal: %s", strerror(err));
+            free(c);
+            return;
+        }
+        c->deadline = now() + timeout;
+        c->oom_before = oom_kills();
+        cmds[ncmds++] = c;
+        return;
+    }
     if (spare_take(c, argv, envp, cwd, want_stdin, background)) {
         free_strv(argv); free_strv(envp); free(cwd);
         c->deadline = now() + timeout;
@@ -1497,7 +1649,16 @@ static void tail_send(cmd_t *c, int which) {
 
 /* 1 when bytes came (more may be waiting). */
 static int read_output(cmd_t *c, int which) {
-    ssize_t n = read(c->out_fd[which], chunk, sizeof chunk);
+    if (c->pty && c->credit <= 0) return 0;
+    size_t want = c->pty && c->credit < (long long)sizeof chunk ? (size_t)c->credit : sizeof chunk;
+    ssize_t n = read(c->out_fd[which], chunk, want);
+    /* A terminal gives a few KiB per read: what is already there more goes into the same frame. */
+    while (c->pty && n > 0 && (size_t)n < want) {
+        ssize_t more = read(c->out_fd[which], chunk + n, want - (size_t)n);
+        if (more <= 0) break; /* EAGAIN, or the end: seen at the next read */
+        n += more;
+    }
+    if (n > 0 && c->pty) c->credit -= n;
     if (n < 0 && errno == EINTR) return 1;
     if (n < 0 && errno == EAGAIN) return 0;
     if (n <= 0) { close(c->out_fd[which]); c->out_fd[which] = -1; return 0; }
@@ -2613,13 +2774,14 @@ static void frames(void) {
         uint32_t ch = (uint32_t)h[4] << 24 | (uint32_t)h[5] << 16 | (uint32_t)h[6] << 8 | h[7];
         uint32_t n = (uint32_t)h[8] << 24 | (uint32_t)h[9] << 16 | (uint32_t)h[10] << 8 | h[11];
         if (kind != RUN && kind != STDIN_F && kind != KILL_F && kind != PING && kind != FILE_F && kind != LISTEN_F &&
-            kind != DATA_F && kind != CREDIT_F && kind != CLOSE_F && kind != DIAL_F)
+            kind != DATA_F && kind != CREDIT_F && kind != CLOSE_F && kind != DIAL_F && kind != RESIZE_F && kind != SIGNAL_F)
             protocol_error("frame type %d is not allowed from the host", kind);
         if (h[1] || h[2] || h[3]) protocol_error("non-zero flags or reserved field");
         if (n > MAXP) protocol_error("oversized frame (%u bytes)", n);
         if ((ch == 0) != (kind == PING)) protocol_error("frame type %d on channel %u", kind, ch);
-        if ((ch >= CONN_BASE) != (kind == DATA_F || kind == CREDIT_F || kind == CLOSE_F || kind == DIAL_F) ||
-            (kind == DIAL_F && ch < DIAL_BASE))
+        /* CREDIT is a connection's, or (below CONN_BASE) a terminal's, as RESIZE and SIGNAL are. */
+        if ((ch >= CONN_BASE) != (kind == DATA_F || (kind == CREDIT_F && ch >= CONN_BASE) || kind == CLOSE_F || kind == DIAL_F) ||
+            (kind == DIAL_F && ch < DIAL_BASE) || ((kind == RESIZE_F || kind == SIGNAL_F) && ch >= CONN_BASE))
             protocol_error("frame type %d on channel %u", kind, ch);
         if (inlen - at < HDR + (size_t)n) break;
         const unsigned char *payload = h + HDR;
@@ -2627,6 +2789,7 @@ static void frames(void) {
         cmd_t *c = cmd_of(ch);
         op_t *o = op_of(ch);
         if (kind == RUN) run(ch, payload, n);
+        else if (kind == RESIZE_F || kind == SIGNAL_F || (kind == CREDIT_F && ch < CONN_BASE)) pty_frame(kind, c, payload, n);
         else if (kind == LISTEN_F) listen_req(ch, payload, n);
         else if (kind == DATA_F || kind == CREDIT_F || kind == CLOSE_F) conn_frame(kind, ch, payload, n);
         else if (kind == DIAL_F) dial_req(ch, payload, n);
@@ -2739,7 +2902,7 @@ static void loop(void) {
         for (int i = 0; i < ncmds; i++) {
             cmd_t *c = cmds[i];
             for (int k = 0; k < 2; k++)
-                if (c->out_fd[k] >= 0) { pfd[np] = (struct pollfd){c->out_fd[k], POLLIN, 0}; owner[np] = c; what[np++] = k; }
+                if (c->out_fd[k] >= 0 && (!c->pty || c->credit > 0)) { pfd[np] = (struct pollfd){c->out_fd[k], POLLIN, 0}; owner[np] = c; what[np++] = k; }
             if (c->status_fd >= 0) { pfd[np] = (struct pollfd){c->status_fd, POLLIN, 0}; owner[np] = c; what[np++] = 2; }
             if (c->stdin_fd >= 0 && c->pending.len > c->pending_at) { pfd[np] = (struct pollfd){c->stdin_fd, POLLOUT, 0}; owner[np] = c; what[np++] = 3; }
             double d = c->shim_done ? c->drain_until : c->deadline;
@@ -2955,7 +3118,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < N_OPS; i++) buf_fmt(&b, "%s\"%s\"", i ? "," : "", OP_NAMES[i]);
     /* What everything it starts gets: the filter ("refused"), none by the host's choice ("allowed"), or
      * none for want of one on this architecture ("unavailable": every RUN and FILE then fails). */
-    buf_fmt(&b, "],\"proxy\":1,\"dial\":1,\"unix\":2,\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
+    buf_fmt(&b, "],\"proxy\":1,\"dial\":1,\"unix\":2,\"pty\":1,\"setid\":\"%s\"}", setid_allowed ? "allowed" : SETID_FILTER_LEN ? "refused" : "unavailable");
     out_json(HELLO, 0, &b);
     loop();
     exit_alone(0);
