@@ -389,7 +389,9 @@ def _read_until(terminal: Any, wanted: bytes, timeout: float = 30.0) -> bytes:
             piece = terminal.read(timeout=max(left, 0.001))
         except TimeoutError:
             piece = b""
-        _expect(bool(piece) or left > 0 and terminal.running, f"no {wanted!r} on the terminal: {seen[-300:]!r}")
+        _expect(
+            bool(piece) or (left > 0 and terminal.running), f"no {wanted!r} on the terminal: {seen[-300:]!r}"
+        )
         seen += piece
     return seen
 
@@ -991,7 +993,8 @@ class ConformanceSuite:
         open_pty = getattr(conformance.backend, "open_pty", None)
         if open_pty is None:
             conformance.record(
-                "pty", f"{type(conformance.backend).__name__} has no open_pty(): no agent channel to carry one"
+                "pty",
+                f"{type(conformance.backend).__name__} has no open_pty(): no agent channel to carry one",
             )
             return
         try:
