@@ -48,7 +48,7 @@ from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.files import SandboxFiles
 from adk_sandbox.executor.channel.frames import MAX_PTYS
 from adk_sandbox.executor.channel.ports import PublishedPorts
-from adk_sandbox.executor.channel.terminal import DEFAULT_SHELL, Terminal, check_size
+from adk_sandbox.executor.channel.terminal import Terminal, check_size, terminal_request
 from adk_sandbox.executor.channel.transport import (
     MAX_COMMAND_INPUT,
     CommandOutcome,
@@ -374,8 +374,7 @@ class ChannelSession(SandboxSession):
         the session; its close ends every terminal.
         """
         rows, cols = check_size(rows, cols)
-        request = ExecRequest(argv=tuple(argv) if argv is not None else DEFAULT_SHELL, user=user, cwd=cwd,
-                              env={"TERM": "xterm-256color", **(env or {})}, timeout=timeout)  # fmt: skip
+        request = terminal_request(argv, user=user, cwd=cwd, env=env, timeout=timeout)
         self._refuse(request)
         request = self._numeric_request(request)
         self._refuse_user(request.user)

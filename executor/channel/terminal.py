@@ -19,13 +19,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from adk_sandbox.executor.channel.frames import MAX_PTY_SIDE, PTY_WINDOW, FrameType, encode
 from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.types import ExecRequest
 
 if TYPE_CHECKING:
     from adk_sandbox.executor.channel.agent_transport import _Agent, _Channel
 
-__all__ = ["DEFAULT_SHELL", "KEPT_BY_WAIT", "Terminal", "check_size"]
+__all__ = ["DEFAULT_SHELL", "KEPT_BY_WAIT", "Terminal", "check_size", "terminal_request"]
 
 #: The program a terminal runs when none is given: bash when the image has it, else sh, interactive.
 DEFAULT_SHELL = ("/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -i; fi; exec sh -i")
@@ -48,6 +51,31 @@ def check_size(rows: object, cols: object) -> tuple[int, int]:
                 f"a terminal's {name} must be an integer 1..{MAX_PTY_SIDE}, not {value!r}"
             )
     return int(rows), int(cols)  # type: ignore[call-overload]
+
+
+def terminal_request(
+    argv: list[str] | tuple[str, ...] | None,
+    *,
+    user: str | None,
+    cwd: str | None,
+    env: dict[str, str] | None,
+    timeout: float,
+) -> ExecRequest:
+    """What a terminal's program runs as, checked as a command's request; :class:`InvalidRequestError` if not.
+
+    No ``argv``: :data:`DEFAULT_SHELL`. ``TERM`` is ``xterm-256color`` unless ``env`` gives it.
+    """
+    try:
+        return ExecRequest(
+            argv=tuple(argv) if argv is not None else DEFAULT_SHELL,
+            user=user,
+            cwd=cwd,
+            env={"TERM": "xterm-256color", **(env or {})},
+            timeout=timeout,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidRequestError(f"invalid terminal request: {problems}; nothing was opened") from None
 
 
 class Terminal:
