@@ -38,7 +38,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.channel.connections import ConnectionHandler, Connections, ConnectionStream
@@ -58,7 +58,6 @@ from adk_sandbox.executor.channel.frames import (
 )
 from adk_sandbox.executor.channel.static_agent import AgentLaunch, StaticAgentUnavailableError, agent_launch
 from adk_sandbox.executor.channel.streams import AgentStream, AgentStreamOpener
-from adk_sandbox.executor.channel.terminal import Terminal
 from adk_sandbox.executor.channel.transport import (
     CANCEL_POLL_SECONDS,
     KILL_ON_ERROR_SECONDS,
@@ -91,6 +90,7 @@ _SEND_SECONDS = 10.0
 _SEND_SLICE = 4 * STDIN_CHUNK
 
 _Event = tuple[str, Any]
+_Live = TypeVar("_Live")
 
 
 @dataclass
@@ -687,53 +687,56 @@ class AgentTransport:
             self._kill_after_error(agent, number, channel)
             raise
 
-    def open_terminal(
+    def start_live(
         self,
         command: PreparedCommand,
-        rows: int,
-        cols: int,
+        make: Callable[[_Agent, int, _Channel], _Live],
         *,
         deadline: float,
-        on_close: Callable[[Terminal], None] | None = None,
-    ) -> Terminal:
-        """Start ``command`` on a new terminal of ``rows`` x ``cols`` (:mod:`.terminal`), until ``deadline``.
+        size: tuple[int, int] | None = None,
+    ) -> _Live:
+        """Start ``command`` as a live program (:mod:`.live`), on a terminal of ``size`` (rows, cols) if any.
 
-        The agent's answer is known before this returns: a PING after the RUN comes back after the RUN's
-        ERROR, if any (the agent takes frames in order), so a refusal (too many terminals) raises
-        :class:`InvalidRequestError` and a failure :class:`SandboxFailedError` here, with nothing left open.
+        It lives until ``deadline`` (monotonic) at most; ``make`` wraps its channel (a :class:`.Terminal`,
+        a :class:`.live.Process`). The agent's answer is known before this returns: a PING after the RUN
+        comes back after the RUN's ERROR, if any (the agent takes frames in order), so a refusal (too many
+        terminals) raises :class:`InvalidRequestError` and a failure :class:`SandboxFailedError` here,
+        with nothing left open.
         """
         until = time.monotonic() + AGENT_START_SECONDS
         agent = self._agent_for(command.user, until)
         offered = (agent.hello or {}).get("pty", 0)
         if not (isinstance(offered, int) and offered >= PTY_VERSION):
             raise PolicyNotEnforceableError(
-                f"the in-sandbox agent ({(agent.hello or {}).get('agent', 'unnamed')}) offers no terminals "
-                f"(its HELLO says pty={offered!r}); a terminal cannot be opened in this sandbox"
+                f"the in-sandbox agent ({(agent.hello or {}).get('agent', 'unnamed')}) runs no live "
+                f"programs (its HELLO says pty={offered!r}); a terminal or a spawned program cannot run "
+                "in this sandbox"
             )
         number, channel = agent.open_channel()
-        run = {
+        run: dict[str, Any] = {
             "argv": list(command.argv),
             "env": command.env,
             "cwd": command.workdir,
             "timeout": max(deadline - time.monotonic(), 0.0),
-            "pty": True,
-            "rows": rows,
-            "cols": cols,
         }
+        if size is not None:
+            run.update(pty=True, rows=size[0], cols=size[1])
+        else:
+            run.update(paced=True, stdin=True)
         try:
             agent.send(encode(FrameType.RUN, number, run), until)
             if not agent.ping(AGENT_START_SECONDS):
-                why = agent.broken or "the in-sandbox agent did not answer opening a terminal"
+                why = agent.broken or "the in-sandbox agent did not answer starting a live program"
                 raise SandboxFailedError(why)
             kind, value = channel.events.queue[0] if channel.events.qsize() else ("", None)
             if kind == "refused":
-                raise InvalidRequestError(f"{value}; no terminal was opened")
+                raise InvalidRequestError(f"{value}; nothing was started")
             if kind == "error":
-                raise SandboxFailedError(f"the in-sandbox agent could not open a terminal: {value}")
+                raise SandboxFailedError(f"the in-sandbox agent could not start it: {value}")
         except BaseException:
             agent.close_channel(number)
             raise
-        return Terminal(agent, number, channel, on_close=on_close)
+        return make(agent, number, channel)
 
     def _kill_after_error(self, agent: _Agent, number: int, channel: _Channel) -> None:
         until = time.monotonic() + KILL_ON_ERROR_SECONDS

@@ -101,6 +101,11 @@ end it as any command, and EXIT ends the channel. At most :data:`MAX_PTYS` termi
 is answered with ERROR ``"refused": true``. CREDIT, RESIZE and SIGNAL for a channel that is no terminal
 are dropped (as late frames); a malformed one is a protocol error.
 
+**Paced commands** (RUN ``"paced": true``, not with ``"background"``; ``session.spawn``): a command without
+a terminal whose STDOUT and STDERR are paced as a terminal's output is (one window for both, the same
+CREDIT), not capped: ``max_output_bytes`` and ``tail_bytes`` do not apply. An agent whose HELLO says
+``"pty": 1`` serves them.
+
 **The direct path** (a local engine's runc sandbox, docs/network.md "Speed"): a LISTEN with ``"unix"`` and
 ``"token"`` names a Unix socket the host listens on, bound read-only into the sandbox. The agent tries to
 connect to it once, at the LISTEN, and closes that probe without sending a byte. If that worked, the RESULT

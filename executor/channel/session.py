@@ -26,10 +26,11 @@ A request's user given by name (``"root"``, ``"app:app"``) is looked up in the s
 ``/etc/passwd`` and ``/etc/group`` before anything else of the call (:meth:`ChannelSession._numeric_request`),
 so every part above sees numbers.
 
-File operations (:attr:`ChannelSession.files`), published ports (:meth:`ChannelSession.publish`) and
-terminals (:meth:`ChannelSession.open_pty`) come with the shape: every session on the agent channel reads
-and writes files inside its sandbox, reaches its ports from the host and opens terminals in it the same
-way (:mod:`.files`, :mod:`.ports`, :mod:`.terminal`).
+File operations (:attr:`ChannelSession.files`), published ports (:meth:`ChannelSession.publish`),
+terminals (:meth:`ChannelSession.open_pty`) and spawned processes (:meth:`ChannelSession.spawn`) come with
+the shape: every session on the agent channel reads and writes files inside its sandbox, reaches its ports
+from the host and runs live programs in it the same way (:mod:`.files`, :mod:`.ports`, :mod:`.terminal`,
+:mod:`.live`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from adk_sandbox.executor._languages import request_argv
 from adk_sandbox.executor._output import OutputCapture
@@ -47,6 +48,7 @@ from adk_sandbox.executor.backend import OutputCallback, SandboxSession
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.files import SandboxFiles
 from adk_sandbox.executor.channel.frames import MAX_PTYS
+from adk_sandbox.executor.channel.live import LiveChannel, Process, live_request
 from adk_sandbox.executor.channel.ports import PublishedPorts
 from adk_sandbox.executor.channel.terminal import Terminal, check_size, terminal_request
 from adk_sandbox.executor.channel.transport import (
@@ -61,10 +63,12 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
-from adk_sandbox.executor.types import ExecRequest, ExecResult, parse_user
+from adk_sandbox.executor.types import MAX_BACKGROUND_GROUPS, ExecRequest, ExecResult, parse_user
 from adk_sandbox.executor.workspace.synced import SyncedWorkspace, refusal_note
 
 __all__ = ["ChannelSession"]
+
+_Live = TypeVar("_Live", bound=LiveChannel)
 
 # The sandbox's user and group tables, as they are now (a user added a moment ago is found), split by RS.
 _USER_TABLES = "cat /etc/passwd; printf '\\n\\036\\n'; cat /etc/group"
@@ -95,7 +99,7 @@ class ChannelSession(SandboxSession):
     _enterable: set[tuple[str, str]]
     _ports: PublishedPorts | None = None
     _ports_done = False  # set by close: nothing is published or opened after it
-    _terminals: set[Terminal] | None = None
+    _live: set[LiveChannel] | None = None  # the terminals and spawned processes not yet closed
 
     # -- the engine's parts ---------------------------------------------------------------------------
     @abstractmethod
@@ -353,7 +357,7 @@ class ChannelSession(SandboxSession):
         """The sandbox's published ports and the host address of each."""
         return self._ports.published() if self._ports is not None else {}
 
-    # -- terminals ------------------------------------------------------------------------------------
+    # -- live programs: terminals and spawned processes ----------------------------------------------
     def open_pty(
         self,
         argv: list[str] | tuple[str, ...] | None = None,
@@ -373,8 +377,57 @@ class ChannelSession(SandboxSession):
         has bash, else ``sh -i``. At most :data:`.frames.MAX_PTYS` terminals per session at once. Starts
         the session; its close ends every terminal.
         """
-        rows, cols = check_size(rows, cols)
+        size = check_size(rows, cols)
         request = terminal_request(argv, user=user, cwd=cwd, env=env, timeout=timeout)
+
+        def make(agent: Any, number: int, channel: Any) -> Terminal:
+            return Terminal(agent, number, channel, on_close=self._live_closed)
+
+        return self._start_live(request, make, size=size, kind="terminals", limit=MAX_PTYS)
+
+    def spawn(
+        self,
+        argv: list[str] | tuple[str, ...],
+        *,
+        user: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 24 * 3600,
+    ) -> Process:
+        """Start ``argv`` and talk to it while it runs (:class:`.live.Process`): stdin, stdout, stderr.
+
+        As a command (``user``, ``cwd``, ``env``, ``timeout`` as in :class:`ExecRequest`; its whole tree
+        killed at its end), but its input is written while it runs and its output read as it comes, paced
+        by the reader. At most :data:`MAX_BACKGROUND_GROUPS` at once per session (:meth:`processes`
+        lists them); the session's close kills them.
+        """
+        request = live_request(argv, user=user, cwd=cwd, env=env or {}, timeout=timeout, what="spawn")
+
+        def make(agent: Any, number: int, channel: Any) -> Process:
+            return Process(request.argv or (), agent, number, channel, on_close=self._live_closed)
+
+        return self._start_live(request, make, size=None, kind="processes", limit=MAX_BACKGROUND_GROUPS)
+
+    def processes(self) -> list[Process]:
+        """The spawned processes not yet closed (running, or ended and not yet read to their end)."""
+        with _PORTS_LOCK:
+            return [p for p in self._live_programs() if isinstance(p, Process)]
+
+    def _live_programs(self) -> set[LiveChannel]:
+        if self._live is None:
+            self._live = set()
+        return self._live
+
+    def _start_live(
+        self,
+        request: ExecRequest,
+        make: Callable[[Any, int, Any], _Live],
+        *,
+        size: tuple[int, int] | None,
+        kind: str,
+        limit: int,
+    ) -> _Live:
+        """Start a live program for ``request`` (refused, checked and prepared as a command is)."""
         self._refuse(request)
         request = self._numeric_request(request)
         self._refuse_user(request.user)
@@ -384,53 +437,51 @@ class ChannelSession(SandboxSession):
         if not isinstance(transport, AgentTransport):
             raise PolicyNotEnforceableError(
                 f"{self._WHERE} runs its commands on the {getattr(transport, 'channel', 'exec')} transport, "
-                "not the agent channel, which is what carries a terminal; it is refused"
+                f"not the agent channel, which is what carries {kind}; it is refused"
             )
         with _PORTS_LOCK:
             if self._closed or self._ports_done:
                 raise SandboxFailedError(self._GONE)
-            terminals = self._terminals if self._terminals is not None else set()
-            self._terminals = terminals
-            if len(terminals) >= MAX_PTYS:
+            live = self._live_programs()
+            same = sum(1 for program in live if (kind == "terminals") == isinstance(program, Terminal))
+            if same >= limit:
                 raise InvalidRequestError(
-                    f"{len(terminals)} terminals are open in this session, the most it may hold at once "
-                    f"({MAX_PTYS}); close one first"
+                    f"{same} {kind} are open in this session, the most it may hold at once ({limit}); "
+                    "close one first"
                 )
         workspace = self._workspace
         if workspace is not None:
             workspace.before_command()
         command = self._prepare_command(request, request.argv or ())
         try:
-            terminal = transport.open_terminal(
-                command, rows, cols, deadline=started + request.timeout, on_close=self._terminal_closed
-            )
+            program = transport.start_live(command, make, deadline=started + request.timeout, size=size)
         except SandboxFailedError as exc:
             explained = self._explained(exc)
             if explained is exc:
                 raise
             raise explained from exc
         with _PORTS_LOCK:
-            terminals.add(terminal)
-        return terminal
+            live.add(program)
+        return program
 
-    def _terminal_closed(self, terminal: Terminal) -> None:
+    def _live_closed(self, program: LiveChannel) -> None:
         with _PORTS_LOCK:
-            if self._terminals is not None:
-                self._terminals.discard(terminal)
+            if self._live is not None:
+                self._live.discard(program)
         workspace = self._workspace
         if workspace is not None and not self._ports_done:  # at the session's close its own last sync does it
-            workspace.after_command()  # what the terminal's programs changed comes back to the host
+            workspace.after_command()  # what the program changed comes back to the host
 
     def close(self) -> None:
-        """End the terminals, stop publishing ports, then remove the sandbox (:meth:`_close_sandbox`).
+        """End the live programs, stop publishing ports, then remove the sandbox (:meth:`_close_sandbox`).
 
         Idempotent.
         """
         with _PORTS_LOCK:
             ports, self._ports, self._ports_done = self._ports, None, True
-            terminals, self._terminals = list(self._terminals or ()), None
-        for terminal in terminals:
-            terminal.close()
+            live, self._live = list(self._live or ()), None
+        for program in live:
+            program.close()
         if ports is not None:
             ports.close()
         self._close_sandbox()

@@ -1,4 +1,4 @@
-"""Terminals on a Docker session (``session.open_pty``), attacked: floods, a reader that stops, the bounds.
+"""Live programs on a Docker session (``open_pty``, ``spawn``), attacked: floods, a reader that stops, bounds.
 
 The conformance suite's ``pty`` check drives a shell as a person would (size, resize, Ctrl-C, exit
 status) on every backend; this module tries what a hostile program on the terminal, or a careless caller,
@@ -29,6 +29,7 @@ from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.channel.frames import MAX_PTYS, PTY_WINDOW, FrameType, encode
 from adk_sandbox.executor.channel.terminal import Terminal
 from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.types import MAX_BACKGROUND_GROUPS
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -185,4 +186,57 @@ def test_a_malformed_resize_breaks_the_agent_not_the_host(session: DockerSession
     with pytest.raises(SandboxFailedError):
         terminal.wait(30)
     assert session.execute(ExecRequest(argv=("echo", "new agent"), timeout=60)).stdout == "new agent\n"
+    assert count_inside(session, "sleep 600") == 0
+
+
+# -- spawned processes: the same channel without a terminal ------------------------------------------------
+
+
+def test_a_spawned_process_is_talked_to_while_it_runs(session: DockerSession) -> None:
+    """stdin written while it runs and closed; stdout and stderr apart, as they come; its exit status."""
+    script = "while read line; do echo out:$line; echo err:$line >&2; done; exit 3"
+    process = session.spawn(["sh", "-c", script])
+    assert session.processes() == [process]
+    process.write(b"one\n")
+    out, err = b"", b""
+    deadline = time.monotonic() + 30
+    while b"out:one" not in out or b"err:one" not in err:
+        assert time.monotonic() < deadline, (out, err)
+        got = process.read(timeout=30)
+        out, err = out + got.stdout, err + got.stderr
+    assert process.running
+    process.write(b"two\n")
+    process.close_stdin()
+    assert process.wait(30) == 3
+    rest = process.read(timeout=5)
+    assert b"out:two" in out + rest.stdout and b"err:two" in err + rest.stderr
+    assert process.read(timeout=5) == (b"", b"") and not process.running
+    process.close()
+    assert session.processes() == []
+
+
+def test_an_unread_spawned_process_stops_only_itself(session: DockerSession) -> None:
+    """``yes`` spawned and never read: the session's commands go on, the host holds about one window."""
+    host = psutil.Process(os.getpid())
+    with session.spawn(["yes", "unread output"]) as process:
+        rss_before = host.memory_info().rss
+        time.sleep(3)
+        result = session.execute(ExecRequest(argv=("echo", "still here"), timeout=30))
+        assert result.stdout == "still here\n"
+        assert host.memory_info().rss - rss_before < 8 * PTY_WINDOW
+        assert b"unread output" in process.read(timeout=10).stdout
+        process.kill()
+    assert count_inside(session, "yes unread") == 0
+
+
+def test_spawned_processes_are_bounded(session: DockerSession) -> None:
+    """At most as many at once as background commands; one more is refused, and room comes back."""
+    processes = [session.spawn(["sleep", "600"]) for _ in range(MAX_BACKGROUND_GROUPS)]
+    with pytest.raises(InvalidRequestError, match="close one first"):
+        session.spawn(["sleep", "600"])
+    assert len(session.processes()) == MAX_BACKGROUND_GROUPS
+    processes[0].kill()
+    session.spawn(["true"]).close()
+    for process in processes[1:]:
+        process.kill()
     assert count_inside(session, "sleep 600") == 0

@@ -651,7 +651,8 @@ typedef struct {
     char marker[64];
     long long oom_before; /* the memory cgroup's oom_kill counter when the command started (-1: unreadable) */
     int pty;              /* RUN "pty": out_fd[0] is the terminal's master (stdin_fd a copy of it) */
-    long long credit;     /* a terminal's output the host lets the agent send (frames.PTY_WINDOW, CREDIT) */
+    int paced;            /* RUN "pty" or "paced": output not capped but sent within the host's credit */
+    long long credit;     /* the output the host lets the agent send (frames.PTY_WINDOW, CREDIT) */
 } cmd_t;
 
 static cmd_t *cmds[MAX_COMMANDS];
@@ -1395,7 +1396,7 @@ static int pty_start(cmd_t *c, char **argv, char **envp, const char *cwd, unsign
     }
     close(slave);
     close(fds[1]);
-    c->pty = 1;
+    c->pty = c->paced = 1;
     c->credit = PTY_WINDOW;
     c->cap = 1ll << 62; /* no cap: flow control bounds what is in flight */
     c->shim = pid;
@@ -1410,9 +1411,10 @@ static int pty_start(cmd_t *c, char **argv, char **envp, const char *cwd, unsign
     return 0;
 }
 
-/* CREDIT, RESIZE and SIGNAL on a terminal's channel (nothing for another command: dropped, as a late frame). */
+/* CREDIT on a paced command's channel, RESIZE and SIGNAL on a terminal's (for another command: dropped, as
+ * a late frame). */
 static void pty_frame(int kind, cmd_t *c, const unsigned char *payload, size_t n) {
-    if (!c || !c->pty) return;
+    if (!c || !c->paced || (kind != CREDIT_F && !c->pty)) return;
     jmember_t *m;
     int count;
     const char *err;
@@ -1454,11 +1456,12 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     jval_t *argv_v = jget(m, count, "argv"), *env_v = jget(m, count, "env"), *cwd_v = jget(m, count, "cwd");
     jval_t *timeout_v = jget(m, count, "timeout"), *cap_v = jget(m, count, "max_output_bytes");
     jval_t *stdin_v = jget(m, count, "stdin"), *tail_v = jget(m, count, "tail_bytes");
-    jval_t *bg_v = jget(m, count, "background"), *pty_v = jget(m, count, "pty");
+    jval_t *bg_v = jget(m, count, "background"), *pty_v = jget(m, count, "pty"), *paced_v = jget(m, count, "paced");
     long long rows = 0, cols = 0;
     const char *bad = NULL;
     if (pty_v && pty_v->type != J_BOOL && pty_v->type != J_NULL) bad = "pty must be a boolean";
     else if (pty_v && pty_v->type == J_BOOL && pty_v->b) bad = pty_size(m, count, &rows, &cols);
+    else if (paced_v && paced_v->type != J_BOOL && paced_v->type != J_NULL) bad = "paced must be a boolean";
     if (bad) {
     } else if (!argv_v || argv_v->type != J_ARR) bad = "argv must be an array of strings";
     else if (argv_v->n == 0) bad = "empty argv";
@@ -1478,7 +1481,8 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
     if (bad) { jmembers_free(m, count); out_error(ch, "bad RUN: %s", bad); return; }
     int background = bg_v && bg_v->type == J_BOOL && bg_v->b;
     int pty = rows > 0;
-    if (pty && background) bad = "a terminal (pty) cannot be a background command";
+    int paced = pty || (paced_v && paced_v->type == J_BOOL && paced_v->b);
+    if (paced && background) bad = "a terminal or a paced command cannot be a background command";
     if (bad) { jmembers_free(m, count); out_error(ch, "bad RUN: %s", bad); return; }
     if (pty && pty_count() >= MAX_PTYS) {
         jmembers_free(m, count);
@@ -1550,6 +1554,11 @@ static void run(uint32_t ch, const unsigned char *payload, size_t n) {
         c->oom_before = oom_kills();
         cmds[ncmds++] = c;
         return;
+    }
+    if (paced) { /* its output is not capped: the host's credit bounds what is in flight */
+        c->paced = 1;
+        c->credit = PTY_WINDOW;
+        c->cap = 1ll << 62;
     }
     if (spare_take(c, argv, envp, cwd, want_stdin, background)) {
         free_strv(argv); free_strv(envp); free(cwd);
@@ -1649,8 +1658,8 @@ static void tail_send(cmd_t *c, int which) {
 
 /* 1 when bytes came (more may be waiting). */
 static int read_output(cmd_t *c, int which) {
-    if (c->pty && c->credit <= 0) return 0;
-    size_t want = c->pty && c->credit < (long long)sizeof chunk ? (size_t)c->credit : sizeof chunk;
+    if (c->paced && c->credit <= 0) return 0;
+    size_t want = c->paced && c->credit < (long long)sizeof chunk ? (size_t)c->credit : sizeof chunk;
     ssize_t n = read(c->out_fd[which], chunk, want);
     /* A terminal gives a few KiB per read: what is already there more goes into the same frame. */
     while (c->pty && n > 0 && (size_t)n < want) {
@@ -1658,7 +1667,7 @@ static int read_output(cmd_t *c, int which) {
         if (more <= 0) break; /* EAGAIN, or the end: seen at the next read */
         n += more;
     }
-    if (n > 0 && c->pty) c->credit -= n;
+    if (n > 0 && c->paced) c->credit -= n;
     if (n < 0 && errno == EINTR) return 1;
     if (n < 0 && errno == EAGAIN) return 0;
     if (n <= 0) { close(c->out_fd[which]); c->out_fd[which] = -1; return 0; }
@@ -2902,7 +2911,7 @@ static void loop(void) {
         for (int i = 0; i < ncmds; i++) {
             cmd_t *c = cmds[i];
             for (int k = 0; k < 2; k++)
-                if (c->out_fd[k] >= 0 && (!c->pty || c->credit > 0)) { pfd[np] = (struct pollfd){c->out_fd[k], POLLIN, 0}; owner[np] = c; what[np++] = k; }
+                if (c->out_fd[k] >= 0 && (!c->paced || c->credit > 0)) { pfd[np] = (struct pollfd){c->out_fd[k], POLLIN, 0}; owner[np] = c; what[np++] = k; }
             if (c->status_fd >= 0) { pfd[np] = (struct pollfd){c->status_fd, POLLIN, 0}; owner[np] = c; what[np++] = 2; }
             if (c->stdin_fd >= 0 && c->pending.len > c->pending_at) { pfd[np] = (struct pollfd){c->stdin_fd, POLLOUT, 0}; owner[np] = c; what[np++] = 3; }
             double d = c->shim_done ? c->drain_until : c->deadline;
