@@ -3,7 +3,9 @@
 ``run`` runs a command in a per-session container with a workspace mounted, streaming its output and
 exiting with its exit code (124 on timeout); ``doctor`` lists each backend available on this machine with
 its isolation class and what it enforces; ``cleanup`` removes leaked sandbox containers; ``images build``
-builds the sandbox images that are missing or outdated; ``images push --engine ENGINE`` copies them to
+builds the sandbox images that are missing or outdated; ``shell`` opens a terminal in a new session (served
+to ``attach`` from other terminals while it runs); ``attach SESSION`` opens one in a session another
+process serves; ``images push --engine ENGINE`` copies them to
 another engine (``docker save`` streamed into its load, no registry); ``snapshots ls|rm|reap`` lists and
 removes session snapshots (docs/snapshots.md).
 """
@@ -27,6 +29,7 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from adk_sandbox.executor.attach import AttachServer, RemoteTerminal
 from adk_sandbox.executor.backend import SandboxBackend, SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.bwrap import get_enforcer
 from adk_sandbox.executor.backends.docker.config import config_from_options
@@ -36,6 +39,7 @@ from adk_sandbox.executor.backends.process import ProcessBackend, find_system_py
 from adk_sandbox.executor.errors import BackendUnavailableError, ExecutorError, InvalidRequestError
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import AllowedPath, SandboxPolicy
+from adk_sandbox.executor.terminal_relay import relay
 from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, Language, Stream
 
 __all__ = ["main"]
@@ -281,6 +285,58 @@ def run(args: argparse.Namespace) -> int:
             return 128 + received[0]
         return _report(result)
     return 1  # pragma: no cover - unreachable
+
+
+def shell(args: argparse.Namespace) -> int:
+    """``adk-sandbox shell``: a terminal in a new session of ``--backend``, joined to this one.
+
+    The session is served to ``adk-sandbox attach`` while the shell runs (said on stderr); with
+    ``--session ID`` this attaches to a session another process serves instead.
+    """
+    command = _command_of(args.cmd)
+    if args.session is not None:
+        return _attach(args.session, command, raw=args.raw)
+    with contextlib.ExitStack() as stack:
+        backend = stack.enter_context(make_backend(backend_config(args, workdir=args.workspace)))
+        sandbox: Any = backend
+        if isinstance(backend, SessionBackend):
+            sandbox = stack.enter_context(backend.session(workspace=args.workspace))
+        if getattr(sandbox, "open_pty", None) is None:
+            raise InvalidRequestError(f"the {backend.name} backend opens no terminals")
+        _publish(sandbox, args.publish or [])
+        if isinstance(getattr(sandbox, "session_id", None), str):
+            server = AttachServer(sandbox)
+            stack.callback(server.close)
+            print(f"adk-sandbox: session {sandbox.session_id}; from another terminal: {server.command}",
+                  file=sys.stderr)  # fmt: skip
+        rows, cols = _terminal_size()
+        terminal = sandbox.open_pty(command or None, rows=rows, cols=cols)
+        return relay(terminal, filtered=not args.raw)
+    return 1  # pragma: no cover - unreachable
+
+
+def attach(args: argparse.Namespace) -> int:
+    """``adk-sandbox attach SESSION``: a terminal in a session another process serves."""
+    return _attach(args.session, _command_of(args.cmd), raw=args.raw, user=args.user)
+
+
+def _attach(session_id: str, command: list[str], *, raw: bool, user: str | None = None) -> int:
+    rows, cols = _terminal_size()
+    remote = RemoteTerminal(session_id, command or None, rows=rows, cols=cols, user=user)
+    return relay(remote, filtered=not raw)
+
+
+def _command_of(cmd: Sequence[str]) -> list[str]:
+    command = list(cmd)
+    return command[1:] if command[:1] == ["--"] else command
+
+
+def _terminal_size() -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return 24, 80
+    return max(size.lines, 1), max(size.columns, 1)
 
 
 def _publish(sandbox: SandboxBackend | SandboxSession, ports: list[str]) -> None:
@@ -683,6 +739,33 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911, PLR0915 - 
     run_parser.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its args"
     )
+    shell_parser = commands.add_parser(
+        "shell",
+        help="open a terminal in a new session (or, with --session, in one another process serves)",
+        description="A terminal in a new session of --backend (bash, else sh; or CMD), joined to this "
+        "one: every key goes to the sandbox, its size follows this terminal's. What the sandbox shows is "
+        "filtered: control sequences that make a terminal answer, set its clipboard or title, or reach an "
+        "outer terminal are not passed (--raw passes everything). While it runs the session is served "
+        "to 'adk-sandbox attach ID' from other terminals of this user. The exit status is the program's.",
+    )
+    shell_parser.add_argument("--workspace", metavar="DIR", help="directory to mount (default: none)")
+    shell_parser.add_argument("--session", metavar="ID", help="attach to this session instead (see attach)")
+    _sandbox_options(shell_parser, image_help="sandbox image")
+    shell_parser.add_argument(
+        "--publish", action="append", metavar="[HOST:]PORT", help="as for run, while the shell runs"
+    )
+    shell_parser.add_argument("--raw", action="store_true", help="pass every byte, escape sequences too")
+    shell_parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="instead of the shell")
+    attach_parser = commands.add_parser(
+        "attach",
+        help="open a terminal in a session another process serves (adk-sandbox shell, an inspect eval)",
+        description="A terminal in session ID, whose owner serves it to this user (adk-sandbox shell "
+        "prints the command; an inspect eval's 'inspect sandbox connect' gives it). Filtered as shell's.",
+    )
+    attach_parser.add_argument("session", metavar="ID", help="the session's id")
+    attach_parser.add_argument("--user", metavar="USER", help="run as USER (default: the session's user)")
+    attach_parser.add_argument("--raw", action="store_true", help="pass every byte, escape sequences too")
+    attach_parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD", help="instead of the shell")
     commands.add_parser("doctor", help="list the backends available here and what each enforces")
     cleanup_parser = commands.add_parser(
         "cleanup",
@@ -778,6 +861,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911, PLR0915 - 
             return mcp_server(args)
         if args.command == "run":
             return run(args)
+        if args.command == "shell":
+            return shell(args)
+        if args.command == "attach":
+            return attach(args)
         if args.command == "doctor":
             return doctor()
         if args.command == "cleanup":

@@ -73,6 +73,7 @@ from adk_sandbox.devtools.adapters.inspect_compose import (
 )
 from adk_sandbox.executor._bridge import run_blocking
 from adk_sandbox.executor._users import resolve_user
+from adk_sandbox.executor.attach import AttachServer
 from adk_sandbox.executor.backend import SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.docker import DockerBackend, cleanup_labelled, cleanup_session
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
@@ -343,6 +344,8 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         self._opener = backend
         #: The snapshots :meth:`snapshot` took: removed with the sample.
         self._snapshots: list[Snapshot] = []
+        #: Serves ``adk-sandbox attach`` for the sample's session once ``connection()`` was asked.
+        self._attach_server: AttachServer | None = None
 
     # -- configuration and lifecycle -----------------------------------------------------------------
     @classmethod
@@ -534,19 +537,26 @@ class AdkSandboxEnvironment(SandboxEnvironment):
             return backend
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
-        """``inspect sandbox connect``: a ``docker exec`` shell in the sample's container, as its user."""
+        """``inspect sandbox connect``: ``adk-sandbox attach ID``, a terminal in the sample's session.
+
+        Served by this process while the sample runs (:mod:`adk_sandbox.executor.attach`), on every
+        backend whose session opens terminals; ``user`` runs it as that user.
+        """
         if self._session.closed:
             raise ConnectionError("this sample's adk-sandbox container has been removed")
+        if getattr(self._session, "open_pty", None) is None:
+            raise ConnectionError(f"a {self._session.name} session offers no terminal to connect to")
+        if user is not None and await self._resolve_user(user) is None:
+            raise ConnectionError(f"user {user!r} is not in the sandbox's /etc/passwd")
+        server = self._attach_server
+        if server is None:
+            server = self._attach_server = AttachServer(self._session)  # type: ignore[arg-type]
+        as_user = ["--user", user] if user is not None else []
+        command = shlex.join(["adk-sandbox", "attach", *as_user, self._session.session_id])
         container = getattr(self._session, "container_id", None)
-        if not isinstance(container, str):
-            raise ConnectionError(f"a {self._session.name} session offers no interactive connection")
-        who = await self._resolve_user(user) if user is not None else self._start.user
-        if who is None:
-            raise ConnectionError(f"user {user!r} is not in the container's /etc/passwd")
-        command = shlex.join(
-            ["docker", "exec", "-it", "--user", who, "--workdir", self._start.workdir, container, "sh"]
+        return SandboxConnection(
+            type="adk-sandbox", command=command, container=container if isinstance(container, str) else None
         )
-        return SandboxConnection(type="adk-sandbox", command=command, container=container)
 
     def default_polling_interval(self) -> float:
         """How often inspect polls its tool helpers (``exec_remote``): an exec costs about a millisecond."""
@@ -755,6 +765,8 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         return self._session, opener
 
     def _close(self, _: threading.Event) -> None:
+        if self._attach_server is not None:
+            self._attach_server.close()
         if self._links is not None:
             self._links[0].close()
         self._session.close()

@@ -256,10 +256,11 @@ def workspace_tools(
 ) -> Iterator[list[AgentTool]]:
     """The tools ``adk-sandbox mcp`` serves for ``root``, and everything they open closed on exit.
 
-    Writable (default): read_file, glob, grep, write_file, edit_file, bash, sandbox_exec. ``bash`` and
-    ``sandbox_exec`` share one session with ``root`` mounted (one container or VM, started here so a
-    broken engine or image fails the start, not the first call); file tools work on the host through the
-    workspace's containment. ``config`` is any backend's config (:data:`~.backends.factory.BackendConfig`;
+    Writable (default): read_file, glob, grep, write_file, edit_file, bash, sandbox_exec, and ``terminal``
+    where the session opens terminals (:mod:`adk_sandbox.executor.terminal_tool`). The three share one
+    session with ``root`` mounted (one container or VM, started here so a broken engine or image fails the
+    start, not the first call); file tools work on the host through the workspace's containment.
+    ``config`` is any backend's config (:data:`~.backends.factory.BackendConfig`;
     default: Docker's) and makes the sandbox (image, limits, and its ``network``: a NetworkPolicy,
     ``--allow-host``, lets commands reach the names it allows through the sandbox's proxy); on a remote
     engine the workspace travels as a mirror.
@@ -270,6 +271,7 @@ def workspace_tools(
     from adk_sandbox.executor.backends.docker import DockerConfig  # noqa: PLC0415 - docker-py loads lazily
     from adk_sandbox.executor.backends.docker.images import RUST_IMAGE  # noqa: PLC0415
     from adk_sandbox.executor.backends.factory import make_backend  # noqa: PLC0415
+    from adk_sandbox.executor.terminal_tool import TerminalTool  # noqa: PLC0415
     from adk_sandbox.executor.tools import CodeTool, SandboxTool  # noqa: PLC0415
 
     settings = config or DockerConfig()
@@ -288,6 +290,8 @@ def workspace_tools(
             tools += DevToolset(workspace).tools
             # The workspace owns the session; the tool runs in it and closes nothing.
             tools.append(stack.enter_context(SandboxTool(session)))
+            if getattr(session, "open_pty", None) is not None:  # a session on the agent channel
+                tools.append(stack.enter_context(TerminalTool(session)))
         if code_exec:
             rust_settings = settings.model_copy(update={"image": RUST_IMAGE})
             rust = stack.enter_context(make_backend(rust_settings))

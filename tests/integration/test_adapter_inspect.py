@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,14 +148,28 @@ async def test_exec_output_over_inspects_limit_raises(sandbox_env: SandboxEnviro
     assert (await sandbox_env.exec(["sh", "-c", "head -c 1000 /dev/zero | tr '\\0' x"])).stdout == "x" * 1000
 
 
-async def test_connection_is_a_working_docker_exec(sandbox_env: SandboxEnvironment) -> None:
-    connection = await sandbox_env.connection()
-    argv = [arg for arg in shlex.split(connection.command) if arg != "-it"]
-    assert argv[:2] == ["docker", "exec"] and argv[-1] == "sh"
+def attached(command: str, script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` on a terminal through ``command`` (``adk-sandbox attach ID``), as a person's would."""
+    argv = shlex.split(command)
+    assert argv[:2] == ["adk-sandbox", "attach"], command
     done = subprocess.run(
-        [*argv, "-c", "id -u; pwd"], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "adk_sandbox", *argv[1:], "--", "sh", "-c", script],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.replace("\r\n", "\n"), done.stderr
     )
-    assert done.stdout == "0\n/home/sandbox\n", done.stderr  # the image's USER (none: root) and WORKDIR
+
+
+async def test_connection_attaches_a_terminal(sandbox_env: SandboxEnvironment) -> None:
+    """``inspect sandbox connect`` gives ``adk-sandbox attach ID``: a terminal in the sample's session."""
+    connection = await sandbox_env.connection()
+    done = attached(connection.command, "id -u; pwd; tty")
+    lines = done.stdout.split("\n")
+    assert lines[:2] == ["0", "/home/sandbox"], done.stderr  # the image's USER (none: root) and WORKDIR
+    assert lines[2].startswith("/dev/pts/"), done.stdout
+    as_nobody = attached((await sandbox_env.connection(user="nobody")).command, "id -u")
+    assert as_nobody.stdout == "65534\n", as_nobody.stderr
 
 
 async def test_the_hardened_profile_runs_as_nobody_in_tmp_on_a_read_only_root() -> None:
@@ -171,10 +186,7 @@ async def test_the_hardened_profile_runs_as_nobody_in_tmp_on_a_read_only_root() 
         await environment.write_file("note.txt", "kept")
         assert (await environment.exec(["cat", "/tmp/note.txt"])).stdout == "kept"
         connection = await environment.connection()
-        argv = [arg for arg in shlex.split(connection.command) if arg != "-it"]
-        shown = subprocess.run(
-            [*argv, "-c", "id -u; pwd"], capture_output=True, text=True, timeout=60, check=False
-        )
+        shown = attached(connection.command, "id -u; pwd")
         assert shown.stdout == "65534\n/tmp\n", shown.stderr
     finally:
         await AdkSandboxEnvironment.sample_cleanup("hardened", config, environments, False)

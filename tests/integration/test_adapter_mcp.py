@@ -20,6 +20,7 @@ import docker
 import pytest
 
 from adk_sandbox.devtools import DevToolset, Workspace
+from adk_sandbox.executor.terminal_tool import TerminalArgs, TerminalTool
 from adk_sandbox.executor.tools import CodeTool, SandboxTool
 from tests.conftest import (
     IN_CI,
@@ -41,7 +42,7 @@ except ImportError as exc:  # the extra is missing: in CI that is a failure, nev
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 REPO = Path(__file__).resolve().parents[2]
-WRITABLE_TOOLS = ["read_file", "glob", "grep", "write_file", "edit_file", "bash", "sandbox_exec"]
+WRITABLE_TOOLS = ["read_file", "glob", "grep", "write_file", "edit_file", "bash", "sandbox_exec", "terminal"]
 
 
 def server_parameters(workspace: Path, *flags: str) -> StdioServerParameters:
@@ -96,6 +97,7 @@ def test_tools_are_listed_with_their_schemas_unchanged(owned_workspace: Path) ->
     # The schemas the project's tools declare, computed here without any server.
     with Workspace(owned_workspace) as ws, SandboxTool(ws.bash_backend()[0]) as sandbox:
         expected = {tool.name: tool.parameters for tool in (*DevToolset(ws).tools, sandbox)}
+    expected[TerminalTool.name] = TerminalArgs.model_json_schema()
 
     async def main() -> list[types.Tool]:
         async with connected(owned_workspace) as session:
@@ -153,6 +155,52 @@ def test_each_tool_runs_in_the_workspace_and_the_container_goes_with_the_client(
     assert "unknown tool 'rm_rf'" in seen["unknown tool"] and "bash" in seen["unknown tool"]
     # Closing stdin ended the server, and the server removed its container (no reaper involved).
     assert containers_mounting(engine, owned_workspace) == []
+
+
+def test_the_terminal_tool_drives_a_repl_and_ctrl_c(owned_workspace: Path) -> None:
+    """``terminal``: a REPL answered call by call, Ctrl-C, a bad id, the bound, close; all through MCP."""
+
+    async def main() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        async with connected(owned_workspace) as session:
+            opened = ok(await session.call_tool("terminal", {"action": "open"}))
+            number = opened["terminal"]
+            seen["open"] = opened
+            send = {"action": "send", "terminal": number}
+            seen["python"] = ok(await session.call_tool("terminal", {**send, "keys": "python3 -i\n"}))
+            seen["answer"] = ok(await session.call_tool("terminal", {**send, "keys": "6 * 7\n"}))
+            seen["sleep"] = ok(
+                await session.call_tool(
+                    "terminal", {**send, "keys": "import time; time.sleep(60)\n", "wait_secs": 0.5}
+                )
+            )
+            seen["ctrl-c"] = ok(await session.call_tool("terminal", {**send, "keys": "\u0003"}))
+            ok(await session.call_tool("terminal", {**send, "keys": "exit()\n"}))  # python reads ahead
+            seen["exit"] = ok(await session.call_tool("terminal", {**send, "keys": "exit 3\n"}))
+            for _ in range(20):  # the shell's end comes a moment after the last output it printed
+                if not seen["exit"]["running"]:
+                    break
+                read = {"action": "read", "terminal": number, "wait_secs": 0.5}
+                seen["exit"] = ok(await session.call_tool("terminal", read))
+            seen["bad id"] = refused(await session.call_tool("terminal", {"action": "read", "terminal": 99}))
+            others = [
+                ok(await session.call_tool("terminal", {"action": "open", "wait_secs": 0})) for _ in range(3)
+            ]
+            seen["over"] = refused(await session.call_tool("terminal", {"action": "open"}))
+            for other in others:
+                ok(await session.call_tool("terminal", {"action": "close", "terminal": other["terminal"]}))
+            seen["unknown arg"] = refused(await session.call_tool("terminal", {"action": "open", "rows": 3}))
+        return seen
+
+    seen = asyncio.run(main())
+    assert "$" in seen["open"]["output"] and "\x1b" not in seen["open"]["output"]
+    assert ">>>" in seen["python"]["output"]
+    assert "42" in seen["answer"]["output"]
+    assert "KeyboardInterrupt" in seen["ctrl-c"]["output"]
+    assert seen["exit"]["running"] is False and seen["exit"]["exit_code"] == 3
+    assert "no terminal 99" in seen["bad id"]
+    assert "close one first" in seen["over"]
+    assert "rows" in seen["unknown arg"]
 
 
 def test_bash_output_arrives_as_progress_notifications_while_it_runs(owned_workspace: Path) -> None:
