@@ -312,6 +312,12 @@ class RemoteTerminal:
                 raise SandboxFailedError("the session's owner closed the connection (the session ended)")
             self._pending += [f for f in self._decoder.feed(data) if f.type != FrameType.HELLO]
 
+    def __enter__(self) -> RemoteTerminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """End the program if it runs and leave; idempotent."""
         with contextlib.suppress(OSError):
