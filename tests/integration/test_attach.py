@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A runtime directory another uid can pass through (pytest's own tmp_path is closed to others)."""
     made = Path(tempfile.mkdtemp(prefix="adk-attach-"))
-    os.chmod(made, 0o711)
+    os.chmod(made, 0o711)  # noqa: S103 - passable by others, on purpose
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(made))
     yield made
     shutil.rmtree(made, ignore_errors=True)
@@ -65,7 +65,7 @@ def sleeping(session: DockerSession, marker: str) -> int:
 
 def test_a_directory_others_could_enter_is_refused(runtime_dir: Path) -> None:
     (runtime_dir / "adk-sandbox").mkdir(mode=0o700)
-    os.chmod(runtime_dir / "adk-sandbox", 0o777)
+    os.chmod(runtime_dir / "adk-sandbox", 0o777)  # noqa: S103 - the attack
     with pytest.raises(PolicyNotEnforceableError, match="not a directory of this user's alone"):
         socket_directory()
 
@@ -81,8 +81,8 @@ def test_a_peer_of_another_uid_gets_nothing(served: tuple[DockerSession, AttachS
     if os.getuid() != 0:
         pytest.skip("needs root to connect as another uid")
     session, server = served
-    os.chmod(server.path.parent, 0o755)
-    os.chmod(server.path, 0o666)
+    os.chmod(server.path.parent, 0o755)  # noqa: S103 - the attack: opened to all
+    os.chmod(server.path, 0o666)  # noqa: S103 - the attack
     probe = (
         "import os, socket, sys\nos.setgid(65534); os.setuid(65534)\n"
         "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(10)\n"
