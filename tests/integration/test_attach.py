@@ -27,6 +27,7 @@ from adk_sandbox.executor import ExecRequest
 from adk_sandbox.executor.attach import AttachServer, RemoteTerminal, socket_directory
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
+from tests.integration.test_terminals import count_inside
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
@@ -55,12 +56,6 @@ def served(backend: DockerBackend, runtime_dir: Path) -> Iterator[tuple[DockerSe
             yield session, server
         finally:
             server.close()
-
-
-def sleeping(session: DockerSession, marker: str) -> int:
-    found = session.execute(ExecRequest(argv=("sh", "-c", f"ps -eo args | grep -c '^sleep {marker}' || true"),
-                                        timeout=30))  # fmt: skip
-    return int(found.stdout.strip() or 0)
 
 
 def test_a_directory_others_could_enter_is_refused(runtime_dir: Path) -> None:
@@ -96,7 +91,7 @@ def test_a_peer_of_another_uid_gets_nothing(served: tuple[DockerSession, AttachS
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.stdout.strip() == "0", done  # closed at once: not even the HELLO
     time.sleep(0.5)
-    assert sleeping(session, "971") == 0
+    assert count_inside(session, "sleep 971") == 0
 
 
 def test_garbage_and_a_client_that_leaves_cost_nothing(served: tuple[DockerSession, AttachServer]) -> None:
@@ -111,12 +106,12 @@ def test_garbage_and_a_client_that_leaves_cost_nothing(served: tuple[DockerSessi
         assert data.startswith(b"\x01")  # the HELLO, then closed
     remote = RemoteTerminal(session.session_id, ["sleep", "972"])
     deadline = time.monotonic() + 30
-    while sleeping(session, "972") != 1:
+    while count_inside(session, "sleep 972") != 1:
         assert time.monotonic() < deadline
         time.sleep(0.2)
     remote._sock.close()  # leaves without a word
     deadline = time.monotonic() + 30
-    while sleeping(session, "972") != 0:
+    while count_inside(session, "sleep 972") != 0:
         assert time.monotonic() < deadline, "the program outlived its client"
         time.sleep(0.2)
     assert session.execute(ExecRequest(argv=("echo", "serving"), timeout=30)).stdout == "serving\n"

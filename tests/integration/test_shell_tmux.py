@@ -85,6 +85,14 @@ class Tmux:
             assert time.monotonic() < deadline, f"{text!r} never showed; the screen:\n{shown}"
             time.sleep(0.1)
 
+    def exit_status(self, seconds: float = 60) -> str:
+        """The exit status of the pane's command, once it ended."""
+        deadline = time.monotonic() + seconds
+        while self.value("#{pane_dead}") != "1":
+            assert time.monotonic() < deadline, self.screen()
+            time.sleep(0.2)
+        return self.value("#{pane_dead_status}")
+
     def value(self, fmt: str) -> str:
         return self.tmux("display-message", "-p", "-t", "t", fmt).strip()
 
@@ -157,11 +165,7 @@ def test_python_vim_top_resize_and_ctrl_c(tmux: Tmux) -> None:
     tmux.type("echo status=$?")
     tmux.wait_for("status=130")
     tmux.type("exit 5")
-    deadline = time.monotonic() + 60
-    while tmux.value("#{pane_dead}") != "1":
-        assert time.monotonic() < deadline, tmux.screen()
-        time.sleep(0.2)
-    assert tmux.value("#{pane_dead_status}") == "5"
+    assert tmux.exit_status() == "5"
 
 
 HOSTILE = (
@@ -216,11 +220,7 @@ def test_attach_reaches_the_same_session(tmux: Tmux, image: str) -> None:
         other.type("cat /tmp/from-first")
         other.wait_for("shared\n")
         other.type("exit 4")
-        deadline = time.monotonic() + 60
-        while other.value("#{pane_dead}") != "1":
-            assert time.monotonic() < deadline, other.screen()
-            time.sleep(0.2)
-        assert other.value("#{pane_dead_status}") == "4"
+        assert other.exit_status() == "4"
     finally:
         other.close()
     tmux.type("echo first-still-here")
