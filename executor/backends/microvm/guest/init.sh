@@ -67,6 +67,9 @@ done
 # Loopback only (there is no other device): the agent's proxy for a NetworkPolicy listens on 127.0.0.1.
 ifconfig lo 127.0.0.1 up || fail "cannot bring lo up"
 mount --move /dev /newroot/dev
+# Terminals (session.open_pty): /dev/ptmx of devtmpfs opens the devpts mounted beside it.
+mkdir -p /newroot/dev/pts && mount -t devpts -o nosuid,noexec,mode=0620,ptmxmode=0666 devpts /newroot/dev/pts ||
+    fail "cannot mount /dev/pts"
 mkdir -p /newroot/dev/shm && mount -t tmpfs -o "$opts" tmpfs /newroot/dev/shm
 mount --move /sys /newroot/sys
 mount --move /proc /newroot/proc
