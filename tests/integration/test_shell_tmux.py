@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -51,7 +52,11 @@ class Tmux:
         self.tmux("set-option", "-g", "set-clipboard", "on")  # an application's OSC 52 sets a buffer
         self.tmux("set-option", "-g", "allow-rename", "on")
         self.tmux("set-option", "-g", "history-limit", "5000")
-        self.tmux("respawn-pane", "-k", "-t", "t", " ".join(_quote(part) for part in command))
+        # The command's exit status goes to a file: tmux marks a pane dead when its terminal closes and
+        # does not always have the status by then.
+        self.status_file = Path(tempfile.mkdtemp(prefix="adk-tmux-")) / "status"
+        shell_line = " ".join(_quote(part) for part in command)
+        self.tmux("respawn-pane", "-k", "-t", "t", f"{shell_line}; echo $? > {_quote(str(self.status_file))}")
 
     def tmux(self, *args: str) -> str:
         done = subprocess.run(
@@ -86,12 +91,12 @@ class Tmux:
             time.sleep(0.1)
 
     def exit_status(self, seconds: float = 60) -> str:
-        """The exit status of the pane's command, once it ended."""
+        """The exit status of the pane's command, once it ended (128 + N if signal N killed it)."""
         deadline = time.monotonic() + seconds
-        while self.value("#{pane_dead}") != "1":
+        while not self.status_file.exists() or not self.status_file.read_text().strip():
             assert time.monotonic() < deadline, self.screen()
-            time.sleep(0.2)
-        return self.value("#{pane_dead_status}")
+            time.sleep(0.1)
+        return self.status_file.read_text().strip()
 
     def value(self, fmt: str) -> str:
         return self.tmux("display-message", "-p", "-t", "t", fmt).strip()
@@ -104,6 +109,7 @@ class Tmux:
             timeout=30,
             check=False,
         )
+        shutil.rmtree(self.status_file.parent, ignore_errors=True)
 
 
 def _quote(part: str) -> str:
