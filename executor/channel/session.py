@@ -35,10 +35,11 @@ from the host and runs live programs in it the same way (:mod:`.files`, :mod:`.p
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 from adk_sandbox.executor._languages import request_argv
@@ -218,14 +219,10 @@ class ChannelSession(SandboxSession):
                 f"may be given ({MAX_COMMAND_INPUT // (1024 * 1024)} MiB: the sandbox's agent would cut it "
                 "short); nothing ran. Write larger data into the workspace and have the command read the file"
             )
-        self._refuse(request)
-        request = self._numeric_request(request)
-        self._refuse_user(request.user)
-        started = time.monotonic()
-        self._before_command(request, started)
+        request, started = self._admitted(request)
         capture = OutputCapture(request.output_cap, on_output, keep_tail=request.truncate == "head_tail")
         refused: list[str] = []
-        try:
+        with self._explaining():
             workspace = self._workspace
             if workspace is not None:
                 workspace.before_command()
@@ -233,11 +230,6 @@ class ChannelSession(SandboxSession):
             workspace = self._workspace
             if workspace is not None:
                 refused = workspace.after_command()
-        except SandboxFailedError as exc:
-            explained = self._explained(exc)
-            if explained is exc:
-                raise
-            raise explained from exc
         streams = capture.finish()
         killed = outcome.timed_out or outcome.cancelled or oom_killed
         return ExecResult(
@@ -251,6 +243,29 @@ class ChannelSession(SandboxSession):
             stderr_truncated=streams["stderr"].truncated,
             duration_ms=int((time.monotonic() - started) * 1000),
         )
+
+    def _admitted(self, request: ExecRequest) -> tuple[ExecRequest, float]:
+        """``request`` admitted as every call is, and when (its timeout counts from there).
+
+        The sandbox's refusals, its user in numbers, the user's and the cwd's checks.
+        """
+        self._refuse(request)
+        request = self._numeric_request(request)
+        self._refuse_user(request.user)
+        started = time.monotonic()
+        self._before_command(request, started)
+        return request, started
+
+    @contextlib.contextmanager
+    def _explaining(self) -> Iterator[None]:
+        """A broken channel raised inside says what it means for this engine (:meth:`_explained`)."""
+        try:
+            yield
+        except SandboxFailedError as exc:
+            explained = self._explained(exc)
+            if explained is exc:
+                raise
+            raise explained from exc
 
     def _check_cwd(self, request: ExecRequest, started: float) -> None:
         """Refuse a cwd the command's user cannot enter (nothing of the command ran).
@@ -428,11 +443,7 @@ class ChannelSession(SandboxSession):
         limit: int,
     ) -> _Live:
         """Start a live program for ``request`` (refused, checked and prepared as a command is)."""
-        self._refuse(request)
-        request = self._numeric_request(request)
-        self._refuse_user(request.user)
-        started = time.monotonic()
-        self._before_command(request, started)
+        request, started = self._admitted(request)
         transport = self._transport
         if not isinstance(transport, AgentTransport):
             raise PolicyNotEnforceableError(
@@ -453,13 +464,8 @@ class ChannelSession(SandboxSession):
         if workspace is not None:
             workspace.before_command()
         command = self._prepare_command(request, request.argv or ())
-        try:
+        with self._explaining():
             program = transport.start_live(command, make, deadline=started + request.timeout, size=size)
-        except SandboxFailedError as exc:
-            explained = self._explained(exc)
-            if explained is exc:
-                raise
-            raise explained from exc
         with _PORTS_LOCK:
             live.add(program)
         return program
