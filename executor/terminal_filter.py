@@ -3,30 +3,46 @@
 ``adk-sandbox shell`` and ``attach`` copy what a program in the sandbox writes to the person's own terminal
 (an xterm, tmux, a terminal in an editor). The program is hostile: it must be able to draw — text,
 colours, a full-screen editor, a progress bar — and nothing more. A terminal emulator does more than draw
-when told to, and each of these is dropped here:
+when told to, and each of these is dropped (and counted in :attr:`TerminalFilter.dropped`):
 
-* **answers**: sequences that make the terminal reply (device attributes ``CSI c``, status and cursor
-  position ``CSI n``, mode queries ``CSI $ p``, its version ``CSI > q``, window reports ``CSI t``, the
-  kitty keyboard query ``CSI ? u``, ``ESC Z``, ENQ's answerback): the reply arrives as if the person had
-  typed it, into the sandbox's shell or, after the sandbox's program ends, into the person's own;
+* **answers**: sequences that make the terminal reply (device attributes ``CSI c``, ``CSI > c``,
+  ``CSI = c``; status and cursor position ``CSI n``, ``CSI ? n``; mode queries ``CSI $ p``; its version
+  ``CSI > q``; window reports ``CSI t``; ``CSI x``; the kitty keyboard query ``CSI ? u``; ``ESC Z``; ENQ's
+  answerback): the reply arrives as if the person had typed it, into the sandbox's shell or, once the
+  sandbox's program has ended, into the person's own;
 * **strings**: every OSC (clipboard OSC 52 above all, titles OSC 0/1/2 that some terminals report back,
-  colours, notifications, hyperlinks, vendor extensions), DCS (tmux's pass-through to an outer terminal,
-  DECRQSS, sixel), APC, PM and SOS, to their end (BEL or ST) however long, without holding them;
-* **window and printer control**: ``CSI t`` (resize, move, iconify), media copy ``CSI i``;
+  colours OSC 4/10/11/12/104, the working directory OSC 7, notifications OSC 9/777, hyperlinks OSC 8,
+  vendor extensions OSC 1337/5113...), DCS (tmux's pass-through to an outer terminal, DECRQSS, XTGETTCAP,
+  sixel), APC, PM and SOS, to their end (BEL, ST, CAN, SUB, or an ESC that starts another sequence)
+  however long, without holding them;
+* **the window, the keyboard and the printer**: ``CSI t`` (resize, move, iconify, reports), the kitty
+  keyboard protocol (``CSI > u``, ``CSI < u``, ``CSI = u``), media copy ``CSI i``, and the modes that
+  would outlive the session or change what the person's keys send (keyboard lock ``CSI 2 h``, local echo
+  ``CSI 12 l``, newline mode ``CSI 20 h``, VT52 ``CSI ? 2 l``, Tektronix ``CSI ? 38 h``, logging
+  ``CSI ? 46 h``, column switching, in-band resize and colour-scheme reports...): modes pass by list;
 * **C1 controls** (U+0080..U+009F, as UTF-8 or as raw bytes: a terminal in 8-bit mode reads 0x9B as CSI)
-  and a switch out of UTF-8 (``ESC %``), which would make raw C1 bytes mean something;
+  and a switch out of UTF-8 (``ESC %``) or to 8-bit controls (``ESC SP G``);
 * any other control byte, ESC sequence or CSI sequence not on the lists below.
 
-What passes: text (UTF-8, also when a character is split across reads; invalid bytes become U+FFFD), TAB,
-CR, LF, BS, BEL, SO/SI; ``ESC`` 7 8 = > D E H M N O c and the charset designations (``ESC ( B``,
-``ESC ( 0``, ``ESC # 8``...); CSI cursor movement and positioning, erase, insert and delete, scrolling
-and its region, tab stops, SGR (16, 256 and true colours, colon sub-parameters), SM/RM and DEC private
-modes (alternate screen, cursor, bracketed paste, mouse reporting), save and restore cursor, cursor shape
-(``CSI SP q``), soft reset (``CSI ! p``) and xterm's modifyOtherKeys (``CSI > m``), which vim sets.
-Everything a full-screen program (vim, top, less, htop, a REPL's line editor) needs to draw, then.
+What passes, unchanged: text (UTF-8, also when a character is split across feeds; invalid bytes become
+U+FFFD), BEL, BS, TAB, LF, VT, FF, CR, SO, SI; ``ESC`` 7 8 = > D E H M N O c and the charset designations
+(``ESC ( B``, ``ESC ( 0``, ``ESC # 8``...); CSI cursor movement and positioning, erase (``CSI 3 J``
+too: ``clear`` sends it), insert and delete, scrolling and its region, tab stops, SGR (16, 256 and true
+colours, colon sub-parameters), insert mode ``CSI 4 h/l``, the DEC private modes of
+:data:`DEC_MODES` (alternate screen, cursor keys, cursor visibility, autowrap, bracketed paste, mouse and
+focus reporting, synchronised output...), save and restore cursor, cursor shape (``CSI SP q``), soft reset
+(``CSI ! p``) and xterm's modifyOtherKeys (``CSI > m``, which vim sets). Everything a full-screen program
+(vim, top, less, htop, a REPL's line editor) needs to draw, then.
 
-A sequence longer than :data:`MAX_CSI` bytes is dropped whole; a dropped string is skipped as it comes
-(nothing of it is held), so memory stays a few bytes whatever the sandbox sends.
+A CSI or ESC sequence longer than :data:`MAX_CSI` bytes is dropped whole; a dropped string is skipped as it
+comes (only its first :data:`PEEK` bytes are kept, to name it in :attr:`TerminalFilter.last_dropped`), so
+memory stays a few bytes whatever the sandbox sends, and the filter resynchronises at the string's end.
+
+What reaches the person's terminal is always text and whole sequences from the lists above, never a part of
+one: whatever the filter made of a dropped part, the terminal is back at its ground state after each
+piece. The output is valid UTF-8 with no C1 control; a person's terminal that is not in UTF-8 mode could
+still read a byte of a UTF-8 character as a C1 control (the CLI should expect a UTF-8 terminal).
+When the session ends, the CLI writes :data:`RESTORE` to undo the modes that passed.
 """
 
 from __future__ import annotations
@@ -34,168 +50,400 @@ from __future__ import annotations
 import codecs
 import re
 
-__all__ = ["MAX_CSI", "TerminalFilter"]
+__all__ = ["DEC_MODES", "MAX_CSI", "PEEK", "RESTORE", "TerminalFilter"]
 
-#: The longest CSI sequence passed (parameters included); a longer one is dropped whole.
+#: The longest CSI or ESC sequence passed (after ``ESC [`` or ``ESC``); a longer one is dropped whole.
 MAX_CSI = 64
+#: How many bytes of a dropped string (OSC, DCS...) are kept, only to name it.
+PEEK = 16
 
-_ESC, _BEL, _CAN, _SUB = 0x1B, 0x07, 0x18, 0x1A
-# Control bytes in text: all but BEL, BS, TAB, LF, VT, FF, CR, SO and SI are dropped, with DEL and the C1
-# controls once decoded (U+0080..U+009F).
+#: DEC private modes (``CSI ? Pm h/l``, also saved and restored by ``CSI ? Pm s/r``) that pass: drawing and
+#: reporting what the person does in this terminal, nothing that answers on its own, resizes the window,
+#: switches the terminal's emulation or changes what its keys send beyond a full-screen program's needs.
+DEC_MODES = frozenset(
+    {
+        1,  # application cursor keys (DECCKM): vim, less, readline
+        4,  # smooth scroll
+        5,  # reverse video
+        6,  # origin mode (relative to the scroll region)
+        7,  # autowrap
+        9,  # X10 mouse reporting: reports what the person clicks, as the modes 1000.. below
+        12,  # cursor blinking
+        25,  # cursor visibility
+        45,  # reverse wraparound
+        47,  # alternate screen (old form)
+        66,  # application keypad (as ESC =)
+        69,  # left and right margins
+        1000,  # mouse reporting: clicks
+        1002,  # ... and drags
+        1003,  # ... and every motion
+        1004,  # focus in and out (fixed sequences, sent when the person switches windows)
+        1005,  # mouse coordinates as UTF-8
+        1006,  # ... as SGR parameters
+        1007,  # the wheel as cursor keys on the alternate screen
+        1015,  # mouse coordinates as urxvt's
+        1016,  # ... as SGR pixels
+        1034,  # the Meta key sets the eighth bit: readline sends it (xterm's smm) at every prompt
+        1036,  # the Meta key sends ESC
+        1039,  # the Alt key sends ESC
+        1047,  # alternate screen
+        1048,  # save and restore the cursor
+        1049,  # alternate screen with the cursor saved (vim, less, top, htop)
+        2004,  # bracketed paste (bash, zsh, python3's REPL, vim)
+        2026,  # synchronised output (frames drawn whole; terminals end it by a timeout)
+    }
+)
+# ANSI modes (``CSI Pm h/l``) that pass: insert mode only. Keyboard lock (2), local echo (12, which would echo
+# the person's passwords once the session ends) and newline mode (20, what Return sends) stay out.
+_ANSI_MODES = frozenset({4})
+
+#: What the CLI writes to the person's terminal when the sandbox's output ends: the modes that passed set
+#: back (mouse and focus reporting off, bracketed paste off, the main screen, a visible cursor of the
+#: default shape, default colours, no scroll region, normal keys and keypad, the ASCII charset).
+RESTORE = (
+    b"\x1b[?2026l"
+    b"\x1b[?9l\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1004l\x1b[?1005l\x1b[?1006l\x1b[?1007l"
+    b"\x1b[?1015l\x1b[?1016l\x1b[?2004l\x1b[?1049l"
+    b"\x1b[!p\x1b[?7h\x1b[?25h\x1b[?12l\x1b[?1l\x1b>\x1b[?5l\x1b[?6l\x1b[?69l\x1b[4l\x1b[r\x1b[0m"
+    b"\x1b[>4m\x1b[0 q\x0f\x1b(B"
+)
+
+_ESC, _BEL, _CAN, _SUB, _DEL = 0x1B, 0x07, 0x18, 0x1A, 0x7F
+# Control bytes in text that pass: BEL, BS, TAB, LF, VT, FF, CR, SO and SI (drawing, the bell). The others
+# are dropped: NUL..ACK (ENQ makes some terminals send their answerback), DLE..US (CAN and SUB included),
+# DEL; and once decoded, the C1 controls U+0080..U+009F (an 8-bit CSI, OSC, DCS...).
+_C0_PASSED = frozenset(b"\x07\x08\t\n\x0b\x0c\r\x0e\x0f")
+_C0_DROPPED = bytes(b for b in range(0x20) if b not in _C0_PASSED) + b"\x7f"
 _DROPPED_TEXT = re.compile("[\x00-\x06\x10-\x1f\x7f-\x9f]")
-# Two-byte ESC sequences that pass: save/restore cursor, keypad modes, index, next line, tab set, reverse
-# index, single shifts, full reset.
+# Two-byte ESC sequences that pass: save/restore cursor (7 8), keypad modes (= >), index, next line, tab
+# set, reverse index (D E H M), single shifts (N O: the next character from G2/G3), and the full reset (c):
+# it makes the terminal answer nothing, undoes what the sandbox set, and `reset` sends it.
 _ESC_FINALS = frozenset(b"78=>DEHMNOc")
-# ESC + intermediate + final that pass: charset designations G0..G3 (94 and 96 sets), DEC line size and
-# screen alignment (``ESC # 3..8``).
+# ESC + intermediate + final that pass: charset designations G0..G3 (94 and 96 sets: ESC ( 0 draws lines),
+# and DEC line size and screen alignment (ESC # 3..8).
 _DESIGNATE = frozenset(b"()*+-./")
 _DESIGNATED = frozenset(b"0123456789<>=ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
-# CSI finals that pass without a private marker or intermediate (cursor, erase, edit, scroll, tabs,
-# repeat, modes, SGR, scroll region, save and restore cursor).
+_LINE_SIZE = frozenset(b"345678")
+# CSI finals that pass with no private marker and no intermediate: cursor (@ A..H, ` a d e f, I Z), erase
+# (J K X), insert/delete lines and characters (L M P), scroll (S T), repeat (b), tab clear (g), SGR (m),
+# scroll region (r), save and restore cursor (s u), modes (h l, by list). Not: c (answers), n (answers),
+# t (window), x (answers), i (printer), q (keyboard LEDs), p, y and the rest.
 _CSI_PLAIN = frozenset(b"@ABCDEFGHIJKLMPSTXZ`abdefghlmrsu")
-_CSI_PRIVATE = frozenset(b"hlrsJK")  # after "?": DEC private modes set/reset/save/restore, selective erase
-_CSI_WITH = {b" ": frozenset(b"q"), b"!": frozenset(b"p"), b'"': frozenset(b"q")}  # cursor shape, soft reset
-_STRINGS = frozenset(b"]P_^X")  # OSC, DCS, APC, PM, SOS
+_CSI_PRIVATE = frozenset(b"hlsrJK")  # after "?": DEC modes (by list), selective erase
+_CSI_WITH = {b" ": frozenset(b"q"), b"!": frozenset(b"p"), b'"': frozenset(b"q")}  # shape, soft reset, DECSCA
+_STRINGS = {0x5D: "OSC", 0x50: "DCS", 0x5F: "APC", 0x5E: "PM", 0x58: "SOS"}
+_OSC_NAMES = {
+    b"0": "title",
+    b"1": "icon title",
+    b"2": "title",
+    b"4": "colour",
+    b"7": "working directory",
+    b"8": "hyperlink",
+    b"9": "notification",
+    b"52": "clipboard",
+    b"104": "colour",
+    b"777": "notification",
+    b"1337": "iTerm2",
+    b"5113": "kitty file transfer",
+}
+_CSI_NAMES = {
+    (b"", b"", ord("c")): "device attributes, answers",
+    (b">", b"", ord("c")): "device attributes, answers",
+    (b"=", b"", ord("c")): "device attributes, answers",
+    (b"", b"", ord("n")): "status report, answers",
+    (b"?", b"", ord("n")): "status report, answers",
+    (b"", b"$", ord("p")): "mode query, answers",
+    (b"?", b"$", ord("p")): "mode query, answers",
+    (b">", b"", ord("q")): "version query, answers",
+    (b"", b"", ord("t")): "window operation",
+    (b"", b"", ord("x")): "parameters query, answers",
+    (b"?", b"", ord("u")): "keyboard protocol query, answers",
+    (b">", b"", ord("u")): "keyboard protocol",
+    (b"<", b"", ord("u")): "keyboard protocol",
+    (b"=", b"", ord("u")): "keyboard protocol",
+    (b"", b"", ord("i")): "media copy",
+    (b"", b"", ord("h")): "mode",
+    (b"", b"", ord("l")): "mode",
+    (b"?", b"", ord("h")): "mode",
+    (b"?", b"", ord("l")): "mode",
+}
+
+# A whole CSI sequence at an ESC, decided at once (the byte-by-byte path gives the same answer).
+_CSI_WHOLE = re.compile(rb"\x1b\[([0-?]*[ -/]*)([@-~])")
+_CSI_BODY = re.compile(rb"([<=>?]?)([0-9:;]*)([ -/]*)")
+_PASSED_KEPT = 256  # how many passed CSI sequences are remembered as such
+_STRING_END = re.compile(rb"[\x07\x18\x1a\x1b]")
 
 # States of the parser between feeds.
-_GROUND, _ESCAPE, _CSI, _CSI_SKIP, _STRING, _STRING_ESC, _INTERMEDIATE = range(7)
+_GROUND, _ESCAPE, _INTERMEDIATE, _CSI, _CSI_SKIP, _STRING, _STRING_ESC = range(7)
 
 
 class TerminalFilter:
     """Feed it what the sandbox's terminal sends; it returns what may be shown (see the module docstring).
 
     ``feed`` keeps the state of a sequence or a character split across calls; ``flush`` ends the stream
-    (an unfinished sequence is dropped). ``dropped`` counts the sequences and control bytes dropped.
+    (an unfinished sequence is dropped, a split character shows as U+FFFD). ``dropped`` counts the
+    sequences and control bytes dropped, ``last_dropped`` names the latest (printable ASCII, short: for a
+    notice to the person), ``None`` before any.
     """
 
     def __init__(self) -> None:
         self._state = _GROUND
-        self._sequence = bytearray()  # the CSI or ESC sequence being read (at most MAX_CSI bytes)
+        self._sequence = bytearray()  # a CSI's body or an ESC's intermediates (at most MAX_CSI bytes)
+        self._string = ""  # the kind of the string being skipped: "OSC", "DCS"...
+        self._peek = bytearray()  # its first bytes (at most PEEK)
         self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._passed: set[bytes] = set()  # whole CSI sequences seen to pass unchanged (a bounded few)
         self.dropped = 0
+        self.last_dropped: str | None = None
 
     def feed(self, data: bytes) -> bytes:
         """What of ``data`` may be shown, given everything fed before."""
+        data = bytes(data)
         out = bytearray()
-        view = memoryview(data)
         at, end = 0, len(data)
         while at < end:
-            if self._state == _GROUND:
+            state = self._state
+            if state == _GROUND:
+                # The fast path: a run of text up to the next ESC is decoded and copied in one piece.
                 stop = data.find(b"\x1b", at)
-                stop = end if stop < 0 else stop
+                if stop < 0:
+                    out += self._shown_text(data[at:] if at else data)
+                    break
                 if stop > at:
-                    out += self._shown_text(view[at:stop])
-                if stop < end:
-                    self._state, self._sequence = _ESCAPE, bytearray()
-                    out += self._shown_text(b"", final=True)  # a character cut by ESC is invalid
-                at = stop + 1
+                    out += self._shown_text(data[at:stop])
+                out += self._end_text()  # a character cut by ESC is invalid
+                whole = _CSI_WHOLE.match(data, stop)
+                if whole is not None and len(whole[1]) < MAX_CSI:
+                    sequence = whole[0]
+                    if sequence in self._passed:  # SGR and cursor moves repeat: decided once
+                        out += sequence
+                    else:
+                        shown = self._csi(whole[1], whole[2][0])
+                        if shown == sequence and len(self._passed) < _PASSED_KEPT:
+                            self._passed.add(sequence)
+                        out += shown
+                    at = whole.end()
+                else:
+                    self._state = _ESCAPE
+                    at = stop + 1
                 continue
-            byte = data[at]
+            if state == _STRING:
+                # Skipped in one piece up to what may end it; only the first PEEK bytes are kept.
+                found = _STRING_END.search(data, at)
+                stop = end if found is None else found.start()
+                if len(self._peek) < PEEK:
+                    self._peek += data[at : min(stop, at + PEEK - len(self._peek))]
+                at = stop
+                if found is None:
+                    break
+            out += self._step(data[at])
             at += 1
-            out += self._step(byte)
         return bytes(out)
 
     def flush(self) -> bytes:
-        """The end of the stream: what is still held (a split character's start shows as U+FFFD)."""
-        if self._state != _GROUND:
-            self.dropped += 1
-            self._state = _GROUND
-        return self._shown_text(b"", final=True)
+        """The end of the stream: an unfinished sequence is dropped, a split character shows as U+FFFD."""
+        if self._state in (_STRING, _STRING_ESC):
+            self._end_string()
+        elif self._state != _GROUND:
+            self._count("an unfinished escape sequence")
+        self._state = _GROUND
+        return self._end_text()
 
     # -- text -----------------------------------------------------------------------------------------
-    def _shown_text(self, data: bytes | memoryview, final: bool = False) -> bytes:
-        text = self._text.decode(bytes(data), final)
-        if _DROPPED_TEXT.search(text):
+    def _shown_text(self, data: bytes) -> bytes:
+        if data.isascii() and not self._text.getstate()[0]:
+            kept = data.translate(None, _C0_DROPPED)  # no character pending: bytes are characters
+            if len(kept) != len(data):
+                first = next(b for b in data if b in _C0_DROPPED)
+                self._count(f"control byte 0x{first:02X}", len(data) - len(kept))
+            return kept
+        return self._checked(self._text.decode(data))
+
+    def _end_text(self) -> bytes:
+        if not self._text.getstate()[0]:
+            return b""
+        return self._checked(self._text.decode(b"", True))
+
+    def _checked(self, text: str) -> bytes:
+        found = _DROPPED_TEXT.search(text)
+        if found is not None:
             kept = _DROPPED_TEXT.sub("", text)
-            self.dropped += len(text) - len(kept)
+            code = ord(found[0])
+            name = f"C1 control U+{code:04X}" if code >= 0x80 else f"control byte 0x{code:02X}"
+            self._count(name, len(text) - len(kept))
             text = kept
         return text.encode()
 
+    def _control(self, byte: int) -> bytes:
+        """A C0 control met inside a sequence.
+
+        A terminal executes it there, so it passes (or is dropped) as in text, and the sequence goes on.
+        """
+        if byte in _C0_PASSED:
+            return bytes((byte,))
+        self._count(f"control byte 0x{byte:02X}")
+        return b""
+
     # -- sequences ------------------------------------------------------------------------------------
-    def _step(self, byte: int) -> bytes:  # noqa: PLR0911, PLR0912 - one state machine
+    def _step(self, byte: int) -> bytes:  # noqa: PLR0911 - one state machine
         state = self._state
-        if byte in (_CAN, _SUB) and state != _GROUND:  # they abort any sequence
-            self._drop()
+        if state in (_STRING, _STRING_ESC):
+            return self._in_string(byte)
+        if byte in (_CAN, _SUB):  # they abort any sequence
+            self._count("an escape sequence cancelled")
+            self._state = _GROUND
             return b""
         if state == _ESCAPE:
             return self._after_escape(byte)
-        if state == _INTERMEDIATE:
-            self._state = _GROUND
-            if self._sequence[0] in _DESIGNATE and byte in _DESIGNATED:
-                return b"\x1b" + bytes(self._sequence) + bytes([byte])
-            if self._sequence == b"#" and 0x33 <= byte <= 0x38:
-                return b"\x1b#" + bytes([byte])
-            self.dropped += 1
-            return b""
-        if state in (_STRING, _STRING_ESC):
-            if byte == _BEL or (state == _STRING_ESC and byte == 0x5C):
-                self._drop()  # the string's end
-            else:
-                self._state = _STRING_ESC if byte == _ESC else _STRING
-            return b""
-        # CSI: parameters 0x30..0x3F, intermediates 0x20..0x2F, a final 0x40..0x7E.
         if byte == _ESC:  # a new sequence: this one was never finished
-            self.dropped += 1
-            self._state, self._sequence = _ESCAPE, bytearray()
+            self._count("an unfinished escape sequence")
+            self._state = _ESCAPE
             return b""
-        if byte < 0x20:  # a control byte inside: executed by a terminal, dropped here
-            self.dropped += 1
-            return b""
-        if state == _CSI_SKIP:
+        if byte < 0x20:
+            return self._control(byte)
+        if state == _INTERMEDIATE:
+            return self._after_intermediate(byte)
+        if state == _CSI_SKIP:  # ignored to the final byte
             if 0x40 <= byte <= 0x7E:
                 self._state = _GROUND
             return b""
-        self._sequence.append(byte)
+        # CSI: parameters 0x30..0x3F, intermediates 0x20..0x2F, a final 0x40..0x7E.
         if 0x40 <= byte <= 0x7E:
             self._state = _GROUND
-            return self._csi(bytes(self._sequence))
-        if len(self._sequence) >= MAX_CSI or byte > 0x7E:
-            self.dropped += 1
+            return self._csi(bytes(self._sequence), byte)
+        if byte == _DEL:  # ignored inside a sequence, by terminals too
+            return b""
+        if len(self._sequence) >= MAX_CSI - 1 or byte > _DEL:
+            self._count("an overlong or invalid CSI sequence")
             self._state = _CSI_SKIP
+            return b""
+        self._sequence.append(byte)
         return b""
 
-    def _after_escape(self, byte: int) -> bytes:
+    def _after_escape(self, byte: int) -> bytes:  # noqa: PLR0911 - one case a kind
         if byte == 0x5B:  # [
             self._state = _CSI
+            self._sequence.clear()
             return b""
         if byte in _STRINGS:
-            self._state = _STRING
+            self._state, self._string = _STRING, _STRINGS[byte]
+            self._peek.clear()
             return b""
-        if byte == _ESC:
-            self.dropped += 1  # ESC ESC: the first one is dropped, the second starts anew
+        if byte == _ESC:  # ESC ESC: the first does nothing in a terminal either; the second starts anew
             return b""
-        if byte in _DESIGNATE or byte == 0x23:  # ESC ( B, ESC # 8
-            self._state, self._sequence = _INTERMEDIATE, bytearray([byte])
+        if byte < 0x20:
+            return self._control(byte)
+        if byte <= 0x2F:  # an intermediate: ESC ( B, ESC # 8, ESC % G, ESC SP G...
+            self._state = _INTERMEDIATE
+            self._sequence[:] = bytes((byte,))
             return b""
         self._state = _GROUND
         if byte in _ESC_FINALS:
-            return bytes([_ESC, byte])
-        self.dropped += 1  # ESC Z (answers), ESC % (leaves UTF-8), ESC SP F/G (8-bit controls), others
+            return bytes((_ESC, byte))
+        if byte == 0x5C:  # a lone ST: ends nothing, does nothing
+            return b""
+        shown = chr(byte) if byte < _DEL else f"0x{byte:02X}"
+        reason = " (answers)" if byte == ord("Z") else ""
+        self._count(f"ESC {shown}{reason}")  # ESC Z (answers), ESC 0x9B..., the rest
         return b""
 
-    def _csi(self, sequence: bytes) -> bytes:
-        """``CSI`` + ``sequence`` (parameters, intermediates, final) if it may pass, else b""."""
-        final, body = sequence[-1], sequence[:-1]
-        marker = body[:1] if body[:1] in (b"?", b">", b"=", b"<") else b""
-        params = body[len(marker) :]
-        intermediates = params.lstrip(b"0123456789;:")
-        digits = params[: len(params) - len(intermediates)]
-        allowed = False
-        if b"?" in digits or b">" in digits:
-            allowed = False
-        elif not marker and not intermediates:
-            allowed = final in _CSI_PLAIN and not (final == ord("u") and digits)
-        elif marker == b"?" and not intermediates:
-            allowed = final in _CSI_PRIVATE
-        elif marker == b">" and not intermediates:
-            allowed = final == ord("m")  # modifyOtherKeys (vim); every other ">" asks or reports
-        elif not marker and intermediates in _CSI_WITH:
-            allowed = final in _CSI_WITH[intermediates]
-        if allowed:
-            return b"\x1b[" + sequence
-        self.dropped += 1
+    def _after_intermediate(self, byte: int) -> bytes:
+        if byte <= 0x2F:
+            if len(self._sequence) < MAX_CSI:
+                self._sequence.append(byte)
+            return b""
+        self._state = _GROUND
+        sequence = bytes(self._sequence)
+        if len(sequence) == 1 and (
+            (sequence[0] in _DESIGNATE and byte in _DESIGNATED) or (sequence == b"#" and byte in _LINE_SIZE)
+        ):
+            return b"\x1b" + sequence + bytes((byte,))
+        shown = (sequence[:8] + bytes((byte,))).decode("ascii", "replace") if byte < _DEL else "..."
+        reason = " (leaves UTF-8)" if sequence == b"%" else ""
+        self._count(f"ESC {shown}{reason}")  # ESC % @ (leaves UTF-8), ESC SP G (8-bit controls), others
         return b""
 
-    def _drop(self) -> None:
-        self.dropped += 1
-        self._state, self._sequence = _GROUND, bytearray()
+    def _csi(self, body: bytes, final: int) -> bytes:
+        """``CSI`` + ``body`` + ``final`` if it may pass (some modes taken out), else b""."""
+        parts = _CSI_BODY.fullmatch(body)
+        if parts is not None:
+            marker, params, intermediates = parts[1], parts[2], parts[3]
+            shown = self._allowed(marker, params, intermediates, final)
+            name = _CSI_NAMES.get((marker, intermediates, final))
+            if shown is not None:
+                if shown != params:  # some modes taken out
+                    text = (body + bytes((final,))).decode("ascii")
+                    self._count(f"CSI {text[:24]} (mode)")
+                return b"\x1b[" + marker + shown + intermediates + bytes((final,))
+        else:
+            name = None
+        text = (body + bytes((final,))).decode("ascii")
+        self._count(f"CSI {text[:24]}" + (f" ({name})" if name else ""))
+        return b""
+
+    @staticmethod
+    def _allowed(  # noqa: PLR0911 - one case a kind
+        marker: bytes, params: bytes, intermediates: bytes, final: int
+    ) -> bytes | None:
+        """The parameters that pass, or None when nothing of the sequence does."""
+        if not marker and not intermediates:
+            if final not in _CSI_PLAIN:
+                return None
+            if final in b"hl":
+                return _modes(params, _ANSI_MODES)
+            if final == ord("u") and params:  # kitty's keyboard flags; SCORC has none
+                return None
+            if final == ord("T") and (b";" in params or b":" in params):  # highlight mouse tracking
+                return None
+            return params
+        if marker == b"?" and not intermediates and final in _CSI_PRIVATE:
+            return _modes(params, DEC_MODES) if final in b"hlsr" else params
+        if marker == b">" and not intermediates and final == ord("m"):
+            return params  # modifyOtherKeys (vim); every other ">" asks or reports
+        if not marker and intermediates in _CSI_WITH and final in _CSI_WITH[intermediates]:
+            return params
+        return None
+
+    def _in_string(self, byte: int) -> bytes:
+        """A byte of a dropped string.
+
+        BEL, ST, CAN and SUB end it; ESC and another byte end it too, and that byte starts a sequence (as in
+        a terminal's parser).
+        """
+        if self._state == _STRING:
+            if byte == _ESC:
+                self._state = _STRING_ESC
+            elif byte in (_BEL, _CAN, _SUB):
+                self._end_string()
+                self._state = _GROUND
+            elif len(self._peek) < PEEK:
+                self._peek.append(byte)
+            return b""
+        self._end_string()
+        if byte in (0x5C, _CAN, _SUB):  # ST, or the ESC cancelled
+            self._state = _GROUND
+            return b""
+        self._state = _ESCAPE
+        return self._after_escape(byte)
+
+    def _end_string(self) -> None:
+        kind, peek = self._string, bytes(self._peek)
+        if kind == "OSC":
+            number = peek.split(b";", 1)[0]
+            name = _OSC_NAMES.get(number)
+            if number.isdigit() and len(number) <= 5:
+                kind += " " + number.decode() + (f" ({name})" if name else "")
+        elif peek.startswith(b"tmux;"):
+            kind += " tmux pass-through"
+        self._count(kind)
+
+    def _count(self, name: str, count: int = 1) -> None:
+        self.dropped += count
+        self.last_dropped = name
+
+
+def _modes(params: bytes, allowed: frozenset[int]) -> bytes | None:
+    """The modes of ``params`` in ``allowed`` (as given), or None if none is."""
+    kept = [mode for mode in params.split(b";") if mode.isdigit() and int(mode) in allowed]
+    return b";".join(kept) if kept else None
