@@ -26,7 +26,7 @@ import tty
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from adk_sandbox.executor.terminal_filter import TerminalFilter
+from adk_sandbox.executor.terminal_filter import RESTORE, TerminalFilter
 
 __all__ = ["TerminalLike", "relay"]
 
@@ -80,6 +80,8 @@ def relay(terminal: TerminalLike, *, stdin: int = 0, stdout: int = 1, filtered: 
                 _write_all(stdout, shown)
             if screen is not None:
                 _write_all(stdout, screen.flush())
+                if os.isatty(stdout):  # modes the program left on (mouse, alternate screen...) are undone
+                    _write_all(stdout, RESTORE)
         except BaseException as exc:
             failure.append(exc)
         finally:
@@ -110,7 +112,7 @@ def relay(terminal: TerminalLike, *, stdin: int = 0, stdout: int = 1, filtered: 
     if screen is not None and screen.dropped:
         print(
             f"adk-sandbox: {screen.dropped} control sequence(s) from the sandbox were not passed to this "
-            "terminal (they could answer, set the clipboard or the title)",
+            f"terminal (they could answer, set the clipboard or the title; the last: {screen.last_dropped})",
             file=sys.stderr,
         )
     code = terminal.exit_code
