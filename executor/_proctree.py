@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 
-__all__ = ["kill_process_group", "wait_for_exit_unreaped"]
+__all__ = ["has_exited", "kill_process_group", "kill_session", "wait_for_exit_unreaped"]
 
 _POLL_INTERVAL = 0.01
 
@@ -24,6 +24,28 @@ def kill_process_group(pgid: int) -> None:
     """SIGKILL every process in group ``pgid``; a group that is already gone is not an error."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` this user may signal: its leader's group, then the rest.
+
+    An interactive shell puts each job in a group of its own, all in its session; a process that left
+    the session (``setsid``) is not found.
+    """
+    kill_process_group(sid)
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue  # gone meanwhile
+        # After the command's name (in parentheses, may hold anything): state, ppid, pgrp, session.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 3 and int(fields[3]) == sid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(name), signal.SIGKILL)
 
 
 def wait_for_exit_unreaped(
@@ -41,14 +63,14 @@ def wait_for_exit_unreaped(
                 return False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return _has_exited(proc.pid)
+                return has_exited(proc.pid)
             step = remaining if cancel is None else min(remaining, 0.05)
             if pidfd is not None:
                 readable, _, _ = select.select([pidfd], [], [], step)
                 if readable:
                     return True
             else:
-                if _has_exited(proc.pid):
+                if has_exited(proc.pid):
                     return True
                 time.sleep(min(step, _POLL_INTERVAL))
     finally:
@@ -64,7 +86,8 @@ def _open_pidfd(pid: int) -> int | None:
         return None
 
 
-def _has_exited(pid: int) -> bool:
+def has_exited(pid: int) -> bool:
+    """Whether child ``pid`` ended, without reaping it (a child already reaped counts as ended)."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:

@@ -36,6 +36,9 @@ from adk_sandbox.executor._users import host_user
 from adk_sandbox.executor.backend import OutputCallback, SandboxBackend
 from adk_sandbox.executor.backends.bwrap import RUNTIME_READ_ONLY_PATHS
 from adk_sandbox.executor.backends.enforcer import Confinement, Enforcer
+from adk_sandbox.executor.backends.host_terminal import HostTerminal
+from adk_sandbox.executor.channel.frames import MAX_PTYS
+from adk_sandbox.executor.channel.terminal import check_size, terminal_request
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     InvalidRequestError,
@@ -194,6 +197,8 @@ class ProcessBackend(SandboxBackend):
         self._policy = policy if policy is not None else SandboxPolicy()
         self._toolchains: dict[tuple[Language, str], Toolchain] = {}
         self._toolchains_lock = threading.Lock()
+        self._terminals: set[HostTerminal] = set()
+        self._terminals_lock = threading.Lock()
         self.name = "process" if enforcer is None else f"process+{enforcer.name}"
 
     @classmethod
@@ -356,6 +361,107 @@ class ProcessBackend(SandboxBackend):
             stderr_truncated=streams["stderr"].truncated,
             duration_ms=int((time.monotonic() - started) * 1000),
         )
+
+    def open_pty(
+        self,
+        argv: list[str] | tuple[str, ...] | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        user: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 24 * 3600,
+    ) -> HostTerminal:
+        """A program on a new terminal of the host (:class:`.host_terminal.HostTerminal`); a shell by default.
+
+        As a command of this backend (its enforcer, policy, network and working directory; ``user``,
+        ``cwd``, ``env`` and ``timeout`` as in :class:`ExecRequest`; ``TERM`` is ``xterm-256color`` unless
+        ``env`` says otherwise), in its own session with the terminal as its controlling one. Without
+        ``argv``: ``bash -i`` when the host has bash, else ``sh -i``. At most :data:`MAX_PTYS` at once;
+        :meth:`close` ends them.
+        """
+        size = check_size(rows, cols)
+        request = terminal_request(argv, user=user, cwd=cwd, env=env, timeout=timeout)
+        program = request.argv or ()
+        self._check_user(request.user)
+        child_env = build_child_env(policy_env=self._policy.env, request_env=request.env)
+        check_argument_sizes(program, self.name)
+        toolchain = self._argv_toolchain(program[0], child_env)
+        self._check_enforceable(request)
+        if request.cwd is not None:
+            self._check_cwd(request.cwd, toolchain)
+        setsid = shutil.which("setsid")
+        needed: tuple[tuple[str, str | None], ...] = (
+            (program[0], toolchain.program if toolchain else None),
+            ("setsid", setsid),
+        )
+        for name, path in needed:
+            if path is None:
+                raise InvalidRequestError(
+                    f"{name}: program not found on backend {self.name!r}; nothing was started"
+                )
+            if self._enforcer is not None and not self._visible(os.path.realpath(path), ()):
+                raise InvalidRequestError(
+                    f"{path} is not visible in the {self._enforcer.name} sandbox (allow its directory in the "
+                    "policy); nothing was started"
+                )
+        assert toolchain is not None and setsid is not None  # noqa: S101 - checked just above
+        with self._terminals_lock:
+            if len(self._terminals) >= MAX_PTYS:
+                raise InvalidRequestError(
+                    f"{len(self._terminals)} terminals are open on backend {self.name!r}, the most it may "
+                    f"hold at once ({MAX_PTYS}); close one first"
+                )
+            with contextlib.ExitStack() as stack:
+                scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix="adk-sandbox-"))
+                egress = stack.enter_context(self._command_egress())
+                if egress is not None:
+                    child_env.update(egress.env)
+                workdir = request.cwd or self._workdir or scratch
+                # `setsid -c` (in the sandbox, under an enforcer) makes the terminal the program's
+                # controlling one; `-w` keeps its status when it must fork (bwrap made it a session leader).
+                line = _command_line(
+                    [setsid, "-w", "-c", toolchain.program, *program[1:]],
+                    enforcer=self._enforcer,
+                    policy=self._policy,
+                    workdir=workdir,
+                    scratch=scratch,
+                    runtime_paths=(),
+                    egress=egress,
+                    forwarder_python=self._forwarder_python,
+                )
+                resources = stack.pop_all()
+
+            def closed(terminal: HostTerminal) -> None:
+                with self._terminals_lock:
+                    self._terminals.discard(terminal)
+                resources.close()  # the scratch directory and the network policy's socket
+
+            try:
+                terminal = HostTerminal(
+                    line,
+                    env=child_env,
+                    cwd=workdir,
+                    size=size,
+                    timeout=request.timeout,
+                    # Under an enforcer the host's group is bwrap's (the sandbox dies with it); without,
+                    # setsid makes the program lead its own.
+                    new_session=self._enforcer is not None,
+                    on_close=closed,
+                )
+            except BaseException:
+                resources.close()
+                raise
+            self._terminals.add(terminal)
+        return terminal
+
+    def close(self) -> None:
+        """End the terminals this backend opened (:meth:`open_pty`); idempotent."""
+        with self._terminals_lock:
+            terminals = list(self._terminals)
+        for terminal in terminals:
+            terminal.close()
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -609,6 +715,36 @@ class _StepOutcome:
     cancelled: bool
 
 
+def _command_line(
+    argv: list[str],
+    *,
+    enforcer: Enforcer | None,
+    policy: SandboxPolicy,
+    workdir: str,
+    scratch: str,
+    runtime_paths: tuple[str, ...],
+    egress: CommandEgress | None,
+    forwarder_python: str | None,
+) -> list[str]:
+    """``argv`` as the host starts it: behind the network policy's forwarder and the enforcer, if any."""
+    egress_dir = None
+    if egress is not None:
+        # Checked when the backend was made: a policy has the bubblewrap enforcer and a system Python.
+        assert enforcer is not None and forwarder_python is not None  # noqa: S101
+        argv = egress.wrap(forwarder_python, argv)
+        egress_dir = egress.directory
+    if enforcer is not None:
+        argv = enforcer.wrap(
+            argv,
+            policy=policy,
+            workdir=workdir,
+            scratch_dir=scratch,
+            runtime_paths=runtime_paths,
+            egress_dir=egress_dir,
+        )
+    return argv
+
+
 @dataclass(frozen=True)
 class _StepRunner:
     """Runs the steps of one execution (compile, run) with a shared deadline and output capture."""
@@ -626,21 +762,16 @@ class _StepRunner:
     forwarder_python: str | None = None
 
     def run(self, argv: list[str], stdin: bytes | None) -> _StepOutcome:
-        egress_dir = None
-        if self.egress is not None:
-            # Checked when the backend was made: a policy has the bubblewrap enforcer and a system Python.
-            assert self.enforcer is not None and self.forwarder_python is not None  # noqa: S101
-            argv = self.egress.wrap(self.forwarder_python, argv)
-            egress_dir = self.egress.directory
-        if self.enforcer is not None:
-            argv = self.enforcer.wrap(
-                argv,
-                policy=self.policy,
-                workdir=self.workdir,
-                scratch_dir=self.scratch,
-                runtime_paths=self.toolchain.install_roots,
-                egress_dir=egress_dir,
-            )
+        argv = _command_line(
+            argv,
+            enforcer=self.enforcer,
+            policy=self.policy,
+            workdir=self.workdir,
+            scratch=self.scratch,
+            runtime_paths=self.toolchain.install_roots,
+            egress=self.egress,
+            forwarder_python=self.forwarder_python,
+        )
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         in_read, in_write = os.pipe() if stdin is not None else (None, None)
