@@ -12,19 +12,29 @@ Prints a Markdown table for BENCHMARKS.md, for each runtime:
   container read by ``script`` (nothing crosses the container's boundary).
 
 Both sides run in the same container (the session's), so the image, the runtime and the limits are the same.
+
+``--host`` adds the host's own terminals: ``ProcessBackend.open_pty(["cat", FILE])`` plain and under
+bubblewrap, against the floor of this machine's kernel: the same ``cat`` on a bare pseudo-terminal of the
+host (its default mode, as a terminal's program has it), read 1 MiB at a time, nothing else in between;
+and that terminal in raw mode, the kernel's best.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import select
+import shutil
 import subprocess
+import tempfile
 import time
+import tty
 
 from _timing import Row, Stats, parser, print_section
 
-from adk_sandbox.executor import ExecRequest
+from adk_sandbox.executor import ExecRequest, ProcessBackend, SandboxPolicy
+from adk_sandbox.executor.backends.bwrap import get_enforcer
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 
 _BIG = "/tmp/adk-bench-big.txt"  # inside the sandbox
@@ -176,14 +186,90 @@ def measure(runtime: str | None, keystrokes: int, rounds: int) -> list[Row]:
     ]
 
 
+def host_rows(rounds: int) -> list[Row]:
+    """The host's terminals (plain, bubblewrap) against a bare pseudo-terminal of this host (the floor)."""
+    directory = tempfile.mkdtemp(prefix="adk-bench-pty-")
+    big = os.path.join(directory, "big.txt")
+    line = b"a line of text of a terminal, 0123456789\n"
+    with open(big, "wb") as handle:
+        handle.write((line * (_MEGABYTES * 1_000_000 // len(line) + 1))[: _MEGABYTES * 1_000_000])
+    policy = SandboxPolicy.builder().allow_process_spawn().allow_read(directory).build()
+    backends: dict[str, ProcessBackend] = {
+        "host `process`": ProcessBackend(),
+        "bubblewrap": ProcessBackend.with_sandbox(get_enforcer(), policy),
+    }
+
+    def backend_cat(backend: ProcessBackend) -> int:
+        total = 0
+        with backend.open_pty(["cat", big]) as terminal:
+            while piece := terminal.read(timeout=60):
+                total += len(piece)
+        return total
+
+    def bare_cat(raw: bool) -> int:
+        master, slave = pty.openpty()
+        if raw:
+            tty.setraw(slave)
+        process = subprocess.Popen(
+            ["cat", big], stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+        )
+        os.close(slave)
+        total = 0
+        with contextlib.suppress(OSError):  # EIO: the other end is closed
+            while piece := os.read(master, 1 << 20):
+                total += len(piece)
+        process.wait()
+        os.close(master)
+        return total
+
+    seconds: dict[str, list[float]] = {name: [] for name in (*backends, "floor", "raw")}
+    try:
+        for _ in range(rounds):
+            for name, backend in backends.items():
+                seconds[name].append(cat_seconds(lambda backend=backend: backend_cat(backend)))
+            seconds["floor"].append(cat_seconds(lambda: bare_cat(raw=False)))
+            seconds["raw"].append(cat_seconds(lambda: bare_cat(raw=True)))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    floor = sorted(seconds.pop("floor"))[rounds // 2]
+    raw = sorted(seconds.pop("raw"))[rounds // 2]
+    rows = []
+    for name, taken in seconds.items():
+        ours = sorted(taken)[rounds // 2]
+        rate = _MEGABYTES / ours
+        rows.append(
+            Row(
+                f"{name}: `cat` of {_MEGABYTES} MB on `open_pty` (median of {rounds})",
+                f"{rate:.0f} MB/s ({ours:.2f} s)",
+                "a bare pseudo-terminal of this host, 1 MiB reads",
+                f"{_MEGABYTES / floor:.0f} MB/s ({floor:.2f} s)",
+                floor / ours,
+                "≥ 100 MB/s",
+                rate >= 100,
+            )
+        )
+    rows.append(
+        Row(
+            "the kernel's best here: the bare terminal in raw mode (no output processing)",
+            f"{_MEGABYTES / raw:.0f} MB/s ({raw:.2f} s)",
+            "",
+            "",
+        )
+    )
+    return rows
+
+
 def main() -> None:
     args = parser(__doc__)
-    args.add_argument("--runtimes", default="runc", help="comma-separated: runc, runsc")
+    args.add_argument("--runtimes", default="runc", help="comma-separated: runc, runsc (empty: none)")
+    args.add_argument("--host", action="store_true", help="also the host and bubblewrap terminals")
     options = args.parse_args()
     keystrokes, rounds = (100, 2) if options.quick else (500, 5)
     rows: list[Row] = []
-    for runtime in options.runtimes.split(","):
+    for runtime in filter(None, options.runtimes.split(",")):
         rows += measure(None if runtime == "runc" else runtime, keystrokes, rounds)
+    if options.host:
+        rows += host_rows(rounds)
     print_section(
         "Terminals: a keystroke's echo and a terminal's throughput (issue 35)",
         rows,
