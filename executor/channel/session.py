@@ -165,6 +165,11 @@ class ChannelSession(SandboxSession):
             raise SandboxFailedError(f"{self._WHERE} is not running on the agent channel")
         return transport, self._command_user(None)
 
+    def _woken_agent_channel(self) -> tuple[AgentTransport, str]:
+        """:meth:`agent_channel` of a running session: a published port's connection resumes a paused one."""
+        self._wake()
+        return self.agent_channel()
+
     # -- users ----------------------------------------------------------------------------------------
     def numeric_user(self, user: str) -> str:
         """``"uid:gid"`` of ``user``: numbers as given, names looked up in the sandbox as they are now.
@@ -176,7 +181,7 @@ class ChannelSession(SandboxSession):
         if is_numeric(user):
             uid, gid = parse_user(user)
             return f"{uid}:{gid if gid is not None else uid}"
-        self.start()
+        self._awake()
 
         def run(request: ExecRequest, capture: OutputCapture) -> CommandOutcome:
             argv = request.argv or ()
@@ -250,6 +255,7 @@ class ChannelSession(SandboxSession):
         The sandbox's refusals, its user in numbers, the user's and the cwd's checks.
         """
         self._refuse(request)
+        self._wake()
         request = self._numeric_request(request)
         self._refuse_user(request.user)
         started = time.monotonic()
@@ -317,7 +323,7 @@ class ChannelSession(SandboxSession):
         They travel over the agent channel: asking starts the session, and a session whose commands use
         another transport raises :class:`InvalidRequestError` here.
         """
-        self.start()
+        self._awake()
         if self._transport is not None and not isinstance(self._transport, AgentTransport):
             raise InvalidRequestError(self._NO_FILES)
         return SandboxFiles(self)
@@ -330,7 +336,7 @@ class ChannelSession(SandboxSession):
         Returns the RESULT body and the bytes sent before it. :class:`InvalidRequestError` when the
         session's commands do not travel over the agent channel (file operations need it).
         """
-        self.start()
+        self._awake()
         transport = self._transport
         if transport is None:
             raise SandboxFailedError(self._GONE)
@@ -339,6 +345,72 @@ class ChannelSession(SandboxSession):
         return transport.file_op(
             self._command_user(None), request, data, deadline=deadline, max_output=max_output
         )
+
+    # -- pause ----------------------------------------------------------------------------------------
+    _paused = False
+    _pause_lock: threading.Lock | None = None
+
+    @property
+    def paused(self) -> bool:
+        """True while the session is paused (:meth:`pause`); any call on the session resumes it first."""
+        return self._paused
+
+    def pause(self, *, keep_memory: bool = False, wait_seconds: float = 30.0) -> None:
+        """Stop every process of the sandbox where it is, until :meth:`resume` or the session's next call.
+
+        ``keep_memory=True`` freezes them in place (the engine's freezer): nothing runs, every process
+        keeps its memory and its place, and resuming takes milliseconds; the memory stays held. Commands
+        and file operations that run when it is asked are waited for (at most ``wait_seconds``, else
+        :class:`InvalidRequestError` and nothing paused); terminals and spawned programs simply stop.
+        Releasing the memory to a checkpoint on disk (``keep_memory=False``) is not built yet: it is
+        refused (:class:`PolicyNotEnforceableError`), never done as something weaker (docs/pause.md).
+        Idempotent. Starts the session.
+        """
+        if not keep_memory:
+            raise PolicyNotEnforceableError(
+                f"{self._WHERE} cannot release its memory to a checkpoint on disk and keep its processes "
+                "yet; nothing was paused. pause(keep_memory=True) freezes every process in place (their "
+                "memory stays held); docs/pause.md says what stands in the way"
+            )
+        self.start()
+        with self._pausing():
+            if not self._paused:
+                self._freeze(wait_seconds)
+
+    def resume(self) -> None:
+        """Let a paused session's processes run on from where they stopped; idempotent."""
+        with self._pausing():
+            if self._paused:
+                self._thaw()
+                self._paused = False
+
+    def _pausing(self) -> threading.Lock:
+        """The session's own lock for pausing and resuming (made on first use)."""
+        with _PORTS_LOCK:
+            if self._pause_lock is None:
+                self._pause_lock = threading.Lock()
+            return self._pause_lock
+
+    def _wake(self) -> None:
+        """Resume a paused session: every call that reaches inside does this first."""
+        if self._paused:
+            self.resume()
+
+    def _awake(self) -> None:
+        """The sandbox started and not paused: what a call that reaches inside needs first."""
+        self.start()
+        self._wake()
+
+    def _freeze(self, wait_seconds: float) -> None:
+        """Freeze every process of the started sandbox and set ``_paused`` (the engine's part).
+
+        It sets ``_paused`` before letting waiting calls in, so each of them resumes the session first.
+        """
+        del wait_seconds
+        raise PolicyNotEnforceableError(f"{self._WHERE} cannot be paused: its engine has no freezer here")
+
+    def _thaw(self) -> None:
+        """Undo :meth:`_freeze` (the engine's part)."""
 
     # -- ports ----------------------------------------------------------------------------------------
     def publish(self, port: int, host_port: int = 0) -> str:
@@ -349,7 +421,7 @@ class ChannelSession(SandboxSession):
         port on the host (0: a free one). Starts the session. Bounded (:data:`.ports.MAX_PUBLISHED` ports,
         :data:`.ports.MAX_CONNECTIONS` connections); :meth:`unpublish` and :meth:`close` end it.
         """
-        self.start()
+        self._awake()
         if self._transport is not None and not isinstance(self._transport, AgentTransport):
             raise PolicyNotEnforceableError(
                 f"{self._WHERE} runs its commands on the {getattr(self._transport, 'channel', 'exec')} "
@@ -359,7 +431,7 @@ class ChannelSession(SandboxSession):
             if self._closed or self._ports_done:
                 raise SandboxFailedError(self._GONE)
             if self._ports is None:
-                self._ports = PublishedPorts(self.agent_channel)
+                self._ports = PublishedPorts(self._woken_agent_channel)
             ports = self._ports
         return ports.publish(port, host_port)
 
@@ -481,8 +553,10 @@ class ChannelSession(SandboxSession):
     def close(self) -> None:
         """End the live programs, stop publishing ports, then remove the sandbox (:meth:`_close_sandbox`).
 
-        Idempotent.
+        Idempotent. A paused session is resumed first: its programs end and its workspace comes back as
+        a running one's do.
         """
+        self._wake()
         with _PORTS_LOCK:
             ports, self._ports, self._ports_done = self._ports, None, True
             live, self._live = list(self._live or ()), None

@@ -145,7 +145,9 @@ def remove_container(client: docker.DockerClient, container_id: str) -> None:
             if exc.status_code == 409:
                 return False
             if exc.status_code != 404:
-                raise
+                if not _unpaused(client, container_id):
+                    raise
+                return remove()  # a paused session's (its owner died while it was frozen)
         return True
 
     if idempotent(remove):
@@ -158,6 +160,17 @@ def remove_container(client: docker.DockerClient, container_id: str) -> None:
         except ExecutorError:
             return  # gone (404), or the engine stopped answering: nothing more to wait for here
         time.sleep(0.05)
+
+
+def _unpaused(client: docker.DockerClient, container_id: str) -> bool:
+    """Unpause the container if it is paused (a frozen container cannot be killed); whether it was."""
+    try:
+        if not client.api.inspect_container(container_id)["State"].get("Paused"):
+            return False
+        client.api.unpause(container_id)
+    except (docker.errors.DockerException, OSError):
+        return False
+    return True
 
 
 #: The engine each client made by :func:`connect` talks to (the transports dial the same one).

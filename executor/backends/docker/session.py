@@ -352,7 +352,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         Starts the session. Nothing to do for a bound workspace or none; the warm pool calls this after
         filling a member's empty workspace copy, so file operations see it too.
         """
-        self.start()
+        self._awake()
         workspace = self._workspace
         if workspace is not None:
             workspace.before_command()
@@ -373,7 +373,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         """
         from adk_sandbox.executor.snapshots.copy import copy_workspace  # noqa: PLC0415 - see TYPE_CHECKING
 
-        self.start()
+        self._awake()
         volume, workspace, host = self.mirror_dir, self._workspace, self.workspace
         if volume is None or workspace is None or workspace.mirror is None or host is None:
             return None
@@ -403,6 +403,25 @@ class DockerSession(SessionNetwork, ChannelSession):
                 raise SandboxFailedError("this Docker session is closed")
             if self._container is None:
                 self._open_container()
+
+    def _freeze(self, wait_seconds: float) -> None:
+        """The engine's freezer (``docker pause``: the cgroup freezer on runc, the sentry's on gVisor)."""
+        with self._quiesced(wait_seconds, "the session is paused"):
+            container = self._opened().id
+            try:
+                self._client.api.pause(container)
+            except (docker.errors.DockerException, OSError) as exc:
+                raise SandboxFailedError(f"the session's container could not be paused: {exc}") from exc
+            self._paused = True  # before the held calls go on: each resumes the session first
+
+    def _thaw(self) -> None:
+        container = self._container
+        if container is None:
+            return  # closed meanwhile: nothing is paused
+        try:
+            self._client.api.unpause(container.id)
+        except (docker.errors.DockerException, OSError) as exc:
+            raise SandboxFailedError(f"the session's container could not be resumed: {exc}") from exc
 
     def _opened(self) -> OpenedContainer:
         self.start()
@@ -648,6 +667,7 @@ class DockerSession(SessionNetwork, ChannelSession):
                 "set_network needs the agent channel (transport='agent'): the exec transport has no proxy "
                 "endpoint"
             )
+        self._wake()
         with self._lock:
             if self._closed:
                 raise SandboxFailedError("this Docker session is closed")
@@ -661,7 +681,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         Asks it to listen (the listener then serves this session: while no policy is set, every request
         gets the 403 of a network that is off). False on the exec transport. Starts the session.
         """
-        self.start()
+        self._awake()
         with self._lock:
             transport = self._transport
             if not isinstance(transport, AgentTransport):
@@ -779,19 +799,35 @@ class DockerSession(SessionNetwork, ChannelSession):
         cancel: threading.Event | None = None,
     ) -> ExecResult:
         """Run ``request`` (see the class docstring); held back while a snapshot of the session is taken."""
+        try:
+            with self._counted():
+                return super().execute(request, on_output, cancel=cancel)
+        finally:
+            with self._gate:
+                hooks, self._after_first = self._after_first, []
+            for hook in hooks:
+                hook()
+
+    def file_operation(
+        self, request: dict[str, Any], data: bytes | None, *, deadline: float, max_output: int
+    ) -> tuple[dict[str, Any], bytes]:
+        """One FILE operation (see :class:`ChannelSession`), held back and waited for as a command is."""
+        with self._counted():
+            return super().file_operation(request, data, deadline=deadline, max_output=max_output)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """A call that runs inside: it waits while the session is quiesced, and is waited for by it."""
         with self._gate:
             while self._holding:
                 self._gate.wait()
             self._running += 1
         try:
-            return super().execute(request, on_output, cancel=cancel)
+            yield
         finally:
             with self._gate:
                 self._running -= 1
                 self._gate.notify_all()
-                hooks, self._after_first = self._after_first, []
-            for hook in hooks:
-                hook()
 
     def _call_after_first_command(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` once: when the first command of this session ends, or when it closes.
@@ -806,7 +842,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         hook()
 
     @contextlib.contextmanager
-    def _quiesced(self, wait_seconds: float) -> Iterator[None]:
+    def _quiesced(self, wait_seconds: float, purpose: str = "a snapshot is taken") -> Iterator[None]:
         """No command runs inside (new ones wait); refused when running ones do not end in time."""
         with self._snapshot_lock:
             deadline = time.monotonic() + wait_seconds
@@ -818,9 +854,8 @@ class DockerSession(SessionNetwork, ChannelSession):
                         if left <= 0:
                             raise InvalidRequestError(
                                 f"{self._running} command(s) of this session still ran after "
-                                f"{wait_seconds:g} s; "
-                                "a snapshot is taken while none runs. Nothing was taken: wait for them (or "
-                                "give a larger wait_seconds)"
+                                f"{wait_seconds:g} s; {purpose} while none runs. Nothing was done: wait for "
+                                "them (or give a larger wait_seconds)"
                             )
                         self._gate.wait(left)
                 except BaseException:
@@ -864,6 +899,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         )  # fmt: skip
         if self._closed:
             raise SandboxFailedError("this Docker session is closed")
+        self._wake()
         if self._before_snapshot is not None:
             self._before_snapshot(self)  # a spare's start overlaps the copy
         return take_snapshot(self, options, store or self.snapshot_store or SnapshotStore())
