@@ -15,6 +15,8 @@ answers it on a Unix socket; beside it a counter ticks every 50 ms. The checks, 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,8 +24,9 @@ from collections.abc import Iterator
 import docker
 import pytest
 
-from adk_sandbox.executor import ExecRequest, InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor import ExecRequest, InvalidRequestError, IsolationClass, PolicyNotEnforceableError
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker._reaper import reap_leaked
 from tests.conftest import require
 
 pytestmark = pytest.mark.docker
@@ -152,3 +155,38 @@ def test_a_checkpoint_to_disk_is_refused_not_weakened(session: DockerSession) ->
         session.pause()
     assert not session.paused and not _paused_says_the_engine(session)
     assert out(session, "echo still-running") == "still-running"
+
+
+LEAK = """
+import os, signal, sys
+from adk_sandbox.executor import ExecRequest
+from adk_sandbox.executor.backends.docker import DockerBackend
+session = DockerBackend(runtime=sys.argv[1] or None).session()
+session.execute(ExecRequest(argv=("true",), timeout=30))
+session.pause(keep_memory=True)
+print(session.container_id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_paused_session_whose_owner_died_is_reaped(session: DockerSession) -> None:
+    """The owner is SIGKILLed while its session is paused: the next backend's reaper still removes it.
+
+    A frozen gVisor container refuses to be killed ("PID ... is zombie and can not be killed"): the
+    reaper unpauses it first. Without that, the reaper's error stopped the next DockerBackend from being
+    made at all (checked on the code before it).
+    """
+    runtime = "runsc" if session.isolation() is IsolationClass.GVISOR else ""
+    done = subprocess.run(
+        [sys.executable, "-c", LEAK, runtime], capture_output=True, text=True, timeout=120, check=False
+    )
+    container = done.stdout.strip().splitlines()[-1]
+    client = docker.from_env()
+    try:
+        assert client.api.inspect_container(container)["State"]["Paused"]
+        reaped = reap_leaked(client)
+        assert container in [leaked.id for leaked in reaped]
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_container(container)
+    finally:
+        client.close()

@@ -138,16 +138,23 @@ def remove_container(client: docker.DockerClient, container_id: str) -> None:
     """
 
     def remove() -> bool:
-        try:
-            client.api.remove_container(container_id, force=True, v=True)  # v: its mirror volume too
-        except docker.errors.APIError as exc:
-            # 404: already gone (auto_remove won the race); 409: "removal ... already in progress".
-            if exc.status_code == 409:
-                return False
-            if exc.status_code != 404:
-                if not _unpaused(client, container_id):
+        for attempt in range(_FROZEN_ATTEMPTS):
+            try:
+                client.api.remove_container(container_id, force=True, v=True)  # v: its mirror volume too
+            except docker.errors.APIError as exc:
+                # 404: already gone (auto_remove won the race); 409: "removal ... already in progress".
+                if exc.status_code == 409:
+                    return False
+                if exc.status_code == 404:
+                    return True
+                if attempt == _FROZEN_ATTEMPTS - 1:
                     raise
-                return remove()  # a paused session's (its owner died while it was frozen)
+                # A paused session's container whose owner died: a frozen gVisor sandbox may refuse the
+                # kill ("PID ... is zombie and can not be killed") until it is unpaused.
+                _unpause(client, container_id)
+                time.sleep(0.2)
+            else:
+                return True
         return True
 
     if idempotent(remove):
@@ -162,15 +169,14 @@ def remove_container(client: docker.DockerClient, container_id: str) -> None:
         time.sleep(0.05)
 
 
-def _unpaused(client: docker.DockerClient, container_id: str) -> bool:
-    """Unpause the container if it is paused (a frozen container cannot be killed); whether it was."""
-    try:
-        if not client.api.inspect_container(container_id)["State"].get("Paused"):
-            return False
+def _unpause(client: docker.DockerClient, container_id: str) -> None:
+    """Unpause the container, whatever its state (an error says it was not paused, or is gone)."""
+    with contextlib.suppress(docker.errors.DockerException, OSError):
         client.api.unpause(container_id)
-    except (docker.errors.DockerException, OSError):
-        return False
-    return True
+
+
+#: How often :func:`remove_container` tries a container that refuses to be killed (unpausing it between).
+_FROZEN_ATTEMPTS = 10
 
 
 #: The engine each client made by :func:`connect` talks to (the transports dial the same one).
