@@ -29,6 +29,7 @@ ROWS: dict[str, str] = {
     "pool": "a warm pool of started sessions: a session comes from it and runs a command",
     "pty": "`session.open_pty()`: a shell on a terminal, resized, interrupted by Ctrl-C (the `pty` check)",
     "ports": "`session.publish(port)`: a host address reaching a server on the sandbox's loopback",
+    "pause": "`session.pause(keep_memory=True)`: the processes stop in place and go on (the `pause` check)",
     "processes in snapshots": "a snapshot holds running processes, not only files (not built yet)",
 }
 #: The cell of a row no backend has yet.

@@ -927,6 +927,51 @@ class ConformanceSuite:
         _expect("reached" not in after.stdout, "what the fork wrote reached its parent")
         conformance.record("fork")
 
+    @_check(session=True, sh=True)
+    def test_pause(self, conformance: _Context) -> None:
+        """``pause(keep_memory=True)`` stops the sandbox's processes where they are; a command resumes it.
+
+        A counter kept by ``background=True`` ticks every 50 ms: while paused for a second it moves by
+        less than a third of what it would; the next command resumes the session (``paused`` says so) and
+        the counter runs again. A refusal of ``pause`` (or of keeping the counter) is the table's reason.
+        """
+        session = conformance.backend
+        pause = getattr(session, "pause", None)
+        if pause is None:
+            conformance.record("pause", f"{type(session).__name__} has no pause(): nothing to freeze")
+            return
+        name = f"/tmp/adk-pause-{_marker()}"
+        counter = f"i=0; while :; do i=$((i+1)); echo $i > {name}; sleep 0.05; done"
+        try:
+            started = conformance.sh(f"sh -c '{counter}' >/dev/null 2>&1 & echo $!", background=True)
+        except (PolicyNotEnforceableError, InvalidRequestError) as exc:
+            conformance.record("pause", str(exc))
+            return
+        _expect(started.exit_code == 0, f"the counter did not start: {_shown(started)}")
+
+        def count() -> int:
+            seen = conformance.sh(f"cat {name} 2>/dev/null || echo 0")
+            return int(seen.stdout.strip() or 0)
+
+        try:
+            time.sleep(0.3)
+            before = count()
+            try:
+                pause(keep_memory=True)
+            except (PolicyNotEnforceableError, InvalidRequestError) as exc:
+                conformance.record("pause", str(exc))
+                return
+            _expect(bool(getattr(session, "paused", False)), "pause() returned but paused is not True")
+            time.sleep(1.0)  # 20 ticks if it ran
+            during = count() - before  # this command resumes the session first
+            _expect(not getattr(session, "paused", True), "a command did not resume the paused session")
+            _expect(during < 7, f"the counter moved {during} ticks while the session was paused")
+            time.sleep(0.3)
+            _expect(count() > before + during, "the counter did not run again after the session resumed")
+        finally:
+            conformance.sh(f"kill {started.stdout.strip() or 0} 2>/dev/null; rm -f {name}; true")
+        conformance.record("pause")
+
     @_check()
     def test_ports(self, conformance: _Context) -> None:
         """``publish(port)`` gives a host address reaching a server on the sandbox's loopback; then refuses.
@@ -1112,6 +1157,7 @@ _ROWS_OF_CHECK: dict[str, tuple[str, ...]] = {
     "files": ("files",),
     "background": ("background",),
     "warm_pool": ("pool",),
+    "pause": ("pause",),
 }
 
 
