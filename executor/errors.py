@@ -21,6 +21,11 @@ backend that wraps them, so callers never need to import a third-party exception
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 __all__ = [
     "BackendUnavailableError",
     "EnforcerUnavailableError",
@@ -53,3 +58,12 @@ class PolicyNotEnforceableError(ExecutorError):
 
 class SandboxFailedError(ExecutorError):
     """The sandbox itself failed while running a request (not the user's program)."""
+
+
+def validation_problems(exc: ValidationError, whole: str = "") -> str:
+    """What pydantic found wrong, one ``field: message`` each (``whole`` names a problem of no field).
+
+    For an :class:`InvalidRequestError`'s message, which a model reads: the fields as the caller named
+    them, without pydantic's links.
+    """
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg']}" for e in exc.errors())

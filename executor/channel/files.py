@@ -38,7 +38,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from adk_sandbox.executor.channel.agent_transport import FileOpCancelledError
 from adk_sandbox.executor.channel.frames import split_entries
-from adk_sandbox.executor.errors import InvalidRequestError
+from adk_sandbox.executor.errors import InvalidRequestError, validation_problems
 
 __all__ = [
     "DEFAULT_READ_LIMIT",
@@ -250,7 +250,7 @@ def _validated(model: type[_Request], **fields: Any) -> _Request:
     try:
         return model(**fields)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = validation_problems(exc)
         raise InvalidRequestError(f"invalid file operation: {problems}") from None
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from adk_sandbox.executor.channel.frames import PTY_WINDOW, FrameType, encode
-from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
+from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError, validation_problems
 from adk_sandbox.executor.types import ExecRequest
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def live_request(
     try:
         return ExecRequest(argv=tuple(argv), user=user, cwd=cwd, env=env, timeout=timeout)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = validation_problems(exc)
         raise InvalidRequestError(f"invalid {what} request: {problems}; nothing was started") from None
 
 

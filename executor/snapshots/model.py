@@ -166,12 +166,12 @@ def options_from(**given: object) -> SnapshotOptions:
     """:class:`SnapshotOptions` from keyword arguments (None: the default); :class:`InvalidRequestError`."""
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from adk_sandbox.executor.errors import InvalidRequestError  # noqa: PLC0415
+    from adk_sandbox.executor.errors import InvalidRequestError, validation_problems  # noqa: PLC0415
 
     try:
         return SnapshotOptions.model_validate(
             {key: value for key, value in given.items() if value is not None}
         )
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+        problems = validation_problems(exc, "options")
         raise InvalidRequestError(f"invalid snapshot options: {problems}") from None

@@ -22,7 +22,7 @@ from adk_sandbox.executor._layout import DIRECT_MOUNT, HOME_DIR, KERNEL_PATHS
 from adk_sandbox.executor._mountinfo import MountEntry, top_mounts
 from adk_sandbox.executor._owner import LABEL_PREFIX, PROJECT_LABEL
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
-from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError, validation_problems
 from adk_sandbox.executor.policy import AllowedPath
 from adk_sandbox.executor.types import Capabilities, IsolationClass, Language, ResourceLimits
 
@@ -267,7 +267,7 @@ def validate_tmpfs(tmpfs: Mapping[str, int]) -> dict[str, int]:
     try:
         sizes = _TmpfsSizes.validate_python(dict(tmpfs))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = validation_problems(exc)
         raise InvalidRequestError(
             f"tmpfs must map absolute paths to sizes in MiB (1 to {MAX_TMPFS_MB}): {problems}"
         ) from exc
@@ -308,7 +308,7 @@ def validate_labels(labels: Mapping[str, str]) -> dict[str, str]:
     try:
         checked = _Labels.validate_python(dict(labels))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = validation_problems(exc)
         raise InvalidRequestError(
             "labels must map keys of letters, digits and '._/:-' (e.g. 'org.example.eval') to strings "
             f"of at most 4096 characters: {problems}"

@@ -36,7 +36,12 @@ from adk_sandbox.executor.backends.docker._spec import (
     validate_tmpfs,
 )
 from adk_sandbox.executor.backends.docker.engine import Engine
-from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.errors import (
+    ExecutorError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    validation_problems,
+)
 from adk_sandbox.executor.network.policy import NetworkPolicy, network_setting
 from adk_sandbox.executor.policy import SandboxPolicy
 from adk_sandbox.executor.pool import PoolSettings
@@ -460,5 +465,5 @@ def config_from_options(options: Mapping[str, Any]) -> DockerConfig:
             raised = (error.get("ctx") or {}).get("error")
             if isinstance(raised, ExecutorError):
                 raise raised from None
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = validation_problems(exc)
         raise InvalidRequestError(f"invalid DockerBackend option: {problems}") from None
