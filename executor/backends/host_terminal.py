@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import math
 import os
 import select
 import signal
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from adk_sandbox.executor._proctree import has_exited, kill_session, wait_for_exit_unreaped
-from adk_sandbox.executor.channel.terminal import check_size
+from adk_sandbox.executor.channel.terminal import check_signal, check_size
 from adk_sandbox.executor.errors import InvalidRequestError, SandboxFailedError
 
 __all__ = ["HostTerminal"]
@@ -164,18 +165,19 @@ class HostTerminal:
 
     def signal(self, sig: int) -> None:
         """Send signal ``sig`` (1..64) to the terminal's foreground process group, as its keys would."""
-        if not (isinstance(sig, int) and not isinstance(sig, bool) and 1 <= int(sig) <= 64):
-            raise InvalidRequestError(f"a signal is an integer 1..64, not {sig!r}")
+        sig = check_signal(sig)
         self._check_open()
         # The foreground group is always one of the program's session (the kernel refuses any other).
         with contextlib.suppress(OSError):
-            os.killpg(os.tcgetpgrp(self._master), int(sig))
+            os.killpg(os.tcgetpgrp(self._master), sig)
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Wait for the program's end; its exit status. :class:`TimeoutError` if it runs past ``timeout``."""
-        deadline = time.monotonic() + (float("inf") if timeout is None else max(timeout, 0.0))
-        if not wait_for_exit_unreaped(self._proc, deadline):
-            raise TimeoutError(f"the program still runs after {timeout} s")
+        until = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        # In steps: select() takes no infinite timeout, and a wait without one has no end.
+        while not wait_for_exit_unreaped(self._proc, min(until or math.inf, time.monotonic() + 60)):
+            if until is not None and time.monotonic() >= until:
+                raise TimeoutError(f"the program still runs after {timeout} s")
         return self.exit_code
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from adk_sandbox.executor.channel.live import LiveChannel, live_request
 from adk_sandbox.executor.errors import InvalidRequestError
 from adk_sandbox.executor.types import ExecRequest
 
-__all__ = ["DEFAULT_SHELL", "Terminal", "check_size", "terminal_request"]
+__all__ = ["DEFAULT_SHELL", "Terminal", "check_signal", "check_size", "terminal_request"]
 
 #: The program a terminal runs when none is given: bash when the image has it, else sh, interactive.
 DEFAULT_SHELL = ("/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -i; fi; exec sh -i")
@@ -31,6 +31,13 @@ def check_size(rows: object, cols: object) -> tuple[int, int]:
                 f"a terminal's {name} must be an integer 1..{MAX_PTY_SIDE}, not {value!r}"
             )
     return int(rows), int(cols)  # type: ignore[call-overload]
+
+
+def check_signal(sig: object) -> int:
+    """``sig`` when it is an integer 1..64 (a signal number); else InvalidRequestError."""
+    if not (isinstance(sig, int) and not isinstance(sig, bool) and 1 <= sig <= 64):
+        raise InvalidRequestError(f"a signal is an integer 1..64, not {sig!r}")
+    return int(sig)
 
 
 def terminal_request(
@@ -81,7 +88,6 @@ class Terminal(LiveChannel):
 
     def signal(self, sig: int) -> None:
         """Send signal ``sig`` (1..64) to the terminal's foreground process group, as its keys would."""
-        if not (isinstance(sig, int) and not isinstance(sig, bool) and 1 <= int(sig) <= 64):
-            raise InvalidRequestError(f"a signal is an integer 1..64, not {sig!r}")
+        sig = check_signal(sig)
         self._check_open()
-        self._send(FrameType.SIGNAL, {"signal": int(sig)})
+        self._send(FrameType.SIGNAL, {"signal": sig})
