@@ -70,7 +70,7 @@ Signals go through a pidfd after re-checking the target's start time (a reused p
 
 from __future__ import annotations
 
-__all__ = ["AGENT_ARGV0", "SETID_ALLOWED_WORD", "agent_arguments"]
+__all__ = ["AGENT_ARGV0", "KEEPER_WORD", "SETID_ALLOWED_WORD", "agent_arguments"]
 
 #: The agent's name (its argv[0]): names it in ``ps`` and in ``/proc/PID/cmdline``.
 AGENT_ARGV0 = "adk-sandbox-agent"
@@ -79,6 +79,11 @@ AGENT_ARGV0 = "adk-sandbox-agent"
 #: name, before the optional protected list: a word with a fixed spelling in a fixed place, never
 #: mistaken for the list (digits, ``:`` and ``,``); the generated C header carries the same spelling.
 SETID_ALLOWED_WORD = "setid-allowed"
+
+#: The word that starts the agent as a container's keeper (its first process, ``keeper <lifetime>`` before
+#: the rest): it forks the agent proper as the user the host names on stdin (``inside/agent.c``, "the
+#: keeper"; docs/pause.md says why a checkpoint needs it).
+KEEPER_WORD = "keeper"
 
 
 def agent_arguments(protected: str | None, *, setid_allowed: bool = False) -> list[str]:

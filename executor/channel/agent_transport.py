@@ -33,6 +33,7 @@ import contextlib
 import errno
 import logging
 import queue
+import struct
 import threading
 import time
 import uuid
@@ -57,7 +58,7 @@ from adk_sandbox.executor.channel.frames import (
     validate_result_for,
 )
 from adk_sandbox.executor.channel.static_agent import AgentLaunch, StaticAgentUnavailableError, agent_launch
-from adk_sandbox.executor.channel.streams import AgentStream, AgentStreamOpener
+from adk_sandbox.executor.channel.streams import AgentStream, AgentStreamOpener, ResidentOpener
 from adk_sandbox.executor.channel.transport import (
     CANCEL_POLL_SECONDS,
     KILL_ON_ERROR_SECONDS,
@@ -102,10 +103,11 @@ class _Channel:
 class _Agent:
     """One running agent: its stream, reader thread and channels."""
 
-    def __init__(self, stream: AgentStream, user: str) -> None:
+    def __init__(self, stream: AgentStream, user: str, hello: dict[str, Any] | None = None) -> None:
+        """``hello``: what the agent said when it started, for one that is served again (no HELLO comes)."""
         self.stream = stream
         self.user = user
-        self.hello: dict[str, Any] | None = None
+        self.hello: dict[str, Any] | None = hello
         self.broken: str | None = None
         self._hello_seen = threading.Event()
         self._lock = threading.Lock()
@@ -115,7 +117,7 @@ class _Agent:
         #: PINGs in flight, by token: set when the PONG with that token comes back (or the agent breaks).
         self._pongs: dict[str, threading.Event] = {}
         self._stderr = bytearray()
-        self._decoder = FrameDecoder()
+        self._decoder = FrameDecoder(expect_hello=hello is None)
         #: The proxy endpoint's connections (``serve_connections``): their frames go there, not to channels.
         self.connections = Connections(self.send)
         self._thread = threading.Thread(target=self._read, name="adk-sandbox-agent", daemon=True)
@@ -242,6 +244,16 @@ class _Agent:
         return answered and self.broken is None
 
     # -- channels and writing ------------------------------------------------------------------------
+    def open_channels(self) -> int:
+        """How many channels are open (a command's, a program's, a terminal's, a listener's, a connection)."""
+        with self._lock:
+            return len(self._channels) + self.connections.open_connections
+
+    def continue_from(self, earlier: _Agent) -> None:
+        """Number channels on from where ``earlier`` (the same agent, over an earlier stream) left off."""
+        self._next_channel = earlier._next_channel
+        self.connections.continue_from(earlier.connections)
+
     def open_channel(self) -> tuple[int, _Channel]:
         with self._lock:
             if self.broken is not None:
@@ -310,8 +322,12 @@ class AgentTransport:
         on_restart: Callable[[str], None] | None = None,
         launch: AgentLaunch | None = None,
         setid_allowed: bool = False,
+        resident: ResidentOpener | None = None,
     ) -> None:
         self._open_stream = open_stream
+        self._resident = resident
+        #: The agent that is the container keeper's child (``resident``), once started.
+        self._resident_agent: _Agent | None = None
         self._setid_allowed = setid_allowed
         self._lock = threading.Lock()
         self._agents: dict[str, _Agent] = {}
@@ -548,17 +564,86 @@ class AgentTransport:
             return agent
 
     def _start_agent(self, user: str, start_by: float) -> tuple[_Agent, dict[str, Any]]:
-        """Start an agent as ``user`` (:func:`.static_agent.agent_launch`, or the stand-in's launch)."""
+        """Start an agent as ``user`` (:func:`.static_agent.agent_launch`, or the stand-in's launch).
+
+        The first agent of the keeper's user is the keeper's own (``resident``): the keeper's stdin gets
+        the agent's bytes and then the user, as two 32-bit little-endian numbers.
+        """
         launch = self._launch
         if launch is None:
             try:
                 launch = agent_launch(self._protected, setid_allowed=self._setid_allowed)
             except StaticAgentUnavailableError as exc:
                 raise SandboxFailedError(f"the in-sandbox agent is not available: {exc}") from exc
-        return self._start_launch(launch, user, start_by)
+        stream = self._resident(user, start_by) if self._resident is not None else None
+        if stream is None:
+            return self._start_launch(launch, self._open_stream(launch.argv, user, start_by), user, start_by)
+        uid, _, gid = user.partition(":")
+        named = launch.preamble + struct.pack("<II", int(uid), int(gid))
+        started = self._start_launch(AgentLaunch([], named, launch.requirement), stream, user, start_by)
+        self._resident_agent = started[0]
+        return started
 
-    def _start_launch(self, launch: AgentLaunch, user: str, start_by: float) -> tuple[_Agent, dict[str, Any]]:
-        agent = _Agent(self._open_stream(launch.argv, user, start_by), user)
+    def use_keeper(self, resident: ResidentOpener) -> None:
+        """Start the first agent of the keeper's user as the container keeper's child (see ``resident``)."""
+        self._resident = resident
+
+    @property
+    def resident_user(self) -> str | None:
+        """The user whose agent is the container keeper's child and serves now, else None."""
+        with self._lock:
+            agent = self._resident_agent
+            if agent is None or agent.broken is not None or self._agents.get(agent.user) is not agent:
+                return None
+            return agent.user
+
+    def users(self) -> list[str]:
+        """The users whose agents run now."""
+        with self._lock:
+            return [user for user, agent in self._agents.items() if agent.broken is None]
+
+    def in_use(self, user: str) -> int:
+        """How many channels of ``user``'s agent are open: programs, terminals, listeners, connections."""
+        with self._lock:
+            agent = self._agents.get(user)
+        return 0 if agent is None else agent.open_channels()
+
+    def detach(self, user: str) -> object:
+        """Let go of ``user``'s agent without ending it (a keeper's child, before a checkpoint).
+
+        Its stream is closed on this side only: the keeper's stdin stays open, so the agent waits for the
+        next stream. Returns what :meth:`reattach` needs to serve the same agent again.
+        """
+        with self._lock:
+            agent = self._agents.pop(user)
+            if self._last is agent:
+                self._last = None
+        agent.close("detached for a checkpoint")
+        return agent
+
+    def reattach(self, detached: object, stream: AgentStream, until: float) -> None:
+        """Serve a detached agent over a new stream (the same agent, after a restore): it must answer a PING.
+
+        Channel numbers go on from where they were: the agent never sees one used twice.
+        """
+        if not isinstance(detached, _Agent):
+            raise TypeError("reattach takes what detach returned")
+        agent = _Agent(stream, detached.user, detached.hello)
+        agent.continue_from(detached)
+        if not agent.ping(max(until - time.monotonic(), 0.1)):
+            why = agent.broken or "no answer"
+            agent.close()
+            raise SandboxFailedError(f"the in-sandbox agent did not answer after the restore ({why})")
+        with self._lock:
+            self._agents[agent.user] = agent
+            self._last = agent
+            if self._resident_agent is detached:
+                self._resident_agent = agent
+
+    def _start_launch(
+        self, launch: AgentLaunch, stream: AgentStream, user: str, start_by: float
+    ) -> tuple[_Agent, dict[str, Any]]:
+        agent = _Agent(stream, user)
         try:
             if launch.preamble:
                 try:

@@ -228,6 +228,11 @@ class Connections:
         with self._lock:
             self._handlers.pop(channel, None)
 
+    def continue_from(self, earlier: Connections) -> None:
+        """Go on numbering where ``earlier`` (the same agent's, over an earlier stream) left off."""
+        with self._lock:
+            self._highest, self._next_dial = earlier._highest, earlier._next_dial
+
     @property
     def open_connections(self) -> int:
         """How many connections are open (their handler has not closed them)."""

@@ -348,6 +348,8 @@ class ChannelSession(SandboxSession):
 
     # -- pause ----------------------------------------------------------------------------------------
     _paused = False
+    #: Paused to a checkpoint on disk (the sandbox stopped), not frozen in place.
+    _on_disk = False
     _pause_lock: threading.Lock | None = None
 
     @property
@@ -358,24 +360,24 @@ class ChannelSession(SandboxSession):
     def pause(self, *, keep_memory: bool = False, wait_seconds: float = 30.0) -> None:
         """Stop every process of the sandbox where it is, until :meth:`resume` or the session's next call.
 
+        By default the sandbox's memory goes to a checkpoint on the host's disk and the sandbox stops:
+        nothing of it is held but the checkpoint, and resuming restores every process as it was
+        (docs/pause.md; Docker with gVisor, on a backend made with ``checkpoints=True``). Elsewhere that is
+        refused (:class:`PolicyNotEnforceableError`), never done as something weaker.
         ``keep_memory=True`` freezes them in place (the engine's freezer): nothing runs, every process
-        keeps its memory and its place, and resuming takes milliseconds; the memory stays held. Commands
-        and file operations that run when it is asked are waited for (at most ``wait_seconds``, else
-        :class:`InvalidRequestError` and nothing paused); terminals and spawned programs simply stop.
-        Releasing the memory to a checkpoint on disk (``keep_memory=False``) is not built yet: it is
-        refused (:class:`PolicyNotEnforceableError`), never done as something weaker (docs/pause.md).
-        Idempotent. Starts the session.
+        keeps its memory and its place, and resuming takes milliseconds; the memory stays held.
+        Commands and file operations that run when it is asked are waited for (at most
+        ``wait_seconds``, else :class:`InvalidRequestError` and nothing paused); frozen in place,
+        terminals and spawned programs simply stop, while a checkpoint is refused while any is open.
+        Idempotent (a paused session stays paused as it is). Starts the session.
         """
-        if not keep_memory:
-            raise PolicyNotEnforceableError(
-                f"{self._WHERE} cannot release its memory to a checkpoint on disk and keep its processes "
-                "yet; nothing was paused. pause(keep_memory=True) freezes every process in place (their "
-                "memory stays held); docs/pause.md says what stands in the way"
-            )
         self.start()
         with self._pausing():
             if not self._paused:
-                self._freeze(wait_seconds)
+                if keep_memory:
+                    self._freeze(wait_seconds)
+                else:
+                    self._checkpoint(wait_seconds)
 
     def resume(self) -> None:
         """Let a paused session's processes run on from where they stopped; idempotent."""
@@ -383,6 +385,7 @@ class ChannelSession(SandboxSession):
             if self._paused:
                 self._thaw()
                 self._paused = False
+                self._on_disk = False
 
     def _pausing(self) -> threading.Lock:
         """The session's own lock for pausing and resuming (made on first use)."""
@@ -409,8 +412,17 @@ class ChannelSession(SandboxSession):
         del wait_seconds
         raise PolicyNotEnforceableError(f"{self._WHERE} cannot be paused: its engine has no freezer here")
 
+    def _checkpoint(self, wait_seconds: float) -> None:
+        """Move the started sandbox to a checkpoint on disk, set ``_paused`` and ``_on_disk`` (engine)."""
+        del wait_seconds
+        raise PolicyNotEnforceableError(
+            f"{self._WHERE} cannot release its memory to a checkpoint on disk and keep its processes; "
+            "nothing was paused. pause(keep_memory=True) freezes every process in place (their memory "
+            "stays held); docs/pause.md says which sandboxes can be checkpointed"
+        )
+
     def _thaw(self) -> None:
-        """Undo :meth:`_freeze` (the engine's part)."""
+        """Undo :meth:`_freeze` or :meth:`_checkpoint` (the engine's part)."""
 
     # -- ports ----------------------------------------------------------------------------------------
     def publish(self, port: int, host_port: int = 0) -> str:
@@ -553,10 +565,11 @@ class ChannelSession(SandboxSession):
     def close(self) -> None:
         """End the live programs, stop publishing ports, then remove the sandbox (:meth:`_close_sandbox`).
 
-        Idempotent. A paused session is resumed first: its programs end and its workspace comes back as
-        a running one's do.
+        Idempotent. A session frozen in place is resumed first: its programs end and its workspace comes
+        back as a running one's do. One paused to disk is removed as it is (nothing of it runs).
         """
-        self._wake()
+        if not self._on_disk:
+            self._wake()
         with _PORTS_LOCK:
             ports, self._ports, self._ports_done = self._ports, None, True
             live, self._live = list(self._live or ()), None

@@ -59,7 +59,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD, agent_arguments
+from adk_sandbox.executor.channel.agent import KEEPER_WORD, SETID_ALLOWED_WORD, agent_arguments
 from adk_sandbox.executor.channel.setid import setid_filter
 
 __all__ = [
@@ -136,6 +136,7 @@ def filter_header(arch: int) -> str:
         f"static const unsigned char SETID_FILTER[] __attribute__((aligned(8))) = {{{body}}};\n"
         f"#define SETID_FILTER_LEN {len(program)}\n"
         f'#define SETID_ALLOWED_WORD "{SETID_ALLOWED_WORD}"\n'
+        f'#define KEEPER_WORD "{KEEPER_WORD}"\n'
     )
 
 
@@ -303,15 +304,21 @@ def loader_script(loader: bytes, token: str) -> str:
     )
 
 
-def agent_launch(protected: str | None, *, setid_allowed: bool = False) -> AgentLaunch:
+def agent_launch(
+    protected: str | None, *, setid_allowed: bool = False, keeper_lifetime: int | None = None
+) -> AgentLaunch:
     """How to start the next agent: the loader script, then the agent's bytes on stdin.
 
     ``setid_allowed`` starts it without the set-id filter (the opt-in word on its argv); by default the
-    filter is on. :class:`StaticAgentUnavailableError` when there is no binary (see the module docstring).
+    filter is on. ``keeper_lifetime`` makes it a container's keeper (its command, living that many
+    seconds at most; :data:`.agent.KEEPER_WORD`), which then reads the agent's user from stdin.
+    :class:`StaticAgentUnavailableError` when there is no binary (see the module docstring).
     """
     agent = load_static_agent()
     script = loader_script(agent.loader, secrets.token_hex(12))
     argv = ["/bin/sh", "-c", script, "adk-sandbox-agent-loader", str(len(agent.agent))]
+    if keeper_lifetime is not None:
+        argv += [KEEPER_WORD, str(keeper_lifetime)]
     # The loader passes what follows the byte count on to the agent, after its name.
     return AgentLaunch(argv + agent_arguments(protected, setid_allowed=setid_allowed), agent.agent)
 

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from adk_sandbox.executor.types import Stream
 
-__all__ = ["AgentStream", "AgentStreamOpener", "SocketStream", "send_all"]
+__all__ = ["AgentStream", "AgentStreamOpener", "ResidentOpener", "SocketStream", "send_all"]
 
 
 class AgentStream(Protocol):
@@ -61,6 +61,10 @@ class AgentStream(Protocol):
 #: ``"uid:gid"`` the process runs as (an engine that cannot choose, such as ``pods/exec``, runs it as the
 #: sandbox's own user), ``until`` the monotonic time by which the engine must have answered.
 AgentStreamOpener = Callable[[list[str], str, float], AgentStream]
+
+#: A stream to the container keeper's stdin for ``(user, until)``, when that user's agent is to be the
+#: keeper's child, else None (then the agent starts as :data:`AgentStreamOpener` says).
+ResidentOpener = Callable[[str, float], "AgentStream | None"]
 
 
 class SocketStream:

@@ -37,6 +37,7 @@ from adk_sandbox.executor.backends.docker._spec import (
     host_config_arguments,
 )
 from adk_sandbox.executor.channel.probe import WorkspaceNotSharedError, split_brain_message
+from adk_sandbox.executor.channel.static_agent import agent_launch
 from adk_sandbox.executor.channel.transport import DEFAULT_PATH
 from adk_sandbox.executor.errors import ExecutorError, PolicyNotEnforceableError, SandboxFailedError
 
@@ -180,12 +181,21 @@ class ContainerProvider:
             arguments = podman_host_config(self._client, arguments)
         host_config = api.create_host_config(**arguments)
 
+        if spec.checkpoints:  # the agent's keeper, reached by attaching (docs/pause.md)
+            keeper = agent_launch(None, setid_allowed=spec.task, keeper_lifetime=spec.lifetime_seconds)
+            entrypoint, command = keeper.argv, None
+        else:
+            entrypoint, command = ["sleep"], [str(spec.lifetime_seconds)]
+
         def create() -> str:
             try:
                 created = api.create_container(
                     spec.image,
-                    entrypoint=["sleep"],
-                    command=[str(spec.lifetime_seconds)],
+                    entrypoint=entrypoint,
+                    command=command,
+                    # stdin open and kept open between attaches (detach: StdinOnce false)
+                    stdin_open=spec.checkpoints,
+                    detach=spec.checkpoints,
                     user="0:0",  # the keeper; commands run as the workspace owner
                     # A task image starts where its WORKDIR says, as under `docker run`.
                     working_dir=None if spec.task and not spec.workspace else spec.workdir,
@@ -246,6 +256,7 @@ class ContainerProvider:
             engine_sockets=(engine.socket_path or DEFAULT_SOCKET,),
             tmpfs=None if self.attached else host_config_arguments(spec)["tmpfs"],
             task=spec.task and not self.attached,
+            keeper=spec.checkpoints and not self.attached,
         )
         if spec.direct_egress is not None and not self.attached:
             direct = [m for m in inspect.get("Mounts") or [] if m.get("Source") == spec.direct_egress]

@@ -379,6 +379,24 @@ class DockerExecTransport:
         sock, early = self._start_exec(exec_id, until)
         return DockerAgentStream(sock, early)
 
+    def attach_keeper(self, until: float) -> DockerAgentStream:
+        """A stream to the container's own stdin and output: its keeper's (docs/pause.md).
+
+        An attach over a raw hijacked connection. The container keeps its stdin open between attaches
+        (``StdinOnce`` false), so closing this stream does not end the keeper nor its agent.
+        """
+        path = f"/containers/{self._container_id}/attach?stream=1&stdin=1&stdout=1&stderr=1"
+        sock, status, head, rest = self._daemon.upgrade(path, None, until)
+        if status not in (101, 200):
+            try:
+                message = _read_error_body(sock, head, rest, until)
+            finally:
+                sock.close()
+            raise SandboxFailedError(
+                f"the Docker daemon refused to attach to the container ({status}): {message}"
+            )
+        return DockerAgentStream(sock, rest)
+
     def run(
         self,
         command: PreparedCommand,

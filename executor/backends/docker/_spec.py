@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # docker-py is imported where mounts are made: DockerConfig's
 __all__ = [
     "GVISOR_RUNTIME",
     "HOME_DIR",
+    "KEEPER_CAPABILITIES",
     "LABEL_PREFIX",
     "PROJECT_LABEL",
     "ROOT_CAPS",
@@ -63,6 +64,8 @@ GVISOR_RUNTIME = "runsc"
 #: SYS_MODULE, NET_ADMIN, NET_RAW or MKNOD; SYS_CHROOT, SETFCAP, SETPCAP and AUDIT_WRITE are left out too
 #: (nothing a package install or a user change needs, and each is something a hostile root could use).
 TASK_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID")
+#: What a checkpointable container's root keeper needs to start the agent as the session's user.
+KEEPER_CAPABILITIES = ("SETGID", "SETUID")
 
 #: How a task container's root-filesystem writes are capped: by gVisor holding them in memory (within the
 #: memory limit), by the engine's storage quota, or by the session stopping once its layer passes the cap.
@@ -153,6 +156,11 @@ class ContainerSpec:
     """The host directory of the session's direct egress socket (docs/network.md, "Speed"), bound
     read-only at :data:`~adk_sandbox.executor.channel.egress.DIRECT_MOUNT`; None: none (a remote engine,
     no network policy)."""
+    checkpoints: bool = False
+    """The container's command is the agent's keeper (docs/pause.md), so a checkpoint keeps the agent and
+    everything it started: no init and no ``sleep``, stdin kept open for attaches, not removed when it
+    stops (a checkpoint stops it), and CAP_SETUID and CAP_SETGID in its bounding set, with which the
+    root keeper becomes the session's user (a command has them only when it runs as root)."""
 
     @property
     def task(self) -> bool:
@@ -459,6 +467,8 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     task: dict[str, Any] = {}
     if spec.task:
         task["cap_add"] = list(TASK_CAPABILITIES)
+    if spec.checkpoints:
+        task["cap_add"] = sorted({*task.get("cap_add", ()), *KEEPER_CAPABILITIES})
         if spec.root_cap == "quota":
             task["storage_opt"] = {"size": f"{spec.root_size_mb}M"}
     return {
@@ -477,7 +487,8 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
             HOME_DIR: tmpfs_options(limits),
             **{path: extra_tmpfs_options(size) for path, size in spec.extra_tmpfs.items()},
         },
-        "init": True,
+        # The keeper is its own init (it reaps orphans); otherwise Docker's, for sleep cannot reap.
+        "init": not spec.checkpoints,
         "mem_limit": memory,
         "memswap_limit": memory,
         "nano_cpus": int(limits.cpus * 1e9),
@@ -490,8 +501,9 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
         "log_config": LogConfig(type="none"),
         "mounts": mounts,
         "runtime": spec.runtime,
-        # A leaked container removes itself once its keeper process ends (see the session's lifetime).
-        "auto_remove": True,
+        # A leaked container removes itself once its keeper process ends (see the session's lifetime);
+        # one that is checkpointed stops and must stay (the reaper removes it once its owner is gone).
+        "auto_remove": not spec.checkpoints,
         **({"extra_hosts": dict(spec.extra_hosts)} if spec.extra_hosts else {}),
     }
 
@@ -513,8 +525,11 @@ def hardening_violations(  # noqa: PLR0912, PLR0915 - one check per line reads b
     engine_sockets: Iterable[str] = (),
     tmpfs: Mapping[str, str] | None = None,
     task: bool = False,
+    keeper: bool = False,
 ) -> list[str]:
     """What the inspected container lacks of the hardening asked for (empty when all is in force).
+
+    ``keeper``: a checkpointable container, whose keeper may have :data:`KEEPER_CAPABILITIES` too.
 
     ``task``: the task profile's shape is what is asked (docs/docker/profiles.md): a writable root, the
     capabilities of :data:`TASK_CAPABILITIES` at most, and the task seccomp profile.
@@ -539,7 +554,7 @@ def hardening_violations(  # noqa: PLR0912, PLR0915 - one check per line reads b
     want(not host.get("Privileged"), "the container is privileged")
     want("ALL" in [cap.upper() for cap in host.get("CapDrop") or []], "capabilities are not all dropped")
     added = {cap.upper().removeprefix("CAP_") for cap in host.get("CapAdd") or []}
-    allowed_caps = set(TASK_CAPABILITIES) if task else set()
+    allowed_caps = set(TASK_CAPABILITIES if task else ()) | set(KEEPER_CAPABILITIES if keeper else ())
     want(added <= allowed_caps, f"capabilities are added: {sorted(added - allowed_caps)}")
     raw_options = list(host.get("SecurityOpt") or [])
     options = [option.replace(":", "=", 1) for option in raw_options if not option.startswith("seccomp")]

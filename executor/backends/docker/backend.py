@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import docker
 
 from adk_sandbox.executor.backend import SessionBackend, SessionFactory
+from adk_sandbox.executor.backends.docker._checkpoint import require_checkpoints
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
 from adk_sandbox.executor.backends.docker._daemon import connect
 from adk_sandbox.executor.backends.docker._layers import reap_layers
@@ -102,6 +103,7 @@ class DockerBackend(SessionBackend[DockerSession]):
         profile: str = "hardened",
         root_size_mb: int | None = None,
         fork_spares: int = 1,
+        checkpoints: bool = False,
         config: DockerConfig | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
@@ -126,7 +128,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         sessions, or with ``PoolConfig(workspace="mirror")`` for
         ``session(copy_of=...)`` (docs/DOCKER.md, "Warm pool"); ``fork_spares`` keeps that many started
         containers per forked workspace path, so forks of any session come warm, by layer
-        (docs/snapshots.md, "Forks of any session"; 0: none).
+        (docs/snapshots.md, "Forks of any session"; 0: none); ``checkpoints`` lets ``session.pause()``
+        move a session to a checkpoint on disk with every process (gVisor; docs/pause.md).
         """
         options: dict[str, object] = {
             "image": image,
@@ -149,6 +152,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             "profile": profile,
             "root_size_mb": root_size_mb,
             "fork_spares": fork_spares,
+            "checkpoints": checkpoints,
         }
         if config is None:
             config = config_from_options(options)
@@ -168,6 +172,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         self.engine = resolve_engine(config.engine)
         """The Docker engine this backend's sessions run on."""
         self._client = connect(engine=self.engine)
+        if config.checkpoints:
+            require_checkpoints(self._client, config.runtime)
         self.expect_image = config.pinned_image or _expected_on_remote(self.engine, config.image)
         """The image id sessions' containers must run (pinned) or are expected to (read from this machine)."""
         self.root_cap: tuple[str, int] | None = None
@@ -505,6 +511,14 @@ class DockerBackend(SessionBackend[DockerSession]):
         elif mode == "auto" and (not self.engine.local or self.profile == "task"):
             # A remote engine never sees this machine's files; a task container may leave set-uid files.
             mode = "mirror"
+        if self.config.checkpoints and workspace is not None:
+            if mode == "mirror":
+                raise PolicyNotEnforceableError(
+                    "checkpoints=True keeps a workspace only as a bind mount: a copy's volume is emptied "
+                    "when a checkpoint stops the container (docs/pause.md); the task profile and a remote "
+                    "engine copy it"
+                )
+            mode = "bind"  # never "auto"'s fallback to a copy
         if not self.engine.local:
             self._refuse_host_paths(workspace if mode == "bind" else None)
         root: str | None = None
@@ -538,6 +552,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             profile=self.profile,
             root_cap=self.root_cap[0] if self.root_cap else None,
             root_size_mb=self.root_cap[1] if self.root_cap else 0,
+            checkpoints=self.config.checkpoints,
         )
         return SessionConfig(
             spec=spec,

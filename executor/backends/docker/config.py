@@ -244,6 +244,11 @@ class DockerConfig(BaseModel):
     """Started containers kept per forked workspace path, so forks of any session come warm, by layer
     (docs/snapshots.md, "Forks of any session"): made when a session is first snapshotted, where the engine
     allows (root on a local engine, runc, a workspace outside the sandbox's own directories). 0: none."""
+    checkpoints: bool = False
+    """Make each session's container so that ``session.pause()`` can move it to a checkpoint on disk and
+    bring back every process (docs/pause.md): the agent's keeper is the container's command. gVisor only
+    (``runtime="runsc"``), on an engine with its experimental checkpoints; not with ``container``,
+    ``pool``, ``workspace_transport="mirror"`` or a network policy. Refused where it cannot be given."""
 
     @field_validator("network", mode="before")
     @classmethod
@@ -401,6 +406,27 @@ class DockerConfig(BaseModel):
                 "cannot take away: give the service `network_mode: none` and create it here instead"
             )
 
+    def _checkpoint_checks(self) -> None:
+        """What ``checkpoints=True`` cannot be given with (docs/pause.md says why each)."""
+        refused = {
+            "container=": self.container is not None,  # not this library's container to restart
+            "pool=": self.pool is not None,
+            "transport='exec'": self.transport != "agent",  # the keeper serves the agent channel
+            # a copy's volume is emptied at a stop; the policy's proxy is not carried over yet
+            "workspace_transport='mirror'": self.workspace_transport == "mirror",
+            "a network policy": isinstance(self.network, NetworkPolicy),
+        }
+        given = [name for name, present in refused.items() if present]
+        if given:
+            raise PolicyNotEnforceableError(
+                f"checkpoints=True cannot be given with {', '.join(given)} (docs/pause.md)"
+            )
+        if self.runtime != "runsc":
+            raise PolicyNotEnforceableError(
+                "checkpoints=True needs runtime='runsc': gVisor's checkpoint keeps every process of the "
+                "container; runc would need CRIU wired into the engine, which it is not here (docs/pause.md)"
+            )
+
     @model_validator(mode="after")
     def _fits_together(self) -> DockerConfig:
         """The checks between fields (after each field's own), in the order the backend always made them."""
@@ -429,6 +455,8 @@ class DockerConfig(BaseModel):
         overlap = tmpfs_overlap(self.tmpfs, [allowed.path for allowed in self.policy.allowed_paths])
         if overlap:
             raise InvalidRequestError(overlap)
+        if self.checkpoints:
+            self._checkpoint_checks()
         if self.pool is not None:
             if attached:
                 raise InvalidRequestError(

@@ -31,6 +31,7 @@ from adk_sandbox.executor._mountinfo import read_mountinfo
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor._users import is_numeric
 from adk_sandbox.executor.backend import OutputCallback
+from adk_sandbox.executor.backends.docker._checkpoint import ContainerCheckpoints
 from adk_sandbox.executor.backends.docker._container import (
     ContainerProvider,
     OomCounter,
@@ -61,6 +62,7 @@ from adk_sandbox.executor.channel.egress import (
 )
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
+from adk_sandbox.executor.channel.streams import AgentStream
 from adk_sandbox.executor.channel.transport import (
     CommandOutcome,
     CommandTransport,
@@ -270,6 +272,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._gate = threading.Condition()
         self._running = 0
         self._holding = False
+        #: The checkpoint the session is paused to and its agent, let go (``pause()`` on disk).
+        self._checkpoint_of: tuple[str, object] | None = None
         #: Called once when the first command ends or the session closes (the warm pool's deferred refill).
         self._after_first: list[Callable[[], None]] = []
         self._snapshot_lock = threading.Lock()
@@ -418,10 +422,87 @@ class DockerSession(SessionNetwork, ChannelSession):
         container = self._container
         if container is None:
             return  # closed meanwhile: nothing is paused
+        if self._on_disk:
+            self._restore(container.id)
+            return
         try:
             self._client.api.unpause(container.id)
         except (docker.errors.DockerException, OSError) as exc:
             raise SandboxFailedError(f"the session's container could not be resumed: {exc}") from exc
+
+    # -- checkpoints (docs/pause.md) ------------------------------------------------------------------
+    def _keeper_opener(self, container_id: str) -> Callable[[str, float], AgentStream | None]:
+        """The keeper's stdin for the first agent of the session's own user; None for any other."""
+        claimed = False
+
+        def keeper_stream(user: str, until: float) -> AgentStream | None:
+            nonlocal claimed
+            if claimed or user != self._user:
+                return None
+            claimed = True
+            return ContainerCheckpoints(self._client, container_id).attach(until)
+
+        return keeper_stream
+
+    def _checkpoint(self, wait_seconds: float) -> None:
+        """The engine's checkpoint of a keeper container: the agent let go, the container stopped."""
+        if not self._config.spec.checkpoints:
+            super()._checkpoint(wait_seconds)
+        with self._quiesced(wait_seconds, "the session is paused"):
+            container = self._opened()
+            transport = self._transport
+            assert isinstance(transport, AgentTransport)  # noqa: S101 - checkpoints need the agent channel
+            user = transport.resident_user
+            if user is None:
+                raise PolicyNotEnforceableError(
+                    "this session's agent is no longer the container keeper's (it was restarted), so a "
+                    "checkpoint would not keep the processes it started; nothing was paused. "
+                    "pause(keep_memory=True) freezes them in place"
+                )
+            others = [other for other in transport.users() if other != user]
+            if others:
+                raise PolicyNotEnforceableError(
+                    f"commands ran as {', '.join(others)} beside the session's user {user}: their agents are "
+                    "not the keeper's, and a checkpoint would not keep what they started; nothing was "
+                    "paused. pause(keep_memory=True) freezes every process in place"
+                )
+            in_use = transport.in_use(user)
+            if in_use:
+                raise InvalidRequestError(
+                    f"{in_use} spawned program(s), terminal(s), published port(s) or connection(s) of this "
+                    "session are open, and their streams cannot be held through a checkpoint; nothing was "
+                    "paused. Close them first, or pause(keep_memory=True) to freeze them in place"
+                )
+            checkpoints = ContainerCheckpoints(self._client, container.id)
+            detached = transport.detach(user)
+            try:
+                name = checkpoints.create()
+            except BaseException:
+                with contextlib.suppress(ExecutorError):  # it runs on: serve its agent again
+                    transport.reattach(detached, checkpoints.attach(self._deadline()), self._deadline())
+                raise
+            self._checkpoint_of = (name, detached)
+            self._on_disk = True
+            self._paused = True
+
+    def _restore(self, container_id: str) -> None:
+        """Start the container from its checkpoint and serve the same agent over a new stream."""
+        assert self._checkpoint_of is not None  # noqa: S101 - set with _on_disk
+        name, detached = self._checkpoint_of
+        transport = self._transport
+        assert isinstance(transport, AgentTransport)  # noqa: S101 - checkpoints need the agent channel
+        checkpoints = ContainerCheckpoints(self._client, container_id)
+        checkpoints.restore(name)
+        transport.reattach(detached, checkpoints.attach(self._deadline()), self._deadline())
+        self._checkpoint_of = None
+        try:
+            checkpoints.delete(name)
+        except ExecutorError as exc:  # it goes with the container
+            log.warning("a restored checkpoint was not deleted: %s", exc)
+
+    @staticmethod
+    def _deadline() -> float:
+        return time.monotonic() + 30.0
 
     def _opened(self) -> OpenedContainer:
         self.start()
@@ -545,6 +626,8 @@ class DockerSession(SessionNetwork, ChannelSession):
                 self._client, container.id, self._agent_restarted, setid_allowed=task
             )
             self._container, self._transport = container, transport
+            if self._config.spec.checkpoints and isinstance(transport, AgentTransport):
+                transport.use_keeper(self._keeper_opener(container.id))
             if task or (self._config.user and not is_numeric(self._config.user)):
                 self._user = self._default_user(container)
             workspace = self._config.spec.workspace

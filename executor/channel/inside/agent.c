@@ -34,6 +34,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -3033,8 +3034,55 @@ static int cmp_protected(const void *a, const void *b) {
     return x->pid < y->pid ? -1 : x->pid > y->pid;
 }
 
+/* -- the keeper ---------------------------------------------------------------------------------------- */
+/* adk-sandbox-agent keeper <lifetime> [setid-allowed]: the container's first process, for a session whose
+ * processes must survive a checkpoint (docs/pause.md). A checkpoint keeps the container's own process tree
+ * only: an exec'd agent, and everything it starts, is lost at a restore. So the keeper, PID 1 and root
+ * (with CAP_SETUID and CAP_SETGID only, to become the user), reads the user's "uid gid" (two 32-bit
+ * little-endian numbers) from stdin, the container's own, which the host attaches to; forks the agent as
+ * that user on the same stdin and stdout; and otherwise only lets orphans go, until its lifetime ends.
+ * Another uid cannot signal it, and it installs no handler (runc's init then ignores even root's signals;
+ * gVisor delivers them). A restore hands the same descriptors new streams, and the agent serves on. */
+static void keep(const char *lifetime) {
+    char *end;
+    long seconds = strtol(lifetime, &end, 10);
+    if (end == lifetime || *end || seconds <= 0) { dprintf(2, "adk-sandbox-agent: not a lifetime: %s\n", lifetime); _exit(2); }
+    time_t until = time(NULL) + seconds; /* the wall clock: it goes on across a checkpoint */
+    unsigned char ids[8];
+    size_t got = 0;
+    while (got < sizeof ids) {
+        ssize_t n = read(0, ids + got, sizeof ids - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) _exit(1); /* the host went away before naming the user */
+        got += (size_t)n;
+    }
+    uid_t uid = (uid_t)(ids[0] | ids[1] << 8 | ids[2] << 16 | (uint32_t)ids[3] << 24);
+    gid_t gid = (gid_t)(ids[4] | ids[5] << 8 | ids[6] << 16 | (uint32_t)ids[7] << 24);
+    pid_t child = fork();
+    if (child < 0) _exit(1);
+    if (child == 0) { /* the agent, as an exec as uid:gid would be: no supplementary groups, no capability */
+        if ((getuid() != uid || getgid() != gid) && (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)) {
+            dprintf(2, "adk-sandbox-agent: the keeper cannot become %u:%u: %s\n", uid, gid, strerror(errno));
+            _exit(1);
+        }
+        return;
+    }
+    int null = open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; fd++) dup2(null, fd); /* the channel is the agent's alone */
+    close_all_but(-1);
+    signal(SIGCHLD, SIG_IGN); /* orphans that end are reaped by the kernel: no zombie is left */
+    for (time_t now = time(NULL); now < until; now = time(NULL)) sleep((unsigned)(until - now > 3600 ? 3600 : until - now));
+    _exit(0); /* the lifetime ended: the namespace ends with its init */
+}
+
 int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* commands cannot open /proc/<agent>/fd or ptrace the agent */
+    if (argc > 2 && strcmp(argv[1], KEEPER_WORD) == 0) {
+        keep(argv[2]); /* returns in the agent only */
+        argv[2] = argv[0];
+        argv += 2;
+        argc -= 2;
+    }
     SELF = getpid();
     agent_argv0 = argc > 0 ? argv[0] : NULL;
     /* adk-sandbox-agent [setid-allowed] [<protected>]: the word has one spelling and one place (right after

@@ -1,0 +1,101 @@
+"""A keeper container's checkpoints through the engine's API (docs/pause.md).
+
+A container made with ``ContainerSpec(checkpoints=True)`` runs the agent's keeper as its command, so the
+engine's checkpoint (``POST /containers/{id}/checkpoints``, gVisor's ``runsc checkpoint`` under it) keeps
+the agent and everything it started; ``start?checkpoint=`` restores them. Docker 20.10 offers these only
+with the daemon's experimental features on (``scripts/setup`` turns them on).
+
+A checkpoint lives in the container's own directory on the engine: it is removed with the container
+(so the reaper that removes a leaked container removes its checkpoints) and deleted once restored.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import docker
+
+from adk_sandbox.executor.backends.docker._daemon import engine_of
+from adk_sandbox.executor.backends.docker._exec import DaemonSocket, DockerAgentStream, DockerExecTransport
+from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
+
+__all__ = ["CHECKPOINT_SECONDS", "ContainerCheckpoints", "require_checkpoints"]
+
+#: How long a checkpoint or a restore may take before it is given up.
+CHECKPOINT_SECONDS = 120.0
+
+
+def require_checkpoints(client: docker.DockerClient, runtime: str | None) -> None:
+    """Refuse a backend whose sessions could not be checkpointed with their processes on this engine."""
+    if runtime != "runsc":
+        raise PolicyNotEnforceableError(
+            "checkpoints=True needs runtime='runsc' (gVisor's checkpoint keeps every process of the "
+            "container); runc would need CRIU wired into the engine, which it is not here (docs/pause.md)"
+        )
+    info = client.info()
+    if not info.get("ExperimentalBuild"):
+        raise PolicyNotEnforceableError(
+            "checkpoints=True needs the Docker engine's checkpoints, an experimental feature: start dockerd "
+            'with --experimental (or "experimental": true in daemon.json; scripts/setup does)'
+        )
+
+
+class ContainerCheckpoints:
+    """Checkpoint, restore and attach to one keeper container."""
+
+    def __init__(self, client: docker.DockerClient, container_id: str) -> None:
+        engine = engine_of(client)
+        self._id = container_id
+        self._daemon = DaemonSocket(engine, client.api.api_version)
+        self._exec = DockerExecTransport(client, container_id, engine)
+
+    def attach(self, until: float) -> DockerAgentStream:
+        """A stream to the keeper's stdin and output (see :meth:`DockerExecTransport.attach_keeper`)."""
+        return self._exec.attach_keeper(until)
+
+    def create(self) -> str:
+        """Checkpoint the container and stop it; the checkpoint's name."""
+        name = "adk-" + secrets.token_hex(8)
+        status, body = self._daemon.request(
+            "POST",
+            f"/containers/{self._id}/checkpoints",
+            {"CheckpointID": name, "Exit": True},
+            time.monotonic() + CHECKPOINT_SECONDS,
+        )
+        if status != 201:
+            raise SandboxFailedError(
+                f"the engine could not checkpoint the session's container ({status}): {_message(body)}; "
+                "it runs on as it was"
+            )
+        return name
+
+    def restore(self, name: str) -> None:
+        """Start the container from checkpoint ``name``."""
+        status, body = self._daemon.request(
+            "POST",
+            f"/containers/{self._id}/start?checkpoint={name}",
+            None,
+            time.monotonic() + CHECKPOINT_SECONDS,
+        )
+        if status not in (204, 304):
+            raise SandboxFailedError(
+                f"the engine could not restore the session's container from its checkpoint ({status}): "
+                f"{_message(body)}"
+            )
+
+    def delete(self, name: str) -> None:
+        """Remove checkpoint ``name`` (a restored one is not needed again)."""
+        status, body = self._daemon.request(
+            "DELETE", f"/containers/{self._id}/checkpoints/{name}", None, time.monotonic() + 30.0
+        )
+        if status not in (200, 204, 404):
+            raise SandboxFailedError(
+                f"the engine could not delete checkpoint {name} ({status}): {_message(body)}"
+            )
+
+
+def _message(body: object) -> str:
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return repr(body)
