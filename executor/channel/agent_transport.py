@@ -49,6 +49,7 @@ from adk_sandbox.executor.channel.frames import (
     PROXY_VERSION,
     PTY_VERSION,
     UNIX_VERSION,
+    AgentEndedError,
     Frame,
     FrameDecoder,
     FrameType,
@@ -100,6 +101,9 @@ class _Channel:
     open: bool = True
 
 
+_ENDED = "the in-sandbox agent ended (killed in the container, or the container or the Docker engine stopped)"
+
+
 class _Agent:
     """One running agent: its stream, reader thread and channels."""
 
@@ -133,12 +137,11 @@ class _Agent:
                     self._fail(f"the connection to the in-sandbox agent broke: {exc}")
                     return
                 if pieces is None:
-                    self._fail(
-                        "the in-sandbox agent ended (killed in the container, or the container or the Docker "
-                        "engine stopped)" + self._diagnostics()
-                    )
+                    self._fail(_ENDED + self._diagnostics())
                     return
                 self._dispatch(pieces)
+        except AgentEndedError:
+            self._fail(_ENDED + self._diagnostics())
         except ProtocolError as exc:
             self._fail(f"the in-sandbox agent broke protocol version 1: {exc}")
         except BaseException as exc:  # never let the reader die silently

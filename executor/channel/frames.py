@@ -205,6 +205,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "AGENT_ENDED_BYTE",
     "AGENT_TO_HOST",
     "CLOSE_LINGER_SECONDS",
     "CONNECTION_BASE",
@@ -229,6 +230,7 @@ __all__ = [
     "SETID_STATES",
     "UNIX_VERSION",
     "WINDOW",
+    "AgentEndedError",
     "Frame",
     "FrameDecoder",
     "FrameType",
@@ -359,6 +361,15 @@ class ProtocolError(ValueError):
     """The peer sent something protocol version 1 does not allow."""
 
 
+#: The byte a container's keeper fills the stream with once its agent ended (``inside/agent.c``, "the
+#: keeper"): never a frame type, so the reader gives the agent up at once.
+AGENT_ENDED_BYTE = 0xFF
+
+
+class AgentEndedError(ProtocolError):
+    """The stream carries :data:`AGENT_ENDED_BYTE` where a frame starts: the keeper says its agent ended."""
+
+
 @dataclass(frozen=True)
 class Frame:
     """One decoded frame: control frames carry ``body`` (a dict), data frames ``data``."""
@@ -451,6 +462,8 @@ class FrameDecoder:
 
     def _check_header(self) -> None:
         kind, flags, reserved, channel, length = HEADER.unpack_from(self._buffer)
+        if kind == AGENT_ENDED_BYTE:
+            raise AgentEndedError("the container's keeper says its agent ended")
         if kind not in FrameType._value2member_map_:
             raise ProtocolError(f"unknown frame type {kind}")
         frame_type = FrameType(kind)

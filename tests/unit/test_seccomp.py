@@ -40,6 +40,28 @@ def test_the_task_profile_is_dockers_default_without_io_uring() -> None:
     assert task["defaultAction"] == "SCMP_ACT_ERRNO"
 
 
+@pytest.mark.parametrize("task", [False, True])
+def test_a_keeper_profile_differs_only_by_letting_clone3_through(task: bool) -> None:
+    """A checkpointable gVisor container's profile: clone3 allowed (runsc answers EPERM, not ENOSYS)."""
+
+    def rules(profile: dict[str, object]) -> list[tuple[str, str, str]]:
+        listed = profile["syscalls"]
+        assert isinstance(listed, list)
+        return sorted(
+            (name, rule["action"], repr(rule.get("args")))
+            for rule in listed
+            for name in rule["names"]
+            if name != "clone3"
+        )
+
+    plain, keeper = load_profile(task=task), load_profile(task=task, keeper=True)
+    assert rules(plain) == rules(keeper)
+    clone3 = [rule for rule in keeper["syscalls"] if "clone3" in rule["names"]]
+    assert {rule["action"] for rule in clone3} == {"SCMP_ACT_ALLOW"}  # refused nowhere
+    assert any(not rule["args"] and not rule["includes"] for rule in clone3)  # allowed whatever the caps
+    assert any(rule["action"] == "SCMP_ACT_ERRNO" for rule in plain["syscalls"] if "clone3" in rule["names"])
+
+
 def test_the_profile_allows_mode_calls_only_without_setid_bits() -> None:
     profile = load_profile()
     assert profile["defaultAction"] == "SCMP_ACT_ERRNO"

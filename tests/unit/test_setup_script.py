@@ -48,7 +48,8 @@ def test_runsc_is_registered_with_a_memory_backed_root_overlay_once(tmp_path: Pa
     first = _register(daemon_json)
     assert (first.returncode, first.stdout) == (0, "changed\n"), first.stderr
     wanted = {"path": "/usr/local/bin/runsc", "runtimeArgs": WANTED_ARGS}
-    assert json.loads(daemon_json.read_text()) == {"runtimes": {"runsc": wanted}}
+    # experimental: the engine's checkpoints (DockerBackend(checkpoints=True), docs/pause.md)
+    assert json.loads(daemon_json.read_text()) == {"runtimes": {"runsc": wanted}, "experimental": True}
     second = _register(daemon_json)
     assert (second.returncode, second.stdout) == (0, "unchanged\n"), second.stderr
 
@@ -67,6 +68,7 @@ def test_an_old_registration_is_updated_and_other_keys_are_kept(tmp_path: Path) 
             "runsc": {"path": "/usr/local/bin/runsc", "runtimeArgs": WANTED_ARGS},
             "kata": {"path": "/k"},
         },
+        "experimental": True,
     }
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "PROFILE_FILE",
     "SETID_BITS",
     "TASK_PROFILE_FILE",
+    "derive_keeper_profile",
     "derive_profile",
     "derive_task_profile",
     "load_profile",
@@ -134,6 +135,37 @@ def derive_task_profile(docker_default: dict[str, Any]) -> dict[str, Any]:
     return profile
 
 
+def derive_keeper_profile(profile: dict[str, Any]) -> dict[str, Any]:
+    """``profile`` for a checkpointable gVisor container (docs/pause.md): ``clone3`` allowed. Pure.
+
+    There every command descends from the container's first process, to which runsc applies the profile
+    (not to exec'd processes), and runsc 20240729 answers a refused call with ``EPERM`` whatever its
+    ``errnoRet``: Docker's ``ENOSYS`` for ``clone3`` (so that libc falls back to ``clone``, whose
+    namespace flags seccomp can read) became ``EPERM``, and glibc then starts no thread at all. Under
+    gVisor a namespace is the sentry's own, made by no host kernel, and the container has no
+    ``CAP_SYS_ADMIN``: ``clone3`` is let through.
+    """
+    derived = copy.deepcopy(profile)
+    rules = []
+    for rule in derived["syscalls"]:
+        if rule["action"] != "SCMP_ACT_ALLOW":
+            rule["names"] = [name for name in rule["names"] if name != "clone3"]
+        if rule["names"]:
+            rules.append(rule)
+    rules.append(
+        {
+            "names": ["clone3"],
+            "action": "SCMP_ACT_ALLOW",
+            "args": [],
+            "comment": "adk-sandbox: runsc answers EPERM, not ENOSYS, and glibc then starts no thread",
+            "includes": {},
+            "excludes": {},
+        }
+    )
+    derived["syscalls"] = rules
+    return derived
+
+
 def _read(name: str) -> dict[str, Any]:
     text = resources.files(__package__).joinpath("seccomp", name).read_text(encoding="utf-8")
     loaded: dict[str, Any] = json.loads(text)
@@ -141,14 +173,19 @@ def _read(name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def _profile_text(task: bool = False) -> str:
+def _profile_text(task: bool = False, keeper: bool = False) -> str:
     profile = _read(TASK_PROFILE_FILE if task else PROFILE_FILE)
+    if keeper:
+        profile = derive_keeper_profile(profile)
     return json.dumps(profile, separators=(",", ":"), sort_keys=True)
 
 
-def load_profile(*, task: bool = False) -> dict[str, Any]:
-    """The sandbox profile as committed: ``seccomp/adk-sandbox.json``, or ``adk-sandbox-task.json``."""
-    loaded: dict[str, Any] = json.loads(_profile_text(task))
+def load_profile(*, task: bool = False, keeper: bool = False) -> dict[str, Any]:
+    """The sandbox profile as committed: ``seccomp/adk-sandbox.json``, or ``adk-sandbox-task.json``.
+
+    ``keeper``: as a checkpointable gVisor container gets it (:func:`derive_keeper_profile`).
+    """
+    loaded: dict[str, Any] = json.loads(_profile_text(task, keeper))
     return loaded
 
 
@@ -157,9 +194,9 @@ def docker_default_profile() -> dict[str, Any]:
     return _read(_DOCKER_DEFAULT_FILE)
 
 
-def profile_option(*, task: bool = False) -> str:
+def profile_option(*, task: bool = False, keeper: bool = False) -> str:
     """The ``security_opt`` entry that installs the sandbox profile (the task profile's with ``task``)."""
-    return "seccomp=" + _profile_text(task)
+    return "seccomp=" + _profile_text(task, keeper)
 
 
 def seccomp_profile_of(security_options: list[str]) -> dict[str, Any] | str | None:

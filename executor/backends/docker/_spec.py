@@ -467,15 +467,15 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     task: dict[str, Any] = {}
     if spec.task:
         task["cap_add"] = list(TASK_CAPABILITIES)
-    if spec.checkpoints:
-        task["cap_add"] = sorted({*task.get("cap_add", ()), *KEEPER_CAPABILITIES})
         if spec.root_cap == "quota":
             task["storage_opt"] = {"size": f"{spec.root_size_mb}M"}
+    if spec.checkpoints:
+        task["cap_add"] = sorted({*task.get("cap_add", ()), *KEEPER_CAPABILITIES})
     return {
         "network_mode": "bridge" if spec.network else "none",
         "cap_drop": ["ALL"],
         # The sandbox seccomp profile: Docker's default minus set-id modes, or the task profile's (_seccomp).
-        "security_opt": ["no-new-privileges", profile_option(task=spec.task)],
+        "security_opt": ["no-new-privileges", profile_option(task=spec.task, keeper=spec.checkpoints)],
         # Its own cgroup namespace (the default is the host's on cgroup v1): no view of the host's tree.
         "cgroupns": "private",
         "read_only": not spec.task,
@@ -570,7 +570,7 @@ def hardening_violations(  # noqa: PLR0912, PLR0915 - one check per line reads b
             "the seccomp profile is Docker's default, which lets commands create setuid files on the host; "
             "use the sandbox profile (security_opt seccomp=executor/backends/docker/seccomp/adk-sandbox.json)"
         )
-    elif seccomp != load_profile(task=task):
+    elif seccomp != load_profile(task=task, keeper=keeper):
         problems.append("the seccomp profile is not the sandbox's (a custom profile cannot be verified)")
     want("apparmor=unconfined" not in options, "the AppArmor profile is disabled")
     want("label=disable" not in options, "SELinux labelling is disabled")

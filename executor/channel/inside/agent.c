@@ -3040,9 +3040,27 @@ static int cmp_protected(const void *a, const void *b) {
  * only: an exec'd agent, and everything it starts, is lost at a restore. So the keeper, PID 1 and root
  * (with CAP_SETUID and CAP_SETGID only, to become the user), reads the user's "uid gid" (two 32-bit
  * little-endian numbers) from stdin, the container's own, which the host attaches to; forks the agent as
- * that user on the same stdin and stdout; and otherwise only lets orphans go, until its lifetime ends.
+ * that user on the same stdin and stdout; and otherwise reaps orphans, until its lifetime ends.
  * Another uid cannot signal it, and it installs no handler (runc's init then ignores even root's signals;
  * gVisor delivers them). A restore hands the same descriptors new streams, and the agent serves on. */
+/* The agent is gone, but under gVisor the sandbox holds the container's stdout open whatever its processes
+ * do, so the host would see no end of the stream: bytes that are no frame (type 0xff, frames.AGENT_ENDED_BYTE:
+ * the host reads it as the agent's end), enough to finish any
+ * frame the agent left half written and start an invalid one, make its reader give the agent up at once.
+ * Written by a child, as a write may block until the engine reads. */
+static void tell_the_host_the_agent_ended(int out) {
+    if (out < 0 || fork() != 0) return;
+    static unsigned char junk[1 << 16];
+    memset(junk, 0xff, sizeof junk);
+    for (size_t left = MAXP + HDR; left > 0;) {
+        ssize_t n = write(out, junk, left < sizeof junk ? left : sizeof junk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        left -= (size_t)n;
+    }
+    _exit(0);
+}
+
 static void keep(const char *lifetime) {
     char *end;
     long seconds = strtol(lifetime, &end, 10);
@@ -3058,20 +3076,36 @@ static void keep(const char *lifetime) {
     }
     uid_t uid = (uid_t)(ids[0] | ids[1] << 8 | ids[2] << 16 | (uint32_t)ids[3] << 24);
     gid_t gid = (gid_t)(ids[4] | ids[5] << 8 | ids[6] << 16 | (uint32_t)ids[7] << 24);
-    pid_t child = fork();
-    if (child < 0) _exit(1);
-    if (child == 0) { /* the agent, as an exec as uid:gid would be: no supplementary groups, no capability */
+    pid_t agent = fork();
+    if (agent < 0) _exit(1);
+    if (agent == 0) { /* the agent, as an exec as uid:gid would be: no supplementary groups, no capability */
         if ((getuid() != uid || getgid() != gid) && (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)) {
             dprintf(2, "adk-sandbox-agent: the keeper cannot become %u:%u: %s\n", uid, gid, strerror(errno));
             _exit(1);
         }
         return;
     }
+    int out = fcntl(1, F_DUPFD_CLOEXEC, 3);
     int null = open("/dev/null", O_RDWR);
     for (int fd = 0; fd < 3; fd++) dup2(null, fd); /* the channel is the agent's alone */
-    close_all_but(-1);
-    signal(SIGCHLD, SIG_IGN); /* orphans that end are reaped by the kernel: no zombie is left */
-    for (time_t now = time(NULL); now < until; now = time(NULL)) sleep((unsigned)(until - now > 3600 ? 3600 : until - now));
+    close_all_but(out);
+    /* SIGCHLD blocked, so a namespace's init receives it (an unblocked one it has no handler for is dropped):
+     * sigtimedwait wakes for each child's end, and orphans are reaped; no other signal is handled. */
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    for (time_t now = time(NULL); now < until; now = time(NULL)) {
+        struct timespec wait = {until - now > 3600 ? 3600 : until - now, 0};
+        sigtimedwait(&chld, NULL, &wait);
+        pid_t p;
+        while ((p = waitpid(-1, NULL, WNOHANG)) > 0)
+            if (p == agent) {
+                tell_the_host_the_agent_ended(out);
+                close(out);
+                out = -1;
+            }
+    }
     _exit(0); /* the lifetime ended: the namespace ends with its init */
 }
 
@@ -3156,7 +3190,8 @@ int main(int argc, char **argv) {
      * and orphans at PID 1. */
     olds_t olds = {xrealloc(NULL, ((size_t)ps.n + 1) * sizeof(int)), 0};
     for (int i = 0; i < ps.n; i++)
-        if (ps.v[i].pid != SELF && ps.v[i].ppid == 0 && is_other_agent(ps.v[i].pid)) {
+        /* PID 1 is never one: a keeper (docs/pause.md), which the container lives by */
+        if (ps.v[i].pid != SELF && ps.v[i].pid != 1 && ps.v[i].ppid == 0 && is_other_agent(ps.v[i].pid)) {
             olds.pids[olds.n++] = ps.v[i].pid;
             send_sig(ps.v[i].pid, ps.v[i].start, SIGSTOP); /* it can no longer fork nor exit on its own */
         }

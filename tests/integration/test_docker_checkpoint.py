@@ -1,0 +1,274 @@
+"""``session.pause()`` to a checkpoint on disk, every process kept (Docker + gVisor, ``checkpoints=True``).
+
+A background program holds a random token in its memory only and answers it on a Unix socket; beside it
+a counter ticks every 50 ms (the same program as ``test_docker_pause.py``). From the host:
+
+* paused, the container is stopped and nothing of it runs on the host (no gVisor process names it): its
+  memory is on disk, in the engine's directory, outside every mount the sandbox has;
+* after resume the same program answers the same token, and the counter did not move meanwhile;
+* any call resumes it first; what cannot be carried through (an open terminal, another user's agent)
+  refuses the pause with nothing paused;
+* attacks: a command of the session's user kills everything it may (``kill -9 -1``, PID 1 included): the
+  container lives on (the keeper is root, another uid); a program forking without pause during the
+  checkpoint does not break it; the checkpoint is no bigger than the sandbox's memory limit;
+* the settings it cannot honour are refused; a session paused on disk whose owner died is reaped.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import docker
+import pytest
+
+from adk_sandbox.executor import (
+    ExecRequest,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
+from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
+from adk_sandbox.executor.backends.docker._reaper import reap_leaked
+from adk_sandbox.executor.backends.docker.config import config_from_options
+from adk_sandbox.executor.network import NetworkPolicy
+from adk_sandbox.executor.types import ResourceLimits
+from tests.conftest import require
+from tests.integration.test_docker_pause import KEEPER, out, token
+
+pytestmark = pytest.mark.docker
+
+MEMORY_MB = 512
+
+
+def _client() -> docker.DockerClient:
+    return docker.from_env()
+
+
+def start_keeper(session: DockerSession) -> None:
+    started = session.execute(
+        ExecRequest(
+            argv=("sh", "-c", 'python3 -c "$KEEPER" >/dev/null 2>&1 &'),
+            env={"KEEPER": KEEPER},
+            timeout=60,
+            background=True,
+        )
+    )
+    assert started.exit_code == 0, started
+    deadline = time.monotonic() + 30
+    while out(session, "test -S /tmp/keeper.sock && echo up || true") != "up":
+        assert time.monotonic() < deadline, "the keeper never listened"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[DockerBackend]:
+    client = _client()
+    try:
+        require("runsc" in (client.info().get("Runtimes") or {}), "runsc is not registered (scripts/setup)")
+        require(
+            bool(client.info().get("ExperimentalBuild")),
+            "dockerd runs without --experimental (scripts/setup)",
+        )
+    finally:
+        client.close()
+    with DockerBackend(runtime="runsc", checkpoints=True, limits=ResourceLimits(memory_mb=MEMORY_MB)) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def session(backend: DockerBackend) -> Iterator[DockerSession]:
+    with backend.session() as made:
+        start_keeper(made)
+        yield made
+
+
+def _state(session: DockerSession) -> dict[str, object]:
+    client = _client()
+    try:
+        return dict(client.api.inspect_container(session.container_id)["State"])
+    finally:
+        client.close()
+
+
+def _host_processes_naming(container_id: str) -> list[str]:
+    """Host processes whose command line names the container (gVisor's sandbox, gofer, shim)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if container_id in line and "runsc" in line:
+            found.append(line[:120])
+    return found
+
+
+def _checkpoints_dir(container_id: str) -> str:
+    client = _client()
+    try:
+        root = client.info()["DockerRootDir"]
+    finally:
+        client.close()
+    return os.path.join(root, "containers", container_id, "checkpoints")
+
+
+def _size(path: str) -> int:
+    total = 0
+    for parent, _, files in os.walk(path):
+        for name in files:
+            total += os.lstat(os.path.join(parent, name)).st_blocks * 512
+    return total
+
+
+def test_every_process_survives_a_checkpoint_on_disk(session: DockerSession) -> None:
+    kept = token(session)
+    assert len(kept) == 32
+    container = session.container_id
+    assert _host_processes_naming(container), "the test cannot see gVisor's processes on this host"
+    before = int(out(session, "cat /tmp/ticks"))
+    session.pause()
+    assert session.paused
+    state = _state(session)
+    assert not state["Running"] and not state["Paused"], state  # stopped, not frozen
+    assert _host_processes_naming(container) == []  # nothing of it holds host memory
+    on_disk = _checkpoints_dir(container)
+    stored = _size(on_disk)
+    assert 0 < stored <= MEMORY_MB * 1024 * 1024, stored  # no bigger than the sandbox's memory limit
+    mounts = [m["Source"] for m in _client().api.inspect_container(container)["Mounts"]]
+    assert not any(on_disk.startswith(source.rstrip("/") + "/") for source in mounts), mounts
+    time.sleep(2.0)  # 40 ticks if it ran
+    session.resume()
+    assert not session.paused and _state(session)["Running"]
+    assert token(session) == kept  # the same program, its memory kept
+    during = int(out(session, "cat /tmp/ticks")) - before
+    assert during < 8, f"the counter moved {during} ticks while the session was on disk"
+    time.sleep(0.5)
+    assert int(out(session, "cat /tmp/ticks")) > before + during  # and it runs again
+    assert _size(on_disk) == 0  # the restored checkpoint is deleted
+
+
+def test_any_call_resumes_a_session_on_disk(session: DockerSession) -> None:
+    session.pause()
+    session.pause()  # idempotent
+    assert out(session, "echo ran") == "ran"
+    assert not session.paused
+    session.pause()
+    assert session.files.stat("/tmp/ticks") is not None
+    assert not session.paused and _state(session)["Running"]
+    assert len(token(session)) == 32
+
+
+def test_an_open_terminal_refuses_the_checkpoint(session: DockerSession) -> None:
+    terminal = session.open_pty(["sh"])
+    try:
+        with pytest.raises(InvalidRequestError, match="terminal"):
+            session.pause()
+        assert not session.paused and _state(session)["Running"]
+    finally:
+        terminal.close()
+    session.pause()
+    session.resume()
+    assert len(token(session)) == 32
+
+
+def test_a_fork_storm_during_the_checkpoint_is_contained(session: DockerSession) -> None:
+    """A program forks without pause while the checkpoint is taken: it is captured whole, and restored."""
+    kept = token(session)
+    storm = "while [ ! -e /tmp/calm ]; do (sleep 0.01 &) 2>/dev/null; done"
+    out(session, f"rm -f /tmp/calm; nohup sh -c '{storm}' >/dev/null 2>&1 & echo started")
+    time.sleep(0.5)
+    session.pause()
+    session.resume()
+    assert token(session) == kept
+    out(session, "touch /tmp/calm")
+    assert out(session, "echo alive") == "alive"
+
+
+def test_the_keeper_outlives_the_users_kill_everything(backend: DockerBackend) -> None:
+    """``kill -9 -1`` and ``kill -9 1`` as the session's user: the container lives on.
+
+    Under gVisor a namespace's init receives SIGKILL from a process of its own uid (checked: a PID 1
+    ``sleep`` of the session's user dies of it). The keeper is root, so the user cannot signal it; its
+    agent dies with the rest, and the next command gets a new one. The checkpoint is then refused: that
+    agent is not the keeper's.
+    """
+    with backend.session() as session:
+        container = session.container_id
+        # The agent dies with the command: it fails at once (not at its timeout), as with any agent killed.
+        with pytest.raises(SandboxFailedError, match="agent ended"):
+            session.execute(ExecRequest(argv=("sh", "-c", "kill -9 1; kill -9 -1"), timeout=60))
+        assert out(session, "echo after") == "after"
+        assert session.container_id == container and _state(session)["Running"]
+        with pytest.raises(PolicyNotEnforceableError, match="no longer the container keeper's"):
+            session.pause()
+        assert not session.paused
+
+
+def test_another_users_agent_refuses_the_checkpoint(backend: DockerBackend) -> None:
+    with backend.session() as session:
+        assert session.execute(ExecRequest(argv=("true",), user="4321", timeout=30)).exit_code == 0
+        with pytest.raises(PolicyNotEnforceableError, match="4321:4321"):
+            session.pause()
+        assert not session.paused and _state(session)["Running"]
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        ({"checkpoints": True}, "runtime='runsc'"),
+        ({"checkpoints": True, "runtime": "runsc", "pool": 1}, "pool="),
+        ({"checkpoints": True, "runtime": "runsc", "transport": "exec"}, "transport='exec'"),
+        ({"checkpoints": True, "runtime": "runsc", "workspace_transport": "mirror"}, "mirror"),
+        (
+            {"checkpoints": True, "runtime": "runsc", "network": NetworkPolicy(allow=["example.com"])},
+            "policy",
+        ),
+        ({"checkpoints": True, "runtime": "runsc", "container": "some-service"}, "container="),
+    ],
+)
+def test_what_a_checkpoint_cannot_keep_is_refused(options: dict[str, object], refusal: str) -> None:
+    with pytest.raises(PolicyNotEnforceableError, match=refusal):
+        config_from_options(options)
+
+
+def test_without_checkpoints_a_pause_to_disk_is_refused_not_weakened() -> None:
+    with DockerBackend(runtime="runsc") as plain, plain.session() as session:
+        with pytest.raises(PolicyNotEnforceableError, match="keep_memory=True"):
+            session.pause()
+        assert not session.paused and _state(session)["Running"]
+
+
+LEAK = """
+import os, signal
+from adk_sandbox.executor import ExecRequest
+from adk_sandbox.executor.backends.docker import DockerBackend
+session = DockerBackend(runtime="runsc", checkpoints=True).session()
+session.execute(ExecRequest(argv=("true",), timeout=30))
+session.pause()
+print(session.container_id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_session_on_disk_whose_owner_died_is_reaped(session: DockerSession) -> None:
+    del session  # the module's backend made: the engine is checked
+    done = subprocess.run(
+        [sys.executable, "-c", LEAK], capture_output=True, text=True, timeout=180, check=False
+    )
+    container = done.stdout.strip().splitlines()[-1]
+    client = _client()
+    try:
+        assert not client.api.inspect_container(container)["State"]["Running"]
+        reaped = reap_leaked(client)
+        assert container in [leaked.id for leaked in reaped]
+        with pytest.raises(docker.errors.NotFound):
+            client.api.inspect_container(container)
+    finally:
+        client.close()
