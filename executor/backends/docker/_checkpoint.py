@@ -68,6 +68,15 @@ class ContainerCheckpoints:
                 f"the engine could not checkpoint the session's container ({status}): {_message(body)}; "
                 "it runs on as it was"
             )
+        # The engine answers before the container has stopped; a start meanwhile would find it running.
+        status, body = self._daemon.request(
+            "POST",
+            f"/containers/{self._id}/wait?condition=not-running",
+            None,
+            time.monotonic() + CHECKPOINT_SECONDS,
+        )
+        if status != 200:
+            raise SandboxFailedError(f"the checkpointed container did not stop ({status}): {_message(body)}")
         return name
 
     def restore(self, name: str) -> None:
@@ -78,7 +87,7 @@ class ContainerCheckpoints:
             None,
             time.monotonic() + CHECKPOINT_SECONDS,
         )
-        if status not in (204, 304):
+        if status != 204:  # 304: it was running, so it did not start from the checkpoint
             raise SandboxFailedError(
                 f"the engine could not restore the session's container from its checkpoint ({status}): "
                 f"{_message(body)}"
