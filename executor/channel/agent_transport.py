@@ -140,8 +140,11 @@ class _Agent:
                     self._fail(_ENDED + self._diagnostics())
                     return
                 self._dispatch(pieces)
-        except AgentEndedError:
-            self._fail(_ENDED + self._diagnostics())
+        except AgentEndedError:  # the keeper's word, or an agent's lie: given up either way
+            self._fail(
+                "the in-sandbox agent ended (its keeper says so), or broke protocol version 1 with byte "
+                "0xff where a frame starts" + self._diagnostics()
+            )
         except ProtocolError as exc:
             self._fail(f"the in-sandbox agent broke protocol version 1: {exc}")
         except BaseException as exc:  # never let the reader die silently
