@@ -627,10 +627,13 @@ class AgentTransport:
         agent.close("detached for a checkpoint")
         return agent
 
-    def reattach(self, detached: object, stream: AgentStream, until: float) -> None:
+    def reattach(
+        self, detached: object, stream: AgentStream, until: float, *, resident: bool = False
+    ) -> None:
         """Serve a detached agent over a new stream (the same agent, after a restore): it must answer a PING.
 
-        Channel numbers go on from where they were: the agent never sees one used twice.
+        Channel numbers go on from where they were: the agent never sees one used twice. ``resident``: it is
+        this container keeper's agent (a copy restored from another container's checkpoint).
         """
         if not isinstance(detached, _Agent):
             raise TypeError("reattach takes what detach returned")
@@ -643,7 +646,7 @@ class AgentTransport:
         with self._lock:
             self._agents[agent.user] = agent
             self._last = agent
-            if self._resident_agent is detached:
+            if resident or self._resident_agent is detached:
                 self._resident_agent = agent
 
     def _start_launch(

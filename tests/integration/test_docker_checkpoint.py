@@ -6,6 +6,8 @@ a counter ticks every 50 ms (the same program as ``test_docker_pause.py``). From
 * paused, the container is stopped and nothing of it runs on the host (no gVisor process names it): its
   memory is on disk, in the engine's directory, outside every mount the sandbox has;
 * after resume the same program answers the same token, and the counter did not move meanwhile;
+* ``fork(processes=True)``: a new container restored from a checkpoint of the running session holds the
+  same program with the same memory, and then the two run apart;
 * any call resumes it first; what cannot be carried through (an open terminal, another user's agent)
   refuses the pause with nothing paused;
 * attacks: a command of the session's user kills everything it may (``kill -9 -1``, PID 1 included): the
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker
 import pytest
@@ -165,6 +168,27 @@ def test_any_call_resumes_a_session_on_disk(session: DockerSession) -> None:
     assert len(token(session)) == 32
 
 
+def test_a_fork_carries_every_process_and_then_runs_apart(session: DockerSession) -> None:
+    """``fork(processes=True)``: the same program with the same memory in a new container; then apart."""
+    kept = token(session)
+    out(session, "echo before > /tmp/mark")
+    child = session.fork(processes=True)
+    try:
+        assert child.container_id != session.container_id
+        assert token(child) == kept  # the program and its memory, copied
+        assert out(child, "cat /tmp/mark") == "before"  # its tmpfs too
+        out(child, "echo child > /tmp/mark")
+        out(session, "echo parent > /tmp/mark")
+        assert (out(session, "cat /tmp/mark"), out(child, "cat /tmp/mark")) == ("parent", "child")
+        ticks = int(out(child, "cat /tmp/ticks"))
+        time.sleep(0.5)
+        assert int(out(child, "cat /tmp/ticks")) > ticks  # the fork's own counter runs
+    finally:
+        child.close()
+    assert token(session) == kept  # the parent ran on, and the fork's end is not its own
+    assert _state(session)["Running"]
+
+
 def test_an_open_terminal_refuses_the_checkpoint(session: DockerSession) -> None:
     terminal = session.open_pty(["sh"])
     try:
@@ -202,7 +226,7 @@ def test_the_keeper_outlives_the_users_kill_everything(backend: DockerBackend) -
     with backend.session() as session:
         container = session.container_id
         # The agent dies with the command: it fails at once (not at its timeout), as with any agent killed.
-        with pytest.raises(SandboxFailedError, match="agent ended .its keeper says so"):
+        with pytest.raises(SandboxFailedError, match=r"agent ended \(its keeper says so"):
             session.execute(ExecRequest(argv=("sh", "-c", "kill -9 1; kill -9 -1"), timeout=60))
         assert out(session, "echo after") == "after"
         assert session.container_id == container and _state(session)["Running"]
@@ -243,6 +267,17 @@ def test_without_checkpoints_a_pause_to_disk_is_refused_not_weakened() -> None:
         with pytest.raises(PolicyNotEnforceableError, match="keep_memory=True"):
             session.pause()
         assert not session.paused and _state(session)["Running"]
+        with pytest.raises(PolicyNotEnforceableError, match="checkpoints=True"):
+            session.fork(processes=True)
+
+
+def test_a_fork_with_processes_of_a_session_with_a_workspace_is_refused(
+    backend: DockerBackend, tmp_path: Path
+) -> None:
+    with backend.session(tmp_path) as session:
+        with pytest.raises(PolicyNotEnforceableError, match="workspace"):
+            session.fork(processes=True)
+        assert out(session, "echo still") == "still"
 
 
 LEAK = """

@@ -11,7 +11,9 @@ A checkpoint lives in the container's own directory on the engine: it is removed
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
 import time
 
 import docker
@@ -54,13 +56,13 @@ class ContainerCheckpoints:
         """A stream to the keeper's stdin and output (see :meth:`DockerExecTransport.attach_keeper`)."""
         return self._exec.attach_keeper(until)
 
-    def create(self) -> str:
-        """Checkpoint the container and stop it; the checkpoint's name."""
+    def create(self, *, stop: bool = True) -> str:
+        """Checkpoint the container, and stop it unless ``stop`` is False; the checkpoint's name."""
         name = "adk-" + secrets.token_hex(8)
         status, body = self._daemon.request(
             "POST",
             f"/containers/{self._id}/checkpoints",
-            {"CheckpointID": name, "Exit": True},
+            {"CheckpointID": name, "Exit": stop},
             time.monotonic() + CHECKPOINT_SECONDS,
         )
         if status != 201:
@@ -68,6 +70,8 @@ class ContainerCheckpoints:
                 f"the engine could not checkpoint the session's container ({status}): {_message(body)}; "
                 "it runs on as it was"
             )
+        if not stop:
+            return name
         # The engine answers before the container has stopped; a start meanwhile would find it running.
         status, body = self._daemon.request(
             "POST",
@@ -92,6 +96,29 @@ class ContainerCheckpoints:
                 f"the engine could not restore the session's container from its checkpoint ({status}): "
                 f"{_message(body)}"
             )
+
+    def copy_to(self, name: str, other: str) -> None:
+        """Copy checkpoint ``name`` into container ``other``'s own (created, not started), same name.
+
+        The engine restores a container only from its own directory (Docker 20.10 refuses another), so
+        this reads and writes the engine's directory: a local engine, and a process that may (root).
+        """
+        root = self._root()
+        source = os.path.join(root, "containers", self._id, "checkpoints", name)
+        target = os.path.join(root, "containers", other, "checkpoints", name)
+        try:
+            shutil.copytree(source, target, symlinks=True)
+        except OSError as exc:
+            raise PolicyNotEnforceableError(
+                f"a fork with processes copies the checkpoint in the engine's own directory ({root}), which "
+                f"this process cannot ({exc}); it needs a local engine and root (docs/pause.md)"
+            ) from exc
+
+    def _root(self) -> str:
+        status, body = self._daemon.request("GET", "/info", None, time.monotonic() + 30.0)
+        if status != 200 or not isinstance(body, dict) or not body.get("DockerRootDir"):
+            raise SandboxFailedError(f"the engine did not say where its files are ({status})")
+        return str(body["DockerRootDir"])
 
     def delete(self, name: str) -> None:
         """Remove checkpoint ``name`` (a restored one is not needed again)."""

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -99,6 +99,9 @@ class ContainerProvider:
         self.session_id = session_id or uuid.uuid4().hex[:12]
         """The ``io.adk-sandbox.session`` label of each container this provider creates."""
         self._opened = 0
+        self.starts_from: Callable[[str], None] | None = None
+        """Starts the next container (given its id, created) from a checkpoint instead of afresh: a fork
+        with its processes (docs/pause.md). Used once."""
 
     def use_spec(self, spec: ContainerSpec) -> None:
         """Create the next containers from ``spec`` (a workspace that turned out to need a mirror)."""
@@ -139,9 +142,14 @@ class ContainerProvider:
             container_id = self._create(spec, f"adk-sandbox-{self.session_id}{suffix}")
         api = self._client.api
 
+        restore, self.starts_from = self.starts_from, None
+
         def start() -> None:
             # A refused start (the runtime failed: a rejected rlimit, mount, ...) is final: retrying it
             # would only find the container erased by auto_remove and hide the daemon's reason.
+            if restore is not None:
+                restore(container_id)
+                return
             try:
                 api.start(container_id)
             except docker.errors.APIError as exc:

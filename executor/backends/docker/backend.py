@@ -314,6 +314,7 @@ class DockerBackend(SessionBackend[DockerSession]):
         """Hold ``session`` (see :class:`SessionBackend`), and give it what its snapshots and forks need."""
         session.snapshot_store = self.snapshots
         session._forker = self._fork_from
+        session._adopt = self._track
         session._image_remover = self._remove_image
         session._before_snapshot = self._prepare_spare
         return super()._track(session)

@@ -274,6 +274,10 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._holding = False
         #: The checkpoint the session is paused to and its agent, let go (``pause()`` on disk).
         self._checkpoint_of: tuple[str, object] | None = None
+        #: A fork with processes: the parent's agent, let go, of which this session's is the copy.
+        self._adopting: object | None = None
+        #: Tracks a session this one forked (set by the backend that opened this one).
+        self._adopt: Callable[[DockerSession], DockerSession] | None = None
         #: Called once when the first command ends or the session closes (the warm pool's deferred refill).
         self._after_first: list[Callable[[], None]] = []
         self._snapshot_lock = threading.Lock()
@@ -431,6 +435,15 @@ class DockerSession(SessionNetwork, ChannelSession):
             raise SandboxFailedError(f"the session's container could not be resumed: {exc}") from exc
 
     # -- checkpoints (docs/pause.md) ------------------------------------------------------------------
+    def _serve_keeper(self, transport: AgentTransport, container_id: str) -> None:
+        """Start the session's agent as the keeper's child, or adopt the one restored with a fork."""
+        adopted, self._adopting = self._adopting, None
+        if adopted is None:
+            transport.use_keeper(self._keeper_opener(container_id))
+        else:  # restored from another session's checkpoint: a copy of its agent serves this one
+            stream = ContainerCheckpoints(self._client, container_id).attach(self._deadline())
+            transport.reattach(adopted, stream, self._deadline(), resident=True)
+
     def _keeper_opener(self, container_id: str) -> Callable[[str, float], AgentStream | None]:
         """The keeper's stdin for the first agent of the session's own user; None for any other."""
         claimed = False
@@ -450,29 +463,7 @@ class DockerSession(SessionNetwork, ChannelSession):
             super()._checkpoint(wait_seconds)
         with self._quiesced(wait_seconds, "the session is paused"):
             container = self._opened()
-            transport = self._transport
-            assert isinstance(transport, AgentTransport)  # noqa: S101 - checkpoints need the agent channel
-            user = transport.resident_user
-            if user is None:
-                raise PolicyNotEnforceableError(
-                    "this session's agent is no longer the container keeper's (it was restarted), so a "
-                    "checkpoint would not keep the processes it started; nothing was paused. "
-                    "pause(keep_memory=True) freezes them in place"
-                )
-            others = [other for other in transport.users() if other != user]
-            if others:
-                raise PolicyNotEnforceableError(
-                    f"commands ran as {', '.join(others)} beside the session's user {user}: their agents are "
-                    "not the keeper's, and a checkpoint would not keep what they started; nothing was "
-                    "paused. pause(keep_memory=True) freezes every process in place"
-                )
-            in_use = transport.in_use(user)
-            if in_use:
-                raise InvalidRequestError(
-                    f"{in_use} spawned program(s), terminal(s), published port(s) or connection(s) of this "
-                    "session are open, and their streams cannot be held through a checkpoint; nothing was "
-                    "paused. Close them first, or pause(keep_memory=True) to freeze them in place"
-                )
+            transport, user = self._keeper_agent("paused")
             checkpoints = ContainerCheckpoints(self._client, container.id)
             detached = transport.detach(user)
             try:
@@ -484,6 +475,78 @@ class DockerSession(SessionNetwork, ChannelSession):
             self._checkpoint_of = (name, detached)
             self._on_disk = True
             self._paused = True
+
+    def _keeper_agent(self, done: str) -> tuple[AgentTransport, str]:
+        """The transport and the user of the keeper's agent, if a checkpoint would keep everything it ran.
+
+        Refused (nothing ``done``) when the agent is no longer the keeper's, when another user's agent
+        runs (its processes are exec'd: lost), or when a program, terminal, port or connection is open.
+        """
+        transport = self._transport
+        assert isinstance(transport, AgentTransport)  # noqa: S101 - checkpoints need the agent channel
+        user = transport.resident_user
+        if user is None:
+            raise PolicyNotEnforceableError(
+                "this session's agent is no longer the container keeper's (it was restarted), so a "
+                f"checkpoint would not keep the processes it started; nothing was {done}. "
+                "pause(keep_memory=True) freezes them in place"
+            )
+        others = [other for other in transport.users() if other != user]
+        if others:
+            raise PolicyNotEnforceableError(
+                f"commands ran as {', '.join(others)} beside the session's user {user}: their agents are "
+                f"not the keeper's, and a checkpoint would not keep what they started; nothing was {done}. "
+                "pause(keep_memory=True) freezes every process in place"
+            )
+        in_use = transport.in_use(user)
+        if in_use:
+            raise InvalidRequestError(
+                f"{in_use} spawned program(s), terminal(s), published port(s) or connection(s) of this "
+                "session are open, and their streams cannot be held through a checkpoint; nothing was "
+                f"{done}. Close them first"
+            )
+        return transport, user
+
+    def _fork_with_processes(self, wait_seconds: float | None) -> DockerSession:
+        """A new session restored from a checkpoint of this one, which runs on (docs/pause.md)."""
+        adopt = self._adopt
+        if not self._config.spec.checkpoints or adopt is None:
+            raise PolicyNotEnforceableError(
+                "fork(processes=True) needs a session of a DockerBackend made with checkpoints=True "
+                "(gVisor); fork() carries the files only"
+            )
+        if self._config.spec.workspace is not None:
+            raise PolicyNotEnforceableError(
+                "fork(processes=True) of a session with a workspace is not built yet (its bind mount "
+                "would be shared); fork() carries the files, or start the session without a workspace"
+            )
+        self._wake()
+        with self._quiesced(30.0 if wait_seconds is None else wait_seconds, "a fork is taken"):
+            container = self._opened()
+            transport, user = self._keeper_agent("forked")
+            checkpoints = ContainerCheckpoints(self._client, container.id)
+            detached = transport.detach(user)
+            try:
+                name = checkpoints.create(stop=False)
+            finally:
+                transport.reattach(detached, checkpoints.attach(self._deadline()), self._deadline())
+        try:
+            child = DockerSession(self._client, self._config)
+            child._adopting = detached
+
+            def restore(created: str) -> None:
+                checkpoints.copy_to(name, created)
+                ContainerCheckpoints(self._client, created).restore(name)
+
+            child._provider.starts_from = restore
+            adopt(child)
+            child.start()
+        finally:
+            try:
+                checkpoints.delete(name)
+            except ExecutorError as exc:  # it goes with the container
+                log.warning("a fork's checkpoint was not deleted: %s", exc)
+        return child
 
     def _restore(self, container_id: str) -> None:
         """Start the container from its checkpoint and serve the same agent over a new stream."""
@@ -627,7 +690,7 @@ class DockerSession(SessionNetwork, ChannelSession):
             )
             self._container, self._transport = container, transport
             if self._config.spec.checkpoints and isinstance(transport, AgentTransport):
-                transport.use_keeper(self._keeper_opener(container.id))
+                self._serve_keeper(transport, container.id)
             if task or (self._config.user and not is_numeric(self._config.user)):
                 self._user = self._default_user(container)
             workspace = self._config.spec.workspace
@@ -990,6 +1053,7 @@ class DockerSession(SessionNetwork, ChannelSession):
     def fork(
         self,
         *,
+        processes: bool = False,
         ttl_seconds: int | None = None,
         max_mb: int | None = None,
         wait_seconds: float | None = None,
@@ -999,7 +1063,18 @@ class DockerSession(SessionNetwork, ChannelSession):
         Its workspace is at this session's path inside, in a host directory of its own
         (:attr:`workspace`); nothing it does reaches this session. The snapshot taken for it is removed when
         the fork closes. For many forks of one state, take one snapshot and start each session from it.
+
+        ``processes=True`` carries every process too: the new session is restored from a checkpoint of
+        this one (which runs on), each program where it was with its memory (docs/pause.md). A session
+        of a backend made with ``checkpoints=True``, without a workspace; ``ttl_seconds`` and ``max_mb``
+        concern snapshots and are not taken then.
         """
+        if processes:
+            if ttl_seconds is not None or max_mb is not None:
+                raise InvalidRequestError(
+                    "fork(processes=True) takes no snapshot: ttl_seconds and max_mb do not apply"
+                )
+            return self._fork_with_processes(wait_seconds)
         forker = self._forker
         if forker is None:
             raise InvalidRequestError(
