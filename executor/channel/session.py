@@ -348,6 +348,8 @@ class ChannelSession(SandboxSession):
 
     # -- pause ----------------------------------------------------------------------------------------
     _paused = False
+    last_call = 0.0
+    """When a call last reached inside (``time.monotonic()``): what an idle pause watches."""
     #: Paused to a checkpoint on disk (the sandbox stopped), not frozen in place.
     _on_disk = False
     _pause_lock: threading.Lock | None = None
@@ -395,7 +397,8 @@ class ChannelSession(SandboxSession):
             return self._pause_lock
 
     def _wake(self) -> None:
-        """Resume a paused session: every call that reaches inside does this first."""
+        """Resume a paused session: every call that reaches inside does this first (and notes when)."""
+        self.last_call = time.monotonic()
         if self._paused:
             self.resume()
 

@@ -13,6 +13,8 @@ a counter ticks every 50 ms (the same program as ``test_docker_pause.py``). From
 * attacks: a command of the session's user kills everything it may (``kill -9 -1``, PID 1 included): the
   container lives on (the keeper is root, another uid); a program forking without pause during the
   checkpoint does not break it; the checkpoint is no bigger than the sandbox's memory limit;
+* ``idle_pause_seconds``: an idle session pauses itself to disk, the next call resumes it, and one whose
+  program spins on the CPU stays up;
 * the settings it cannot honour are refused; a session paused on disk whose owner died is reaped.
 """
 
@@ -22,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
@@ -243,6 +245,56 @@ def test_another_users_agent_refuses_the_checkpoint(backend: DockerBackend) -> N
         assert not session.paused and _state(session)["Running"]
 
 
+QUIET_KEEPER = r"""
+import os, socket
+token = os.urandom(16).hex()
+server = socket.socket(socket.AF_UNIX)
+server.bind("/tmp/keeper.sock")
+server.listen(4)
+while True:
+    conn, _ = server.accept()
+    conn.sendall(token.encode())
+    conn.close()
+"""
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def test_an_idle_session_pauses_itself_and_a_busy_one_does_not() -> None:
+    """``idle_pause_seconds``: no call and next to no CPU for that long pause it; a call resumes it."""
+    backend = DockerBackend(runtime="runsc", checkpoints=True, idle_pause_seconds=1.0)
+    with backend, backend.session() as session:
+        started = session.execute(
+            ExecRequest(
+                argv=("sh", "-c", 'python3 -c "$KEEPER" >/dev/null 2>&1 & echo $! > /tmp/keeper.pid'),
+                env={"KEEPER": QUIET_KEEPER},
+                timeout=60,
+                background=True,
+            )
+        )
+        assert started.exit_code == 0, started
+        assert _wait_for(lambda: out(session, "test -S /tmp/keeper.sock && echo up || true") == "up", 30)
+        kept = token(session)
+        assert _wait_for(lambda: session.paused, 20), "an idle session did not pause itself"
+        assert not _state(session)["Running"]  # on disk
+        assert token(session) == kept  # the call resumed it, the program and its memory kept
+        assert not session.paused
+        # A program spinning on the CPU keeps the session awake, without any call.
+        spin = "nohup sh -c 'while [ ! -e /tmp/calm ]; do :; done' >/dev/null 2>&1 &"
+        spun = session.execute(ExecRequest(argv=("sh", "-c", spin), timeout=30, background=True))
+        assert spun.exit_code == 0, spun
+        time.sleep(5)
+        assert not session.paused and _state(session)["Running"]
+        out(session, "touch /tmp/calm")
+
+
 @pytest.mark.parametrize(
     ("options", "refusal"),
     [
@@ -255,6 +307,7 @@ def test_another_users_agent_refuses_the_checkpoint(backend: DockerBackend) -> N
             "policy",
         ),
         ({"checkpoints": True, "runtime": "runsc", "container": "some-service"}, "container="),
+        ({"runtime": "runsc", "idle_pause_seconds": 60}, "checkpoints=True"),
     ],
 )
 def test_what_a_checkpoint_cannot_keep_is_refused(options: dict[str, object], refusal: str) -> None:

@@ -114,6 +114,14 @@ class ContainerCheckpoints:
                 f"this process cannot ({exc}); it needs a local engine and root (docs/pause.md)"
             ) from exc
 
+    def pid(self) -> int | None:
+        """The host pid of the container's first process (its sandbox under gVisor), None if stopped."""
+        until = time.monotonic() + 30.0
+        status, body = self._daemon.request("GET", f"/containers/{self._id}/json", None, until)
+        if status != 200 or not isinstance(body, dict):
+            return None
+        return int((body.get("State") or {}).get("Pid") or 0) or None
+
     def _root(self) -> str:
         status, body = self._daemon.request("GET", "/info", None, time.monotonic() + 30.0)
         if status != 200 or not isinstance(body, dict) or not body.get("DockerRootDir"):

@@ -104,6 +104,7 @@ class DockerBackend(SessionBackend[DockerSession]):
         root_size_mb: int | None = None,
         fork_spares: int = 1,
         checkpoints: bool = False,
+        idle_pause_seconds: float | None = None,
         config: DockerConfig | None = None,
     ) -> None:
         """Connect to the daemon and reap leaked containers.
@@ -129,7 +130,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         ``session(copy_of=...)`` (docs/DOCKER.md, "Warm pool"); ``fork_spares`` keeps that many started
         containers per forked workspace path, so forks of any session come warm, by layer
         (docs/snapshots.md, "Forks of any session"; 0: none); ``checkpoints`` lets ``session.pause()``
-        move a session to a checkpoint on disk with every process (gVisor; docs/pause.md).
+        move a session to a checkpoint on disk with every process (gVisor; docs/pause.md), and
+        ``idle_pause_seconds`` does so by itself once a session sat idle that long.
         """
         options: dict[str, object] = {
             "image": image,
@@ -153,6 +155,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             "root_size_mb": root_size_mb,
             "fork_spares": fork_spares,
             "checkpoints": checkpoints,
+            "idle_pause_seconds": idle_pause_seconds,
         }
         if config is None:
             config = config_from_options(options)
@@ -565,6 +568,7 @@ class DockerBackend(SessionBackend[DockerSession]):
             mirror_mb=self.mirror_size_mb,
             expect_image=self.expect_image,
             egress=self.egress,
+            idle_pause_seconds=self.config.idle_pause_seconds,
         )
 
     def _open_session(self, config: SessionConfig) -> DockerSession:

@@ -249,6 +249,10 @@ class DockerConfig(BaseModel):
     bring back every process (docs/pause.md): the agent's keeper is the container's command. gVisor only
     (``runtime="runsc"``), on an engine with its experimental checkpoints; not with ``container``,
     ``pool``, ``workspace_transport="mirror"`` or a network policy. Refused where it cannot be given."""
+    idle_pause_seconds: Annotated[float, Field(gt=0)] | None = None
+    """Pause a session to disk once it sat idle this long: no call of it reached inside, and its processes
+    used next to no CPU (docs/pause.md, "Idle pause"); the next call resumes it. Needs ``checkpoints``
+    and a local engine. None: never."""
 
     @field_validator("network", mode="before")
     @classmethod
@@ -457,6 +461,11 @@ class DockerConfig(BaseModel):
             raise InvalidRequestError(overlap)
         if self.checkpoints:
             self._checkpoint_checks()
+        elif self.idle_pause_seconds is not None:
+            raise PolicyNotEnforceableError(
+                "idle_pause_seconds pauses a session to disk, which needs checkpoints=True (gVisor; "
+                "docs/pause.md)"
+            )
         if self.pool is not None:
             if attached:
                 raise InvalidRequestError(

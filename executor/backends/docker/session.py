@@ -41,6 +41,7 @@ from adk_sandbox.executor.backends.docker._container import (
 from adk_sandbox.executor.backends.docker._daemon import engine_of
 from adk_sandbox.executor.backends.docker._dialect import Dialect
 from adk_sandbox.executor.backends.docker._exec import EXEC_NO_BACKGROUND, DockerExecTransport
+from adk_sandbox.executor.backends.docker._idle import IdlePauser
 from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
     ContainerSpec,
@@ -183,6 +184,8 @@ class SessionConfig:
     None: the same path on both sides."""
     layers: MemberLayers | None = None
     """A layered pool member's mount points (``PoolConfig(fork_by="layer")``), released when it closes."""
+    idle_pause_seconds: float | None = None
+    """Pause the session to disk once it sat idle this long (``DockerConfig.idle_pause_seconds``)."""
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
@@ -274,6 +277,10 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._holding = False
         #: The checkpoint the session is paused to and its agent, let go (``pause()`` on disk).
         self._checkpoint_of: tuple[str, object] | None = None
+        #: The host pid of the container's first process (gVisor: its sandbox), while it runs.
+        self._sandbox_pid: int | None = None
+        #: Pauses the session to disk once idle (``idle_pause_seconds``), from its first start.
+        self._idle: IdlePauser | None = None
         #: A fork with processes: the parent's agent, let go, of which this session's is the copy.
         self._adopting: object | None = None
         #: Tracks a session this one forked (set by the backend that opened this one).
@@ -558,6 +565,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         checkpoints.restore(name)
         transport.reattach(detached, checkpoints.attach(self._deadline()), self._deadline())
         self._checkpoint_of = None
+        self._sandbox_pid = checkpoints.pid()
         try:
             checkpoints.delete(name)
         except ExecutorError as exc:  # it goes with the container
@@ -566,6 +574,13 @@ class DockerSession(SessionNetwork, ChannelSession):
     @staticmethod
     def _deadline() -> float:
         return time.monotonic() + 30.0
+
+    def running_sandbox(self) -> tuple[str, int] | None:
+        """The running container's id and its sandbox's pid on this host; None when there is none."""
+        container, pid = self._container, self._sandbox_pid
+        if container is None or pid is None or self._closed or self._on_disk:
+            return None
+        return container.id, pid
 
     def _opened(self) -> OpenedContainer:
         self.start()
@@ -716,6 +731,10 @@ class DockerSession(SessionNetwork, ChannelSession):
             # machine's (the agent's own count from inside is used there, and preferred everywhere).
             local = engine_of(self._client).local
             self._oom_counter = OomCounter.for_container(container.inspect) if local else None
+            self._sandbox_pid = int(container.inspect.get("State", {}).get("Pid") or 0) or None
+            idle = self._config.idle_pause_seconds
+            if idle is not None and self._idle is None and local:
+                self._idle = IdlePauser(self, idle)
             spec = self._config.spec
             if spec.task and spec.root_cap == "watched":
                 watcher = RootWatcher(self._client, container.id, spec.root_size_mb, self._root_over)
@@ -912,6 +931,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         watcher, self._root_watcher = self._root_watcher, None
         if watcher is not None:
             watcher.stop()
+        if self._closed and self._idle is not None:
+            self._idle.stop()
         container, self._container = self._container, None
         transport, self._transport = self._transport, None
         if transport is not None:
