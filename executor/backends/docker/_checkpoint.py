@@ -11,6 +11,7 @@ A checkpoint lives in the container's own directory on the engine: it is removed
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -26,15 +27,12 @@ __all__ = ["CHECKPOINT_SECONDS", "ContainerCheckpoints", "require_checkpoints"]
 
 #: How long a checkpoint or a restore may take before it is given up.
 CHECKPOINT_SECONDS = 120.0
+#: The random file added to each checkpoint (see :meth:`ContainerCheckpoints._make_unique`).
+NONCE_FILE = "adk-sandbox-nonce"
 
 
 def require_checkpoints(client: docker.DockerClient, runtime: str | None) -> None:
     """Refuse a backend whose sessions could not be checkpointed with their processes on this engine."""
-    if runtime != "runsc":
-        raise PolicyNotEnforceableError(
-            "checkpoints=True needs runtime='runsc' (gVisor's checkpoint keeps every process of the "
-            "container); runc would need CRIU wired into the engine, which it is not here (docs/pause.md)"
-        )
     info = client.info()
     if not info.get("ExperimentalBuild"):
         raise PolicyNotEnforceableError(
@@ -81,7 +79,20 @@ class ContainerCheckpoints:
         )
         if status != 200:
             raise SandboxFailedError(f"the checkpointed container did not stop ({status}): {_message(body)}")
+        self._make_unique(name)
         return name
+
+    def _make_unique(self, name: str) -> None:
+        """Add a random file to checkpoint ``name``, where this process may write the engine's directory.
+
+        At a restore Docker 20.10 stores the checkpoint's files in containerd's content store, keyed by
+        their digest, and fails ("content ... already exists") when the same bytes were stored before:
+        CRIU's images of a fresh container are the same from one run to the next.
+        """
+        with contextlib.suppress(OSError, SandboxFailedError):
+            path = os.path.join(self._root(), "containers", self._id, "checkpoints", name, NONCE_FILE)
+            with open(path, "wb") as nonce:
+                nonce.write(secrets.token_bytes(16))
 
     def restore(self, name: str) -> None:
         """Start the container from checkpoint ``name``."""

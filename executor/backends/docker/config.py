@@ -428,7 +428,7 @@ class DockerConfig(BaseModel):
         if self.runtime != "runsc":
             raise PolicyNotEnforceableError(
                 "checkpoints=True needs runtime='runsc': gVisor's checkpoint keeps every process of the "
-                "container; runc would need CRIU wired into the engine, which it is not here (docs/pause.md)"
+                "container; runc's (CRIU) is not wired here (docs/pause.md says what stands in the way)"
             )
 
     @model_validator(mode="after")
