@@ -42,7 +42,7 @@ from adk_sandbox.executor.backends.docker.config import config_from_options
 from adk_sandbox.executor.network import NetworkPolicy
 from adk_sandbox.executor.types import ResourceLimits
 from tests.conftest import require
-from tests.integration.test_docker_pause import KEEPER, out, token
+from tests.integration.test_docker_pause import QUIET_KEEPER, out, start_keeper, token
 
 pytestmark = pytest.mark.docker
 
@@ -51,22 +51,6 @@ MEMORY_MB = 512
 
 def _client() -> docker.DockerClient:
     return docker.from_env()
-
-
-def start_keeper(session: DockerSession) -> None:
-    started = session.execute(
-        ExecRequest(
-            argv=("sh", "-c", 'python3 -c "$KEEPER" >/dev/null 2>&1 &'),
-            env={"KEEPER": KEEPER},
-            timeout=60,
-            background=True,
-        )
-    )
-    assert started.exit_code == 0, started
-    deadline = time.monotonic() + 30
-    while out(session, "test -S /tmp/keeper.sock && echo up || true") != "up":
-        assert time.monotonic() < deadline, "the keeper never listened"
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -245,19 +229,6 @@ def test_another_users_agent_refuses_the_checkpoint(backend: DockerBackend) -> N
         assert not session.paused and _state(session)["Running"]
 
 
-QUIET_KEEPER = r"""
-import os, socket
-token = os.urandom(16).hex()
-server = socket.socket(socket.AF_UNIX)
-server.bind("/tmp/keeper.sock")
-server.listen(4)
-while True:
-    conn, _ = server.accept()
-    conn.sendall(token.encode())
-    conn.close()
-"""
-
-
 def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -271,16 +242,7 @@ def test_an_idle_session_pauses_itself_and_a_busy_one_does_not() -> None:
     """``idle_pause_seconds``: no call and next to no CPU for that long pause it; a call resumes it."""
     backend = DockerBackend(runtime="runsc", checkpoints=True, idle_pause_seconds=1.0)
     with backend, backend.session() as session:
-        started = session.execute(
-            ExecRequest(
-                argv=("sh", "-c", 'python3 -c "$KEEPER" >/dev/null 2>&1 & echo $! > /tmp/keeper.pid'),
-                env={"KEEPER": QUIET_KEEPER},
-                timeout=60,
-                background=True,
-            )
-        )
-        assert started.exit_code == 0, started
-        assert _wait_for(lambda: out(session, "test -S /tmp/keeper.sock && echo up || true") == "up", 30)
+        start_keeper(session, QUIET_KEEPER)
         kept = token(session)
         assert _wait_for(lambda: session.paused, 20), "an idle session did not pause itself"
         assert not _state(session)["Running"]  # on disk

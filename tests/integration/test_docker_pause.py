@@ -31,17 +31,10 @@ from tests.conftest import require
 
 pytestmark = pytest.mark.docker
 
-KEEPER = r"""
-import os, socket, threading, time
+#: A program that holds a random token in its memory only and answers it on a Unix socket.
+QUIET_KEEPER = r"""
+import os, socket
 token = os.urandom(16).hex()
-def tick():
-    n = 0
-    while True:
-        n += 1
-        with open("/tmp/ticks", "w") as f:
-            f.write(str(n))
-        time.sleep(0.05)
-threading.Thread(target=tick, daemon=True).start()
 server = socket.socket(socket.AF_UNIX)
 server.bind("/tmp/keeper.sock")
 server.listen(4)
@@ -50,6 +43,21 @@ while True:
     conn.sendall(token.encode())
     conn.close()
 """
+#: The same, with a counter beside it that ticks every 50 ms into /tmp/ticks.
+KEEPER = QUIET_KEEPER.replace(
+    "server = socket",
+    "import threading, time\n"
+    "def tick():\n"
+    "    n = 0\n"
+    "    while True:\n"
+    "        n += 1\n"
+    "        with open('/tmp/ticks', 'w') as f:\n"
+    "            f.write(str(n))\n"
+    "        time.sleep(0.05)\n"
+    "threading.Thread(target=tick, daemon=True).start()\n"
+    "server = socket",
+    1,
+)
 ASK = (
     "import socket; s = socket.socket(socket.AF_UNIX); s.connect('/tmp/keeper.sock'); "
     "print(s.recv(64).decode())"
@@ -81,20 +89,25 @@ def session(request: pytest.FixtureRequest) -> Iterator[DockerSession]:
         finally:
             client.close()
     with DockerBackend(runtime=runtime) as backend, backend.session() as made:
-        started = made.execute(
-            ExecRequest(
-                argv=("sh", "-c", 'python3 -c "$KEEPER" >/dev/null 2>&1 &'),
-                env={"KEEPER": KEEPER},
-                timeout=60,
-                background=True,
-            )
-        )
-        assert started.exit_code == 0, started
-        deadline = time.monotonic() + 30
-        while out(made, "test -S /tmp/keeper.sock && echo up || true") != "up":
-            assert time.monotonic() < deadline, "the keeper never listened"
-            time.sleep(0.1)
+        start_keeper(made)
         yield made
+
+
+def start_keeper(session: DockerSession, program: str = KEEPER) -> None:
+    """Start ``program`` (the keeper of a token) in the background and wait until it listens."""
+    started = session.execute(
+        ExecRequest(
+            argv=("sh", "-c", 'python3 -c "$KEEPER" >/dev/null 2>&1 &'),
+            env={"KEEPER": program},
+            timeout=60,
+            background=True,
+        )
+    )
+    assert started.exit_code == 0, started
+    deadline = time.monotonic() + 30
+    while out(session, "test -S /tmp/keeper.sock && echo up || true") != "up":
+        assert time.monotonic() < deadline, "the keeper never listened"
+        time.sleep(0.1)
 
 
 def _paused_says_the_engine(session: DockerSession) -> bool:
