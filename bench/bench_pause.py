@@ -11,7 +11,8 @@ touched memory:
   checkpoints): ``pause()`` and ``resume()`` with the same anchor; ``fork(processes=True)`` against
   starting a new session of the same backend; the host memory the session holds
   running and paused (the resident memory of every host process naming its container: gVisor's sandbox,
-  gofer and shim); the checkpoint's size on disk, with 200 MB held and for an idle session.
+  gofer and shim); the checkpoint's size on disk, with 200 MB held and for an idle session; 20 idle
+  sessions paused together (host memory, disk each, this process's growth) and each resumed.
 
 The issue's targets: resume and fork-with-processes p50 ≤ 300 ms; a paused session's host memory
 ≤ 1 MiB; an idle one's disk ≤ 4 MiB.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 
-from _timing import Row, Stats, parser, print_section
+from _timing import Row, Stats, parser, print_section, rss_kib
 
 from adk_sandbox.executor import ExecRequest
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
@@ -221,6 +222,48 @@ def measure_disk(rounds: int) -> list[Row]:
     ]
 
 
+def measure_fleet(count: int) -> list[Row]:
+    """``count`` idle sessions paused to disk together: what each costs the host, and that each resumes."""
+    with DockerBackend(runtime="runsc", checkpoints=True) as backend:
+        sessions = [backend.session() for _ in range(count)]
+        try:
+            for session in sessions:
+                session.start()
+            own_before = rss_kib()
+            for session in sessions:
+                session.pause()
+            host = sum(_host_rss_kib(session.container_id) for session in sessions)
+            disk = sum(_checkpoint_bytes(session) for session in sessions)
+            own_growth = rss_kib() - own_before
+            started = time.perf_counter()
+            resumed = sum(session.execute(TRUE).exit_code == 0 for session in sessions)
+            per_resume = _ms(started) / count
+        finally:
+            for session in sessions:
+                session.close()
+    return [
+        Row(
+            f"gVisor on disk: {count} idle sessions paused together",
+            f"host memory {host} KiB in all, checkpoints {disk / count / 2**20:.2f} MiB each, this "
+            f"process +{own_growth} KiB",
+            "",
+            "",
+            None,
+            "≤ 1 MiB host memory and ≤ 4 MiB disk each",
+            host <= 1024 * count and disk / count <= 4 * 2**20,
+        ),
+        Row(
+            f"gVisor on disk: each of the {count} resumed by a command",
+            f"{resumed}/{count}, {per_resume:.0f} ms each",
+            "",
+            "",
+            None,
+            "each resumable",
+            resumed == count,
+        ),
+    ]
+
+
 def _check_alive(session: DockerSession) -> None:
     result = session.execute(
         ExecRequest(argv=("sh", "-c", "pgrep -f 'os.urandom' >/dev/null && echo up"), timeout=30)
@@ -239,7 +282,7 @@ def main() -> None:
         rows += measure(None if runtime == "runc" else runtime, rounds)
     print_section("Pause and resume in place (issue 36)", rows, ["ratio: our p50 / the anchor's p50"])
     if not options.no_disk:
-        disk = measure_disk(5 if options.quick else 20)
+        disk = measure_disk(5 if options.quick else 20) + measure_fleet(5 if options.quick else 20)
         print_section(
             "Pause to disk and resume, gVisor (issue 36)", disk, ["ratio: our p50 / the anchor's p50"]
         )

@@ -30,12 +30,12 @@ ROWS: dict[str, str] = {
     "pty": "`session.open_pty()`: a shell on a terminal, resized, interrupted by Ctrl-C (the `pty` check)",
     "ports": "`session.publish(port)`: a host address reaching a server on the sandbox's loopback",
     "pause": "`session.pause(keep_memory=True)`: the processes stop in place and go on (the `pause` check)",
-    "processes in snapshots": "a snapshot holds running processes, not only files (not built yet)",
+    "processes in snapshots": "`session.fork(processes=True)`: a program started before runs on in the fork",
 }
 #: The cell of a row no backend has yet.
 NOT_YET = "not yet"
 #: Rows that no backend has yet: every column says :data:`NOT_YET`.
-FUTURE_ROWS = ("processes in snapshots",)
+FUTURE_ROWS: tuple[str, ...] = ()
 #: Set to ``1``: the suite writes each target's column into its table instead of comparing.
 WRITE_VARIABLE = "ADK_SANDBOX_WRITE_CAPABILITIES"
 #: How the table is made again: at the top of the page, and in the message of a difference.

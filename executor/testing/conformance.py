@@ -48,6 +48,7 @@ raise ``AssertionError`` with a message saying what differs.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import random
 import signal
@@ -928,6 +929,49 @@ class ConformanceSuite:
         conformance.record("fork")
 
     @_check(session=True, sh=True)
+    def test_processes_in_snapshots(self, conformance: _Context) -> None:
+        """``fork(processes=True)``: a program started before runs on in the fork, from its own memory.
+
+        A program kept by ``background=True`` holds a random token in its memory and writes it to a file
+        every 100 ms; in the fork the file is removed and comes back with the same token (the program runs
+        there, its memory copied); what the fork writes does not reach its parent. A backend whose
+        ``fork`` takes no ``processes``, or that refuses it, gives the table its reason.
+        """
+        row = "processes in snapshots"
+        fork = getattr(conformance.backend, "fork", None)
+        if fork is None or "processes" not in inspect.signature(fork).parameters:
+            conformance.record(row, "fork() carries the files only: no checkpoint of processes here")
+            return
+        name = f"/tmp/adk-processes-{_marker()}"
+        random_hex = "od -An -N8 -tx8 /dev/urandom | tr -dc 0-9a-f"
+        program = f"t=$({random_hex}); while :; do echo $t > {name}; sleep 0.1; done"
+        try:
+            started = conformance.sh(f"sh -c '{program}' >/dev/null 2>&1 & echo $!", background=True)
+        except (PolicyNotEnforceableError, InvalidRequestError) as exc:
+            conformance.record(row, str(exc))
+            return
+        _expect(started.exit_code == 0, f"the program did not start: {_shown(started)}")
+        try:
+            time.sleep(0.5)
+            token = conformance.sh(f"cat {name}").stdout.strip()
+            _expect(len(token) == 16, f"the program wrote no token: {token!r}")
+            try:
+                child = fork(processes=True)
+            except (PolicyNotEnforceableError, InvalidRequestError) as exc:
+                conformance.record(row, str(exc))
+                return
+            with child:
+                again = conformance.sh(
+                    f"rm -f {name}; sleep 0.5; cat {name}; touch {name}.child", backend=child
+                )
+                _expect(again.stdout.strip() == token, f"the fork's program did not run on: {_shown(again)}")
+            after = conformance.sh(f"test -e {name}.child && echo reached; true")
+            _expect("reached" not in after.stdout, "what the fork wrote reached its parent")
+        finally:
+            conformance.sh(f"kill {started.stdout.strip() or 0} 2>/dev/null; rm -f {name}*; true")
+        conformance.record(row)
+
+    @_check(session=True, sh=True)
     def test_pause(self, conformance: _Context) -> None:
         """``pause(keep_memory=True)`` stops the sandbox's processes where they are; a command resumes it.
 
@@ -1158,6 +1202,7 @@ _ROWS_OF_CHECK: dict[str, tuple[str, ...]] = {
     "background": ("background",),
     "warm_pool": ("pool",),
     "pause": ("pause",),
+    "processes_in_snapshots": ("processes in snapshots",),
 }
 
 
