@@ -7,23 +7,48 @@ with the daemon's experimental features on (``scripts/setup`` turns them on).
 
 A checkpoint lives in the container's own directory on the engine: it is removed with the container
 (so the reaper that removes a leaked container removes its checkpoints) and deleted once restored.
+
+The agent's side: :func:`keeper_opener` starts the session's agent as the keeper's child;
+:func:`checkpoint_agent` lets go of it, checkpoints, and (for a fork) serves it again;
+:func:`restore_agent` brings the container back and serves the same agent over a new stream.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 
 import docker
 
 from adk_sandbox.executor.backends.docker._daemon import engine_of
 from adk_sandbox.executor.backends.docker._exec import DaemonSocket, DockerAgentStream, DockerExecTransport
-from adk_sandbox.executor.errors import PolicyNotEnforceableError, SandboxFailedError
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.streams import AgentStream, ResidentOpener
+from adk_sandbox.executor.errors import (
+    ExecutorError,
+    InvalidRequestError,
+    PolicyNotEnforceableError,
+    SandboxFailedError,
+)
 
-__all__ = ["CHECKPOINT_SECONDS", "ContainerCheckpoints", "require_checkpoints"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CHECKPOINT_SECONDS",
+    "ContainerCheckpoints",
+    "adopt_agent",
+    "checkpoint_agent",
+    "keeper_agent",
+    "keeper_opener",
+    "require_checkpoints",
+    "restore_agent",
+    "start_from_copy",
+]
 
 #: How long a checkpoint or a restore may take before it is given up.
 CHECKPOINT_SECONDS = 120.0
@@ -154,3 +179,111 @@ def _message(body: object) -> str:
     if isinstance(body, dict) and body.get("message"):
         return str(body["message"])
     return repr(body)
+
+
+def _soon() -> float:
+    return time.monotonic() + 30.0
+
+
+def keeper_opener(
+    client: docker.DockerClient, container_id: str, user_of: Callable[[], str]
+) -> ResidentOpener:
+    """The keeper's stdin for the first agent of the session's own user (``user_of()``); None for others."""
+    claimed = False
+
+    def keeper_stream(user: str, until: float) -> AgentStream | None:
+        nonlocal claimed
+        if claimed or user != user_of():
+            return None
+        claimed = True
+        return ContainerCheckpoints(client, container_id).attach(until)
+
+    return keeper_stream
+
+
+def keeper_agent(transport: AgentTransport, done: str) -> str:
+    """The user of the keeper's agent, if a checkpoint would keep everything the session ran.
+
+    Refused (nothing ``done``) when the agent is no longer the keeper's, when another user's agent runs
+    (its processes are exec'd: lost), or when a program, terminal, port or connection is open.
+    """
+    user = transport.resident_user
+    if user is None:
+        raise PolicyNotEnforceableError(
+            "this session's agent is no longer the container keeper's (it was restarted), so a checkpoint "
+            f"would not keep the processes it started; nothing was {done}. pause(keep_memory=True) "
+            "freezes them in place"
+        )
+    others = [other for other in transport.users() if other != user]
+    if others:
+        raise PolicyNotEnforceableError(
+            f"commands ran as {', '.join(others)} beside the session's user {user}: their agents are not "
+            f"the keeper's, and a checkpoint would not keep what they started; nothing was {done}. "
+            "pause(keep_memory=True) freezes every process in place"
+        )
+    in_use = transport.in_use(user)
+    if in_use:
+        raise InvalidRequestError(
+            f"{in_use} spawned program(s), terminal(s), published port(s) or connection(s) of this session "
+            f"are open, and their streams cannot be held through a checkpoint; nothing was {done}. Close "
+            "them first"
+        )
+    return user
+
+
+def checkpoint_agent(
+    client: docker.DockerClient, container_id: str, transport: AgentTransport, *, stop: bool
+) -> tuple[str, object]:
+    """Checkpoint a keeper container (stopped, or running on); the checkpoint's name and the agent let go.
+
+    Its agent is let go first (its stream is no part of what is kept); a container that runs on after
+    (a fork's parent, or a refused checkpoint) gets it served again.
+    """
+    user = keeper_agent(transport, "paused" if stop else "forked")
+    checkpoints = ContainerCheckpoints(client, container_id)
+    detached = transport.detach(user)
+    try:
+        name = checkpoints.create(stop=stop)
+    except BaseException:
+        with contextlib.suppress(ExecutorError):  # it runs on as it was
+            transport.reattach(detached, checkpoints.attach(_soon()), _soon())
+        raise
+    if not stop:
+        transport.reattach(detached, checkpoints.attach(_soon()), _soon())
+    return name, detached
+
+
+def restore_agent(
+    client: docker.DockerClient, container_id: str, transport: AgentTransport, checkpoint: tuple[str, object]
+) -> int | None:
+    """Start a container from its ``checkpoint`` and serve its agent (the one let go) again.
+
+    The restored checkpoint is deleted. Returns the container's sandbox pid on the host.
+    """
+    name, detached = checkpoint
+    checkpoints = ContainerCheckpoints(client, container_id)
+    checkpoints.restore(name)
+    transport.reattach(detached, checkpoints.attach(_soon()), _soon())
+    try:
+        checkpoints.delete(name)
+    except ExecutorError as exc:  # it goes with the container
+        log.warning("a restored checkpoint was not deleted: %s", exc)
+    return checkpoints.pid()
+
+
+def start_from_copy(client: docker.DockerClient, source: str, name: str) -> Callable[[str], None]:
+    """Starts a created container from a copy of container ``source``'s checkpoint ``name`` (a fork)."""
+
+    def start(created: str) -> None:
+        ContainerCheckpoints(client, source).copy_to(name, created)
+        ContainerCheckpoints(client, created).restore(name)
+
+    return start
+
+
+def adopt_agent(
+    client: docker.DockerClient, container_id: str, transport: AgentTransport, detached: object
+) -> None:
+    """Serve, as this container keeper's agent, the copy of another session's agent restored in it."""
+    stream = ContainerCheckpoints(client, container_id).attach(_soon())
+    transport.reattach(detached, stream, _soon(), resident=True)

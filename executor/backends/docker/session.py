@@ -31,7 +31,14 @@ from adk_sandbox.executor._mountinfo import read_mountinfo
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor._users import is_numeric
 from adk_sandbox.executor.backend import OutputCallback
-from adk_sandbox.executor.backends.docker._checkpoint import ContainerCheckpoints
+from adk_sandbox.executor.backends.docker._checkpoint import (
+    ContainerCheckpoints,
+    adopt_agent,
+    checkpoint_agent,
+    keeper_opener,
+    restore_agent,
+    start_from_copy,
+)
 from adk_sandbox.executor.backends.docker._container import (
     ContainerProvider,
     OomCounter,
@@ -63,7 +70,6 @@ from adk_sandbox.executor.channel.egress import (
 )
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
-from adk_sandbox.executor.channel.streams import AgentStream
 from adk_sandbox.executor.channel.transport import (
     CommandOutcome,
     CommandTransport,
@@ -434,35 +440,26 @@ class DockerSession(SessionNetwork, ChannelSession):
         if container is None:
             return  # closed meanwhile: nothing is paused
         if self._on_disk:
-            self._restore(container.id)
+            self._restore(container)
             return
         try:
             self._client.api.unpause(container.id)
         except (docker.errors.DockerException, OSError) as exc:
             raise SandboxFailedError(f"the session's container could not be resumed: {exc}") from exc
 
-    # -- checkpoints (docs/pause.md) ------------------------------------------------------------------
+    # -- checkpoints (docs/pause.md; the engine's and the agent's part: _checkpoint.py) ----------------
     def _serve_keeper(self, transport: AgentTransport, container_id: str) -> None:
         """Start the session's agent as the keeper's child, or adopt the one restored with a fork."""
         adopted, self._adopting = self._adopting, None
         if adopted is None:
-            transport.use_keeper(self._keeper_opener(container_id))
+            transport.use_keeper(keeper_opener(self._client, container_id, lambda: self._user))
         else:  # restored from another session's checkpoint: a copy of its agent serves this one
-            stream = ContainerCheckpoints(self._client, container_id).attach(self._deadline())
-            transport.reattach(adopted, stream, self._deadline(), resident=True)
+            adopt_agent(self._client, container_id, transport, adopted)
 
-    def _keeper_opener(self, container_id: str) -> Callable[[str, float], AgentStream | None]:
-        """The keeper's stdin for the first agent of the session's own user; None for any other."""
-        claimed = False
-
-        def keeper_stream(user: str, until: float) -> AgentStream | None:
-            nonlocal claimed
-            if claimed or user != self._user:
-                return None
-            claimed = True
-            return ContainerCheckpoints(self._client, container_id).attach(until)
-
-        return keeper_stream
+    def _keeper_transport(self) -> AgentTransport:
+        transport = self._transport
+        assert isinstance(transport, AgentTransport)  # noqa: S101 - checkpoints need the agent channel
+        return transport
 
     def _checkpoint(self, wait_seconds: float) -> None:
         """The engine's checkpoint of a keeper container: the agent let go, the container stopped."""
@@ -470,49 +467,18 @@ class DockerSession(SessionNetwork, ChannelSession):
             super()._checkpoint(wait_seconds)
         with self._quiesced(wait_seconds, "the session is paused"):
             container = self._opened()
-            transport, user = self._keeper_agent("paused")
-            checkpoints = ContainerCheckpoints(self._client, container.id)
-            detached = transport.detach(user)
-            try:
-                name = checkpoints.create()
-            except BaseException:
-                with contextlib.suppress(ExecutorError):  # it runs on: serve its agent again
-                    transport.reattach(detached, checkpoints.attach(self._deadline()), self._deadline())
-                raise
-            self._checkpoint_of = (name, detached)
+            transport = self._keeper_transport()
+            self._checkpoint_of = checkpoint_agent(self._client, container.id, transport, stop=True)
             self._on_disk = True
             self._paused = True
 
-    def _keeper_agent(self, done: str) -> tuple[AgentTransport, str]:
-        """The transport and the user of the keeper's agent, if a checkpoint would keep everything it ran.
-
-        Refused (nothing ``done``) when the agent is no longer the keeper's, when another user's agent
-        runs (its processes are exec'd: lost), or when a program, terminal, port or connection is open.
-        """
-        transport = self._transport
-        assert isinstance(transport, AgentTransport)  # noqa: S101 - checkpoints need the agent channel
-        user = transport.resident_user
-        if user is None:
-            raise PolicyNotEnforceableError(
-                "this session's agent is no longer the container keeper's (it was restarted), so a "
-                f"checkpoint would not keep the processes it started; nothing was {done}. "
-                "pause(keep_memory=True) freezes them in place"
-            )
-        others = [other for other in transport.users() if other != user]
-        if others:
-            raise PolicyNotEnforceableError(
-                f"commands ran as {', '.join(others)} beside the session's user {user}: their agents are "
-                f"not the keeper's, and a checkpoint would not keep what they started; nothing was {done}. "
-                "pause(keep_memory=True) freezes every process in place"
-            )
-        in_use = transport.in_use(user)
-        if in_use:
-            raise InvalidRequestError(
-                f"{in_use} spawned program(s), terminal(s), published port(s) or connection(s) of this "
-                "session are open, and their streams cannot be held through a checkpoint; nothing was "
-                f"{done}. Close them first"
-            )
-        return transport, user
+    def _restore(self, container: OpenedContainer) -> None:
+        """Start the container from its checkpoint and serve the same agent over a new stream."""
+        checkpoint = self._checkpoint_of
+        assert checkpoint is not None  # noqa: S101 - set with _on_disk
+        transport = self._keeper_transport()
+        self._sandbox_pid = restore_agent(self._client, container.id, transport, checkpoint)
+        self._checkpoint_of = None
 
     def _fork_with_processes(self, wait_seconds: float | None) -> DockerSession:
         """A new session restored from a checkpoint of this one, which runs on (docs/pause.md)."""
@@ -530,50 +496,23 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._wake()
         with self._quiesced(30.0 if wait_seconds is None else wait_seconds, "a fork is taken"):
             container = self._opened()
-            transport, user = self._keeper_agent("forked")
-            checkpoints = ContainerCheckpoints(self._client, container.id)
-            detached = transport.detach(user)
-            try:
-                name = checkpoints.create(stop=False)
-            finally:
-                transport.reattach(detached, checkpoints.attach(self._deadline()), self._deadline())
+            transport = self._keeper_transport()
+            name, detached = checkpoint_agent(self._client, container.id, transport, stop=False)
         try:
-            child = DockerSession(self._client, self._config)
+            child = adopt(DockerSession(self._client, self._config))
             child._adopting = detached
-
-            def restore(created: str) -> None:
-                checkpoints.copy_to(name, created)
-                ContainerCheckpoints(self._client, created).restore(name)
-
-            child._provider.starts_from = restore
-            adopt(child)
-            child.start()
+            child._provider.starts_from = start_from_copy(self._client, container.id, name)
+            try:
+                child.start()
+            except BaseException:
+                child.close()
+                raise
         finally:
             try:
-                checkpoints.delete(name)
+                ContainerCheckpoints(self._client, container.id).delete(name)
             except ExecutorError as exc:  # it goes with the container
                 log.warning("a fork's checkpoint was not deleted: %s", exc)
         return child
-
-    def _restore(self, container_id: str) -> None:
-        """Start the container from its checkpoint and serve the same agent over a new stream."""
-        assert self._checkpoint_of is not None  # noqa: S101 - set with _on_disk
-        name, detached = self._checkpoint_of
-        transport = self._transport
-        assert isinstance(transport, AgentTransport)  # noqa: S101 - checkpoints need the agent channel
-        checkpoints = ContainerCheckpoints(self._client, container_id)
-        checkpoints.restore(name)
-        transport.reattach(detached, checkpoints.attach(self._deadline()), self._deadline())
-        self._checkpoint_of = None
-        self._sandbox_pid = checkpoints.pid()
-        try:
-            checkpoints.delete(name)
-        except ExecutorError as exc:  # it goes with the container
-            log.warning("a restored checkpoint was not deleted: %s", exc)
-
-    @staticmethod
-    def _deadline() -> float:
-        return time.monotonic() + 30.0
 
     def running_sandbox(self) -> tuple[str, int] | None:
         """The running container's id and its sandbox's pid on this host; None when there is none."""
