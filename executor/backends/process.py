@@ -391,10 +391,11 @@ class ProcessBackend(SandboxBackend):
         self._check_enforceable(request)
         if request.cwd is not None:
             self._check_cwd(request.cwd, toolchain)
-        setsid = shutil.which("setsid")
+        setsid, env_program = shutil.which("setsid"), shutil.which("env")
         needed: tuple[tuple[str, str | None], ...] = (
             (program[0], toolchain.program if toolchain else None),
             ("setsid", setsid),
+            ("env", env_program),
         )
         for name, path in needed:
             if path is None:
@@ -406,7 +407,7 @@ class ProcessBackend(SandboxBackend):
                     f"{path} is not visible in the {self._enforcer.name} sandbox (allow its directory in the "
                     "policy); nothing was started"
                 )
-        assert toolchain is not None and setsid is not None  # noqa: S101 - checked just above
+        assert toolchain is not None and setsid is not None and env_program is not None  # noqa: S101 - checked just above
         with self._terminals_lock:
             if len(self._terminals) >= MAX_PTYS:
                 raise InvalidRequestError(
@@ -421,8 +422,18 @@ class ProcessBackend(SandboxBackend):
                 workdir = request.cwd or self._workdir or scratch
                 # `setsid -c` (in the sandbox, under an enforcer) makes the terminal the program's
                 # controlling one; `-w` keeps its status when it must fork (bwrap made it a session leader).
+                # `env --default-signal`: Ctrl-C and Ctrl-\ work even when this process was started with
+                # them ignored (nohup, a shell's background job), which a shell would otherwise keep.
                 line = _command_line(
-                    [setsid, "-w", "-c", toolchain.program, *program[1:]],
+                    [
+                        env_program,
+                        "--default-signal=INT,QUIT",
+                        setsid,
+                        "-w",
+                        "-c",
+                        toolchain.program,
+                        *program[1:],
+                    ],
                     enforcer=self._enforcer,
                     policy=self._policy,
                     workdir=workdir,

@@ -57,6 +57,8 @@ def _run(tmp_path: Path, ending: str) -> tuple[subprocess.CompletedProcess[str],
     child = subprocess.run(
         [sys.executable, "-c", _PRELUDE + textwrap.dedent(ending), str(root)],
         check=False, capture_output=True, text=True, timeout=60,
+        # As from a terminal: a test run started with SIGINT ignored (a shell's background job) hands it down.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     owned_id, detached_id = child.stdout.split()[:2]
     return child, set(os.listdir(root)), owned_id, detached_id
