@@ -73,7 +73,13 @@ from adk_sandbox.executor.errors import (
 )
 from adk_sandbox.executor.types import Stream
 
-__all__ = ["AGENT_GRACE_SECONDS", "AgentStreamOpener", "AgentTransport", "FileOpCancelledError"]
+__all__ = [
+    "AGENT_GRACE_SECONDS",
+    "AgentStreamOpener",
+    "AgentTransport",
+    "DetachedAgent",
+    "FileOpCancelledError",
+]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +108,23 @@ class _Channel:
 
 
 _ENDED = "the in-sandbox agent ended (killed in the container, or the container or the Docker engine stopped)"
+
+
+@dataclass(frozen=True)
+class DetachedAgent:
+    """An agent let go of (:meth:`AgentTransport.detach`), to be served again over a new stream.
+
+    Plain data, so a snapshot with processes can keep it beside the checkpoint holding the agent itself.
+    """
+
+    user: str
+    """Whose agent it is (``"uid:gid"``)."""
+    hello: dict[str, Any]
+    """What it said when it started (no HELLO comes again)."""
+    numbering: tuple[int, int, int]
+    """Where its channel numbers were (see :meth:`_Agent.numbering`): they go on, never reused."""
+    resident: bool
+    """It is the container keeper's child."""
 
 
 class _Agent:
@@ -255,10 +278,15 @@ class _Agent:
         with self._lock:
             return len(self._channels) + self.connections.open_connections
 
-    def continue_from(self, earlier: _Agent) -> None:
-        """Number channels on from where ``earlier`` (the same agent, over an earlier stream) left off."""
-        self._next_channel = earlier._next_channel
-        self.connections.continue_from(earlier.connections)
+    def numbering(self) -> tuple[int, int, int]:
+        """Where its channel numbers are: the next channel, the highest connection, the next dial."""
+        with self._lock:
+            return (self._next_channel, *self.connections.numbering())
+
+    def continue_from(self, numbering: tuple[int, int, int]) -> None:
+        """Number channels on from ``numbering`` (the same agent's, over an earlier stream)."""
+        self._next_channel = numbering[0]
+        self.connections.continue_from(numbering[1:])
 
     def open_channel(self) -> tuple[int, _Channel]:
         with self._lock:
@@ -614,7 +642,7 @@ class AgentTransport:
             agent = self._agents.get(user)
         return 0 if agent is None else agent.open_channels()
 
-    def detach(self, user: str) -> object:
+    def detach(self, user: str) -> DetachedAgent:
         """Let go of ``user``'s agent without ending it (a keeper's child, before a checkpoint).
 
         Its stream is closed on this side only: the keeper's stdin stays open, so the agent waits for the
@@ -624,21 +652,20 @@ class AgentTransport:
             agent = self._agents.pop(user)
             if self._last is agent:
                 self._last = None
+            resident = self._resident_agent is agent
         agent.close("detached for a checkpoint")
-        return agent
+        return DetachedAgent(agent.user, dict(agent.hello or {}), agent.numbering(), resident)
 
     def reattach(
-        self, detached: object, stream: AgentStream, until: float, *, resident: bool = False
+        self, detached: DetachedAgent, stream: AgentStream, until: float, *, resident: bool = False
     ) -> None:
         """Serve a detached agent over a new stream (the same agent, after a restore): it must answer a PING.
 
         Channel numbers go on from where they were: the agent never sees one used twice. ``resident``: it is
         this container keeper's agent (a copy restored from another container's checkpoint).
         """
-        if not isinstance(detached, _Agent):
-            raise TypeError("reattach takes what detach returned")
         agent = _Agent(stream, detached.user, detached.hello)
-        agent.continue_from(detached)
+        agent.continue_from(detached.numbering)
         if not agent.ping(max(until - time.monotonic(), 0.1)):
             why = agent.broken or "no answer"
             agent.close()
@@ -646,7 +673,7 @@ class AgentTransport:
         with self._lock:
             self._agents[agent.user] = agent
             self._last = agent
-            if resident or self._resident_agent is detached:
+            if resident or detached.resident:
                 self._resident_agent = agent
 
     def _start_launch(

@@ -228,10 +228,15 @@ class Connections:
         with self._lock:
             self._handlers.pop(channel, None)
 
-    def continue_from(self, earlier: Connections) -> None:
-        """Go on numbering where ``earlier`` (the same agent's, over an earlier stream) left off."""
+    def numbering(self) -> tuple[int, int]:
+        """The highest connection opened and the next dial's channel (see :meth:`continue_from`)."""
         with self._lock:
-            self._highest, self._next_dial = earlier._highest, earlier._next_dial
+            return self._highest, self._next_dial
+
+    def continue_from(self, numbering: tuple[int, ...]) -> None:
+        """Go on numbering from ``numbering`` (the same agent's, over an earlier stream)."""
+        with self._lock:
+            self._highest, self._next_dial = numbering[0], numbering[1]
 
     @property
     def open_connections(self) -> int:

@@ -4,7 +4,8 @@ A snapshot is a session's files at one moment, kept on disk so that sessions can
 (``backend.session(snapshot=snap)``, ``session.fork()``; docs/snapshots.md). It carries the workspace (a
 directory on the host, a safe copy), each tmpfs directory of the sandbox (``/tmp``, HOME, extra tmpfs) as an
 archive that is never unpacked on the host, and under the task profile the writable root layer (an engine
-image). Processes and memory are not carried: :attr:`Snapshot.carries` says ``("files",)``.
+image). ``session.snapshot(processes=True)`` keeps the sandbox's checkpoint instead, every process with its
+memory (:class:`KeptProcesses`, docs/pause.md); :attr:`Snapshot.carries` says which.
 
 Its owner and expiry are told with the labels of :mod:`adk_sandbox.executor._owner`, so the rule that
 decides a container is leaked (:func:`~adk_sandbox.executor._owner.leak_reason`) decides a snapshot is too.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -28,6 +29,7 @@ __all__ = [
     "SNAPSHOT_ID",
     "SNAPSHOT_LABEL",
     "CopyMethod",
+    "KeptProcesses",
     "Snapshot",
     "SnapshotOptions",
 ]
@@ -83,6 +85,26 @@ class SnapshotOptions(BaseModel):
         return labels
 
 
+class KeptProcesses(BaseModel):
+    """What a snapshot with processes keeps beside the sandbox's checkpoint (``checkpoint/``).
+
+    The checkpoint holds every process, the in-sandbox agent among them; this is what the host needs to
+    serve that agent again in a session restored from it (its user, HELLO, and where its channel numbers
+    were: they go on, never reused).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    checkpoint: Annotated[str, Field(pattern=r"^adk-[0-9a-f]{16}$")]
+    """The engine's name of the checkpoint (sessions from the snapshot restore a copy under it)."""
+    user: Annotated[str, Field(pattern=r"^[0-9]{1,10}:[0-9]{1,10}$")]
+    """The agent's user (``"uid:gid"``): the keeper's child."""
+    hello: dict[str, Any]
+    """What the agent said when it started."""
+    numbering: tuple[int, int, int]
+    """The agent's next channel, highest connection and next dial when the checkpoint was taken."""
+
+
 class Snapshot(BaseModel):
     """A session's files at one moment, on disk (see the module docstring); immutable.
 
@@ -129,7 +151,10 @@ class Snapshot(BaseModel):
     skipped: tuple[str, ...] = ()
     """What was left out of it, and why (links leading out, special files, unreadable tmpfs files)."""
     carries: tuple[Literal["files", "processes", "memory"], ...] = ("files",)
-    """What it restores: files only for now (no processes, no memory; docs/snapshots.md says why)."""
+    """What it restores: ``("files",)``, or with :attr:`processes` every process and its memory too."""
+    processes: KeptProcesses | None = None
+    """Set for a snapshot with processes: its files and processes are the checkpoint in ``checkpoint/``
+    (the sandbox's memory, tmpfs and root writes under gVisor), and no workspace is kept."""
     path: str = ""
     """Its directory on disk (set when it is read from its store)."""
 
@@ -137,6 +162,11 @@ class Snapshot(BaseModel):
     def workspace_dir(self) -> str:
         """The host directory holding the workspace copy (exists only when :attr:`workspace` is set)."""
         return os.path.join(self.path, "workspace")
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """The host directory holding the sandbox's checkpoint (exists only when :attr:`processes` is set)."""
+        return os.path.join(self.path, "checkpoint")
 
     def archive(self, index: int) -> str:
         """The archive of the tmpfs directory ``tmpfs[index]`` (``tmpfs_format == "tar"``)."""

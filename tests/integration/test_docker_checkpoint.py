@@ -284,15 +284,81 @@ def test_without_checkpoints_a_pause_to_disk_is_refused_not_weakened() -> None:
         assert not session.paused and _state(session)["Running"]
         with pytest.raises(PolicyNotEnforceableError, match="checkpoints=True"):
             session.fork(processes=True)
+        with pytest.raises(PolicyNotEnforceableError, match="checkpoints=True"):
+            session.snapshot(processes=True)
+        assert plain.list_snapshots() == []
 
 
-def test_a_fork_with_processes_of_a_session_with_a_workspace_is_refused(
-    backend: DockerBackend, tmp_path: Path
-) -> None:
+def test_processes_of_a_session_with_a_workspace_are_refused(backend: DockerBackend, tmp_path: Path) -> None:
     with backend.session(tmp_path) as session:
         with pytest.raises(PolicyNotEnforceableError, match="workspace"):
             session.fork(processes=True)
+        with pytest.raises(PolicyNotEnforceableError, match="workspace"):
+            session.snapshot(processes=True)
         assert out(session, "echo still") == "still"
+        assert backend.list_snapshots() == []
+
+
+def test_a_snapshot_keeps_every_process_for_each_session_started_from_it(backend: DockerBackend) -> None:
+    """``snapshot(processes=True)``: sessions from it go on where each program was, apart from each other.
+
+    The source is closed before they start: the snapshot is all they need. It lives in the host's store,
+    outside every mount the sandbox had, so nothing in the sandbox could rewrite it before a restore.
+    """
+    with backend.session() as source:
+        start_keeper(source)
+        kept = token(source)
+        out(source, "echo before > /tmp/mark")
+        snap = source.snapshot(processes=True)
+        assert snap.carries == ("files", "processes", "memory") and snap.processes is not None
+        assert 0 < snap.size_bytes <= MEMORY_MB * 1024 * 1024
+        out(source, "echo after > /tmp/mark")  # the source ran on: not in the snapshot
+        assert token(source) == kept
+        mounts = [m["Source"] for m in _client().api.inspect_container(source.container_id)["Mounts"]]
+        assert not any(snap.path.startswith(source_dir.rstrip("/") + "/") for source_dir in mounts)
+        assert os.stat(snap.path).st_mode & 0o077 == 0
+        assert not os.path.realpath(snap.path).startswith("/dev/shm")  # on disk, not host memory
+    try:
+        first, second = backend.session(snapshot=snap), backend.session(snapshot=snap)
+        try:
+            assert first.container_id != second.container_id
+            assert token(first) == kept == token(second)  # the program and its memory, in each
+            assert out(first, "cat /tmp/mark") == out(second, "cat /tmp/mark") == "before"
+            out(first, "echo first > /tmp/mark")
+            assert out(second, "cat /tmp/mark") == "before"  # apart
+            ticks = int(out(second, "cat /tmp/ticks"))
+            time.sleep(0.5)
+            assert int(out(second, "cat /tmp/ticks")) > ticks  # each one's counter runs
+            first.pause()  # and each is a keeper session like any other
+            first.resume()
+            assert token(first) == kept
+        finally:
+            first.close()
+            second.close()
+    finally:
+        backend.remove_snapshot(snap)
+    assert not os.path.exists(snap.path)
+
+
+def test_a_snapshot_over_its_cap_or_of_another_image_is_refused(
+    backend: DockerBackend, session: DockerSession
+) -> None:
+    out(session, "head -c 3000000 /dev/urandom > /tmp/blob")  # in the sandbox's memory: in a checkpoint
+    try:
+        with pytest.raises(PolicyNotEnforceableError, match="cap of 1 MiB"):
+            session.snapshot(processes=True, max_mb=1)
+    finally:
+        out(session, "rm /tmp/blob")
+    assert backend.list_snapshots() == []
+    assert not [name for name in os.listdir(backend.snapshots.root) if name.startswith(".partial")]
+    assert len(token(session)) == 32  # it ran on
+    snap = session.snapshot(processes=True)
+    try:
+        moved = snap.model_copy(update={"image_id": "sha256:" + "0" * 64})
+        with pytest.raises(InvalidRequestError, match="only with the files"):
+            backend.session(snapshot=moved)
+    finally:
+        backend.remove_snapshot(snap)
 
 
 LEAK = """

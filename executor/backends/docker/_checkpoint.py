@@ -27,7 +27,7 @@ import docker
 
 from adk_sandbox.executor.backends.docker._daemon import engine_of
 from adk_sandbox.executor.backends.docker._exec import DaemonSocket, DockerAgentStream, DockerExecTransport
-from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.agent_transport import AgentTransport, DetachedAgent
 from adk_sandbox.executor.channel.streams import AgentStream, ResidentOpener
 from adk_sandbox.executor.errors import (
     ExecutorError,
@@ -114,10 +114,11 @@ class ContainerCheckpoints:
         their digest, and fails ("content ... already exists") when the same bytes were stored before:
         CRIU's images of a fresh container are the same from one run to the next.
         """
-        with contextlib.suppress(OSError, SandboxFailedError):
-            path = os.path.join(self._root(), "containers", self._id, "checkpoints", name, NONCE_FILE)
-            with open(path, "wb") as nonce:
-                nonce.write(secrets.token_bytes(16))
+        with (
+            contextlib.suppress(OSError, SandboxFailedError),
+            open(os.path.join(self._dir(name), NONCE_FILE), "wb") as nonce,
+        ):
+            nonce.write(secrets.token_bytes(16))
 
     def restore(self, name: str) -> None:
         """Start the container from checkpoint ``name``."""
@@ -139,16 +140,19 @@ class ContainerCheckpoints:
         The engine restores a container only from its own directory (Docker 20.10 refuses another), so
         this reads and writes the engine's directory: a local engine, and a process that may (root).
         """
-        root = self._root()
-        source = os.path.join(root, "containers", self._id, "checkpoints", name)
-        target = os.path.join(root, "containers", other, "checkpoints", name)
-        try:
-            shutil.copytree(source, target, symlinks=True)
-        except OSError as exc:
-            raise PolicyNotEnforceableError(
-                f"a fork with processes copies the checkpoint in the engine's own directory ({root}), which "
-                f"this process cannot ({exc}); it needs a local engine and root (docs/pause.md)"
-            ) from exc
+        _copy_checkpoint(self._dir(name), self._dir(name, other))
+
+    def copy_out(self, name: str, target: str) -> None:
+        """Copy checkpoint ``name`` to the host directory ``target`` (made; a snapshot's ``checkpoint/``)."""
+        _copy_checkpoint(self._dir(name), target)
+
+    def copy_in(self, source: str, name: str) -> None:
+        """Make ``source`` (a snapshot's ``checkpoint/``) this container's checkpoint ``name``; unique."""
+        _copy_checkpoint(source, self._dir(name))
+        self._make_unique(name)
+
+    def _dir(self, name: str, container_id: str | None = None) -> str:
+        return os.path.join(self._root(), "containers", container_id or self._id, "checkpoints", name)
 
     def pid(self) -> int | None:
         """The host pid of the container's first process (its sandbox under gVisor), None if stopped."""
@@ -173,6 +177,17 @@ class ContainerCheckpoints:
             raise SandboxFailedError(
                 f"the engine could not delete checkpoint {name} ({status}): {_message(body)}"
             )
+
+
+def _copy_checkpoint(source: str, target: str) -> None:
+    """Copy a checkpoint's directory, in or out of the engine's (which only root may read and write)."""
+    try:
+        shutil.copytree(source, target, symlinks=True)
+    except OSError as exc:
+        raise PolicyNotEnforceableError(
+            f"a fork or snapshot with processes copies a checkpoint in or out of the engine's own directory "
+            f"({exc}); it needs a local engine and a process that may write there: root (docs/pause.md)"
+        ) from exc
 
 
 def _message(body: object) -> str:
@@ -233,7 +248,7 @@ def keeper_agent(transport: AgentTransport, done: str) -> str:
 
 def checkpoint_agent(
     client: docker.DockerClient, container_id: str, transport: AgentTransport, *, stop: bool
-) -> tuple[str, object]:
+) -> tuple[str, DetachedAgent]:
     """Checkpoint a keeper container (stopped, or running on); the checkpoint's name and the agent let go.
 
     Its agent is let go first (its stream is no part of what is kept); a container that runs on after
@@ -254,7 +269,10 @@ def checkpoint_agent(
 
 
 def restore_agent(
-    client: docker.DockerClient, container_id: str, transport: AgentTransport, checkpoint: tuple[str, object]
+    client: docker.DockerClient,
+    container_id: str,
+    transport: AgentTransport,
+    checkpoint: tuple[str, DetachedAgent],
 ) -> int | None:
     """Start a container from its ``checkpoint`` and serve its agent (the one let go) again.
 
@@ -282,7 +300,7 @@ def start_from_copy(client: docker.DockerClient, source: str, name: str) -> Call
 
 
 def adopt_agent(
-    client: docker.DockerClient, container_id: str, transport: AgentTransport, detached: object
+    client: docker.DockerClient, container_id: str, transport: AgentTransport, detached: DetachedAgent
 ) -> None:
     """Serve, as this container keeper's agent, the copy of another session's agent restored in it."""
     stream = ContainerCheckpoints(client, container_id).attach(_soon())

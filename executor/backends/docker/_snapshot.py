@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IMAGE_REPOSITORY",
+    "owner_of_now",
     "reap_snapshots",
     "remove_snapshot_image",
     "restore_tmpfs",
@@ -122,7 +123,7 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
             used, skipped, method = _take_files(session, partial, paths, host, budget=(cap, setting))
             if used > cap:
                 raise _over_cap(used, options.max_mb, "its workspace and tmpfs directories")
-            owner = {} if options.detached else _owner_of_now()
+            owner = {} if options.detached else owner_of_now()
             expires = int(created) + options.ttl_seconds
             record = Snapshot(
                 id=snapshot_id,
@@ -307,7 +308,8 @@ def _copy_host_workspace(
     return report
 
 
-def _owner_of_now() -> dict[str, str]:
+def owner_of_now() -> dict[str, str]:
+    """The owner labels a snapshot taken now by this process carries."""
     labels = _owner.owner_labels("snapshot", 0)
     keys = (_owner.OWNER_PID, _owner.OWNER_START, _owner.OWNER_BOOT, _owner.OWNER_HOST, _owner.OWNER_PIDNS)
     return {key: labels[key] for key in keys}

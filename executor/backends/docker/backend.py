@@ -447,6 +447,8 @@ class DockerBackend(SessionBackend[DockerSession]):
 
         snapshot = given if isinstance(given, Snapshot) else self.snapshots.get(given)
         self._check_snapshot(snapshot)
+        if snapshot.processes is not None:
+            return self._session_with_processes(snapshot)
         pool = self.pool
         if pool is not None and pool.serves_snapshot(snapshot):
             return self._track(pool.acquire(snapshot=snapshot))
@@ -480,6 +482,25 @@ class DockerBackend(SessionBackend[DockerSession]):
             session.fork_method = "copy"
         except BaseException:
             session.close()  # removes the container and the host copy
+            raise
+        session.origin = snapshot
+        return session
+
+    def _session_with_processes(self, snapshot: Snapshot) -> DockerSession:
+        """A session restored from a snapshot's checkpoint: every process where it was (docs/pause.md)."""
+        from adk_sandbox.executor.backends.docker._process_snapshot import start_from_kept  # noqa: PLC0415
+
+        if not self.config.checkpoints or snapshot.runtime != self.config.runtime:
+            raise PolicyNotEnforceableError(
+                f"snapshot {snapshot.id} keeps processes: a session starts from it only on a backend made "
+                f"with checkpoints=True and runtime={snapshot.runtime!r}, like the one it was taken on"
+            )
+        session = self._open_session(self._session_config(None))
+        start_from_kept(session, snapshot)
+        try:
+            session.start()
+        except BaseException:
+            session.close()
             raise
         session.origin = snapshot
         return session

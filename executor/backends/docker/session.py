@@ -60,7 +60,7 @@ from adk_sandbox.executor.backends.docker._spec import (
     tmpfs_sizes,
 )
 from adk_sandbox.executor.backends.docker.images import ExpectedImage, ImageMismatchWarning, image_mismatch
-from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.agent_transport import AgentTransport, DetachedAgent
 from adk_sandbox.executor.channel.egress import (
     NETWORK_OFF_RULE,
     EgressMode,
@@ -282,13 +282,13 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._running = 0
         self._holding = False
         #: The checkpoint the session is paused to and its agent, let go (``pause()`` on disk).
-        self._checkpoint_of: tuple[str, object] | None = None
+        self._checkpoint_of: tuple[str, DetachedAgent] | None = None
         #: The host pid of the container's first process (gVisor: its sandbox), while it runs.
         self._sandbox_pid: int | None = None
         #: Pauses the session to disk once idle (``idle_pause_seconds``), from its first start.
         self._idle: IdlePauser | None = None
         #: A fork with processes: the parent's agent, let go, of which this session's is the copy.
-        self._adopting: object | None = None
+        self._adopting: DetachedAgent | None = None
         #: Tracks a session this one forked (set by the backend that opened this one).
         self._adopt: Callable[[DockerSession], DockerSession] | None = None
         #: Called once when the first command ends or the session closes (the warm pool's deferred refill).
@@ -483,15 +483,11 @@ class DockerSession(SessionNetwork, ChannelSession):
     def _fork_with_processes(self, wait_seconds: float | None) -> DockerSession:
         """A new session restored from a checkpoint of this one, which runs on (docs/pause.md)."""
         adopt = self._adopt
-        if not self._config.spec.checkpoints or adopt is None:
+        self._refuse_processes("fork(processes=True)", "fork()")
+        if adopt is None:
             raise PolicyNotEnforceableError(
-                "fork(processes=True) needs a session of a DockerBackend made with checkpoints=True "
-                "(gVisor); fork() carries the files only"
-            )
-        if self._config.spec.workspace is not None:
-            raise PolicyNotEnforceableError(
-                "fork(processes=True) of a session with a workspace is not built yet (its bind mount "
-                "would be shared); fork() carries the files, or start the session without a workspace"
+                "fork(processes=True) needs a session opened by a DockerBackend; fork() carries the files "
+                "only"
             )
         self._wake()
         with self._quiesced(30.0 if wait_seconds is None else wait_seconds, "a fork is taken"):
@@ -513,6 +509,19 @@ class DockerSession(SessionNetwork, ChannelSession):
             except ExecutorError as exc:  # it goes with the container
                 log.warning("a fork's checkpoint was not deleted: %s", exc)
         return child
+
+    def _refuse_processes(self, asked: str, instead: str) -> None:
+        """Refuse what would carry this session's processes when its backend cannot (nothing is done)."""
+        if not self._config.spec.checkpoints:
+            raise PolicyNotEnforceableError(
+                f"{asked} needs a session of a DockerBackend made with checkpoints=True (gVisor); "
+                f"{instead} carries the files only"
+            )
+        if self._config.spec.workspace is not None:
+            raise PolicyNotEnforceableError(
+                f"{asked} of a session with a workspace is not built yet (its bind mount would be shared); "
+                f"{instead} carries the files, or start the session without a workspace"
+            )
 
     def running_sandbox(self) -> tuple[str, int] | None:
         """The running container's id and its sandbox's pid on this host; None when there is none."""
@@ -985,6 +994,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         max_mb: int | None = None,
         wait_seconds: float | None = None,
         store: SnapshotStore | None = None,
+        processes: bool = False,
     ) -> Snapshot:
         """The session's files now, on disk: a :class:`~adk_sandbox.executor.snapshots.Snapshot`.
 
@@ -994,6 +1004,10 @@ class DockerSession(SessionNetwork, ChannelSession):
         (removed by a reaper once the process is gone) unless ``detached``; expires after ``ttl_seconds``.
         Over ``max_mb`` it is refused (:class:`PolicyNotEnforceableError`) and nothing of it is kept.
         Starts the session. ``store`` defaults to the backend's (``backend.snapshots``).
+
+        ``processes=True`` keeps every process too, with its memory: the sandbox's checkpoint, on disk
+        (docs/pause.md); a session started from it goes on where each program was. A session of a backend
+        made with ``checkpoints=True``, without a workspace.
         """
         from adk_sandbox.executor.backends.docker._snapshot import take_snapshot  # noqa: PLC0415 - see TYPE_CHECKING
         from adk_sandbox.executor.snapshots.model import options_from  # noqa: PLC0415
@@ -1006,9 +1020,15 @@ class DockerSession(SessionNetwork, ChannelSession):
         if self._closed:
             raise SandboxFailedError("this Docker session is closed")
         self._wake()
+        store = store or self.snapshot_store or SnapshotStore()
+        if processes:
+            from adk_sandbox.executor.backends.docker._process_snapshot import take_with_processes  # noqa: PLC0415
+
+            self._refuse_processes("snapshot(processes=True)", "snapshot()")
+            return take_with_processes(self, options, store)
         if self._before_snapshot is not None:
             self._before_snapshot(self)  # a spare's start overlaps the copy
-        return take_snapshot(self, options, store or self.snapshot_store or SnapshotStore())
+        return take_snapshot(self, options, store)
 
     def fork(
         self,

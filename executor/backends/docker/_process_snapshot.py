@@ -1,0 +1,133 @@
+"""Snapshots with processes: a keeper container's checkpoint kept in the snapshot store (docs/pause.md).
+
+``session.snapshot(processes=True)`` checkpoints the running session (it runs on), copies the checkpoint out
+of the engine's directory into the snapshot's ``checkpoint/``, and deletes the engine's. With it goes what the
+host needs to serve the same agent again (:class:`~adk_sandbox.executor.snapshots.model.KeptProcesses`).
+Under gVisor the checkpoint is the whole sandbox: every process and its memory, the tmpfs directories and
+the root filesystem's writes (they live in the sandbox's memory), so nothing else is copied.
+
+``backend.session(snapshot=...)`` of such a snapshot creates a container like any session of the backend,
+checks it runs the image the snapshot was taken of, copies the checkpoint into its own directory and
+restores it there: every process goes on where it was, in a sandbox of its own. Many sessions may start
+from one snapshot; each restores its own copy.
+
+The snapshot is kept on disk, never in the store's memory tier: it is memory the sandbox held, and the
+point is that the host no longer holds it. It is owned, expires and is reaped like any snapshot; it holds
+nothing of the host's (the checkpoint is the sandbox's own state, written by the runtime outside every
+mount the sandbox has).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from adk_sandbox.executor.backends.docker._checkpoint import ContainerCheckpoints, checkpoint_agent
+from adk_sandbox.executor.backends.docker._snapshot import owner_of_now
+from adk_sandbox.executor.backends.docker._spec import MIB
+from adk_sandbox.executor.channel.agent_transport import DetachedAgent
+from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.snapshots.model import KeptProcesses, Snapshot, SnapshotOptions
+from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
+
+if TYPE_CHECKING:
+    from adk_sandbox.executor.backends.docker.session import DockerSession
+
+__all__ = ["start_from_kept", "take_with_processes"]
+
+log = logging.getLogger(__name__)
+
+
+def take_with_processes(session: DockerSession, options: SnapshotOptions, store: SnapshotStore) -> Snapshot:
+    """Snapshot every process of ``session`` into ``store`` (see the module docstring); it runs on.
+
+    Over ``options.max_mb`` it is refused (:class:`PolicyNotEnforceableError`) and nothing of it is kept.
+    """
+    client = session._client
+    snapshot_id, created = new_id(), time.time()
+    with session._quiesced(options.wait_seconds, "a snapshot is taken"):
+        container = session._opened()
+        transport = session._keeper_transport()
+        name, detached = checkpoint_agent(client, container.id, transport, stop=False)
+        checkpoints = ContainerCheckpoints(client, container.id)
+        spec = session._config.spec
+
+        def build(partial: str) -> Snapshot:
+            target = os.path.join(partial, "checkpoint")
+            checkpoints.copy_out(name, target)
+            size = _size(target)
+            if size > options.max_mb * MIB:
+                raise PolicyNotEnforceableError(
+                    f"the snapshot would hold {size // MIB} MiB (the sandbox's checkpoint: its processes' "
+                    f"memory, tmpfs and root writes), more than its cap of {options.max_mb} MiB; nothing was "
+                    "taken and nothing is left of it. Take it with a larger max_mb, or free memory in the "
+                    "session first"
+                )
+            return Snapshot(
+                id=snapshot_id,
+                name=options.name or snapshot_id,
+                labels=options.labels,
+                created=created,
+                expires=int(created) + options.ttl_seconds,
+                owner={} if options.detached else owner_of_now(),
+                image=spec.image,
+                image_id=str(container.inspect.get("Image") or ""),
+                profile=spec.profile,
+                runtime=spec.runtime,
+                size_bytes=size,
+                carries=("files", "processes", "memory"),
+                processes=KeptProcesses(
+                    checkpoint=name, user=detached.user, hello=detached.hello, numbering=detached.numbering
+                ),
+            )
+
+        try:
+            # On disk whatever the options say: a checkpoint in the memory tier would be host memory again.
+            return store.take(snapshot_id, build, durable=True)
+        finally:
+            try:
+                checkpoints.delete(name)
+            except ExecutorError as exc:  # it goes with the container
+                log.warning("a snapshot's engine checkpoint was not deleted: %s", exc)
+
+
+def start_from_kept(session: DockerSession, snapshot: Snapshot) -> None:
+    """Make ``session`` (not started) start as a restored copy of ``snapshot``'s checkpoint.
+
+    Its container is created as usual; before it starts it must run the image the snapshot was taken of
+    (else refused: the processes' memory belongs with those files), and gets a copy of the checkpoint.
+    """
+    kept = snapshot.processes
+    assert kept is not None  # noqa: S101 - the caller checked
+    client = session._client
+
+    def start(created: str) -> None:
+        image = str(client.api.inspect_container(created).get("Image") or "")
+        if image != snapshot.image_id:
+            raise InvalidRequestError(
+                f"snapshot {snapshot.id} was taken of image {snapshot.image} as {snapshot.image_id[:19]}, "
+                f"which is now {image[:19]}: its processes' memory goes only with the files they ran from. "
+                "Start a session of the new image afresh"
+            )
+        checkpoints = ContainerCheckpoints(client, created)
+        checkpoints.copy_in(snapshot.checkpoint_dir, kept.checkpoint)
+        try:
+            checkpoints.restore(kept.checkpoint)
+        finally:
+            with contextlib.suppress(ExecutorError):  # restored or not, the copy is not needed again
+                checkpoints.delete(kept.checkpoint)
+
+    session._adopting = DetachedAgent(kept.user, dict(kept.hello), kept.numbering, resident=True)
+    session._provider.starts_from = start
+
+
+def _size(path: str) -> int:
+    """Bytes the files under ``path`` take on disk (a sparse file counts what it holds)."""
+    total = 0
+    for parent, _, files in os.walk(path):
+        for name in files:
+            total += os.lstat(os.path.join(parent, name)).st_blocks * 512
+    return total
