@@ -402,8 +402,9 @@ class Capabilities(BaseModel):
     decided there; None without one."""
     snapshots: tuple[Literal["files", "processes", "memory"], ...] = ()
     """What a snapshot of a session carries (``session.snapshot()``, docs/snapshots.md): ``("files",)``
-    (workspace, tmpfs directories, the task profile's root layer; no processes or memory yet) where a
-    session can be snapshotted and forked, empty where it cannot."""
+    (workspace, tmpfs directories, the task profile's root layer) where a session can be snapshotted and
+    forked, empty where it cannot; with ``"processes"`` and ``"memory"`` where ``snapshot(processes=True)``
+    and ``fork(processes=True)`` keep every process too (docs/pause.md)."""
     accel: str | None = None
     """How a virtual machine's CPU runs (the microVM backend): ``"kvm"`` (hardware virtualisation) or
     ``"tcg"`` (QEMU's emulation, 5-15x slower); None where commands run on no VM."""

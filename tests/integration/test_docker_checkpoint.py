@@ -291,6 +291,7 @@ def test_without_checkpoints_a_pause_to_disk_is_refused_not_weakened() -> None:
 
 def test_processes_of_a_session_with_a_workspace_are_refused(backend: DockerBackend, tmp_path: Path) -> None:
     with backend.session(tmp_path) as session:
+        assert session.capabilities().snapshots == ("files",)
         with pytest.raises(PolicyNotEnforceableError, match="workspace"):
             session.fork(processes=True)
         with pytest.raises(PolicyNotEnforceableError, match="workspace"):
@@ -309,6 +310,7 @@ def test_a_snapshot_keeps_every_process_for_each_session_started_from_it(backend
         start_keeper(source)
         kept = token(source)
         out(source, "echo before > /tmp/mark")
+        assert source.capabilities().snapshots == ("files", "processes", "memory")
         snap = source.snapshot(processes=True)
         assert snap.carries == ("files", "processes", "memory") and snap.processes is not None
         assert 0 < snap.size_bytes <= MEMORY_MB * 1024 * 1024

@@ -1128,8 +1128,10 @@ class DockerSession(SessionNetwork, ChannelSession):
             channel=self.channel,
             root_cap=self._config.spec.root_cap,
         )
-        # What take_snapshot refuses: an attached container.
-        snapshots: tuple[Literal["files"], ...] = () if self.attached else ("files",)
+        # What take_snapshot refuses: an attached container; what carries processes: _refuse_processes.
+        snapshots: tuple[Literal["files", "processes", "memory"], ...] = () if self.attached else ("files",)
+        if self._config.spec.checkpoints and self._config.spec.workspace is None:
+            snapshots = ("files", "processes", "memory")
         return capabilities.model_copy(
             update={
                 "workspace": self.workspace_transport,
