@@ -300,6 +300,48 @@ def test_processes_of_a_session_with_a_workspace_are_refused(backend: DockerBack
         assert backend.list_snapshots() == []
 
 
+HOLD = "import sys, time\nf = open(sys.argv[1])\n{after}\nwhile True:\n    time.sleep(1)\n"
+
+
+def _hold(session: DockerSession, path: str, after: str = "") -> None:
+    """A background program holding ``path`` open (then running ``after``), until the session ends."""
+    program = HOLD.format(after=after)
+    script = 'nohup python3 -c "$HOLD" "$1" >/dev/null 2>&1 & sleep 0.5'
+    started = session.execute(
+        ExecRequest(
+            argv=("sh", "-c", script, "hold", path), env={"HOLD": program}, timeout=30, background=True
+        )
+    )
+    assert started.exit_code == 0, started
+
+
+def test_a_host_file_held_by_a_paused_program_is_named_when_it_goes(
+    backend: DockerBackend, tmp_path: Path
+) -> None:
+    """A file of the workspace a program holds, removed on the host while paused: the resume is refused by
+    name, nothing lost; put back, the session resumes with the program. One deleted while held open before
+    the pause cannot be saved: the pause is refused by name and the session runs on."""
+    (tmp_path / "held.txt").write_text("kept\n")
+    (tmp_path / "gone.txt").write_text("soon gone\n")
+    with backend.session(tmp_path) as session:
+        inside = session.workspace_inside
+        assert inside is not None
+        _hold(session, f"{inside}/gone.txt", after="import os; os.unlink(f.name)")
+        with pytest.raises(PolicyNotEnforceableError, match="gone.txt"):
+            session.pause()
+        assert not session.paused and _state(session)["Running"]
+        out(session, "pkill -f 'gone[.]txt'; true")
+        _hold(session, f"{inside}/held.txt")
+        session.pause()
+        (tmp_path / "held.txt").unlink()
+        with pytest.raises(SandboxFailedError, match="held.txt"):
+            session.resume()
+        assert session.paused and not _state(session)["Running"]  # nothing was done: still on disk
+        (tmp_path / "held.txt").write_text("back\n")
+        session.resume()
+        assert "held.txt" in out(session, "ps -eo args | grep 'held[.]txt'")
+
+
 def test_a_snapshot_keeps_every_process_for_each_session_started_from_it(backend: DockerBackend) -> None:
     """``snapshot(processes=True)``: sessions from it go on where each program was, apart from each other.
 

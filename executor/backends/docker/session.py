@@ -35,7 +35,9 @@ from adk_sandbox.executor.backends.docker._checkpoint import (
     ContainerCheckpoints,
     adopt_agent,
     checkpoint_agent,
+    held_host_files,
     keeper_opener,
+    missing_held_files,
     restore_agent,
     start_from_copy,
 )
@@ -281,8 +283,9 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._gate = threading.Condition()
         self._running = 0
         self._holding = False
-        #: The checkpoint the session is paused to and its agent, let go (``pause()`` on disk).
-        self._checkpoint_of: tuple[str, DetachedAgent] | None = None
+        #: The checkpoint the session is paused to, its agent (let go) and the host files its processes
+        #: held then (inside -> host: a restore needs each of them) (``pause()`` on disk).
+        self._checkpoint_of: tuple[str, DetachedAgent, dict[str, str]] | None = None
         #: The host pid of the container's first process (gVisor: its sandbox), while it runs.
         self._sandbox_pid: int | None = None
         #: Pauses the session to disk once idle (``idle_pause_seconds``), from its first start.
@@ -468,7 +471,9 @@ class DockerSession(SessionNetwork, ChannelSession):
         with self._quiesced(wait_seconds, "the session is paused"):
             container = self._opened()
             transport = self._keeper_transport()
-            self._checkpoint_of = checkpoint_agent(self._client, container.id, transport, stop=True)
+            held = held_host_files(self, container)  # asked of its agent before it is let go
+            name, detached = checkpoint_agent(self._client, container.id, transport, stop=True)
+            self._checkpoint_of = name, detached, held
             self._on_disk = True
             self._paused = True
 
@@ -476,8 +481,10 @@ class DockerSession(SessionNetwork, ChannelSession):
         """Start the container from its checkpoint and serve the same agent over a new stream."""
         checkpoint = self._checkpoint_of
         assert checkpoint is not None  # noqa: S101 - set with _on_disk
+        name, detached, held = checkpoint
+        missing_held_files(held)
         transport = self._keeper_transport()
-        self._sandbox_pid = restore_agent(self._client, container.id, transport, checkpoint)
+        self._sandbox_pid = restore_agent(self._client, container.id, transport, (name, detached))
         self._checkpoint_of = None
 
     def _fork_with_processes(self, wait_seconds: float | None) -> DockerSession:
