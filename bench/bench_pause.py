@@ -8,7 +8,8 @@ touched memory:
   (what a caller waits for), against a command of the same session that was never paused (the anchor:
   what resuming adds); ``session.pause(keep_memory=True)``;
 * on disk (``DockerBackend(runtime="runsc", checkpoints=True)``, needs dockerd's experimental
-  checkpoints): ``pause()`` and ``resume()`` with the same anchor; ``fork(processes=True)`` against
+  checkpoints): ``pause()`` and ``resume()`` with the same anchor; ``fork(processes=True)``, and a session
+  started from ``snapshot(processes=True)`` (of an idle session, of one holding 200 MB), against
   starting a new session of the same backend; the host memory the session holds
   running and paused (the resident memory of every host process naming its container: gVisor's sandbox,
   gofer and shim); the checkpoint's size on disk, with 200 MB held and for an idle session; 20 idle
@@ -129,6 +130,7 @@ def measure_disk(rounds: int) -> list[Row]:
             idle.pause()
             idle_disk = _checkpoint_bytes(idle)
             idle_rss = _host_rss_kib(idle.container_id)
+            idle_starts = _starts_from_snapshot(backend, idle, rounds)
         with backend.session() as session:
             _hold(session)
             running_rss = _host_rss_kib(session.container_id)
@@ -160,6 +162,7 @@ def measure_disk(rounds: int) -> list[Row]:
                 with backend.session() as new:
                     new.start()
                     fresh.append(_ms(started))
+            held_starts = _starts_from_snapshot(backend, session, max(3, rounds // 2))
     anchor = "a command of the same session, never paused"
     resume = Stats(tuple(resumes))
     fork = Stats(tuple(forks))
@@ -200,6 +203,18 @@ def measure_disk(rounds: int) -> list[Row]:
             "p50 ≤ 300 ms",
             fork.p50 <= 300,
         ),
+        Row.latency(
+            "gVisor: a session from `snapshot(processes=True)` of an idle session",
+            Stats(tuple(idle_starts)),
+            "a new session of the same backend, started",
+            Stats(tuple(fresh)),
+        ),
+        Row.latency(
+            "gVisor: a session from `snapshot(processes=True)` of a session holding 200 MB",
+            Stats(tuple(held_starts)),
+            "a new session of the same backend, started",
+            Stats(tuple(fresh)),
+        ),
         Row(
             "gVisor on disk: host memory of the paused session",
             f"{max(paused_rss)} KiB (running: {running_rss // 1024} MiB)",
@@ -220,6 +235,21 @@ def measure_disk(rounds: int) -> list[Row]:
             idle_disk <= 4 * 2**20,
         ),
     ]
+
+
+def _starts_from_snapshot(backend: DockerBackend, session: DockerSession, rounds: int) -> list[float]:
+    """Milliseconds to start (and serve) each of ``rounds`` sessions from one snapshot with processes."""
+    snap = session.snapshot(processes=True)
+    starts = []
+    try:
+        for _ in range(rounds):
+            started = time.perf_counter()
+            child = backend.session(snapshot=snap)
+            starts.append(_ms(started))
+            child.close()
+    finally:
+        backend.remove_snapshot(snap)
+    return starts
 
 
 def measure_fleet(count: int) -> list[Row]:
