@@ -163,6 +163,9 @@ def test_a_fork_carries_every_process_and_then_runs_apart(session: DockerSession
         assert child.container_id != session.container_id
         assert token(child) == kept  # the program and its memory, copied
         assert out(child, "cat /tmp/mark") == "before"  # its tmpfs too
+        # The kernel's randomness is not part of the copy: a fork never draws what its parent draws.
+        draw = "od -An -N16 -tx1 /dev/urandom | tr -d ' \\n'"
+        assert out(child, draw) != out(session, draw)
         out(child, "echo child > /tmp/mark")
         out(session, "echo parent > /tmp/mark")
         assert (out(session, "cat /tmp/mark"), out(child, "cat /tmp/mark")) == ("parent", "child")
@@ -367,6 +370,8 @@ def test_a_snapshot_keeps_every_process_for_each_session_started_from_it(backend
         try:
             assert first.container_id != second.container_id
             assert token(first) == kept == token(second)  # the program and its memory, in each
+            draw = "od -An -N16 -tx1 /dev/urandom | tr -d ' \\n'"
+            assert len({out(first, draw), out(second, draw)}) == 2  # each draws its own randomness
             assert out(first, "cat /tmp/mark") == out(second, "cat /tmp/mark") == "before"
             out(first, "echo first > /tmp/mark")
             assert out(second, "cat /tmp/mark") == "before"  # apart
