@@ -81,8 +81,12 @@ def verify_from_inside(
     *,
     no_capabilities: bool = False,
     setid_allowed: bool = False,
+    inside: str | None = None,
 ) -> None:
     """Raise :class:`PolicyNotEnforceableError` unless the container sees ``workspace`` and refuses set-id.
+
+    ``inside``: where the container sees the host directory ``workspace`` when it binds it elsewhere (a
+    fork's copy at its parent's path); None: at the same path.
 
     ``no_capabilities`` also requires the bounding and effective capability sets to be empty, as a
     command sees them (for an engine whose inspect does not say ``CapDrop: ALL``: Podman).
@@ -93,7 +97,10 @@ def verify_from_inside(
     nonce = _IdentityNonce.create(workspace) if workspace else None
     try:
         script = _probe_script(uuid.uuid4().hex, capabilities=no_capabilities, nonce=nonce is not None)
-        argv = ("/bin/sh", "-c", script, "adk-sandbox-probe") + ((nonce.path,) if nonce else ())
+        seen = (
+            () if nonce is None else (os.path.join(inside or workspace or "", os.path.basename(nonce.path)),)
+        )
+        argv = ("/bin/sh", "-c", script, "adk-sandbox-probe", *seen)
         probe = PreparedCommand(
             argv=argv, env=dict(base_env), user=user, workdir="/", stdin=None, marker=uuid.uuid4().hex
         )

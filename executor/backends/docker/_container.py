@@ -243,8 +243,10 @@ class ContainerProvider:
         if dialect is Dialect.PODMAN:
             view = podman_view(self._client, inspect)
             inspect, deviations = view.inspect, view.deviations
-        mounts = [spec.workspace] if spec.workspace else []
-        mounts += [allowed.path for allowed in spec.extra_mounts] + list(spec.read_only_mounts)
+        mounts = [spec.workspace_source or spec.workspace] if spec.workspace else []
+        mounts += [allowed.path for allowed in spec.extra_mounts] + [
+            spec.host_path(p) for p in spec.read_only_mounts
+        ]
         workdir = spec.workdir
         if self.attached or (spec.task and not spec.workspace):
             workdir = spec.workspace or inspect.get("Config", {}).get("WorkingDir") or "/"
@@ -285,7 +287,8 @@ class ContainerProvider:
         # A mirrored workspace's owner is the session's to choose (its host copy may be elsewhere: a session
         # from a snapshot mirrors its own directory at the snapshot's path, which need not exist here).
         layered = bool(spec.layer_binds)  # its workspace's host side is not at its path
-        owner_path = (spec.workspace if spec.mirror is None and not layered else None) or (
+        bound = spec.workspace_source or spec.workspace
+        owner_path = (bound if spec.mirror is None and not layered else None) or (
             _mount_source_of(inspect, workdir) if self.attached else None
         )
         owner = None

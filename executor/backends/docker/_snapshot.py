@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IMAGE_REPOSITORY",
+    "host_copy",
     "owner_of_now",
     "reap_snapshots",
     "remove_snapshot_image",
@@ -504,9 +505,22 @@ def fork_workspace(snapshot: Snapshot, cap_bytes: int) -> str | None:
     """
     if snapshot.workspace is None:
         return None
+    return host_copy(snapshot.workspace_dir, cap_bytes)
+
+
+def host_copy(source: str, cap_bytes: int, *, owned_as_source: bool = False) -> str:
+    """A fresh host directory of this process holding a safe copy of ``source`` (see :func:`fork_workspace`).
+
+    ``owned_as_source``: the copy (every file in it) is owned by ``source``'s owner, with its mode: the
+    workspace a restored process goes on using as that user (a fork with processes). Else 0700, ours.
+    """
     host = tempfile.mkdtemp(prefix=copy_prefix("copy"), dir=copies_dir())
     try:
-        copy_workspace(snapshot.workspace_dir, host, cap_bytes, "DockerBackend(mirror_size_mb=...)")
+        if owned_as_source:
+            info = os.stat(source)
+            os.chown(host, info.st_uid, info.st_gid)
+            os.chmod(host, info.st_mode & 0o777)
+        copy_workspace(source, host, cap_bytes, "DockerBackend(mirror_size_mb=...)")
     except BaseException:
         shutil.rmtree(host, ignore_errors=True)
         raise

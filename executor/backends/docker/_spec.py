@@ -121,6 +121,10 @@ class ContainerSpec:
     network: bool = False
     workspace: str | None = None
     """Host path bind-mounted read-write at the same path, and the commands' cwd."""
+    workspace_source: str | None = None
+    """The host directory bound at :attr:`workspace` when it is another (a fork with its processes binds
+    a copy at its parent's path, docs/pause.md), and under which :attr:`read_only_mounts` below the
+    workspace are; None: the same path."""
     extra_mounts: tuple[AllowedPath, ...] = ()
     """Further host paths (from a policy) mounted at the same path with their mode."""
     read_only_mounts: tuple[str, ...] = ()
@@ -166,6 +170,12 @@ class ContainerSpec:
     def task(self) -> bool:
         """True for the task profile."""
         return self.profile == "task"
+
+    def host_path(self, path: str) -> str:
+        """The host side of a mount at ``path`` inside (below the workspace: under the workspace_source)."""
+        if self.workspace_source and self.workspace and path.startswith(self.workspace.rstrip("/") + "/"):
+            return self.workspace_source + path[len(self.workspace.rstrip("/")) :]
+        return path
 
     @property
     def workdir(self) -> str:
@@ -454,12 +464,13 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     if spec.workspace and spec.mirror is not None:
         mounts.append(spec.mirror.mount(spec.workspace))
     elif spec.workspace and spec.workspace not in layered:
-        mounts.append(Mount(target=spec.workspace, source=spec.workspace, type="bind", read_only=False))
+        source = spec.workspace_source or spec.workspace
+        mounts.append(Mount(target=spec.workspace, source=source, type="bind", read_only=False))
     for allowed in spec.extra_mounts:
         read_only = allowed.mode == "read_only"
         mounts.append(Mount(target=allowed.path, source=allowed.path, type="bind", read_only=read_only))
     for path in spec.read_only_mounts:
-        mounts.append(Mount(target=path, source=path, type="bind", read_only=True))
+        mounts.append(Mount(target=path, source=spec.host_path(path), type="bind", read_only=True))
     if spec.direct_egress is not None:
         mounts.append(Mount(target=DIRECT_MOUNT, source=spec.direct_egress, type="bind", read_only=True))
     limits = spec.limits

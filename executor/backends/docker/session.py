@@ -53,6 +53,7 @@ from adk_sandbox.executor.backends.docker._exec import EXEC_NO_BACKGROUND, Docke
 from adk_sandbox.executor.backends.docker._idle import IdlePauser
 from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
+    MIB,
     ContainerSpec,
     MirrorVolume,
     capabilities_from_inspect,
@@ -497,12 +498,19 @@ class DockerSession(SessionNetwork, ChannelSession):
                 "only"
             )
         self._wake()
+        config = self._config
         with self._quiesced(30.0 if wait_seconds is None else wait_seconds, "a fork is taken"):
             container = self._opened()
             transport = self._keeper_transport()
             name, detached = checkpoint_agent(self._client, container.id, transport, stop=False)
+            try:  # commands still held back: the copy is the workspace the checkpoint's processes saw
+                config = self._fork_workspace()
+            except BaseException:
+                with contextlib.suppress(ExecutorError):
+                    ContainerCheckpoints(self._client, container.id).delete(name)
+                raise
         try:
-            child = adopt(DockerSession(self._client, self._config))
+            child = adopt(DockerSession(self._client, config))
             child._adopting = detached
             child._provider.starts_from = start_from_copy(self._client, container.id, name)
             try:
@@ -517,6 +525,21 @@ class DockerSession(SessionNetwork, ChannelSession):
                 log.warning("a fork's checkpoint was not deleted: %s", exc)
         return child
 
+    def _fork_workspace(self) -> SessionConfig:
+        """A fork's settings: a copy of the workspace of its own, bound where this session's is inside.
+
+        Its owner and mode are the workspace's (the restored processes go on as that user); its ``.git``
+        is mounted read-only as the parent's is (a restore needs the same mounts).
+        """
+        from adk_sandbox.executor.backends.docker._snapshot import host_copy  # noqa: PLC0415 - imports session
+
+        spec, source = self._config.spec, self.workspace
+        if spec.workspace is None or source is None:
+            return self._config
+        copy = host_copy(source, self._config.mirror_mb * MIB, owned_as_source=True)
+        bound = replace(spec, workspace_source=copy, git_placeholder=None)  # the copy holds the placeholder
+        return replace(self._config, spec=bound, host_workspace=copy, workspace_is_copy=True)
+
     def _refuse_processes(self, asked: str, instead: str) -> None:
         """Refuse what would carry this session's processes when its backend cannot (nothing is done)."""
         if not self._config.spec.checkpoints:
@@ -524,9 +547,9 @@ class DockerSession(SessionNetwork, ChannelSession):
                 f"{asked} needs a session of a DockerBackend made with checkpoints=True (gVisor); "
                 f"{instead} carries the files only"
             )
-        if self._config.spec.workspace is not None:
+        if self._config.spec.workspace is not None and asked.startswith("snapshot"):
             raise PolicyNotEnforceableError(
-                f"{asked} of a session with a workspace is not built yet (its bind mount would be shared); "
+                f"{asked} of a session with a workspace is not built yet (fork(processes=True) is); "
                 f"{instead} carries the files, or start the session without a workspace"
             )
 
@@ -663,20 +686,21 @@ class DockerSession(SessionNetwork, ChannelSession):
                 self._serve_keeper(transport, container.id)
             if task or (self._config.user and not is_numeric(self._config.user)):
                 self._user = self._default_user(container)
-            workspace = self._config.spec.workspace
+            spec = self._config.spec
             verify_from_inside(
                 transport,
                 container.base_env,
                 self._user,
                 # A layered member's host side is not at its path: its mountinfo is checked instead (below).
-                workspace if mode == "bind" and self.layers is None else None,
+                spec.workspace_source or spec.workspace if mode == "bind" and self.layers is None else None,
                 no_capabilities=container.dialect is Dialect.PODMAN,  # its inspect cannot show it
                 setid_allowed=task,
+                inside=spec.workspace,
             )
             if self._egress.proxied:
                 self._egress.serve(transport, self._user)
             if self._config.spec.host_tmpfs:
-                mirrored = workspace if mode == "mirror" else None
+                mirrored = spec.workspace if mode == "mirror" else None
                 self.state_dirs, self.mirror_dir = self._host_tmpfs_dirs(container, mirrored)
             if self.layers is not None:
                 self.layers.check(container.inspect)
