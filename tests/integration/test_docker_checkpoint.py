@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -189,6 +190,36 @@ def test_an_open_terminal_refuses_the_checkpoint(session: DockerSession) -> None
     session.pause()
     session.resume()
     assert len(token(session)) == 32
+
+
+def test_a_published_port_outlives_the_checkpoint_and_its_connection_resumes(session: DockerSession) -> None:
+    """A published port stays on the host while the session is on disk; a connection to it resumes it.
+
+    The host listener is the session's, not the sandbox's; only a live connection is refused (its stream
+    cannot be held), and the one a client just closed is waited for: the pause right after it succeeds.
+    """
+    serve = "cd /tmp && echo served > index.html && nohup python3 -m http.server 8123 >/dev/null 2>&1 &"
+    started = session.execute(ExecRequest(argv=("sh", "-c", serve), timeout=30, background=True))
+    assert started.exit_code == 0, started
+    address = session.publish(8123)
+    try:
+        assert _wait_for(lambda: _get(address, 5) == b"served\n", 20)
+        session.pause()  # the connection above has just been closed by its client
+        assert session.paused and not _state(session)["Running"]
+        assert _get(address, 60) == b"served\n"  # the connection woke it
+        assert not session.paused
+        assert len(token(session)) == 32
+    finally:
+        session.unpublish(8123)
+        out(session, "pkill -f 'http[.]server 8123'; true")
+
+
+def _get(address: str, timeout: float) -> bytes | None:
+    try:
+        with urllib.request.urlopen(f"http://{address}/index.html", timeout=timeout) as answer:
+            return bytes(answer.read())
+    except OSError:
+        return None
 
 
 def test_a_fork_storm_during_the_checkpoint_is_contained(session: DockerSession) -> None:

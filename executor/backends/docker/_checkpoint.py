@@ -237,11 +237,12 @@ def keeper_opener(
     return keeper_stream
 
 
-def keeper_agent(transport: AgentTransport, done: str) -> str:
+def keeper_agent(transport: AgentTransport, done: str, grace: float = 0.0) -> str:
     """The user of the keeper's agent, if a checkpoint would keep everything the session ran.
 
     Refused (nothing ``done``) when the agent is no longer the keeper's, when another user's agent runs
-    (its processes are exec'd: lost), or when a program, terminal, port or connection is open.
+    (its processes are exec'd: lost), or when a program, terminal, listener or connection is open after
+    ``grace`` seconds (a published port's connection that its client just closed takes a moment to end).
     """
     user = transport.resident_user
     if user is None:
@@ -257,10 +258,13 @@ def keeper_agent(transport: AgentTransport, done: str) -> str:
             f"the keeper's, and a checkpoint would not keep what they started; nothing was {done}. "
             "pause(keep_memory=True) freezes every process in place"
         )
-    in_use = transport.in_use(user)
+    in_use, until = transport.in_use(user), time.monotonic() + grace
+    while in_use and time.monotonic() < until:
+        time.sleep(0.05)
+        in_use = transport.in_use(user)
     if in_use:
         raise InvalidRequestError(
-            f"{in_use} spawned program(s), terminal(s), published port(s) or connection(s) of this session "
+            f"{in_use} spawned program(s), terminal(s), listener(s) or connection(s) of this session "
             f"are open, and their streams cannot be held through a checkpoint; nothing was {done}. Close "
             "them first"
         )
@@ -268,14 +272,21 @@ def keeper_agent(transport: AgentTransport, done: str) -> str:
 
 
 def checkpoint_agent(
-    client: docker.DockerClient, container_id: str, transport: AgentTransport, *, stop: bool
+    client: docker.DockerClient,
+    container_id: str,
+    transport: AgentTransport,
+    *,
+    stop: bool,
+    grace: float = 0.0,
 ) -> tuple[str, DetachedAgent]:
     """Checkpoint a keeper container (stopped, or running on); the checkpoint's name and the agent let go.
+
+    ``grace``: how long open connections may take to end (:func:`keeper_agent`).
 
     Its agent is let go first (its stream is no part of what is kept); a container that runs on after
     (a fork's parent, or a refused checkpoint) gets it served again.
     """
-    user = keeper_agent(transport, "paused" if stop else "forked")
+    user = keeper_agent(transport, "paused" if stop else "forked", grace)
     checkpoints = ContainerCheckpoints(client, container_id)
     detached = transport.detach(user)
     try:

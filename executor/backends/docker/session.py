@@ -110,6 +110,8 @@ __all__ = ["NETWORK_OFF_RULE", "TRANSPORTS", "DockerSession", "SessionConfig", "
 log = logging.getLogger(__name__)
 
 NOBODY = "65534:65534"
+#: How long a pause to disk waits for a published port's connections to end (their client just closed).
+CONNECTION_GRACE_SECONDS = 2.0
 
 _PROGRAM_LANGUAGES = {
     LANGUAGES[lang].program: lang for lang in (Language.PYTHON, Language.JAVASCRIPT, Language.RUST)
@@ -473,7 +475,8 @@ class DockerSession(SessionNetwork, ChannelSession):
             container = self._opened()
             transport = self._keeper_transport()
             held = held_host_files(self, container)  # asked of its agent before it is let go
-            name, detached = checkpoint_agent(self._client, container.id, transport, stop=True)
+            grace = min(wait_seconds, CONNECTION_GRACE_SECONDS)
+            name, detached = checkpoint_agent(self._client, container.id, transport, stop=True, grace=grace)
             self._checkpoint_of = name, detached, held
             self._on_disk = True
             self._paused = True
