@@ -153,8 +153,8 @@ class Snapshot(BaseModel):
     carries: tuple[Literal["files", "processes", "memory"], ...] = ("files",)
     """What it restores: ``("files",)``, or with :attr:`processes` every process and its memory too."""
     processes: KeptProcesses | None = None
-    """Set for a snapshot with processes: its files and processes are the checkpoint in ``checkpoint/``
-    (the sandbox's memory, tmpfs and root writes under gVisor), and no workspace is kept."""
+    """Set for a snapshot with processes: its processes and files are the checkpoint in ``checkpoint/``
+    (the sandbox's memory, tmpfs and root writes under gVisor), besides the workspace copy (if any)."""
     path: str = ""
     """Its directory on disk (set when it is read from its store)."""
 

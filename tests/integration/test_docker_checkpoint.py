@@ -323,14 +323,15 @@ def test_without_checkpoints_a_pause_to_disk_is_refused_not_weakened() -> None:
         assert plain.list_snapshots() == []
 
 
-def test_a_fork_with_processes_works_in_a_copy_of_the_workspace(
+def test_processes_fork_and_snapshot_with_a_copy_of_the_workspace(
     backend: DockerBackend, tmp_path: Path
 ) -> None:
     """``fork(processes=True)`` of a session with a workspace: the fork's programs go on in a copy of it.
 
     The copy is its own host directory (the workspace's owner's), bound where the parent's is inside, its
     ``.git`` read-only as the parent's; what either writes stays its own; the fork's close removes it.
-    A snapshot with processes of such a session is refused (not built), with nothing kept.
+    ``snapshot(processes=True)`` keeps a copy of the workspace beside the checkpoint: a session from it
+    (after its source closed) goes on with the program, in a copy of its own.
     """
     workspace = tmp_path / "ws"
     workspace.mkdir()
@@ -358,11 +359,21 @@ def test_a_fork_with_processes_works_in_a_copy_of_the_workspace(
         finally:
             child.close()
         assert not os.path.exists(copy)
-        assert session.capabilities().snapshots == ("files",)
-        with pytest.raises(PolicyNotEnforceableError, match="workspace"):
-            session.snapshot(processes=True)
-        assert out(session, "cat held.txt") == "parent2"
-        assert backend.list_snapshots() == []
+        assert session.capabilities().snapshots == ("files", "processes", "memory")
+        snap = session.snapshot(processes=True)
+    try:  # the source closed: the snapshot holds its workspace and processes
+        assert snap.workspace == inside and Path(snap.workspace_dir, "held.txt").read_text() == "parent2\n"
+        with backend.session(snapshot=snap) as restored:
+            assert restored.workspace_inside == inside and restored.workspace != str(workspace)
+            assert f"{inside}/held.txt" in out(restored, "ps -eo args | grep 'held[.]txt'")
+            assert out(restored, "id -u; cat held.txt") == "1000\nparent2"
+            out(restored, "echo restored > held.txt")
+            assert Path(snap.workspace_dir, "held.txt").read_text() == "parent2\n"
+            assert (workspace / "held.txt").read_text() == "parent2\n"
+            planted = restored.execute(ExecRequest(argv=("sh", "-c", "touch .git/planted"), timeout=30))
+            assert planted.exit_code != 0
+    finally:
+        backend.remove_snapshot(snap)
 
 
 HOLD = "import sys, time\nf = open(sys.argv[1])\n{after}\nwhile True:\n    time.sleep(1)\n"

@@ -4,12 +4,14 @@
 of the engine's directory into the snapshot's ``checkpoint/``, and deletes the engine's. With it goes what the
 host needs to serve the same agent again (:class:`~adk_sandbox.executor.snapshots.model.KeptProcesses`).
 Under gVisor the checkpoint is the whole sandbox: every process and its memory, the tmpfs directories and
-the root filesystem's writes (they live in the sandbox's memory), so nothing else is copied.
+the root filesystem's writes (they live in the sandbox's memory); only the workspace, which is the host's,
+is copied beside it (``workspace/``, owned as the workspace was), while commands are still held back.
 
 ``backend.session(snapshot=...)`` of such a snapshot creates a container like any session of the backend,
 checks it runs the image the snapshot was taken of, copies the checkpoint into its own directory and
-restores it there: every process goes on where it was, in a sandbox of its own. Many sessions may start
-from one snapshot; each restores its own copy.
+restores it there: every process goes on where it was, in a sandbox of its own, with a copy of the
+workspace of its own bound where the snapshot's was inside. Many sessions may start from one snapshot;
+each restores its own copy.
 
 The snapshot is kept on disk, never in the store's memory tier: it is memory the sandbox held, and the
 point is that the host no longer holds it. It is owned, expires and is reaped like any snapshot; it holds
@@ -26,7 +28,7 @@ import time
 from typing import TYPE_CHECKING
 
 from adk_sandbox.executor.backends.docker._checkpoint import ContainerCheckpoints, checkpoint_agent
-from adk_sandbox.executor.backends.docker._snapshot import owner_of_now
+from adk_sandbox.executor.backends.docker._snapshot import copy_as_source, owner_of_now
 from adk_sandbox.executor.backends.docker._spec import MIB
 from adk_sandbox.executor.channel.agent_transport import DetachedAgent
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
@@ -58,14 +60,16 @@ def take_with_processes(session: DockerSession, options: SnapshotOptions, store:
         def build(partial: str) -> Snapshot:
             target = os.path.join(partial, "checkpoint")
             checkpoints.copy_out(name, target)
-            size = _size(target)
-            if size > options.max_mb * MIB:
-                raise PolicyNotEnforceableError(
-                    f"the snapshot would hold {size // MIB} MiB (the sandbox's checkpoint: its processes' "
-                    f"memory, tmpfs and root writes), more than its cap of {options.max_mb} MiB; nothing was "
-                    "taken and nothing is left of it. Take it with a larger max_mb, or free memory in the "
-                    "session first"
-                )
+            size, cap, method = _size(target), options.max_mb * MIB, "none"
+            if size > cap:
+                raise _over_cap(size, options.max_mb)
+            if spec.workspace is not None and session.workspace is not None:
+                # Commands are still held back: the copy is the workspace the checkpoint's processes saw.
+                copied = os.path.join(partial, "workspace")
+                os.mkdir(copied, 0o700)
+                setting = f"the snapshot's cap (max_mb={options.max_mb})"
+                report = copy_as_source(session.workspace, copied, cap - size, setting)
+                size, method = size + report.size_bytes, report.method
             return Snapshot(
                 id=snapshot_id,
                 name=options.name or snapshot_id,
@@ -77,6 +81,8 @@ def take_with_processes(session: DockerSession, options: SnapshotOptions, store:
                 image_id=str(container.inspect.get("Image") or ""),
                 profile=spec.profile,
                 runtime=spec.runtime,
+                workspace=spec.workspace,
+                method=method,
                 size_bytes=size,
                 carries=("files", "processes", "memory"),
                 processes=KeptProcesses(
@@ -122,6 +128,14 @@ def start_from_kept(session: DockerSession, snapshot: Snapshot) -> None:
 
     session._adopting = DetachedAgent(kept.user, dict(kept.hello), kept.numbering, resident=True)
     session._provider.starts_from = start
+
+
+def _over_cap(size: int, max_mb: int) -> PolicyNotEnforceableError:
+    return PolicyNotEnforceableError(
+        f"the snapshot would hold {size // MIB} MiB (the sandbox's checkpoint: its processes' memory, tmpfs "
+        f"and root writes), more than its cap of {max_mb} MiB; nothing was taken and nothing is left of it. "
+        "Take it with a larger max_mb, or free memory in the session first"
+    )
 
 
 def _size(path: str) -> int:

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IMAGE_REPOSITORY",
+    "copy_as_source",
     "host_copy",
     "owner_of_now",
     "reap_snapshots",
@@ -517,14 +518,25 @@ def host_copy(source: str, cap_bytes: int, *, owned_as_source: bool = False) -> 
     host = tempfile.mkdtemp(prefix=copy_prefix("copy"), dir=copies_dir())
     try:
         if owned_as_source:
-            info = os.stat(source)
-            os.chown(host, info.st_uid, info.st_gid)
-            os.chmod(host, info.st_mode & 0o777)
-        copy_workspace(source, host, cap_bytes, "DockerBackend(mirror_size_mb=...)")
+            copy_as_source(source, host, cap_bytes, "DockerBackend(mirror_size_mb=...)")
+        else:
+            copy_workspace(source, host, cap_bytes, "DockerBackend(mirror_size_mb=...)")
     except BaseException:
         shutil.rmtree(host, ignore_errors=True)
         raise
     return host
+
+
+def copy_as_source(source: str, dest: str, cap_bytes: int, setting: str) -> CopyReport:
+    """:func:`copy_workspace` into the fresh directory ``dest``, every file owned by ``source``'s owner.
+
+    ``dest`` takes ``source``'s owner and mode too: the workspace restored processes go on using as that
+    user (a fork or snapshot with processes).
+    """
+    info = os.stat(source)
+    os.chown(dest, info.st_uid, info.st_gid)
+    os.chmod(dest, info.st_mode & 0o777)
+    return copy_workspace(source, dest, cap_bytes, setting)
 
 
 # -- the root layer ------------------------------------------------------------------------------------

@@ -489,13 +489,24 @@ class DockerBackend(SessionBackend[DockerSession]):
     def _session_with_processes(self, snapshot: Snapshot) -> DockerSession:
         """A session restored from a snapshot's checkpoint: every process where it was (docs/pause.md)."""
         from adk_sandbox.executor.backends.docker._process_snapshot import start_from_kept  # noqa: PLC0415
+        from adk_sandbox.executor.backends.docker._snapshot import host_copy  # noqa: PLC0415
 
         if not self.config.checkpoints or snapshot.runtime != self.config.runtime:
             raise PolicyNotEnforceableError(
                 f"snapshot {snapshot.id} keeps processes: a session starts from it only on a backend made "
                 f"with checkpoints=True and runtime={snapshot.runtime!r}, like the one it was taken on"
             )
-        session = self._open_session(self._session_config(None))
+        config = self._session_config(None)
+        if snapshot.workspace is not None:  # a copy of its own, bound where the snapshot's was inside
+            copy = host_copy(snapshot.workspace_dir, self.mirror_size_mb * MIB, owned_as_source=True)
+            git = os.path.join(snapshot.workspace, ".git")  # read-only as it was: a restore needs the mount
+            spec = replace(
+                config.spec, workspace=snapshot.workspace, workspace_source=copy, read_only_mounts=(git,)
+            )
+            config = replace(
+                config, spec=spec, host_workspace=copy, workspace_is_copy=True, workspace_transport="bind"
+            )
+        session = self._open_session(config)
         start_from_kept(session, snapshot)
         try:
             session.start()

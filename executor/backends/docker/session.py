@@ -550,11 +550,6 @@ class DockerSession(SessionNetwork, ChannelSession):
                 f"{asked} needs a session of a DockerBackend made with checkpoints=True (gVisor); "
                 f"{instead} carries the files only"
             )
-        if self._config.spec.workspace is not None and asked.startswith("snapshot"):
-            raise PolicyNotEnforceableError(
-                f"{asked} of a session with a workspace is not built yet (fork(processes=True) is); "
-                f"{instead} carries the files, or start the session without a workspace"
-            )
 
     def running_sandbox(self) -> tuple[str, int] | None:
         """The running container's id and its sandbox's pid on this host; None when there is none."""
@@ -1041,7 +1036,7 @@ class DockerSession(SessionNetwork, ChannelSession):
 
         ``processes=True`` keeps every process too, with its memory: the sandbox's checkpoint, on disk
         (docs/pause.md); a session started from it goes on where each program was. A session of a backend
-        made with ``checkpoints=True``, without a workspace.
+        made with ``checkpoints=True``.
         """
         from adk_sandbox.executor.backends.docker._snapshot import take_snapshot  # noqa: PLC0415 - see TYPE_CHECKING
         from adk_sandbox.executor.snapshots.model import options_from  # noqa: PLC0415
@@ -1079,9 +1074,9 @@ class DockerSession(SessionNetwork, ChannelSession):
         the fork closes. For many forks of one state, take one snapshot and start each session from it.
 
         ``processes=True`` carries every process too: the new session is restored from a checkpoint of
-        this one (which runs on), each program where it was with its memory (docs/pause.md). A session
-        of a backend made with ``checkpoints=True``, without a workspace; ``ttl_seconds`` and ``max_mb``
-        concern snapshots and are not taken then.
+        this one (which runs on), each program where it was with its memory (docs/pause.md), in a copy
+        of the workspace of its own. A session of a backend made with ``checkpoints=True``;
+        ``ttl_seconds`` and ``max_mb`` concern snapshots and are not taken then.
         """
         if processes:
             if ttl_seconds is not None or max_mb is not None:
@@ -1164,7 +1159,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         )
         # What take_snapshot refuses: an attached container; what carries processes: _refuse_processes.
         snapshots: tuple[Literal["files", "processes", "memory"], ...] = () if self.attached else ("files",)
-        if self._config.spec.checkpoints and self._config.spec.workspace is None:
+        if self._config.spec.checkpoints:
             snapshots = ("files", "processes", "memory")
         return capabilities.model_copy(
             update={
