@@ -1,6 +1,7 @@
-"""Pause and resume: in place (``keep_memory=True``, runc and gVisor) and to a checkpoint on disk (gVisor).
+"""Pause and resume: in place (``keep_memory=True``) and to disk (gVisor's checkpoint, the microVM's migration).
 
 Run: PYTHONPATH=. .venv/bin/python bench/bench_pause.py [--quick] [--runtimes runc,runsc] [--no-disk]
+[--no-microvm]
 Prints Markdown tables for BENCHMARKS.md, with a session whose background program holds 200 MB of
 touched memory:
 
@@ -13,7 +14,10 @@ touched memory:
   starting a new session of the same backend; the host memory the session holds
   running and paused (the resident memory of every host process naming its container: gVisor's sandbox,
   gofer and shim); the checkpoint's size on disk, with 200 MB held and for an idle session; 20 idle
-  sessions paused together (host memory, disk each, this process's growth) and each resumed.
+  sessions paused together (host memory, disk each, this process's growth) and each resumed;
+* the microVM (TCG, ``--no-microvm`` skips it), idle and holding 200 MB: ``pause()`` (QEMU's migration to a
+  file) and ``resume()``, the first command after it against one never paused, the machine's file, and
+  ``resume()`` after ``pause(keep_memory=True)``.
 
 The issue's targets: resume and fork-with-processes p50 ≤ 300 ms; a paused session's host memory
 ≤ 1 MiB; an idle one's disk ≤ 4 MiB.
@@ -301,10 +305,85 @@ def _check_alive(session: DockerSession) -> None:
     assert result.stdout.strip() == "up", "the program holding the memory did not survive the pauses"
 
 
+def measure_microvm(rounds: int) -> list[Row]:
+    """The microVM (TCG) to disk by QEMU's migration, idle and holding 200 MB, and in place."""
+    from adk_sandbox.executor.backends.microvm import MicroVMBackend, MicroVMConfig  # noqa: PLC0415
+
+    config = MicroVMConfig(accel="tcg", limits=ResourceLimits(memory_mb=512), boot_timeout_seconds=120)
+    rows: list[Row] = []
+    with MicroVMBackend(config) as backend:
+        for held in (False, True):
+            with backend.session() as session:
+                if held:
+                    ready = 'python3 -c "$HOLDER" >/dev/null 2>&1 &'
+                    holder = HOLDER.replace("time.sleep", "open('/tmp/held', 'w').close(); time.sleep", 1)
+                    session.execute(
+                        ExecRequest(
+                            argv=("sh", "-c", ready), env={"HOLDER": holder}, timeout=60, background=True
+                        )
+                    )
+                    wait = ExecRequest(
+                        argv=("sh", "-c", "while [ ! -e /tmp/held ]; do sleep 0.2; done"), timeout=300
+                    )
+                    session.execute(wait)
+                what = "holding 200 MB" if held else "idle"
+                pauses, resumes, firsts, plain, in_place, sizes = [], [], [], [], [], []
+                for _ in range(rounds):
+                    started = time.perf_counter()
+                    session.pause()
+                    pauses.append(_ms(started))
+                    sizes.append(os.stat(os.path.join(str(session._run_dir), "machine.state")).st_size)
+                    started = time.perf_counter()
+                    session.resume()
+                    resumes.append(_ms(started))
+                    started = time.perf_counter()
+                    session.execute(TRUE)
+                    firsts.append(_ms(started))
+                    started = time.perf_counter()
+                    session.execute(TRUE)
+                    plain.append(_ms(started))
+                    session.pause(keep_memory=True)
+                    started = time.perf_counter()
+                    session.resume()
+                    in_place.append(_ms(started))
+                resume = Stats(tuple(resumes))
+                rows += [
+                    Row(
+                        f"microVM (TCG) to disk: `resume()`, {what}",
+                        f"p50 {resume.p50:.0f} / p99 {resume.p99:.0f} ms",
+                        "",
+                        "",
+                        None,
+                        "p50 ≤ 300 ms",
+                        resume.p50 <= 300,
+                    ),
+                    Row.latency(
+                        f"microVM to disk, {what}: the first command after `resume()`",
+                        Stats(tuple(firsts)),
+                        "a command of the same session, never paused",
+                        Stats(tuple(plain)),
+                    ),
+                    Row(
+                        f"microVM to disk: `pause()`, {what}; the machine's file",
+                        f"p50 {Stats(tuple(pauses)).p50:.0f} ms; {max(sizes) / 2**20:.0f} MiB",
+                        "",
+                        "",
+                    ),
+                    Row(
+                        f"microVM in place: `resume()` after `pause(keep_memory=True)`, {what}",
+                        f"p50 {Stats(tuple(in_place)).p50:.1f} ms",
+                        "",
+                        "",
+                    ),
+                ]
+    return rows
+
+
 def main() -> None:
     args = parser(__doc__)
     args.add_argument("--runtimes", default="runc,runsc", help="comma-separated: runc, runsc")
     args.add_argument("--no-disk", action="store_true", help="skip the checkpoint to disk (gVisor)")
+    args.add_argument("--no-microvm", action="store_true", help="skip the microVM (QEMU, TCG)")
     options = args.parse_args()
     rounds = 10 if options.quick else 50
     rows: list[Row] = []
@@ -316,6 +395,9 @@ def main() -> None:
         print_section(
             "Pause to disk and resume, gVisor (issue 36)", disk, ["ratio: our p50 / the anchor's p50"]
         )
+    if not options.no_microvm:
+        vm = measure_microvm(5 if options.quick else 20)
+        print_section("Pause, the microVM (issue 36)", vm, ["ratio: our p50 / the anchor's p50"])
 
 
 if __name__ == "__main__":

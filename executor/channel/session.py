@@ -49,6 +49,7 @@ from adk_sandbox.executor.backend import OutputCallback, SandboxSession
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.files import SandboxFiles
 from adk_sandbox.executor.channel.frames import MAX_PTYS
+from adk_sandbox.executor.channel.gate import CallGate
 from adk_sandbox.executor.channel.live import LiveChannel, Process, live_request
 from adk_sandbox.executor.channel.ports import PublishedPorts
 from adk_sandbox.executor.channel.terminal import Terminal, check_size, terminal_request
@@ -100,6 +101,7 @@ class ChannelSession(SandboxSession):
     _enterable: set[tuple[str, str]]
     _ports: PublishedPorts | None = None
     _ports_done = False  # set by close: nothing is published or opened after it
+    _calls: CallGate | None = None  # the calls running inside, and holds (made on first use)
     _live: set[LiveChannel] | None = None  # the terminals and spawned processes not yet closed
 
     # -- the engine's parts ---------------------------------------------------------------------------
@@ -215,7 +217,16 @@ class ChannelSession(SandboxSession):
         *,
         cancel: threading.Event | None = None,
     ) -> ExecResult:
-        """Run ``request`` in the session's sandbox (see the engine's class docstring)."""
+        """Run ``request`` in the session's sandbox (see the engine's class docstring).
+
+        Held back while a snapshot, fork or pause of the session waits for calls to end (:meth:`_quiesced`).
+        """
+        with self._counted():
+            return self._execute(request, on_output, cancel)
+
+    def _execute(
+        self, request: ExecRequest, on_output: OutputCallback | None, cancel: threading.Event | None
+    ) -> ExecResult:
         argv = request_argv(request, self.name)
         stdin = request.stdin_bytes
         if stdin is not None and len(stdin) > MAX_COMMAND_INPUT:
@@ -334,8 +345,15 @@ class ChannelSession(SandboxSession):
         """One FILE operation of the agent protocol, as the command user: the low level of :attr:`files`.
 
         Returns the RESULT body and the bytes sent before it. :class:`InvalidRequestError` when the
-        session's commands do not travel over the agent channel (file operations need it).
+        session's commands do not travel over the agent channel (file operations need it). Held back and
+        waited for as a command is.
         """
+        with self._counted():
+            return self._file_operation(request, data, deadline=deadline, max_output=max_output)
+
+    def _file_operation(
+        self, request: dict[str, Any], data: bytes | None, *, deadline: float, max_output: int
+    ) -> tuple[dict[str, Any], bytes]:
         self._awake()
         transport = self._transport
         if transport is None:
@@ -388,6 +406,25 @@ class ChannelSession(SandboxSession):
                 self._thaw()
                 self._paused = False
                 self._on_disk = False
+
+    def _call_gate(self) -> CallGate:
+        with _PORTS_LOCK:
+            if self._calls is None:
+                self._calls = CallGate()
+            return self._calls
+
+    def _counted(self) -> contextlib.AbstractContextManager[None]:
+        """A call that runs inside: it waits while the session is quiesced, and is waited for by it."""
+        return self._call_gate().counted()
+
+    def _quiesced(
+        self, wait_seconds: float, purpose: str = "a snapshot is taken"
+    ) -> contextlib.AbstractContextManager[None]:
+        """No command or file operation runs inside, new ones wait (:meth:`CallGate.held`).
+
+        Refused when running ones do not end in ``wait_seconds`` (:class:`InvalidRequestError`).
+        """
+        return self._call_gate().held(wait_seconds, purpose)
 
     def _pausing(self) -> threading.Lock:
         """The session's own lock for pausing and resuming (made on first use)."""

@@ -678,3 +678,75 @@ def test_closing_the_pool_leaves_no_vm(pooled: MicroVMBackend) -> None:
     assert not left & booting and not any(handed_out.session_id in path.name for path in left), left
     with pytest.raises(SandboxFailedError, match="closed"):
         pooled.pool.acquire()
+
+
+# -- pause: in place (QMP stop) and to disk (QEMU's migration to a file; executor/backends/microvm/_pause.py)
+#: A token in the shell's memory only, written to /tmp/token every 0.1 s, and a counter beside it.
+_KEEPER = (
+    "echo $$ > /tmp/keeper.pid; t=$(od -An -N8 -tx8 /dev/urandom | tr -dc 0-9a-f); i=0; "
+    "while :; do i=$((i+1)); echo $t > /tmp/token; echo $i > /tmp/ticks; sleep 0.1; done"
+)
+
+
+def _start_keeper(session: MicroVMSession) -> str:
+    started = session.execute(
+        ExecRequest(
+            argv=("sh", "-c", f"nohup sh -c '{_KEEPER}' >/dev/null 2>&1 &"), timeout=60, background=True
+        )
+    )
+    assert started.exit_code == 0, started
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        token = sh(session, "cat /tmp/token 2>/dev/null || true").stdout.strip()
+        if len(token) == 16:
+            return token
+        time.sleep(0.2)
+    raise AssertionError("the keeper wrote no token")
+
+
+def test_pause_in_place_stops_the_guest_and_a_command_resumes_it(session: MicroVMSession) -> None:
+    _start_keeper(session)
+    try:
+        before = int(sh(session, "cat /tmp/ticks").stdout)
+        session.pause(keep_memory=True)
+        assert session.paused
+        time.sleep(2.0)  # about 16 ticks if the guest ran
+        ticks = int(sh(session, "cat /tmp/ticks").stdout)  # the command resumed it first
+        assert not session.paused and ticks - before < 6, (before, ticks)
+        time.sleep(1.0)
+        assert int(sh(session, "cat /tmp/ticks").stdout) > ticks  # and it runs again
+    finally:
+        sh(session, "kill $(cat /tmp/keeper.pid); rm -f /tmp/token /tmp/ticks /tmp/keeper.pid")
+
+
+def test_pause_to_disk_keeps_every_process_with_no_qemu_left(backend: MicroVMBackend) -> None:
+    """``pause()``: the whole VM migrated to a file, QEMU gone; resumed, the guest's programs go on.
+
+    The token lives in a shell's memory only: the file is removed after the resume and written again with
+    the same token. The machine's file is in the session's run directory, which only this user reads, and
+    the VM (no workspace) has no path to any host file. With a workspace it is refused: QEMU 7.2 cannot
+    migrate virtiofs.
+    """
+    with backend.session() as session:
+        token = _start_keeper(session)
+        wrapper = session.qemu_pid
+        assert wrapper is not None and qemu_pids(wrapper)
+        session.pause()
+        assert session.paused
+        assert _gone(wrapper, 5)  # no QEMU holds the guest's memory now
+        run_dir = _run_dirs(session.session_id)[0]
+        state = run_dir / "machine.state"
+        assert state.stat().st_size > 0 and run_dir.stat().st_mode & 0o077 == 0
+        ticks = sh(session, "rm /tmp/token; sleep 0.5; cat /tmp/token /tmp/ticks").stdout.split()
+        assert not session.paused and ticks[0] == token  # the same shell, its memory restored
+        assert not state.exists()  # the restored machine's file is removed
+        assert session.qemu_pid not in (None, wrapper)
+        session.pause()
+        session.resume()
+        assert sh(session, "cat /tmp/token").stdout.strip() == token
+
+
+def test_pause_to_disk_of_a_vm_with_a_workspace_is_refused(session: MicroVMSession) -> None:
+    with pytest.raises(PolicyNotEnforceableError, match="virtiofs"):
+        session.pause()
+    assert not session.paused and sh(session, "echo still").stdout.strip() == "still"

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -282,10 +282,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._root_watcher: RootWatcher | None = None
         #: Why the session refuses every further call (its root writes passed their cap), once they did.
         self._stopped: str | None = None
-        #: Commands running now, and whether a snapshot holds new ones back (see _quiesced).
-        self._gate = threading.Condition()
-        self._running = 0
-        self._holding = False
+        #: Guards the hooks below (not the session's lock: a hook takes the pool's).
+        self._hooks_lock = threading.Lock()
         #: The checkpoint the session is paused to, its agent (let go) and the host files its processes
         #: held then (inside -> host: a restore needs each of them) (``pause()`` on disk).
         self._checkpoint_of: tuple[str, DetachedAgent, dict[str, str]] | None = None
@@ -299,7 +297,6 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._adopt: Callable[[DockerSession], DockerSession] | None = None
         #: Called once when the first command ends or the session closes (the warm pool's deferred refill).
         self._after_first: list[Callable[[], None]] = []
-        self._snapshot_lock = threading.Lock()
         #: Where snapshots go, and who makes a session from one (set by the backend that opened this one).
         self.snapshot_store: SnapshotStore | None = None
         self._forker: Callable[[Snapshot], DockerSession] | None = None
@@ -596,7 +593,7 @@ class DockerSession(SessionNetwork, ChannelSession):
                         log.warning("the workspace copy %s of a closed session could not be removed", copy)
                 if not already:
                     self._drop_own_snapshot()
-        with self._gate:  # outside the session's lock: a hook takes the pool's
+        with self._hooks_lock:  # outside the session's lock: a hook takes the pool's
             hooks, self._after_first = self._after_first, []
         for hook in hooks:
             hook()
@@ -944,34 +941,12 @@ class DockerSession(SessionNetwork, ChannelSession):
     ) -> ExecResult:
         """Run ``request`` (see the class docstring); held back while a snapshot of the session is taken."""
         try:
-            with self._counted():
-                return super().execute(request, on_output, cancel=cancel)
+            return super().execute(request, on_output, cancel=cancel)
         finally:
-            with self._gate:
+            with self._hooks_lock:
                 hooks, self._after_first = self._after_first, []
             for hook in hooks:
                 hook()
-
-    def file_operation(
-        self, request: dict[str, Any], data: bytes | None, *, deadline: float, max_output: int
-    ) -> tuple[dict[str, Any], bytes]:
-        """One FILE operation (see :class:`ChannelSession`), held back and waited for as a command is."""
-        with self._counted():
-            return super().file_operation(request, data, deadline=deadline, max_output=max_output)
-
-    @contextlib.contextmanager
-    def _counted(self) -> Iterator[None]:
-        """A call that runs inside: it waits while the session is quiesced, and is waited for by it."""
-        with self._gate:
-            while self._holding:
-                self._gate.wait()
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._gate:
-                self._running -= 1
-                self._gate.notify_all()
 
     def _call_after_first_command(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` once: when the first command of this session ends, or when it closes.
@@ -979,39 +954,11 @@ class DockerSession(SessionNetwork, ChannelSession):
         The warm pool starts a fork's refill with it, so the refill's create does not compete with the
         fork's first command (docs/snapshots.md). ``hook`` must not raise.
         """
-        with self._gate:
+        with self._hooks_lock:
             if not self._closed:
                 self._after_first.append(hook)
                 return
         hook()
-
-    @contextlib.contextmanager
-    def _quiesced(self, wait_seconds: float, purpose: str = "a snapshot is taken") -> Iterator[None]:
-        """No command runs inside (new ones wait); refused when running ones do not end in time."""
-        with self._snapshot_lock:
-            deadline = time.monotonic() + wait_seconds
-            with self._gate:
-                self._holding = True
-                try:
-                    while self._running:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise InvalidRequestError(
-                                f"{self._running} command(s) of this session still ran after "
-                                f"{wait_seconds:g} s; {purpose} while none runs. Nothing was done: wait for "
-                                "them (or give a larger wait_seconds)"
-                            )
-                        self._gate.wait(left)
-                except BaseException:
-                    self._holding = False
-                    self._gate.notify_all()
-                    raise
-            try:
-                yield
-            finally:
-                with self._gate:
-                    self._holding = False
-                    self._gate.notify_all()
 
     def snapshot(
         self,

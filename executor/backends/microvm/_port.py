@@ -71,6 +71,8 @@ class PortOpener:
         self._lock = threading.Lock()
         self._busy: set[int] = set()
         self._next = 0
+        #: The port each user's agent was last started on: where it is served again after a restore.
+        self.port_of: dict[str, int] = {}
 
     def __call__(self, argv: list[str], user: str, until: float) -> PortStream:
         """Start ``argv`` as ``user`` in the VM on a free port: its stream (else ``SandboxFailedError``)."""
@@ -82,6 +84,27 @@ class PortOpener:
         except BaseException:
             self._release(index)
             raise
+        with self._lock:
+            self.port_of[user] = index
+        return PortStream(sock, lambda: self._release(index))
+
+    def reconnect(self, user: str, until: float) -> PortStream:
+        """A stream to the agent of ``user`` still running on its port (a VM restored from a file).
+
+        No greeting comes (the guest's loop is waiting for that agent, not greeting), and no header goes.
+        """
+        with self._lock:
+            index = self.port_of[user]
+            self._busy.add(index)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(max(until - time.monotonic(), 0.01))
+            sock.connect(self._sockets[index])
+            sock.settimeout(None)
+        except OSError as exc:
+            sock.close()
+            self._release(index)
+            raise SandboxFailedError(f"cannot reach the restored microVM's port {index + 1} ({exc})") from exc
         return PortStream(sock, lambda: self._release(index))
 
     def connect(self, index: int, until: float) -> socket.socket:

@@ -110,6 +110,11 @@ class QemuCommand:
         return self.run_dir / "fs.sock"
 
     @property
+    def qmp_socket(self) -> Path:
+        """QEMU's machine protocol (:mod:`._qmp`): stop, go on, migrate to a file. The host's alone."""
+        return self.run_dir / "qmp.sock"
+
+    @property
     def console_log(self) -> Path:
         """The guest's serial console (kernel messages, the agents' stderr)."""
         return self.run_dir / "console.log"
@@ -153,6 +158,7 @@ def qemu_command(spec: QemuCommand, qemu: str | None = None) -> list[str]:
         "-m", str(memory),
         "-smp", str(spec.vcpus),
         "-nodefaults", "-no-user-config", "-nographic", "-display", "none", "-monitor", "none",
+        "-qmp", f"unix:{spec.qmp_socket},server=on,wait=off",
         "-no-reboot",
         "-nic", "none",
         "-chardev", f"file,id=console,path={spec.console_log}",

@@ -43,6 +43,7 @@ from adk_sandbox.executor.backends.microvm._guest import (
     microvm_cache,
     virtiofsd,
 )
+from adk_sandbox.executor.backends.microvm._pause import STATE_FILE, migrate_to_file, start_from_file
 from adk_sandbox.executor.backends.microvm._port import PortOpener
 from adk_sandbox.executor.backends.microvm._qemu import (
     QemuCommand,
@@ -53,11 +54,12 @@ from adk_sandbox.executor.backends.microvm._qemu import (
     qemu_command,
     start_vm,
 )
+from adk_sandbox.executor.backends.microvm._qmp import Qmp
 from adk_sandbox.executor.backends.microvm._reaper import reap_vms, run_dir_prefix
 from adk_sandbox.executor.backends.microvm._share import plan_share
 from adk_sandbox.executor.backends.microvm.config import MicroVMConfig, MicroVMPoolConfig
 from adk_sandbox.executor.backends.microvm.pool import MicroVMPool
-from adk_sandbox.executor.channel.agent_transport import AgentTransport
+from adk_sandbox.executor.channel.agent_transport import AgentTransport, DetachedAgent
 from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, check_network_argument
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
@@ -299,6 +301,12 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         self._run_dir: Path | None = None
         self._transport: AgentTransport | None = None
         self._capabilities: Capabilities | None = None
+        self._vm_command: QemuCommand | None = None
+        self._opener: PortOpener | None = None
+        #: QEMU's machine protocol, opened on the first pause (see _pause.py).
+        self._monitor_connection: Qmp | None = None
+        #: Paused to disk: the agents let go (served again on their ports after the restore).
+        self._detached: list[DetachedAgent] = []
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
         self._enterable: set[tuple[str, str]] = set()
         #: The network in force, the proxy endpoint, the live connections and the log (channel/egress.py).
@@ -343,8 +351,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         parts = guest_parts(config.image)
         self.accel = resolve_accel(config.accel, parts)
         self._run_dir = Path(tempfile.mkdtemp(prefix=run_dir_prefix(self._session_id)))
-        spec = _vm_spec(parts, config, self.accel, self._run_dir, self._share)
-        opener = PortOpener([str(spec.port_socket(n)) for n in range(1, spec.ports + 1)])
+        self._vm_command = spec = _vm_spec(parts, config, self.accel, self._run_dir, self._share)
+        self._opener = opener = PortOpener([str(spec.port_socket(n)) for n in range(1, spec.ports + 1)])
         started = time.monotonic()
         _LIVE.add(self)
         self._vm = boot(spec, opener, started + config.boot_timeout_seconds, self._boot_started)
@@ -389,6 +397,9 @@ class MicroVMSession(SessionNetwork, ChannelSession):
 
     def _discard(self) -> None:
         self._egress.close()
+        monitor, self._monitor_connection = self._monitor_connection, None
+        if monitor is not None:
+            monitor.close()
         transport, self._transport = self._transport, None
         if transport is not None:
             with contextlib.suppress(ExecutorError, OSError):
@@ -432,6 +443,62 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         if not self.alive() or transport is None:
             return False
         return transport.ping(self._config.user, timeout)
+
+    # -- pause (docs/pause.md; the engine's part: _pause.py) -------------------------------------------
+    def _monitor(self) -> Qmp:
+        monitor = self._monitor_connection
+        if monitor is None:
+            assert self._vm_command is not None  # noqa: S101 - started
+            monitor = Qmp(self._vm_command.qmp_socket, time.monotonic() + 30)
+            self._monitor_connection = monitor
+        return monitor
+
+    def _freeze(self, wait_seconds: float) -> None:
+        """Stop the VM's vCPUs where they are (QMP ``stop``): its memory stays in QEMU."""
+        with self._quiesced(wait_seconds, "the session is paused"):
+            self._monitor().command("stop")
+            self._paused = True  # before the held calls go on: each resumes the session first
+
+    def _checkpoint(self, wait_seconds: float) -> None:
+        """Migrate the whole VM to a file in its run directory and end QEMU (see ``_pause``)."""
+        if self._share is not None:
+            raise PolicyNotEnforceableError(
+                "a microVM with a workspace cannot be paused to disk: QEMU 7.2 cannot migrate its virtiofs "
+                "share (vhost-user-fs is a migration blocker); nothing was paused. pause(keep_memory=True) "
+                "stops it in place"
+            )
+        with self._quiesced(wait_seconds, "the session is paused"):
+            transport, vm, run_dir = self._transport, self._vm, self._run_dir
+            assert transport is not None and vm is not None and run_dir is not None  # noqa: S101 - started
+            users = transport.users()
+            in_use = sum(transport.in_use(user) for user in users)
+            if in_use:
+                raise InvalidRequestError(
+                    f"{in_use} spawned program(s), terminal(s), listener(s) or connection(s) of this session "
+                    "are open, and their streams cannot be held through a pause to disk; nothing was paused. "
+                    "Close them first, or pause(keep_memory=True)"
+                )
+            migrate_to_file(self._monitor(), run_dir / STATE_FILE)
+            self._detached = [transport.detach(user) for user in users]
+            monitor, self._monitor_connection = self._monitor_connection, None
+            if monitor is not None:
+                monitor.close()
+            vm.kill()
+            self._paused = self._on_disk = True
+
+    def _thaw(self) -> None:
+        if not self._on_disk:
+            self._monitor().command("cont")
+            return
+        transport, spec, opener, run_dir = self._transport, self._vm_command, self._opener, self._run_dir
+        assert transport and spec and opener and run_dir  # noqa: S101 - paused to disk after a start
+        users = [agent.user for agent in self._detached]
+        vm, monitor, streams = start_from_file(spec, run_dir / STATE_FILE, opener, users)
+        self._vm, self._monitor_connection = vm, monitor
+        for agent in self._detached:
+            transport.reattach(agent, streams[agent.user], time.monotonic() + 30)
+        self._detached = []
+        (run_dir / STATE_FILE).unlink(missing_ok=True)
 
     # -- what is enforced ----------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
