@@ -1,4 +1,4 @@
-"""Pause and resume: in place (``keep_memory=True``) and to disk (gVisor's checkpoint, the microVM's migration).
+"""Pause and resume: in place (``keep_memory=True``) and to disk (gVisor's checkpoint, a microVM's migration).
 
 Run: PYTHONPATH=. .venv/bin/python bench/bench_pause.py [--quick] [--runtimes runc,runsc] [--no-disk]
 [--no-microvm]
