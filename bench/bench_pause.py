@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from _timing import Row, Stats, parser, print_section, rss_kib
 
@@ -44,27 +47,41 @@ def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+@dataclass
+class _Cycles:
+    """Milliseconds of each round: pause, resume, the first command after it, a second one (the anchor)."""
+
+    pauses: list[float] = field(default_factory=list)
+    resumes: list[float] = field(default_factory=list)
+    firsts: list[float] = field(default_factory=list)
+    plain: list[float] = field(default_factory=list)
+
+
+def _cycle(cycles: _Cycles, session: Any, pause: Callable[[], None], settle: float = 0.0) -> None:
+    """One round: ``pause()``, ``settle`` seconds (untimed), ``session.resume()``, then two commands."""
+    started = time.perf_counter()
+    pause()
+    cycles.pauses.append(_ms(started))
+    time.sleep(settle)
+    started = time.perf_counter()
+    session.resume()
+    cycles.resumes.append(_ms(started))
+    for kept in (cycles.firsts, cycles.plain):
+        started = time.perf_counter()
+        session.execute(TRUE)
+        kept.append(_ms(started))
+
+
 def measure(runtime: str | None, rounds: int) -> list[Row]:
     name = runtime or "runc"
     limits = ResourceLimits(memory_mb=512)
     with DockerBackend(runtime=runtime, limits=limits) as backend, backend.session() as session:
         _hold(session)
-        pauses, resumes, firsts, plain = [], [], [], []
+        cycles = _Cycles()
         for _ in range(rounds):
-            started = time.perf_counter()
-            session.pause(keep_memory=True)
-            pauses.append(_ms(started))
-            time.sleep(0.05)
-            started = time.perf_counter()
-            session.resume()
-            resumes.append(_ms(started))
-            started = time.perf_counter()
-            session.execute(TRUE)
-            firsts.append(_ms(started))
-            started = time.perf_counter()
-            session.execute(TRUE)
-            plain.append(_ms(started))
+            _cycle(cycles, session, lambda: session.pause(keep_memory=True), settle=0.05)
         _check_alive(session)
+        pauses, resumes, firsts, plain = cycles.pauses, cycles.resumes, cycles.firsts, cycles.plain
     anchor = "a command of the same session, never paused"
     return [
         Row(
@@ -138,23 +155,17 @@ def measure_disk(rounds: int) -> list[Row]:
         with backend.session() as session:
             _hold(session)
             running_rss = _host_rss_kib(session.container_id)
-            pauses, resumes, firsts, plain, paused_rss, disk = [], [], [], [], [], []
-            for _ in range(rounds):
-                started = time.perf_counter()
+            cycles, paused_rss, disk = _Cycles(), [], []
+
+            def to_disk() -> None:
                 session.pause()
-                pauses.append(_ms(started))
-                paused_rss.append(_host_rss_kib(session.container_id))
+                paused_rss.append(_host_rss_kib(session.container_id))  # timed too: small beside the pause
                 disk.append(_checkpoint_bytes(session))
-                started = time.perf_counter()
-                session.resume()
-                resumes.append(_ms(started))
-                started = time.perf_counter()
-                session.execute(TRUE)
-                firsts.append(_ms(started))
-                started = time.perf_counter()
-                session.execute(TRUE)
-                plain.append(_ms(started))
+
+            for _ in range(rounds):
+                _cycle(cycles, session, to_disk)
             _check_alive(session)
+            pauses, resumes, firsts, plain = cycles.pauses, cycles.resumes, cycles.firsts, cycles.plain
             forks, fresh = [], []
             for _ in range(max(3, rounds // 2)):
                 started = time.perf_counter()
@@ -327,25 +338,19 @@ def measure_microvm(rounds: int) -> list[Row]:
                     )
                     session.execute(wait)
                 what = "holding 200 MB" if held else "idle"
-                pauses, resumes, firsts, plain, in_place, sizes = [], [], [], [], [], []
+                cycles, in_place, sizes = _Cycles(), [], []
+
+                def to_file(vm: Any = session, kept: list[int] = sizes) -> None:
+                    vm.pause()
+                    kept.append(os.stat(os.path.join(str(vm._run_dir), "machine.state")).st_size)
+
                 for _ in range(rounds):
-                    started = time.perf_counter()
-                    session.pause()
-                    pauses.append(_ms(started))
-                    sizes.append(os.stat(os.path.join(str(session._run_dir), "machine.state")).st_size)
-                    started = time.perf_counter()
-                    session.resume()
-                    resumes.append(_ms(started))
-                    started = time.perf_counter()
-                    session.execute(TRUE)
-                    firsts.append(_ms(started))
-                    started = time.perf_counter()
-                    session.execute(TRUE)
-                    plain.append(_ms(started))
+                    _cycle(cycles, session, to_file)
                     session.pause(keep_memory=True)
                     started = time.perf_counter()
                     session.resume()
                     in_place.append(_ms(started))
+                pauses, resumes, firsts, plain = cycles.pauses, cycles.resumes, cycles.firsts, cycles.plain
                 resume = Stats(tuple(resumes))
                 rows += [
                     Row(
