@@ -43,7 +43,8 @@ while True:
     conn.sendall(token.encode())
     conn.close()
 """
-#: The same, with a counter beside it that ticks every 50 ms into /tmp/ticks.
+#: The same, with a counter beside it that ticks every 50 ms into /tmp/ticks (renamed into place: a reader
+#: never sees it empty).
 KEEPER = QUIET_KEEPER.replace(
     "server = socket",
     "import threading, time\n"
@@ -51,8 +52,9 @@ KEEPER = QUIET_KEEPER.replace(
     "    n = 0\n"
     "    while True:\n"
     "        n += 1\n"
-    "        with open('/tmp/ticks', 'w') as f:\n"
+    "        with open('/tmp/ticks.new', 'w') as f:\n"
     "            f.write(str(n))\n"
+    "        os.replace('/tmp/ticks.new', '/tmp/ticks')\n"
     "        time.sleep(0.05)\n"
     "threading.Thread(target=tick, daemon=True).start()\n"
     "server = socket",

@@ -681,10 +681,12 @@ def test_closing_the_pool_leaves_no_vm(pooled: MicroVMBackend) -> None:
 
 
 # -- pause: in place (QMP stop) and to disk (QEMU's migration to a file; executor/backends/microvm/_pause.py)
-#: A token in the shell's memory only, written to /tmp/token every 0.1 s, and a counter beside it.
+#: A token in the shell's memory only, written to /tmp/token every 0.1 s, and a counter beside it (each
+#: renamed into place: a reader never sees one empty).
 _KEEPER = (
     "echo $$ > /tmp/keeper.pid; t=$(od -An -N8 -tx8 /dev/urandom | tr -dc 0-9a-f); i=0; "
-    "while :; do i=$((i+1)); echo $t > /tmp/token; echo $i > /tmp/ticks; sleep 0.1; done"
+    "while :; do i=$((i+1)); echo $t > /tmp/t.new; echo $i > /tmp/i.new; mv /tmp/t.new /tmp/token; "
+    "mv /tmp/i.new /tmp/ticks; sleep 0.1; done"
 )
 
 
