@@ -407,6 +407,10 @@ class ChannelSession(SandboxSession):
                 self._paused = False
                 self._on_disk = False
 
+    def running_sandbox(self) -> tuple[str, int] | None:
+        """The running sandbox's id and the host pid its CPU is read from (idle pause); None: none now."""
+        return None
+
     def _call_gate(self) -> CallGate:
         with _PORTS_LOCK:
             if self._calls is None:

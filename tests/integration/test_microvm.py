@@ -752,3 +752,36 @@ def test_pause_to_disk_of_a_vm_with_a_workspace_is_refused(session: MicroVMSessi
     with pytest.raises(PolicyNotEnforceableError, match="virtiofs"):
         session.pause()
     assert not session.paused and sh(session, "echo still").stdout.strip() == "still"
+
+
+#: A token in a shell's memory, written again whenever /tmp/token is gone; it wakes once a second (quiet).
+_QUIET_KEEPER = (
+    "t=$(od -An -N8 -tx8 /dev/urandom | tr -dc 0-9a-f); "
+    "while :; do [ -e /tmp/token ] || { echo $t > /tmp/t.new; mv /tmp/t.new /tmp/token; }; sleep 1; done"
+)
+
+
+def test_an_idle_vm_pauses_itself_to_disk_and_a_call_resumes_it(tmp_path: Path) -> None:
+    """``idle_pause_seconds``: no call and next to no CPU (its QEMU's) for that long pause it to disk."""
+    config = CONFIG.model_copy(update={"idle_pause_seconds": 1.0})
+    require(shutil.which("qemu-system-x86_64") is not None, "QEMU is not installed (scripts/setup)")
+    os.chown(tmp_path, 1000, 1000)  # a workspace the VM may share (not root's)
+    with MicroVMBackend(config) as backend:
+        with pytest.raises(PolicyNotEnforceableError, match="virtiofs"):
+            backend.session(tmp_path)
+        with backend.session() as session:
+            keep = f"nohup sh -c '{_QUIET_KEEPER}' >/dev/null 2>&1 &"
+            started = session.execute(ExecRequest(argv=("sh", "-c", keep), timeout=60, background=True))
+            assert started.exit_code == 0, started
+            token = sh(session, "sleep 1.5; cat /tmp/token").stdout.strip()
+            assert len(token) == 16
+            wrapper = session.qemu_pid
+            deadline = time.monotonic() + 60
+            while not session.paused and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert session.paused, "an idle microVM did not pause itself"
+            assert wrapper is not None and _gone(wrapper, 5)  # on disk: no QEMU
+            again = sh(session, "rm /tmp/token; sleep 1.5; cat /tmp/token").stdout.strip()
+            assert again == token  # the call resumed it, the shell's memory kept
+    with pytest.raises(PolicyNotEnforceableError, match="pool"):
+        MicroVMBackend(config, pool=1)

@@ -50,7 +50,6 @@ from adk_sandbox.executor.backends.docker._container import (
 from adk_sandbox.executor.backends.docker._daemon import engine_of
 from adk_sandbox.executor.backends.docker._dialect import Dialect
 from adk_sandbox.executor.backends.docker._exec import EXEC_NO_BACKGROUND, DockerExecTransport
-from adk_sandbox.executor.backends.docker._idle import IdlePauser
 from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
     MIB,
@@ -71,6 +70,7 @@ from adk_sandbox.executor.channel.egress import (
     SessionNetwork,
     check_network_argument,
 )
+from adk_sandbox.executor.channel.idle import IdlePauser, cgroup_cpu_reader
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import (
@@ -708,7 +708,7 @@ class DockerSession(SessionNetwork, ChannelSession):
             self._sandbox_pid = int(container.inspect.get("State", {}).get("Pid") or 0) or None
             idle = self._config.idle_pause_seconds
             if idle is not None and self._idle is None and local:
-                self._idle = IdlePauser(self, idle)
+                self._idle = IdlePauser(self, idle, cgroup_cpu_reader)
             spec = self._config.spec
             if spec.task and spec.root_cap == "watched":
                 watcher = RootWatcher(self._client, container.id, spec.root_size_mb, self._root_over)

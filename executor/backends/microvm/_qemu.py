@@ -241,6 +241,16 @@ class VmProcess:
         """True while QEMU (the wrapper's child) runs."""
         return bool(qemu_pids(self._wrapper.pid))
 
+    def qemu_pid(self) -> int | None:
+        """QEMU's own pid (among the wrapper's children: a reader shell, the share's server), or None."""
+        for pid in qemu_pids(self._wrapper.pid):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().startswith("qemu"):
+                    return pid
+            except OSError:
+                continue
+        return None
+
     def finished(self) -> bool:
         """True once QEMU has exited (the wrapper exits with it)."""
         return self._wrapper.poll() is not None

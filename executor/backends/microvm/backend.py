@@ -61,6 +61,7 @@ from adk_sandbox.executor.backends.microvm.config import MicroVMConfig, MicroVMP
 from adk_sandbox.executor.backends.microvm.pool import MicroVMPool
 from adk_sandbox.executor.channel.agent_transport import AgentTransport, DetachedAgent
 from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, check_network_argument
+from adk_sandbox.executor.channel.idle import IdlePauser, process_cpu_reader
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.channel.transport import DEFAULT_PATH, PreparedCommand
@@ -290,6 +291,14 @@ class MicroVMSession(SessionNetwork, ChannelSession):
     ) -> None:
         self._config = config
         self._share = plan_share(workspace, config.user) if workspace is not None else share
+        if self._share is not None and config.idle_pause_seconds is not None:
+            raise PolicyNotEnforceableError(
+                "idle_pause_seconds pauses a session to disk, which a microVM with a workspace cannot be "
+                "(QEMU 7.2 cannot migrate its virtiofs share): start it without a workspace, or without "
+                "idle_pause_seconds"
+            )
+        #: Pauses the session to disk once idle (``idle_pause_seconds``), from its first start.
+        self._idle: IdlePauser | None = None
         self._owns_workspace = share is not None
         """A pool member: its workspace directory was made for it and is removed at close."""
         self._booting: VmProcess | None = None
@@ -378,6 +387,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             )
         if self._egress.proxied:
             self._egress.serve(self._transport, config.user)
+        if config.idle_pause_seconds is not None and self._idle is None:
+            self._idle = IdlePauser(self, config.idle_pause_seconds, process_cpu_reader)
 
     def _boot_started(self, vm: VmProcess) -> None:
         self._booting = vm
@@ -412,6 +423,14 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             shutil.rmtree(run_dir, ignore_errors=True)
         _LIVE.discard(self)
 
+    def running_sandbox(self) -> tuple[str, int] | None:
+        """The session's id and its QEMU's pid, while the VM runs (not paused to disk); else None."""
+        vm = self._vm
+        if vm is None or self._closed or self._on_disk:
+            return None
+        qemu = vm.qemu_pid()
+        return (f"{self._session_id}:{vm.pid}", qemu) if qemu is not None else None
+
     def _close_sandbox(self) -> None:
         """Kill the VM (QEMU and its wrapper) and remove its run directory; idempotent.
 
@@ -419,6 +438,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         workspace directory (made for it by the pool) is removed too: read results from it before.
         """
         self._closed = True
+        if self._idle is not None:
+            self._idle.stop()
         booting = self._booting
         if booting is not None:
             booting.kill()  # its boot() then fails at once and releases the lock
@@ -624,6 +645,11 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
             log.info("removed %d microVM run directories of gone owners", len(self.reaped))
         super().__init__()
         settings = MicroVMPoolConfig(size=pool) if isinstance(pool, int) else pool
+        if settings is not None and self.config.idle_pause_seconds is not None:
+            raise PolicyNotEnforceableError(
+                "idle_pause_seconds pauses a session to disk, which a pool's VMs cannot be (each shares a "
+                "workspace over virtiofs, which QEMU 7.2 cannot migrate): give one or the other"
+            )
         self.pool: MicroVMPool | None = None
         """The booted VMs kept ready (``pool=``), else None."""
         if settings is not None:

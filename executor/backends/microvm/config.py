@@ -61,6 +61,11 @@ class MicroVMConfig(BaseModel):
     dynamically linked ``true`` costs ~40 ms with it, ~10 ms without; docs/MICROVM.md, "Per command").
     ``"on"`` is checked in the guest at every start (refused with ``PolicyNotEnforceableError`` if off)."""
 
+    idle_pause_seconds: Annotated[float, Field(gt=0)] | None = None
+    """Pause a session to disk once, for this long, no call of it reached inside and its QEMU used next to
+    no CPU (docs/pause.md, "Idle pause"); the next call resumes it. A session with a workspace cannot be
+    paused to disk (virtiofs cannot be migrated): asking for both is refused. None: never."""
+
     @field_validator("network", mode="before")
     @classmethod
     def _no_route(cls, network: object) -> object:

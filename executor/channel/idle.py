@@ -1,9 +1,10 @@
-"""Idle pause: a checkpointable session that sat idle for ``idle_pause_seconds`` pauses itself to disk.
+"""Idle pause: a session that sat idle for ``idle_pause_seconds`` pauses itself to disk (any engine).
 
 Idle means both, for the whole period: no call of the session reached inside (each one notes its time:
-``ChannelSession.last_call``), and the sandbox's processes used less than :data:`BUSY_CPU_SHARE` of one
-CPU, read from the container's cgroup on the host. An idle gVisor sandbox's own clock costs a few
-percent (measured about 4 %), so "no CPU" is that floor, not zero. The pause is an ordinary
+``ChannelSession.last_call``), and the sandbox used less than :data:`BUSY_CPU_SHARE` of one CPU, read on
+the host by the engine's reader: a container's cgroup (:func:`cgroup_cpu_reader`), a VM's QEMU process
+(:func:`process_cpu_reader`). An idle gVisor sandbox's own clock costs a few percent (measured about 4 %),
+an idle microVM's QEMU under TCG about 0.4 %, so "no CPU" is that floor, not zero. The pause is an ordinary
 ``pause(wait_seconds=0)``: it is refused, and tried again after another idle period, when a command runs
 or a terminal, program, port or connection is open. The next call resumes the session, as after any
 pause (docs/pause.md).
@@ -12,6 +13,7 @@ pause (docs/pause.md).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,9 +22,12 @@ from typing import TYPE_CHECKING
 from adk_sandbox.executor.errors import ExecutorError
 
 if TYPE_CHECKING:
-    from adk_sandbox.executor.backends.docker.session import DockerSession
+    from adk_sandbox.executor.channel.session import ChannelSession
 
-__all__ = ["BUSY_CPU_SHARE", "IdlePauser", "cgroup_cpu_reader"]
+__all__ = ["BUSY_CPU_SHARE", "CpuReader", "IdlePauser", "cgroup_cpu_reader", "process_cpu_reader"]
+
+#: CPU seconds used so far (None: not readable now, as when the sandbox stopped).
+CpuReader = Callable[[], float | None]
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +35,7 @@ log = logging.getLogger(__name__)
 BUSY_CPU_SHARE = 0.10
 
 
-def cgroup_cpu_reader(pid: int) -> Callable[[], float | None] | None:
+def cgroup_cpu_reader(pid: int) -> CpuReader | None:
     """A reader of the CPU seconds used by the cgroup of host process ``pid`` (v1 cpuacct or v2), or None."""
     try:
         with open(f"/proc/{pid}/cgroup", encoding="ascii") as handle:
@@ -74,6 +79,21 @@ def cgroup_cpu_reader(pid: int) -> Callable[[], float | None] | None:
     return read
 
 
+def process_cpu_reader(pid: int) -> CpuReader | None:
+    """A reader of the CPU seconds host process ``pid`` used, all its threads (a VM's QEMU)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def read() -> float | None:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None  # it ended (paused to disk) or is gone
+        return (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+
+    return read if read() is not None else None
+
+
 def _readable(path: str) -> bool:
     try:
         with open(path, encoding="ascii"):
@@ -85,9 +105,13 @@ def _readable(path: str) -> bool:
 class IdlePauser:
     """Watches one session and pauses it to disk once it sat idle for ``seconds`` (see the module)."""
 
-    def __init__(self, session: DockerSession, seconds: float) -> None:
+    def __init__(
+        self, session: ChannelSession, seconds: float, reader: Callable[[int], CpuReader | None]
+    ) -> None:
+        """Watch ``session`` (its ``running_sandbox()``: an id and a host pid), CPU read by ``reader``."""
         self._session = session
         self._seconds = seconds
+        self._reader = reader
         self._step = min(max(seconds / 4, 0.05), 5.0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="adk-sandbox-idle", daemon=True)
@@ -111,7 +135,7 @@ class IdlePauser:
                 continue
             key = f"{running[0]}:{running[1]}"
             if watched != key:  # a new container, or restored: its own cgroup
-                watched, cpu = key, cgroup_cpu_reader(running[1])
+                watched, cpu = key, self._reader(running[1])
             used = cpu() if cpu is not None else None
             busy = (
                 used is None
