@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,9 +31,25 @@ def _node(name: str) -> None:
     subprocess.run([str(SCRIPT), name], check=True, timeout=300)
 
 
+def _bring_up() -> None:
+    """``k8s-second-node up``, once more after a ``down`` when the first try fails (a kubelet that came up
+    on a machine loaded by the suites before it); the error carries what both tries printed, on one line,
+    as a CI log keeps only the summary's lines."""
+    reasons = []
+    for _ in range(2):
+        done = subprocess.run([str(SCRIPT), "up"], capture_output=True, text=True, timeout=300, check=False)
+        if done.returncode == 0:
+            if reasons:
+                warnings.warn(f"the second node came up on a second try; first: {reasons[0]}", stacklevel=1)
+            return
+        reasons.append(" | ".join(done.stderr.strip().splitlines()[-12:]))
+        _node("down")
+    raise RuntimeError(f"k8s-second-node up failed twice: {' || '.join(reasons)}")
+
+
 @pytest.fixture(scope="module")
 def second_node() -> Iterator[str]:
-    _node("up")
+    _bring_up()
     try:
         yield SECOND
     finally:
