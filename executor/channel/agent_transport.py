@@ -648,12 +648,22 @@ class AgentTransport:
         Its stream is closed on this side only: the keeper's stdin stays open, so the agent waits for the
         next stream. Returns what :meth:`reattach` needs to serve the same agent again.
         """
+        described = self.describe(user)
         with self._lock:
             agent = self._agents.pop(user)
             if self._last is agent:
                 self._last = None
-            resident = self._resident_agent is agent
         agent.close("detached for a checkpoint")
+        return described
+
+    def describe(self, user: str) -> DetachedAgent:
+        """What :meth:`reattach` needs to serve a copy of ``user``'s agent, which stays served here.
+
+        A fork: the copy runs in another sandbox made from this one's memory, taken while no call runs.
+        """
+        with self._lock:
+            agent = self._agents[user]
+            resident = self._resident_agent is agent
         return DetachedAgent(agent.user, dict(agent.hello or {}), agent.numbering(), resident)
 
     def reattach(

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from adk_sandbox.executor.backends.microvm._pause import SEED_GREETING, _reseed
 from adk_sandbox.executor.backends.microvm._port import program_header
 from adk_sandbox.executor.backends.microvm._qemu import (
     GUEST_OVERHEAD_MB,
@@ -22,7 +26,7 @@ from adk_sandbox.executor.backends.microvm._reaper import reap_vms, run_dir_pref
 from adk_sandbox.executor.backends.microvm._share import plan_share
 from adk_sandbox.executor.backends.microvm.backend import GuestFacts, guest_aslr
 from adk_sandbox.executor.backends.microvm.config import MicroVMConfig, MicroVMPoolConfig
-from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
+from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor.types import Language, ResourceLimits
 
 
@@ -54,8 +58,44 @@ def test_root_disk_is_read_only_and_ports_are_sockets() -> None:
     argv = qemu_command(_spec(), qemu="qemu")
     assert _value(argv, "-drive") == ["file=/r/root.ext4,if=none,id=root,format=raw,readonly=on"]
     sockets = [word for word in _value(argv, "-chardev") if word.startswith("socket,")]
-    assert sockets == [f"socket,id=port{n},path=/run/vm/port{n}.sock,server=on,wait=off" for n in (1, 2, 3)]
-    assert "virtio-serial-device,max_ports=4" in _value(argv, "-device")
+    assert sockets == [
+        *(f"socket,id=port{n},path=/run/vm/port{n}.sock,server=on,wait=off" for n in (1, 2, 3)),
+        "socket,id=seed,path=/run/vm/seed.sock,server=on,wait=off",  # after the agents' ports
+    ]
+    assert "virtio-serial-device,max_ports=5" in _value(argv, "-device")
+    assert "virtserialport,chardev=seed,nr=4" in _value(argv, "-device")
+
+
+def _guest_seed_loop(guest: socket.socket, answer: bytes, seen: list[bytes]) -> None:
+    """What guest/vminit.c's seed loop does, answering ``answer``; the seed it got goes to ``seen``."""
+    guest.sendall(SEED_GREETING)
+    seed = b""
+    while len(seed) < 32:
+        seed += guest.recv(32 - len(seed))
+    seen.append(seed)
+    guest.sendall(answer)
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [(b"reseeded\n", None), (b"failed 1\n", "could not take fresh randomness"), (b"x" * 5000, "in time")],
+)
+def test_a_fork_is_reseeded_or_refused(answer: bytes, error: str | None) -> None:
+    """The host's side of the seed port: fresh bytes each time; an answer other than "reseeded", or a flood
+    without one, fails the fork (it is not handed out)."""
+    seen: list[bytes] = []
+    for _ in range(2):
+        host, guest = socket.socketpair()
+        with host, guest:
+            loop = threading.Thread(target=_guest_seed_loop, args=(guest, answer, seen))
+            loop.start()
+            if error is None:
+                _reseed(host, time.monotonic() + 5)
+            else:
+                with pytest.raises(SandboxFailedError, match=error):
+                    _reseed(host, time.monotonic() + 5)
+            loop.join()
+    assert len(seen) == 2 and seen[0] != seen[1]
 
 
 def test_kernel_command_line_carries_the_limits_and_the_tsc() -> None:

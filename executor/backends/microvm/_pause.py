@@ -9,12 +9,22 @@ connects to each running agent's port *before* the guest runs again, so the gues
 closed (a port closed while the guest runs ends its agent's input); then ``cont``, and each agent is
 served again over its new socket (it answers a PING).
 
+**A fork** (``fork(processes=True)``) is the same migration with the source going on after it, and a new
+QEMU started from the file in a run directory of its own. Before that copy runs, the host connects to its
+seed port too: once it runs, the guest's seed loop (``guest/vminit.c``) mixes 32 fresh bytes from the host
+into the guest kernel's pool and makes its generator rekey, and answers; the fork is handed out only then.
+Without it every copy of one file would draw the same kernel randomness (the cloud kernel has no VM
+generation id driver, and the ``microvm`` machine no ACPI device for one).
+
 Not with a workspace: virtiofs (vhost-user-fs) is a migration blocker in QEMU 7.2.
 """
 
 from __future__ import annotations
 
+import secrets
+import select
 import shlex
+import socket
 import time
 from pathlib import Path
 
@@ -25,15 +35,26 @@ from adk_sandbox.executor.errors import SandboxFailedError
 
 __all__ = ["STATE_FILE", "migrate_to_file", "start_from_file"]
 
+#: What the guest's seed loop writes when it waits for a seed, and answers once reseeded (guest/vminit.c).
+SEED_GREETING = b"\nadk-vm-seed-ready-1\n"
+SEED_DONE = b"reseeded\n"
+#: What the host reads of the seed port at most (the greeting, an answer): a flooding guest gets no further.
+_SEED_READ_LIMIT = 4096
+
 #: The migrated machine, in the VM's run directory.
 STATE_FILE = "machine.state"
 #: How long a migration to or from the file may take.
 MIGRATE_SECONDS = 120.0
 
 
-def migrate_to_file(monitor: Qmp, state: Path) -> None:
-    """Stop the VM and write the whole machine to ``state``; on failure it goes on as it was."""
-    monitor.command("stop")
+def migrate_to_file(monitor: Qmp, state: Path, *, go_on: bool = False, running: bool = True) -> None:
+    """Stop the VM and write the whole machine to ``state``; on failure it goes on as it was.
+
+    ``go_on``: it goes on after a migration that succeeded too (a fork's source), else it stays stopped.
+    ``running``: it runs now (else it was stopped in place, and stays so whatever happens).
+    """
+    if running:
+        monitor.command("stop")
     try:
         monitor.command("migrate", {"uri": "exec:cat > " + shlex.quote(str(state))})
         status = monitor.wait_status(
@@ -42,14 +63,21 @@ def migrate_to_file(monitor: Qmp, state: Path) -> None:
         if status != "completed":
             raise SandboxFailedError(f"QEMU's migration of the microVM to {state} ended {status}")
     except BaseException:
-        monitor.command("cont")
+        if running:
+            monitor.command("cont")
         raise
+    if go_on and running:
+        monitor.command("cont")
 
 
 def start_from_file(
-    spec: QemuCommand, state: Path, opener: PortOpener, users: list[str]
+    spec: QemuCommand, state: Path, opener: PortOpener, users: list[str], *, reseed: bool = False
 ) -> tuple[VmProcess, Qmp, dict[str, PortStream]]:
-    """A new QEMU loading ``state``, each of ``users``' ports connected, running; its monitor and streams."""
+    """A new QEMU loading ``state``, each of ``users``' ports connected, running; its monitor and streams.
+
+    ``reseed``: a copy of another VM (a fork): its kernel's generator takes fresh randomness from the host
+    as it starts to run, and it is handed out only once the guest says so (else it is killed).
+    """
     incoming = "exec:cat " + shlex.quote(str(state))
     for stale in [spec.qmp_socket, *(spec.port_socket(n) for n in range(1, spec.ports + 1))]:
         stale.unlink(missing_ok=True)  # the killed QEMU's: the new one's are waited for below
@@ -57,8 +85,10 @@ def start_from_file(
     until = time.monotonic() + MIGRATE_SECONDS
     streams: dict[str, PortStream] = {}
     monitor: Qmp | None = None
+    seed: socket.socket | None = None
+    sockets = [*(spec.port_socket(n) for n in range(1, spec.ports + 1)), spec.seed_socket]
     try:
-        while not all(spec.port_socket(n).exists() for n in range(1, spec.ports + 1)):
+        while not all(path.exists() for path in sockets):
             if vm.finished() or time.monotonic() >= until:
                 raise SandboxFailedError(
                     f"the microVM could not be restored from {state}: QEMU "
@@ -67,9 +97,14 @@ def start_from_file(
             time.sleep(0.01)
         for user in users:  # before the guest runs: it never sees its agents' ports closed
             streams[user] = opener.reconnect(user, until)
+        if reseed:
+            seed = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            seed.connect(str(spec.seed_socket))
         monitor = Qmp(spec.qmp_socket, until)
         monitor.wait_status("query-status", {"paused"}, until)  # loaded (-S keeps it stopped)
         monitor.command("cont")
+        if seed is not None:
+            _reseed(seed, until)
         return vm, monitor, streams
     except BaseException:
         for stream in streams.values():
@@ -78,3 +113,29 @@ def start_from_file(
             monitor.close()
         vm.kill()
         raise
+    finally:
+        if seed is not None:
+            seed.close()
+
+
+def _reseed(seed: socket.socket, until: float) -> None:
+    """Give the guest's seed loop fresh bytes and wait for its answer (see the module docstring)."""
+    _read_until(seed, SEED_GREETING, until)
+    seed.sendall(secrets.token_bytes(32))
+    answer = _read_until(seed, b"\n", until)
+    if not answer.endswith(SEED_DONE):
+        said = answer[-64:].decode("ascii", "replace").strip()
+        raise SandboxFailedError(f"the fork's kernel could not take fresh randomness (its init: {said!r})")
+
+
+def _read_until(sock: socket.socket, end: bytes, until: float) -> bytes:
+    seen = b""
+    while not seen.endswith(end):
+        left = until - time.monotonic()
+        if len(seen) >= _SEED_READ_LIMIT or left <= 0 or not select.select([sock], [], [], left)[0]:
+            raise SandboxFailedError("the fork's kernel did not take fresh randomness in time (seed port)")
+        chunk = sock.recv(1)
+        if not chunk:
+            raise SandboxFailedError("the fork's seed port closed (QEMU stopped)")
+        seen += chunk
+    return seen

@@ -105,6 +105,11 @@ class QemuCommand:
         return self.run_dir / f"port{number}.sock"
 
     @property
+    def seed_socket(self) -> Path:
+        """The host end of the seed port (after the agents' ports): fresh randomness for a fork only."""
+        return self.run_dir / "seed.sock"
+
+    @property
     def fs_socket(self) -> Path:
         """The vhost-user socket between QEMU and virtiofsd (made by fsjail)."""
         return self.run_dir / "fs.sock"
@@ -168,7 +173,7 @@ def qemu_command(spec: QemuCommand, qemu: str | None = None) -> list[str]:
         "-append", kernel_command_line(spec),
         "-drive", f"file={spec.rootfs},if=none,id=root,format=raw,readonly=on",
         "-device", "virtio-blk-device,drive=root",
-        "-device", f"virtio-serial-device,max_ports={spec.ports + 1}",
+        "-device", f"virtio-serial-device,max_ports={spec.ports + 2}",
     ]  # fmt: skip
     if spec.share is not None:
         argv += [
@@ -182,6 +187,10 @@ def qemu_command(spec: QemuCommand, qemu: str | None = None) -> list[str]:
             "-chardev", f"socket,id=port{number},path={spec.port_socket(number)},server=on,wait=off",
             "-device", f"virtserialport,chardev=port{number},nr={number}",
         ]  # fmt: skip
+    argv += [  # the seed port (guest/vminit.c seed_loop): connected only to a fork, before it runs
+        "-chardev", f"socket,id=seed,path={spec.seed_socket},server=on,wait=off",
+        "-device", f"virtserialport,chardev=seed,nr={spec.ports + 1}",
+    ]  # fmt: skip
     return argv
 
 

@@ -491,14 +491,9 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         with self._quiesced(wait_seconds, "the session is paused"):
             transport, vm, run_dir = self._transport, self._vm, self._run_dir
             assert transport is not None and vm is not None and run_dir is not None  # noqa: S101 - started
-            users = transport.users()
-            in_use = sum(transport.in_use(user) for user in users)
-            if in_use:
-                raise InvalidRequestError(
-                    f"{in_use} spawned program(s), terminal(s), listener(s) or connection(s) of this session "
-                    "are open, and their streams cannot be held through a pause to disk; nothing was paused. "
-                    "Close them first, or pause(keep_memory=True)"
-                )
+            users = self._users_without_streams(
+                "held through a pause to disk; nothing was paused. Close them, or pause(keep_memory=True)"
+            )
             migrate_to_file(self._monitor(), run_dir / STATE_FILE)
             self._detached = [transport.detach(user) for user in users]
             monitor, self._monitor_connection = self._monitor_connection, None
@@ -507,8 +502,22 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             vm.kill()
             self._paused = self._on_disk = True
 
+    def _users_without_streams(self, consequence: str) -> list[str]:
+        """The users whose agents run; refused while any has a program, terminal or connection open."""
+        transport = self._transport
+        assert transport is not None  # noqa: S101 - started
+        users = transport.users()
+        in_use = sum(transport.in_use(user) for user in users)
+        if in_use:
+            raise InvalidRequestError(
+                f"{in_use} spawned program(s), terminal(s), listener(s) or connection(s) of this session are "
+                f"open, and their streams cannot be {consequence}"
+            )
+        return users
+
     def _thaw(self) -> None:
         if not self._on_disk:
+            self._frozen_state().unlink(missing_ok=True)
             self._monitor().command("cont")
             return
         transport, spec, opener, run_dir = self._transport, self._vm_command, self._opener, self._run_dir
@@ -520,6 +529,99 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             transport.reattach(agent, streams[agent.user], time.monotonic() + 30)
         self._detached = []
         (run_dir / STATE_FILE).unlink(missing_ok=True)
+
+    # -- fork (docs/pause.md "The microVM") -----------------------------------------------------------
+    def fork(self, *, processes: bool = False, wait_seconds: float = 30.0) -> MicroVMSession:
+        """A new session running a copy of this VM: every process where it was, with its memory.
+
+        ``processes=True`` is required: a microVM's files are in its memory (tmpfs), so a copy without its
+        processes is no cheaper. The VM is stopped, migrated to a file in the fork's run directory and goes
+        on; a new QEMU starts from the file, each agent served again over the fork's own ports, and its
+        kernel's generator takes fresh randomness from the host before the fork is handed out (the
+        parent's and the fork's draws differ). A session paused in place stays paused: forks of it start
+        from the very same state (pause, fork N ways, resume). Running calls are waited for (at most
+        ``wait_seconds``);
+        refused while a spawned program, terminal or connection is open, with a workspace (QEMU 7.2 cannot
+        migrate virtiofs) and with a network policy (its proxy is not carried over yet).
+        """
+        if not processes:
+            raise InvalidRequestError(
+                "a microVM's files live in its memory: fork(processes=True) copies the whole VM, its "
+                "processes with it; fork() alone has nothing cheaper to offer"
+            )
+        if self._share is not None:
+            raise PolicyNotEnforceableError(
+                "a microVM with a workspace cannot be forked: QEMU 7.2 cannot migrate its virtiofs share "
+                "(vhost-user-fs is a migration blocker); start the session without a workspace to fork it"
+            )
+        if self._egress.proxied:
+            raise PolicyNotEnforceableError(
+                "a microVM with a network policy cannot be forked yet: its proxy is served by the host and "
+                "is not carried to a copy; fork a session without one"
+            )
+        self.start()
+        frozen = self._paused and not self._on_disk
+        if not frozen:
+            self._awake()
+        child = MicroVMSession(self._config)
+        with self._quiesced(wait_seconds, "the session is forked"):
+            transport, parts = self._transport, guest_parts(self._config.image)
+            assert transport is not None and self.accel is not None  # noqa: S101 - started
+            users = self._users_without_streams("copied to a fork; nothing was forked. Close them first")
+            agents = [transport.describe(user) for user in users]
+            state = child._prepare_copy(self, parts) / STATE_FILE
+            try:
+                if frozen:  # QEMU migrates a stopped VM once: its file serves every fork until the resume
+                    kept = self._frozen_state()
+                    if not kept.exists():
+                        migrate_to_file(self._monitor(), kept, running=False)
+                    os.link(kept, state)
+                else:
+                    migrate_to_file(self._monitor(), state, go_on=True)
+            except BaseException:
+                child.close()
+                raise
+        try:
+            child._start_copy(state, agents)
+        except BaseException:
+            child.close()
+            raise
+        return child
+
+    def _frozen_state(self) -> Path:
+        """The machine's file made by the first fork of this session paused in place (gone at resume)."""
+        assert self._run_dir is not None  # noqa: S101 - started
+        return self._run_dir / "frozen.state"
+
+    def _prepare_copy(self, source: MicroVMSession, parts: GuestParts) -> Path:
+        """Give this new session ``source``'s machine (its run directory, command, ports); the run dir."""
+        assert source.accel is not None and source._opener is not None  # noqa: S101 - started
+        self.accel, self.guest, self._capabilities = source.accel, source.guest, source._capabilities
+        self._enterable = set(source._enterable)
+        self._run_dir = run_dir = Path(tempfile.mkdtemp(prefix=run_dir_prefix(self._session_id)))
+        _LIVE.add(self)
+        self._vm_command = spec = _vm_spec(parts, self._config, source.accel, run_dir)
+        self._opener = PortOpener([str(spec.port_socket(n)) for n in range(1, spec.ports + 1)])
+        self._opener.port_of = dict(source._opener.port_of)
+        return run_dir
+
+    def _start_copy(self, state: Path, agents: list[DetachedAgent]) -> None:
+        """Start this session's QEMU from ``state`` (reseeded) and serve each of ``agents`` again."""
+        spec, opener = self._vm_command, self._opener
+        assert spec is not None and opener is not None  # noqa: S101 - _prepare_copy
+        started = time.monotonic()
+        with self._lock:
+            users = [agent.user for agent in agents]
+            self._vm, self._monitor_connection, streams = start_from_file(
+                spec, state, opener, users, reseed=True
+            )
+            state.unlink(missing_ok=True)
+            self._transport = transport = AgentTransport(opener)
+            for agent in agents:
+                transport.reattach(agent, streams.pop(agent.user), time.monotonic() + 30)
+            self.boot_seconds = time.monotonic() - started
+            if self._config.idle_pause_seconds is not None:
+                self._idle = IdlePauser(self, self._config.idle_pause_seconds, process_cpu_reader)
 
     # -- what is enforced ----------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -543,6 +645,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
                 languages=(Language.COMMAND, *facts.languages),
                 channel="agent",
                 accel=self.accel,
+                # fork(processes=True) copies the whole VM, which QEMU 7.2 cannot with a virtiofs share
+                snapshots=("processes", "memory") if self._share is None else (),
             )
         return self._capabilities.model_copy(update={"network_policy": self._egress.policy})
 

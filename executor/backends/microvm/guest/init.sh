@@ -64,6 +64,12 @@ while [ $n -le "$ports" ]; do
     ln -s "$(ls /dev/vport*p$n)" "/dev/adk-port$n"
     n=$((n + 1))
 done
+# The port after them is the seed port (vminit's seed loop): fresh randomness for a fork.
+i=0
+while ! ls /dev/vport*p$n >/dev/null 2>&1; do
+    i=$((i + 1)); [ $i -gt 500 ] && fail "no seed port ($n)"; usleep 10000
+done
+ln -s "$(ls /dev/vport*p$n)" /dev/adk-seed
 # Loopback only (there is no other device): the agent's proxy for a NetworkPolicy listens on 127.0.0.1.
 ifconfig lo 127.0.0.1 up || fail "cannot bring lo up"
 mount --move /dev /newroot/dev

@@ -6,7 +6,8 @@
  *   2. forks one port loop per virtio-serial port /dev/adk-port1..<ports> (links made by init.sh), each in the sandbox cgroup, in a
  *      cgroup namespace of its own with cgroup2 mounted read-only at /sys/fs/cgroup (so the agent reads the
  *      sandbox's memory.events as a container's agent reads its container's);
- *   3. reaps every orphan, and starts a port loop again if one dies.
+ *   3. forks the seed loop on the last port, /dev/adk-seed (see seed_loop below);
+ *   4. reaps every orphan, and starts a port loop or the seed loop again if one dies.
  *
  * A port loop: open the port, write GREETING (the host connected to the port's socket discards what came
  * before it), read one header, start that program with the port as its stdin and stdout (stderr: the
@@ -31,9 +32,13 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <sys/ioctl.h>
 #include <linux/capability.h>
+#include <linux/random.h>
 
 #define GREETING "\nadk-vm-port-ready-1\n"
+#define SEED_GREETING "\nadk-vm-seed-ready-1\n"
+#define SEED_BYTES 32
 #define MAX_PORTS 32
 #define MAX_ARGS 64
 #define MAX_ARG (1 << 20)
@@ -76,6 +81,18 @@ static int read_line(int fd, char *buf, size_t cap) {
         if (n + 1 >= cap) return -1;
         buf[n++] = c;
     }
+}
+
+static int write_all(int fd, const char *text) {
+    size_t left = strlen(text);
+    while (left > 0) { /* on a port: blocks until the host is connected */
+        ssize_t w = write(fd, text, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        text += w;
+        left -= (size_t)w;
+    }
+    return 0;
 }
 
 static void run_program(int port) {
@@ -138,16 +155,41 @@ static void port_loop(int index) {
             sleep(1);
             continue;
         }
-        const char *g = GREETING;
-        size_t left = strlen(g);
-        while (left > 0) { /* blocks until the host is connected */
-            ssize_t w = write(port, g, left);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) break;
-            g += w;
-            left -= (size_t)w;
+        if (write_all(port, GREETING) == 0) run_program(port);
+        close(port);
+    }
+}
+
+/* The seed loop: a copy of this VM started from another's memory (a fork) draws the same kernel randomness
+ * as every other copy until its pool is reseeded. The host connects to this port only then, before the copy
+ * runs: the loop greets, reads SEED_BYTES fresh bytes from the host, mixes them into the input pool with
+ * full credit (RNDADDENTROPY) and makes the kernel's generator take a new key from it at once
+ * (RNDRESEEDCRNG: what the VM generation id device's notification does), then answers "reseeded" or
+ * "failed <errno>". It runs as root in the root cgroup: both ioctls need CAP_SYS_ADMIN, which no program
+ * of a port has. The host trusts nothing it reads here beyond that one line. */
+static void seed_loop(void) {
+    struct {
+        int entropy_count;
+        int buf_size;
+        unsigned char buf[SEED_BYTES];
+    } seed;
+    for (;;) {
+        int port = open("/dev/adk-seed", O_RDWR | O_CLOEXEC | O_NOCTTY);
+        if (port < 0) {
+            sleep(1);
+            continue;
         }
-        if (left == 0) run_program(port);
+        if (write_all(port, SEED_GREETING) == 0 && read_exact(port, (char *)seed.buf, SEED_BYTES) == 0) {
+            char answer[64] = "reseeded\n";
+            int random = open("/dev/random", O_WRONLY | O_CLOEXEC);
+            seed.entropy_count = SEED_BYTES * 8;
+            seed.buf_size = SEED_BYTES;
+            if (random < 0 || ioctl(random, RNDADDENTROPY, &seed) != 0 || ioctl(random, RNDRESEEDCRNG) != 0)
+                snprintf(answer, sizeof answer, "failed %d\n", errno);
+            if (random >= 0) close(random);
+            memset(seed.buf, 0, sizeof seed.buf);
+            write_all(port, answer);
+        }
         close(port);
     }
 }
@@ -173,7 +215,15 @@ int main(int argc, char **argv) {
     if (write_file(CG "/sandbox/pids.max", pids) != 0) say("cannot set pids.max: %s", strerror(errno));
     /* What the host's probe reads: the limits really in force. */
     pid_t loops[MAX_PORTS + 1] = {0};
+    pid_t seeder = 0;
     for (;;) {
+        if (seeder <= 0) {
+            seeder = fork();
+            if (seeder == 0) {
+                seed_loop();
+                _exit(1);
+            }
+        }
         for (int i = 1; i <= ports; i++) {
             if (loops[i] > 0) continue;
             pid_t pid = fork();
@@ -191,5 +241,6 @@ int main(int argc, char **argv) {
         }
         for (int i = 1; i <= ports; i++)
             if (loops[i] == dead) loops[i] = 0;
+        if (seeder == dead) seeder = 0;
     }
 }
