@@ -17,7 +17,8 @@ touched memory:
   sessions paused together (host memory, disk each, this process's growth) and each resumed;
 * the microVM (TCG, ``--no-microvm`` skips it), idle and holding 200 MB: ``pause()`` (QEMU's migration to a
   file) and ``resume()``, the first command after it against one never paused, the machine's file, and
-  ``resume()`` after ``pause(keep_memory=True)``.
+  ``resume()`` after ``pause(keep_memory=True)``; ``fork(processes=True)`` of the running VM, and of it
+  paused in place (one machine file serves each fork), against starting a new session (its boot).
 
 The issue's targets: resume and fork-with-processes p50 ≤ 300 ms; a paused session's host memory
 ≤ 1 MiB; an idle one's disk ≤ 4 MiB.
@@ -323,6 +324,7 @@ def measure_microvm(rounds: int) -> list[Row]:
     config = MicroVMConfig(accel="tcg", limits=ResourceLimits(memory_mb=512), boot_timeout_seconds=120)
     rows: list[Row] = []
     with MicroVMBackend(config) as backend:
+        boots = _boots(backend, 3)
         for held in (False, True):
             with backend.session() as session:
                 if held:
@@ -350,6 +352,7 @@ def measure_microvm(rounds: int) -> list[Row]:
                     started = time.perf_counter()
                     session.resume()
                     in_place.append(_ms(started))
+                forks, frozen = _forks(session, max(3, rounds // 4))
                 pauses, resumes, firsts, plain = cycles.pauses, cycles.resumes, cycles.firsts, cycles.plain
                 resume = Stats(tuple(resumes))
                 rows += [
@@ -380,8 +383,46 @@ def measure_microvm(rounds: int) -> list[Row]:
                         "",
                         "",
                     ),
+                    Row.latency(
+                        f"microVM `fork(processes=True)`, {what}", forks, "a new session's boot", boots
+                    ),
+                    Row.latency(
+                        f"microVM `fork(processes=True)` of it paused in place, {what}",
+                        frozen,
+                        "a new session's boot",
+                        boots,
+                    ),
                 ]
     return rows
+
+
+def _boots(backend: Any, rounds: int) -> Stats:
+    """Milliseconds to start a new session of ``backend`` (a boot), ``rounds`` times."""
+    took = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        with backend.session() as session:
+            session.start()  # the context may have started it already: either way, timed from before
+            took.append(_ms(started))
+    return Stats(tuple(took))
+
+
+def _forks(session: Any, rounds: int) -> tuple[Stats, Stats]:
+    """``fork(processes=True)`` until the fork answers a command: of the running VM, then of it paused.
+
+    Paused in place, the first fork migrates it and the others start from the same file.
+    """
+    running, frozen = [], []
+    for kept in (running, frozen):
+        if kept is frozen:
+            session.pause(keep_memory=True)
+        for _ in range(rounds):
+            started = time.perf_counter()
+            with session.fork(processes=True) as child:
+                child.execute(TRUE)
+                kept.append(_ms(started))
+    session.resume()
+    return Stats(tuple(running)), Stats(tuple(frozen))
 
 
 def main() -> None:
