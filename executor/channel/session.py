@@ -412,10 +412,13 @@ class ChannelSession(SandboxSession):
         return None
 
     def _call_gate(self) -> CallGate:
-        with _PORTS_LOCK:
-            if self._calls is None:
-                self._calls = CallGate()
-            return self._calls
+        gate = self._calls  # every call reads it: the shared lock only for its one-time making
+        if gate is None:
+            with _PORTS_LOCK:
+                if self._calls is None:
+                    self._calls = CallGate()
+                gate = self._calls
+        return gate
 
     def _counted(self) -> contextlib.AbstractContextManager[None]:
         """A call that runs inside: it waits while the session is quiesced, and is waited for by it."""

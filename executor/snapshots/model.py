@@ -124,7 +124,8 @@ class Snapshot(BaseModel):
     """When any reaper may remove it (seconds since the epoch)."""
     owner: dict[str, str] = Field(default_factory=dict)
     """The owner labels of the process that owns it (empty: detached, only :attr:`expires` applies)."""
-    backend: Literal["docker"] = "docker"
+    backend: Literal["docker", "microvm"] = "docker"
+    """The backend whose sessions can start from it (a microVM's: its machine file, ``checkpoint/``)."""
     image: str
     """The image the session ran (by name): sessions from the snapshot run it (or :attr:`root_image`)."""
     image_id: str
@@ -153,8 +154,9 @@ class Snapshot(BaseModel):
     carries: tuple[Literal["files", "processes", "memory"], ...] = ("files",)
     """What it restores: ``("files",)``, or with :attr:`processes` every process and its memory too."""
     processes: KeptProcesses | None = None
-    """Set for a snapshot with processes: its processes and files are the checkpoint in ``checkpoint/``
-    (the sandbox's memory, tmpfs and root writes under gVisor), besides the workspace copy (if any)."""
+    """Set for a container's snapshot with processes: its processes and files are the checkpoint in
+    ``checkpoint/`` (the sandbox's memory, tmpfs and root writes under gVisor), besides the workspace copy
+    (if any). A microVM's (:attr:`backend`) describes its agents in ``checkpoint/machine.json`` instead."""
     path: str = ""
     """Its directory on disk (set when it is read from its store)."""
 
@@ -190,6 +192,13 @@ class Snapshot(BaseModel):
     def leak_reason(self, now: float | None = None) -> str | None:
         """Why a reaper may remove it (expired, or its owner process is gone), or None."""
         return _owner.leak_reason(self.engine_labels(), time.time() if now is None else now)
+
+
+def owner_of_now() -> dict[str, str]:
+    """The owner labels a snapshot taken now by this process carries."""
+    labels = _owner.owner_labels("snapshot", 0)
+    keys = (_owner.OWNER_PID, _owner.OWNER_START, _owner.OWNER_BOOT, _owner.OWNER_HOST, _owner.OWNER_PIDNS)
+    return {key: labels[key] for key in keys}
 
 
 def options_from(**given: object) -> SnapshotOptions:

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from adk_sandbox.executor import ExecRequest, ResourceLimits
+from adk_sandbox.executor.backends.docker import DockerBackend
 from adk_sandbox.executor.backends.microvm import (
     MicroVMBackend,
     MicroVMConfig,
@@ -42,6 +43,7 @@ from adk_sandbox.executor.errors import (
     PolicyNotEnforceableError,
     SandboxFailedError,
 )
+from adk_sandbox.executor.snapshots.store import SnapshotStore
 from adk_sandbox.executor.types import ExecResult, IsolationClass
 from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
 from tests.conformance.table import column
@@ -759,6 +761,8 @@ def test_pause_to_disk_of_a_vm_with_a_workspace_is_refused(session: MicroVMSessi
 
 #: 16 bytes of the guest kernel's randomness, as hex.
 _DRAW = "od -An -N16 -tx1 /dev/urandom | tr -dc 0-9a-f"
+#: How many times the guest init reseeded this VM's kernel generator from the host (none: "0").
+_RESEEDS = "cat /run/adk-vm/reseeds 2>/dev/null || echo 0"
 
 
 def test_fork_with_processes_copies_the_vm_and_each_copy_draws_its_own_randomness(
@@ -767,10 +771,12 @@ def test_fork_with_processes_copies_the_vm_and_each_copy_draws_its_own_randomnes
     """``fork(processes=True)``: a copy of the whole VM, its programs running on from their memory.
 
     The fork's shell holds the parent's token and writes it again in the fork only; what either writes
-    stays its own. Each copy of one machine would draw the same kernel randomness: the parent is paused in
+    stays its own. Each copy of one machine holds the same kernel generator: the parent is paused in
     place, so two forks of it start from the very same state (it stays paused through them); each fork's
-    first command draws 16 bytes, and so does the resumed parent, and all three differ. With the reseed
-    left out the forks drew the same bytes (checked).
+    first command draws 16 bytes, and so does the resumed parent, and all three differ. The guest kernel
+    reseeds itself on demand too, often while a VM is young (its seed older than max(1 s, uptime/2)), so
+    young copies drew apart even with the seed port left out (checked); the guest init's count of the
+    host's reseeds is what fails then: 1 in each fork, 0 in the parent.
     """
     with backend.session() as parent:
         token = _start_keeper(parent)
@@ -784,6 +790,7 @@ def test_fork_with_processes_copies_the_vm_and_each_copy_draws_its_own_randomnes
             assert {first.session_id, second.session_id}.isdisjoint({parent.session_id})
             draws = [sh(vm, _DRAW).stdout for vm in (first, second, parent)]
             assert len(set(draws)) == 3 and all(len(draw) == 32 for draw in draws), draws
+            assert [sh(vm, _RESEEDS).stdout for vm in (first, second, parent)] == ["1\n", "1\n", "0\n"]
             again = sh(first, "rm /tmp/token; sleep 0.5; cat /tmp/token; echo mine > /tmp/fork-only")
             assert again.stdout.strip() == token  # the parent's shell, running on in the fork
             assert sh(parent, "cat /tmp/fork-only 2>/dev/null; cat /tmp/token").stdout.strip() == token
@@ -791,6 +798,38 @@ def test_fork_with_processes_copies_the_vm_and_each_copy_draws_its_own_randomnes
             first_vm = first.qemu_pid
         assert first_vm is not None and _gone(first_vm, 5)  # a fork's close ends its QEMU
         assert sh(parent, "cat /tmp/token").stdout.strip() == token  # the parent ran on throughout
+
+
+def test_snapshot_with_processes_starts_copies_of_the_vm(backend: MicroVMBackend, tmp_path: Path) -> None:
+    """``snapshot(processes=True)`` keeps the whole VM on disk; each ``session(snapshot=...)`` is a copy.
+
+    Two sessions from one snapshot, after the parent closed: each has the parent's shell running with its
+    token, each first command draws other kernel randomness, and what one writes the other does not see.
+    A backend making another VM (memory) is refused by name; the snapshot is on disk, 0700, capped.
+    """
+    store = SnapshotStore(tmp_path / "store")
+    with backend.session() as parent:
+        token = _start_keeper(parent)
+        with pytest.raises(PolicyNotEnforceableError, match="cap of 1 MiB"):
+            parent.snapshot(processes=True, max_mb=1, store=store)
+        assert store.list() == []  # nothing of the refused one is left
+        kept = parent.snapshot(processes=True, store=store)
+        assert sh(parent, "cat /tmp/token").stdout.strip() == token  # it ran on
+    assert kept.backend == "microvm" and kept.carries == ("files", "processes", "memory")
+    assert os.stat(kept.path).st_mode & 0o077 == 0 and kept.size_bytes > 0
+    with backend.session(snapshot=kept) as one, backend.session(snapshot=kept) as two:
+        draws = [sh(vm, _DRAW).stdout for vm in (one, two)]
+        assert draws[0] != draws[1], draws
+        assert [sh(vm, _RESEEDS).stdout for vm in (one, two)] == ["1\n", "1\n"]
+        again = sh(one, "rm /tmp/token; sleep 0.5; cat /tmp/token; echo mine > /tmp/one-only")
+        assert again.stdout.strip() == token
+        assert sh(two, "cat /tmp/token; test -e /tmp/one-only && echo reached; true").stdout.strip() == token
+    other = CONFIG.model_copy(update={"limits": CONFIG.limits.model_copy(update={"memory_mb": 384})})
+    with MicroVMBackend(other) as elsewhere, pytest.raises(InvalidRequestError, match="memory_mb"):
+        elsewhere.session(snapshot=kept)
+    with DockerBackend() as containers, pytest.raises(InvalidRequestError, match="microvm session"):
+        containers.session(snapshot=kept)
+    store.remove(kept.id)
 
 
 #: A token in a shell's memory, written again whenever /tmp/token is gone; it wakes once a second (quiet).

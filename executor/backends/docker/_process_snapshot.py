@@ -28,11 +28,11 @@ import time
 from typing import TYPE_CHECKING
 
 from adk_sandbox.executor.backends.docker._checkpoint import ContainerCheckpoints, checkpoint_agent
-from adk_sandbox.executor.backends.docker._snapshot import copy_as_source, owner_of_now
+from adk_sandbox.executor.backends.docker._snapshot import copy_as_source
 from adk_sandbox.executor.backends.docker._spec import MIB
 from adk_sandbox.executor.channel.agent_transport import DetachedAgent
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
-from adk_sandbox.executor.snapshots.model import KeptProcesses, Snapshot, SnapshotOptions
+from adk_sandbox.executor.snapshots.model import KeptProcesses, Snapshot, SnapshotOptions, owner_of_now
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
 
 if TYPE_CHECKING:

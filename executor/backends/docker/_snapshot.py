@@ -53,7 +53,13 @@ from adk_sandbox.executor.errors import (
     SandboxFailedError,
 )
 from adk_sandbox.executor.snapshots.copy import CopyReport, copy_workspace
-from adk_sandbox.executor.snapshots.model import SNAPSHOT_LABEL, CopyMethod, Snapshot, SnapshotOptions
+from adk_sandbox.executor.snapshots.model import (
+    SNAPSHOT_LABEL,
+    CopyMethod,
+    Snapshot,
+    SnapshotOptions,
+    owner_of_now,
+)
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix
 from adk_sandbox.executor.workspace.pullback import read_content
@@ -74,7 +80,6 @@ __all__ = [
     "IMAGE_REPOSITORY",
     "copy_as_source",
     "host_copy",
-    "owner_of_now",
     "reap_snapshots",
     "remove_snapshot_image",
     "restore_tmpfs",
@@ -308,13 +313,6 @@ def _copy_host_workspace(
         with contextlib.suppress(OSError):
             os.rmdir(os.path.join(target, ".git"))
     return report
-
-
-def owner_of_now() -> dict[str, str]:
-    """The owner labels a snapshot taken now by this process carries."""
-    labels = _owner.owner_labels("snapshot", 0)
-    keys = (_owner.OWNER_PID, _owner.OWNER_START, _owner.OWNER_BOOT, _owner.OWNER_HOST, _owner.OWNER_PIDNS)
-    return {key: labels[key] for key in keys}
 
 
 def _over_cap(size: int, max_mb: int, what: str) -> PolicyNotEnforceableError:

@@ -518,6 +518,10 @@ class DockerBackend(SessionBackend[DockerSession]):
 
     def _check_snapshot(self, snapshot: Snapshot) -> None:
         """Refuse a snapshot this backend's sessions cannot start from (nothing is made then)."""
+        if snapshot.backend != "docker":
+            raise InvalidRequestError(
+                f"snapshot {snapshot.id} is a {snapshot.backend} session's: start it on that backend"
+            )
         if self.container is not None:
             raise InvalidRequestError(
                 "snapshot= makes a container holding the snapshot's files; an attached container "

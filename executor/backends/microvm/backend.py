@@ -28,8 +28,9 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES
@@ -74,6 +75,10 @@ from adk_sandbox.executor.errors import (
 )
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import Capabilities, ExecRequest, IsolationClass, Language, parse_user
+
+if TYPE_CHECKING:
+    from adk_sandbox.executor.snapshots.model import Snapshot
+    from adk_sandbox.executor.snapshots.store import SnapshotStore
 from adk_sandbox.executor.workspace.copies import reap_copies
 
 __all__ = ["GuestFacts", "MicroVMBackend", "MicroVMSession", "resolve_accel"]
@@ -106,6 +111,8 @@ class GuestFacts:
     """What the in-guest probe found (kernel release, interfaces, limits, CPUs, languages)."""
 
     def __init__(self, output: str) -> None:
+        self.output = output
+        """The probe's answer as it came (kept in a snapshot of the VM)."""
         fields: dict[str, str] = {}
         languages: list[Language] = []
         for line in output.splitlines():
@@ -530,7 +537,17 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         self._detached = []
         (run_dir / STATE_FILE).unlink(missing_ok=True)
 
-    # -- fork (docs/pause.md "The microVM") -----------------------------------------------------------
+    # -- fork and snapshot with processes (docs/pause.md "The microVM"; _pause.py, _snapshot.py) ----------
+    @property
+    def image(self) -> str:
+        """The image the VM's root disk was made from."""
+        return self._config.image
+
+    def ports_of_agents(self) -> dict[str, int]:
+        """The port (0-based) each user's agent runs on."""
+        opener = self._opener
+        return dict(opener.port_of) if opener is not None else {}
+
     def fork(self, *, processes: bool = False, wait_seconds: float = 30.0) -> MicroVMSession:
         """A new session running a copy of this VM: every process where it was, with its memory.
 
@@ -540,88 +557,153 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         kernel's generator takes fresh randomness from the host before the fork is handed out (the
         parent's and the fork's draws differ). A session paused in place stays paused: forks of it start
         from the very same state (pause, fork N ways, resume). Running calls are waited for (at most
-        ``wait_seconds``);
-        refused while a spawned program, terminal or connection is open, with a workspace (QEMU 7.2 cannot
-        migrate virtiofs) and with a network policy (its proxy is not carried over yet).
+        ``wait_seconds``); refused while a spawned program, terminal or connection is open, with a
+        workspace (QEMU 7.2 cannot migrate virtiofs) and with a network policy (its proxy is not carried
+        over yet).
         """
-        if not processes:
-            raise InvalidRequestError(
-                "a microVM's files live in its memory: fork(processes=True) copies the whole VM, its "
-                "processes with it; fork() alone has nothing cheaper to offer"
-            )
-        if self._share is not None:
-            raise PolicyNotEnforceableError(
-                "a microVM with a workspace cannot be forked: QEMU 7.2 cannot migrate its virtiofs share "
-                "(vhost-user-fs is a migration blocker); start the session without a workspace to fork it"
-            )
-        if self._egress.proxied:
-            raise PolicyNotEnforceableError(
-                "a microVM with a network policy cannot be forked yet: its proxy is served by the host and "
-                "is not carried to a copy; fork a session without one"
-            )
-        self.start()
-        frozen = self._paused and not self._on_disk
-        if not frozen:
-            self._awake()
+        self._refuse_copy(processes, "fork", "forked")
         child = MicroVMSession(self._config)
-        with self._quiesced(wait_seconds, "the session is forked"):
-            transport, parts = self._transport, guest_parts(self._config.image)
-            assert transport is not None and self.accel is not None  # noqa: S101 - started
-            users = self._users_without_streams("copied to a fork; nothing was forked. Close them first")
-            agents = [transport.describe(user) for user in users]
-            state = child._prepare_copy(self, parts) / STATE_FILE
-            try:
-                if frozen:  # QEMU migrates a stopped VM once: its file serves every fork until the resume
-                    kept = self._frozen_state()
-                    if not kept.exists():
-                        migrate_to_file(self._monitor(), kept, running=False)
-                    os.link(kept, state)
-                else:
-                    migrate_to_file(self._monitor(), state, go_on=True)
-            except BaseException:
-                child.close()
-                raise
         try:
-            child._start_copy(state, agents)
+            state = child._new_run_dir() / STATE_FILE
+            agents, spec = self._copy_machine(state, wait_seconds, "the session is forked")
+            child._start_copy(spec.accel, state, agents, self.ports_of_agents(), self.guest)
         except BaseException:
             child.close()
             raise
         return child
 
+    def snapshot(
+        self,
+        name: str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        detached: bool = False,
+        max_mb: int | None = None,
+        wait_seconds: float | None = None,
+        store: SnapshotStore | None = None,
+        processes: bool = False,
+    ) -> Snapshot:
+        """The whole VM now, every process with its memory, kept on disk in a snapshot store.
+
+        ``processes=True`` is required (as for :meth:`fork`). The VM goes on (paused in place, it stays
+        paused); every ``backend.session(snapshot=...)`` of it starts a copy of the VM, reseeded as a fork
+        is. Owned by this process unless ``detached``, expires after ``ttl_seconds``, refused over
+        ``max_mb`` with nothing kept; ``store`` defaults to the default store (``SnapshotStore()``).
+        Refused as :meth:`fork` is.
+        """
+        from adk_sandbox.executor.backends.microvm._snapshot import take_machine  # noqa: PLC0415
+        from adk_sandbox.executor.snapshots.model import options_from  # noqa: PLC0415
+        from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
+
+        options = options_from(
+            name=name, labels=labels, ttl_seconds=ttl_seconds, detached=detached, max_mb=max_mb,
+            wait_seconds=wait_seconds,
+        )  # fmt: skip
+        self._refuse_copy(processes, "snapshot", "snapshotted")
+        return take_machine(self, options, store or SnapshotStore())
+
+    def _refuse_copy(self, processes: bool, call: str, done: str) -> None:
+        if not processes:
+            raise InvalidRequestError(
+                f"a microVM's files live in its memory: {call}(processes=True) copies the whole VM, its "
+                f"processes with it; {call}() alone has nothing cheaper to offer"
+            )
+        if self._share is not None:
+            raise PolicyNotEnforceableError(
+                f"a microVM with a workspace cannot be {done}: QEMU 7.2 cannot migrate its virtiofs share "
+                f"(vhost-user-fs is a migration blocker); start the session without a workspace to {call} it"
+            )
+        if self._egress.proxied:
+            raise PolicyNotEnforceableError(
+                f"a microVM with a network policy cannot be {done} yet: its proxy is served by the host and "
+                f"is not carried to a copy; {call} a session without one"
+            )
+
+    def _copy_machine(
+        self, state: Path, wait_seconds: float, purpose: str
+    ) -> tuple[list[DetachedAgent], QemuCommand]:
+        """Migrate the VM to ``state`` while it goes on (paused in place, it stays so); its agents, its VM.
+
+        QEMU migrates a stopped VM only once: the file of the first copy of a session paused in place
+        (``frozen.state``) serves every later one until it resumes.
+        """
+        self.start()
+        frozen = self._paused and not self._on_disk
+        if not frozen:
+            self._awake()
+        with self._quiesced(wait_seconds, purpose):
+            transport, spec = self._transport, self._vm_command
+            assert transport is not None and spec is not None  # noqa: S101 - started
+            users = self._users_without_streams(f"copied ({purpose}); nothing was copied. Close them first")
+            agents = [transport.describe(user) for user in users]
+            if frozen:
+                kept = self._frozen_state()
+                if not kept.exists():
+                    migrate_to_file(self._monitor(), kept, running=False)
+                os.link(kept, state)
+            else:
+                migrate_to_file(self._monitor(), state, go_on=True)
+        return agents, spec
+
     def _frozen_state(self) -> Path:
-        """The machine's file made by the first fork of this session paused in place (gone at resume)."""
+        """The machine's file made by the first copy of this session paused in place (gone at resume)."""
         assert self._run_dir is not None  # noqa: S101 - started
         return self._run_dir / "frozen.state"
 
-    def _prepare_copy(self, source: MicroVMSession, parts: GuestParts) -> Path:
-        """Give this new session ``source``'s machine (its run directory, command, ports); the run dir."""
-        assert source.accel is not None and source._opener is not None  # noqa: S101 - started
-        self.accel, self.guest, self._capabilities = source.accel, source.guest, source._capabilities
-        self._enterable = set(source._enterable)
+    def _new_run_dir(self) -> Path:
         self._run_dir = run_dir = Path(tempfile.mkdtemp(prefix=run_dir_prefix(self._session_id)))
         _LIVE.add(self)
-        self._vm_command = spec = _vm_spec(parts, self._config, source.accel, run_dir)
-        self._opener = PortOpener([str(spec.port_socket(n)) for n in range(1, spec.ports + 1)])
-        self._opener.port_of = dict(source._opener.port_of)
         return run_dir
 
-    def _start_copy(self, state: Path, agents: list[DetachedAgent]) -> None:
-        """Start this session's QEMU from ``state`` (reseeded) and serve each of ``agents`` again."""
-        spec, opener = self._vm_command, self._opener
-        assert spec is not None and opener is not None  # noqa: S101 - _prepare_copy
-        started = time.monotonic()
+    def _start_copy(
+        self,
+        accel: str,
+        state: Path,
+        agents: list[DetachedAgent],
+        port_of: dict[str, int],
+        guest: GuestFacts | None,
+        *,
+        keep_state: bool = False,
+    ) -> None:
+        """Start this new session's QEMU from ``state`` (reseeded) and serve each of ``agents`` again.
+
+        ``keep_state``: the file is a snapshot's (read, left as it is), else this session's (removed).
+        """
         with self._lock:
+            if self._closed:
+                raise SandboxFailedError(self._GONE)
+            run_dir = self._run_dir or self._new_run_dir()
+            parts = guest_parts(self._config.image)
+            self.accel, self.guest = accel, guest
+            self._vm_command = spec = _vm_spec(parts, self._config, accel, run_dir)
+            self._opener = opener = PortOpener([str(spec.port_socket(n)) for n in range(1, spec.ports + 1)])
+            opener.port_of = dict(port_of)
+            started = time.monotonic()
             users = [agent.user for agent in agents]
             self._vm, self._monitor_connection, streams = start_from_file(
                 spec, state, opener, users, reseed=True
             )
-            state.unlink(missing_ok=True)
+            if not keep_state:
+                state.unlink(missing_ok=True)
             self._transport = transport = AgentTransport(opener)
             for agent in agents:
                 transport.reattach(agent, streams.pop(agent.user), time.monotonic() + 30)
             self.boot_seconds = time.monotonic() - started
             if self._config.idle_pause_seconds is not None:
                 self._idle = IdlePauser(self, self._config.idle_pause_seconds, process_cpu_reader)
+
+    def _start_from_snapshot(self, snapshot: Snapshot) -> None:
+        """Start this new session as a copy of the VM ``snapshot`` kept (refused when it does not fit)."""
+        from adk_sandbox.executor.backends.microvm._snapshot import read_machine  # noqa: PLC0415
+
+        parts = guest_parts(self._config.image)
+        run_dir = self._new_run_dir()
+        record, agents, state = read_machine(
+            snapshot, lambda accel: _vm_spec(parts, self._config, accel, run_dir)
+        )
+        port_of = {agent.user: agent.port for agent in record.agents}
+        self._start_copy(record.accel, state, agents, port_of, GuestFacts(record.probe), keep_state=True)
 
     # -- what is enforced ----------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -767,8 +849,13 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
         workspace: str | os.PathLike[str] | None = None,
         *,
         copy_of: str | os.PathLike[str] | None = None,
+        snapshot: Snapshot | str | None = None,
     ) -> MicroVMSession:
         """A new session, ``workspace`` shared at the same path inside; from the pool where it can be.
+
+        ``snapshot=`` (a :meth:`MicroVMSession.snapshot` with processes, or its id or name in the default
+        store) starts a copy of the VM it kept, every process where it was, its kernel randomness
+        reseeded; alone, and refused unless this backend makes the same VM (image, memory, vCPUs, ports).
 
         With ``workspace``, a VM booted for this session (on entry or first use): a share is fixed at boot,
         so it cannot come from the pool. The workspace must not be owned by root
@@ -781,6 +868,12 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
         are removed when the session closes: read results from ``session.workspace`` before. ``copy_of``
         needs a pool (:class:`InvalidRequestError`).
         """
+        if snapshot is not None:
+            if workspace is not None or copy_of is not None:
+                raise InvalidRequestError(
+                    "snapshot= starts a copy of the VM it kept, which has no workspace: give it alone"
+                )
+            return self._track(self._snapshot_session(snapshot))
         if copy_of is not None:
             if workspace is not None:
                 raise InvalidRequestError(
@@ -805,6 +898,21 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
         if workspace is None and self.pool is not None:
             return self._track(self.pool.acquire())
         return self._track(MicroVMSession(self.config, workspace))
+
+    def _snapshot_session(self, given: Snapshot | str) -> MicroVMSession:
+        from adk_sandbox.executor.snapshots.model import Snapshot  # noqa: PLC0415
+        from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
+
+        snapshot = given if isinstance(given, Snapshot) else SnapshotStore().get(given)
+        if not os.path.isdir(snapshot.path):
+            raise InvalidRequestError(f"snapshot {snapshot.id} was removed ({snapshot.path} is gone)")
+        session = MicroVMSession(self.config)
+        try:
+            session._start_from_snapshot(snapshot)
+        except BaseException:
+            session.close()
+            raise
+        return session
 
     def close(self) -> None:
         """Close every session of this backend still open (their VMs killed), then the pool's VMs."""

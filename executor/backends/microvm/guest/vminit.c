@@ -166,8 +166,10 @@ static void port_loop(int index) {
  * full credit (RNDADDENTROPY) and makes the kernel's generator take a new key from it at once
  * (RNDRESEEDCRNG: what the VM generation id device's notification does), then answers "reseeded" or
  * "failed <errno>". It runs as root in the root cgroup: both ioctls need CAP_SYS_ADMIN, which no program
- * of a port has. The host trusts nothing it reads here beyond that one line. */
+ * of a port has. The host trusts nothing it reads here beyond that one line. How many reseeds this VM's
+ * line of copies took is in /run/adk-vm/reseeds (for the guest's own programs and the tests). */
 static void seed_loop(void) {
+    unsigned long reseeds = 0;
     struct {
         int entropy_count;
         int buf_size;
@@ -184,8 +186,17 @@ static void seed_loop(void) {
             int random = open("/dev/random", O_WRONLY | O_CLOEXEC);
             seed.entropy_count = SEED_BYTES * 8;
             seed.buf_size = SEED_BYTES;
-            if (random < 0 || ioctl(random, RNDADDENTROPY, &seed) != 0 || ioctl(random, RNDRESEEDCRNG) != 0)
+            if (random < 0 || ioctl(random, RNDADDENTROPY, &seed) != 0 || ioctl(random, RNDRESEEDCRNG) != 0) {
                 snprintf(answer, sizeof answer, "failed %d\n", errno);
+            } else {
+                char count[32];
+                int fd = open("/run/adk-vm/reseeds", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+                snprintf(count, sizeof count, "%lu\n", ++reseeds);
+                if (fd >= 0) {
+                    write_all(fd, count);
+                    close(fd);
+                }
+            }
             if (random >= 0) close(random);
             memset(seed.buf, 0, sizeof seed.buf);
             write_all(port, answer);
