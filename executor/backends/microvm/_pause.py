@@ -43,6 +43,8 @@ _SEED_READ_LIMIT = 4096
 
 #: The migrated machine, in the VM's run directory.
 STATE_FILE = "machine.state"
+#: Bytes per second a migration to the file may go at: no throttle.
+UNTHROTTLED = 1 << 40
 #: How long a migration to or from the file may take.
 MIGRATE_SECONDS = 120.0
 
@@ -56,6 +58,9 @@ def migrate_to_file(monitor: Qmp, state: Path, *, go_on: bool = False, running: 
     if running:
         monitor.command("stop")
     try:
+        # QEMU throttles a migration to 128 MiB/s by default (meant for a live one sharing a network):
+        # to a local file with the VM stopped, the disk is the limit.
+        monitor.command("migrate-set-parameters", {"max-bandwidth": UNTHROTTLED})
         monitor.command("migrate", {"uri": "exec:cat > " + shlex.quote(str(state))})
         status = monitor.wait_status(
             "query-migrate", {"completed", "failed", "cancelled"}, time.monotonic() + MIGRATE_SECONDS
