@@ -39,8 +39,8 @@ import contextlib
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from adk_sandbox.executor._languages import request_argv
 from adk_sandbox.executor._output import OutputCapture
@@ -67,6 +67,10 @@ from adk_sandbox.executor.errors import (
 )
 from adk_sandbox.executor.types import MAX_BACKGROUND_GROUPS, ExecRequest, ExecResult, parse_user
 from adk_sandbox.executor.workspace.synced import SyncedWorkspace, refusal_note
+
+if TYPE_CHECKING:
+    from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions
+    from adk_sandbox.executor.snapshots.store import SnapshotStore
 
 __all__ = ["ChannelSession"]
 
@@ -470,6 +474,51 @@ class ChannelSession(SandboxSession):
 
     def _thaw(self) -> None:
         """Undo :meth:`_freeze` or :meth:`_checkpoint` (the engine's part)."""
+
+    # -- snapshots (docs/snapshots.md, docs/pause.md) ------------------------------------------------
+    def snapshot(
+        self,
+        name: str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ttl_seconds: int | None = None,
+        detached: bool = False,
+        max_mb: int | None = None,
+        wait_seconds: float | None = None,
+        store: SnapshotStore | None = None,
+        processes: bool = False,
+    ) -> Snapshot:
+        """The session now, kept on disk: a :class:`~adk_sandbox.executor.snapshots.Snapshot`.
+
+        ``backend.session(snapshot=...)`` starts a new session from it, any number of times. No command
+        runs while it is taken: it waits for the running ones (at most ``wait_seconds``) and holds new ones
+        back until it is done. Owned by this process (removed by a reaper once the process is gone) unless
+        ``detached``; expires after ``ttl_seconds``; over ``max_mb`` it is refused
+        (:class:`PolicyNotEnforceableError`) and nothing of it is kept. ``store``: where it is kept (the
+        backend's, else the default one). Starts the session.
+
+        A Docker session keeps its files (the workspace, ``/tmp``, HOME, the task profile's root;
+        docs/snapshots.md); ``processes=True`` keeps every process with its memory too (gVisor on a
+        ``checkpoints=True`` backend, the microVM; docs/pause.md), which is the only way a microVM is kept.
+        Elsewhere it is refused with the reason.
+        """
+        from adk_sandbox.executor.snapshots.model import options_from  # noqa: PLC0415
+
+        options = options_from(
+            name=name, labels=labels, ttl_seconds=ttl_seconds, detached=detached, max_mb=max_mb,
+            wait_seconds=wait_seconds,
+        )  # fmt: skip
+        return self._take_snapshot(options, store, processes)
+
+    def _take_snapshot(
+        self, options: SnapshotOptions, store: SnapshotStore | None, processes: bool
+    ) -> Snapshot:
+        """Take :meth:`snapshot` (the engine's part)."""
+        del options, store
+        kept = "its processes" if processes else "its files"
+        raise PolicyNotEnforceableError(
+            f"{self._WHERE} cannot be snapshotted with {kept}: its engine keeps none"
+        )
 
     # -- ports ----------------------------------------------------------------------------------------
     def publish(self, port: int, host_port: int = 0) -> str:

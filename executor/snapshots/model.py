@@ -201,6 +201,22 @@ def owner_of_now() -> dict[str, str]:
     return {key: labels[key] for key in keys}
 
 
+def new_record(options: SnapshotOptions, snapshot_id: str, created: float, **fields: Any) -> Snapshot:
+    """The record of a snapshot taken at ``created`` with ``options``, and the engine's ``fields``.
+
+    Its name, labels and expiry come from ``options``; its owner is this process, unless detached.
+    """
+    return Snapshot(
+        id=snapshot_id,
+        name=options.name or snapshot_id,
+        labels=options.labels,
+        created=created,
+        expires=int(created) + options.ttl_seconds,
+        owner={} if options.detached else owner_of_now(),
+        **fields,
+    )
+
+
 def options_from(**given: object) -> SnapshotOptions:
     """:class:`SnapshotOptions` from keyword arguments (None: the default); :class:`InvalidRequestError`."""
     from pydantic import ValidationError  # noqa: PLC0415

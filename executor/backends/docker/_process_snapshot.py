@@ -32,7 +32,7 @@ from adk_sandbox.executor.backends.docker._snapshot import copy_as_source
 from adk_sandbox.executor.backends.docker._spec import MIB
 from adk_sandbox.executor.channel.agent_transport import DetachedAgent
 from adk_sandbox.executor.errors import ExecutorError, InvalidRequestError, PolicyNotEnforceableError
-from adk_sandbox.executor.snapshots.model import KeptProcesses, Snapshot, SnapshotOptions, owner_of_now
+from adk_sandbox.executor.snapshots.model import KeptProcesses, Snapshot, SnapshotOptions, new_record
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
 
 if TYPE_CHECKING:
@@ -70,13 +70,10 @@ def take_with_processes(session: DockerSession, options: SnapshotOptions, store:
                 setting = f"the snapshot's cap (max_mb={options.max_mb})"
                 report = copy_as_source(session.workspace, copied, cap - size, setting)
                 size, method = size + report.size_bytes, report.method
-            return Snapshot(
-                id=snapshot_id,
-                name=options.name or snapshot_id,
-                labels=options.labels,
-                created=created,
-                expires=int(created) + options.ttl_seconds,
-                owner={} if options.detached else owner_of_now(),
+            return new_record(
+                options,
+                snapshot_id,
+                created,
                 image=spec.image,
                 image_id=str(container.inspect.get("Image") or ""),
                 profile=spec.profile,

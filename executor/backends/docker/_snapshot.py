@@ -58,7 +58,7 @@ from adk_sandbox.executor.snapshots.model import (
     CopyMethod,
     Snapshot,
     SnapshotOptions,
-    owner_of_now,
+    new_record,
 )
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
 from adk_sandbox.executor.workspace.copies import copies_dir, copy_prefix
@@ -130,15 +130,10 @@ def take_snapshot(session: DockerSession, options: SnapshotOptions, store: Snaps
             used, skipped, method = _take_files(session, partial, paths, host, budget=(cap, setting))
             if used > cap:
                 raise _over_cap(used, options.max_mb, "its workspace and tmpfs directories")
-            owner = {} if options.detached else owner_of_now()
-            expires = int(created) + options.ttl_seconds
-            record = Snapshot(
-                id=snapshot_id,
-                name=options.name or snapshot_id,
-                labels=options.labels,
-                created=created,
-                expires=expires,
-                owner=owner,
+            record = new_record(
+                options,
+                snapshot_id,
+                created,
                 image=spec.image,
                 image_id=str(container.inspect.get("Image") or ""),
                 profile=spec.profile,

@@ -102,7 +102,7 @@ from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace
 
 if TYPE_CHECKING:  # the snapshots package imports this module's names: imported where used at run time
     from adk_sandbox.executor.backends.docker._layers import MemberLayers
-    from adk_sandbox.executor.snapshots.model import Snapshot
+    from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions
     from adk_sandbox.executor.snapshots.store import SnapshotStore
 
 __all__ = ["NETWORK_OFF_RULE", "TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
@@ -960,39 +960,16 @@ class DockerSession(SessionNetwork, ChannelSession):
                 return
         hook()
 
-    def snapshot(
-        self,
-        name: str | None = None,
-        *,
-        labels: Mapping[str, str] | None = None,
-        ttl_seconds: int | None = None,
-        detached: bool = False,
-        max_mb: int | None = None,
-        wait_seconds: float | None = None,
-        store: SnapshotStore | None = None,
-        processes: bool = False,
+    def _take_snapshot(
+        self, options: SnapshotOptions, store: SnapshotStore | None, processes: bool
     ) -> Snapshot:
-        """The session's files now, on disk: a :class:`~adk_sandbox.executor.snapshots.Snapshot`.
+        """See :meth:`ChannelSession.snapshot`: the files (docs/snapshots.md).
 
-        The workspace, ``/tmp``, HOME and the extra tmpfs directories, and under the task profile the root
-        filesystem's writes (docs/snapshots.md). No command runs while it is taken: it waits for the running
-        ones (at most ``wait_seconds``) and holds new ones back until it is done. Owned by this process
-        (removed by a reaper once the process is gone) unless ``detached``; expires after ``ttl_seconds``.
-        Over ``max_mb`` it is refused (:class:`PolicyNotEnforceableError`) and nothing of it is kept.
-        Starts the session. ``store`` defaults to the backend's (``backend.snapshots``).
-
-        ``processes=True`` keeps every process too, with its memory: the sandbox's checkpoint, on disk
-        (docs/pause.md); a session started from it goes on where each program was. A session of a backend
-        made with ``checkpoints=True``.
+        With ``processes=True`` the sandbox's checkpoint (a backend made with ``checkpoints=True``).
         """
         from adk_sandbox.executor.backends.docker._snapshot import take_snapshot  # noqa: PLC0415 - see TYPE_CHECKING
-        from adk_sandbox.executor.snapshots.model import options_from  # noqa: PLC0415
         from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
 
-        options = options_from(
-            name=name, labels=labels, ttl_seconds=ttl_seconds, detached=detached, max_mb=max_mb,
-            wait_seconds=wait_seconds,
-        )  # fmt: skip
         if self._closed:
             raise SandboxFailedError("this Docker session is closed")
         self._wake()

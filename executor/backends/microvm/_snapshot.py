@@ -26,7 +26,7 @@ from adk_sandbox.executor.backends.microvm._pause import STATE_FILE
 from adk_sandbox.executor.backends.microvm._qemu import QemuCommand
 from adk_sandbox.executor.channel.agent_transport import DetachedAgent
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
-from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions, owner_of_now
+from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions, new_record
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
 
 if TYPE_CHECKING:
@@ -95,13 +95,10 @@ def take_machine(session: MicroVMSession, options: SnapshotOptions, store: Snaps
             probe=session.guest.output if session.guest is not None else "",
         )
         (kept / MACHINE_RECORD).write_text(record.model_dump_json(indent=1), encoding="utf-8")
-        return Snapshot(
-            id=snapshot_id,
-            name=options.name or snapshot_id,
-            labels=options.labels,
-            created=created,
-            expires=int(created) + options.ttl_seconds,
-            owner={} if options.detached else owner_of_now(),
+        return new_record(
+            options,
+            snapshot_id,
+            created,
             backend="microvm",
             image=session.image,
             image_id=spec.rootfs.parent.name,

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,7 +77,7 @@ from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import Capabilities, ExecRequest, IsolationClass, Language, parse_user
 
 if TYPE_CHECKING:
-    from adk_sandbox.executor.snapshots.model import Snapshot
+    from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions
     from adk_sandbox.executor.snapshots.store import SnapshotStore
 from adk_sandbox.executor.workspace.copies import reap_copies
 
@@ -572,34 +572,16 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             raise
         return child
 
-    def snapshot(
-        self,
-        name: str | None = None,
-        *,
-        labels: Mapping[str, str] | None = None,
-        ttl_seconds: int | None = None,
-        detached: bool = False,
-        max_mb: int | None = None,
-        wait_seconds: float | None = None,
-        store: SnapshotStore | None = None,
-        processes: bool = False,
+    def _take_snapshot(
+        self, options: SnapshotOptions, store: SnapshotStore | None, processes: bool
     ) -> Snapshot:
-        """The whole VM now, every process with its memory, kept on disk in a snapshot store.
+        """See :meth:`ChannelSession.snapshot`: the whole VM, with ``processes=True`` only (as :meth:`fork`).
 
-        ``processes=True`` is required (as for :meth:`fork`). The VM goes on (paused in place, it stays
-        paused); every ``backend.session(snapshot=...)`` of it starts a copy of the VM, reseeded as a fork
-        is. Owned by this process unless ``detached``, expires after ``ttl_seconds``, refused over
-        ``max_mb`` with nothing kept; ``store`` defaults to the default store (``SnapshotStore()``).
-        Refused as :meth:`fork` is.
+        It goes on (paused in place, it stays paused); each ``backend.session(snapshot=...)`` is a copy.
         """
         from adk_sandbox.executor.backends.microvm._snapshot import take_machine  # noqa: PLC0415
-        from adk_sandbox.executor.snapshots.model import options_from  # noqa: PLC0415
         from adk_sandbox.executor.snapshots.store import SnapshotStore  # noqa: PLC0415
 
-        options = options_from(
-            name=name, labels=labels, ttl_seconds=ttl_seconds, detached=detached, max_mb=max_mb,
-            wait_seconds=wait_seconds,
-        )  # fmt: skip
         self._refuse_copy(processes, "snapshot", "snapshotted")
         return take_machine(self, options, store or SnapshotStore())
 
