@@ -36,7 +36,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union, cast, overload
+from typing import Annotated, Any, Literal, Protocol, TypeVar, Union, cast, overload, runtime_checkable
 
 import docker
 import docker.errors
@@ -77,14 +77,13 @@ from adk_sandbox.executor.attach import AttachServer
 from adk_sandbox.executor.backend import SandboxSession, SessionBackend
 from adk_sandbox.executor.backends.docker import DockerBackend, cleanup_labelled, cleanup_session
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
-from adk_sandbox.executor.backends.docker.session import DockerSession
 from adk_sandbox.executor.backends.factory import BackendConfig, make_backend, parse_config
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.services import LinkedService, ServiceLinks, service_addresses
 from adk_sandbox.executor.channel.session import ChannelSession
 from adk_sandbox.executor.errors import BackendUnavailableError, InvalidRequestError, SandboxFailedError
 from adk_sandbox.executor.network.policy import NetworkPolicy
-from adk_sandbox.executor.snapshots import Snapshot
+from adk_sandbox.executor.snapshots import Snapshot, SnapshotStore
 from adk_sandbox.executor.types import ExecRequest, ResourceLimits, check_user, is_numeric_user, parse_user
 from adk_sandbox.executor.types import ExecResult as CoreExecResult
 
@@ -311,6 +310,17 @@ class AdkSandboxServices(BaseModel):
 
     def __hash__(self) -> int:
         return hash(self.model_dump_json())
+
+
+@runtime_checkable
+class _Forkable(Protocol):
+    """A session that snapshots and forks (Docker's, a microVM's)."""
+
+    def capabilities(self) -> Any: ...
+    def snapshot(
+        self, name: str | None = None, *, labels: Mapping[str, str] | None = None, processes: bool = False
+    ) -> Snapshot: ...
+    def fork(self, *, processes: bool = False) -> Any: ...
 
 
 @sandboxenv(name="adk-sandbox")
@@ -702,11 +712,12 @@ class AdkSandboxEnvironment(SandboxEnvironment):
 
         Reach it with ``sandbox().as_type(AdkSandboxEnvironment)``. No command runs while it is taken. The
         snapshot is removed with the sample (its cleanup); give it to :meth:`restore` to roll the sample
-        back, any number of times. Processes are not carried (``snapshot.carries``).
+        back, any number of times. On Docker processes are not carried (``snapshot.carries``); a microVM
+        is kept whole, its processes with it (docs/pause.md).
         """
-        session, _ = self._forkable("snapshot")
+        session, _, processes = self._forkable("snapshot")
         taken: Snapshot = await run_blocking(
-            lambda _: session.snapshot(name, labels=labels), name="adk-sandbox-snapshot"
+            lambda _: session.snapshot(name, labels=labels, processes=processes), name="adk-sandbox-snapshot"
         )
         self._snapshots.append(taken)
         return taken
@@ -717,7 +728,7 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         The old sandbox (and every process in it) is removed once the new one has started; if the new one
         cannot start, the sample keeps the old one and the error is raised.
         """
-        _, backend = self._forkable("restore")
+        _, backend, _ = self._forkable("restore")
 
         def swap(_: threading.Event) -> None:
             fresh: SandboxSession = backend.session(snapshot=snapshot)
@@ -739,16 +750,21 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         sample's; nothing it does reaches this sample. It is removed, with the snapshot taken for it, when
         the block ends. Keep a fork's result with ``await other.snapshot()`` then ``await env.restore(...)``.
         """
-        session, _ = self._forkable("fork")
-        child: SandboxSession = await run_blocking(lambda _: session.fork(), name="adk-sandbox-fork")
+        session, _, processes = self._forkable("fork")
+        child: SandboxSession = await run_blocking(
+            lambda _: session.fork(processes=processes), name="adk-sandbox-fork"
+        )
         forked = AdkSandboxEnvironment(child, self._config, self._start, backend=self._opener)
         try:
             yield forked
         finally:
             await run_blocking(forked._close, name="adk-sandbox-fork-cleanup")
 
-    def _forkable(self, what: str) -> tuple[DockerSession, DockerBackend]:
-        """The sample's Docker session and backend, if ``what`` (snapshot, restore, fork) can be done."""
+    def _forkable(self, what: str) -> tuple[_Forkable, Any, bool]:
+        """The sample's session and backend, if ``what`` (snapshot, restore, fork) can be done.
+
+        And whether it is copied with its processes (a microVM's files are in its memory).
+        """
         if self._links is not None:
             raise InvalidRequestError(
                 f"{what} is not available for a sample of several services: its services are linked to each "
@@ -757,12 +773,14 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         opener = self._opener
         if opener is None:
             raise InvalidRequestError(f"{what} needs a sample started by this provider's sample_init")
-        if not isinstance(opener, DockerBackend) or not isinstance(self._session, DockerSession):
+        session = self._session
+        kinds = session.capabilities().snapshots
+        if not kinds or not isinstance(session, _Forkable):
             raise InvalidRequestError(
-                f"{what} is not available on the {opener.name} backend: only Docker sessions take "
-                "snapshots (docs/snapshots.md)"
+                f"{what} is not available on the {opener.name} backend: its sessions take no snapshots "
+                "(docs/snapshots.md, docs/CAPABILITIES.md)"
             )
-        return self._session, opener
+        return session, opener, "files" not in kinds
 
     def _close(self, _: threading.Event) -> None:
         if self._attach_server is not None:
@@ -772,11 +790,13 @@ class AdkSandboxEnvironment(SandboxEnvironment):
         self._session.close()
         # After the session: a snapshot whose root image a running session uses cannot be removed.
         for taken in reversed(self._snapshots):  # a later root image may be a child of an earlier one
-            if isinstance(self._opener, DockerBackend):
-                try:
+            try:
+                if isinstance(self._opener, DockerBackend):
                     self._opener.remove_snapshot(taken)
-                except InvalidRequestError as exc:  # gone already, or in use by a fork still open
-                    log.warning("snapshot %s of a sample was not removed: %s", taken.id, exc)
+                else:  # a microVM's: its directory is all of it
+                    SnapshotStore(os.path.dirname(taken.path)).remove(taken)
+            except InvalidRequestError as exc:  # gone already, or in use by a fork still open
+                log.warning("snapshot %s of a sample was not removed: %s", taken.id, exc)
         self._snapshots.clear()
 
     def _path(self, file: str) -> str:

@@ -8,6 +8,7 @@ writable root) and in ``/tmp`` (a tmpfs): both must travel.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,20 +40,20 @@ except ImportError as exc:  # pragma: no cover - the inspect extra is not instal
 
 pytestmark = pytest.mark.docker
 
-READ = "cat /opt/state /tmp/state"
-
-
-def _write(value: str) -> list[str]:
-    return ["sh", "-c", f"echo {value} > /opt/state && echo {value} > /tmp/state"]
-
-
-async def _read(env: Any) -> str:
-    result = await env.exec(["sh", "-c", READ])
-    return " ".join(result.stdout.split()) if result.success else f"FAILED {result.stderr}"
+#: Where the state lives: Docker's task profile has a writable root (``/opt``); a microVM's root is
+#: read-only, and its HOME a tmpfs like ``/tmp`` (kept in its memory, which its snapshot carries).
+PLACES = {"docker": ("/opt/state", "/tmp/state"), "microvm": ("/home/sandbox/state", "/tmp/state")}
 
 
 @solver
-def branch_and_roll_back() -> Any:
+def branch_and_roll_back(places: tuple[str, str]) -> Any:
+    def _write(value: str) -> list[str]:
+        return ["sh", "-c", " && ".join(f"echo {value} > {place}" for place in places)]
+
+    async def _read(env: Any) -> str:
+        result = await env.exec(["cat", *places])
+        return " ".join(result.stdout.split()) if result.success else f"FAILED {result.stderr}"
+
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         env = sandbox().as_type(AdkSandboxEnvironment)
         seen = state.store
@@ -76,13 +77,18 @@ def branch_and_roll_back() -> Any:
     return solve
 
 
-def test_a_solver_snapshots_forks_and_restores_its_sample(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["docker", pytest.param("microvm", marks=pytest.mark.slow)])
+def test_a_solver_snapshots_forks_and_restores_its_sample(backend: str, tmp_path: Path) -> None:
+    """The same solver on Docker (files) and on a microVM (the whole VM, its processes with it)."""
     require(INSPECT_MISSING is None, f"inspect_ai is not installed: {INSPECT_MISSING}")
+    if backend == "microvm":
+        require(shutil.which("qemu-system-x86_64") is not None, "QEMU is not installed (scripts/setup)")
     before = provider_containers(PROVIDER_LABEL)
+    config = AdkSandboxConfig() if backend == "docker" else AdkSandboxConfig(backend="microvm")
     task = Task(
         dataset=[Sample(input="branch", target="")],
-        solver=branch_and_roll_back(),
-        sandbox=SandboxEnvironmentSpec("adk-sandbox", AdkSandboxConfig()),
+        solver=branch_and_roll_back(PLACES[backend]),
+        sandbox=SandboxEnvironmentSpec("adk-sandbox", config),
     )
     [log] = inspect_eval(task, model=get_model("mockllm/model"), log_dir=str(tmp_path), display="none")
     assert log.status == "success", log.error
