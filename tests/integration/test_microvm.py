@@ -783,6 +783,13 @@ def test_fork_with_processes_copies_the_vm_and_each_copy_draws_its_own_randomnes
         assert parent.capabilities().snapshots == ("processes", "memory")
         with pytest.raises(InvalidRequestError, match="processes=True"):
             parent.fork()
+        # Attack: a command takes the seed port to read or withhold a fork's seed. Not as the session's
+        # user (root's, 0600); not as root either: the guest init holds it open from boot (a virtio port
+        # has one opener at a time).
+        for user, refusal in ((None, "Permission denied"), ("0:0", "busy")):
+            grab = ExecRequest(argv=("sh", "-c", "exec 3<>/dev/adk-seed"), timeout=30, user=user)
+            taken = parent.execute(grab)
+            assert taken.exit_code != 0 and refusal in taken.stderr, taken
         parent.pause(keep_memory=True)
         with parent.fork(processes=True) as first, parent.fork(processes=True) as second:
             assert parent.paused
