@@ -746,6 +746,9 @@ def test_pause_to_disk_keeps_every_process_with_no_qemu_left(backend: MicroVMBac
         assert not state.exists()  # the restored machine's file is removed
         assert session.qemu_pid not in (None, wrapper)
         session.pause()
+        with session.fork(processes=True) as fork:  # from the file on disk: the session stays there
+            assert session.paused and not qemu_pids(session.qemu_pid or 0)
+            assert sh(fork, "rm /tmp/token; sleep 0.5; cat /tmp/token").stdout.strip() == token
         session.resume()
         assert sh(session, "cat /tmp/token").stdout.strip() == token
 

@@ -555,11 +555,11 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         processes is no cheaper. The VM is stopped, migrated to a file in the fork's run directory and goes
         on; a new QEMU starts from the file, each agent served again over the fork's own ports, and its
         kernel's generator takes fresh randomness from the host before the fork is handed out (the
-        parent's and the fork's draws differ). A session paused in place stays paused: forks of it start
-        from the very same state (pause, fork N ways, resume). Running calls are waited for (at most
-        ``wait_seconds``); refused while a spawned program, terminal or connection is open, with a
-        workspace (QEMU 7.2 cannot migrate virtiofs) and with a network policy (its proxy is not carried
-        over yet).
+        parent's and the fork's draws differ). A paused session stays paused (in place or on disk), and
+        forks of it start from the very same state (pause, fork N ways, resume). Running calls are waited
+        for (at most ``wait_seconds``); refused while a spawned program, terminal or connection is open,
+        with a workspace (QEMU 7.2 cannot migrate virtiofs) and with a network policy (its proxy is not
+        carried over yet).
         """
         self._refuse_copy(processes, "fork", "forked")
         child = MicroVMSession(self._config)
@@ -608,15 +608,18 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         """Migrate the VM to ``state`` while it goes on (paused in place, it stays so); its agents, its VM.
 
         QEMU migrates a stopped VM only once: the file of the first copy of a session paused in place
-        (``frozen.state``) serves every later one until it resumes.
+        (``frozen.state``) serves every later one until it resumes. Paused to disk, its own file serves.
         """
         self.start()
         frozen = self._paused and not self._on_disk
-        if not frozen:
+        if not self._paused:
             self._awake()
         with self._quiesced(wait_seconds, purpose):
-            transport, spec = self._transport, self._vm_command
-            assert transport is not None and spec is not None  # noqa: S101 - started
+            transport, spec, run_dir = self._transport, self._vm_command, self._run_dir
+            assert transport is not None and spec is not None and run_dir is not None  # noqa: S101 - started
+            if self._on_disk:  # it stays on disk: its agents were described when it was let go
+                os.link(run_dir / STATE_FILE, state)
+                return list(self._detached), spec
             users = self._users_without_streams(f"copied ({purpose}); nothing was copied. Close them first")
             agents = [transport.describe(user) for user in users]
             if frozen:
