@@ -806,6 +806,17 @@ def test_fork_with_processes_copies_the_vm_and_each_copy_draws_its_own_randomnes
             assert sh(parent, "cat /tmp/fork-only 2>/dev/null; cat /tmp/token").stdout.strip() == token
             assert sh(second, "test -e /tmp/fork-only && echo reached; true").stdout == ""
             first_vm = first.qemu_pid
+            # Paused in place, its one machine file also makes a snapshot, on another file system here
+            # (copied, not linked): a session from it is one more copy of the same state.
+            elsewhere = Path(tempfile.mkdtemp(dir="/dev/shm"))
+            assert os.stat(elsewhere).st_dev != os.stat(tempfile.gettempdir()).st_dev
+            parent.pause(keep_memory=True)
+            kept = parent.snapshot(processes=True, store=SnapshotStore(elsewhere))
+            assert parent.paused
+            with backend.session(snapshot=kept) as third:
+                assert sh(third, "cat /tmp/token").stdout.strip() == token
+                assert sh(third, _RESEEDS).stdout == "1\n"
+            shutil.rmtree(elsewhere)
         assert first_vm is not None and _gone(first_vm, 5)  # a fork's close ends its QEMU
         assert sh(parent, "cat /tmp/token").stdout.strip() == token  # the parent ran on throughout
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import functools
 import hashlib
 import logging
@@ -75,11 +76,11 @@ from adk_sandbox.executor.errors import (
 )
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.types import Capabilities, ExecRequest, IsolationClass, Language, parse_user
+from adk_sandbox.executor.workspace.copies import reap_copies
 
 if TYPE_CHECKING:
     from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions
     from adk_sandbox.executor.snapshots.store import SnapshotStore
-from adk_sandbox.executor.workspace.copies import reap_copies
 
 __all__ = ["GuestFacts", "MicroVMBackend", "MicroVMSession", "resolve_accel"]
 
@@ -105,6 +106,19 @@ def _close_all() -> None:
     for session in list(_LIVE):
         with contextlib.suppress(Exception):
             session.close()
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """``target`` holding ``source``'s machine file: a hard link, else a copy.
+
+    A copy where they are on two file systems (a snapshot store elsewhere than the run directories).
+    """
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.copyfile(source, target)
 
 
 class GuestFacts:
@@ -618,7 +632,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             transport, spec, run_dir = self._transport, self._vm_command, self._run_dir
             assert transport is not None and spec is not None and run_dir is not None  # noqa: S101 - started
             if self._on_disk:  # it stays on disk: its agents were described when it was let go
-                os.link(run_dir / STATE_FILE, state)
+                _link_or_copy(run_dir / STATE_FILE, state)
                 return list(self._detached), spec
             users = self._users_without_streams(f"copied ({purpose}); nothing was copied. Close them first")
             agents = [transport.describe(user) for user in users]
@@ -626,7 +640,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
                 kept = self._frozen_state()
                 if not kept.exists():
                     migrate_to_file(self._monitor(), kept, running=False)
-                os.link(kept, state)
+                _link_or_copy(kept, state)
             else:
                 migrate_to_file(self._monitor(), state, go_on=True)
         return agents, spec
