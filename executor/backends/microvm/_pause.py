@@ -22,13 +22,12 @@ Not with a workspace: virtiofs (vhost-user-fs) is a migration blocker in QEMU 7.
 from __future__ import annotations
 
 import secrets
-import select
 import shlex
 import socket
 import time
 from pathlib import Path
 
-from adk_sandbox.executor.backends.microvm._port import PortOpener, PortStream
+from adk_sandbox.executor.backends.microvm._port import PortOpener, PortStream, read_until
 from adk_sandbox.executor.backends.microvm._qemu import QemuCommand, VmProcess, qemu_command, start_vm
 from adk_sandbox.executor.backends.microvm._qmp import Qmp
 from adk_sandbox.executor.errors import SandboxFailedError
@@ -125,22 +124,10 @@ def start_from_file(
 
 def _reseed(seed: socket.socket, until: float) -> None:
     """Give the guest's seed loop fresh bytes and wait for its answer (see the module docstring)."""
-    _read_until(seed, SEED_GREETING, until)
+    what = "the fork's seed port"
+    read_until(seed, SEED_GREETING, until, what, limit=_SEED_READ_LIMIT)
     seed.sendall(secrets.token_bytes(32))
-    answer = _read_until(seed, b"\n", until)
+    answer = read_until(seed, b"\n", until, what, limit=_SEED_READ_LIMIT)
     if not answer.endswith(SEED_DONE):
         said = answer[-64:].decode("ascii", "replace").strip()
         raise SandboxFailedError(f"the fork's kernel could not take fresh randomness (its init: {said!r})")
-
-
-def _read_until(sock: socket.socket, end: bytes, until: float) -> bytes:
-    seen = b""
-    while not seen.endswith(end):
-        left = until - time.monotonic()
-        if len(seen) >= _SEED_READ_LIMIT or left <= 0 or not select.select([sock], [], [], left)[0]:
-            raise SandboxFailedError("the fork's kernel did not take fresh randomness in time (seed port)")
-        chunk = sock.recv(1)
-        if not chunk:
-            raise SandboxFailedError("the fork's seed port closed (QEMU stopped)")
-        seen += chunk
-    return seen

@@ -24,7 +24,7 @@ from adk_sandbox.executor.channel.streams import SocketStream
 from adk_sandbox.executor.errors import SandboxFailedError
 from adk_sandbox.executor.types import Stream
 
-__all__ = ["PortOpener", "PortStream", "program_header"]
+__all__ = ["PortOpener", "PortStream", "program_header", "read_until"]
 
 _READ = 256 * 1024
 
@@ -41,6 +41,31 @@ def program_header(argv: list[str], user: str) -> bytes:
         data = arg.encode("utf-8", "surrogateescape")
         parts.append(b"%d\n" % len(data) + data)
     return b"".join(parts)
+
+
+def read_until(sock: socket.socket, end: bytes, until: float, what: str, *, limit: int | None) -> bytes:
+    """Read ``sock`` up to and including ``end``, byte by byte (nothing past it is consumed): what came.
+
+    ``limit``: the most bytes read before ``end`` is given up on (a flooding guest); None: no limit, and
+    only the last ``len(end)`` bytes are kept. :class:`SandboxFailedError` names ``what`` when it is late
+    (by ``until``), floods, or closes.
+    """
+    seen, count = b"", 0
+    while not seen.endswith(end):
+        left = until - time.monotonic()
+        if limit is not None and count >= limit:
+            raise SandboxFailedError(f"{what} sent {count} bytes without the answer awaited")
+        if left <= 0 or not select.select([sock], [], [], left)[0]:
+            raise SandboxFailedError(
+                f"{what} did not answer in time: its guest init is not answering (the VM is stuck or still "
+                "booting)"
+            )
+        chunk = sock.recv(1)
+        if not chunk:
+            raise SandboxFailedError(f"{what} closed (QEMU stopped)")
+        count += 1
+        seen = seen + chunk if limit is not None else (seen + chunk)[-len(end) :]
+    return seen
 
 
 class PortStream(SocketStream):
@@ -114,19 +139,8 @@ class PortOpener:
         try:
             sock.settimeout(max(until - time.monotonic(), 0.01))
             sock.connect(path)
-            seen = b""
-            # Byte-exact: nothing past the greeting may be consumed (the program's first bytes follow it).
-            while not seen.endswith(GREETING):
-                left = until - time.monotonic()
-                if left <= 0 or not select.select([sock], [], [], left)[0]:
-                    raise SandboxFailedError(
-                        f"the microVM's port {index + 1} did not greet in time: its guest init is not "
-                        "answering (the VM is stuck or still booting)"
-                    )
-                chunk = sock.recv(1)
-                if not chunk:
-                    raise SandboxFailedError(f"the microVM's port {index + 1} closed (QEMU stopped)")
-                seen = (seen + chunk)[-len(GREETING) :]
+            # What an earlier agent left before the greeting is skipped, however long (no limit).
+            read_until(sock, GREETING, until, f"the microVM's port {index + 1}", limit=None)
             sock.settimeout(None)
             return sock
         except OSError as exc:

@@ -86,6 +86,8 @@ __all__ = ["GuestFacts", "MicroVMBackend", "MicroVMSession", "resolve_accel"]
 
 log = logging.getLogger(__name__)
 
+#: Why a VM with a workspace is never migrated (paused to disk, forked, snapshotted).
+NO_MIGRATION = "QEMU 7.2 cannot migrate its virtiofs share (vhost-user-fs is a migration blocker)"
 #: How long a probe boot under KVM may take before KVM is judged not to work here.
 KVM_PROBE_SECONDS = 10.0
 _PROGRAM_LANGUAGES = {LANGUAGES[lang].program: lang for lang in (Language.PYTHON, Language.JAVASCRIPT)}
@@ -314,9 +316,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         self._share = plan_share(workspace, config.user) if workspace is not None else share
         if self._share is not None and config.idle_pause_seconds is not None:
             raise PolicyNotEnforceableError(
-                "idle_pause_seconds pauses a session to disk, which a microVM with a workspace cannot be "
-                "(QEMU 7.2 cannot migrate its virtiofs share): start it without a workspace, or without "
-                "idle_pause_seconds"
+                f"idle_pause_seconds pauses a session to disk, which a microVM with a workspace cannot be "
+                f"({NO_MIGRATION}): start it without a workspace, or without idle_pause_seconds"
             )
         #: Pauses the session to disk once idle (``idle_pause_seconds``), from its first start.
         self._idle: IdlePauser | None = None
@@ -408,8 +409,12 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             )
         if self._egress.proxied:
             self._egress.serve(self._transport, config.user)
-        if config.idle_pause_seconds is not None and self._idle is None:
-            self._idle = IdlePauser(self, config.idle_pause_seconds, process_cpu_reader)
+        self._watch_idle()
+
+    def _watch_idle(self) -> None:
+        """Start the idle watcher once the VM runs (``idle_pause_seconds``), if not yet."""
+        if self._config.idle_pause_seconds is not None and self._idle is None:
+            self._idle = IdlePauser(self, self._config.idle_pause_seconds, process_cpu_reader)
 
     def _boot_started(self, vm: VmProcess) -> None:
         self._booting = vm
@@ -505,9 +510,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         """Migrate the whole VM to a file in its run directory and end QEMU (see ``_pause``)."""
         if self._share is not None:
             raise PolicyNotEnforceableError(
-                "a microVM with a workspace cannot be paused to disk: QEMU 7.2 cannot migrate its virtiofs "
-                "share (vhost-user-fs is a migration blocker); nothing was paused. pause(keep_memory=True) "
-                "stops it in place"
+                f"a microVM with a workspace cannot be paused to disk: {NO_MIGRATION}; nothing was paused. "
+                "pause(keep_memory=True) stops it in place"
             )
         with self._quiesced(wait_seconds, "the session is paused"):
             transport, vm, run_dir = self._transport, self._vm, self._run_dir
@@ -607,8 +611,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             )
         if self._share is not None:
             raise PolicyNotEnforceableError(
-                f"a microVM with a workspace cannot be {done}: QEMU 7.2 cannot migrate its virtiofs share "
-                f"(vhost-user-fs is a migration blocker); start the session without a workspace to {call} it"
+                f"a microVM with a workspace cannot be {done}: {NO_MIGRATION}; start the session without a "
+                f"workspace to {call} it"
             )
         if self._egress.proxied:
             raise PolicyNotEnforceableError(
@@ -689,8 +693,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             for agent in agents:
                 transport.reattach(agent, streams.pop(agent.user), time.monotonic() + 30)
             self.boot_seconds = time.monotonic() - started
-            if self._config.idle_pause_seconds is not None:
-                self._idle = IdlePauser(self, self._config.idle_pause_seconds, process_cpu_reader)
+            self._watch_idle()
 
     def _start_from_snapshot(self, snapshot: Snapshot) -> None:
         """Start this new session as a copy of the VM ``snapshot`` kept (refused when it does not fit)."""
@@ -833,7 +836,7 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
         if settings is not None and self.config.idle_pause_seconds is not None:
             raise PolicyNotEnforceableError(
                 "idle_pause_seconds pauses a session to disk, which a pool's VMs cannot be (each shares a "
-                "workspace over virtiofs, which QEMU 7.2 cannot migrate): give one or the other"
+                f"workspace: {NO_MIGRATION}): give one or the other"
             )
         self.pool: MicroVMPool | None = None
         """The booted VMs kept ready (``pool=``), else None."""
