@@ -31,7 +31,8 @@ _PACKAGES = ("adk_sandbox", "adk_sandbox.executor", "adk_sandbox.executor.channe
 
 def _static_agent(root: Path) -> types.ModuleType:
     """``static_agent`` of the checkout, imported without running the packages' ``__init__`` (no deps)."""
-    directories = (root / "src" / "adk_sandbox", root / "executor", root / "executor" / "channel")
+    package = root / "src" / "adk_sandbox"
+    directories = (package, package / "executor", package / "executor" / "channel")
     for name, directory in zip(_PACKAGES, directories, strict=True):
         if name not in sys.modules:
             spec = importlib.util.spec_from_file_location(

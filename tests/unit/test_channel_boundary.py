@@ -6,7 +6,8 @@ import ast
 import tomllib
 from pathlib import Path
 
-CHANNEL = Path(__file__).resolve().parents[2] / "executor" / "channel"
+ROOT = Path(__file__).resolve().parents[2]
+CHANNEL = ROOT / "src" / "adk_sandbox" / "executor" / "channel"
 
 
 def _imported(path: Path) -> set[str]:
@@ -27,7 +28,7 @@ def test_the_in_sandbox_programs_and_the_c_agent_are_package_files() -> None:
 
 def test_the_checkers_cover_the_in_sandbox_programs() -> None:
     """ruff and mypy --strict read the programs shipped into sandboxes: nothing excludes ``inside/``."""
-    config = tomllib.loads((CHANNEL.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     mypy, ruff = config["tool"]["mypy"], config["tool"]["ruff"]
     assert mypy["packages"] == ["adk_sandbox"] and "exclude" not in mypy
     assert "exclude" not in ruff and "extend-exclude" not in ruff

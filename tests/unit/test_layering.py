@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2] / "src" / "adk_sandbox"  # the package, no links
 PACKAGE_DIRS = ("executor", "devtools")
 BELOW_THE_BACKENDS = ("executor/channel", "executor/workspace", "executor/network")
 FORBIDDEN_BELOW = ("docker", "adk_sandbox.executor.backends", "adk_sandbox.devtools")
