@@ -4,11 +4,11 @@ Run: PYTHONPATH=. .venv/bin/python bench/bench_agent.py [--quick] [--runtimes ru
 Prints Markdown tables (p50/p99, ratios, targets) for BENCHMARKS.md:
 * ``true`` in a warm session (agent channel) vs host ``subprocess.run(["sh", "-c", "true"])`` (≤ 2x), and
   the bash tool through ``adk_sandbox.devtools.DevToolset`` on a Docker workspace vs the same anchor (≤ 2.5x);
-  the exec transport (one Docker exec per command) alongside; for each runtime;
-* 200 MB with a 4 KiB cap: effective GB/s (≥ 1 GB/s) against a bare host pipe drain and the exec
-  transport, and this process's RSS growth during it (< 20 MB), sampled in a thread;
-* CPU time per ``true``, agent vs exec transport: the whole machine (/proc/stat) and its split over this
-  process, dockerd, containerd, the container's shim and the container's cgroup.
+  for each runtime (the exec transport, once measured alongside, was removed: docs/docker/agent-channel.md);
+* 200 MB with a 4 KiB cap: effective GB/s (≥ 1 GB/s) against a bare host pipe drain, and this process's
+  RSS growth during it (< 20 MB), sampled in a thread;
+* CPU time per ``true`` on the agent channel: the whole machine (/proc/stat) and its split over this
+  process, dockerd, containerd, the container's shim and the container's cgroup, against host ``sh -c true``.
 """
 
 from __future__ import annotations
@@ -90,13 +90,11 @@ def warm_true(runtime: str | None, repeat: int) -> list[Row]:
     """Benchmark 1: a warm ``true`` per channel and through the bash tool, interleaved with the host."""
     workspace = owned_workspace()
     agent_backend = DockerBackend(runtime=runtime)
-    exec_backend = DockerBackend(runtime=runtime, transport="exec")
     tool_backend = DockerBackend(runtime=runtime)
     loop = asyncio.new_event_loop()
     try:
         with (
             agent_backend.session(workspace=workspace) as agent,
-            exec_backend.session(workspace=workspace) as exe,
             Workspace(workspace, sandbox=tool_backend) as ws,
         ):
             tools = DevToolset(ws)
@@ -105,17 +103,11 @@ def warm_true(runtime: str | None, repeat: int) -> list[Row]:
                 result = loop.run_until_complete(tools.run("bash", {"command": "true"}))
                 assert result["exit_code"] == 0, result
 
-            # The exec transport in a loop of its own: each exec leaves teardown work in dockerd and runc
-            # (measured: with it in the same loop the host anchor itself slows from 1.3 to 2.1 ms), which
-            # would be charged to whatever runs next, not to the exec.
             stats = interleaved({"host": host_true, "agent": checked(agent), "tool": bash_tool}, repeat)
-            exec_stats = interleaved(
-                {"host": host_true, "exec": checked(exe), "agent": checked(agent)}, repeat
-            )
             floor = in_sandbox_floor(agent, repeat)
     finally:
         loop.close()
-        for backend in (agent_backend, exec_backend, tool_backend):
+        for backend in (agent_backend, tool_backend):
             backend.close()
     rt = runtime_name(runtime)
     return [
@@ -139,43 +131,23 @@ def warm_true(runtime: str | None, repeat: int) -> list[Row]:
             "the in-sandbox floor (above)",
             floor,
         ),
-        Row.latency(
-            f"{rt}: session `true`, exec transport (own loop)",
-            exec_stats["exec"],
-            HOST_ANCHOR,
-            exec_stats["host"],
-        ),
-        Row.latency(
-            f"{rt}: session `true`, agent channel (in the exec's loop)",
-            exec_stats["agent"],
-            "session `true`, exec transport",
-            exec_stats["exec"],
-        ),
     ]
 
 
 def flood(runtime: str | None, repeat: int) -> list[Row]:
-    """Benchmark 3: 200 MB with a 4 KiB cap; GB/s against a host pipe and the exec transport; RSS growth."""
+    """Benchmark 3: 200 MB with a 4 KiB cap; GB/s against a host pipe; RSS growth."""
     workspace = owned_workspace()
     agent_backend = DockerBackend(runtime=runtime)
-    exec_backend = DockerBackend(runtime=runtime, transport="exec")
     try:
-        with (
-            agent_backend.session(workspace=workspace) as agent,
-            exec_backend.session(workspace=workspace) as exe,
-        ):
+        with agent_backend.session(workspace=workspace) as agent:
             agent.execute(TRUE)  # warm-up: the channel's buffers exist before the baseline
-            exe.execute(TRUE)
             with RssSampler() as agent_rss:
                 agent_stats = interleaved({"agent": lambda: agent.execute(FLOOD)}, repeat)["agent"]
-            with RssSampler() as exec_rss:
-                exec_stats = interleaved({"exec": lambda: exe.execute(FLOOD)}, max(1, repeat // 2))["exec"]
             host_stats = interleaved({"host": raw_pipe_drain}, repeat)["host"]
             result = agent.execute(FLOOD)
             assert len(result.stdout) == 4096 and result.stdout_truncated, result
     finally:
         agent_backend.close()
-        exec_backend.close()
     rt = runtime_name(runtime)
 
     def gbps(ms: float) -> float:
@@ -192,17 +164,10 @@ def flood(runtime: str | None, repeat: int) -> list[Row]:
             gbps(agent_stats.p50) >= 1,
         ),
         Row(
-            f"{rt}: 200 MB, 4 KiB kept, agent channel",
-            f"{gbps(agent_stats.p50):.2f} GB/s",
-            "the same, exec transport",
-            f"{gbps(exec_stats.p50):.2f} GB/s (p50 {exec_stats.p50:.0f} ms)",
-            agent_stats.p50 / exec_stats.p50,
-        ),
-        Row(
             f"{rt}: host RSS growth during the floods, agent channel",
             f"{agent_rss.peak_growth_mib:.1f} MiB",
-            "the same, exec transport",
-            f"{exec_rss.peak_growth_mib:.1f} MiB",
+            "",
+            "",
             None,
             "< 20 MB",
             agent_rss.peak_growth_mib * 1.048576 < 20,
@@ -259,41 +224,24 @@ def _host_cpu_ms(commands: int) -> float:
 
 
 def cpu_per_command(commands: int) -> tuple[list[Row], list[str]]:
-    """Benchmark 6: machine CPU per ``true``, agent vs exec transport (runc: the cgroup is readable)."""
+    """Benchmark 6: machine CPU per ``true`` on the agent channel (runc: the cgroup is readable)."""
     workspace = owned_workspace()
     agent_backend = DockerBackend()
-    exec_backend = DockerBackend(transport="exec")
     try:
-        with (
-            agent_backend.session(workspace=workspace) as agent,
-            exec_backend.session(workspace=workspace) as exe,
-        ):
+        with agent_backend.session(workspace=workspace) as agent:
             agent_split = _cpu_split(agent, commands)
-            exec_split = _cpu_split(exe, max(10, commands // 4))
     finally:
         agent_backend.close()
-        exec_backend.close()
     host = _host_cpu_ms(commands)
     machine = "machine (/proc/stat)"
     agent_sum = sum(v for k, v in agent_split.items() if k != machine)
-    exec_high = sum(v for k, v in exec_split.items() if k != machine)
-    exec_low = exec_high - exec_split["container cgroup"]  # the reaped commands, counted once
     rows = [
         Row(
             "runc: CPU per `true`, agent channel (whole machine)",
             f"{agent_split[machine]:.1f} ms",
-            "the same, exec transport",
-            f"{exec_split[machine]:.1f} ms",
-            agent_split[machine] / exec_split[machine],
-            "issue: ~9 ms vs 192 ms",
-        ),
-        Row(
-            "runc: CPU per `true`, agent channel (sum over the parties below)",
-            f"{agent_sum:.1f} ms",
-            "the same, exec transport",
-            f"{exec_low:.0f} to {exec_high:.0f} ms",
-            agent_sum / exec_high,
-            "issue: ~9 ms vs 192 ms",
+            "host `sh -c true` (this process + child)",
+            f"{host:.1f} ms",
+            agent_split[machine] / host,
         ),
         Row(
             "runc: CPU per `true`, agent channel (sum over the parties below)",
@@ -304,11 +252,9 @@ def cpu_per_command(commands: int) -> tuple[list[Row], list[str]]:
         ),
     ]
     notes = [
-        "CPU split per `true` (ms), agent / exec: "
-        + "; ".join(f"{name} {agent_split[name]:.2f} / {exec_split[name]:.2f}" for name in agent_split)
-        + ". With the exec transport the shim reaps each exec'd command, so its time is in both the shim's "
-        "reaped children and the container cgroup (hence a range); the machine-wide figure includes every "
-        "other process's load (this machine is shared)."
+        "CPU split per `true` (ms), agent channel: "
+        + "; ".join(f"{name} {agent_split[name]:.2f}" for name in agent_split)
+        + ". The machine-wide figure includes every other process's load (this machine is shared)."
     ]
     return rows, notes
 
@@ -321,7 +267,7 @@ def main() -> None:
     rows: list[Row] = []
     for runtime in runtimes:
         rows += warm_true(runtime, 15 if options.quick else 50)
-    print_section("Warm command: agent channel, bash tool, exec transport (benchmark 1)", rows)
+    print_section("Warm command: agent channel, bash tool (benchmark 1)", rows)
     print_section("200 MB flood with a 4 KiB cap (benchmark 3)", flood(None, 3 if options.quick else 7))
     cpu_rows, notes = cpu_per_command(40 if options.quick else 200)
     print_section("CPU per command (benchmark 6)", cpu_rows, notes)

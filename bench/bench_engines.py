@@ -1,12 +1,13 @@
-"""Per-command cost on a local and a remote engine: the exec API against the agent channel, in one run.
+"""Per-command cost on a local and a remote engine, over the agent channel, in one run.
 
 Run: PYTHONPATH=. .venv/bin/python bench/bench_engines.py [--repeat N] [--quick]   (root: it starts a dockerd)
 One private ``dockerd`` (tests/integration/private_engine.py, the base image loaded into it) is reached
 three ways at once: its Unix socket, TCP 127.0.0.1 with TLS (certificates made for the run), and ssh (an
 sshd on 127.0.0.1 forwarding to the socket, when scripts/setup unpacked one), so every path reaches the
-same daemon and they differ only in the connection. Six sessions — {unix, TLS, ssh} x {exec, agent} — run
-``true`` in turn (interleaved), then session start (create, start, hardening probe, first command) is timed
-the same way. Prints a Markdown table for BENCHMARKS.md ("Issue 13, step 1: engines").
+same daemon and they differ only in the connection. Three sessions — unix, TLS, ssh — run ``true`` in
+turn (interleaved), then session start (create, start, hardening probe, first command) is timed the same
+way (the exec transport, once measured alongside, was removed: docs/docker/agent-channel.md). Prints a
+Markdown table for BENCHMARKS.md ("Issue 13, step 1: engines").
 """
 
 from __future__ import annotations
@@ -57,11 +58,7 @@ def main() -> None:
         engines = {"unix": Engine(host=engine.host), "TLS": engine.engine()}
         if sshd is not None:
             engines["ssh"] = Engine(host=sshd.host)
-        backends = {
-            f"{name} {transport}": DockerBackend(engine=target, transport=transport)
-            for name, target in engines.items()
-            for transport in ("exec", "agent")
-        }
+        backends = {name: DockerBackend(engine=target) for name, target in engines.items()}
         try:
             sessions = {key: backend.session() for key, backend in backends.items()}
             for session in sessions.values():
@@ -82,26 +79,19 @@ def main() -> None:
     rows = []
     for name in engines:
         if name != "unix":
-            for transport in ("agent", "exec"):
-                rows.append(Row.latency(f"`true`, {transport} over {name}", stats[f"{name} {transport}"],
-                                        f"{transport} over unix", stats[f"unix {transport}"]))  # fmt: skip
-    for name in engines:
-        rows.append(Row.latency(f"`true` over {name}: agent channel", stats[f"{name} agent"], "exec API",
-                                stats[f"{name} exec"]))  # fmt: skip
+            rows.append(Row.latency(f"`true` over {name}", stats[name], "over unix", stats["unix"]))
     for name in engines:
         if name != "unix":
-            for transport in ("agent", "exec"):
-                rows.append(Row.latency(f"session start + first `true`, {transport}, {name}",
-                                        start_stats[f"{name} {transport}"], "unix",
-                                        start_stats[f"unix {transport}"]))  # fmt: skip
+            rows.append(Row.latency(f"session start + first `true`, {name}", start_stats[name], "unix",
+                                    start_stats["unix"]))  # fmt: skip
     print_section(
         f"Engines: one private dockerd over its Unix socket, TCP+TLS and ssh (repeat {repeat})",
         rows,
         [
             "All paths reach the same daemon, on loopback: a real network adds its round trips to every "
-            "connection (the exec API makes three or more per command, the agent channel none).",
+            "connection (the agent channel makes none per command, only per agent start).",
             "ssh: each connection is a channel (on a few SSH connections) running `docker system dial-stdio` "
-            "on the engine's host (a docker CLI process each), which is what the exec API pays per call.",
+            "on the engine's host (a docker CLI process each), paid per agent start.",
         ],
     )
 

@@ -55,7 +55,7 @@ def ours_split(backend: DockerBackend, workspace: str, sessions: list[DockerSess
     with contextlib.ExitStack() as stack:
         stack.enter_context(_wrapped(_container.ContainerProvider, "_create", raw, "create"))
         stack.enter_context(_wrapped(_container.ContainerProvider, "open", raw, "open"))
-        stack.enter_context(_wrapped(_exec.DockerExecTransport, "open_agent_stream", raw, "agent exec"))
+        stack.enter_context(_wrapped(_exec.DockerExecs, "open_agent_stream", raw, "agent exec"))
         stack.enter_context(_wrapped(_agent_transport.AgentTransport, "_start_launch", raw, "launch"))
         stack.enter_context(_wrapped(session_module, "verify_from_inside", raw, "verify_from_inside"))
         started = time.perf_counter()

@@ -34,7 +34,7 @@ import docker
 import docker.errors
 
 from adk_sandbox.executor.backends.docker._daemon import engine_of
-from adk_sandbox.executor.backends.docker._exec import DockerExecTransport, DockerStreamSplitter
+from adk_sandbox.executor.backends.docker._exec import DockerExecs, DockerStreamSplitter
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE
 from adk_sandbox.executor.backends.kubernetes import KubernetesBackend, KubernetesConfig
 from adk_sandbox.executor.backends.kubernetes._channel import CLOSE, ERROR, STDIN, ChannelProtocol
@@ -100,7 +100,8 @@ class DockerExecWebSocket:
     subprotocol = ChannelProtocol.V5.value
 
     def __init__(self, client: docker.DockerClient, container_id: str, argv: Sequence[str]) -> None:
-        self._exec = DockerExecTransport(client, container_id, engine_of(client))
+        self._client = client
+        self._exec = DockerExecs(client, container_id, engine_of(client))
         until = time.monotonic() + 30
         # User "" and workdir "": the container's own, as an exec into a Pod cannot choose them.
         self._exec_id = self._exec._create_exec(list(argv), "", "", True, until)
@@ -144,7 +145,7 @@ class DockerExecWebSocket:
     def _status(self) -> dict[str, Any]:
         """The metav1.Status the API server sends on channel 3 for the exec's exit status."""
         try:
-            code = self._exec._exit_code(self._exec_id, time.monotonic() + 10)
+            code = self._exit_code()
         except Exception as exc:  # the container is gone: what the server says then
             return {"status": "Failure", "reason": "InternalError", "message": str(exc)}
         if code == 0:
@@ -155,6 +156,18 @@ class DockerExecWebSocket:
             "message": f"command terminated with non-zero exit code: {code}",
             "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
         }
+
+    def _exit_code(self) -> int | None:
+        """The exec's exit status once the engine marks it ended (None if it does not within 5 s)."""
+        give_up = time.monotonic() + 5.0
+        while True:
+            found = self._client.api.exec_inspect(self._exec_id)
+            if not found.get("Running"):
+                code = found.get("ExitCode")
+                return int(code) if code is not None else None
+            if time.monotonic() > give_up:
+                return None
+            time.sleep(0.005)
 
     def close(self) -> None:
         """Close the connection (unblocks a pending :meth:`recv_message`)."""

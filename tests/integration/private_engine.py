@@ -268,7 +268,7 @@ class PrivateEngine:
         """Import into the private engine a small image cut out of ``source``; the seconds it took.
 
         ``docker save | docker load`` of the 296 MB base image takes 10-20 s here; what a session and these
-        tests need (python3 and its standard library for the agent and the supervisor, a shell, coreutils,
+        tests need (python3 and its standard library for the tests' own scripts, a shell, coreutils,
         ps, setsid and their libraries: about 40 MB) is tarred inside a throw-away container of ``source``
         and imported in a few seconds.
         """

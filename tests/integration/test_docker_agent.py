@@ -21,7 +21,7 @@ from adk_sandbox.executor import ExecRequest, ExecResult, InvalidRequestError, L
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 from adk_sandbox.executor.backends.docker._daemon import daemon_socket_path
-from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
+from adk_sandbox.executor.backends.docker._exec import DockerExecs
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.files import SandboxFiles
 from adk_sandbox.executor.channel.frames import FILE_OPS, FrameType, encode
@@ -67,20 +67,11 @@ def agent_pid(session: DockerSession) -> int:
     return pid
 
 
-def test_the_agent_is_the_default_channel_and_exec_stays_selectable(
-    docker_backend: DockerBackend, owned_workspace: Path
-) -> None:
+def test_the_agent_is_the_channel(docker_backend: DockerBackend, owned_workspace: Path) -> None:
     with docker_backend.session(workspace=owned_workspace) as session:
         assert session.channel == "agent"
         assert run(session, "echo $A; cat", env={"A": "b"}, timeout=20).stdout == "b\n"
         assert isinstance(session._transport, AgentTransport)
-    backend = DockerBackend(transport="exec")
-    try:
-        with backend.session(workspace=owned_workspace) as session:
-            assert session.channel == "exec"
-            assert run(session, "echo exec").stdout == "exec\n"
-    finally:
-        backend.close()
 
 
 def test_env_travels_in_the_frame_not_on_an_argv(
@@ -204,7 +195,7 @@ HELLO = encode(FrameType.HELLO, 0, {"protocol": 1, "pid": 1, "subreaper": True, 
 
 def _opener(session: DockerSession) -> AgentStreamOpener:
     """Opens agent streams into the session's container with Docker's exec, as the session does."""
-    return DockerExecTransport(session._client, session.container_id, daemon_socket_path()).open_agent_stream
+    return DockerExecs(session._client, session.container_id, daemon_socket_path()).open_agent_stream
 
 
 def liar_run(session: DockerSession, output: bytes, linger: float = 0.0) -> None:

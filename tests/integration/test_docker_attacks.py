@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import stat
 import struct
@@ -36,7 +35,6 @@ from adk_sandbox.executor import (
 from adk_sandbox.executor.backends.docker import DockerBackend
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option
 from adk_sandbox.executor.channel import static_agent as _static_agent
-from adk_sandbox.executor.channel import supervisor as _supervisor
 from tests.conftest import require
 
 pytestmark = pytest.mark.docker
@@ -202,38 +200,24 @@ def test_commands_cannot_plant_setid_files_on_the_host(
         shutil.rmtree(workspace, ignore_errors=True)
 
 
-def _unfiltered(source: str) -> str:
-    """An in-container program whose set-id filter installs nothing (the test's stand-in for a runtime
-    that would not enforce it)."""
-    head = re.search(r"^def install_setid_filter\(.*:\n", source, re.MULTILINE)
-    assert head is not None
-    return source.replace(head[0], head[0] + "    return  # disabled by the test\n", 1)
-
-
 #: A seccomp program that allows everything (``RET ALLOW``): the agent installs it and says "refused".
 ALLOW_ALL = struct.pack("=HBBI", 0x06, 0, 0, 0x7FFF0000)
 
 
-@pytest.mark.parametrize("transport", ["agent", "exec"])
 def test_a_session_whose_commands_could_set_setid_bits_is_refused(
-    docker_backend: DockerBackend, monkeypatch: pytest.MonkeyPatch, transport: str, tmp_path: Path
+    docker_backend: DockerBackend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The start-up probe, not an assumption: without the per-command filter, gVisor lets exec'd commands
     set the bits (runsc applies the container's profile to its first process only), and the session
     must refuse to run."""
     require("runsc" in docker_backend._client.info().get("Runtimes", {}), "gVisor's runsc is not registered")
-    monkeypatch.setattr(
-        _supervisor,
-        "_PREFIX",
-        ("python3", "-I", "-S", "-c", _unfiltered(_supervisor.SCRIPT), _supervisor.ARGV0),
-    )
     # The agent built with a filter that refuses nothing (a cache of its own: a build of other sources).
     monkeypatch.setattr(_static_agent, "setid_filter", lambda arch: ALLOW_ALL)
     monkeypatch.setenv("ADK_SANDBOX_CACHE", str(tmp_path))
     _static_agent._static_or_reason.cache_clear()
     try:
         with (
-            DockerBackend(runtime="runsc", transport=transport) as backend,
+            DockerBackend(runtime="runsc") as backend,
             pytest.raises(PolicyNotEnforceableError) as refused,
         ):
             backend.session().start()
@@ -312,24 +296,19 @@ def test_attaching_to_a_weakened_container_is_refused(
     assert problem in str(refused.value)
 
 
-@pytest.mark.parametrize("transport", ["agent", "exec"])
 def test_attaching_to_a_container_without_a_writable_tmp_is_refused(
-    docker_backend: DockerBackend, repo: Path, transport: str
+    docker_backend: DockerBackend, repo: Path
 ) -> None:
     """No tmpfs on a read-only root (and Docker's /dev/shm is noexec): the agent's loader has nowhere to
-    run, and says what it needs; the exec transport's supervisor starts, and the set-id probe, which
-    cannot run either, refuses the container unverified."""
+    run, and says what it needs."""
     with attached_container(docker_backend._client, **_hardened(repo, tmpfs={})) as name:
-        backend = DockerBackend(container=name, transport=transport)
+        backend = DockerBackend(container=name)
         try:
             with pytest.raises((PolicyNotEnforceableError, SandboxFailedError)) as refused:
                 backend.session(workspace=repo).start()
         finally:
             backend.close()
-    if transport == "agent":
-        assert refused.type is SandboxFailedError and "executable /tmp" in str(refused.value)
-    else:
-        assert refused.type is PolicyNotEnforceableError and "writable /tmp" in str(refused.value)
+    assert refused.type is SandboxFailedError and "executable /tmp" in str(refused.value)
 
 
 def test_attaching_to_a_container_with_unmasked_system_paths_is_refused(

@@ -201,17 +201,6 @@ def test_a_neighbours_timeout_leaves_a_kept_group_alone(
     assert len(alive(docker_backend, session, f"sleep {kept}")) == 1
 
 
-def test_the_exec_transport_refuses_background(owned_workspace: Path) -> None:
-    backend = DockerBackend(transport="exec")
-    try:
-        with backend.session(workspace=owned_workspace) as session:
-            with pytest.raises(InvalidRequestError, match="agent channel"):
-                run(session, "setsid sleep 1 &", background=True)
-            assert run(session, "echo plain").stdout == "plain\n"
-    finally:
-        backend.close()
-
-
 def test_background_under_gvisor(owned_workspace: Path) -> None:
     backend = DockerBackend(runtime="runsc")
     require("runsc" in (backend._client.info().get("Runtimes") or {}), "gVisor's runsc is not registered")

@@ -296,7 +296,6 @@ def test_an_idle_session_pauses_itself_and_a_busy_one_does_not() -> None:
     [
         ({"checkpoints": True}, "runtime='runsc'"),
         ({"checkpoints": True, "runtime": "runsc", "pool": 1}, "pool="),
-        ({"checkpoints": True, "runtime": "runsc", "transport": "exec"}, "transport='exec'"),
         ({"checkpoints": True, "runtime": "runsc", "workspace_transport": "mirror"}, "mirror"),
         (
             {"checkpoints": True, "runtime": "runsc", "network": NetworkPolicy(allow=["example.com"])},

@@ -187,13 +187,13 @@ def test_cleanup_labelled_removes_the_labelled_containers_by_id_name_or_all_and_
 
 def test_a_config_makes_the_same_backend_as_the_keyword_options(owned_workspace: Path) -> None:
     labels = {"org.example.eval": "config-7"}
-    config = DockerConfig(tmpfs={"/var/tmp": 8}, labels=labels, transport="exec", lifetime_seconds=3600)
-    with DockerBackend(tmpfs={"/var/tmp": 8}, labels=labels, transport="exec", lifetime_seconds=3600) as kw:
+    config = DockerConfig(tmpfs={"/var/tmp": 8}, labels=labels, transport="agent", lifetime_seconds=3600)
+    with DockerBackend(tmpfs={"/var/tmp": 8}, labels=labels, transport="agent", lifetime_seconds=3600) as kw:
         assert kw.config == config
     with DockerBackend(config=config) as backend, backend.session(owned_workspace) as session:
         assert backend.config is config
-        assert (backend.tmpfs, backend.labels, backend.transport) == ({"/var/tmp": 8}, labels, "exec")
-        assert session.channel == "exec"
+        assert (backend.tmpfs, backend.labels, backend.transport) == ({"/var/tmp": 8}, labels, "agent")
+        assert session.channel == "agent"
         found = backend._client.api.inspect_container(session.container_id)
         assert {key: found["Config"]["Labels"][key] for key in labels} == labels
         assert run(session, "df -m /var/tmp | tail -1").stdout.split()[1] == "8"

@@ -120,12 +120,12 @@ def agent_pid(session: DockerSession) -> int:
 
 
 # -- the engine restarted mid-command ---------------------------------------------------------------------
-@pytest.mark.parametrize(("transport", "owner"), [("agent", 1000), ("exec", 0)])
+@pytest.mark.parametrize("owner", [1000, 0])
 def test_an_engine_restarted_mid_command_fails_it_clearly_and_the_session_goes_on(
-    on_engine: PrivateEngine, tmp_path_factory: pytest.TempPathFactory, transport: str, owner: int
+    on_engine: PrivateEngine, tmp_path_factory: pytest.TempPathFactory, owner: int
 ) -> None:
     workspace = owned(tmp_path_factory, owner)
-    backend = DockerBackend(image=PRIVATE_IMAGE, transport=transport)
+    backend = DockerBackend(image=PRIVATE_IMAGE)
     session = backend.session(workspace=workspace)
     mark = unique_sleep_seconds()
     try:
@@ -157,8 +157,8 @@ def test_an_engine_restarted_mid_command_fails_it_clearly_and_the_session_goes_o
 def test_an_engine_killed_mid_command_fails_it_clearly_and_close_does_not_hang(
     on_engine: PrivateEngine, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    # One session per transport, both running a command when the engine is SIGKILLed.
-    backends = [DockerBackend(image=PRIVATE_IMAGE, transport=t) for t in ("agent", "exec")]
+    # Two sessions, each of its own backend, both running a command when the engine is SIGKILLed.
+    backends = [DockerBackend(image=PRIVATE_IMAGE) for _ in range(2)]
     sessions = [backend.session(workspace=owned(tmp_path_factory, 1000)) for backend in backends]
     marks = [unique_sleep_seconds() for _ in sessions]
     for session in sessions:

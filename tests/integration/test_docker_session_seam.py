@@ -15,20 +15,19 @@ import pytest
 from adk_sandbox.executor import ExecRequest, Language, PolicyNotEnforceableError
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker import DockerBackend
-from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
-from adk_sandbox.executor.backends.docker.session import TRANSPORTS, DockerSession
+from adk_sandbox.executor.backends.docker.session import DockerSession, agent_transport
+from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.transport import CommandOutcome, CommandTransport, PreparedCommand
 from tests.conftest import containers_mounting, project_containers
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 
 
-@pytest.mark.parametrize("transport", ["agent", "exec"])
-def test_capabilities_report_the_channel_in_use(transport: str, owned_workspace: Path) -> None:
-    with DockerBackend(transport=transport) as backend:
-        assert backend.capabilities().channel == transport
+def test_capabilities_report_the_channel_in_use(owned_workspace: Path) -> None:
+    with DockerBackend(transport="agent") as backend:  # the one channel, still accepted by name
+        assert backend.capabilities().channel == "agent"
         with backend.session(workspace=owned_workspace) as session:
-            assert session.capabilities().channel == transport == session.channel
+            assert session.capabilities().channel == "agent" == session.channel
 
 
 class _CountingTransport:
@@ -39,7 +38,7 @@ class _CountingTransport:
         self.argvs: list[tuple[str, ...]] = []
         self.closed = False
 
-    channel = "exec"
+    channel = "counting"  # not the agent's name: capabilities() must report the injected one
 
     def run(
         self,
@@ -71,7 +70,7 @@ def test_an_injected_transport_carries_every_command_including_the_start_up_chec
     ) -> CommandTransport:
         assert not setid_allowed  # a hardened session keeps the filter
         made.append(
-            _CountingTransport(TRANSPORTS["exec"](client, container_id, on_restart, setid_allowed=False))
+            _CountingTransport(agent_transport(client, container_id, on_restart, setid_allowed=False))
         )
         return made[-1]
 
@@ -81,10 +80,10 @@ def test_an_injected_transport_carries_every_command_including_the_start_up_chec
         result = session.execute(ExecRequest(language=Language.COMMAND, code="echo via-injected", timeout=30))
         assert result.stdout == "via-injected\n"
         (transport,) = made
-        assert isinstance(transport.inner, DockerExecTransport)
+        assert isinstance(transport.inner, AgentTransport)
         assert "adk-sandbox-probe" in transport.argvs[0]  # the start-up check went through it too
         assert any("echo via-injected" in argv for argv in transport.argvs)
-        assert session.capabilities().channel == "exec"
+        assert session.capabilities().channel == "counting"
     finally:
         session.close()
     assert transport.closed
@@ -118,7 +117,7 @@ def test_a_transport_that_lets_set_id_modes_through_is_refused_at_start(
         *,
         setid_allowed: bool,
     ) -> CommandTransport:
-        return _Lying(TRANSPORTS["exec"](client, container_id, on_restart, setid_allowed=setid_allowed))
+        return _Lying(agent_transport(client, container_id, on_restart, setid_allowed=setid_allowed))
 
     config = docker_backend.session(workspace=owned_workspace)._config
     session = DockerSession(docker_backend._client, config, transport=factory)

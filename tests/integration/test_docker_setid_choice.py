@@ -1,18 +1,17 @@
 """The set-id filter as a per-channel choice (issue 22: a task sandbox must let dpkg install set-uid files).
 
-Real engine, runc and gVisor, each channel: the agent and the exec transport's supervisor. The
-*permissive* container is what a task sandbox leaves for set-id modes: root, Docker's own default seccomp
-profile (which lets ``chmod 4755`` through), no-new-privileges, and the capabilities a
-package manager needs (CHOWN, DAC_OVERRIDE, FOWNER, FSETID, SETUID, SETGID). So there the channel's own
-filter is all that refuses set-id modes:
+Real engine, runc and gVisor, on the agent channel. The *permissive* container is what a task sandbox
+leaves for set-id modes: root, Docker's own default seccomp profile (which lets ``chmod 4755`` through),
+no-new-privileges, and the capabilities a package manager needs (CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
+SETUID, SETGID). So there the channel's own filter is all that refuses set-id modes:
 
-* by default (no opt-in) ``chmod 4755`` fails on every channel and the agent's HELLO says ``refused``;
+* by default (no opt-in) ``chmod 4755`` fails and the agent's HELLO says ``refused``;
 * with ``setid_allowed=True`` it succeeds (in /tmp and on the writable root, where dpkg installs), HELLO
   says ``allowed``, and the start-up probe proves each choice (and refuses the other);
 * a host that asked for the filter refuses an agent that says it has none (and the other way round),
   before any command reaches it;
-* the agents still recognise each other, keep their protected list and refuse a malformed argv, and the
-  exec transport's killer still finds its supervisors, with the new word;
+* the agents still recognise each other, keep their protected list and refuse a malformed argv, with the
+  new word;
 * in the hardened container (the project's seccomp profile), the opt-in does not weaken anything: the
   profile still refuses, and the probe says so.
 """
@@ -20,7 +19,6 @@ filter is all that refuses set-id modes:
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +31,7 @@ from adk_sandbox.executor import PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor.backends.docker import BASE_IMAGE, DockerBackend
 from adk_sandbox.executor.backends.docker._daemon import daemon_socket_path
-from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
+from adk_sandbox.executor.backends.docker._exec import DockerExecs
 from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.probe import verify_from_inside
@@ -46,7 +44,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_backend")]
 QUICK = 30.0
 #: What a package manager needs to install set-uid programs as root (a subset of Docker's defaults).
 TASK_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID"]
-CHANNELS = ["agent", "exec"]
 ENV = {"PATH": DEFAULT_PATH}
 #: Prints the modes it could give a fresh file in /tmp and on the root filesystem (dpkg's /usr).
 SETID_SCRIPT = (
@@ -100,17 +97,13 @@ def permissive(request: pytest.FixtureRequest, docker_backend: DockerBackend) ->
 def _transport(
     client: docker.DockerClient,
     container_id: str,
-    channel: str,
     *,
     setid_allowed: bool | None = None,
     wrap: Callable[[list[str]], list[str]] | None = None,
-) -> CommandTransport:
-    """The channel as a session makes it; ``setid_allowed=None`` passes nothing (the default)."""
+) -> AgentTransport:
+    """The agent channel as a session makes it; ``setid_allowed=None`` passes nothing (the default)."""
     extra = {} if setid_allowed is None else {"setid_allowed": setid_allowed}
-    execs = DockerExecTransport(client, container_id, daemon_socket_path(), **extra)
-    if channel == "exec":
-        return execs
-    opener: AgentStreamOpener = execs.open_agent_stream
+    opener: AgentStreamOpener = DockerExecs(client, container_id, daemon_socket_path()).open_agent_stream
     if wrap is not None:
         inner = opener
 
@@ -126,21 +119,13 @@ def _run(
     *,
     user: str = "0:0",
     background: bool = False,
-    cancel_after: float | None = None,
 ) -> tuple[int | None, str]:
     command = PreparedCommand(
         argv=("/bin/sh", "-c", script), env=ENV, user=user, workdir="/tmp", stdin=None,
         marker=uuid.uuid4().hex, background=background,
     )  # fmt: skip
     capture = OutputCapture(65536)
-    cancel = threading.Event()
-    timer = threading.Timer(cancel_after or 0, cancel.set)
-    if cancel_after is not None:
-        timer.start()
-    try:
-        outcome = transport.run(command, capture, deadline=time.monotonic() + QUICK * 2, cancel=cancel)
-    finally:
-        timer.cancel()
+    outcome = transport.run(command, capture, deadline=time.monotonic() + QUICK * 2, cancel=None)
     streams = capture.finish()
     return outcome.exit_code, streams["stdout"].text + streams["stderr"].text
 
@@ -157,13 +142,12 @@ def _in_container(client: docker.DockerClient, container_id: str, *argv: str) ->
     return str(client.api.exec_start(created["Id"]).decode())
 
 
-# -- the choice on each channel ---------------------------------------------------------------------------
+# -- the choice on the channel ---------------------------------------------------------------------------
 @pytest.mark.parametrize("permissive", RUNTIMES, indirect=True)
-@pytest.mark.parametrize("channel", CHANNELS)
 def test_by_default_the_channel_refuses_set_id_modes_where_the_profile_would_not(
-    docker_backend: DockerBackend, permissive: str, channel: str
+    docker_backend: DockerBackend, permissive: str
 ) -> None:
-    transport = _transport(docker_backend._client, permissive, channel)
+    transport = _transport(docker_backend._client, permissive)
     try:
         code, output = _run(transport, SETID_SCRIPT)
         assert code == 0, output
@@ -172,19 +156,17 @@ def test_by_default_the_channel_refuses_set_id_modes_where_the_profile_would_not
         verify_from_inside(transport, ENV, "0:0", None)
         with pytest.raises(PolicyNotEnforceableError, match="cannot create setuid/setgid files although"):
             verify_from_inside(transport, ENV, "0:0", None, setid_allowed=True)
-        if channel != "exec":
-            assert _hello(transport)["setid"] == "refused"
-            assert _hello(transport)["agent"] == "static"
+        assert _hello(transport)["setid"] == "refused"
+        assert _hello(transport)["agent"] == "static"
     finally:
         transport.close()
 
 
 @pytest.mark.parametrize("permissive", RUNTIMES, indirect=True)
-@pytest.mark.parametrize("channel", CHANNELS)
 def test_with_the_opt_in_set_id_modes_work_and_hello_says_so(
-    docker_backend: DockerBackend, permissive: str, channel: str
+    docker_backend: DockerBackend, permissive: str
 ) -> None:
-    transport = _transport(docker_backend._client, permissive, channel, setid_allowed=True)
+    transport = _transport(docker_backend._client, permissive, setid_allowed=True)
     try:
         code, output = _run(transport, SETID_SCRIPT)
         assert code == 0, output
@@ -193,9 +175,8 @@ def test_with_the_opt_in_set_id_modes_work_and_hello_says_so(
         verify_from_inside(transport, ENV, "0:0", None, setid_allowed=True)
         with pytest.raises(PolicyNotEnforceableError, match="can create setuid"):
             verify_from_inside(transport, ENV, "0:0", None)
-        if channel != "exec":
-            assert _hello(transport)["setid"] == "allowed"
-            assert isinstance(transport, AgentTransport) and transport.setid_allowed
+        assert _hello(transport)["setid"] == "allowed"
+        assert transport.setid_allowed
     finally:
         transport.close()
 
@@ -210,16 +191,15 @@ def _without_word(argv: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("permissive", RUNTIMES, indirect=True)
-@pytest.mark.parametrize("channel", ["agent"])
 @pytest.mark.parametrize("asked", [False, True], ids=["asked-for-the-filter", "asked-for-none"])
 def test_an_agent_that_is_not_what_the_host_asked_for_is_refused(
-    docker_backend: DockerBackend, permissive: str, channel: str, asked: bool
+    docker_backend: DockerBackend, permissive: str, asked: bool
 ) -> None:
     """The launch is tampered with on its way (the word put in, or taken out): the agent does as its argv
     says, says so in HELLO, and the host refuses it before any command reaches it."""
     client = docker_backend._client
     wrap = _without_word if asked else _with_word
-    transport = _transport(client, permissive, channel, setid_allowed=asked, wrap=wrap)
+    transport = _transport(client, permissive, setid_allowed=asked, wrap=wrap)
     # In the root layer, not the /tmp tmpfs: readable from the host even once the container has stopped.
     mark = f"/var/tmp/ran-{uuid.uuid4().hex}"
     try:
@@ -244,15 +224,14 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("permissive", RUNTIMES, indirect=True)
-@pytest.mark.parametrize("channel", ["agent"])
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_an_agent_with_a_malformed_argv_does_not_start(
-    docker_backend: DockerBackend, permissive: str, channel: str, case: str
+    docker_backend: DockerBackend, permissive: str, case: str
 ) -> None:
     """Anything but ``[setid-allowed] [<protected>]`` ends the agent before HELLO, so nothing runs with a
     choice nobody made (nor with a protected list that spares nothing)."""
     extra, message = MALFORMED[case]
-    transport = _transport(docker_backend._client, permissive, channel, wrap=lambda argv: [*argv, *extra])
+    transport = _transport(docker_backend._client, permissive, wrap=lambda argv: [*argv, *extra])
     try:
         with pytest.raises(SandboxFailedError, match="could not start") as failed:
             _run(transport, "true")
@@ -261,7 +240,7 @@ def test_an_agent_with_a_malformed_argv_does_not_start(
         transport.close()
 
 
-# -- the agents and the supervisor still find each other with the word ------------------------------------
+# -- the agents still find each other with the word ------------------------------------
 @pytest.mark.parametrize("permissive", RUNC_ONLY, indirect=True)
 def test_a_new_agent_kills_an_older_one_whatever_either_was_started_with(
     docker_backend: DockerBackend, permissive: str
@@ -269,8 +248,8 @@ def test_a_new_agent_kills_an_older_one_whatever_either_was_started_with(
     """An agent recognises another by its name's place on the argv: the word after it changes nothing."""
     client = docker_backend._client
     for old_allowed in (True, False):
-        old = _transport(client, permissive, "agent", setid_allowed=old_allowed)
-        new = _transport(client, permissive, "agent", setid_allowed=not old_allowed)
+        old = _transport(client, permissive, setid_allowed=old_allowed)
+        new = _transport(client, permissive, setid_allowed=not old_allowed)
         try:
             mark = unique_sleep_seconds()
             # Kept by the old agent (a background command) until that agent is killed.
@@ -289,11 +268,10 @@ def test_a_new_agent_kills_an_older_one_whatever_either_was_started_with(
 
 
 @pytest.mark.parametrize("permissive", RUNC_ONLY, indirect=True)
-@pytest.mark.parametrize("channel", ["agent"])
 def test_a_replacement_agent_gets_the_word_and_the_protected_list(
-    docker_backend: DockerBackend, permissive: str, channel: str
+    docker_backend: DockerBackend, permissive: str
 ) -> None:
-    transport = _transport(docker_backend._client, permissive, channel, setid_allowed=True)
+    transport = _transport(docker_backend._client, permissive, setid_allowed=True)
     assert isinstance(transport, AgentTransport)
     try:
         assert _run(transport, "true")[0] == 0
@@ -310,31 +288,14 @@ def test_a_replacement_agent_gets_the_word_and_the_protected_list(
         transport.close()
 
 
-@pytest.mark.parametrize("permissive", RUNTIMES, indirect=True)
-@pytest.mark.parametrize("setid_allowed", [False, True])
-def test_the_exec_transports_killer_finds_its_supervisors_in_either_mode(
-    docker_backend: DockerBackend, permissive: str, setid_allowed: bool
-) -> None:
-    """Cancelled long before its own backstop: only the killer, finding the supervisor by its mode and
-    marker, can kill the tree in time."""
-    transport = _transport(docker_backend._client, permissive, "exec", setid_allowed=setid_allowed)
-    marks = [unique_sleep_seconds() for _ in range(2)]
-    started = time.monotonic()
-    code, _ = _run(transport, f"setsid sleep {marks[0]} & sleep {marks[1]}", cancel_after=1.0)
-    assert code is None and time.monotonic() - started < QUICK
-    listing = _in_container(docker_backend._client, permissive, "ps", "-eo", "args=")
-    assert not [line for line in listing.splitlines() if any(m in line for m in marks)]
-
-
 # -- the hardened container: the opt-in weakens nothing there ---------------------------------------------
-@pytest.mark.parametrize("channel", CHANNELS)
 def test_in_the_hardened_container_the_profile_still_refuses_and_the_probe_says_so(
-    docker_backend: DockerBackend, owned_workspace: Path, channel: str
+    docker_backend: DockerBackend, owned_workspace: Path
 ) -> None:
     """The project's seccomp profile refuses set-id modes by itself (runc): a channel started without the
     filter there still cannot set them, and a probe that asks for them refuses the sandbox."""
     with docker_backend.session(workspace=owned_workspace) as session:
-        transport = _transport(session._client, session.container_id, channel, setid_allowed=True)
+        transport = _transport(session._client, session.container_id, setid_allowed=True)
         try:
             with pytest.raises(PolicyNotEnforceableError, match="cannot create setuid"):
                 verify_from_inside(transport, ENV, "1000:1000", None, setid_allowed=True)

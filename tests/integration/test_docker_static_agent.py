@@ -540,7 +540,7 @@ def test_the_agent_on_the_base_image(docker_backend: DockerBackend, owned_worksp
         assert run(session, "cat", stdin="x" * 200_000).stdout == "x" * 200_000
         assert run(session, "echo $A", env={"A": "b"}).stdout == "b\n"
         # The umask commands get is the container's (Docker's 0022), not the loader's own 077: files a
-        # command makes in the workspace are the same as under the exec transport.
+        # command makes in the workspace are the same as a `docker exec` would make.
         assert run(session, "umask; touch made; mkdir dir").stdout == "0022\n"
         assert oct((owned_workspace / "made").stat().st_mode & 0o777) == oct(0o644)
         assert oct((owned_workspace / "dir").stat().st_mode & 0o777) == oct(0o755)

@@ -123,7 +123,7 @@ def check_no_descendant_survives(
         assert (neighbour[0].exit_code, neighbour[0].stdout) == (0, "N\n")
 
 
-def test_a_command_that_kills_its_supervisor_leaves_nothing(
+def test_a_command_that_kills_its_parent_leaves_nothing(
     docker_backend: DockerBackend, session: DockerSession, workspace: Path
 ) -> None:
     mark = unique_sleep_seconds()

@@ -1,4 +1,4 @@
-"""The widened ExecRequest in Docker sessions, on both transports (the agent and ``transport="exec"``).
+"""The widened ExecRequest in Docker sessions, over the agent channel.
 
 argv without a shell, long code, binary stdin, cwd, a user per call (one agent per user, kept running),
 and what a hostile command of one user can do to another user's agent. Real engine; bounds are generous
@@ -28,21 +28,11 @@ BINARY = b"a\0b\xff\xfe\0\n\x80end"
 _HEX = " ".join(f"{byte:02x}" for byte in BINARY)
 
 
-@pytest.fixture(scope="module")
-def exec_backend() -> Iterator[DockerBackend]:
-    backend = DockerBackend(transport="exec")
-    yield backend
-    backend.close()
-
-
-@pytest.fixture(params=["agent", "exec"])
-def session(
-    request: pytest.FixtureRequest, docker_backend: DockerBackend, owned_workspace: Path
-) -> Iterator[DockerSession]:
+@pytest.fixture
+def session(docker_backend: DockerBackend, owned_workspace: Path) -> Iterator[DockerSession]:
     owned_workspace.chmod(0o755)  # as a checkout usually is: other users may enter it
-    backend = docker_backend if request.param == "agent" else request.getfixturevalue("exec_backend")
-    with backend.session(workspace=owned_workspace) as opened:
-        assert opened.channel == request.param
+    with docker_backend.session(workspace=owned_workspace) as opened:
+        assert opened.channel == "agent"
         yield opened
 
 

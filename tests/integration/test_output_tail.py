@@ -19,7 +19,7 @@ EXPECTED = (
 )
 
 
-@pytest.fixture(params=["process", "bwrap", "docker-agent", "docker-exec"])
+@pytest.fixture(params=["process", "bwrap", "docker"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxBackend]:
     kind = str(request.param)
     if kind == "process":
@@ -33,7 +33,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SandboxB
             yield backend
         return
     request.getfixturevalue("docker_backend")  # the engine and image are there (fails in CI if not)
-    with DockerBackend(transport=kind.removeprefix("docker-")) as docker, docker.session() as session:
+    with DockerBackend() as docker, docker.session() as session:
         yield session
 
 

@@ -55,6 +55,9 @@ def test_a_mapping_becomes_its_typed_config(mapping: dict[str, object], typed: B
         ),
         ({"type": "docker", "memory": 1}, "docker backend config: memory: Extra inputs are not permitted"),
         ({"type": "microvm", "network": True}, "microvm backend config: network"),
+        # A config file that still names the removed exec transport is told so, and what to do instead.
+        ({"type": "docker", "transport": "exec"}, "transport='exec' was removed"),
+        ({"type": "docker", "transport": "exec"}, "drop the transport argument"),
     ],
 )
 def test_a_config_the_union_cannot_take_is_refused_in_words(mapping: dict[str, object], message: str) -> None:
@@ -108,13 +111,6 @@ def test_the_union_loads_without_the_engines_clients() -> None:
         [sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
-
-
-def test_the_configs_transport_names_are_the_sessions() -> None:
-    from adk_sandbox.executor.backends.docker.config import TRANSPORT_NAMES  # noqa: PLC0415
-    from adk_sandbox.executor.backends.docker.session import TRANSPORTS  # noqa: PLC0415
-
-    assert tuple(TRANSPORTS) == TRANSPORT_NAMES
 
 
 def test_the_providers_config_file_names_the_backend(tmp_path: Path) -> None:

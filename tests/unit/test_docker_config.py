@@ -29,7 +29,10 @@ def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
 
 #: (options, error type, what the message says): what DockerBackend(**options) always refused.
 REFUSED: list[tuple[dict[str, Any], type[Exception], str]] = [
-    ({"transport": "pigeon"}, InvalidRequestError, "transport must be one of agent, exec, not 'pigeon'"),
+    ({"transport": "pigeon"}, InvalidRequestError, "transport must be 'agent' (the default), not 'pigeon'"),
+    # The exec transport was removed: said so, with what the one channel needs in the image.
+    ({"transport": "exec"}, InvalidRequestError, "transport='exec' was removed"),
+    ({"transport": "exec"}, InvalidRequestError, "needs /bin/sh, chmod and an executable /tmp"),
     ({"policy": SandboxPolicy()}, PolicyNotEnforceableError, "cannot forbid spawning processes"),
     ({"lifetime_seconds": 0}, InvalidRequestError, "lifetime_seconds must be positive"),
     ({"workspace_transport": "copy"}, InvalidRequestError, "workspace_transport must be one of auto, bind"),
@@ -53,7 +56,6 @@ REFUSED: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"network": 1}, InvalidRequestError, "network must be False, True or a NetworkPolicy"),
     ({"network": {"allow": ["10.0.0.1"]}}, InvalidRequestError, "is an IP address, not a host name"),
     ({"network": {"alow": ["pypi.org"]}}, InvalidRequestError, "network: not a NetworkPolicy: alow"),
-    ({"network": POLICY, "transport": "exec"}, PolicyNotEnforceableError, "needs the agent channel"),
     ({"network": POLICY, "container": "svc"}, PolicyNotEnforceableError, "an attached container"),
     (
         {"network": POLICY, "policy": SPAWN.allow_network().build()},
@@ -104,8 +106,8 @@ def test_valid_options_get_as_far_as_connecting() -> None:
 
 
 def test_config_and_keyword_options_do_not_mix() -> None:
-    with pytest.raises(InvalidRequestError, match=r"either config= or keyword options.*image, transport"):
-        DockerBackend("other-image", config=DockerConfig(), transport="exec")
+    with pytest.raises(InvalidRequestError, match=r"either config= or keyword options.*image, runtime"):
+        DockerBackend("other-image", config=DockerConfig(), runtime="runsc")
 
 
 def test_the_config_holds_every_keyword_option_with_its_default_and_a_docstring() -> None:

@@ -14,7 +14,6 @@ import docker.errors
 import pytest
 import requests
 
-from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor._owner import (
     EXPIRES,
     OWNER_BOOT,
@@ -24,7 +23,7 @@ from adk_sandbox.executor._owner import (
     owner_labels,
 )
 from adk_sandbox.executor.backends.docker import _daemon
-from adk_sandbox.executor.backends.docker._exec import FrameDemultiplexer
+from adk_sandbox.executor.backends.docker._exec import DockerStreamSplitter
 from adk_sandbox.executor.backends.docker._seccomp import profile_option
 from adk_sandbox.executor.backends.docker._spec import (
     ContainerSpec,
@@ -333,15 +332,15 @@ def frames(*parts: tuple[int, bytes]) -> bytes:
     return b"".join(struct.pack(">BxxxL", kind, len(data)) + data for kind, data in parts)
 
 
-def test_demultiplexer_survives_every_split_point() -> None:
+def test_the_stream_splitter_survives_every_split_point() -> None:
     stream = frames((1, b"hello "), (2, b"oops\n"), (1, b"world\n"), (1, b""), (2, "é\n".encode()))
     for cut_a, cut_b in itertools.combinations(range(len(stream) + 1), 2):
-        capture = OutputCapture(1024)
-        demux = FrameDemultiplexer(capture)
+        splitter = DockerStreamSplitter()
+        out: dict[int, bytes] = {1: b"", 2: b""}
         for piece in (stream[:cut_a], stream[cut_a:cut_b], stream[cut_b:]):
-            demux.feed(piece)
-        result = capture.finish()
-        assert (result["stdout"].text, result["stderr"].text) == ("hello world\n", "oops\né\n")
+            for number, data in splitter.feed(piece):
+                out[number] += data
+        assert (out[1], out[2].decode()) == (b"hello world\n", "oops\né\n")
 
 
 def every_docker_exception() -> list[BaseException]:

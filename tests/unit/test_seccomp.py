@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 from pathlib import Path
@@ -16,7 +17,6 @@ from adk_sandbox.executor.backends.docker._seccomp import (
     load_profile,
     seccomp_profile_of,
 )
-from adk_sandbox.executor.channel.programs import INSTALL_FILTER_SOURCE
 from adk_sandbox.executor.channel.setid import SETID_BITS, native_arch, setid_filter
 
 
@@ -112,6 +112,20 @@ def test_reading_the_seccomp_option_of_an_inspected_container(options: list[str]
     assert seccomp_profile_of(options) == expected
 
 
+def _install_filter(program: bytes) -> None:
+    """Install the classic-BPF ``program`` on the calling process, with no_new_privs, as the agent does."""
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    # PR_SET_NO_NEW_PRIVS (38), then PR_SET_SECCOMP (22) with SECCOMP_MODE_FILTER (2).
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot install the set-id seccomp filter")
+
+
 def _in_filtered_child(workdir: Path, script: str) -> list[str]:
     """Run ``script`` (Python, appends to ``results``) in a forked child that installed the filter."""
     read_end, write_end = os.pipe()
@@ -119,9 +133,7 @@ def _in_filtered_child(workdir: Path, script: str) -> list[str]:
     if pid == 0:  # pragma: no cover - the child
         try:
             os.close(read_end)
-            namespace: dict[str, object] = {}
-            exec(INSTALL_FILTER_SOURCE, namespace)  # noqa: S102 - the library's own source
-            namespace["install_setid_filter"](setid_filter(native_arch()))  # type: ignore[operator]
+            _install_filter(setid_filter(native_arch()))
             results: list[str] = []
             os.chdir(workdir)
             exec(script, {"os": os, "results": results})  # noqa: S102 - the test's own source

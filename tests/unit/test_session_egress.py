@@ -103,11 +103,11 @@ def test_without_a_policy_nothing_is_served_and_a_transport_without_the_agent_is
     egress.ensure(transport, USER)
     assert transport.listens == [] and egress.env() == {} and egress.policy is None
 
-    class ExecOnly:
-        channel = "exec"
+    class WithoutAgent:  # a test's stand-in transport: no agent, so no proxy endpoint
+        channel = "scripted"
 
-    with pytest.raises(PolicyNotEnforceableError, match="the exec transport has no proxy endpoint"):
-        SessionEgress(POLICY).serve(ExecOnly(), USER)  # type: ignore[arg-type]
+    with pytest.raises(PolicyNotEnforceableError, match="the scripted transport has no proxy endpoint"):
+        SessionEgress(POLICY).serve(WithoutAgent(), USER)  # type: ignore[arg-type]
 
 
 def test_a_policy_with_headers_writes_the_session_ca_and_names_it() -> None:

@@ -1,27 +1,21 @@
-"""The set-id filter as a per-channel choice: argv building, the supervisor's recognition of its kin, the
-HELLO check and the start-up probe's verdict (no engine; the real containers, and the agent's own parsing
-of its arguments, are tests/integration/test_docker_setid_choice.py).
-
-The supervisor never runs on the host (it would treat the host's processes as its own), so its
-recognition function is lifted out of the shipped text and run on fake input.
+"""The set-id filter as a per-channel choice: argv building, the HELLO check and the start-up probe's
+verdict (no engine; the real containers, and the agent's own parsing of its arguments, are
+tests/integration/test_docker_setid_choice.py).
 """
 
 from __future__ import annotations
 
-import ast
 import queue
 import threading
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
+from importlib import resources
 from typing import Any
 
 import pytest
 
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backends.docker._exec import DockerExecTransport
 from adk_sandbox.executor.channel import static_agent as _static_agent
-from adk_sandbox.executor.channel import supervisor as _supervisor
 from adk_sandbox.executor.channel.agent import SETID_ALLOWED_WORD
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.frames import (
@@ -33,7 +27,6 @@ from adk_sandbox.executor.channel.frames import (
     validate_hello,
 )
 from adk_sandbox.executor.channel.probe import verify_from_inside
-from adk_sandbox.executor.channel.programs import program_text
 from adk_sandbox.executor.channel.setid import native_arch
 from adk_sandbox.executor.channel.static_agent import StaticAgent, agent_launch, filter_header
 from adk_sandbox.executor.channel.transport import CommandOutcome, PreparedCommand
@@ -62,79 +55,11 @@ def test_the_agent_launches_with_the_word_only_when_asked(protected: str | None)
         assert launch.argv[5:] == expected
 
 
-@pytest.mark.parametrize("setid_allowed", [False, True])
-def test_the_supervisor_mode_is_the_only_difference(setid_allowed: bool) -> None:
-    argv = _supervisor.supervisor_argv(
-        "m1", "1:2", 3.0, {"A": "b"}, ("sh", "-c", "x"), setid_allowed=setid_allowed
-    )
-    default = _supervisor.supervisor_argv("m1", "1:2", 3.0, {"A": "b"}, ("sh", "-c", "x"))
-    assert argv[6] == ("run-setid-allowed" if setid_allowed else "run")
-    assert default[6] == "run"
-    assert argv[:6] == default[:6] and argv[7:] == default[7:]  # marker at 7, as the killer reads it
-    assert default[7:] == ["m1", "1:2", "4.000", "1", "A=b", "sh", "-c", "x"]
-
-
-def test_the_exec_transport_launches_each_command_in_the_mode_it_was_given(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    client: Any = SimpleNamespace(api=SimpleNamespace(api_version="1.41"))
-    seen: list[list[str]] = []
-
-    class Stop(Exception):
-        pass
-
-    def create(argv: list[str], *args: object) -> str:
-        seen.append(argv)
-        raise Stop
-
-    for setid_allowed in (None, False, True):
-        extra = {} if setid_allowed is None else {"setid_allowed": setid_allowed}
-        transport = DockerExecTransport(client, "c", "/no/such.sock", **extra)
-        monkeypatch.setattr(transport, "_prepare", lambda user, until: "1:2")
-        monkeypatch.setattr(transport, "_create_exec", create)
-        command = PreparedCommand(argv=("true",), env={}, user="0:0", workdir="/", stdin=None, marker="m")
-        with pytest.raises(Stop):
-            transport.run(command, OutputCapture(16), deadline=time.monotonic() + 5, cancel=None)
-        assert transport.setid_allowed is bool(setid_allowed)
-    assert [argv[6] for argv in seen] == ["run", "run", "run-setid-allowed"]
-
-
-# -- the in-sandbox programs: one spelling, strict parsing, recognition ---------------------------------
-def _functions(program: str, names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
-    """The shipped program's top-level functions ``names``, defined in ``namespace`` (nothing else runs)."""
-    tree = ast.parse(program)
-    wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
-    assert sorted(node.name for node in wanted) == sorted(names)
-    exec(compile(ast.Module(body=wanted, type_ignores=[]), "<inside>", "exec"), namespace)  # noqa: S102
-    return namespace
-
-
+# -- the agent: one spelling of its word ------------------------------------------------------------------
 def test_one_spelling_of_the_word_everywhere() -> None:
     assert f'#define SETID_ALLOWED_WORD "{SETID_ALLOWED_WORD}"\n' in filter_header(native_arch())
-    assert "SETID_ALLOWED_WORD" in program_text("agent.c")
-    assert f'b"{_supervisor.RUN}", b"{_supervisor.RUN_SETID_ALLOWED}"' in program_text("supervisor.py")
-    assert f'"{_supervisor.RUN_SETID_ALLOWED}": lambda: run(filtered=False)' in program_text("supervisor.py")
-
-
-def _cmdline(argv: list[str]) -> list[bytes]:
-    """What ``argv_of`` reads for a process started with ``argv`` (``/proc/PID/cmdline`` split on NUL)."""
-    return [a.encode() for a in argv] + [b""]
-
-
-def test_the_killer_finds_supervisors_of_both_modes() -> None:
-    argvs = {
-        20: _supervisor.supervisor_argv("m-a", "1:2", 1.0, {}, ("true",)),
-        21: _supervisor.supervisor_argv("m-b", "1:2", 1.0, {"X": "y"}, ("true",), setid_allowed=True),
-        22: _supervisor.killer_argv("m-a", "1:2", strict=True),  # the killer itself is no supervisor
-        23: ["adk-sandbox-agent", SETID_ALLOWED_WORD],
-    }
-    namespace = _functions(
-        program_text("supervisor.py"),
-        ["supervisors"],
-        {"SELF": 5, "RUN_MODES": (b"run", b"run-setid-allowed"), "argv_of": lambda p: _cmdline(argvs[p])},
-    )
-    procs = {p: (0, p, b"1") for p in argvs}
-    assert namespace["supervisors"](procs) == {20: b"m-a", 21: b"m-b"}
+    agent_c = resources.files("adk_sandbox.executor.channel.inside").joinpath("agent.c")
+    assert "SETID_ALLOWED_WORD" in agent_c.read_text(encoding="utf-8")
 
 
 # -- HELLO ------------------------------------------------------------------------------------------------
@@ -254,7 +179,7 @@ def test_the_default_transport_asks_for_the_filter() -> None:
 class _ScriptedTransport:
     """Answers the probe with ``stdout`` (what the container would print)."""
 
-    channel = "exec"
+    channel = "agent"
 
     def __init__(self, stdout: str) -> None:
         self._stdout = stdout

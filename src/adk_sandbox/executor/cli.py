@@ -182,7 +182,7 @@ def _channel_of(channel: str | None) -> str:
     """How commands reach a Docker session's container (as its capabilities say), as ``doctor`` reports it."""
     if channel == "agent":
         return "agent (one long-lived in-sandbox agent per session, protocol 1, over one exec stream)"
-    return "exec (one Docker exec per command)"
+    return str(channel)  # a Docker session has no other channel since the exec transport was removed
 
 
 def _workspace_of(workspace: str | None) -> str:

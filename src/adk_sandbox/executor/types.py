@@ -223,9 +223,8 @@ class ExecRequest(BaseModel):
     output after the command's exit is read and discarded. A command that times out or is cancelled is
     killed with its whole tree, background or not. Only a Docker session over the agent channel keeps
     them, for at most :data:`MAX_BACKGROUND_GROUPS` such commands at once per session and user (one
-    more is refused with ``InvalidRequestError``, nothing ran); every other backend, and
-    ``DockerBackend(transport="exec")``, refuses ``background=True`` with ``InvalidRequestError`` rather
-    than kill what the caller asked to keep."""
+    more is refused with ``InvalidRequestError``, nothing ran); every other backend refuses
+    ``background=True`` with ``InvalidRequestError`` rather than kill what the caller asked to keep."""
 
     @field_validator("code")
     @classmethod
@@ -377,9 +376,9 @@ class Capabilities(BaseModel):
     resolves on the caller's PATH), so host toolchains and caches can be used. True for a host process,
     with or without bubblewrap; False for a container (the image's programs) and WASM (none)."""
     channel: str | None = None
-    """How commands reach the sandbox, where that is a choice: ``"agent"`` (one long-lived in-sandbox agent
-    per session, Docker's default) or ``"exec"`` (one Docker exec per command); None for backends that
-    start each execution as a host process or in-process (process, bubblewrap, WASM)."""
+    """How commands reach the sandbox: ``"agent"`` (one long-lived in-sandbox agent per user of a session:
+    Docker, Kubernetes, microVMs); None for backends that start each execution as a host process or
+    in-process (process, bubblewrap, WASM)."""
     workspace: str | None = None
     """How a session's workspace reaches the sandbox, where that is a choice: ``"bind"`` (the host directory
     mounted at its path, both sides see the same files) or ``"mirror"`` (a size-capped copy at the same

@@ -1,28 +1,9 @@
 """A session's network policy on the host side, for every engine whose commands run over the agent channel.
 
-A sandbox under a :class:`~adk_sandbox.executor.network.policy.NetworkPolicy` keeps no route out: its agent
-serves an HTTP proxy on ``127.0.0.1`` (LISTEN, :mod:`.frames`) and carries each connection over the
-channel to this process, where :func:`~adk_sandbox.executor.network.relay.relay` decides, resolves,
-checks and connects (docs/network.md). :class:`SessionEgress` is that host side for one session, the same
-for the Docker and the Kubernetes sessions (each holds one and keeps only what its engine decides: which
-networks it can switch between, and when its agent may be gone):
-
-* the network in force (``False``, ``True`` for an engine's own route out, or a policy) and its switch
-  at run time (:meth:`SessionEgress.switch`: the live connections the new network does not allow are
-  closed; a network that is off answers every request with a 403, rule :data:`NETWORK_OFF_RULE`);
-* the proxy endpoint (:meth:`SessionEgress.serve`): asked of the session user's agent, and again when that
-  agent (or the transport: a replacement container) is a new one;
-* the variables commands get (:meth:`SessionEgress.env`);
-* the registry of live connections (``set_network`` closes from there) and the session's bounded
-  :class:`~adk_sandbox.executor.network.log.ConnectionLog`;
-* header injection: the session's :class:`~adk_sandbox.executor.network.intercept.Interceptor` for the
-  policy's hosts with headers, and its CA certificate trusted inside (written by the agent's file
-  operation after the image's system bundle);
-* the direct path (:meth:`SessionEgress.enable_direct`, docs/network.md "Speed"): for a sandbox that can
-  reach a Unix socket of this machine (a local engine's runc container), a
-  :class:`~adk_sandbox.executor.network.unix_endpoint.SessionSocket` bound read-only into it at
-  :data:`DIRECT_MOUNT`; the agent carries each connection there, opened by the session's token, instead of
-  as frames, and its connections come to the same :meth:`SessionEgress.handle`.
+:class:`SessionEgress` is one session's host side, shared by the Docker and Kubernetes sessions: the
+network in force and its switch, the proxy endpoint, the commands' proxy variables, the live connections
+and the log, header injection and the direct path. :class:`SessionNetwork`, :func:`check_network_argument`.
+See docs/network.md, sections "The in-sandbox endpoint" and "The direct path (runc on a local engine)".
 """
 
 from __future__ import annotations
@@ -94,7 +75,7 @@ def still_allowed(old: NetworkPolicy, new: bool | NetworkPolicy, host: str, port
 
 
 class SessionEgress:
-    """The host side of one session's network (see the module docstring); thread-safe.
+    """The host side of one session's network (docs/network.md); thread-safe.
 
     ``network`` is the network the session starts with: ``False`` (none), ``True`` (the engine's route
     out: nothing is served here) or a policy (the agent serves the proxy endpoint from the start).
@@ -221,8 +202,8 @@ class SessionEgress:
         """
         if not isinstance(transport, AgentTransport):
             raise PolicyNotEnforceableError(
-                "a NetworkPolicy needs the agent channel (transport='agent'): the "
-                f"{transport.channel} transport has no proxy endpoint; it is refused"
+                "a NetworkPolicy needs the in-sandbox agent, which serves its proxy endpoint: the "
+                f"{transport.channel} transport has none; it is refused"
             )
         with self._serving:
             pid = transport.agent_pids.get(user)

@@ -23,8 +23,6 @@ Errors:
 * the channel failing (the agent killed, stopped, or sending garbage) raises
   :class:`~adk_sandbox.executor.errors.SandboxFailedError`; the operation is not retried (its effect is
   unknown) and the next operation or command starts a new agent.
-* a session on the exec transport (``DockerBackend(transport="exec")``) has no agent to perform them:
-  every operation raises :class:`~adk_sandbox.executor.errors.InvalidRequestError` saying so.
 """
 
 from __future__ import annotations

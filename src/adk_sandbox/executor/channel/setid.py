@@ -4,9 +4,9 @@ Why a second copy of the rule of the sandbox's seccomp profile (the Docker backe
 ``executor/backends/docker/_seccomp.py``): gVisor's runsc (even with --oci-seccomp) applies the container's
 profile to the container's first process only, not to processes started by ``docker exec`` — which is how
 every command starts. So what starts a command in the sandbox (the agent, for its shims and a file
-operation's workers; the exec transport's supervisor) installs this filter before exec'ing it (no_new_privs
-is set, so nothing the command does can remove it). Under runc it stacks on the profile. The supervisor
-gets it as ``SETID`` (:mod:`.programs`), the agent as a generated C header (:mod:`.static_agent`).
+operation's workers) installs this filter before exec'ing it (no_new_privs is set, so nothing the command
+does can remove it). Under runc it stacks on the profile. The agent gets it as a generated C header
+(:mod:`.static_agent`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A session prepares a command (:class:`PreparedCommand`: the program, its environment, where and as whom it
 runs) and hands it to its transport with a deadline; the transport feeds the output to the shared capture,
 kills the command's whole tree when it must, and says how it ended (:class:`CommandOutcome`). The agent
-channel (:class:`~adk_sandbox.executor.channel.agent_transport.AgentTransport`) is one transport, over any
-engine's byte stream; the Docker backend's exec transport (``executor/backends/docker/_exec.py``) another.
+channel (:class:`~adk_sandbox.executor.channel.agent_transport.AgentTransport`) is the transport, over any
+engine's byte stream; a test may wrap it or stand in for it.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class CommandOutcome:
 class CommandTransport(Protocol):
     """Runs commands in one container and kills their process trees."""
 
-    #: The channel's name as reported to users: ``"agent"`` or ``"exec"``.
+    #: The channel's name as reported to users (``"agent"``).
     channel: ClassVar[str]
 
     def close(self) -> None:

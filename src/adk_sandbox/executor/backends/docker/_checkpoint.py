@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import docker
 
 from adk_sandbox.executor.backends.docker._daemon import engine_of
-from adk_sandbox.executor.backends.docker._exec import DaemonSocket, DockerAgentStream, DockerExecTransport
+from adk_sandbox.executor.backends.docker._exec import DaemonSocket, DockerAgentStream, DockerExecs
 from adk_sandbox.executor.channel.agent_transport import AgentTransport, DetachedAgent
 from adk_sandbox.executor.channel.streams import AgentStream, ResidentOpener
 from adk_sandbox.executor.errors import (
@@ -88,10 +88,10 @@ class ContainerCheckpoints:
         engine = engine_of(client)
         self._id = container_id
         self._daemon = DaemonSocket(engine, client.api.api_version)
-        self._exec = DockerExecTransport(client, container_id, engine)
+        self._exec = DockerExecs(client, container_id, engine)
 
     def attach(self, until: float) -> DockerAgentStream:
-        """A stream to the keeper's stdin and output (see :meth:`DockerExecTransport.attach_keeper`)."""
+        """A stream to the keeper's stdin and output (see :meth:`DockerExecs.attach_keeper`)."""
         return self._exec.attach_keeper(until)
 
     def create(self, *, stop: bool = True) -> str:

@@ -657,7 +657,7 @@ def capabilities_from_inspect(
 
     ``confined`` are the bind-mount sources the caller asked for; any other host path mounted (an attached
     container's extra volumes) means host reads are not confined, and writes too when it is writable.
-    ``channel`` is how commands reach the container (``"agent"`` or ``"exec"``). ``root_cap`` is how a
+    ``channel`` is how commands reach the container (``"agent"``). ``root_cap`` is how a
     writable root's writes are capped (:data:`ROOT_CAPS`): a writable root counts as confined only with one.
     """
     host = inspect.get("HostConfig") or {}

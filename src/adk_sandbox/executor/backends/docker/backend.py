@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 import docker
 
-from adk_sandbox.executor.backend import SessionBackend, SessionFactory
+from adk_sandbox.executor.backend import SessionBackend, SessionFactory, check_one_source
 from adk_sandbox.executor.backends.docker._checkpoint import require_checkpoints
 from adk_sandbox.executor.backends.docker._container import ContainerProvider, WorkspaceNotSharedError
 from adk_sandbox.executor.backends.docker._daemon import connect
@@ -115,23 +115,22 @@ class DockerBackend(SessionBackend[DockerSession]):
         :class:`InvalidRequestError` (:class:`PolicyNotEnforceableError` for a policy that does not allow
         spawning processes) before anything connects.
 
-        In short: ``profile`` is ``"hardened"`` (the default) or ``"task"`` (an evaluation's image as it
-        is: its user, a writable root capped at ``root_size_mb``; docs/docker/profiles.md); ``user``
-        ("uid:gid" or names) overrides running commands as the owner of the workspace root;
-        ``policy`` adds bind mounts, environment and network permission; ``transport`` is ``"agent"``
-        (default) or ``"exec"``; ``tmpfs`` adds writable tmpfs mounts and ``labels`` container labels
-        (neither with ``container=``, which attaches to an existing container); ``engine`` picks the Docker
-        engine (default: the one the Docker CLI would use); ``workspace_transport`` (``"auto"``,
-        ``"bind"``, ``"mirror"``) and ``mirror_size_mb`` say how a workspace reaches the container (a
-        policy's host paths are bound, so a remote engine refuses them); ``image_id`` pins the image;
-        ``pool`` keeps that many containers (or as a
-        :class:`~adk_sandbox.executor.backends.docker.pool.PoolConfig` says) started for workspace-less
-        sessions, or with ``PoolConfig(workspace="mirror")`` for
-        ``session(copy_of=...)`` (docs/DOCKER.md, "Warm pool"); ``fork_spares`` keeps that many started
-        containers per forked workspace path, so forks of any session come warm, by layer
-        (docs/snapshots.md, "Forks of any session"; 0: none); ``checkpoints`` lets ``session.pause()``
-        move a session to a checkpoint on disk with every process (gVisor; docs/pause.md), and
-        ``idle_pause_seconds`` does so by itself once a session sat idle that long.
+        In short: ``profile`` is ``"hardened"`` (the default) or ``"task"`` (an evaluation's image as it is:
+        its user, a writable root capped at ``root_size_mb``; docs/docker/profiles.md); ``user`` ("uid:gid" or
+        names) overrides running commands as the owner of the workspace root; ``policy`` adds bind mounts,
+        environment and network permission; ``transport`` can only be ``"agent"`` (the default; ``"exec"`` was
+        removed and is refused); ``tmpfs`` adds writable tmpfs mounts and ``labels`` container labels (neither
+        with ``container=``, which attaches to an existing container); ``engine`` picks the Docker engine
+        (default: the one the Docker CLI would use); ``workspace_transport`` (``"auto"``, ``"bind"``,
+        ``"mirror"``) and ``mirror_size_mb`` say how a workspace reaches the container (a policy's host paths
+        are bound, so a remote engine refuses them); ``image_id`` pins the image; ``pool`` keeps that many
+        containers (or as a :class:`~adk_sandbox.executor.backends.docker.pool.PoolConfig` says) started for
+        workspace-less sessions, or with ``PoolConfig(workspace="mirror")`` for ``session(copy_of=...)``
+        (docs/DOCKER.md, "Warm pool"); ``fork_spares`` keeps that many started containers per forked workspace
+        path, so forks of any session come warm, by layer (docs/snapshots.md, "Forks of any session"; 0:
+        none); ``checkpoints`` lets ``session.pause()`` move a session to a checkpoint on disk with every
+        process (gVisor; docs/pause.md), and ``idle_pause_seconds`` does so by itself once a session sat idle
+        that long.
         """
         options: dict[str, object] = {
             "image": image,
@@ -282,7 +281,7 @@ class DockerBackend(SessionBackend[DockerSession]):
 
     @property
     def transport(self) -> str:
-        """The command channel of this backend's sessions (``"agent"`` or ``"exec"``)."""
+        """The command channel of this backend's sessions: ``"agent"``, the only one."""
         return self.config.transport
 
     @property
@@ -391,20 +390,10 @@ class DockerBackend(SessionBackend[DockerSession]):
         directories unpacked, the root layer's image under the task profile (docs/snapshots.md). From the
         warm pool when its members' workspace is at that path (``PoolConfig(path=...)``), else cold.
         """
+        check_one_source(workspace, copy_of, snapshot)
         if snapshot is not None:
-            if workspace is not None or copy_of is not None:
-                raise InvalidRequestError(
-                    "give snapshot= (the session starts from the snapshot's files) alone, not with "
-                    "workspace= "
-                    "or copy_of="
-                )
             return self._snapshot_session(snapshot)
         if copy_of is not None:
-            if workspace is not None:
-                raise InvalidRequestError(
-                    "give workspace= (the session works in that directory) or copy_of= (it works in a copy "
-                    "of it), not both"
-                )
             return self._copy_session(copy_of)
         if workspace is None and self.pool is not None and self.pool.key.workspace == "none":
             # A workspace cannot come from the pool: its mount point is fixed at create (copy_of can).
@@ -599,7 +588,6 @@ class DockerBackend(SessionBackend[DockerSession]):
             user=self.user,
             policy_env=self.policy.env,
             attach_to=self.container,
-            transport=self.transport,
             workspace_transport=mode,
             mirror_mb=self.mirror_size_mb,
             expect_image=self.expect_image,

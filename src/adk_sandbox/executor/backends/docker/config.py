@@ -53,9 +53,9 @@ __all__ = [
     "BASE_IMAGE",
     "DEFAULT_LIFETIME_SECONDS",
     "DEFAULT_ROOT_MB",
+    "EXEC_TRANSPORT_REMOVED",
     "PROFILES",
     "RUST_IMAGE",
-    "TRANSPORT_NAMES",
     "DockerConfig",
     "ExpectedImage",
     "PoolConfig",
@@ -65,8 +65,12 @@ __all__ = [
 # Here, not in images.py and pool.py (which import them from here): this module loads without docker-py.
 BASE_IMAGE = "adk-sandbox/base:latest"
 RUST_IMAGE = "adk-sandbox/rust:latest"
-#: How commands reach a container: the names of :data:`.session.TRANSPORTS`.
-TRANSPORT_NAMES = ("agent", "exec")
+#: Why ``transport="exec"`` is refused: the exec transport was removed (docs/docker/agent-channel.md).
+EXEC_TRANSPORT_REMOVED = (
+    "transport='exec' was removed: commands reach a Docker container only through its in-sandbox agent "
+    "(transport='agent', the default), which needs /bin/sh, chmod and an executable /tmp (or $HOME) in "
+    "the image, and no python3; drop the transport argument"
+)
 
 
 @dataclass(frozen=True)
@@ -209,8 +213,9 @@ class DockerConfig(BaseModel):
     lifetime_seconds: int = DEFAULT_LIFETIME_SECONDS
     """How long a container may live: its expiry label, after which any backend's reaper removes it."""
     transport: str = "agent"
-    """How commands reach a session's container: ``"agent"`` (one long-lived in-sandbox agent per
-    session, docs/DOCKER.md "The agent channel") or ``"exec"`` (one Docker exec per command)."""
+    """How commands reach a session's container: ``"agent"``, the only value (one long-lived in-sandbox
+    agent per user of a session, docs/docker/agent-channel.md); kept so configs that name it still load.
+    ``"exec"`` (an exec per command) was removed and is refused with :data:`EXEC_TRANSPORT_REMOVED`."""
     tmpfs: dict[str, int] = Field(default_factory=dict)
     """Extra writable tmpfs mounts, absolute path -> MiB (e.g. ``{"/var/tmp": 64}``), mounted
     ``exec,nosuid,nodev`` like ``/tmp`` (docs/DOCKER.md, "Extra tmpfs mounts"); not with ``container``."""
@@ -262,10 +267,10 @@ class DockerConfig(BaseModel):
     @field_validator("transport")
     @classmethod
     def _known_transport(cls, transport: str) -> str:
-        if transport not in TRANSPORT_NAMES:
-            raise InvalidRequestError(
-                f"transport must be one of {', '.join(TRANSPORT_NAMES)}, not {transport!r}"
-            )
+        if transport == "exec":
+            raise InvalidRequestError(EXEC_TRANSPORT_REMOVED)
+        if transport != "agent":
+            raise InvalidRequestError(f"transport must be 'agent' (the default), not {transport!r}")
         return transport
 
     @field_validator("policy")
@@ -390,14 +395,9 @@ class DockerConfig(BaseModel):
         return self.network if isinstance(self.network, NetworkPolicy) else None
 
     def _egress_checks(self) -> None:
-        """What a NetworkPolicy cannot go with: a route out, a channel without the proxy endpoint."""
+        """What a NetworkPolicy cannot go with: a route out, an attached container's network."""
         if self.egress is None:
             return
-        if self.transport != "agent":
-            raise PolicyNotEnforceableError(
-                "a NetworkPolicy needs the agent channel (transport='agent'): the exec transport has no "
-                "proxy endpoint; it is refused"
-            )
         if self.policy.allow_network:
             raise PolicyNotEnforceableError(
                 "the SandboxPolicy allows network (Docker's bridge: a route out) and network= is a "
@@ -415,7 +415,6 @@ class DockerConfig(BaseModel):
         refused = {
             "container=": self.container is not None,  # not this library's container to restart
             "pool=": self.pool is not None,
-            "transport='exec'": self.transport != "agent",  # the keeper serves the agent channel
             # a copy's volume is emptied at a stop; the policy's proxy is not carried over yet
             "workspace_transport='mirror'": self.workspace_transport == "mirror",
             "a network policy": isinstance(self.network, NetworkPolicy),

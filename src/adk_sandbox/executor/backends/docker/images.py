@@ -152,7 +152,8 @@ def images_dir() -> Path:
     override = os.environ.get("ADK_SANDBOX_IMAGES_DIR")
     candidates = [Path(override)] if override else []
     package = Path(__file__).resolve().parent
-    # The checkout's images/ (src/adk_sandbox/executor/backends/docker -> the repository), then the wheel's copy.
+    # The checkout's images/ (src/adk_sandbox/executor/backends/docker -> the repository), then the
+    # wheel's copy.
     candidates += [package.parents[4] / "images", package / "images_data"]
     for candidate in candidates:
         if (candidate / "base" / "Dockerfile").is_file():

@@ -7,18 +7,18 @@ workspace-less ``backend.session()`` (and what is built on it: the throw-away ``
 ``SandboxTool``, ``CodeTool``) then pops one instead of creating a container (docs/DOCKER.md, "Warm pool"):
 
 * **Nothing per-session in a member's spec.** A member is made from the backend's settings alone (image,
-  runtime, limits, network, tmpfs, labels, user, command channel) with no workspace: every member of a
+  runtime, limits, network, tmpfs, labels, user) with no workspace: every member of a
   pool is interchangeable, described by its :class:`PoolKey`. The session id is assigned when the member
   is created (its provider's ``io.adk-sandbox.session`` label) and the session that gets the member
   keeps it, so :func:`~adk_sandbox.executor.backends.docker.cleanup_session` and the reaper find a handed-out
   member like any session's container. Members also carry ``io.adk-sandbox.pool=<pool id>``.
 * **The lifecycle is every pool's** (:mod:`adk_sandbox.executor.pool`: fill, acquire with a deadline,
-  never reused, tending, close). Here the ping is the agent's PONG (or the engine saying it runs, on the
-  exec transport), a member past ``max_age_seconds`` or of an older image digest than the newest member
-  is replaced, the tending thread pings idle members every ``min(max_age_seconds / 4, 15)`` s, and a
-  released or replaced member's container is removed in the background by the pool's remover: creates
-  and removes have separate limits (``create_concurrency``, ``remove_concurrency``), so a backlog of
-  removals never holds up a refill, nor refills a removal. Close waits for the creates in flight and the
+  never reused, tending, close). Here the ping is the agent's PONG, a member past ``max_age_seconds``
+  or of an older image digest than the newest member is replaced, the tending thread pings idle members
+  every ``min(max_age_seconds / 4, 15)`` s, and a released or replaced member's container is removed in
+  the background by the pool's remover: creates and removes have separate limits
+  (``create_concurrency``, ``remove_concurrency``), so a backlog of removals never holds up a refill,
+  nor refills a removal. Close waits for the creates in flight and the
   removals: no container is left; a killed owner's pool is the reaper's (owner labels are set at create).
 
 Sessions bound to a host workspace cannot come from a pool: the bind mount is fixed when the container
@@ -59,6 +59,7 @@ from adk_sandbox.executor.backends.docker._container import ContainerProvider, O
 from adk_sandbox.executor.backends.docker._spec import LABEL_PREFIX, MIB, ContainerSpec
 from adk_sandbox.executor.backends.docker.config import PoolConfig
 from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
+from adk_sandbox.executor.channel.session import uid_gid
 from adk_sandbox.executor.errors import SandboxFailedError
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.pool import PoolStats, Remover, WarmPool
@@ -101,7 +102,6 @@ class PoolKey:
     tmpfs: tuple[tuple[str, int], ...]
     labels: tuple[tuple[str, str], ...]
     user: str | None
-    channel: str
     workspace: str = "none"
     hosts: tuple[tuple[str, str], ...] = ()
     """The members' ``/etc/hosts`` entries (``extra_hosts``)."""
@@ -140,7 +140,6 @@ class PoolKey:
             labels=tuple(sorted(spec.labels.items())),
             user=config.user,
             hosts=tuple(sorted(spec.extra_hosts.items())),
-            channel=config.transport,
             workspace=workspace,
             mirror_mb=config.mirror_mb if workspace == "mirror" else None,
             path=path,
@@ -393,14 +392,13 @@ def _layered_owner(config: SessionConfig, client: docker.DockerClient) -> tuple[
     """The command user of a layered pool (this process's unless a numeric ``user`` says), checked first."""
     from adk_sandbox.executor.backends.docker._daemon import engine_of  # noqa: PLC0415
     from adk_sandbox.executor.backends.docker._layers import check_supported  # noqa: PLC0415
-    from adk_sandbox.executor.backends.docker.session import container_user  # noqa: PLC0415
 
     check_supported(local=engine_of(client).local, runtime=config.spec.runtime)
     if config.user is None:
         return os.getuid(), os.getgid()
     if not config.user.replace(":", "").isdigit():
         raise ValueError("fork_by='layer' needs a numeric user (uid or uid:gid): its directories are its")
-    uid, gid = container_user(config.user).split(":")
+    uid, gid = uid_gid(config.user).split(":")
     return int(uid), int(gid)
 
 

@@ -1,9 +1,9 @@
 """A session: one hardened container, reused by every command, removed at close.
 
 Three parts with one job each: the container provider (:mod:`._container`: create, verify, remove), the
-command transport (the engine-neutral agent channel of :mod:`adk_sandbox.executor.channel`, over an exec
-stream of :mod:`._exec`, or :mod:`._exec`'s one exec per command: how a command reaches the container),
-and this session, which owns the lifecycle: it opens a container, checks it from inside
+command transport (the engine-neutral agent channel of :mod:`adk_sandbox.executor.channel`, its agent
+started over the stream of one exec of :mod:`._exec`: how a command reaches the container), and this
+session, which owns the lifecycle: it opens a container, checks it from inside
 (:mod:`adk_sandbox.executor.channel.probe`), runs commands through the transport, and replaces the
 container (or its agent) when it died, counting that in :attr:`DockerSession.restarts`.
 """
@@ -49,7 +49,7 @@ from adk_sandbox.executor.backends.docker._container import (
 )
 from adk_sandbox.executor.backends.docker._daemon import engine_of
 from adk_sandbox.executor.backends.docker._dialect import Dialect
-from adk_sandbox.executor.backends.docker._exec import EXEC_NO_BACKGROUND, DockerExecTransport
+from adk_sandbox.executor.backends.docker._exec import DockerExecs
 from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
     MIB,
@@ -72,7 +72,7 @@ from adk_sandbox.executor.channel.egress import (
 )
 from adk_sandbox.executor.channel.idle import IdlePauser, cgroup_cpu_reader
 from adk_sandbox.executor.channel.probe import verify_from_inside
-from adk_sandbox.executor.channel.session import ChannelSession
+from adk_sandbox.executor.channel.session import ChannelSession, uid_gid
 from adk_sandbox.executor.channel.transport import (
     CommandOutcome,
     CommandTransport,
@@ -93,7 +93,6 @@ from adk_sandbox.executor.types import (
     ExecResult,
     IsolationClass,
     Language,
-    parse_user,
 )
 from adk_sandbox.executor.workspace.auto import AUTO_CHOICES
 from adk_sandbox.executor.workspace.bind import BindWorkspace
@@ -105,7 +104,7 @@ if TYPE_CHECKING:  # the snapshots package imports this module's names: imported
     from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions
     from adk_sandbox.executor.snapshots.store import SnapshotStore
 
-__all__ = ["NETWORK_OFF_RULE", "TRANSPORTS", "DockerSession", "SessionConfig", "TransportFactory"]
+__all__ = ["NETWORK_OFF_RULE", "DockerSession", "SessionConfig", "TransportFactory", "agent_transport"]
 
 log = logging.getLogger(__name__)
 
@@ -142,21 +141,15 @@ class TransportFactory(Protocol):
         ...
 
 
-def _agent_transport(
+def agent_transport(
     client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None], *, setid_allowed: bool
 ) -> CommandTransport:
-    opener = DockerExecTransport(client, container_id, engine_of(client)).open_agent_stream
+    """The agent channel of ``container_id``, each agent started by one exec (a :class:`TransportFactory`).
+
+    The one way commands reach a Docker container (docs/docker/agent-channel.md, "One agent, one way in").
+    """
+    opener = DockerExecs(client, container_id, engine_of(client)).open_agent_stream
     return AgentTransport(opener, on_restart=on_restart, setid_allowed=setid_allowed)
-
-
-def _exec_transport(
-    client: docker.DockerClient, container_id: str, on_restart: Callable[[str], None], *, setid_allowed: bool
-) -> CommandTransport:
-    return DockerExecTransport(client, container_id, engine_of(client), setid_allowed=setid_allowed)
-
-
-#: The command channels a session can use, by name (see docs/DOCKER.md, "The agent channel").
-TRANSPORTS: Mapping[str, TransportFactory] = {"agent": _agent_transport, "exec": _exec_transport}
 
 
 @dataclass(frozen=True)
@@ -170,8 +163,6 @@ class SessionConfig:
     policy_env: Mapping[str, str]
     attach_to: str | None = None
     """Name or id of an existing container to use instead of creating one."""
-    transport: str = "agent"
-    """How commands reach the container: ``"agent"`` (one long-lived agent) or ``"exec"`` (an exec each)."""
     workspace_transport: str = "bind"
     """How the workspace reaches it: ``"bind"``, ``"mirror"`` or ``"auto"`` (bind unless the engine does not
     see this machine's directory, then mirror); see :mod:`adk_sandbox.executor.workspace`."""
@@ -200,17 +191,8 @@ class SessionConfig:
 
 
 def argv_for(request: ExecRequest) -> tuple[str, ...]:
-    """The program and arguments that run ``request`` inside the container (on both transports)."""
+    """The program and arguments that run ``request`` inside the container."""
     return request_argv(request, "docker")
-
-
-def container_user(user: str) -> str:
-    """``"uid:gid"`` for a request's ``user``; a bare uid runs with the group of the same number.
-
-    Never Docker's own fallback, group 0, for a uid the image's ``/etc/passwd`` does not know.
-    """
-    uid, gid = parse_user(user)
-    return f"{uid}:{gid if gid is not None else uid}"
 
 
 class DockerSession(SessionNetwork, ChannelSession):
@@ -225,18 +207,14 @@ class DockerSession(SessionNetwork, ChannelSession):
     fork bomb, OOM or timeout the session keeps working; when the container itself died or could not be
     cleaned, the next command gets a fresh container (logged, and counted in :attr:`restarts`).
 
-    ``transport`` overrides how commands reach the container (default: the one ``config.transport``
-    names in :data:`TRANSPORTS`); ``provider`` the container provider (default: one for ``config``; the
+    ``transport`` overrides how commands reach the container (default: :func:`agent_transport`, the
+    agent channel; a test wraps it); ``provider`` the container provider (default: one for ``config``; the
     warm pool, :mod:`.pool`, passes one whose removals run in its background remover).
     """
 
     name = "docker"
     _GONE = "the sandbox container is gone; run a command to get a fresh one"
     _WHERE = "the Docker session's container"
-    _NO_FILES = (
-        "file operations need the agent channel; this session uses the exec transport "
-        "(create the backend with DockerBackend(transport='agent'), the default)"
-    )
 
     def __init__(
         self,
@@ -246,14 +224,10 @@ class DockerSession(SessionNetwork, ChannelSession):
         transport: TransportFactory | None = None,
         provider: ContainerProvider | None = None,
     ) -> None:
-        if transport is None and config.transport not in TRANSPORTS:
-            raise InvalidRequestError(
-                f"transport must be one of {', '.join(TRANSPORTS)}, not {config.transport!r}"
-            )
         self._client = client
         self._config = config
         self._provider = provider or ContainerProvider(client, config.spec, config.attach_to)
-        self._make_transport = transport or TRANSPORTS[config.transport]
+        self._make_transport = transport or agent_transport
         self._lock = threading.Lock()
         self._container: OpenedContainer | None = None
         self._transport: CommandTransport | None = None
@@ -343,9 +317,9 @@ class DockerSession(SessionNetwork, ChannelSession):
 
     @property
     def channel(self) -> str:
-        """How commands reach the container: ``"agent"`` or ``"exec"`` (see :data:`TRANSPORTS`)."""
+        """How commands reach the container: ``"agent"``, the one command channel (its in-sandbox agent)."""
         transport = self._transport
-        return transport.channel if transport is not None else self._config.transport
+        return transport.channel if transport is not None else "agent"
 
     @property
     def workspace_transport(self) -> str | None:
@@ -627,7 +601,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         session creates. Whether the sandbox can reach the socket is the agent's probe's to find out
         (runc: yes; gVisor without ``--host-uds``: no, and the connections travel as frames).
         """
-        if self._config.direct_egress is False or self.attached or self._config.transport != "agent":
+        if self._config.direct_egress is False or self.attached:
             return None
         if not isinstance(self._config.egress, NetworkPolicy) or not engine_of(self._client).local:
             return None
@@ -643,7 +617,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         info = os.stat(host)
         named = self._config.user is not None and not is_numeric(self._config.user)
         if self._config.user and not named:
-            user = container_user(self._config.user)
+            user = uid_gid(self._config.user)
         else:  # the task profile's image user is known once the container runs: the copy is the owner's
             user = f"{info.st_uid}:{info.st_gid}"
         self._user = user
@@ -801,11 +775,6 @@ class DockerSession(SessionNetwork, ChannelSession):
                 "(network=True) while it runs; switch between False and a NetworkPolicy, or create the "
                 "backend with network=True"
             )
-        if self._config.transport != "agent":
-            raise PolicyNotEnforceableError(
-                "set_network needs the agent channel (transport='agent'): the exec transport has no proxy "
-                "endpoint"
-            )
         self._wake()
         with self._lock:
             if self._closed:
@@ -818,7 +787,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         """Whether this session's agent serves the proxy endpoint a NetworkPolicy needs (HELLO ``"proxy"``).
 
         Asks it to listen (the listener then serves this session: while no policy is set, every request
-        gets the 403 of a network that is off). False on the exec transport. Starts the session.
+        gets the 403 of a network that is off). False when its agent offers none. Starts the session.
         """
         self._awake()
         with self._lock:
@@ -846,7 +815,8 @@ class DockerSession(SessionNetwork, ChannelSession):
     def ping(self, timeout: float = 1.0) -> bool:
         """True when the started container answers within ``timeout`` seconds; starts nothing.
 
-        Its agent answers a PING (agent channel), or the engine reports it running (exec transport).
+        Its agent answers a PING (a transport without agents, a test's stand-in: the engine reports the
+        container running).
         The warm pool (:mod:`.pool`) asks this before handing a member out.
         """
         transport, container = self._transport, self._container
@@ -875,7 +845,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         if user is None:
             return self._user
         if is_numeric(user):
-            return container_user(user)
+            return uid_gid(user)
 
         def run(request: ExecRequest, capture: OutputCapture) -> CommandOutcome:
             started = time.monotonic()
@@ -1098,15 +1068,10 @@ class DockerSession(SessionNetwork, ChannelSession):
         return network if isinstance(network, NetworkPolicy) else None
 
     # -- commands (the body is ChannelSession.execute) -------------------------------------------------
-    def _command_user(self, requested: str | None) -> str:
-        return container_user(requested) if requested is not None else self._user
-
     def _refuse(self, request: ExecRequest) -> None:
         if self._stopped is not None:
             raise SandboxFailedError(self._stopped)
         container = self._opened()
-        if request.background and self.channel != "agent":
-            raise InvalidRequestError(EXEC_NO_BACKGROUND)
         # The container's limit is the only one enforced (read from inspect: an attached container's
         # limit is whatever its compose file chose).
         limit = container.memory_limit_mb
