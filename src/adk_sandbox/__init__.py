@@ -19,8 +19,9 @@ project installs next to other distributions named ``executor`` or ``devtools`` 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from adk_sandbox._lazy import lazy_names
 
 if TYPE_CHECKING:
     from adk_sandbox.devtools import (
@@ -74,79 +75,6 @@ if TYPE_CHECKING:
     )
     from adk_sandbox.executor.backends.factory import BackendConfig, make_backend
 
-# Where each public name lives; the module is imported the first time the name is asked for.
-_EXECUTOR = "adk_sandbox.executor"
-_DEVTOOLS = "adk_sandbox.devtools"
-_DOCKER = "adk_sandbox.executor.backends.docker"
-_FACTORY = "adk_sandbox.executor.backends.factory"
-_HOME: dict[str, str] = {
-    **dict.fromkeys(
-        [
-            "DEFAULT_MAX_OUTPUT_BYTES",
-            "AllowedPath",
-            "BackendUnavailableError",
-            "Capabilities",
-            "CodeTool",
-            "DockerBackend",
-            "DockerSession",
-            "ExecRequest",
-            "ExecResult",
-            "ExecutorError",
-            "InvalidRequestError",
-            "IsolationClass",
-            "KubernetesBackend",
-            "KubernetesConfig",
-            "Language",
-            "PolicyNotEnforceableError",
-            "ProcessBackend",
-            "ResourceLimits",
-            "RustExecutor",
-            "RustExecutorConfig",
-            "RustResult",
-            "SandboxBackend",
-            "SandboxFailedError",
-            "SandboxPolicy",
-            "SandboxPolicyBuilder",
-            "SandboxTool",
-            "SessionFactory",
-            "Stream",
-            "WasmBackend",
-            "__version__",
-        ],
-        _EXECUTOR,
-    ),
-    **dict.fromkeys(
-        [
-            "DEFAULT_ENV_ALLOWLIST",
-            "DevToolset",
-            "FilePermissionError",
-            "InvalidArgumentsError",
-            "PathEscapeError",
-            "ProgressCallback",
-            "Tool",
-            "ToolError",
-            "Workspace",
-        ],
-        _DEVTOOLS,
-    ),
-    **dict.fromkeys(["DockerConfig", "PoolConfig", "SandboxFiles", "cleanup_session"], _DOCKER),
-    **dict.fromkeys(["BackendConfig", "make_backend"], _FACTORY),
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _HOME.get(name)
-    if module is None:
-        raise AttributeError(f"module 'adk_sandbox' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOME])
-
-
 __all__ = [
     "DEFAULT_ENV_ALLOWLIST",
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -194,3 +122,27 @@ __all__ = [
     "cleanup_session",
     "make_backend",
 ]
+
+# Where each public name lives; the module is imported the first time the name is asked for.
+_ELSEWHERE = {
+    "adk_sandbox.devtools": [
+        "DEFAULT_ENV_ALLOWLIST",
+        "DevToolset",
+        "FilePermissionError",
+        "InvalidArgumentsError",
+        "PathEscapeError",
+        "ProgressCallback",
+        "Tool",
+        "ToolError",
+        "Workspace",
+    ],
+    "adk_sandbox.executor.backends.docker": ["DockerConfig", "PoolConfig", "SandboxFiles", "cleanup_session"],
+    "adk_sandbox.executor.backends.factory": ["BackendConfig", "make_backend"],
+}
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        **_ELSEWHERE,
+        "adk_sandbox.executor": sorted(set(__all__).difference(*_ELSEWHERE.values())),
+    },
+)

@@ -12,8 +12,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from adk_sandbox.devtools.errors import (
     FilePermissionError,
@@ -31,6 +29,7 @@ from adk_sandbox.executor import (
     SandboxBackend,
     SessionFactory,
 )
+from adk_sandbox.executor.backend import ClosedOnExit
 from adk_sandbox.executor.workspace.beneath import (
     NAMES_DIRECTORY,
     NOT_A_DIRECTORY,
@@ -77,7 +76,7 @@ class FileStamp:
         return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
-class Workspace:
+class Workspace(ClosedOnExit):
     """A root directory and what the agent may do in it.
 
     File tools run on the host and open everything through a descriptor of ``root`` held for the
@@ -151,17 +150,6 @@ class Workspace:
         with self._backend_lock:
             self._backend = None
             self._owned.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- paths -----------------------------------------------------------------------------------------
 

@@ -7,9 +7,9 @@ r"""adk-sandbox executor: run agent code in sandboxes that report the isolation 
 'hi\\n'
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from adk_sandbox._lazy import lazy_names
 from adk_sandbox.executor.backend import OutputCallback, SandboxBackend, SessionFactory
 from adk_sandbox.executor.backends.bwrap import BubblewrapEnforcer, bwrap_arguments, get_enforcer
 from adk_sandbox.executor.backends.enforcer import Confinement, Enforcer
@@ -44,24 +44,6 @@ if TYPE_CHECKING:
     from adk_sandbox.executor.backends.wasm import WasmBackend
 
 __version__ = "0.1.0"
-
-# The engines' backends are imported the first time one is named, so that importing this package (and the
-# workspace and tools on top of it) loads no engine's client: docker-py (with paramiko), wasmtime, kubernetes.
-_LAZY: dict[str, str] = {
-    **dict.fromkeys(["DockerBackend", "DockerSession"], "adk_sandbox.executor.backends.docker"),
-    **dict.fromkeys(["KubernetesBackend", "KubernetesConfig"], "adk_sandbox.executor.backends.kubernetes"),
-    "WasmBackend": "adk_sandbox.executor.backends.wasm",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'adk_sandbox.executor' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
@@ -104,3 +86,14 @@ __all__ = [
     "bwrap_arguments",
     "get_enforcer",
 ]
+
+# The engines' backends are imported the first time one is named, so that importing this package (and the
+# workspace and tools on top of it) loads no engine's client: docker-py (with paramiko), wasmtime, kubernetes.
+__getattr__, _ = lazy_names(
+    __name__,
+    {
+        "adk_sandbox.executor.backends.docker": ["DockerBackend", "DockerSession"],
+        "adk_sandbox.executor.backends.kubernetes": ["KubernetesBackend", "KubernetesConfig"],
+        "adk_sandbox.executor.backends.wasm": ["WasmBackend"],
+    },
+)

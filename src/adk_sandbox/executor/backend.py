@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     from adk_sandbox.executor.channel.files import SandboxFiles
 
 __all__ = [
+    "ClosedOnExit",
     "OutputCallback",
     "OwnedSession",
     "SandboxBackend",
     "SandboxSession",
     "SessionBackend",
     "SessionFactory",
+    "check_one_source",
 ]
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,25 @@ OutputCallback = Callable[[Stream, str], None]
 """``on_output(stream, chunk)``: called with whole lines as they arrive (from a reader thread)."""
 
 
-class SandboxBackend(ABC):
+class ClosedOnExit:
+    """A context manager whose ``with`` block ends with its :meth:`close`."""
+
+    def close(self) -> None:
+        """Release what it holds (a backend's containers, sessions). Idempotent."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SandboxBackend(ClosedOnExit, ABC):
     """Runs :class:`ExecRequest` s and reports the isolation it really enforces.
 
     Backends are synchronous and thread-safe: several threads may call :meth:`execute` at once.
@@ -74,20 +94,6 @@ class SandboxBackend(ABC):
         reaches the calling thread while the execution runs (e.g. ``KeyboardInterrupt``): nothing the
         execution started keeps running behind it. Every backend behaves this way.
         """
-
-    def close(self) -> None:  # noqa: B027 - optional hook; backends without resources need no cleanup
-        """Release what the backend holds (containers, sessions). Idempotent."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 @runtime_checkable
@@ -161,7 +167,7 @@ class SessionBackend(SandboxBackend, Generic[SessionT]):
     left open; :meth:`sessions` and :meth:`session_by_id` read them. :meth:`execute` runs each request in
     a throw-away session, and :meth:`capabilities` is probed once from a real session
     (:meth:`_probe_capabilities`). A subclass implements :meth:`session` (passing each new session to
-    :meth:`_track`) and :meth:`_probe_capabilities`, and extends :meth:`close` for what else it holds.
+    :meth:`_track`), and extends :meth:`close` for what else it holds.
     Thread-safe: sessions may be opened and closed from several threads at once.
     """
 
@@ -201,9 +207,10 @@ class SessionBackend(SandboxBackend, Generic[SessionT]):
             self._capabilities = self._probe_capabilities()
         return self._capabilities
 
-    @abstractmethod
     def _probe_capabilities(self) -> Capabilities:
         """Open a session, read what it enforces, close it (called once, by :meth:`capabilities`)."""
+        with self.session() as probe:
+            return probe.capabilities()
 
     def execute(
         self,
@@ -222,6 +229,20 @@ class SessionBackend(SandboxBackend, Generic[SessionT]):
             sessions, self._sessions = list(self._sessions), set()
         for session in sessions:
             session.close()
+
+
+def check_one_source(workspace: object, copy_of: object, snapshot: object) -> None:
+    """Refuse a ``session()`` asked to start from two of ``workspace``, ``copy_of`` and ``snapshot``."""
+    if snapshot is not None and (workspace is not None or copy_of is not None):
+        raise InvalidRequestError(
+            "give snapshot= (the session starts from what the snapshot kept) alone, not with workspace= or "
+            "copy_of="
+        )
+    if copy_of is not None and workspace is not None:
+        raise InvalidRequestError(
+            "give workspace= (the session works in that directory) or copy_of= (it works in a copy of it), "
+            "not both"
+        )
 
 
 class OwnedSession:

@@ -6,18 +6,21 @@ run the command through the transport into a capped capture, sync the workspace 
 :class:`ExecResult`. :meth:`ChannelSession.execute` is that body, written once; an engine's session
 subclasses it and supplies its parts:
 
-* :meth:`~ChannelSession._refuse` -- the requests this sandbox refuses (a user it cannot switch to, a
-  memory limit below its own); also makes sure the sandbox is started;
+* :meth:`~ChannelSession.start` -- by default :meth:`~ChannelSession._open` once, under ``_lock``;
+* :meth:`~ChannelSession._refuse` -- the requests this sandbox refuses (by default a memory limit below
+  its own, :meth:`~ChannelSession._memory_limit_mb`); also makes sure the sandbox is started;
 * :meth:`~ChannelSession._before_command` -- checks that need the sandbox (Docker: the cwd can be
   entered); default none;
 * :meth:`~ChannelSession._prepare_command` -- a request made ready for the transport: its program,
-  environment (the egress proxy's included), user and working directory;
+  environment (the egress proxy's included), user and working directory (the default serves every
+  engine whose environment is ``_base_env``);
 * :meth:`~ChannelSession._run_command` -- run one prepared command (default: through the transport, the
   agent's OOM count saying whether the kernel's OOM killer hit it; Docker also replaces a container that
   died);
 * :meth:`~ChannelSession._explained` -- what a broken channel means for this engine (Kubernetes reads the
   Pod's status); default: the error as it is;
-* :meth:`~ChannelSession._command_user` -- whom a command (and a file operation) runs as;
+* :meth:`~ChannelSession._command_user` -- whom a command (and a file operation) runs as (default: the
+  request's user, else ``_user``);
 * :meth:`~ChannelSession._refuse_user` -- a user (in numbers) this sandbox cannot switch to;
 * :meth:`~ChannelSession._close_sandbox` -- remove the sandbox (``close`` first stops what the shape
   holds: published ports).
@@ -38,10 +41,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import request_argv
 from adk_sandbox.executor._output import OutputCapture
 from adk_sandbox.executor._users import is_numeric, resolve_user
@@ -69,10 +74,11 @@ from adk_sandbox.executor.types import MAX_BACKGROUND_GROUPS, ExecRequest, ExecR
 from adk_sandbox.executor.workspace.synced import SyncedWorkspace, refusal_note
 
 if TYPE_CHECKING:
+    from adk_sandbox.executor.channel.egress import SessionEgress
     from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions
     from adk_sandbox.executor.snapshots.store import SnapshotStore
 
-__all__ = ["ChannelSession"]
+__all__ = ["ChannelSession", "uid_gid"]
 
 _Live = TypeVar("_Live", bound=LiveChannel)
 
@@ -85,15 +91,34 @@ _LOOKUP_SECONDS = 30.0
 _PROBE_CWD = 'cd -- "$1" 2>&1'
 
 
+def uid_gid(user: str) -> str:
+    """``"uid:gid"`` of a numeric ``user``: a bare uid runs with the group of the same number."""
+    uid, gid = parse_user(user)
+    return f"{uid}:{gid if gid is not None else uid}"
+
+
 class ChannelSession(SandboxSession):
     """A session whose commands run through a :class:`CommandTransport` in one sandbox (see the module).
 
-    Subclasses set ``_transport`` (None until the sandbox is up, and after it is gone) and ``_workspace``
-    (the synced host workspace, or None), and implement the engine's parts.
+    Subclasses set ``_transport`` (None until the sandbox is up, and after it is gone), ``_workspace``
+    (the synced host workspace, or None), ``_user``, ``_base_env`` and ``_egress``, and implement the
+    engine's parts.
     """
 
     _transport: CommandTransport | None = None
     _workspace: SyncedWorkspace | None = None
+    #: The ``"uid:gid"`` a command runs as when its request names no user.
+    _user: str
+    #: A command's environment before the request's own (PATH, HOME).
+    _base_env: dict[str, str]
+    #: The network in force, the proxy endpoint, the live connections and the log (channel/egress.py).
+    _egress: SessionEgress
+    #: Held while the sandbox starts or is removed (reentrant where a start runs commands in it).
+    _lock: contextlib.AbstractContextManager[Any]
+    #: How a refused memory limit is set instead (``{}``: the limit asked for).
+    _MEMORY_SETTING: ClassVar[str] = "ResourceLimits(memory_mb={})"
+    #: Said when a request asks for ``background=True`` here (None: the engine keeps background commands).
+    _NO_BACKGROUND: ClassVar[str | None] = None
     #: Said when a file operation finds the sandbox gone (an engine may say how to get a new one).
     _GONE: ClassVar[str] = "the session's sandbox is gone"
     #: Said when a file operation finds the session's commands on another transport than the agent channel.
@@ -109,9 +134,72 @@ class ChannelSession(SandboxSession):
     _live: set[LiveChannel] | None = None  # the terminals and spawned processes not yet closed
 
     # -- the engine's parts ---------------------------------------------------------------------------
-    @abstractmethod
+    def start(self) -> None:
+        """Make the sandbox and verify it (:meth:`_open`); idempotent.
+
+        :class:`SandboxFailedError` once closed. A start that fails removes what it made (:meth:`_discard`)
+        before its error goes on.
+        """
+        with self._lock:
+            if self._closed:
+                raise SandboxFailedError(self._GONE)
+            if self._transport is None:
+                try:
+                    self._open()
+                except BaseException:
+                    with contextlib.suppress(ExecutorError):
+                        self._discard()
+                    raise
+
+    def _open(self) -> None:
+        """Make the sandbox, verify it and set ``_transport`` (lock held; for :meth:`start`)."""
+        raise NotImplementedError  # an engine with its own start needs none
+
+    def _discard(self) -> None:
+        """Remove whatever of the sandbox there is, its transport with it (lock held); idempotent."""
+        raise NotImplementedError  # an engine with its own start needs none
+
+    def ping(self, timeout: float = 2.0) -> bool:
+        """True when the started sandbox's agent answers a PING within ``timeout`` seconds; starts nothing.
+
+        A pool asks this before handing a member out: a sandbox removed or stopped from outside, or an
+        agent that stopped answering, answers False.
+        """
+        transport = self._transport
+        if self._closed or not isinstance(transport, AgentTransport):
+            return False
+        try:
+            return transport.ping(self._user, timeout)
+        except ExecutorError:
+            return False
+
     def _refuse(self, request: ExecRequest) -> None:
-        """Raise for a request this sandbox cannot honour (nothing ran); start the sandbox."""
+        """Raise for a request this sandbox cannot honour (nothing ran); start the sandbox.
+
+        By default: a memory limit below the sandbox's own (:meth:`_memory_limit_mb`, the only one
+        enforced), and ``background=True`` where the engine does not keep background commands.
+        """
+        limit, asked = self._memory_limit_mb(), request.memory_limit_mb
+        if limit is not None and asked is not None and asked < limit:
+            raise PolicyNotEnforceableError(
+                f"memory_limit_mb={asked} is below the limit of {self._WHERE} ({limit} MiB), which is the "
+                f"only one enforced; use {self._MEMORY_SETTING.format(asked)}"
+            )
+        if request.background and self._NO_BACKGROUND is not None:
+            raise InvalidRequestError(self._NO_BACKGROUND)
+        self.start()
+        self._running_transport()
+
+    def _memory_limit_mb(self) -> int | None:
+        """The sandbox's own memory limit in MiB, for :meth:`_refuse` (default: None, nothing refused)."""
+        return None
+
+    def _running_transport(self) -> CommandTransport:
+        """The transport of the started sandbox; :class:`SandboxFailedError` once it is gone."""
+        transport = self._transport
+        if transport is None:
+            raise SandboxFailedError(self._GONE)
+        return transport
 
     @abstractmethod
     def _working_directory(self) -> tuple[str, str]:
@@ -121,9 +209,25 @@ class ChannelSession(SandboxSession):
         """Checks that need the started sandbox, before the workspace syncs in: the cwd can be entered."""
         self._check_cwd(request, started)
 
-    @abstractmethod
     def _prepare_command(self, request: ExecRequest, argv: tuple[str, ...]) -> PreparedCommand:
-        """``argv`` for ``request``, ready for the transport (the sandbox is started)."""
+        """``argv`` for ``request``, ready for the transport (the sandbox is started).
+
+        As the command user, with the egress proxy's variables (its endpoint served by that user's agent,
+        again after an agent restart), ``_base_env`` and the request's, in the request's ``cwd`` else the
+        sandbox's working directory.
+        """
+        transport = self._running_transport()
+        user = self._command_user(request.user)
+        self._egress.ensure(transport, user)
+        return PreparedCommand(
+            argv=argv,
+            env={**self._egress.env(), **build_child_env(self._base_env, None, request.env)},
+            user=user,
+            workdir=request.cwd if request.cwd is not None else self._working_directory()[1],
+            stdin=request.stdin_bytes,
+            marker=uuid.uuid4().hex,
+            background=request.background,
+        )
 
     def _run_command(
         self,
@@ -135,9 +239,7 @@ class ChannelSession(SandboxSession):
         cancel: threading.Event | None,
     ) -> tuple[CommandOutcome, bool]:
         """Run ``argv`` for ``request`` through the transport: its outcome and whether it was OOM-killed."""
-        transport = self._transport
-        if transport is None:
-            raise SandboxFailedError(self._GONE)
+        transport = self._running_transport()
         command = self._prepare_command(request, argv)
         outcome = transport.run(command, capture, deadline=started + request.timeout, cancel=cancel)
         return outcome, bool(outcome.oom_kills)
@@ -146,9 +248,9 @@ class ChannelSession(SandboxSession):
         """What a broken channel means here (default: the error as it is)."""
         return exc
 
-    @abstractmethod
     def _command_user(self, requested: str | None) -> str:
         """The ``"uid:gid"`` a command (or file operation) runs as, given the request's numeric ``user``."""
+        return uid_gid(requested) if requested is not None else self._user
 
     @abstractmethod
     def _close_sandbox(self) -> None:
@@ -185,8 +287,7 @@ class ChannelSession(SandboxSession):
         ran). Starts the session.
         """
         if is_numeric(user):
-            uid, gid = parse_user(user)
-            return f"{uid}:{gid if gid is not None else uid}"
+            return uid_gid(user)
         self._awake()
 
         def run(request: ExecRequest, capture: OutputCapture) -> CommandOutcome:
@@ -359,9 +460,7 @@ class ChannelSession(SandboxSession):
         self, request: dict[str, Any], data: bytes | None, *, deadline: float, max_output: int
     ) -> tuple[dict[str, Any], bytes]:
         self._awake()
-        transport = self._transport
-        if transport is None:
-            raise SandboxFailedError(self._GONE)
+        transport = self._running_transport()
         if not isinstance(transport, AgentTransport):
             raise InvalidRequestError(self._NO_FILES)
         return transport.file_op(

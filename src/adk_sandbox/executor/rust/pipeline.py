@@ -1,20 +1,8 @@
 """RustExecutor: validate → check → build → run a Rust snippet through any SandboxBackend.
 
-Every step is a ``Language.COMMAND`` shell script given to ``backend.execute``, so on Docker it all
-happens inside the session's container (compile-time code such as ``include_str!`` is confined like
-run-time code). Nothing assumes the backend shares the host's filesystem: the source travels on the
-compile step's stdin, the input JSON on the run step's stdin, and artifacts live in a work directory *as
-the backend sees it*.
-
-Check and build are one rustc process (``--emit=metadata,link``): type checking is not done twice, which
-measured ~20 % faster than a separate ``--emit=metadata`` pass, and on Docker saves one exec. The two
-stages keep their own time limits: rustc's ``--json=artifacts`` notice that the metadata was written marks
-the end of the check stage, and a watchdog cancels the step when the running stage's limit passes.
-
-Linking is most of a warm compile (BENCHMARKS.md, "Issue 11: the warm Rust snippet"): the program is
-linked without the debug info of std and serde_json (``-C strip=debuginfo``, ~13 MB less to write), and
-in a container with lld when the image has it (Debian's rustc uses GNU ld through ``cc``; rustup's already
-uses its own rust-lld).
+:class:`RustExecutor` runs every step as a shell script through ``backend.execute`` (check and build are
+one rustc process, each stage with its own limit); :class:`RustExecutorConfig` configures it and
+:class:`RustResult` is its outcome. See docs/RUST_AND_WASM.md, section "RustExecutor".
 """
 
 from __future__ import annotations
@@ -31,12 +19,11 @@ import threading
 import time
 import uuid
 import weakref
-from types import TracebackType
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from adk_sandbox.executor.backend import OwnedSession, SandboxBackend, SessionFactory
+from adk_sandbox.executor.backend import ClosedOnExit, OwnedSession, SandboxBackend, SessionFactory
 from adk_sandbox.executor.errors import InvalidRequestError
 from adk_sandbox.executor.rust.diagnostics import (
     CompilerOutput,
@@ -167,7 +154,7 @@ class RustResult(BaseModel):
     """Time per step: ``compile`` (check + build) and ``run``."""
 
 
-class RustExecutor:
+class RustExecutor(ClosedOnExit):
     """Compiles and runs ``fn run(input: Value) -> Value`` snippets on ``backend``. Thread-safe.
 
     The program built by one step is run by the next, so the steps need one filesystem: a host backend,
@@ -280,17 +267,6 @@ class RustExecutor:
             self._finalizer()  # removes the directory now, and only once
         if self._owned_session is not None:
             self._owned_session.close()  # closes the session now, and only once
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- the pipeline --------------------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ Also importable as :mod:`adk_sandbox.testing`.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from adk_sandbox._lazy import lazy_names
 from adk_sandbox.executor.testing.fakes import (
     FakeBackend,
     FakeSession,
@@ -30,14 +30,9 @@ if TYPE_CHECKING:
         KnownDifference,
     )
 
-_CONFORMANCE = ("CHECKS", "ConformanceSuite", "ConformanceTarget", "KnownDifference")
-
-
-def __getattr__(name: str) -> Any:
-    # The conformance suite imports pytest: loaded only when asked for, so the fakes need no pytest.
-    if name in _CONFORMANCE:
-        return getattr(importlib.import_module("adk_sandbox.executor.testing.conformance"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The conformance suite imports pytest: loaded only when asked for, so the fakes need no pytest.
+_SUITE = ("CHECKS", "ConformanceSuite", "ConformanceTarget", "KnownDifference")
+__getattr__, _ = lazy_names(__name__, {"adk_sandbox.executor.testing.conformance": _SUITE})
 
 
 __all__ = [

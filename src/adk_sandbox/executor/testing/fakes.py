@@ -32,10 +32,8 @@ import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import Self
 
-from adk_sandbox.executor.backend import OutputCallback, SandboxBackend, SandboxSession
+from adk_sandbox.executor.backend import ClosedOnExit, OutputCallback, SandboxBackend, SandboxSession
 from adk_sandbox.executor.errors import SandboxFailedError
 from adk_sandbox.executor.types import Capabilities, ExecRequest, ExecResult, IsolationClass, Language, Stream
 
@@ -64,16 +62,16 @@ def container_capabilities(*languages: Language) -> Capabilities:
 class _Scripted:
     """The scripted answers, the record of requests and the reported capabilities a fake shares."""
 
-    def _script(
+    def __init__(
         self,
-        respond: Respond | None,
+        respond: Respond | None = None,
         *,
-        stdout: str,
-        stderr: str,
-        exit_code: int,
-        error: BaseException | None,
-        capabilities: Capabilities | None,
-        languages: Sequence[Language],
+        stdout: str = "",
+        stderr: str = "",
+        exit_code: int = 0,
+        error: BaseException | None = None,
+        capabilities: Capabilities | None = None,
+        languages: Sequence[Language] = (),
     ) -> None:
         if respond is None:
             respond = ExecResult(stdout=stdout, stderr=stderr, exit_code=exit_code, duration_ms=1)
@@ -125,29 +123,8 @@ class FakeBackend(_Scripted, SandboxBackend):
     """
 
     name = "fake"
-
-    def __init__(
-        self,
-        respond: Respond | None = None,
-        *,
-        stdout: str = "",
-        stderr: str = "",
-        exit_code: int = 0,
-        error: BaseException | None = None,
-        capabilities: Capabilities | None = None,
-        languages: Sequence[Language] = (),
-    ) -> None:
-        self._script(
-            respond,
-            stdout=stdout,
-            stderr=stderr,
-            exit_code=exit_code,
-            error=error,
-            capabilities=capabilities,
-            languages=languages,
-        )
-        self.closed = False
-        """True once :meth:`close` ran (a fake backend keeps answering after it, as a stateless one would)."""
+    closed = False
+    """True once :meth:`close` ran (a fake backend keeps answering after it, as a stateless one would)."""
 
     def capabilities(self) -> Capabilities:
         """The capabilities given at construction (not enforced: nothing runs); counted."""
@@ -199,7 +176,7 @@ class FakeSession(_Scripted, SandboxSession):
         workspace: str | os.PathLike[str] | None = None,
         session_id: str | None = None,
     ) -> None:
-        self._script(
+        super().__init__(
             respond,
             stdout=stdout,
             stderr=stderr,
@@ -263,7 +240,7 @@ class FakeSession(_Scripted, SandboxSession):
 _NUMBERS = itertools.count()
 
 
-class FakeSessionFactory:
+class FakeSessionFactory(ClosedOnExit):
     """Opens :class:`FakeSession` s: a :class:`~adk_sandbox.executor.backend.SessionFactory` running nothing.
 
     Every session it opens answers with ``respond`` (or ``stdout``/``stderr``/``exit_code``), raises
@@ -343,14 +320,3 @@ class FakeSessionFactory:
         self.closed = True
         for session in self.sessions():
             session.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -19,7 +19,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 from adk_sandbox.executor import _owner
 from adk_sandbox.executor.errors import PolicyNotEnforceableError
@@ -72,40 +72,59 @@ def copy_prefix(kind: Literal["pool", "copy"]) -> str:
     namespace, pid and the process's start time, so :func:`reap_copies` removes what a killed owner left and
     nothing else.
     """
+    return f"adk-sandbox-{kind}-{owner_tag()}-"
+
+
+def owner_tag() -> str:
+    """The owner part of the names of what this process leaves on disk: boot, pid namespace, pid, start."""
     pid = os.getpid()
-    return f"adk-sandbox-{kind}-{_boot_tag()}-{_owner.pid_namespace()}-{pid}-{_owner.start_time(pid)}-"
+    return f"{_boot_tag()}-{_owner.pid_namespace()}-{pid}-{_owner.start_time(pid)}"
 
 
 def reap_copies(directory: str | None = None) -> list[str]:
     """Remove the copies directories (in ``directory``, default :func:`copies_dir`) of owners now gone.
 
-    Only directories of this process's user, named by :func:`copy_prefix`, made in this boot and pid
-    namespace by a process that no longer runs (its pid gone or started at another time), or in an earlier
-    boot. ``DockerBackend()`` calls this as it reaps leaked containers: a killed owner's copies live in
-    memory (``/dev/shm``). Returns the paths removed.
+    Named by :func:`copy_prefix` (see :func:`remove_leftovers`). ``DockerBackend()`` calls this as it reaps
+    leaked containers: a killed owner's copies live in memory (``/dev/shm``). Returns the paths removed.
     """
-    where = directory or copies_dir()
+    return remove_leftovers(directory or copies_dir(), _COPY_NAME)
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)  # descriptor-based: a link inside is removed, not followed
+
+
+def remove_leftovers(
+    where: str, name: re.Pattern[str], remove: Callable[[str], None] = _remove_tree
+) -> list[str]:
+    """Remove the directories in ``where`` named by ``name`` whose owner is gone; the paths removed.
+
+    ``name``'s groups 1-4 are its owner (:func:`owner_tag`). Gone: made in an earlier boot, or in this boot
+    and pid namespace by a process that no longer runs (its pid gone or started at another time). Only
+    directories of this process's user (``where`` is shared: anyone may make a name like it); each is
+    removed by ``remove`` (default: the tree, links inside removed, not followed).
+    """
     boot, namespace = _boot_tag(), str(_owner.pid_namespace())
     removed: list[str] = []
     try:
-        names = os.listdir(where)
+        entries = os.listdir(where)
     except OSError:
         return removed
-    for name in names:
-        match = _COPY_NAME.fullmatch(name)
+    for entry in entries:
+        match = name.fullmatch(entry)
         if match is None:
             continue
-        owner_boot, owner_ns, pid, start = match.groups()
+        owner_boot, owner_ns, pid, start = match.group(1, 2, 3, 4)
         if owner_boot == boot and (owner_ns != namespace or _owner.start_time(int(pid)) == start):
             continue  # its owner runs (or is one this process cannot see)
-        path = os.path.join(where, name)
+        path = os.path.join(where, entry)
         try:
             info = os.lstat(path)
         except OSError:
             continue
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-            continue  # not one of ours (the directory is shared: anyone may make a name like it)
-        shutil.rmtree(path, ignore_errors=True)  # descriptor-based: a link inside is removed, not followed
+            continue  # not one of ours
+        remove(path)
         removed.append(path)
     return removed
 
@@ -257,6 +276,11 @@ class _Copier:
     """A directory's descriptor in the first copy -> the same directory's in the twin copy (when one)."""
     setting: str = "DockerBackend(mirror_size_mb=...)"
     """What raises the cap, named when the files grow past it while they are copied (``walk_copy``'s)."""
+    #: Said when a file grew past the cap while it was copied (``{path}``, ``{setting}``).
+    _GREW: ClassVar[str] = (
+        "the files of the workspace grew past the cap of its copy while it was copied ({path}); nothing "
+        "ran. Create the backend with a larger {setting}"
+    )
 
     def __post_init__(self) -> None:
         for path in sorted(self.host):
@@ -343,20 +367,26 @@ class _Copier:
             out_flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd_out = os.open(name, out_flags, 0o600, dir_fd=dst)
             try:
-                copied = _copy_data(fd_in, fd_out, self.budget + 1, info)
+                copied = self._data(fd_in, fd_out, info)
                 if copied > self.budget:  # grew since the scan past what the copy may hold
-                    raise PolicyNotEnforceableError(
-                        f"the files of the workspace grew past the cap of its copy while it was copied "
-                        f"({path}); nothing ran. Create the backend with a larger {self.setting}"
-                    )
+                    raise PolicyNotEnforceableError(self._GREW.format(path=path, setting=self.setting))
                 self.budget -= copied
-                size = os.fstat(fd_out).st_size  # the apparent size: the twin gets the same
+                size = self._size(fd_out, info, copied)  # the apparent size: the twin gets the same
                 self._settle(fd_out, self.owner, entry)
             finally:
                 os.close(fd_out)
             self._twin_file(name, entry, fd_in, size, dst)
         finally:
             os.close(fd_in)
+
+    def _data(self, fd_in: int, fd_out: int, info: os.stat_result) -> int:
+        """Copy ``fd_in`` (``info``: its fstat) into ``fd_out``; what the copy holds (holes count nothing)."""
+        return _copy_data(fd_in, fd_out, self.budget + 1, info)
+
+    def _size(self, fd_out: int, info: os.stat_result, copied: int) -> int:
+        """The apparent size of the copy ``fd_out`` of a file of ``info`` (``copied`` bytes of data)."""
+        del info, copied
+        return os.fstat(fd_out).st_size
 
 
 def _copy_range(fd_in: int, fd_out: int, size: int) -> None:

@@ -7,7 +7,6 @@ what only it can do (faults, recorded traffic). docs/KUBERNETES.md has the whole
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import os
@@ -20,7 +19,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES
 from adk_sandbox.executor._layout import HOME_DIR
 from adk_sandbox.executor._owner import owner_labels
@@ -54,7 +52,7 @@ from adk_sandbox.executor.channel.agent_transport import AgentTransport
 from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, check_network_argument
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
-from adk_sandbox.executor.channel.transport import DEFAULT_PATH, PreparedCommand
+from adk_sandbox.executor.channel.transport import DEFAULT_PATH
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
     ExecutorError,
@@ -63,7 +61,7 @@ from adk_sandbox.executor.errors import (
     SandboxFailedError,
 )
 from adk_sandbox.executor.network.policy import NetworkPolicy
-from adk_sandbox.executor.types import Capabilities, ExecRequest, Language, parse_user
+from adk_sandbox.executor.types import Capabilities, ExecRequest, Language
 from adk_sandbox.executor.workspace.mirror import MirrorWorkspace
 from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace
 
@@ -104,6 +102,10 @@ class KubernetesSession(SessionNetwork, ChannelSession):
     name = "kubernetes"
     _GONE = "this Kubernetes session is closed"
     _WHERE = "the Kubernetes session's Pod"
+    _NO_BACKGROUND = (
+        "background=True is for Docker sessions on the agent channel; a Kubernetes session kills what a "
+        "command leaves running when it ends. Nothing ran"
+    )
 
     def __init__(
         self,
@@ -133,9 +135,9 @@ class KubernetesSession(SessionNetwork, ChannelSession):
         self._closed = False
         self._capabilities: Capabilities | None = None
         self._network_denied = False
-        #: The network in force, the proxy endpoint, the live connections and the log (channel/egress.py).
         server = api.server_host()  # its addresses are refused to the proxied connections
         self._egress = SessionEgress(config.network, engine_hosts=(server,) if server else ())
+        self._user = config.user
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
         self._enterable: set[tuple[str, str]] = set()
         self._nodes_checked = False
@@ -167,20 +169,8 @@ class KubernetesSession(SessionNetwork, ChannelSession):
         if self._workspace is not None:
             self._workspace.before_command()
 
-    def start(self) -> None:
-        """Create (or claim) the Pod, wait until it runs, verify it, start the agent; idempotent."""
-        with self._lock:
-            if self._closed:
-                raise SandboxFailedError("this Kubernetes session is closed")
-            if self._pod is None:
-                try:
-                    self._open()
-                except BaseException:
-                    with contextlib.suppress(ExecutorError):
-                        self._discard()
-                    raise
-
     def _open(self) -> None:
+        """Create (or claim) the Pod, wait until it runs, verify it, start the agent (see ``start``)."""
         config = self._config
         session = owner_labels(self.session_id, config.active_deadline_seconds)
         name = pod_name(self.session_id)
@@ -226,20 +216,6 @@ class KubernetesSession(SessionNetwork, ChannelSession):
             self._workspace.started()
         if config.network is not True:  # off or a policy: the default-deny NetworkPolicy selects the Pod
             self._network_denied = network_policy_in_force(policy, pod) and self._probe_network()
-
-    def ping(self, timeout: float = 2.0) -> bool:
-        """True when the started Pod's agent answers a PING within ``timeout`` seconds; starts nothing.
-
-        The pool (:mod:`.pool`) asks this before handing a member out: a Pod deleted or evicted from
-        outside answers False.
-        """
-        transport = self._transport
-        if self._closed or transport is None:
-            return False
-        try:
-            return transport.ping(self._config.user, timeout)
-        except ExecutorError:
-            return False
 
     def _sync_channel(self) -> SyncChannel | None:
         """Where a workspace sync step runs: the Pod's agent channel, as the Pod's user."""
@@ -395,52 +371,19 @@ class KubernetesSession(SessionNetwork, ChannelSession):
             self._egress.switch(network, self._transport, self._config.user)
 
     # -- commands (the body is ChannelSession.execute) -------------------------------------------------
-    def _command_user(self, requested: str | None) -> str:
-        return self._config.user  # an exec into a Pod runs as the Pod's user (others are refused)
-
     def _refuse_user(self, user: str | None) -> None:
-        config = self._config
-        if user is not None:
-            uid, gid = parse_user(user)
-            if (uid, gid if gid is not None else uid) != (config.uid, config.gid):
-                raise PolicyNotEnforceableError(
-                    f"a Kubernetes session runs commands as its Pod's user {config.user}; pods/exec cannot "
-                    f"run as {user} (set KubernetesConfig(user=...) instead)"
-                )
-
-    def _refuse(self, request: ExecRequest) -> None:
-        config = self._config
-        if request.memory_limit_mb is not None and request.memory_limit_mb < config.limits.memory_mb:
+        # An exec into a Pod runs as the Pod's user: no other can be switched to.
+        if user is not None and self._command_user(user) != self._user:
             raise PolicyNotEnforceableError(
-                f"memory_limit_mb={request.memory_limit_mb} is below the session Pod's limit "
-                f"({config.limits.memory_mb} MiB), which is the only one enforced; use "
-                f"ResourceLimits(memory_mb={request.memory_limit_mb})"
+                f"a Kubernetes session runs commands as its Pod's user {self._user}; pods/exec cannot "
+                f"run as {user} (set KubernetesConfig(user=...) instead)"
             )
-        if request.background:
-            raise InvalidRequestError(
-                "background=True is for Docker sessions on the agent channel; a Kubernetes session kills "
-                "what a command leaves running when it ends. Nothing ran"
-            )
-        self.start()
-        if self._transport is None:
-            raise SandboxFailedError("this Kubernetes session is closed")
+
+    def _memory_limit_mb(self) -> int:
+        return self._config.limits.memory_mb
 
     def _working_directory(self) -> tuple[str, str]:
         return self.pod_name or "", self._config.workspace_path
-
-    def _prepare_command(self, request: ExecRequest, argv: tuple[str, ...]) -> PreparedCommand:
-        transport = self._transport
-        if transport is None:
-            raise SandboxFailedError(self._GONE)
-        self._egress.ensure(transport, self._config.user)  # again after an agent restart
-        return PreparedCommand(
-            argv=argv,
-            env={**self._egress.env(), **build_child_env(self._base_env, None, request.env)},
-            user=self._config.user,
-            workdir=request.cwd if request.cwd is not None else self._config.workspace_path,
-            stdin=request.stdin_bytes,
-            marker=uuid.uuid4().hex,
-        )
 
     def _explained(self, exc: SandboxFailedError) -> ExecutorError:
         """The agent channel broke: the Pod's status says why when the Pod itself failed."""
@@ -587,10 +530,8 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
         ``workspace`` is how a session's host workspace would reach its Pod: ``"mirror"`` (the only way),
         None with a warm pool (which refuses one).
         """
-        with self.session() as probe:
-            capabilities = probe.capabilities()
         mode = None if self.config.warm_pool is not None else "mirror"
-        return capabilities.model_copy(update={"workspace": mode})
+        return super()._probe_capabilities().model_copy(update={"workspace": mode})
 
 
 def workspace_config(

@@ -15,11 +15,10 @@ import os
 import re
 import shutil
 import signal
-import stat
 import tempfile
 from pathlib import Path
 
-from adk_sandbox.executor import _owner
+from adk_sandbox.executor.workspace.copies import owner_tag, remove_leftovers
 
 __all__ = ["GROUP_FILE", "reap_vms", "run_dir_prefix"]
 
@@ -28,26 +27,9 @@ GROUP_FILE = "group"
 _RUN_DIR = re.compile(r"adk-sandbox-vm-([0-9a-f]{8})-(\d+)-(\d+)-(\d+)-([0-9a-f]{12})-[^/]*")
 
 
-def _boot_tag() -> str:
-    boot = _owner.boot_id().replace("-", "")
-    return boot[:8] if re.fullmatch(r"[0-9a-f]{8,}", boot) else "0" * 8
-
-
 def run_dir_prefix(session_id: str) -> str:
     """The ``mkdtemp`` prefix of a session's run directory: its owner (this process) and the session id."""
-    pid = os.getpid()
-    return (
-        f"adk-sandbox-vm-{_boot_tag()}-{_owner.pid_namespace()}-{pid}-{_owner.start_time(pid)}-{session_id}-"
-    )
-
-
-def _owner_gone(match: re.Match[str]) -> bool:
-    boot, namespace, pid, start = match.group(1), match.group(2), match.group(3), match.group(4)
-    if boot != _boot_tag():
-        return True  # made in an earlier boot: nothing of it runs
-    if namespace != str(_owner.pid_namespace()):
-        return False  # another pid namespace's process: not one this process can look up
-    return _owner.start_time(int(pid)) != start
+    return f"adk-sandbox-vm-{owner_tag()}-{session_id}-"
 
 
 def _processes_of(run_dir: str) -> list[int]:
@@ -79,26 +61,11 @@ def reap_vms(directory: str | None = None) -> list[str]:
     Only directories of this process's user named by :func:`run_dir_prefix`; whatever of them still runs
     is killed first.
     """
-    where = directory or tempfile.gettempdir()
-    removed: list[str] = []
-    try:
-        names = os.listdir(where)
-    except OSError:
-        return removed
-    for name in names:
-        match = _RUN_DIR.fullmatch(name)
-        if match is None or not _owner_gone(match):
-            continue
-        path = os.path.join(where, name)
-        try:
-            info = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-            continue  # not one of ours (the temporary directory is shared)
-        for pid in _processes_of(path):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
+    return remove_leftovers(directory or tempfile.gettempdir(), _RUN_DIR, _kill_and_remove)
+
+
+def _kill_and_remove(run_dir: str) -> None:
+    for pid in _processes_of(run_dir):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(run_dir, ignore_errors=True)

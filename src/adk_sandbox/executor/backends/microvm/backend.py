@@ -33,11 +33,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from adk_sandbox.executor._env import build_child_env
 from adk_sandbox.executor._languages import LANGUAGES
 from adk_sandbox.executor._layout import HOME_DIR
 from adk_sandbox.executor._output import OutputCapture
-from adk_sandbox.executor.backend import SessionBackend
+from adk_sandbox.executor.backend import SessionBackend, check_one_source
 from adk_sandbox.executor.backends.microvm._guest import (
     GuestParts,
     fsjail,
@@ -75,7 +74,7 @@ from adk_sandbox.executor.errors import (
     SandboxFailedError,
 )
 from adk_sandbox.executor.network.policy import NetworkPolicy
-from adk_sandbox.executor.types import Capabilities, ExecRequest, IsolationClass, Language, parse_user
+from adk_sandbox.executor.types import Capabilities, IsolationClass, Language
 from adk_sandbox.executor.workspace.copies import reap_copies
 
 if TYPE_CHECKING:
@@ -304,6 +303,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
     name = "microvm"
     _GONE = "this microVM session is closed"
     _WHERE = "the session's microVM"
+    _MEMORY_SETTING = "MicroVMConfig(limits=ResourceLimits(memory_mb={}))"
 
     def __init__(
         self,
@@ -338,9 +338,9 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         self._monitor_connection: Qmp | None = None
         #: Paused to disk: the agents let go (served again on their ports after the restore).
         self._detached: list[DetachedAgent] = []
+        self._user = config.user
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
         self._enterable: set[tuple[str, str]] = set()
-        #: The network in force, the proxy endpoint, the live connections and the log (channel/egress.py).
         self._egress = SessionEgress(config.network)
         self.accel: str | None = None
         """``"kvm"`` or ``"tcg"``, once started."""
@@ -365,19 +365,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         vm = self._vm
         return vm.pid if vm is not None else None
 
-    def start(self) -> None:
-        """Boot the VM, start its agent, probe it; idempotent."""
-        with self._lock:
-            if self._closed:
-                raise SandboxFailedError(self._GONE)
-            if self._vm is None:
-                try:
-                    self._open()
-                except BaseException:
-                    self._discard()
-                    raise
-
     def _open(self) -> None:
+        """Boot the VM, start its agent, probe it (see :meth:`ChannelSession.start`)."""
         config = self._config
         parts = guest_parts(config.image)
         self.accel = resolve_accel(config.accel, parts)
@@ -481,15 +470,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         return not self._closed and vm is not None and not vm.finished()
 
     def ping(self, timeout: float = 2.0) -> bool:
-        """True when the started VM's agent answers a PING within ``timeout`` seconds; starts nothing.
-
-        The pool (:mod:`.pool`) asks this before handing a member out: a VM killed from outside, or a guest
-        that stopped answering, answers False.
-        """
-        transport = self._transport
-        if not self.alive() or transport is None:
-            return False
-        return transport.ping(self._config.user, timeout)
+        """True when the VM runs and its agent answers a PING within ``timeout`` seconds; starts nothing."""
+        return self.alive() and super().ping(timeout)
 
     # -- pause (docs/pause.md; the engine's part: _pause.py) -------------------------------------------
     def _monitor(self) -> Qmp:
@@ -754,42 +736,11 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             self._egress.switch(network, self._transport, self._config.user)
 
     # -- commands (the body is ChannelSession.execute) -------------------------------------------------
-    def _command_user(self, requested: str | None) -> str:
-        if requested is None:
-            return self._config.user
-        uid, gid = parse_user(requested)
-        return f"{uid}:{gid if gid is not None else uid}"
-
-    def _refuse(self, request: ExecRequest) -> None:
-        limit = self._config.limits.memory_mb
-        if request.memory_limit_mb is not None and request.memory_limit_mb < limit:
-            raise PolicyNotEnforceableError(
-                f"memory_limit_mb={request.memory_limit_mb} is below the microVM's limit ({limit} MiB), "
-                f"which is the only one enforced; use MicroVMConfig(limits=ResourceLimits(memory_mb="
-                f"{request.memory_limit_mb}))"
-            )
-        self.start()
-        if self._transport is None:
-            raise SandboxFailedError(self._GONE)
+    def _memory_limit_mb(self) -> int:
+        return self._config.limits.memory_mb
 
     def _working_directory(self) -> tuple[str, str]:
         return self._session_id, self._workdir
-
-    def _prepare_command(self, request: ExecRequest, argv: tuple[str, ...]) -> PreparedCommand:
-        transport = self._transport
-        if transport is None:
-            raise SandboxFailedError(self._GONE)
-        user = self._command_user(request.user)
-        self._egress.ensure(transport, user)  # again after an agent restart, or for another user's agent
-        return PreparedCommand(
-            argv=argv,
-            env={**self._egress.env(), **build_child_env(self._base_env, None, request.env)},
-            user=user,
-            workdir=request.cwd if request.cwd is not None else self._workdir,
-            stdin=request.stdin_bytes,
-            marker=uuid.uuid4().hex,
-            background=request.background,
-        )
 
     def _explained(self, exc: SandboxFailedError) -> ExecutorError:
         """The agent channel broke: say so when the VM itself stopped."""
@@ -870,18 +821,10 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
         are removed when the session closes: read results from ``session.workspace`` before. ``copy_of``
         needs a pool (:class:`InvalidRequestError`).
         """
+        check_one_source(workspace, copy_of, snapshot)
         if snapshot is not None:
-            if workspace is not None or copy_of is not None:
-                raise InvalidRequestError(
-                    "snapshot= starts a copy of the VM it kept, which has no workspace: give it alone"
-                )
             return self._track(self._snapshot_session(snapshot))
         if copy_of is not None:
-            if workspace is not None:
-                raise InvalidRequestError(
-                    "give workspace= (the VM shares that directory) or copy_of= (it works in a copy of it), "
-                    "not both"
-                )
             if self.pool is None:
                 raise InvalidRequestError(
                     "copy_of= fills the workspace of a pooled VM: create the backend with "
@@ -921,7 +864,3 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
         super().close()
         if self.pool is not None:
             self.pool.close()
-
-    def _probe_capabilities(self) -> Capabilities:
-        with self.session() as probe:
-            return probe.capabilities()
