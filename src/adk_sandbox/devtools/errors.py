@@ -1,28 +1,8 @@
 """Errors of the workspace tools. Every message is written to be read by the model that called the tool.
 
-::
-
-    ToolError
-    ├── PathEscapeError        (also PermissionError)  "path 'P' escapes the workspace root"
-    ├── InvalidPathError       (also ValueError)       NUL byte, over-long name, dangling or looping link
-    ├── PathNotFoundError      (also FileNotFoundError)
-    ├── NotRegularFileError                            a directory, FIFO, socket or device, not a file
-    ├── BinaryFileError        (also ValueError)       read_file of binary or non-UTF-8 content
-    ├── ReadOnlyError          (also PermissionError)  "workspace is read-only; 'T' is not permitted"
-    ├── FilePermissionError    (also PermissionError)  the file's mode denies the read or write
-    ├── BashDisabledError      (also PermissionError)  "bash execution is disabled for this workspace"
-    ├── NotReadError                                   edit_file before read_file/write_file
-    ├── NoMatchError                                   edit_file: the target string does not occur
-    ├── AmbiguousMatchError                            edit_file: it occurs more than once
-    ├── StaleReadError                                 edit_file: the file changed after it was read
-    ├── PatternTimeoutError    (also TimeoutError)     grep: the regular expression ran too long
-    ├── UnknownToolError       (also LookupError)      no tool of that name
-    └── InvalidArgumentsError  (also ValueError)       arguments that fail validation (field and reason)
-
-Where an error resembles a builtin it subclasses it too, so generic handlers (``except PermissionError``)
-keep working. ``ToolError``, ``UnknownToolError`` and ``InvalidArgumentsError`` are the classes of
-:mod:`adk_sandbox.executor.tool_protocol` (the one tool shape); adapters for agent frameworks turn any
-``ToolError`` into an error result there (``call_tool``).
+Each error subclasses :class:`ToolError` (and the builtin it resembles, e.g. ``PermissionError``);
+``ToolError``, ``UnknownToolError`` and ``InvalidArgumentsError`` are re-exported from
+:mod:`adk_sandbox.executor.tool_protocol`. See docs/DEVTOOLS.md, section "Errors", for the tree.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """The one sync-to-async bridge: every tool runs its blocking work through :func:`run_blocking`.
 
-``adk_sandbox.executor`` is synchronous and the tools are awaited from an agent's event loop, so
-each tool call hands its blocking work to a thread. Two properties decide how, and ``asyncio.to_thread`` has
-neither:
-
-* **A thread of its own per call, not the loop's default executor.** That executor has a handful of
-  workers (``min(32, cpus + 4)``: six on a 2-core machine); six long ``bash`` or ``sandbox_exec`` calls
-  would hold all of them, and a ``read_file`` issued meanwhile would wait for one of them to end. Here a
-  call never waits for another: it gets an idle thread left by an earlier call, or a new one. Idle
-  threads are kept (at most :data:`IDLE_THREADS`, each for :data:`IDLE_SECONDS`) because a thread start
-  is not free: about 0.1 ms on a quiet machine, and on a busy one the new thread waits for its first time
-  slice behind everything else runnable (a millisecond or more), where a woken idle thread runs at once.
-* **Cancellation waits for the kill.** Cancelling the awaiting task sets the call's ``threading.Event``
-  (every backend kills the execution's whole process tree when it is set) and then waits, bounded by
-  :data:`CANCEL_WAIT_SECONDS`, for the call to return, so when ``CancelledError`` reaches the caller the
-  process tree is already gone. ``to_thread`` raises at once and leaves the command running behind it.
+Each call gets a thread of its own (an idle one kept from an earlier call, at most :data:`IDLE_THREADS`
+for :data:`IDLE_SECONDS`), never the loop's default executor, and cancelling the awaiting task waits for
+the kill (at most :data:`CANCEL_WAIT_SECONDS`). See docs/DESIGN.md, section "One sync-to-async bridge".
 """
 
 from __future__ import annotations

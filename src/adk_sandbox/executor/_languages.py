@@ -1,14 +1,8 @@
 """The one language-to-program table, shared by the host backends and the Docker session.
 
-What is common to every backend that starts real programs lives here: which program runs each language,
-the file its source goes to when a backend runs a file, the install hint when the program is missing,
-the forms that carry source text on the argv (:func:`inline_argv`), and Linux's limits on an argv.
-
-What differs stays explicit in each backend: a host backend resolves the program on the caller's PATH to
-an absolute path, writes Python, JavaScript and Rust sources to its scratch directory and compiles Rust
-itself (one step at a time under the same deadline); the Docker session has no host-side scratch in the
-container, so it runs every language from the argv (:func:`inline_argv`, programs by bare name on the
-image's PATH) and compiles Rust with :data:`RUST_SCRIPT` inside the container.
+:class:`LanguageProgram` per language (program, source file, install hint), :func:`inline_argv` for
+source on the argv, :data:`RUST_SCRIPT`, and Linux's argv limits (:data:`MAX_ARGUMENT_BYTES`).
+See docs/DESIGN.md, section "Core types", "One language table".
 """
 
 from __future__ import annotations

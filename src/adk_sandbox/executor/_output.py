@@ -1,16 +1,9 @@
 """Capped, streaming, UTF-8-safe output capture: the one place every backend collects output.
 
-Two halves:
-
-* :class:`OutputCapture` is fed raw chunks per stream (from host pipes, or from a container's exec
-  stream). It keeps at most ``max_bytes`` per stream, cut on a UTF-8 character boundary, counts and drops
-  the rest, and hands whole lines to ``on_output`` as they complete. Memory stays bounded by the cap no
-  matter how much a program writes. With ``keep_tail`` the cap is split: the first half is kept from the
-  start, the second half is a sliding window over the latest bytes (a queue of chunks trimmed from the
-  front, so a flood costs no copying of the window), joined by an omission line when bytes were dropped
-  in between.
-* :func:`start_pipe_reader` drains two host pipes concurrently in one thread, in fixed-size chunks, so a
-  writer never blocks on a full pipe even after its stream's cap was reached.
+:class:`OutputCapture` keeps at most ``max_bytes`` per stream (cut on a UTF-8 boundary; with
+``keep_tail`` a head and a sliding tail) and hands whole lines to ``on_output``; :func:`start_pipe_reader`
+drains two host pipes in one thread. See docs/DESIGN.md, section "Output capture", and
+docs/docker/configuration.md, "Keeping the tail of long output".
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Who owns a sandbox: this process's identity (boot, start time, host, pid namespace) and the owner labels.
 
-Whatever outlives a session when its owner is killed (a container, a Pod, a workspace copy in ``/dev/shm``)
-is named or labelled with its owner, so a later reaping can tell a dead owner from a live one: the pid alone
-is not enough (pids are reused; a pid means something only on the same host, boot and pid namespace), so
-the process's start time, the machine's boot id, the host name and the pid namespace go with it. The
-Docker reaper (:mod:`adk_sandbox.executor.backends.docker._reaper`) labels containers with these, the
-workspace copies (:mod:`adk_sandbox.executor.workspace.copies`) carry them in their names.
-
-The labels (:func:`owner_labels`) and the rule that judges them (:func:`leak_reason`) are the same for
-every engine: Docker labels its containers with them, Kubernetes its Pods (its label keys are valid
-Kubernetes keys as they are). Each engine's reaper lists its own sandboxes by :data:`PROJECT_LABEL` and
-removes those :func:`leak_reason` condemns.
+:func:`owner_labels` labels what may outlive its owner (a container, a Pod) and :func:`leak_reason` is
+the one rule every engine's reaper applies to the sandboxes it lists by :data:`PROJECT_LABEL`; a pid
+alone is not enough, so start time, boot id, host and pid namespace go with it.
+See docs/docker/engines.md, "Reaping across hosts".
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Terminals in a session that another process owns: ``adk-sandbox attach SESSION``.
 
-A session's sandbox is reached through its owner's agent channel (one agent per user in the sandbox: a
-second process starting its own would replace the owner's). So the owner serves terminals:
-:class:`AttachServer` listens on a Unix socket named by the session's id, in a directory only this user
-can enter (:func:`socket_directory`: ``$XDG_RUNTIME_DIR/adk-sandbox`` or ``/tmp/adk-sandbox-<uid>``,
-mode 0700, refused when it is not this user's own or open to others), and each connection gets one
-terminal of the session (``session.open_pty``). A peer of another uid is refused (``SO_PEERCRED``), as
-is a socket whose path the owner did not make.
-
-The connection speaks the agent's framing (:mod:`.channel.frames`), a subset: the server says HELLO
-(``"agent": "attach"``, ``"session"``), the client sends RUN (``"pty": true``, ``"rows"``, ``"cols"``, an
-``"argv"`` or none for the shell, a ``"user"`` or none for the session's), then STDIN, RESIZE, SIGNAL and
-KILL on channel 1; the server sends STDOUT and, last, EXIT (or ERROR). Its output is paced by the
-client: a client that stops reading stops the server's reads of the terminal, whose flow control stops
-the program's output in the sandbox.
-
-Who serves: ``adk-sandbox shell`` for the session it opened, and the inspect provider for a sample's
-session once ``connection()`` is asked (``inspect sandbox connect``).
+The owner's :class:`AttachServer` serves terminals of its session on a Unix socket
+(:func:`socket_path`, in :func:`socket_directory`), speaking a subset of the agent's framing;
+:class:`RemoteTerminal` is the client's side. See docs/terminals.md, section "attach".
 """
 
 from __future__ import annotations

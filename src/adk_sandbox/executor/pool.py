@@ -1,26 +1,8 @@
 """The warm pool, written once: started, never-reused members kept ready, whatever engine makes them.
 
-An engine's pool (Docker's containers, ``executor/backends/docker/pool.py``; microVM's VMs,
-``executor/backends/microvm/pool.py``) is a :class:`WarmPool` given the engine's steps: make an unstarted
-member (:meth:`~WarmPool._new_member`; a member then has ``start()``, ``ping(timeout)`` and ``close()``,
-which destroys it), tell whether an idle one still runs (:meth:`~WarmPool._tended`, its ping unless the
-engine knows cheaper), what image it runs (:meth:`~WarmPool._version`), and prepare one for a request (the
-``prepare`` given to :meth:`~WarmPool._acquire`: a ``copy_of``, a snapshot). The lifecycle is this module's:
-
-* **Fill.** Members are created in threads of their own, at most ``concurrency`` at once, until the ready
-  and the starting ones cover ``size`` and the acquirers waiting.
-* **Acquire** pops the oldest ready member; one past ``max_age`` or of an older image than the newest
-  member is replaced (:attr:`PoolStats.replaced`), so is one that does not answer its ping in
-  ``ping_timeout_seconds``, and the next is taken. It is prepared (one that fails its preparation is
-  destroyed, the error raised), then a refill starts (not before: its create would compete with the ping
-  and the preparation). With none ready an acquire waits for one being created (started for it if need
-  be), at most ``acquire_timeout_seconds`` (then :class:`SandboxFailedError`, nothing ran); a create that
-  fails meanwhile is raised to a waiting caller with its own error, and not retried in a loop.
-* **Never reused.** A member is handed out once; closing its session destroys it.
-* **Tending.** A thread replaces idle members that stopped (:meth:`~WarmPool._tended`) or grew stale.
-* **Close** stops refills, destroys the ready members (and those still starting where
-  :attr:`~WarmPool.kill_starting`, else it waits for their creates, which destroy them) and waits for the
-  :class:`Remover`'s queued removals, never longer than its timeout: nothing is left.
+:class:`WarmPool` holds the lifecycle (fill, acquire with ping and preparation, tending, close) and an
+engine's pool subclasses it with its steps; :class:`PoolSettings`, :class:`PoolStats`, :class:`Member`
+and the background :class:`Remover`. See docs/docker/pool.md, section "Warm pool".
 """
 
 from __future__ import annotations
@@ -142,7 +124,7 @@ class Remover:
 
 
 class WarmPool(Generic[M, S]):
-    """Started members kept ready (see the module docstring); an engine's pool is a subclass.
+    """Started members kept ready (docs/docker/pool.md); an engine's pool is a subclass.
 
     The subclass sets up what :meth:`_new_member` needs, then calls ``super().__init__``, which starts the
     first creates and the tending thread.
@@ -258,6 +240,7 @@ class WarmPool(Generic[M, S]):
                 self._remove(member)  # it may hold part of the request: never handed out
                 raise
             finally:
+                # The refill starts only now: its create would compete with the ping and the preparation.
                 with self._cond:
                     self._deferred += defer is not None
                     self._fill_locked()

@@ -1,48 +1,9 @@
 """What a sandbox's terminal may show on a person's terminal: :class:`TerminalFilter` (pure, no I/O).
 
-``adk-sandbox shell`` and ``attach`` copy what a program in the sandbox writes to the person's own terminal
-(an xterm, tmux, a terminal in an editor). The program is hostile: it must be able to draw — text,
-colours, a full-screen editor, a progress bar — and nothing more. A terminal emulator does more than draw
-when told to, and each of these is dropped (and counted in :attr:`TerminalFilter.dropped`):
-
-* **answers**: sequences that make the terminal reply (device attributes ``CSI c``, ``CSI > c``,
-  ``CSI = c``; status and cursor position ``CSI n``, ``CSI ? n``; mode queries ``CSI $ p``; its version
-  ``CSI > q``; window reports ``CSI t``; ``CSI x``; the kitty keyboard query ``CSI ? u``; ``ESC Z``; ENQ's
-  answerback): the reply arrives as if the person had typed it, into the sandbox's shell or, once the
-  sandbox's program has ended, into the person's own;
-* **strings**: every OSC (clipboard OSC 52 above all, titles OSC 0/1/2 that some terminals report back,
-  colours OSC 4/10/11/12/104, the working directory OSC 7, notifications OSC 9/777, hyperlinks OSC 8,
-  vendor extensions OSC 1337/5113...), DCS (tmux's pass-through to an outer terminal, DECRQSS, XTGETTCAP,
-  sixel), APC, PM and SOS, to their end (BEL, ST, CAN, SUB, or an ESC that starts another sequence)
-  however long, without holding them;
-* **the window, the keyboard and the printer**: ``CSI t`` (resize, move, iconify, reports), the kitty
-  keyboard protocol (``CSI > u``, ``CSI < u``, ``CSI = u``), media copy ``CSI i``, and the modes that
-  would outlive the session or change what the person's keys send (keyboard lock ``CSI 2 h``, local echo
-  ``CSI 12 l``, newline mode ``CSI 20 h``, VT52 ``CSI ? 2 l``, Tektronix ``CSI ? 38 h``, logging
-  ``CSI ? 46 h``, column switching, in-band resize and colour-scheme reports...): modes pass by list;
-* **C1 controls** (U+0080..U+009F, as UTF-8 or as raw bytes: a terminal in 8-bit mode reads 0x9B as CSI)
-  and a switch out of UTF-8 (``ESC %``) or to 8-bit controls (``ESC SP G``);
-* any other control byte, ESC sequence or CSI sequence not on the lists below.
-
-What passes, unchanged: text (UTF-8, also when a character is split across feeds; invalid bytes become
-U+FFFD), BEL, BS, TAB, LF, VT, FF, CR, SO, SI; ``ESC`` 7 8 = > D E H M N O c and the charset designations
-(``ESC ( B``, ``ESC ( 0``, ``ESC # 8``...); CSI cursor movement and positioning, erase (``CSI 3 J``
-too: ``clear`` sends it), insert and delete, scrolling and its region, tab stops, SGR (16, 256 and true
-colours, colon sub-parameters), insert mode ``CSI 4 h/l``, the DEC private modes of
-:data:`DEC_MODES` (alternate screen, cursor keys, cursor visibility, autowrap, bracketed paste, mouse and
-focus reporting, synchronised output...), save and restore cursor, cursor shape (``CSI SP q``), soft reset
-(``CSI ! p``) and xterm's modifyOtherKeys (``CSI > m``, which vim sets). Everything a full-screen program
-(vim, top, less, htop, a REPL's line editor) needs to draw, then.
-
-A CSI or ESC sequence longer than :data:`MAX_CSI` bytes is dropped whole; a dropped string is skipped as it
-comes (only its first :data:`PEEK` bytes are kept, to name it in :attr:`TerminalFilter.last_dropped`), so
-memory stays a few bytes whatever the sandbox sends, and the filter resynchronises at the string's end.
-
-What reaches the person's terminal is always text and whole sequences from the lists above, never a part of
-one: whatever the filter made of a dropped part, the terminal is back at its ground state after each
-piece. The output is valid UTF-8 with no C1 control; a person's terminal that is not in UTF-8 mode could
-still read a byte of a UTF-8 character as a C1 control (the CLI should expect a UTF-8 terminal).
-When the session ends, the CLI writes :data:`RESTORE` to undo the modes that passed.
+``adk-sandbox shell`` and ``attach`` pass a hostile program's output through it: drawing passes
+(:data:`DEC_MODES`), sequences that answer, set the clipboard or change the terminal are dropped;
+:data:`RESTORE` undoes the modes that passed.
+See docs/terminals.md, section "What reaches a person's terminal".
 """
 
 from __future__ import annotations
@@ -179,7 +140,7 @@ _GROUND, _ESCAPE, _INTERMEDIATE, _CSI, _CSI_SKIP, _STRING, _STRING_ESC = range(7
 
 
 class TerminalFilter:
-    """Feed it what the sandbox's terminal sends; it returns what may be shown (see the module docstring).
+    """Feed it what the sandbox's terminal sends; it returns what may be shown (docs/terminals.md).
 
     ``feed`` keeps the state of a sequence or a character split across calls; ``flush`` ends the stream
     (an unfinished sequence is dropped, a split character shows as U+FFFD). ``dropped`` counts the

@@ -1,16 +1,9 @@
 """A person's terminal joined to a terminal in a sandbox: what ``adk-sandbox shell`` and ``attach`` run.
 
-:func:`relay` puts this process's terminal in raw mode (every key, Ctrl-C included, goes to the sandbox's
-terminal, whose line discipline decides what it means), keeps the sandbox's terminal at this one's size
-(SIGWINCH), and copies what the sandbox's program shows to this terminal **through
-:class:`~adk_sandbox.executor.terminal_filter.TerminalFilter`**: the sandbox must not make the person's
-terminal answer (an answer arrives as typed input), set its clipboard or title, or pass sequences on to
-an outer terminal. Filtering is on unless the caller turns it off; what was dropped is counted and said
-once at the end, on stderr.
-
-The sandbox's side is any object with the :class:`~adk_sandbox.executor.channel.terminal.Terminal`
-methods (:class:`TerminalLike`): a session's own terminal, a local one, or one reached through another
-process's session (:mod:`.attach`).
+:func:`relay` puts this terminal in raw mode, keeps the sandbox's terminal at its size and copies the
+program's output back through :class:`~adk_sandbox.executor.terminal_filter.TerminalFilter` (unless told
+not to); the sandbox's side is any :class:`TerminalLike`. See docs/terminals.md, sections "Terminals,
+live processes and attach" and "What reaches a person's terminal".
 """
 
 from __future__ import annotations

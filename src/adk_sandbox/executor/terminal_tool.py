@@ -1,15 +1,9 @@
 """``terminal``: interactive programs for a model, one tool call at a time (served by ``adk-sandbox mcp``).
 
-A call is an ``action``: ``open`` a terminal (a shell, or ``command``) in the session and get its id and
-first screen; ``send`` keys to it (text: a newline is Enter, the character U+0003 is Ctrl-C) and get what
-it printed since; ``read`` what it printed since, without typing; ``close`` it. Each answer waits until the
-program has been quiet for :data:`QUIET_SECS` (or ``wait_secs`` passed), so a REPL's answer or a
-prompt comes back with the call that caused it.
-
-What the model reads is text: escape sequences (colours, cursor movement, titles) are removed and the
-bytes decoded as UTF-8 with replacement, at most :data:`MAX_OUTPUT_CHARS` characters per answer (its
-tail: the latest screen matters). Errors are information, as for every tool here (``errors_are_results``).
-At most :data:`MAX_TERMINALS` terminals at once per tool; the tool's close ends them.
+:class:`TerminalTool` takes an ``action`` (``open``, ``send``, ``read``, ``close``; :class:`TerminalArgs`)
+and answers with what was printed once the program is quiet for :data:`QUIET_SECS`, as text
+(:func:`screen_text`, at most :data:`MAX_OUTPUT_CHARS`).
+See docs/terminals.md, section "For models: the terminal tool".
 """
 
 from __future__ import annotations
@@ -75,7 +69,7 @@ class TerminalArgs(BaseModel):
 
 
 class TerminalTool(_BlockingTool[TerminalArgs]):
-    """``terminal``: terminals in one session, driven by keys (see the module docstring)."""
+    """``terminal``: terminals in one session, driven by keys (docs/terminals.md, "For models")."""
 
     name = "terminal"
     description = (

@@ -1,35 +1,9 @@
 """The one shape every agent-facing tool has, and the one way adapters call a tool.
 
-Every tool of the project — the six workspace tools of :mod:`adk_sandbox.devtools` and ``code_exec`` /
-``sandbox_exec`` of :mod:`adk_sandbox.executor.tools` — is an :class:`AgentTool`: a ``name``, a
-``description``, a pydantic ``args_model`` whose JSON schema is ``parameters``, and ``async run(arguments,
-on_progress)`` returning a JSON-ready dict. Arguments are parsed by one function, :func:`parse_arguments`, so
-every tool words a bad argument the same way.
-
-Errors are information, in one of two ways, fixed per tool by ``errors_are_results``:
-
-* workspace tools raise a :class:`ToolError` (a subclass resembling the builtin: ``PermissionError``,
-  ``FileNotFoundError``, ...), so Python callers can ``except`` what they expect;
-* the code tools never raise: every failure is a result ``{"status": "error", "message": ...}``.
-
-Odd argument values are refused by the argument models, worded for the model: text arguments are
-checked by :func:`text_rules` (a NUL byte where the value must reach a program or a file name, a lone
-surrogate anywhere, since it cannot be encoded as UTF-8, and a length bound where one applies). As a
-last line of defence, :meth:`AgentTool.run` turns a ``ValueError`` (``UnicodeError`` and pydantic's
-``ValidationError`` included) that a layer below the tool raises on arguments the models let through
-into an :class:`InvalidArgumentsError`, logged with its traceback and chained, so the error is not lost;
-every other unexpected exception propagates as before, because it is a bug to fix, not a bad argument.
-
-Adapters for agent frameworks (MCP, google-adk) do not care which: :func:`call_tool` runs any tool and
-returns a :class:`ToolOutcome` whose ``payload`` is the result, or ``{"status": "error", "message": ...}``
-for any failure, so nothing a tool raises can abort an agent's run. Cancellation is the exception: it
-propagates (after the tool has killed what it started), because the caller asked for it.
-
-The error tree (``adk_sandbox.devtools.errors`` adds the file-tool errors under :class:`ToolError`)::
-
-    ToolError
-    ├── InvalidArgumentsError  (also ValueError)   arguments that fail validation (field and reason)
-    └── UnknownToolError       (also LookupError)  no tool of that name
+:class:`AgentTool` (name, description, ``args_model``, ``async run``), :func:`parse_arguments` and
+:func:`text_rules` for arguments, :func:`call_tool` / :class:`ToolOutcome` for adapters, and the
+errors :class:`ToolError`, :class:`InvalidArgumentsError`, :class:`UnknownToolError`.
+See docs/DEVTOOLS.md, sections "One tool protocol" and "Errors".
 """
 
 from __future__ import annotations

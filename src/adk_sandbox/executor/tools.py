@@ -1,21 +1,9 @@
 """Agent-facing tools: ``code_exec`` (the Rust pipeline) and ``sandbox_exec`` (any language, any backend).
 
-Both follow one contract: **errors are information**. A call never raises (cancellation of the awaiting
-task aside); bad arguments, refused code and broken infrastructure all come back as a JSON-ready dict
-with a ``status`` and a ``message`` written for the model. Arguments are validated by pydantic models, whose
-JSON schemas are the tools' ``parameters``. Argument text nested deeper than :data:`MAX_ARGUMENT_DEPTH`
-is refused before it is parsed (Python's parser would hit its recursion limit), and ``code_exec``'s
-``input`` must be JSON data nested at most :data:`MAX_INPUT_DEPTH` levels (serde_json's limit in the
-harness; deeper input would silently arrive as ``null``). Text arguments holding a lone surrogate (valid
-JSON, but not Unicode text) are refused, and so is a NUL byte in ``sandbox_exec``'s ``code``, which no
-program can be handed.
-
-``run(arguments)`` is ``async`` and runs the blocking work in a thread of its own (the project's one bridge,
-``adk_sandbox.executor._bridge.run_blocking``), so an agent's event loop stays free and long calls do not hold
-the loop's default executor; cancelling the awaiting task kills what the call started, and ``CancelledError``
-reaches the caller only once it is dead. ``run_sync(arguments)`` is the same call for synchronous code.
-Both are ``adk_sandbox.executor.tool_protocol.AgentTool`` tools (``errors_are_results``), the one tool shape
-the adapters for agent frameworks take.
+:class:`CodeTool` and :class:`SandboxTool` are agent tools that never raise (errors are results),
+with argument models :class:`CodeExecArgs` and :class:`SandboxExecArgs`; ``run`` is async over the one
+bridge, ``run_sync`` its synchronous form. See docs/RUST_AND_WASM.md, section "CodeTool (code_exec) and
+SandboxTool (sandbox_exec)".
 """
 
 from __future__ import annotations

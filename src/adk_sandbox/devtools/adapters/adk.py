@@ -1,31 +1,9 @@
 """google-adk integration (extra ``adk``): the project's tools as an ADK toolset, and a code executor.
 
-Usage::
-
-    from google.adk.agents import Agent
-    from adk_sandbox.devtools import Workspace
-    from adk_sandbox.devtools.adapters.adk import SandboxCodeExecutor, SandboxToolset
-    from adk_sandbox.executor.backends.docker import DockerBackend
-
-    toolset = SandboxToolset(Workspace("/src/project", sandbox=DockerBackend()))
-    agent = Agent(name="coder", model="gemini-2.5-flash", tools=[toolset])
-    # or run the model's ```python blocks in one container:
-    agent = Agent(name="coder", model="gemini-2.5-flash", code_executor=SandboxCodeExecutor(DockerBackend()))
-
-* :class:`SandboxToolset` -- a ``BaseToolset`` of the workspace's tools (``DevToolset(workspace).tools``:
-  read_file, glob, grep, write_file, edit_file, bash; a read-only workspace exposes read_file, glob and
-  grep only, with no bash even if the workspace allows it) plus any extra ``AgentTool`` such as
-  :class:`~adk_sandbox.executor.tools.CodeTool` or :class:`~adk_sandbox.executor.tools.SandboxTool`.
-* :class:`AdkTool` -- one ``AgentTool`` as an ADK ``BaseTool``. Its declaration is built for ADK's Gemini
-  conversion (``google.adk.tools._gemini_schema_util._to_gemini_schema``) by :func:`gemini_parameters`:
-  what the Gemini ``Schema`` type cannot carry (``additionalProperties: false``, ``exclusiveMinimum``, a
-  value of any JSON type) is said in the descriptions or given a type, so nothing is lost silently.
-  A call never raises: every failure comes back to the model as ``{"status": "error", "message"}``
-  (:func:`adk_sandbox.executor.tool_protocol.call_tool`), so a tool error never aborts the agent's run.
-* :class:`SandboxCodeExecutor` -- a ``BaseCodeExecutor`` that runs the model's Python code blocks in a
-  sandbox backend (one session of a ``DockerBackend``, like ``SandboxTool``).
-
-ADK's ``BaseEnvironment`` (experimental in google-adk 2.13) is not implemented: see docs/INTEGRATIONS.md.
+:class:`SandboxToolset` (a ``BaseToolset`` of a workspace's tools plus extra tools),
+:class:`AdkTool` (one ``AgentTool`` as a ``BaseTool``; never raises), :func:`gemini_parameters` (its
+declaration for ADK's Gemini conversion) and :class:`SandboxCodeExecutor` (the model's code blocks).
+See docs/INTEGRATIONS.md, section "google-adk", for usage and every case.
 """
 
 from __future__ import annotations

@@ -1,34 +1,8 @@
 """Compose files, as written for inspect's docker provider, read into the provider's config.
 
-``sandbox=("adk-sandbox", "compose.yaml")`` takes the file an eval already has for inspect's ``docker``
-provider. Each key is either honoured or refused with an error naming it; none is ignored:
-
-* ``image``; ``build`` (a context directory, or ``context``/``dockerfile``/``args``/``network``): built on
-  the engine at task start and tagged ``image`` (or a name derived from the context);
-* ``user``, ``working_dir``, ``environment`` (a mapping or ``KEY=VALUE`` list; a bare ``KEY`` takes the
-  value of this process's environment, as compose does);
-* ``mem_limit`` (``512m``, ``2g``, bytes), ``cpus``;
-* ``network_mode: none`` (any other network is refused: for the names a task needs, give a network policy,
-  ``x-adk-sandbox: {network: {allow: [pypi.org]}}``, which keeps ``none`` and proxies what it allows);
-* ``init: true`` (every sandbox runs an init process; ``false`` cannot be honoured);
-* ``command``: for the default service only when it keeps the container alive (``tail -f /dev/null``,
-  ``sleep infinity``): the container's first process is the library's keeper; for any other service, the
-  service's program, started in the background when the sample starts (its output is discarded) and
-  kept until the sample ends;
-* ``expose`` and ``ports`` (only the container side is read: nothing is published on the host): the
-  ports siblings reach this service on, by its name; ``depends_on`` (a list, or a mapping whose
-  ``condition`` is ``service_started``): start-up order;
-* ``x-default``, ``x-local`` (images are never pulled), and ``x-adk-sandbox``: a mapping of
-  :class:`AdkSandboxConfig` fields (``runtime: runsc``, ``profile``, ``limits``, ...) applied last.
-
-Top level: ``services``, plus ``name``, ``version`` and ``x-`` extension keys (YAML anchors), which change
-nothing, except ``x-adk-sandbox``: fields applied to every service (under the service's own).
-
-Several services (:func:`compose_services`): each runs in a sandbox of its own under its configuration
-(network ``none``, the sample's policy), and reaches its siblings' exposed ports by their names and
-nothing else (docs/network.md, "Several services"). ``healthcheck`` (and ``depends_on`` conditions other
-than ``service_started``) are refused: there is no engine health check here; the provider instead waits,
-at start, until each service accepts on the ports it exposes (bounded).
+:func:`compose_fields` reads a single service into :class:`~.inspect_sandbox.AdkSandboxConfig` fields,
+:func:`compose_services` every service (:class:`ComposeService`); each key is honoured or refused, never
+ignored. See docs/INTEGRATIONS.md, section "inspect_ai", paragraphs "Compose files" and "Several services".
 """
 
 from __future__ import annotations

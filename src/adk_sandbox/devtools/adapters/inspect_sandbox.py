@@ -1,25 +1,9 @@
-"""An inspect_ai sandbox provider: ``sandbox="adk-sandbox"`` runs a sample's tools in a hardened container.
+"""An inspect_ai sandbox provider: ``sandbox="adk-sandbox"`` runs a sample's tools in a session of its own.
 
-Importing this module registers :class:`AdkSandboxEnvironment` with inspect (``@sandboxenv``); inspect
-imports it through the ``inspect_ai`` plugin entry point in pyproject.toml, so an eval only names it::
-
-    eval(task, model=..., sandbox="adk-sandbox")                        # defaults (AdkSandboxConfig())
-    eval(task, sandbox=("adk-sandbox", "adk-sandbox.yaml"))             # a YAML/JSON file of the fields
-    eval(task, sandbox=SandboxEnvironmentSpec("adk-sandbox", AdkSandboxConfig(runtime="runsc")))
-
-Each sample gets one :class:`~adk_sandbox.executor.backends.docker.DockerSession` (one container, the agent
-channel):
-``exec`` is one request on it, ``read_file``/``write_file`` are file operations performed inside the
-container as the command user (the session's ``files``), so every path of the container is reachable
-with the container's own permissions. There is no host workspace: the sample's working directory is the
-container's ``/tmp`` (a tmpfs), and nothing of the host is mounted (docs/INTEGRATIONS.md, "inspect_ai").
-
-Errors are what inspect's contract names (``SandboxEnvironment`` docstrings, ``self_check``):
-``TimeoutError`` (the command's whole process tree was killed first), ``OutputLimitExceededError``,
-``PermissionError`` for a program that cannot be executed, the ``OSError`` subclasses of the file
-operation for files, ``UnicodeDecodeError`` for a text read of non-UTF-8 bytes, and
-``SandboxUnavailableError`` when the container or its channel failed (inspect shows that to the model as
-a tool error and the sample goes on).
+Importing this module registers :class:`AdkSandboxEnvironment` with inspect (``@sandboxenv``; the
+``inspect_ai`` plugin entry point imports it), configured by :class:`AdkSandboxConfig` (or a compose
+file, :mod:`.inspect_compose`). Errors are those inspect's ``SandboxEnvironment`` contract names.
+See docs/INTEGRATIONS.md, section "inspect_ai".
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """An MCP server over stdio for the project's tools (extra ``mcp``; started by ``adk-sandbox mcp``).
 
-A thin module over :mod:`adk_sandbox.executor.tool_protocol`: every
-:class:`~adk_sandbox.executor.tool_protocol.AgentTool` becomes one MCP tool whose ``inputSchema`` is the
-tool's ``parameters`` unchanged (``additionalProperties: false`` and every bound kept), and every call goes
-through :func:`~adk_sandbox.executor.tool_protocol.call_tool`, so:
-
-* a result is its JSON dict twice, as text content (what every host shows the model) and as
-  ``structuredContent``; a failure is the same with ``isError: true`` and ``{"status": "error", "message"}``;
-* arguments are validated by the tool itself (:func:`~adk_sandbox.executor.tool_protocol.parse_arguments`),
-never by the
-  SDK: an unknown argument is refused with the project's message naming it and the accepted ones, and the
-  tool does not run;
-* bash output goes to the client while the command runs, as ``notifications/progress`` on the call's
-  ``progressToken`` (when the client sent one): ``progress`` counts the chunks (1, 2, 3, ...) and
-  ``message`` is the chunk, stdout and stderr interleaved as they arrived.
-
-The SDK's low-level :class:`mcp.server.lowlevel.Server` is used, not ``MCPServer`` (FastMCP): that one
-derives schemas from Python signatures and validates arguments with its own model, where the project's
-schema and its wording of a bad argument must reach the client as they are.
-
-:func:`serve` runs a server until the client closes stdin (or SIGTERM/SIGHUP arrives);
-:func:`workspace_tools` builds the tools ``adk-sandbox mcp`` serves and owns what they open (the
-workspace's container, ``code_exec``'s), closed on exit so nothing outlives the server.
+Every ``AgentTool`` becomes one MCP tool (its schema unchanged, every call through ``call_tool``) on the
+SDK's low-level ``Server`` (:func:`build_server`); :func:`serve` runs it until stdin closes or
+SIGTERM/SIGHUP; :func:`workspace_tools` builds the tools ``adk-sandbox mcp`` serves and owns what they open.
+See docs/INTEGRATIONS.md, section "MCP".
 """
 
 from __future__ import annotations

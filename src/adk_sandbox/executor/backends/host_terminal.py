@@ -1,15 +1,8 @@
 """A terminal on the host: :class:`HostTerminal`, what ``ProcessBackend.open_pty`` returns.
 
-The host backend and bubblewrap have no agent channel: their terminal is a pseudo-terminal of the host
-whose other side the program gets as stdin, stdout, stderr and controlling terminal (``setsid -c``, run
-inside the sandbox under bubblewrap, whose ``--new-session`` leaves the sandbox without the caller's
-terminal). It behaves as :class:`~adk_sandbox.executor.channel.terminal.Terminal` does over a channel:
-the same methods, the same errors, bytes passed unchanged (whatever shows them to a person filters them).
-
-The program leads a session of its own; :meth:`HostTerminal.close`, the end of its ``timeout`` and its
-own end kill that session, every job of a shell included (under bubblewrap, whose PID namespace dies with
-it, every process of the sandbox; without, a process that left the session can outlive it, as a
-command's can on the host backend).
+A pseudo-terminal of the host (no agent channel) with the methods and errors of a session's
+:class:`~adk_sandbox.executor.channel.terminal.Terminal`; its close, timeout and end kill the program's
+whole session. See docs/terminals.md, section "Terminals on the host and under bubblewrap".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """ProcessBackend: runs requests as host processes, optionally wrapped by an OS enforcer (bubblewrap).
 
-Every child leads its own process group; the group is SIGKILLed on timeout, on cancellation and after a
-normal exit, so ``cmd &`` leftovers die with the execution. Without an enforcer a process that leaves the
-group (``setsid``) can outlive it, which is why that configuration reports ``SUBPROCESS_ONLY``; under
-bubblewrap the whole PID namespace dies with bwrap.
-
-Under bubblewrap, ``network=`` may be a :class:`~adk_sandbox.executor.network.NetworkPolicy`: the command
-keeps no route out (``--unshare-net``), and a forwarder run before it by the system's Python
-(``executor/network/inside_forward.py``) serves the HTTP proxy on ``127.0.0.1`` inside and carries each
-connection to a Unix socket of the host, where the relay decides, resolves, checks and connects
-(``executor/network/unix_endpoint.py``; docs/network.md, "Host processes under bubblewrap").
+Each child leads its own process group, SIGKILLed on timeout, cancellation and normal exit; a process
+that leaves the group can outlive it without an enforcer (``SUBPROCESS_ONLY``). Under bubblewrap a
+:class:`~adk_sandbox.executor.network.NetworkPolicy` is served by an in-sandbox forwarder.
+See docs/DESIGN.md, section "ProcessBackend", and docs/network.md, "Host processes under bubblewrap".
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """WasmBackend: WASI preview-1 modules in wasmtime, with standard streams and nothing else.
 
-A module sees stdin (the request's), stdout and stderr, and nothing of the host: no preopened directory,
-no environment variable, no argument, no socket. Imports are checked before anything runs: a module that
-imports anything but the WASI functions listed in :data:`ALLOWED_WASI_IMPORTS` is refused with
-``InvalidRequestError`` naming the imports (nothing ran, like any request a backend cannot accept).
-
-Each execution gets a fresh engine and store. The timeout is epoch interruption: the store's deadline is
-one epoch ahead, and a timer thread increments the engine's epoch at the deadline (or on cancellation), so
-the running code traps at its next check. The memory cap is the store's limit on linear memory: beyond it
-``memory.grow`` returns -1 to the module. Needs the ``wasm`` extra (``pip install adk-sandbox[wasm]``).
+:class:`WasmBackend` refuses a module importing anything outside :data:`ALLOWED_WASI_IMPORTS` before it
+runs, times out by epoch interruption and caps linear memory (:data:`DEFAULT_WASM_MEMORY_MB`). Needs the
+``wasm`` extra. See docs/RUST_AND_WASM.md, section "WasmBackend".
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """The host side of the agent channel: :class:`AgentTransport`, a :class:`CommandTransport` over one stream.
 
-The agent (:mod:`.agent`, started as :mod:`.static_agent` says) is started on first use through
-**one** exec with stdin attached, whose byte stream the engine opens (the :data:`AgentStreamOpener` it
-supplies, :mod:`.streams`: a Docker exec over a hijacked connection to the engine's socket, a Kubernetes
-``pods/exec`` websocket). One reader thread reads the stream's stdout and stderr pieces, decodes the
-agent's frames (:mod:`.frames`) into per-channel queues; writes are serialised by a lock and bounded by the
-stream's deadline.
-
-The agent runs as the same uid as the commands, so a command can kill, stop or impersonate it. The host
-never depends on its honesty: every frame is checked (:class:`FrameDecoder`), every wait is bounded by
-the command's deadline plus :data:`AGENT_GRACE_SECONDS`, and anything unexpected — a protocol error, the
-stream ending, no answer in time — marks the agent broken: its in-flight commands fail with
-:class:`SandboxFailedError` (never re-run), and the next command starts a new agent (logged, counted by
-``on_restart``), which first kills what the old one left in the container.
-
-The set-id filter is chosen per transport (``setid_allowed``, default False: the filter is on): the choice
-travels on the agent's argv (the one thing every engine's exec carries), and the agent's HELLO says what
-is in force (``"setid"``). An agent whose answer is not what was asked for is refused
-(:class:`PolicyNotEnforceableError`), so a host that wants the filter never runs a command on an agent
-without it. The start-up probe (:func:`.probe.verify_from_inside`) then proves it by a real ``chmod``.
-
-Commands run as the agent's user, so there is one agent per user (``"uid:gid"``), kept in a dict:
-alternating users in one session starts each user's agent once and keeps them all running (a user
-switch is not a restart). Since an agent, when it starts, kills any other agent it is allowed to signal
-(the backstop for one the host gave up), two users with the same uid and different gids cannot have
-agents at the same time: the newer replaces the older (logged, not counted as a restart).
+One agent per user, started on first use through one exec whose stream the engine opens
+(:data:`AgentStreamOpener`, :mod:`.streams`); frames are checked, waits bounded by
+:data:`AGENT_GRACE_SECONDS`, a broken agent replaced. Also :class:`DetachedAgent` and
+:class:`FileOpCancelledError`. See docs/docker/agent-channel.md, section "The agent channel", and
+docs/docker/sessions.md for users.
 """
 
 from __future__ import annotations
@@ -335,7 +315,7 @@ def _next_event(agent: _Agent, channel: _Channel, wait: float, unknown: str) -> 
 
 
 class AgentTransport:
-    """:class:`CommandTransport` over one long-lived agent per container (see the module docstring).
+    """:class:`CommandTransport` over one long-lived agent per container (docs/docker/agent-channel.md).
 
     ``open_stream`` is how the engine starts an agent process and opens its stream (:mod:`.streams`);
     everything above it (frames, channels, deadlines, restarts, file operations) is the same on every

@@ -1,19 +1,9 @@
 """The host side of the proxy endpoint's connections: one agent's OPEN, DATA, CREDIT and CLOSE frames.
 
-An agent that serves a listener (LISTEN, :mod:`.frames`) carries each connection accepted on it over the
-agent channel, on a connection channel it allocates. :class:`Connections` demultiplexes those frames for
-one agent and gives each connection, as a :class:`ConnectionStream` (the :class:`ByteStream` shape the relay
-of :mod:`adk_sandbox.executor.network.relay` takes), to the listener's handler in a thread of its own.
-
-The agent's reader thread calls :meth:`Connections.deliver` and must never wait there: it only appends to a
-buffer the window bounds (:data:`.frames.WINDOW` plus the credit this side granted; more is a protocol
-error, which gives the agent up) and never writes to the agent (the agent may be blocked writing to us;
-writing from the reader would deadlock). Everything sent (DATA, CREDIT, CLOSE) is sent by the handler's
-thread, through ``send`` (the agent's serialised, deadline-bounded write).
-
-:meth:`Connections.dial` opens a connection the other way (DIAL, on a channel this side allocates from
-:data:`.frames.DIAL_BASE`): the agent connects to a port on its own ``127.0.0.1`` and answers OPEN (the
-stream is returned) or CLOSE (``ConnectionRefusedError``); the stream is then the same as an accepted one.
+:class:`Connections` demultiplexes one agent's connection frames and hands each connection, as a
+:class:`ConnectionStream` (the :class:`ByteStream` shape the relay takes), to the listener's handler in
+a thread of its own; :meth:`Connections.dial` opens one the other way; :func:`pump` copies a stream.
+See docs/docker/agent-channel.md, section "Connections: the proxy endpoint".
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Published ports: an address on the host's loopback that reaches a port on the sandbox's own loopback.
 
-``session.publish(port)`` listens on ``127.0.0.1:N`` on the host (N chosen by the kernel, or asked for)
-and carries each connection accepted there over the session's agent channel: the agent connects to
-``127.0.0.1:port`` *inside* the sandbox (DIAL, :mod:`.connections`) and the bytes are spliced, nothing
-parsed. So a person's browser, or a test on the host, reaches a dev server the agent started, while:
-
-* the only place a connection can lead is the sandbox's own ``127.0.0.1:port``: the agent dials nothing
-  else (another sandbox, the host's services and the network stay out of reach, whatever ``port`` is);
-* the host side listens on loopback only, never on a wildcard address;
-* it is bounded: at most :data:`MAX_PUBLISHED` ports per session and :data:`MAX_CONNECTIONS` live
-  connections across them (one more is accepted and closed at once), besides the agent's own cap;
-* ``unpublish(port)`` and the session's close stop the listener and cut its live connections: the address
-  then refuses.
-
-Bytes wait in the channel's flow control (CREDIT frames) when either side is slow: a reader that stalls
-holds its own connection, not the channel. Once one direction of a connection ends, the other has
-:data:`HALF_CLOSE_SECONDS` to end too (a closed end and a half-closed one look the same from here), so a
-server or client that never closes does not keep its place under the cap.
+:class:`PublishedPorts` serves ``session.publish(port)``: it listens on ``127.0.0.1:N`` and carries each
+connection over the agent channel to a DIAL of ``127.0.0.1:port`` inside, bounded by
+:data:`MAX_PUBLISHED`, :data:`MAX_CONNECTIONS` and :data:`HALF_CLOSE_SECONDS`.
+See docs/network.md, section "Published ports".
 """
 
 from __future__ import annotations
@@ -68,7 +55,7 @@ class _Listener:
 
 
 class PublishedPorts:
-    """The published ports of one session (see the module docstring); thread-safe."""
+    """The published ports of one session (docs/network.md, "Published ports"); thread-safe."""
 
     def __init__(self, agent: AgentOf) -> None:
         self._agent = agent

@@ -1,16 +1,9 @@
 """The start-up check run inside every new sandbox, through its command transport (any engine).
 
-``docker inspect`` cannot show two things a session relies on, so they are checked from inside, exactly
-as a command runs (under its supervisor or agent shim, with its filter):
-
-* **the same workspace**: a daemon in another mount namespace (rootless Docker, Docker Desktop, a DinD
-  sidecar, a forwarded socket) bind-mounts *its* copy of the path, and commands would silently run against
-  other files. A nonce file written on the host must be visible inside.
-* **no set-id modes**: a runtime may not apply the seccomp profile to exec'd processes (gVisor), so a
-  ``chmod 4755`` on a scratch file in the container's /tmp must fail. A sandbox that asked for set-id
-  modes instead (``setid_allowed``: its workspace only travels as a copy, and package managers install
-  set-uid programs) must find that same ``chmod`` succeeding: the check proves what the profile says
-  either way, rather than trusting the transport's or the container's configuration.
+:func:`verify_from_inside` proves, exactly as a command runs, what ``docker inspect`` cannot show: the
+workspace is the host's (a nonce file must be visible inside, else :class:`WorkspaceNotSharedError`) and
+set-id modes are refused (or allowed, when asked). See docs/docker/hardening.md, sections "Honest
+isolation" and the set-id probe.
 """
 
 from __future__ import annotations

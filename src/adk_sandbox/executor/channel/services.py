@@ -1,15 +1,8 @@
 """Several services of one sample, linked with no route out: each reaches its siblings' ports by name.
 
-Every sandbox keeps network ``none``. Each service gets a loopback address of its own,
-``127.0.0.<2 + index>`` (:func:`service_addresses`), which every sibling's ``/etc/hosts`` gives its name
-(the engine writes it: Docker's ``extra_hosts``). In each sandbox the agent listens on that address for
-each port a sibling exposes (LISTEN with ``"address"``, :mod:`.frames`); a connection accepted there is
-carried to this process and spliced to a connection the sibling's agent opens to ``127.0.0.1:port`` in
-its own sandbox (DIAL). Bytes only: nothing is parsed, nothing resolved, and the only place a connection
-can lead is a port a sibling of the same sample declared (docs/network.md, "Several services").
-
-:class:`ServiceLinks` is that host side for one sample; the inspect provider
-(``devtools/adapters/inspect_sandbox.py``) makes one per sample.
+:class:`ServiceLinks` is the host side for one sample (the inspect provider makes one): each service
+gets a loopback address (:func:`service_addresses`), its agent listens there for the siblings' ports, and
+each connection is spliced to a DIAL in the sibling. See docs/network.md, section "Several services".
 """
 
 from __future__ import annotations
@@ -75,7 +68,7 @@ class _Served:
 
 
 class ServiceLinks:
-    """The links between one sample's services (see the module docstring); thread-safe.
+    """The links between one sample's services (docs/network.md, "Several services"); thread-safe.
 
     ``services`` in their order (which gives their addresses); :meth:`serve` has a service's agent listen
     for its siblings' ports (again after its agent or container was replaced), :meth:`close` ends every

@@ -1,46 +1,9 @@
 """The in-sandbox agent: ``inside/agent.c``, a static binary, and how an exec starts it in a sandbox.
 
-One agent serves every channel-based backend (Docker, Kubernetes, the microVM guest): ``inside/agent.c``
-(the protocol of :mod:`.frames`, the process-tree rules of :mod:`.agent`), a fully static binary
-(``gcc -static``, glibc's ``libc.a``; the agent never uses the name service, so static glibc is safe). It
-reaches the sandbox without a file: ``/bin/sh -c SCRIPT`` writes the tiny ``inside/loader.c`` (about
-1.5 KiB, no libc) with the ``printf`` builtin to a fresh, randomly named file in ``/tmp`` (else ``$HOME``,
-``/dev/shm``), ``chmod 700`` and ``exec`` it; the loader makes itself non-dumpable, unlinks its file, reads
-exactly the agent's bytes from stdin into a sealed ``memfd`` and ``execveat``s it as ``adk-sandbox-agent
-[setid-allowed] [<protected>]``. The image needs ``/bin/sh`` (``printf`` builtin), ``chmod`` and an
-executable tmpfs (the session's ``/tmp`` is mounted ``exec``), nothing else: no python3. Nothing of the
-agent is ever a file a command could replace, and each start streams a fresh copy. The opt-in word
-``setid-allowed`` (:data:`.agent.SETID_ALLOWED_WORD`, also in the generated C header) starts it without
-the set-id filter; without it the filter is on.
-
-**Where the binary comes from** (:func:`load_static_agent`), for the sandbox's architecture (the host's:
-a container runs the engine's architecture, and a Docker Desktop on an arm64 Mac runs aarch64 ones):
-
-1. the wheel: ``inside/bin/<machine>/`` (``agent``, ``loader``, ``SHA256SUMS``, ``DIGEST``), built when
-   the wheel is built (``hatch_build.py``) for x86_64, and for aarch64 where the cross toolchain
-   (Debian: ``gcc-aarch64-linux-gnu libc6-dev-arm64-cross``) is installed. The agent runs in the sandbox,
-   not on the host, so a pure-Python wheel carries it and a plain ``pip install`` needs no C compiler,
-   on Linux and macOS alike. Used only when its ``DIGEST`` is that of the sources beside it.
-2. the cache, ``$ADK_SANDBOX_CACHE`` or ``~/.cache/adk-sandbox/static-agent-<digest>``: built there from
-   the sources by ``scripts/setup`` (``main()`` here) or by the first session that needs it (about a
-   second) when a C compiler with a static libc is present. The digest covers everything that goes into
-   it (sources, the generated header — the set-id filter of :mod:`.setid` and the opt-in word —, flags,
-   compiler): a binary that does not match the source is never used.
-3. else :class:`StaticAgentUnavailableError`, naming what to install.
-
-**One agent, not two** (issue 33). A Python agent (``python3 -I -S -c``, the same protocol) was kept
-beside this one until it was measured and the cases it served were weighed (docs/docker/agent-channel.md,
-"One agent"). On the Docker runc backend, alternated in one run (``bench/bench_agent_flavours.py``), the
-C agent took a session to the end of its first command in 362 ms against 487, ran a warm ``true`` in
-2.5 ms against 6.2 and held 0.9 MiB resident against 16.6. Every case the Python agent served, the C one
-serves: a host without a compiler (pip on Linux or macOS) gets the wheel's binary, the microVM guest
-already ran the C agent alone, and Kubernetes Pods, gVisor and podman start it with the same exec. It
-also serves the images the Python one could not (no python3). What only the Python agent served is an
-image with python3 but no ``/bin/sh`` (a distroless Python image) or an attached container where
-``/tmp``, ``$HOME`` and ``/dev/shm`` are all ``noexec``: the backends' own containers and Pods always
-have an executable ``/tmp``, and such an image now fails at the first command with the requirement named.
-That was not worth a second implementation of every protocol change (about 1,700 lines), so the Python
-agent was removed.
+:func:`load_static_agent` finds the binary (the wheel's, else the cache's, built by
+:func:`build_static_agent`; else :class:`StaticAgentUnavailableError`); :func:`agent_launch` gives the
+exec's argv and stdin that deliver it through the file-less loader. ``main()`` is ``scripts/setup``'s build.
+See docs/docker/agent-channel.md, section "The agent binary, and why there is one agent".
 """
 
 from __future__ import annotations
@@ -312,7 +275,7 @@ def agent_launch(
     ``setid_allowed`` starts it without the set-id filter (the opt-in word on its argv); by default the
     filter is on. ``keeper_lifetime`` makes it a container's keeper (its command, living that many
     seconds at most; :data:`.agent.KEEPER_WORD`), which then reads the agent's user from stdin.
-    :class:`StaticAgentUnavailableError` when there is no binary (see the module docstring).
+    :class:`StaticAgentUnavailableError` when there is no binary (docs/docker/agent-channel.md, "Build").
     """
     agent = load_static_agent()
     script = loader_script(agent.loader, secrets.token_hex(12))

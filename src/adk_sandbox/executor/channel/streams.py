@@ -1,14 +1,9 @@
 """How the agent channel reaches an agent: a byte stream that an engine opens to a new agent process.
 
-The agent channel (:mod:`.agent_transport`) is the same on every engine; what differs is only how a stream
-to a freshly started agent process is opened, the :data:`AgentStreamOpener` the engine supplies: the
-Docker backend starts the agent with an exec over a hijacked connection to the engine's API and splits
-Docker's stream framing (``executor/backends/docker/_exec.py``); the Kubernetes backend opens a
-``pods/exec`` websocket (``executor/backends/kubernetes/_exec.py``). Either way the opener returns an
-:class:`AgentStream`: the process's stdin one way (written raw), its stdout (the agent's frames,
-:mod:`.frames`) and its stderr (diagnostics) the other.
-
-:class:`SocketStream` is the writing half of a stream over a connected socket, which both engines use.
+Each engine supplies an :data:`AgentStreamOpener` (Docker: an exec over a hijacked API connection;
+Kubernetes: a ``pods/exec`` websocket) returning an :class:`AgentStream`: stdin one way, the agent's
+frames and its stderr the other. :class:`SocketStream` is the writing half over a socket both engines use.
+See docs/BACKENDS.md, section "Where to look next".
 """
 
 from __future__ import annotations

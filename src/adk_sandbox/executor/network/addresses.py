@@ -1,19 +1,9 @@
 """Which addresses the host side may connect to for a sandbox, and the resolver that picks them.
 
-The host side resolves every name itself and connects to an **address**, checked here, never hands a
-name to a connecting library: a name that resolved to a public address when it was decided could resolve
-to ``10.0.0.1`` a moment later (DNS rebinding), so the check is on the address actually connected.
-
-Refused, unless the user pinned that very address in ``NetworkPolicy.hosts``: loopback, private (RFC 1918,
-IPv6 ULA ``fc00::/7`` and the old site-local ``fec0::/10``), link-local (``169.254.0.0/16``,
-``fe80::/10``), cloud metadata services (``169.254.169.254``, ``fd00:ec2::254``, ECS ``169.254.170.2``,
-Alibaba ``100.100.100.200``), multicast, unspecified, the shared address space of carrier-grade NAT
-(``100.64.0.0/10``), documentation, benchmarking and reserved ranges, any IPv6 address outside global
-unicast ``2000::/3``, and the engine's own addresses passed by the caller. An IPv6 address that carries an
-IPv4 one (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible ``::a.b.c.d``, SIIT ``::ffff:0:a.b.c.d``, NAT64
-``64:ff9b::/96``) is judged by the IPv4 address inside, because that is where a kernel or a NAT64 gateway
-sends it; 6to4 (``2002::/16``) and Teredo (``2001::/32``) tunnels, both deprecated, are refused outright,
-since the tunnel's far end, not the address, decides where the bytes go.
+:func:`resolve` resolves a name itself and keeps only the addresses :func:`refusal` lets through
+(:class:`RefusedAddressError`, :class:`ResolutionFailedError`), so the check is on the address actually
+connected (DNS rebinding); :func:`machine_addresses` and :func:`infrastructure_addresses` give the
+engine's own. See docs/network.md, section "Addresses".
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """The head of a request to the sandbox's proxy, parsed strictly, and the short answers the proxy gives.
 
-What the sandbox sends is hostile input. Two forms are accepted:
-
-* ``CONNECT host:port HTTP/1.1`` (authority form; an IPv6 literal in brackets), for TLS;
-* ``GET http://host[:port]/path HTTP/1.1`` (absolute form, scheme ``http`` only), for plain HTTP. It is
-  forwarded in origin form (``GET /path HTTP/1.1``) with ``Host`` set from the URI, hop-by-hop and
-  ``Proxy-*`` headers removed and ``Connection: close`` added: one request per connection, so every
-  request on it is the one that was decided.
-
-Everything else is a :class:`HeadError` (answered with a 400 that says what was wrong): an origin-form
-request (a proxy needs the absolute URI), an ``https://`` URI (use CONNECT), user info in an authority
-(``http://allowed@evil/``), a ``Host`` header naming another host than the request (the name decided must
-be the name served), several ``Host`` headers, ``Content-Length`` with ``Transfer-Encoding`` or two
-different lengths (request smuggling), a bare CR or LF or NUL, folded header lines, a port of 0, above 65535
-or not digits, and a head over :data:`MAX_HEAD` bytes, :data:`MAX_LINE` bytes in a line or
-:data:`MAX_HEADER_LINES` header lines (the reader stops there and answers 400 rather than buffering more).
-No other exception leaves :func:`parse_head` or :func:`head_end`.
+:func:`parse_head` accepts ``CONNECT host:port`` and absolute-form ``http://`` requests
+(:class:`ProxyRequest`) and raises :class:`HeadError` for anything else; :func:`head_end` bounds the read
+(:data:`MAX_HEAD`, :data:`MAX_LINE`, :data:`MAX_HEADER_LINES`); the rest build the proxy's answers.
+See docs/network.md, section "The request head".
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """The in-sandbox proxy endpoint of a host process under a network policy (bubblewrap): a byte forwarder.
 
-Run inside the sandbox by the system's own Python, isolated (``python3 -I -S inside_forward.py SOCKET
-PROGRAM [ARG...]``), so it imports nothing but the standard library and nothing of this package. The
-sandbox has no network but its own loopback (``--unshare-net``); this program:
-
-1. listens on ``127.0.0.1``, a port the kernel picks;
-2. starts ``PROGRAM`` as its child, with ``HTTP_PROXY``, ``HTTPS_PROXY``, ``http_proxy`` and ``https_proxy``
-   naming that port and ``NO_PROXY``/``no_proxy`` = ``localhost,127.0.0.1``; stdin, stdout and stderr
-   pass to the child untouched (inherited), and so does every other variable;
-3. passes each accepted connection's socket, unread, to the host over a fresh connection to the Unix
-   socket ``SOCKET`` (one byte carrying it, ``SCM_RIGHTS``) and closes its own copies: the host's relay
-   reads the request from that socket itself, decides, resolves, checks, connects and copies the bytes
-   (``executor/network/unix_endpoint.py``, which serves at most 256 at once and closes any more);
-4. waits for the child and exits with its status (a child killed by signal ``n``: ``128 + n``, as a shell
-   reports it).
-
-Nothing here is trusted: the command can connect to ``SOCKET`` itself and pass any descriptor (the host
-accepts only a connected loopback TCP socket, ``executor/network/passed_socket.py``), flood this listener,
-or kill this process (then its sandbox ends with it). The host side is the only judge of what a connection
-may reach.
+Run by the system's Python, isolated (``python3 -I -S inside_forward.py SOCKET PROGRAM [ARG...]``), so
+it imports only the standard library: it listens on ``127.0.0.1``, starts ``PROGRAM`` with the proxy
+variables (:func:`proxy_environment`), passes each accepted socket to the host over ``SOCKET`` and exits
+with the program's status. See docs/network.md, section "Host processes under bubblewrap".
 """
 
 from __future__ import annotations

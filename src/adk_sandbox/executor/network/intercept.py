@@ -1,39 +1,9 @@
 """Credentials that never enter the sandbox: TLS terminated on the host for hosts with injected headers.
 
-For a host the policy gives ``headers``, the relay (:mod:`.relay`) hands the CONNECT tunnel, once its
-ClientHello named that host, to :meth:`Interceptor.serve` instead of pumping bytes:
-
-1. The sandbox's TLS is terminated with a certificate for the host signed by a **per-session CA**
-   (:class:`SessionCA`): an EC P-256 key made in this process, a self-signed CA certificate restricted
-   by name constraints to the hosts with headers, valid for :data:`CA_VALIDITY`. Leaf certificates are
-   made per host on demand, cached, and valid for :data:`LEAF_VALIDITY` (re-made before they expire).
-   The CA's private key exists only in this process's memory: it is never serialised, never written to
-   a file, never sent anywhere. A leaf's key is handed to OpenSSL through an anonymous memory file
-   (``memfd_create``; elsewhere a file in a private ``0700`` directory of the host, removed at once).
-   Only ``http/1.1`` is offered by ALPN, so clients never try HTTP/2 here.
-2. The real server is reached over TLS again and **verified**: the host's system trust store plus the
-   policy's ``upstream_ca`` (CA certificates for tests and private CAs), with the host name checked.
-   A server that does not verify gets the sandbox a 502 whose body says why; nothing is sent to it.
-3. **One request per connection.** The request head is read from the decrypted stream (bounded as the
-   proxy's own head, :mod:`.http_head`), and forwarded with ``Connection: close``: every client-sent
-   copy of an injected header is removed (the sandbox can neither override a credential nor choose its
-   value), hop-by-hop headers go (``Upgrade`` too: no WebSocket or ``h2c`` on these hosts), and the
-   injected headers are added. The body follows exactly as framed (``Content-Length`` or chunked); any
-   bytes after it (a pipelined request) are never forwarded, so no request reaches the server without
-   its head being rewritten here. The response is passed back as it comes until the server closes.
-   Clients open a new connection for the next request, which keep-alive clients do on their own when
-   the server closes (``requests``, ``urllib``, ``pip``, ``git`` and ``curl`` all do). Handling
-   keep-alive request by request would need a response parser in the middle of every byte the server
-   sends; one request per connection keeps the host side a pump after the head, at the cost of a
-   handshake per request to those hosts only.
-4. ``TRACE`` and ``TRACK`` are refused (405): the server would echo the injected headers back. A server
-   that echoes request headers in its own bodies (an "inspect my request" endpoint) would show them to
-   the sandbox as well: inject credentials only for hosts you trust with them.
-
-Inside the sandbox, the CA certificate (its public part only) has to be trusted: :func:`sandbox_trust`
-gives the bundle to write (the image's system bundle, when it has one, followed by the session CA, so
-other hosts, which pass through untouched, still verify) and the environment that points the usual
-clients at it (:data:`TRUST_ENV_NAMES`).
+:class:`Interceptor` serves a CONNECT tunnel the relay hands it (one request per connection, headers
+injected) with leaf certificates of a per-session :class:`SessionCA`; :func:`sandbox_trust` gives the
+bundle and environment (:data:`TRUST_ENV_NAMES`) that make the sandbox trust it.
+See docs/network.md, section "Header injection".
 """
 
 from __future__ import annotations

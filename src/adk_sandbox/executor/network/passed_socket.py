@@ -1,30 +1,8 @@
 """A proxied client's socket passed by the sandbox to the host (``SCM_RIGHTS``), checked before any use.
 
-On the direct paths (a runc container's agent, the bubblewrap forwarder) the sandbox does not copy a proxied
-connection's bytes: it connects to the host's Unix socket and sends one byte carrying the accepted client
-socket, then closes its copies. The host serves that TCP socket itself (:func:`~.relay.relay`), so each byte
-crosses one kernel hop fewer (docs/network.md "Speed").
-
-The descriptor is the sandbox's choice, and the sandbox may be root inside, so :func:`receive_socket`
-proves what it is before one byte is read from or written to it (any failure: every descriptor received
-closed, :class:`PassedSocketRefused`):
-
-* received with ``MSG_CMSG_CLOEXEC`` (never inherited by a child of this process), exactly one descriptor
-  in exactly one ``SCM_RIGHTS`` message; none, two, another kind of control message or a truncated one
-  (``MSG_CTRUNC``) are refused;
-* ``fstat``: a socket (not a pipe, a FIFO, a file or a device, whose other end could hold any bytes);
-* ``SO_DOMAIN`` AF_INET or AF_INET6, ``SO_TYPE`` SOCK_STREAM, ``SO_PROTOCOL`` IPPROTO_TCP (not a Unix
-  socket pair whose other end the sandbox writes, not UDP, netlink or a raw socket);
-* ``SO_ACCEPTCONN`` 0 and ``getpeername`` succeeds (connected: not a listening or unconnected socket);
-* its local and peer addresses are both loopback: a client of the proxy endpoint on the sandbox's ``lo``.
-
-The sandbox may keep its own copy of the descriptor (nothing makes it close it), and with it the open file
-description: it can switch ``O_NONBLOCK``, set ``SO_RCVTIMEO``, read bytes away or shut the socket down.
-:class:`PassedSocket` therefore never relies on those flags: it waits with ``poll`` (its own timeout) and
-calls ``recv``/``send`` with ``MSG_DONTWAIT``, so a byte read away under it costs a poll again, never a
-wait past its deadline. In the pump phase the relay splices the socket and treats ``EAGAIN`` the same way
-(a poll, then again); a blocking ``splice`` there ends when the connection's close handle shuts the socket
-down, as for a socket of the host's own.
+:func:`receive_socket` proves the descriptor is a connected loopback TCP socket before one byte is read
+or written (else :class:`PassedSocketRefused`); :class:`PassedSocket` reads and writes it without
+trusting its flags, which the sandbox's copy may change. See docs/network.md, section "The passed socket".
 """
 
 from __future__ import annotations

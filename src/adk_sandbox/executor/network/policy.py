@@ -1,29 +1,8 @@
 """NetworkPolicy: which host names a sandbox may reach through the host-side proxy, and how names resolve.
 
-The decision is by **name**, the one the sandbox asked for (a CONNECT authority or an absolute URI's
-host), never by an address: the address checks (:mod:`.addresses`) come after, on what the host side
-resolved itself. The rules, in the order :meth:`NetworkPolicy.decide` applies them:
-
-1. A request naming something that is not a host name is refused: an IP address in any spelling
-   (``10.0.0.1``, ``[::1]``, and the numeric forms resolvers accept, ``2130706433``, ``0x7f.1``,
-   ``127.1``, ``0177.0.0.1``: any name whose last label is all digits or ``0x`` and hex), or anything
-   outside letters, digits, ``-`` and ``.`` (RFC 1123). A name the proxy cannot check against a TLS
-   server name (SNI never carries an address) has no place in a name allowlist; reach a fixed address by
-   pinning a name to it in ``hosts``.
-2. A ``deny`` rule that matches refuses, whatever ``allow`` says. A deny rule without a port matches
-   every port.
-3. The first ``allow`` rule that matches allows. An allow rule without a port matches 80 and 443 only
-   (HTTP and HTTPS, what a package index, a git host or an API needs); any other port is named
-   (``host:8443``).
-4. Otherwise: refused, "no rule allows it".
-
-Rule syntax (``allow`` and ``deny``): ``name``, ``*.suffix`` or ``*``, each with an optional ``:port``.
-``*.example.com`` matches ``a.example.com`` and ``a.b.example.com`` but **not** ``example.com`` itself
-(allow both when both are meant), the shape of a TLS wildcard but any depth; ``*`` matches every name (the
-address checks still apply: a deny-list policy is ``allow=["*"], deny=[...]``). Names compare
-case-insensitively, a trailing dot dropped. Rules are ASCII: an internationalised name is written as its
-A-label (``xn--...``), the form clients put on the wire; a rule in Unicode is refused with its A-label in
-the message.
+:class:`NetworkPolicy` (``allow``, ``deny``, ``hosts`` pins, ``headers``, ``upstream_ca``) decides by
+name (:meth:`NetworkPolicy.decide` gives a :class:`Decision`; the address checks come after);
+:func:`network_setting` reads a ``network=`` argument. See docs/network.md, section "The policy".
 """
 
 from __future__ import annotations
@@ -207,7 +186,7 @@ class Decision:
 class NetworkPolicy(BaseModel):
     """Which host names a sandbox may reach, and how the host side resolves them.
 
-    Default: nothing is allowed. See the module's docstring for the rules and their order.
+    Default: nothing is allowed. See docs/network.md, "The policy", for the rules and their order.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -340,7 +319,7 @@ class NetworkPolicy(BaseModel):
             return {}
 
     def decide(self, host: str, port: int) -> Decision:
-        """Whether the sandbox may connect to ``host:port`` by name; see the module's docstring."""
+        """Whether the sandbox may connect to ``host:port`` by name; docs/network.md, "The policy"."""
         shown = f"{host}:{port}"
         if not 1 <= port <= 65535:
             return self._refuse(shown, "not a valid port", f"port {port} is not from 1 to 65535")

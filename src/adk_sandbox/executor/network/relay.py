@@ -1,37 +1,8 @@
 """The host side of one proxied connection: read the request, decide, resolve, connect, check, pump.
 
-The sandbox's proxy endpoint hands each accepted connection to the host as a duplex byte stream (over the
-session's channel; in the tests, one end of a ``socket.socketpair``). :func:`relay` serves it:
-
-1. reads the request head, within ``head_timeout`` seconds in all (a slow-loris gets a 408), bounded by
-   :mod:`.http_head` (garbage or an oversized head gets a 400);
-2. decides by name (:meth:`NetworkPolicy.decide`; refused: a 403 whose body names the rule);
-3. resolves the name itself and drops refused addresses (:func:`.addresses.resolve`; all refused: a 403;
-   no such name: a 502), then connects to the first address that answers (``connect_timeout`` each; none:
-   a 502, or a 504 when they all timed out);
-4. for CONNECT: answers 200, reads the ClientHello (again within ``head_timeout``) and checks that its
-   server name is the CONNECT host (:mod:`.tls_hello`). A mismatch, a missing name or a stream that is
-   not TLS closes both sides with a TLS ``access_denied`` alert to the sandbox, **nothing** sent to the
-   server; CONNECT carries TLS only, since plain bytes through a tunnel could carry a ``Host`` of any
-   name to a shared front end;
-5. for plain HTTP: sends the head in origin form (one request per connection, ``Connection: close``);
-   the policy's ``headers`` are **not** added here, where they would cross the network in clear text (a
-   request to a host with headers is refused before connecting instead)
-   (they belong to the TLS-terminating path);
-6. pumps both ways, 64 KiB at a time per direction (a slow reader holds back its writer, so memory stays
-   bounded; between two real sockets, as under bubblewrap, by ``splice`` in the kernel, 1 MiB at most),
-   until the server closes or either side fails; the sandbox closing its sending side is passed on as a
-   half-close so the server can still answer;
-7. records one :class:`~.log.ConnectionEntry` in the session's log.
-
-Once connected, and before any byte is sent either way, ``on_connected(host, port, close)`` is called (when
-given) with a **close handle** for the live connection: ``close(why)`` from any thread ends it (both sides
-shut down, ``why`` in the log entry's detail; the relay closes the descriptors once its threads have ended,
-so a number is never reused under a thread still holding it). A session keeps these to cut connections
-its network no longer allows (``set_network``).
-
-The server is always reached by an address checked by :func:`.addresses.refusal` (or pinned by the user),
-never by a name, so a name that rebinds between the decision and the connection changes nothing.
+:func:`relay` serves one connection the sandbox's proxy endpoint hands over as a duplex byte stream,
+and records it in the session's log; ``on_connected`` gets a close handle for the live connection.
+See docs/network.md, section "The relay and the log".
 """
 
 from __future__ import annotations
@@ -459,11 +430,11 @@ def relay(
     intercept: Interceptor | None = None,
     on_connected: OnConnected | None = None,
 ) -> ConnectionEntry:
-    """Serve one connection from the sandbox's proxy endpoint to its end; see the module's docstring.
+    """Serve one connection from the sandbox's proxy endpoint to its end (docs/network.md, "The relay").
 
     Blocks until the connection is over, closes ``stream``, records the entry in ``log`` and returns it.
     ``extra_refused`` are the engine's own addresses; ``getaddrinfo`` is the resolver (tests pass a fake);
-    ``on_connected`` is given the connection's close handle (see the module's docstring).
+    ``on_connected`` is given the connection's close handle (docs/network.md, "The relay and the log").
     ``intercept`` (the session's :class:`~.intercept.Interceptor`) serves CONNECT tunnels to hosts with
     ``headers``: TLS terminated, headers injected; without one, a request to such a host is refused.
     """

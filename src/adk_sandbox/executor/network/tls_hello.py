@@ -1,15 +1,8 @@
 """The server name (SNI) of a TLS ClientHello, read from the first bytes of a tunnel, standard library only.
 
-A CONNECT is decided by the name in its authority; a TLS server (a CDN above all) picks the site by the
-name in the ClientHello. The two must be the same, or ``CONNECT allowed.example:443`` carries a handshake
-for a name the policy never allowed (domain fronting). :func:`server_name` reads just enough of the
-stream to say which name the client asked for.
-
-Strict on purpose, as the bytes are hostile: the ClientHello must be one handshake message in records of
-type 22 (it may span several records, up to :data:`MAX_HELLO` bytes in all), every length must agree with
-its container, at most one ``server_name`` extension with at most one host name in it (two names would let
-the proxy check one while the server uses the other), and the name must be a plain ASCII host name.
-Anything else is "not TLS", with the reason; no exception leaves :func:`server_name`.
+:func:`server_name` reads at most :data:`MAX_HELLO` bytes and says which name the client asked for, or
+why the bytes are "not TLS" (strict: they are hostile; it never raises), so a CONNECT cannot carry a
+handshake for another name. See docs/network.md, section "TLS server name".
 """
 
 from __future__ import annotations

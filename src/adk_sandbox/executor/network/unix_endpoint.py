@@ -1,23 +1,9 @@
 """The host side of a network policy for host processes: a Unix socket the sandbox's forwarder connects to.
 
-A host process confined by bubblewrap under a :class:`~.policy.NetworkPolicy` has no network but its own
-loopback. Before the command, the sandbox runs :mod:`.inside_forward` (stdlib only, by the system's
-Python), which serves the HTTP proxy on ``127.0.0.1`` inside and passes each accepted connection's socket,
-unread, over a Unix socket in a directory of the host bound read-only into the sandbox. On the host,
-:class:`UnixEndpoint` listens there, receives and checks the passed socket
-(:func:`.passed_socket.receive_socket`) and serves it with :func:`~.relay.relay`, which decides, resolves,
-checks and connects (docs/network.md).
-
-:class:`CommandEgress` is one command's share: the private directory (``0700``) holding the socket, the
-forwarder's source and, for a policy with ``headers``, the trust bundle naming the interceptor's CA (so
-clients inside trust it; the credentials stay in this process), the listener, and the command line prefix
-that starts the forwarder. Closing it stops the listener, closes the live connections and removes the
-directory.
-
-Nothing here trusts the sandbox: it can connect to the socket itself and pass any descriptor (only a
-connected loopback TCP socket is served, and the relay judges it like any other), flood it (at most
-:data:`MAX_CONNECTIONS` are served at once, one more is closed at once),
-or kill its forwarder (then it has no network at all).
+:class:`UnixEndpoint` receives each socket the in-sandbox forwarder (:mod:`.inside_forward`) passes and
+serves it with :func:`~.relay.relay`; :class:`CommandEgress` is one command's share (directory, listener,
+forwarder command line); :class:`SessionSocket` is a Docker session's direct path, opened by a token.
+See docs/network.md, sections "Host processes under bubblewrap" and "The direct path".
 """
 
 from __future__ import annotations
@@ -403,35 +389,12 @@ def _write(path: str, data: bytes) -> None:
 
 
 class SessionSocket(_BoundedListener):
-    """A session's direct path (docs/network.md "Speed"): a Unix socket whose connections open with a token.
+    """A session's direct path: a Unix socket whose connections open with a token, then pass a socket.
 
-    Thread-safe.
-
-    For a sandbox of a local engine whose agent can reach a host socket (runc): the session binds
-    :attr:`socket_directory` read-only into the container and the agent connects each proxied connection
-    to :attr:`socket_path` there, writes :attr:`token` and then passes the client's socket (one byte
-    carrying it, checked by :func:`.passed_socket.receive_socket`). Each
-    accepted connection is served in a thread of its own, at most ``max_connections`` at once (one more is
-    closed at once and counted, as :class:`UnixEndpoint` does):
-
-    1. exactly ``len(token)`` bytes are read, within ``token_timeout`` seconds, and compared in constant
-       time (:func:`hmac.compare_digest`). Anything else (other bytes, too few, too slow) closes the
-       connection before a byte is relayed, with an entry in ``log`` (rule :data:`TOKEN_RULE`) and a
-       warning. A connection that closes without sending a byte (the agent's probe at LISTEN) is closed
-       and not logged: it asked for nothing;
-    2. the client's socket passed after it (refused, logged under :data:`PASSED_RULE`, unless it is a
-       connected loopback TCP socket) goes to ``handler``: the session's one handling path
-       (policy, ``set_network``, the log and header injection are the same as for connections carried
-       as frames).
-
-    Modes, and why. The directory made here (``0700``, this process's user) holds :attr:`socket_directory`
-    (``0711``) holding the socket (``0666``). On this machine only this user (and root) can pass the
-    ``0700`` directory, so other users cannot reach the socket at all; this user's other processes can, and
-    the token stops them. The container sees :attr:`socket_directory` itself, mounted read-only: its
-    ``0711`` lets the command user, whatever uid it runs as, reach the socket without listing the
-    directory, the ``0666`` socket lets it connect, and the read-only mount keeps every user inside, root
-    of the task profile included, from replacing the socket or adding files (``EROFS``). The token is
-    never written to a file: the agent gets it in the LISTEN frame, and its process is not dumpable.
+    Thread-safe. Each connection is served in a thread of its own, at most ``max_connections`` at once:
+    the token is checked (:data:`TOKEN_RULE`), then the passed socket (:data:`PASSED_RULE`) goes to
+    ``handler``. See docs/network.md, section "The direct path (runc on a local engine)", for the steps and
+    the modes of the directory and the socket.
     """
 
     def __init__(

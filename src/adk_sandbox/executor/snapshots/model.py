@@ -1,14 +1,9 @@
 """What a snapshot is: :class:`Snapshot` (the record, immutable), :class:`SnapshotOptions` (how to take one).
 
-A snapshot is a session's files at one moment, kept on disk so that sessions can start from it
-(``backend.session(snapshot=snap)``, ``session.fork()``; docs/snapshots.md). It carries the workspace (a
-directory on the host, a safe copy), each tmpfs directory of the sandbox (``/tmp``, HOME, extra tmpfs) as an
-archive that is never unpacked on the host, and under the task profile the writable root layer (an engine
-image). ``session.snapshot(processes=True)`` keeps the sandbox's checkpoint instead, every process with its
-memory (:class:`KeptProcesses`, docs/pause.md); :attr:`Snapshot.carries` says which.
-
-Its owner and expiry are told with the labels of :mod:`adk_sandbox.executor._owner`, so the rule that
-decides a container is leaked (:func:`~adk_sandbox.executor._owner.leak_reason`) decides a snapshot is too.
+A snapshot is a session's files at one moment (workspace, tmpfs archives, the task profile's root layer)
+or, with ``processes=True``, its checkpoint (:class:`KeptProcesses`); :attr:`Snapshot.carries` says
+which. Owner and expiry use the labels of :mod:`adk_sandbox.executor._owner`.
+See docs/snapshots.md, sections "What a snapshot holds" and "Lifecycle".
 """
 
 from __future__ import annotations
@@ -106,7 +101,7 @@ class KeptProcesses(BaseModel):
 
 
 class Snapshot(BaseModel):
-    """A session's files at one moment, on disk (see the module docstring); immutable.
+    """A session's files at one moment, on disk (docs/snapshots.md, "What a snapshot holds"); immutable.
 
     Read it from :attr:`path` only through this library: ``workspace/`` is a safe copy (no set-id bit, no
     link leading out, no special file), ``tmpfs/<n>.tar`` are the sandbox's archives, opaque to the host.

@@ -1,25 +1,8 @@
 """Owned snapshots go when their owner goes: removed at this process's exit, by any path but SIGKILL.
 
-An owned snapshot (``session.snapshot()`` without ``detached=True``, every ``fork()``'s) lives in the
-memory tier (``/dev/shm``): left behind by a process that ended, it held host memory until the next
-backend's reaper ran, which may be never on a CI runner. So every owned snapshot a
-:class:`~adk_sandbox.executor.snapshots.store.SnapshotStore` commits is registered here, with the function
-that removes its root image when it has one, and :func:`remove_all` removes what is still registered:
-
-* at **interpreter exit** (``atexit``): a normal end, ``sys.exit``, an uncaught exception, Ctrl-C
-  (``KeyboardInterrupt``);
-* on **SIGTERM and SIGHUP**, when the process left them at their default (``SIG_DFL``: the process would
-  die without running ``atexit``): a handler installed with the first registration removes the snapshots,
-  restores the default and raises the signal again, so the process still ends by that signal, with its
-  usual status. A handler the application installed is never replaced (its shutdown path usually ends in
-  ``sys.exit``, which runs ``atexit``); a process that is not on its main thread when it first registers
-  gets ``atexit`` alone.
-
-SIGKILL leaves them: the reaper (``DockerBackend()`` as it starts, ``adk-sandbox snapshots reap``) removes
-those, as before. A child made by ``os.fork`` does not own its parent's snapshots: it removes none.
-A snapshot that is the lower layer of a live fork by layer is left for the reaper (its mounts outlive
-this process until the reaper detaches them); a root image still used by a running container is left to
-the reaper too (its labels say it is leaked once this process is gone), its directory removed.
+:func:`register` (called by the store for each owned snapshot it commits) and :func:`forget`; at exit,
+or on SIGTERM/SIGHUP left at their default, :func:`remove_all` removes what is still registered.
+See docs/snapshots.md, section "Lifecycle", "An owned snapshot goes with its owner".
 """
 
 from __future__ import annotations

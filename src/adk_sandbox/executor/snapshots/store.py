@@ -1,24 +1,8 @@
 """Where snapshots live on disk, and how they are listed, read, removed and reaped.
 
-A :class:`SnapshotStore` is a directory (default ``<cache>/snapshots``: ``$ADK_SANDBOX_CACHE``, else
-``$XDG_CACHE_HOME/adk-sandbox`` or ``~/.cache/adk-sandbox``) of this process's user, mode 0700, holding one
-directory per snapshot named by its id: ``snapshot.json`` (the :class:`Snapshot` record), ``workspace/``
-and ``tmpfs/<n>.tar``. A snapshot being taken is built in ``.partial-<owner>-<id>`` (the owner as
-:mod:`adk_sandbox.executor._owner` tells it) and renamed to its id once complete, so a reader never sees
-half of one and a reaper removes what a killed owner left half-written.
-
-**Two tiers.** The default store keeps a snapshot owned by its process (the default, and every fork's) in
-memory, ``adk-sandbox-snapshots-<uid>`` in :func:`~adk_sandbox.executor.workspace.copies.copies_dir`
-(``/dev/shm`` when it is a tmpfs), and a detached one on disk (:attr:`SnapshotStore.root`). An owned
-snapshot is reaped once its owner is gone, a reboot included, so a disk would buy it nothing, while creating
-its files there costs seconds on some filesystems (docs/benchmarks/issue-24-forks.md, "Where the time
-went"); it is removed when its owner exits by any path but SIGKILL (:mod:`.owned`). A detached
-snapshot is meant to outlive the process and the machine's next boot: the disk, made durable by one
-``syncfs`` before it is renamed into place. Both tiers are listed, read, removed and reaped as one.
-
-A snapshot's root layer is an engine image; the store does not talk to an engine: :meth:`remove` and
-:meth:`reap` take the function that removes an image (the Docker backend's, see
-:mod:`adk_sandbox.executor.backends.docker._snapshot`).
+:class:`SnapshotStore` keeps owned snapshots in memory (:func:`default_memory_root`, ``/dev/shm``) and
+detached ones on disk (:func:`default_root`), one directory per id, built under a ``.partial-`` name and
+renamed once complete; :func:`new_id`, :func:`layered_on`. See docs/snapshots.md, section "Lifecycle".
 """
 
 from __future__ import annotations
@@ -86,7 +70,7 @@ def new_id() -> str:
 
 
 class SnapshotStore:
-    """Snapshots on disk below ``root`` (see the module docstring). Thread- and process-safe by renames."""
+    """Snapshots on disk below ``root`` (docs/snapshots.md, "Lifecycle"); thread- and process-safe."""
 
     def __init__(
         self,

@@ -1,48 +1,8 @@
-r"""The conformance suite: what the README promises of every backend, as pytest tests any backend runs.
+"""The conformance suite: what the README promises of every backend, as pytest tests any backend runs.
 
-A backend's test module provides a ``conformance_target`` fixture (a :class:`ConformanceTarget`) and
-subclasses :class:`ConformanceSuite`; pytest then runs every check against that backend::
-
-    import pytest
-    from adk_sandbox.executor import PolicyNotEnforceableError
-    from adk_sandbox.testing import ConformanceSuite, ConformanceTarget, KnownDifference
-
-    @pytest.fixture(scope="module")
-    def conformance_target():
-        with MyBackend() as backend:
-            yield ConformanceTarget(
-                backend,
-                known_differences={
-                    "user_other": KnownDifference(
-                        "runs every command as the caller", raises=PolicyNotEnforceableError
-                    ),
-                },
-            )
-
-    class TestMyBackendConformance(ConformanceSuite):
-        pass
-
-Each check (a ``test_<name>`` method; :data:`CHECKS` lists them) is **applicable** or not: a check of an
-enforced limit runs only where ``capabilities()`` claims that limit (the suite tests what a backend says
-it enforces: capabilities honesty), one that needs a shell only where the target has one, one of
-``session.files`` only where the session has ``files``, and the close check only for a backend that opens
-sessions. A check that does not apply is skipped, with the reason.
-
-A check the backend is known to fail is listed in ``known_differences`` under its name with the reason
-(and, with :class:`KnownDifference`, the error it fails with: a refusal such as
-:class:`~adk_sandbox.executor.errors.PolicyNotEnforceableError`, or ``AssertionError`` for a behaviour that
-differs). It runs anyway, as a strict ``xfail``: a listed check that passes fails the run, and so does one
-failing with another error than the listed one, or a listed check that does not apply -- so the lists stay
-true. A name that is no check fails :meth:`ConformanceSuite.test_known_differences_are_checks`.
-
-A target given a ``table`` (a :class:`~adk_sandbox.executor.testing.capability_table.TableColumn`) also
-has its column of a capability table checked: some checks record a cell as they run (``results``, ``files``,
-``background``, ``egress``, ``snapshot_fork``, ``warm_pool``: ✅ or the backend's reason), and the last
-check compares them with the committed table (docs/CAPABILITIES.md for this library's backends).
-
-The suite shares one sandbox among its checks (one session of a session-opening backend, opened with the
-target's ``workspace``; else the backend itself), and keeps each check short (one-second timeouts). Checks
-raise ``AssertionError`` with a message saying what differs.
+A backend's test module provides a ``conformance_target`` fixture (a :class:`ConformanceTarget`, with its
+:class:`KnownDifference` list) and subclasses :class:`ConformanceSuite`; :data:`CHECKS` names every check.
+See docs/BACKENDS.md, section "5. The conformance suite", for an example and the rules.
 """
 
 from __future__ import annotations

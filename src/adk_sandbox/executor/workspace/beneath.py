@@ -1,29 +1,9 @@
 """Path containment through descriptors: the one place paths are turned into open files.
 
-A :class:`RootDir` holds a descriptor of the workspace root for its whole life and opens everything
-relative to it, so a symlink swapped in between a check and an open (the sandbox container writes the same
-bind-mounted directory concurrently) cannot redirect a read or a write outside:
-
-* Fast path: ``openat2(root_fd, path, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)``. The kernel follows
-  symlinks that stay beneath the root and refuses (``EXDEV``) any step that leaves it.
-* Walk: one component at a time from the root fd, each directory opened with ``O_NOFOLLOW |
-  O_DIRECTORY`` relative to the previous one; a symlink is read with ``readlinkat`` and its target's
-  components are pushed back onto the path, so it is resolved by the same walk (at most 40 hops, the
-  kernel's own limit). ``..`` pops a directory descriptor, never a string, and popping the root is an
-  escape. The walk is used when ``openat2`` is missing (``ENOSYS``, or ``EPERM`` from a seccomp filter),
-  and for every answer ``openat2`` refuses with ``EXDEV``/``ELOOP``/``EAGAIN``: RESOLVE_BENEATH also refuses
-  an *absolute* symlink whose target is inside the root, which the walk accepts by matching the target
-  against the root's absolute path (so links written by a container that mounts the workspace at the same
-  path keep working).
-* Writes always walk: they create missing parents (``mkdirat`` steps) and must see the final name
-  themselves (a symlink there is followed only to an existing file inside the root).
-
-Errors: :class:`EscapeError` for a path leading outside, otherwise ``OSError`` with the errno of the step
-that failed; the workspace maps both to tool errors in one place.
-
-Its users: the file tools (:class:`adk_sandbox.devtools.Workspace`), and the mirror's host side (its scan,
-push reads, pull-back writes and the workspace copies), which is why it sits in this executor package
-that devtools imports, not in devtools.
+:class:`RootDir` holds a descriptor of the workspace root and opens everything relative to it
+(``openat2(RESOLVE_BENEATH)``, else a component-by-component walk; writes always walk), so a symlink
+swapped in cannot redirect a read or a write outside. A path leading outside raises :class:`EscapeError`,
+any other failure ``OSError``. See docs/DEVTOOLS.md, section "Containment".
 """
 
 from __future__ import annotations
@@ -250,7 +230,7 @@ class RootDir:
     def locate(  # noqa: PLR0912, PLR0915 - one loop, one case per kind of component, kept together
         self, rel: str, *, create_dirs: bool = False, missing_ok: bool = False
     ) -> Located:
-        """Walk ``rel`` from the root one component at a time (see the module docstring).
+        """Walk ``rel`` from the root one component at a time (docs/DEVTOOLS.md, "Containment").
 
         Symlinks are followed, including at the final component; the result names an entry that is not a
         symlink, or does not exist. ``create_dirs`` creates missing directories on the way (each with

@@ -1,19 +1,9 @@
 """The mirror: the workspace as a size-capped copy in the sandbox at the same path, synced both ways.
 
-:class:`MirrorWorkspace` (``"mirror"``): a size-capped tmpfs volume at the same absolute path, owned by the
-command user (the Kubernetes backend's: the Pod's memory-backed workspace ``emptyDir``, mounted at that
-path; :mod:`adk_sandbox.executor.workspace.synced` drives it for both sessions). The host tree is
-pushed in at start; after each command the container's tree is listed (GNU ``find -printf``), diffed against
-what the host last gave it, and only the regular files that changed travel back (one GNU ``tar -c`` of
-them). Host-side changes (the file tools write the host copy, which stays the truth) are found by a
-host-side diff and pushed before the next command. A sparse file travels as its data both ways and is
-written sparse on either side (docs/sparse.md). All traffic goes over the session's own command channel,
-as the command user (``tar -x`` in the container, so what it creates is the user's); the image needs GNU
-``find`` and ``tar`` (the base image has both).
-
-The host side is scanned by :mod:`.scan`, written by :mod:`.pullback` (hostile input: every write
-contained, no more than the volume's cap ever received), and :mod:`.racy` says which host files' stat
-cannot be trusted.
+:class:`MirrorWorkspace` (``"mirror"``) pushes the host tree in at start, lists the sandbox's tree after
+each command and pulls back only the changed files (:mod:`.scan`, :mod:`.pullback`, :mod:`.racy`), over
+the session's own command channel, as the command user. See docs/docker/workspace-transport.md,
+section "Workspace transport", and docs/KUBERNETES.md, "Host workspace".
 """
 
 from __future__ import annotations
@@ -76,7 +66,7 @@ _TOOLS_MISSING = 127
 
 
 class MirrorWorkspace:
-    """The workspace as a copy in a tmpfs volume at the same path (see the module docstring).
+    """The workspace as a copy in a tmpfs volume at the same path (docs/docker/workspace-transport.md).
 
     ``root`` is the host workspace (absolute, resolved), at the same path in the sandbox; ``cap_mb`` the
     size of the sandbox's copy (a Docker volume's, a Kubernetes ``emptyDir``'s ``sizeLimit``); ``owner``

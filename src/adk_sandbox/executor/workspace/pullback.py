@@ -1,15 +1,8 @@
 """Pull-back's writes of the host copy: what the sandbox gives back is hostile input.
 
-Every name is checked (docs/DOCKER.md, "Workspace transport"; :func:`safe_name`: relative, no
-``..``/``.``/empty component, no NUL, UTF-8, no ``.git`` component at any depth), every
-write goes through :class:`adk_sandbox.executor.workspace.beneath.RootDir` descriptors with the literal
-path checked (no symlink on the host is followed by a write), special files are refused, a symlink is
-recreated only when it resolves inside the workspace (and not into a ``.git``), set-id bits are dropped,
-and ownership stays the workspace owner's. The mirror writes its pull-back through :class:`_HostTree`, and
-the workspace copies (:mod:`adk_sandbox.executor.workspace.copies`) make their links through it.
-
-File content travels as :class:`Content`: the apparent size and the data extents, never the holes, so a
-sparse file stays sparse on its way and where it is written (docs/sparse.md).
+Every name is checked (:func:`safe_name`) and every write goes through ``RootDir`` descriptors; file
+content travels as :class:`Content` (data extents, never holes: :func:`read_content`,
+:func:`write_content`). See docs/docker/workspace-transport.md (the hostile-input table) and docs/sparse.md.
 """
 
 from __future__ import annotations

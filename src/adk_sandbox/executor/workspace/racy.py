@@ -1,22 +1,8 @@
 """When a host file's stat can be trusted: the mirror's "racy" window (git's term), one place.
 
-A scan compares each host entry's lstat with the last one; a file edited twice within one tick of its file
-system's clock can keep every stat field the first edit left, so a file whose ctime is too close to the
-scan is *racy*: its content is compared at the next scan. How close is too close depends on whose clock
-stamps the file:
-
-* a local file system of this kernel (tmpfs, ext4, xfs, btrfs, ...) stamps with the kernel's coarse clock,
-  ``CLOCK_REALTIME_COARSE``. A scan reads that same clock, so a later edit's ctime is never below the scan's
-  time and a file older than the scan's tick cannot share a tick with a later edit: a window of 0 would do,
-  :data:`LOCAL_RACY_NS` is margin (for a scan that falls back to the fine clock, and a clock that lags);
-* anything else (NFS, CIFS, FUSE, 9p, vfat) may stamp with another machine's clock, maybe ahead or behind,
-  or with a coarse one: :data:`RACY_NS`;
-* a file whose ctime has no sub-second part may be on a file system counting whole seconds (ext4 with
-  128-byte inodes): :data:`RACY_NS` whatever the window.
-
-The file system is asked of the open workspace directory itself (``fstatfs``), not looked up by path, and
-a tree with another device mounted inside it gets :data:`RACY_NS` for all of it (see
-:meth:`adk_sandbox.executor.workspace.mirror.MirrorWorkspace`).
+A file whose ctime is within the window of a scan (:func:`scan_clock_ns`) is *racy* (:func:`racy`):
+its content is compared at the next scan. :func:`window_ns` is :data:`LOCAL_RACY_NS` on a local file
+system of this kernel, else :data:`RACY_NS`. See docs/docker/workspace-transport.md, "Racy entries".
 """
 
 from __future__ import annotations
@@ -39,7 +25,8 @@ __all__ = [
 
 #: A host file changed less than this before a scan is racy, on a file system whose clock is not ours.
 RACY_NS = 2_000_000_000
-#: The same on a local file system of this kernel (see the module docstring: margin over one tick).
+#: The same on a local file system of this kernel: margin over one tick (a scan reads the same coarse
+#: clock, so 0 would do).
 LOCAL_RACY_NS = 50_000_000
 #: ``statfs.f_type`` of the file systems that stamp with this kernel's clock at nanosecond granularity
 #: (linux/magic.h). Any other type gets :data:`RACY_NS`.

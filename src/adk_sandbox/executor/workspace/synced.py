@@ -1,16 +1,9 @@
 """A session's workspace synced over the session's own command channel: one place for the container backends.
 
-The Docker session (:class:`adk_sandbox.executor.backends.docker.DockerSession`) and the Kubernetes session
-(:class:`adk_sandbox.executor.backends.kubernetes.KubernetesSession`) both hand the host workspace to their
-sandbox through a :class:`~adk_sandbox.executor.workspace.protocol.WorkspaceTransport` (a bind mount,
-or the mirror: a copy pushed in and pulled back). What they share is here, written once:
-
-* the sync :data:`~adk_sandbox.executor.workspace.protocol.Run`: each sync step is a command on the
-  session's channel (Docker's agent or exec; the agent over ``pods/exec``), as the command user, with the
-  sandbox's base environment, in ``/``, outside any request and its deadline (:data:`SYNC_SECONDS` instead);
-* the four moments (started, before and after each command, closing), one at a time under one lock
-  (commands of a session may overlap; two syncs of one copy must not);
-* what pull-back refused, said at the end of the command's stderr (:func:`refusal_note`) for the model.
+:class:`SyncedWorkspace` drives a ``WorkspaceTransport`` (bind mount or mirror) for the Docker and
+Kubernetes sessions: each sync step a command on the session's :class:`SyncChannel` (bounded by
+:data:`SYNC_SECONDS`), the syncs one at a time, and :func:`refusal_note` for what pull-back refused.
+See docs/docker/workspace-transport.md, section "Workspace transport".
 """
 
 from __future__ import annotations
