@@ -297,10 +297,6 @@ def test_an_idle_session_pauses_itself_and_a_busy_one_does_not() -> None:
         ({"checkpoints": True}, "runtime='runsc'"),
         ({"checkpoints": True, "runtime": "runsc", "pool": 1}, "pool="),
         ({"checkpoints": True, "runtime": "runsc", "workspace_transport": "mirror"}, "mirror"),
-        (
-            {"checkpoints": True, "runtime": "runsc", "network": NetworkPolicy(allow=["example.com"])},
-            "policy",
-        ),
         ({"checkpoints": True, "runtime": "runsc", "container": "some-service"}, "container="),
         ({"runtime": "runsc", "idle_pause_seconds": 60}, "checkpoints=True"),
     ],
@@ -459,6 +455,111 @@ def test_a_snapshot_keeps_every_process_for_each_session_started_from_it(backend
     finally:
         backend.remove_snapshot(snap)
     assert not os.path.exists(snap.path)
+
+
+#: Fetches a URL through the proxy its environment names; prints the body, or the HTTP error's status.
+FETCH = """
+import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=20).read().decode(), end="")
+except urllib.error.HTTPError as error:
+    print(error.code)
+except Exception as error:
+    print("FAILED", type(error).__name__)
+"""
+#: Started under the session's policy: each time /tmp/go appears it fetches $URL through the proxy its
+#: environment named then (the port of that moment), into /tmp/got.
+FETCHER = (
+    'while :; do if [ -e /tmp/go ]; then rm /tmp/go; python3 -c "$FETCH" "$URL" > /tmp/got.new 2>&1; '
+    "mv /tmp/got.new /tmp/got; fi; sleep 0.1; done"
+)
+
+
+def _fetched_by_the_program(session: DockerSession) -> str:
+    return out(
+        session, "rm -f /tmp/got; touch /tmp/go; while [ ! -e /tmp/got ]; do sleep 0.1; done; cat /tmp/got"
+    )
+
+
+def _fetch(session: DockerSession, url: str, *unset: str) -> str:
+    argv = ("env", *(f"-u{name}" for name in unset), "python3", "-c", FETCH, url)
+    return session.execute(ExecRequest(argv=argv, timeout=60)).stdout.strip()
+
+
+def test_a_network_policy_goes_with_the_sandbox_through_pause_fork_and_snapshot(
+    backend: DockerBackend,
+) -> None:
+    """The agent's proxy endpoint is in the checkpoint; every restored copy serves it under its own network.
+
+    A program started under the policy keeps the proxy port its environment named. After a pause to disk,
+    in a fork and in sessions from a snapshot it and new commands reach the allowed name, a name the
+    policy does not allow gets a 403, and with the proxy variables unset nothing reaches out (network
+    none). The fork's network is its own (the parent turned off does not turn it off). A session from
+    the snapshot on a backend without a policy answers each connection with a 403. Attack on the old
+    design: the agent let go for the checkpoint lost its listener, so after a resume every proxied
+    connection was closed while the session believed it served them, and a copy left it unserved.
+    """
+    from tests.integration.egress_servers import Upstream  # noqa: PLC0415
+
+    server, other = Upstream(body=b"from the host"), Upstream(body=b"not for you")
+    policy = NetworkPolicy(
+        allow=[f"allowed.test:{server.port}"],
+        hosts={"allowed.test": ["127.0.0.1"], "denied.test": ["127.0.0.1"]},
+    )
+    allowed = f"http://allowed.test:{server.port}"
+    try:
+        with backend.session() as parent:
+            parent.set_network(policy)
+            started = parent.execute(
+                ExecRequest(
+                    argv=("sh", "-c", f"nohup sh -c '{FETCHER}' >/dev/null 2>&1 &"),
+                    env={"FETCH": FETCH, "URL": f"{allowed}/program"},
+                    timeout=60,
+                    background=True,
+                )
+            )
+            assert started.exit_code == 0, started
+            assert _fetched_by_the_program(parent) == "from the host"
+            parent.pause()
+            assert parent.paused and not _state(parent)["Running"]
+            assert _fetch(parent, f"{allowed}/resumed") == "from the host"
+            assert _fetched_by_the_program(parent) == "from the host"
+            with parent.fork(processes=True) as fork:
+                assert fork.capabilities().network_policy == policy
+                assert _fetched_by_the_program(fork) == "from the host"
+                assert _fetch(fork, f"http://denied.test:{other.port}/no") == "403"
+                direct = _fetch(fork, f"http://127.0.0.1:{other.port}/", "HTTP_PROXY", "http_proxy")
+                assert direct.startswith("FAILED"), direct
+                assert [entry.decision for entry in fork.network_log().entries] == ["allowed", "refused"]
+                parent.set_network(False)
+                assert _fetch(parent, f"{allowed}/off") == "403"
+                assert _fetched_by_the_program(fork) == "from the host"  # the fork's network is its own
+                parent.set_network(policy)
+            snap = parent.snapshot(processes=True)
+        try:
+            with backend.session(snapshot=snap) as closed_off:  # this backend gives no policy
+                assert closed_off.capabilities().network_policy is None
+                assert _fetched_by_the_program(closed_off) == "403"
+                assert _fetch(closed_off, f"{allowed}/x") == "403"
+            with (
+                DockerBackend(
+                    runtime="runsc",
+                    checkpoints=True,
+                    network=policy,
+                    limits=ResourceLimits(memory_mb=MEMORY_MB),
+                ) as allowing,
+                allowing.session(snapshot=snap) as copy,
+            ):
+                assert _fetched_by_the_program(copy) == "from the host"
+        finally:
+            backend.remove_snapshot(snap)
+        paths = [head.split(b" ")[1] for head in server.received]
+        assert b"/off" not in paths and b"/x" not in paths, paths
+        assert paths.count(b"/program") == 5 and b"/resumed" in paths, paths
+        assert other.received == [] and other.delivered == 0
+    finally:
+        server.close()
+        other.close()
 
 
 def test_a_snapshot_over_its_cap_or_of_another_image_is_refused(

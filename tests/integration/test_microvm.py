@@ -853,6 +853,89 @@ def test_snapshot_with_processes_starts_copies_of_the_vm(backend: MicroVMBackend
     store.remove(kept.id)
 
 
+#: A program started under the session's network: each time /tmp/go appears it fetches the URL it was
+#: started with, through the proxy its environment named then, into /tmp/got.
+_FETCHER = (
+    'while :; do if [ -e /tmp/go ]; then rm /tmp/go; python3 -c "$FETCH" "$URL" > /tmp/got.new 2>&1; '
+    "mv /tmp/got.new /tmp/got; fi; sleep 0.1; done"
+)
+
+
+def _fetched_by_the_program(session: MicroVMSession) -> str:
+    """What the program started before the copy fetched when asked now (its proxy port from then)."""
+    return sh(
+        session, "rm -f /tmp/got; touch /tmp/go; while [ ! -e /tmp/got ]; do sleep 0.1; done; cat /tmp/got"
+    ).stdout
+
+
+def test_a_network_policy_goes_with_the_vm_through_pause_fork_and_snapshot(
+    backend: MicroVMBackend, tmp_path: Path
+) -> None:
+    """The agent's proxy endpoint lives in the VM's memory; every copy serves it again under its own network.
+
+    A program started under the policy keeps the proxy port its environment named. After a pause to disk,
+    in a fork and in a session from a snapshot, it and new commands reach the allowed name; a name the
+    policy does not allow gets a 403 and a direct connection finds no route. The fork's log and network
+    are its own (the parent turned off does not turn it off). A session from the snapshot on a backend
+    without a policy serves the endpoint with the network off: a 403 for each connection, nothing gets
+    out. Attack on a naive copy: one that left the copied listener unserved (before this, a VM paused to
+    disk came back with every proxied connection closed, and a copy was refused), or served it through
+    the parent's host side, whose network the copy does not have.
+    """
+    from adk_sandbox.executor.network.policy import NetworkPolicy  # noqa: PLC0415
+    from tests.integration.egress_servers import Upstream  # noqa: PLC0415
+
+    server, other = Upstream(body=b"from the host\n"), Upstream(body=b"not for you\n")
+    store = SnapshotStore(tmp_path / "store")
+    policy = NetworkPolicy(
+        allow=[f"allowed.test:{server.port}"],
+        hosts={"allowed.test": ["127.0.0.1"], "denied.test": ["127.0.0.1"]},
+    )
+    fetch = f"python3 -c '{FETCH}'"
+    try:
+        with backend.session() as parent:
+            parent.set_network(policy)
+            program = (
+                f"FETCH='{FETCH}' URL=http://allowed.test:{server.port}/program nohup sh -c '{_FETCHER}'"
+            )
+            started = parent.execute(
+                ExecRequest(argv=("sh", "-c", f"{program} >/dev/null 2>&1 &"), timeout=60, background=True)
+            )
+            assert started.exit_code == 0, started
+            assert _fetched_by_the_program(parent) == "from the host\n"
+            parent.pause()
+            assert (
+                sh(parent, f"{fetch} http://allowed.test:{server.port}/resumed").stdout == "from the host\n"
+            )
+            assert _fetched_by_the_program(parent) == "from the host\n"
+            with parent.fork(processes=True) as fork:
+                assert fork.capabilities().network_policy == policy
+                assert _fetched_by_the_program(fork) == "from the host\n"
+                assert sh(fork, f"{fetch} http://denied.test:{other.port}/no").stdout.startswith("403 ")
+                direct = sh(fork, f"env -u HTTP_PROXY -u http_proxy {fetch} http://10.0.2.2:{other.port}/")
+                assert direct.stdout.startswith("FAILED"), direct
+                assert [entry.decision for entry in fork.network_log().entries] == ["allowed", "refused"]
+                parent.set_network(False)
+                assert sh(parent, f"{fetch} http://allowed.test:{server.port}/off").stdout.startswith("403 ")
+                assert _fetched_by_the_program(fork) == "from the host\n"  # the fork's network is its own
+                parent.set_network(policy)
+            kept = parent.snapshot(processes=True, store=store)
+        with backend.session(snapshot=kept) as closed_off:  # this backend gives no policy
+            assert closed_off.capabilities().network_policy is None
+            assert _fetched_by_the_program(closed_off).startswith("403 ")
+            assert sh(closed_off, f"{fetch} http://allowed.test:{server.port}/x").stdout.startswith("403 ")
+        allowing = MicroVMBackend(CONFIG.model_copy(update={"network": policy}))
+        with allowing, allowing.session(snapshot=kept) as copy:
+            assert _fetched_by_the_program(copy) == "from the host\n"
+        paths = [head.split(b" ")[1] for head in server.received]
+        assert b"/off" not in paths and b"/x" not in paths, paths
+        assert paths.count(b"/program") == 5 and b"/resumed" in paths, paths
+        assert other.received == [] and other.delivered == 0
+    finally:
+        server.close()
+        other.close()
+
+
 #: A token in a shell's memory, written again whenever /tmp/token is gone; it wakes once a second (quiet).
 _QUIET_KEEPER = (
     "t=$(od -An -N8 -tx8 /dev/urandom | tr -dc 0-9a-f); "

@@ -106,7 +106,7 @@ def test_without_a_policy_nothing_is_served_and_a_transport_without_the_agent_is
     class WithoutAgent:  # a test's stand-in transport: no agent, so no proxy endpoint
         channel = "scripted"
 
-    with pytest.raises(PolicyNotEnforceableError, match="the scripted transport has no proxy endpoint"):
+    with pytest.raises(PolicyNotEnforceableError, match="the scripted transport has none"):
         SessionEgress(POLICY).serve(WithoutAgent(), USER)  # type: ignore[arg-type]
 
 

@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -110,8 +110,19 @@ class DetachedAgent:
 class _Agent:
     """One running agent: its stream, reader thread and channels."""
 
-    def __init__(self, stream: AgentStream, user: str, hello: dict[str, Any] | None = None) -> None:
-        """``hello``: what the agent said when it started, for one that is served again (no HELLO comes)."""
+    def __init__(
+        self,
+        stream: AgentStream,
+        user: str,
+        hello: dict[str, Any] | None = None,
+        *,
+        numbering: tuple[int, int, int] | None = None,
+        listeners: Mapping[int, ConnectionHandler] | None = None,
+    ) -> None:
+        """``hello``, ``numbering``, ``listeners``: for an agent served again (no HELLO comes; see reattach).
+
+        All are in place before the reader starts, so no frame of the agent comes before them.
+        """
         self.stream = stream
         self.user = user
         self.hello: dict[str, Any] | None = hello
@@ -127,6 +138,10 @@ class _Agent:
         self._decoder = FrameDecoder(expect_hello=hello is None)
         #: The proxy endpoint's connections (``serve_connections``): their frames go there, not to channels.
         self.connections = Connections(self.send)
+        if numbering is not None:
+            self.continue_from(numbering)
+        for number, handler in (listeners or {}).items():
+            self.connections.add_listener(number, handler)
         self._thread = threading.Thread(target=self._read, name="adk-sandbox-agent", daemon=True)
         self._thread.start()
 
@@ -346,6 +361,8 @@ class AgentTransport:
         self._lock = threading.Lock()
         self._agents: dict[str, _Agent] = {}
         self._last: _Agent | None = None
+        #: The listeners (and their handlers) of each agent let go, served again when it comes back.
+        self._let_go: dict[str, dict[int, ConnectionHandler]] = {}
         self._protected: str | None = None
         self._started = 0
         self._on_restart = on_restart
@@ -616,6 +633,12 @@ class AgentTransport:
         with self._lock:
             return [user for user, agent in self._agents.items() if agent.broken is None]
 
+    def listeners_of(self, user: str, handler: ConnectionHandler) -> tuple[int, ...]:
+        """The LISTEN channels of ``user``'s agent whose connections ``handler`` serves."""
+        with self._lock:
+            agent = self._agents.get(user)
+        return () if agent is None else agent.connections.listeners_of(handler)
+
     def in_use(self, user: str) -> int:
         """How many channels of ``user``'s agent are open: programs, terminals, listeners, connections."""
         with self._lock:
@@ -626,11 +649,13 @@ class AgentTransport:
         """Let go of ``user``'s agent without ending it (a keeper's child, before a checkpoint).
 
         Its stream is closed on this side only: the keeper's stdin stays open, so the agent waits for the
-        next stream. Returns what :meth:`reattach` needs to serve the same agent again.
+        next stream. Returns what :meth:`reattach` needs to serve the same agent again. Its listeners
+        (the proxy endpoint, published ports) are kept here, served again when it comes back.
         """
         described = self.describe(user)
         with self._lock:
             agent = self._agents.pop(user)
+            self._let_go[user] = agent.connections.listening()
             if self._last is agent:
                 self._last = None
         agent.close("detached for a checkpoint")
@@ -647,15 +672,30 @@ class AgentTransport:
         return DetachedAgent(agent.user, dict(agent.hello or {}), agent.numbering(), resident)
 
     def reattach(
-        self, detached: DetachedAgent, stream: AgentStream, until: float, *, resident: bool = False
+        self,
+        detached: DetachedAgent,
+        stream: AgentStream,
+        until: float,
+        *,
+        resident: bool = False,
+        listeners: Mapping[int, ConnectionHandler] | None = None,
     ) -> None:
         """Serve a detached agent over a new stream (the same agent, after a restore): it must answer a PING.
 
         Channel numbers go on from where they were: the agent never sees one used twice. ``resident``: it is
-        this container keeper's agent (a copy restored from another container's checkpoint).
+        this container keeper's agent (a copy restored from another container's checkpoint). ``listeners``:
+        the agent's listeners (LISTEN channels it still holds) to serve here, with their handlers (default:
+        those it had when this transport let it go); a connection of any other listener is closed.
         """
-        agent = _Agent(stream, detached.user, detached.hello)
-        agent.continue_from(detached.numbering)
+        with self._lock:
+            kept = self._let_go.pop(detached.user, {})
+        agent = _Agent(
+            stream,
+            detached.user,
+            detached.hello,
+            numbering=detached.numbering,
+            listeners=kept if listeners is None else listeners,
+        )
         if not agent.ping(max(until - time.monotonic(), 0.1)):
             why = agent.broken or "no answer"
             agent.close()

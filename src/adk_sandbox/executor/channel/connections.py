@@ -213,6 +213,16 @@ class Connections:
         with self._lock:
             self._handlers[channel] = handler
 
+    def listening(self) -> dict[int, ConnectionHandler]:
+        """Every listener served here and its handler (an agent let go keeps them for when it comes back)."""
+        with self._lock:
+            return dict(self._handlers)
+
+    def listeners_of(self, handler: ConnectionHandler) -> tuple[int, ...]:
+        """The listeners whose connections ``handler`` serves (a copy of the agent must serve them again)."""
+        with self._lock:
+            return tuple(channel for channel, served in self._handlers.items() if served == handler)
+
     def remove_listener(self, channel: int) -> None:
         """Forget a listener (connections it already opened go on)."""
         with self._lock:

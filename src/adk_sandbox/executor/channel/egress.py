@@ -19,7 +19,7 @@ from typing import Literal
 
 from adk_sandbox.executor._layout import DIRECT_MOUNT
 from adk_sandbox.executor.channel.agent_transport import AgentTransport
-from adk_sandbox.executor.channel.connections import ConnectionStream
+from adk_sandbox.executor.channel.connections import ConnectionHandler, ConnectionStream
 from adk_sandbox.executor.channel.transport import CommandTransport
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.network.addresses import IPAddress, IPNetwork, infrastructure_addresses
@@ -30,6 +30,7 @@ from adk_sandbox.executor.network.passed_socket import PassedSocket
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.network.relay import DEFAULT_HEAD_TIMEOUT, CloseHandle, relay
 from adk_sandbox.executor.network.unix_endpoint import SOCKET_NAME, SessionSocket
+from adk_sandbox.executor.snapshots.model import KeptEndpoint
 
 __all__ = [
     "DIRECT_MOUNT",
@@ -227,6 +228,51 @@ class SessionEgress:
             if isinstance(network, NetworkPolicy):
                 self._trust_intercept_ca(transport, user, network)  # a fresh agent: the CA file again
             self._served_by = (transport, transport.agent_pids.get(user))
+
+    def carried(self, transport: CommandTransport) -> KeptEndpoint | None:
+        """The endpoint a copy of the sandbox's memory (a fork) keeps listening on; None: none is served.
+
+        Only an endpoint served as frames is carried: the direct path's socket is this session's own.
+        """
+        with self._serving:
+            served, port = self._served_by, self._port
+            if served is None or port is None or served[0] is not transport:
+                return None
+            if self._mode != "frames":
+                raise PolicyNotEnforceableError(
+                    "the proxy endpoint is served over this session's own socket (the direct path), which a "
+                    "copy cannot share; nothing was copied"
+                )
+            agent_transport = served[0]
+            for user, pid in agent_transport.agent_pids.items():
+                if pid == served[1]:
+                    listeners = agent_transport.listeners_of(user, self.handle)
+                    return KeptEndpoint(user=user, listeners=listeners, port=port)
+        return None
+
+    def adopt(self, carried: KeptEndpoint) -> dict[int, ConnectionHandler]:
+        """Serve ``carried`` (a copy's endpoint) here: the handlers to reattach its agent with.
+
+        The copy's connections then go through this session's network (a policy, or a 403 when it has
+        none), and its commands are told the same port. :meth:`served_again` completes it once the agent
+        is served.
+        """
+        with self._serving:
+            self._port, self._mode = carried.port, "frames"
+            self._proxied = True
+        return dict.fromkeys(carried.listeners, self.handle)
+
+    def served_again(self, transport: AgentTransport, carried: KeptEndpoint) -> None:
+        """The copy's agent is served (with :meth:`adopt`'s handlers): no new LISTEN is needed for it.
+
+        A policy with headers gets this session's own CA written into the copy (the copy's host side never
+        holds the parent's key), as for a fresh agent.
+        """
+        with self._serving:
+            self._served_by = (transport, transport.agent_pids.get(carried.user))
+            network = self.network
+            if isinstance(network, NetworkPolicy):
+                self._trust_intercept_ca(transport, carried.user, network)
 
     def switch(self, network: bool | NetworkPolicy, transport: CommandTransport | None, user: str) -> None:
         """Put ``network`` in force (the engine checked it may); close the connections it does not allow.

@@ -80,6 +80,20 @@ class SnapshotOptions(BaseModel):
         return labels
 
 
+class KeptEndpoint(BaseModel):
+    """The proxy endpoint a sandbox's agent listens on, kept with a copy of its memory (no secret in it).
+
+    Host-side records only, never read from the sandbox: whose agent listens, its LISTEN channels, and the
+    port its commands were told. A session restored from the copy serves it again under its own network.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    user: Annotated[str, Field(pattern=r"^[0-9]{1,10}:[0-9]{1,10}$")]
+    listeners: tuple[Annotated[int, Field(ge=1, lt=1 << 32)], ...]
+    port: Annotated[int, Field(ge=1, le=65535)]
+
+
 class KeptProcesses(BaseModel):
     """What a snapshot with processes keeps beside the sandbox's checkpoint (``checkpoint/``).
 
@@ -98,6 +112,8 @@ class KeptProcesses(BaseModel):
     """What the agent said when it started."""
     numbering: tuple[int, int, int]
     """The agent's next channel, highest connection and next dial when the checkpoint was taken."""
+    endpoint: KeptEndpoint | None = None
+    """The network policy's proxy endpoint its agent held (None: it served none)."""
 
 
 class Snapshot(BaseModel):

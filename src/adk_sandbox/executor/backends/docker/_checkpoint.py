@@ -1,16 +1,9 @@
-"""A keeper container's checkpoints through the engine's API (docs/pause.md).
+"""A keeper container's checkpoints through the engine's API.
 
-A container made with ``ContainerSpec(checkpoints=True)`` runs the agent's keeper as its command, so the
-engine's checkpoint (``POST /containers/{id}/checkpoints``, gVisor's ``runsc checkpoint`` under it) keeps
-the agent and everything it started; ``start?checkpoint=`` restores them. Docker 20.10 offers these only
-with the daemon's experimental features on (``scripts/setup`` turns them on).
-
-A checkpoint lives in the container's own directory on the engine: it is removed with the container
-(so the reaper that removes a leaked container removes its checkpoints) and deleted once restored.
-
-The agent's side: :func:`keeper_opener` starts the session's agent as the keeper's child;
-:func:`checkpoint_agent` lets go of it, checkpoints, and (for a fork) serves it again;
-:func:`restore_agent` brings the container back and serves the same agent over a new stream.
+:class:`ContainerCheckpoints` checkpoints and restores a container made with
+``ContainerSpec(checkpoints=True)``; :func:`keeper_opener`, :func:`checkpoint_agent` and
+:func:`restore_agent` hand the session's agent over across them. Depth: docs/pause.md, "The checkpoint to
+disk" (why a keeper, what ``pause()`` and a fork do).
 """
 
 from __future__ import annotations
@@ -21,7 +14,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import docker
@@ -40,6 +33,7 @@ from adk_sandbox.executor.errors import (
 if TYPE_CHECKING:
     from adk_sandbox.executor.backends.docker._container import OpenedContainer
     from adk_sandbox.executor.backends.docker.session import DockerSession
+    from adk_sandbox.executor.channel.connections import ConnectionHandler
 
 log = logging.getLogger(__name__)
 
@@ -390,8 +384,16 @@ def start_from_copy(client: docker.DockerClient, source: str, name: str) -> Call
 
 
 def adopt_agent(
-    client: docker.DockerClient, container_id: str, transport: AgentTransport, detached: DetachedAgent
+    client: docker.DockerClient,
+    container_id: str,
+    transport: AgentTransport,
+    detached: DetachedAgent,
+    *,
+    listeners: Mapping[int, ConnectionHandler] | None = None,
 ) -> None:
-    """Serve, as this container keeper's agent, the copy of another session's agent restored in it."""
+    """Serve, as this container keeper's agent, the copy of another session's agent restored in it.
+
+    ``listeners``: the copied agent's listeners to serve, with their handlers (others are closed).
+    """
     stream = ContainerCheckpoints(client, container_id).attach(_soon())
-    transport.reattach(detached, stream, _soon(), resident=True)
+    transport.reattach(detached, stream, _soon(), resident=True, listeners=listeners or {})

@@ -1,22 +1,8 @@
-"""Snapshots with processes: a keeper container's checkpoint kept in the snapshot store (docs/pause.md).
+"""Snapshots with processes: a keeper container's checkpoint kept in the snapshot store.
 
-``session.snapshot(processes=True)`` checkpoints the running session (it runs on), copies the checkpoint out
-of the engine's directory into the snapshot's ``checkpoint/``, and deletes the engine's. With it goes what the
-host needs to serve the same agent again (:class:`~adk_sandbox.executor.snapshots.model.KeptProcesses`).
-Under gVisor the checkpoint is the whole sandbox: every process and its memory, the tmpfs directories and
-the root filesystem's writes (they live in the sandbox's memory); only the workspace, which is the host's,
-is copied beside it (``workspace/``, owned as the workspace was), while commands are still held back.
-
-``backend.session(snapshot=...)`` of such a snapshot creates a container like any session of the backend,
-checks it runs the image the snapshot was taken of, copies the checkpoint into its own directory and
-restores it there: every process goes on where it was, in a sandbox of its own, with a copy of the
-workspace of its own bound where the snapshot's was inside. Many sessions may start from one snapshot;
-each restores its own copy.
-
-The snapshot is kept on disk, never in the store's memory tier: it is memory the sandbox held, and the
-point is that the host no longer holds it. It is owned, expires and is reaped like any snapshot; it holds
-nothing of the host's (the checkpoint is the sandbox's own state, written by the runtime outside every
-mount the sandbox has).
+:func:`take_with_processes` copies a running session's checkpoint (and its workspace) into a snapshot,
+always on disk; :func:`start_from_kept` restores a copy in a new session's container. Depth:
+docs/pause.md, "What a snapshot with processes is".
 """
 
 from __future__ import annotations
@@ -53,6 +39,7 @@ def take_with_processes(session: DockerSession, options: SnapshotOptions, store:
     with session._quiesced(options.wait_seconds, "a snapshot is taken"):
         container = session._opened()
         transport = session._keeper_transport()
+        endpoint = session._egress.carried(transport)
         name, detached = checkpoint_agent(client, container.id, transport, stop=False)
         checkpoints = ContainerCheckpoints(client, container.id)
         spec = session._config.spec
@@ -83,7 +70,11 @@ def take_with_processes(session: DockerSession, options: SnapshotOptions, store:
                 size_bytes=size,
                 carries=("files", "processes", "memory"),
                 processes=KeptProcesses(
-                    checkpoint=name, user=detached.user, hello=detached.hello, numbering=detached.numbering
+                    checkpoint=name,
+                    user=detached.user,
+                    hello=detached.hello,
+                    numbering=detached.numbering,
+                    endpoint=endpoint,
                 ),
             )
 
@@ -124,6 +115,7 @@ def start_from_kept(session: DockerSession, snapshot: Snapshot) -> None:
                 checkpoints.delete(kept.checkpoint)
 
     session._adopting = DetachedAgent(kept.user, dict(kept.hello), kept.numbering, resident=True)
+    session._adopting_endpoint = kept.endpoint
     session._provider.starts_from = start
 
 

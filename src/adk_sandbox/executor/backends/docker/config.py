@@ -415,9 +415,8 @@ class DockerConfig(BaseModel):
         refused = {
             "container=": self.container is not None,  # not this library's container to restart
             "pool=": self.pool is not None,
-            # a copy's volume is emptied at a stop; the policy's proxy is not carried over yet
+            # a copy's volume is emptied at a stop
             "workspace_transport='mirror'": self.workspace_transport == "mirror",
-            "a network policy": isinstance(self.network, NetworkPolicy),
         }
         given = [name for name, present in refused.items() if present]
         if given:

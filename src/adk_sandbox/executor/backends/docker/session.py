@@ -101,7 +101,7 @@ from adk_sandbox.executor.workspace.synced import SyncChannel, SyncedWorkspace
 
 if TYPE_CHECKING:  # the snapshots package imports this module's names: imported where used at run time
     from adk_sandbox.executor.backends.docker._layers import MemberLayers
-    from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions
+    from adk_sandbox.executor.snapshots.model import KeptEndpoint, Snapshot, SnapshotOptions
     from adk_sandbox.executor.snapshots.store import SnapshotStore
 
 __all__ = ["NETWORK_OFF_RULE", "DockerSession", "SessionConfig", "TransportFactory", "agent_transport"]
@@ -198,14 +198,9 @@ def argv_for(request: ExecRequest) -> tuple[str, ...]:
 class DockerSession(SessionNetwork, ChannelSession):
     """One container for the whole session: created at entry (or first use), reused, removed at close.
 
-    Every command runs with a cleared environment (the image's own variables, then policy, then request
-    env), as the uid:gid owning the workspace root, with the workspace root as cwd. A request's ``user``
-    (any uid or uid:gid; a bare uid means uid:uid) and ``cwd`` (any directory of the container: the
-    container is the confinement, the workspace is not required) replace those for one call; a cwd the
-    user cannot enter is refused with ``InvalidRequestError`` before the command starts. A timeout or a cancel
-    kills the command's whole process tree inside the container and keeps the output so far. After a
-    fork bomb, OOM or timeout the session keeps working; when the container itself died or could not be
-    cleaned, the next command gets a fresh container (logged, and counted in :attr:`restarts`).
+    Commands run with a cleared environment, as the workspace root's owner, in the workspace root, unless a
+    request's ``user`` or ``cwd`` says otherwise; a container that died is replaced at the next command
+    (:attr:`restarts`). Depth: docs/docker/sessions.md.
 
     ``transport`` overrides how commands reach the container (default: :func:`agent_transport`, the
     agent channel; a test wraps it); ``provider`` the container provider (default: one for ``config``; the
@@ -267,6 +262,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._idle: IdlePauser | None = None
         #: A fork with processes: the parent's agent, let go, of which this session's is the copy.
         self._adopting: DetachedAgent | None = None
+        #: The proxy endpoint the adopted agent holds (a fork's or a snapshot's): served under this network.
+        self._adopting_endpoint: KeptEndpoint | None = None
         #: Tracks a session this one forked (set by the backend that opened this one).
         self._adopt: Callable[[DockerSession], DockerSession] | None = None
         #: Called once when the first command ends or the session closes (the warm pool's deferred refill).
@@ -358,16 +355,12 @@ class DockerSession(SessionNetwork, ChannelSession):
     def fill_mirror_on_host(self, source: str, *, with_host: bool = False) -> list[str] | None:
         """Copy ``source`` into the sandbox's workspace copy on the host and tell the mirror it holds it.
 
-        For a session whose host workspace (:attr:`workspace`) was just filled from ``source`` (the warm
-        pool's fork: a snapshot's workspace, docs/snapshots.md): what :meth:`push_workspace` would bring
-        through the channel is copied on the host into the mirror's volume (:attr:`mirror_dir`), by the
-        same safe walk (no link followed on either side, no link leading out, no special file, no set-id
-        bit; the command user owns what it makes, as after a push), and the mirror then knows both sides
-        as in sync (:meth:`MirrorWorkspace.adopt`). ``with_host``: the host workspace is still empty and
-        is filled by the same walk (each file of ``source`` read once, written into both). Returns what
-        the next sync still brings (the paths where the two copies differ), or None when this session
-        cannot (no volume this process reaches, or one not empty; nothing was copied, the host workspace
-        neither): copy and push then. Starts the session.
+        Instead of :meth:`push_workspace`, ``source`` is copied on the host into the mirror's volume
+        (:attr:`mirror_dir`) by the snapshot's safe walk, then :meth:`MirrorWorkspace.adopt` marks both sides
+        in sync; ``with_host`` fills the still-empty host workspace by the same walk. Returns the paths the
+        next sync still brings, or None when this session cannot (no volume this process reaches, or one not
+        empty; nothing was copied): copy and push then. Starts the session. Depth: docs/snapshots.md, "The
+        workspace of a fork, on the host side too".
         """
         from adk_sandbox.executor.snapshots.copy import copy_workspace  # noqa: PLC0415 - see TYPE_CHECKING
 
@@ -428,10 +421,17 @@ class DockerSession(SessionNetwork, ChannelSession):
     def _serve_keeper(self, transport: AgentTransport, container_id: str) -> None:
         """Start the session's agent as the keeper's child, or adopt the one restored with a fork."""
         adopted, self._adopting = self._adopting, None
+        endpoint, self._adopting_endpoint = self._adopting_endpoint, None
         if adopted is None:
             transport.use_keeper(keeper_opener(self._client, container_id, lambda: self._user))
-        else:  # restored from another session's checkpoint: a copy of its agent serves this one
-            adopt_agent(self._client, container_id, transport, adopted)
+            return
+        # Restored from another session's checkpoint: a copy of its agent serves this one, and the proxy
+        # endpoint it still listens on goes through this session's network (docs/pause.md).
+        carried = endpoint if endpoint is not None and endpoint.user == adopted.user else None
+        listeners = self._egress.adopt(carried) if carried is not None else None
+        adopt_agent(self._client, container_id, transport, adopted, listeners=listeners)
+        if carried is not None:
+            self._egress.served_again(transport, carried)
 
     def _keeper_transport(self) -> AgentTransport:
         transport = self._transport
@@ -476,6 +476,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         with self._quiesced(30.0 if wait_seconds is None else wait_seconds, "a fork is taken"):
             container = self._opened()
             transport = self._keeper_transport()
+            carried = self._egress.carried(transport)
             name, detached = checkpoint_agent(self._client, container.id, transport, stop=False)
             try:  # commands still held back: the copy is the workspace the checkpoint's processes saw
                 config = self._fork_workspace()
@@ -485,7 +486,9 @@ class DockerSession(SessionNetwork, ChannelSession):
                 raise
         try:
             child = adopt(DockerSession(self._client, config))
-            child._adopting = detached
+            child._adopting, child._adopting_endpoint = detached, carried
+            if child._egress.network != self._egress.network:  # the network in force now, not the config's
+                child._egress.switch(self._egress.network, None, child._user)
             child._provider.starts_from = start_from_copy(self._client, container.id, name)
             try:
                 child.start()
@@ -601,8 +604,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         session creates. Whether the sandbox can reach the socket is the agent's probe's to find out
         (runc: yes; gVisor without ``--host-uds``: no, and the connections travel as frames).
         """
-        if self._config.direct_egress is False or self.attached:
-            return None
+        if self._config.direct_egress is False or self.attached or self._config.spec.checkpoints:
+            return None  # a checkpoint's copies need the frames (gVisor cannot reach the socket anyway)
         if not isinstance(self._config.egress, NetworkPolicy) or not engine_of(self._client).local:
             return None
         if self._direct_unshared:

@@ -1,15 +1,8 @@
-"""A microVM's snapshot with processes: its machine file kept in the snapshot store (docs/pause.md).
+"""A microVM's snapshot with processes: its machine file kept in the snapshot store.
 
-``session.snapshot(processes=True)`` migrates the VM to ``checkpoint/machine.state`` in a new snapshot
-(it goes on; paused in place it stays paused, as for a fork), and writes beside it ``machine.json``
-(:class:`KeptMachine`): what the host needs to serve each agent again (user, HELLO, channel numbering, port)
-and what the file fits (kernel, initramfs, root disk, memory, vCPUs, ports, accelerator), with the start-up
-probe's answer. ``backend.session(snapshot=...)`` starts a new QEMU loading that file (read, never changed:
-any number of sessions may start from one snapshot), each reseeded as a fork is (``_pause``).
-
-It is kept on disk, never in the store's memory tier (it is the memory the VM held), owned, capped by
-``max_mb``, expires and is reaped like any snapshot; the sandbox has no path to the store. Not with a
-workspace (QEMU 7.2 cannot migrate virtiofs).
+:func:`take_machine` migrates the VM into ``checkpoint/machine.state`` beside a ``machine.json``
+(:class:`KeptMachine`); :func:`read_machine` checks it fits the machine a backend makes before a session
+starts from it. Depth: docs/pause.md, "The microVM" (``snapshot(processes=True)``).
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ from adk_sandbox.executor.backends.microvm._pause import STATE_FILE
 from adk_sandbox.executor.backends.microvm._qemu import QemuCommand
 from adk_sandbox.executor.channel.agent_transport import DetachedAgent
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
-from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions, new_record
+from adk_sandbox.executor.snapshots.model import KeptEndpoint, Snapshot, SnapshotOptions, new_record
 from adk_sandbox.executor.snapshots.store import SnapshotStore, new_id
 
 if TYPE_CHECKING:
@@ -63,6 +56,8 @@ class KeptMachine(BaseModel):
     """The command line's :data:`_MACHINE_FIELDS`, as text."""
     probe: str
     """What the start-up probe said in the VM (its kernel, limits, languages)."""
+    endpoint: KeptEndpoint | None = None
+    """The proxy endpoint its agent holds: a session from it serves it under its own network."""
 
 
 def _machine_of(spec: QemuCommand) -> dict[str, str]:
@@ -76,7 +71,9 @@ def take_machine(session: MicroVMSession, options: SnapshotOptions, store: Snaps
     def build(partial: str) -> Snapshot:
         kept = Path(partial) / "checkpoint"
         kept.mkdir(mode=0o700)
-        agents, spec = session._copy_machine(kept / STATE_FILE, options.wait_seconds, "a snapshot is taken")
+        agents, spec, carried = session._copy_machine(
+            kept / STATE_FILE, options.wait_seconds, "a snapshot is taken"
+        )
         size = sum(os.lstat(path).st_blocks * 512 for path in kept.iterdir())
         if size > options.max_mb * _MIB:
             raise PolicyNotEnforceableError(
@@ -93,6 +90,7 @@ def take_machine(session: MicroVMSession, options: SnapshotOptions, store: Snaps
             accel="kvm" if spec.accel == "kvm" else "tcg",
             machine=_machine_of(spec),
             probe=session.guest.output if session.guest is not None else "",
+            endpoint=carried,
         )
         (kept / MACHINE_RECORD).write_text(record.model_dump_json(indent=1), encoding="utf-8")
         return new_record(

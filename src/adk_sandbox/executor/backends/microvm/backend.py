@@ -1,17 +1,8 @@
 """MicroVMBackend: one QEMU ``-M microvm`` VM per session, commands through the static agent.
 
-See docs/MICROVM.md.
-
-The VM boots the Debian cloud kernel with a small initramfs onto a read-only root disk made from the
-project's image; its only devices are that disk, a serial console and one virtio-serial port per agent.
-There is no network device at all. Commands reach the guest through the agent channel: the same frames,
-the same static agent (tree kill, output caps, file operations) as a Docker session, over a port
-(:mod:`._port`) instead of a Docker exec. Memory and processes are limited by a cgroup in the guest
-(``guest/vminit.c``), CPU by the number of vCPUs, the whole VM by its memory size.
-
-What :meth:`MicroVMSession.capabilities` claims is read from the running VM: the QEMU command line it was
-started with (accelerator, no NIC, sizes) and an in-guest probe (its own kernel release, its network
-interfaces, its cgroup's limits, its CPUs).
+:class:`MicroVMBackend` opens a :class:`MicroVMSession` per session: no network device, limits enforced by a
+guest cgroup and the VM's size, commands over the agent channel on a virtio-serial port; capabilities are read
+from the QEMU command line and an in-guest probe. Depth: docs/MICROVM.md.
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +56,7 @@ from adk_sandbox.executor.channel.egress import SessionEgress, SessionNetwork, c
 from adk_sandbox.executor.channel.idle import IdlePauser, process_cpu_reader
 from adk_sandbox.executor.channel.probe import verify_from_inside
 from adk_sandbox.executor.channel.session import ChannelSession
+from adk_sandbox.executor.channel.streams import AgentStream
 from adk_sandbox.executor.channel.transport import DEFAULT_PATH, PreparedCommand
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
@@ -78,7 +70,7 @@ from adk_sandbox.executor.types import Capabilities, IsolationClass, Language
 from adk_sandbox.executor.workspace.copies import reap_copies
 
 if TYPE_CHECKING:
-    from adk_sandbox.executor.snapshots.model import Snapshot, SnapshotOptions
+    from adk_sandbox.executor.snapshots.model import KeptEndpoint, Snapshot, SnapshotOptions
     from adk_sandbox.executor.snapshots.store import SnapshotStore
 
 __all__ = ["GuestFacts", "MicroVMBackend", "MicroVMSession", "resolve_accel"]
@@ -338,6 +330,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         self._monitor_connection: Qmp | None = None
         #: Paused to disk: the agents let go (served again on their ports after the restore).
         self._detached: list[DetachedAgent] = []
+        #: The proxy endpoint its agent held when it was let go (paused to disk): for the copies made then.
+        self._carried: KeptEndpoint | None = None
         self._user = config.user
         self._base_env = {"PATH": DEFAULT_PATH, "HOME": HOME_DIR}
         self._enterable: set[tuple[str, str]] = set()
@@ -501,8 +495,10 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             users = self._users_without_streams(
                 "held through a pause to disk; nothing was paused. Close them, or pause(keep_memory=True)"
             )
+            carried = self._egress.carried(transport)
             migrate_to_file(self._monitor(), run_dir / STATE_FILE)
             self._detached = [transport.detach(user) for user in users]
+            self._carried = carried
             monitor, self._monitor_connection = self._monitor_connection, None
             if monitor is not None:
                 monitor.close()
@@ -532,9 +528,9 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         users = [agent.user for agent in self._detached]
         vm, monitor, streams = start_from_file(spec, run_dir / STATE_FILE, opener, users)
         self._vm, self._monitor_connection = vm, monitor
-        for agent in self._detached:
+        for agent in self._detached:  # its listeners come back with it (the transport kept them)
             transport.reattach(agent, streams[agent.user], time.monotonic() + 30)
-        self._detached = []
+        self._detached, self._carried = [], None
         (run_dir / STATE_FILE).unlink(missing_ok=True)
 
     # -- fork and snapshot with processes (docs/pause.md "The microVM"; _pause.py, _snapshot.py) ----------
@@ -563,10 +559,11 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         """
         self._refuse_copy(processes, "fork", "forked")
         child = MicroVMSession(self._config)
+        child._egress = SessionEgress(self._egress.network)  # the network in force now, not the config's
         try:
             state = child._new_run_dir() / STATE_FILE
-            agents, spec = self._copy_machine(state, wait_seconds, "the session is forked")
-            child._start_copy(spec.accel, state, agents, self.ports_of_agents(), self.guest)
+            agents, spec, carried = self._copy_machine(state, wait_seconds, "the session is forked")
+            child._start_copy(spec.accel, state, agents, self.ports_of_agents(), self.guest, carried=carried)
         except BaseException:
             child.close()
             raise
@@ -596,16 +593,13 @@ class MicroVMSession(SessionNetwork, ChannelSession):
                 f"a microVM with a workspace cannot be {done}: {NO_MIGRATION}; start the session without a "
                 f"workspace to {call} it"
             )
-        if self._egress.proxied:
-            raise PolicyNotEnforceableError(
-                f"a microVM with a network policy cannot be {done} yet: its proxy is served by the host and "
-                f"is not carried to a copy; {call} a session without one"
-            )
 
     def _copy_machine(
         self, state: Path, wait_seconds: float, purpose: str
-    ) -> tuple[list[DetachedAgent], QemuCommand]:
-        """Migrate the VM to ``state`` while it goes on (paused in place, it stays so); its agents, its VM.
+    ) -> tuple[list[DetachedAgent], QemuCommand, KeptEndpoint | None]:
+        """Migrate the VM to ``state`` while it goes on: its agents, its VM and its agent's proxy endpoint.
+
+        Paused in place, it stays paused. The endpoint is :meth:`SessionEgress.carried`'s.
 
         QEMU migrates a stopped VM only once: the file of the first copy of a session paused in place
         (``frozen.state``) serves every later one until it resumes. Paused to disk, its own file serves.
@@ -619,9 +613,10 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             assert transport is not None and spec is not None and run_dir is not None  # noqa: S101 - started
             if self._on_disk:  # it stays on disk: its agents were described when it was let go
                 _link_or_copy(run_dir / STATE_FILE, state)
-                return list(self._detached), spec
+                return list(self._detached), spec, self._carried
             users = self._users_without_streams(f"copied ({purpose}); nothing was copied. Close them first")
             agents = [transport.describe(user) for user in users]
+            carried = self._egress.carried(transport)
             if frozen:
                 kept = self._frozen_state()
                 if not kept.exists():
@@ -629,7 +624,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
                 _link_or_copy(kept, state)
             else:
                 migrate_to_file(self._monitor(), state, go_on=True)
-        return agents, spec
+        return agents, spec, carried
 
     def _frozen_state(self) -> Path:
         """The machine's file made by the first copy of this session paused in place (gone at resume)."""
@@ -649,6 +644,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         port_of: dict[str, int],
         guest: GuestFacts | None,
         *,
+        carried: KeptEndpoint | None = None,
         keep_state: bool = False,
     ) -> None:
         """Start this new session's QEMU from ``state`` (reseeded) and serve each of ``agents`` again.
@@ -672,10 +668,27 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             if not keep_state:
                 state.unlink(missing_ok=True)
             self._transport = transport = AgentTransport(opener)
-            for agent in agents:
-                transport.reattach(agent, streams.pop(agent.user), time.monotonic() + 30)
+            self._serve_agents(transport, agents, streams, carried)
             self.boot_seconds = time.monotonic() - started
             self._watch_idle()
+
+    def _serve_agents(
+        self,
+        transport: AgentTransport,
+        agents: list[DetachedAgent],
+        streams: Mapping[str, AgentStream],
+        carried: KeptEndpoint | None,
+    ) -> None:
+        """Serve each of ``agents`` again, and the proxy endpoint one of them holds under this network.
+
+        The endpoint's connections go through this session's network: its policy, or a 403 for each when
+        it has none. It is never left listening with nobody to enforce it, and never open.
+        """
+        for agent in agents:
+            listeners = self._egress.adopt(carried) if carried and carried.user == agent.user else None
+            transport.reattach(agent, streams[agent.user], time.monotonic() + 30, listeners=listeners)
+        if carried is not None and any(agent.user == carried.user for agent in agents):
+            self._egress.served_again(transport, carried)
 
     def _start_from_snapshot(self, snapshot: Snapshot) -> None:
         """Start this new session as a copy of the VM ``snapshot`` kept (refused when it does not fit)."""
@@ -687,7 +700,10 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             snapshot, lambda accel: _vm_spec(parts, self._config, accel, run_dir)
         )
         port_of = {agent.user: agent.port for agent in record.agents}
-        self._start_copy(record.accel, state, agents, port_of, GuestFacts(record.probe), keep_state=True)
+        guest = GuestFacts(record.probe)
+        self._start_copy(
+            record.accel, state, agents, port_of, guest, carried=record.endpoint, keep_state=True
+        )
 
     # -- what is enforced ----------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -807,19 +823,14 @@ class MicroVMBackend(SessionBackend[MicroVMSession]):
         """A new session, ``workspace`` shared at the same path inside; from the pool where it can be.
 
         ``snapshot=`` (a :meth:`MicroVMSession.snapshot` with processes, or its id or name in the default
-        store) starts a copy of the VM it kept, every process where it was, its kernel randomness
-        reseeded; alone, and refused unless this backend makes the same VM (image, memory, vCPUs, ports).
+        store) starts a copy of the VM it kept; alone, and refused unless this backend makes the same VM.
 
-        With ``workspace``, a VM booted for this session (on entry or first use): a share is fixed at boot,
-        so it cannot come from the pool. The workspace must not be owned by root
-        (:class:`PolicyNotEnforceableError`): what the VM creates there is owned by the workspace's owner
-        (docs/MICROVM.md, "The workspace").
-
-        Without it, and with ``pool=``, a VM of the pool, already booted, its workspace an empty directory
-        of its own (``session.workspace``) at the pool's ``path`` inside; ``copy_of=DIR`` fills that
-        directory with a copy of ``DIR`` first (``DIR`` is only read; no link is followed out of it). Both
-        are removed when the session closes: read results from ``session.workspace`` before. ``copy_of``
-        needs a pool (:class:`InvalidRequestError`).
+        With ``workspace``, a VM booted for this session (never from the pool); a workspace owned by root is
+        refused (:class:`PolicyNotEnforceableError`). Without it, and with ``pool=``, a pooled VM whose
+        workspace is an empty directory of its own (``session.workspace``) at the pool's ``path``, filled with
+        a copy of ``copy_of=DIR`` first; removed at close. ``copy_of`` needs a pool
+        (:class:`InvalidRequestError`). Depth: docs/MICROVM.md, "The workspace (virtiofs)" and "The pool of
+        booted VMs".
         """
         check_one_source(workspace, copy_of, snapshot)
         if snapshot is not None:
