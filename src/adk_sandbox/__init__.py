@@ -1,20 +1,9 @@
-r"""adk-sandbox: the sandbox that coding agents run in.
+"""adk-sandbox: the sandbox that coding agents run in.
 
-One import root for the whole library. The public names a user needs are here, loaded on first use so
-``import adk_sandbox`` stays cheap (a host-only user never loads docker-py):
-
->>> import asyncio, tempfile
->>> from adk_sandbox import DevToolset, Workspace
->>> with Workspace(tempfile.mkdtemp()) as ws:
-...     tools = DevToolset(ws)
-...     _ = asyncio.run(tools.run("write_file", {"path": "a.txt", "content": "hi\n"}))
-...     asyncio.run(tools.run("read_file", {"path": "a.txt"}))["content"]
-'     1\thi\n'
-
-The two layers stay importable by their own names: :mod:`adk_sandbox.executor` (backends, requests,
-results, the Rust pipeline) and :mod:`adk_sandbox.devtools` (the workspace and its six tools, the
-integrations under :mod:`adk_sandbox.devtools.adapters`). The import root is ``adk_sandbox`` so that the
-project installs next to other distributions named ``executor`` or ``devtools`` without replacing them.
+One import root for the whole library: the public names of :mod:`adk_sandbox.executor` (backends,
+requests, results, the Rust pipeline) and :mod:`adk_sandbox.devtools` (the workspace and its six tools),
+loaded on first use so ``import adk_sandbox`` stays cheap. Start at README.md; why the root is
+``adk_sandbox``: docs/DESIGN.md, "Layout".
 """
 
 from __future__ import annotations

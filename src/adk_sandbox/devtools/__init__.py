@@ -1,15 +1,8 @@
-r"""adk-sandbox devtools: a contained workspace and the six agent tools on top of :mod:`adk_sandbox.executor`.
+"""adk-sandbox devtools: a contained workspace and the six agent tools on top of :mod:`adk_sandbox.executor`.
 
->>> import asyncio, tempfile
->>> from devtools import DevToolset, Workspace
->>> with Workspace(tempfile.mkdtemp()) as ws:
-...     tools = DevToolset(ws)
-...     _ = asyncio.run(tools.run("write_file", {"path": "a.txt", "content": "hi\n"}))
-...     asyncio.run(tools.run("read_file", {"path": "a.txt"}))["content"]
-'     1\thi\n'
-
-File tools run on the host and open everything through a descriptor of the root (see docs/DEVTOOLS.md);
-``bash`` runs through the workspace's sandbox backend.
+:class:`Workspace` and :class:`DevToolset`: file tools run on the host and open everything through a
+descriptor of the root; ``bash`` runs through the workspace's sandbox backend. Framework adapters live in
+:mod:`adk_sandbox.devtools.adapters`. Depth: docs/DEVTOOLS.md.
 """
 
 from adk_sandbox.devtools.errors import (

@@ -405,18 +405,10 @@ class Workspace(ClosedOnExit):
     def command_env(self, backend: SandboxBackend | None = None) -> dict[str, str]:
         """The host variables a ``bash`` command on ``backend`` receives (blocking: may ask the backend).
 
-        Decided by two facts the backend reports in its capabilities, not by its isolation class:
-
-        * ``host_filesystem``: commands see the host's filesystem as it is (the default host
-          ``ProcessBackend``). Otherwise (a container, gVisor, bubblewrap with confined reads) ``PATH``,
-          ``HOME``, ``TMPDIR``, ``SHELL`` and ``USER`` never pass: the host's paths and identity are wrong
-          there, and the sandbox knows where its programs are and gives a writable HOME.
-        * ``host_environment``: commands may be handed the host process's whole environment (only a plain
-          host process). Only then does ``inherit_env`` pass all of ``os.environ``; elsewhere it would hand
-          every host secret to the sandbox (they never enter a container), so only the variables
-          named in ``env_allowlist`` pass, as without it.
-
-        ``backend=None`` means the default host ``ProcessBackend``.
+        Decided by the backend's ``host_filesystem`` and ``host_environment`` capabilities, not its isolation
+        class: ``inherit_env`` passes all of ``os.environ`` only to a plain host process, and a sandbox with a
+        filesystem of its own never gets ``PATH``, ``HOME``, ``TMPDIR``, ``SHELL`` or ``USER``.
+        ``backend=None`` means the default host ``ProcessBackend``. The table: docs/DEVTOOLS.md, "bash".
         """
         allowlisted = {name: os.environ[name] for name in self.env_allowlist if name in os.environ}
         if backend is None:

@@ -100,16 +100,11 @@ class SandboxBackend(ClosedOnExit, ABC):
 class SessionFactory(Protocol):
     """A backend that opens sessions: ``with factory.session(workspace=root) as session: ...``.
 
-    A session is itself a :class:`SandboxBackend` (so a context manager): every command it runs shares
-    one sandbox -- one filesystem, one container -- until it is closed, and with ``workspace`` given its
-    commands run with that directory as their working directory, at the same absolute path as on the host.
-    ``workspace=None`` opens a session with no workspace (the Rust pipeline's own scratch session).
-
-    The factory's own ``execute``, where it has one, may run each call in a sandbox of its own (Docker: a
-    throw-away container), which is why callers that need state to carry over from one command to the
-    next (``Workspace``'s bash, ``RustExecutor``'s compile-then-run) open a session instead. ``DockerBackend``
-    is one; ``isinstance(obj, SessionFactory)`` tells whether an object is (it checks that ``session``
-    exists, not its signature).
+    A session is itself a :class:`SandboxBackend`: its commands share one sandbox until it is closed, and with
+    ``workspace`` they run in that directory, at the same absolute path as on the host (``None``: no
+    workspace). Callers that need state carried between commands open a session rather than call the
+    factory's ``execute``. ``isinstance(obj, SessionFactory)`` checks only that ``session`` exists.
+    Depth: docs/DESIGN.md, "Sessions: one protocol".
     """
 
     def session(self, workspace: str | os.PathLike[str] | None = None) -> SandboxSession:

@@ -270,8 +270,7 @@ class SandboxCodeExecutor(BaseCodeExecutor):
     block runs in **one** session opened on the first (one container; files a block writes are there for the
     next, Python variables are not: ``stateful`` is false), removed by :meth:`close` -- the session
     handling of :class:`~adk_sandbox.executor.tools.SandboxTool`, which runs the code. A failure to run is
-    reported in
-    ``stderr`` of the result, never raised, so it reaches the model instead of ending the run.
+    reported in ``stderr`` of the result, never raised, so it reaches the model instead of ending the run.
 
     ``backend`` may also be a backend config (``{"type": "microvm"}``, any :data:`BackendConfig`): the
     backend is made from it (:func:`~adk_sandbox.make_backend`) and closed with the executor.

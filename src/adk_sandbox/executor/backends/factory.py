@@ -1,14 +1,7 @@
 """One config union and one factory: any backend from a mapping or a typed config chosen by ``type``.
 
->>> from adk_sandbox.executor.backends.factory import make_backend, parse_config
->>> parse_config({"type": "microvm", "accel": "tcg"}).accel
-'tcg'
->>> with make_backend({"type": "process"}) as backend:
-...     backend.name
-'process'
-
-Each engine's module is imported only when its backend is made: the union's members load without
-docker-py's daemon code, the ``kubernetes`` client or ``wasmtime`` (docs/GUIDE.md, "Choosing a backend").
+:data:`BackendConfig`, :func:`parse_config` and :func:`make_backend`, which imports an engine's module
+only when its backend is made. Depth: docs/GUIDE.md, "Choosing a backend".
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
-"""File operations inside a session's sandbox: :class:`SandboxFiles` (``DockerSession.files``).
+"""File operations inside a session's sandbox: :class:`SandboxFiles` (``session.files``).
 
-Each operation is one FILE frame to the session's in-sandbox agent (protocol in :mod:`.frames`), which
-performs it in a forked worker **as the session's command user**, with the container's own view of the
-filesystem and its permissions: ``/etc`` of a read-only root is read-only, a root-owned workspace is not
-writable by a uid-1000 session, and a file written into the workspace lands on the host owned by the
-command user, exactly as if a command had written it. Nothing runs on the host's filesystem: the
-container is the confinement, so symlinks resolve inside the container.
-
-Errors:
-
-* an operation the container refuses raises the :class:`OSError` subclass Python itself would raise for
-  that errno (``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``, ``NotADirectoryError``,
-  ``FileExistsError``, ...; plain ``OSError`` with ``errno.EROFS`` / ``errno.ENOSPC`` for a read-only or
-  full filesystem), with ``filename`` the path in the container. These are the errors a caller already
-  handles for local files, so code written against :mod:`pathlib` ports unchanged; they are not
-  :class:`~adk_sandbox.executor.errors.ExecutorError` because the sandbox did not fail: the file operation
-  did.
-* an operation not finished by its deadline is cancelled inside the container and raises
-  :class:`FileOpCancelledError` (a :class:`TimeoutError`); a write then leaves its path unchanged.
-* invalid arguments (a relative path, a NUL, a mode with set-id bits, a negative offset) raise
-  :class:`~adk_sandbox.executor.errors.InvalidRequestError`: nothing was sent.
-* the channel failing (the agent killed, stopped, or sending garbage) raises
-  :class:`~adk_sandbox.executor.errors.SandboxFailedError`; the operation is not retried (its effect is
-  unknown) and the next operation or command starts a new agent.
+Each operation is one FILE frame to the in-sandbox agent, performed as the session's command user with
+the sandbox's own view and permissions. A refusal raises Python's own :class:`OSError` subclass, a
+deadline :class:`FileOpCancelledError`, bad arguments ``InvalidRequestError``, a broken channel
+``SandboxFailedError``. Depth: docs/docker/agent-channel.md, "File operations".
 """
 
 from __future__ import annotations

@@ -1,39 +1,9 @@
 """One session shape for every engine whose commands travel over a :class:`CommandTransport`.
 
-A Docker container and a Kubernetes Pod differ in how they are made, checked and removed; how a command
-runs once the sandbox is up is the same: refuse what the sandbox cannot honour, sync the workspace in,
-run the command through the transport into a capped capture, sync the workspace back, and assemble the
-:class:`ExecResult`. :meth:`ChannelSession.execute` is that body, written once; an engine's session
-subclasses it and supplies its parts:
-
-* :meth:`~ChannelSession.start` -- by default :meth:`~ChannelSession._open` once, under ``_lock``;
-* :meth:`~ChannelSession._refuse` -- the requests this sandbox refuses (by default a memory limit below
-  its own, :meth:`~ChannelSession._memory_limit_mb`); also makes sure the sandbox is started;
-* :meth:`~ChannelSession._before_command` -- checks that need the sandbox (Docker: the cwd can be
-  entered); default none;
-* :meth:`~ChannelSession._prepare_command` -- a request made ready for the transport: its program,
-  environment (the egress proxy's included), user and working directory (the default serves every
-  engine whose environment is ``_base_env``);
-* :meth:`~ChannelSession._run_command` -- run one prepared command (default: through the transport, the
-  agent's OOM count saying whether the kernel's OOM killer hit it; Docker also replaces a container that
-  died);
-* :meth:`~ChannelSession._explained` -- what a broken channel means for this engine (Kubernetes reads the
-  Pod's status); default: the error as it is;
-* :meth:`~ChannelSession._command_user` -- whom a command (and a file operation) runs as (default: the
-  request's user, else ``_user``);
-* :meth:`~ChannelSession._refuse_user` -- a user (in numbers) this sandbox cannot switch to;
-* :meth:`~ChannelSession._close_sandbox` -- remove the sandbox (``close`` first stops what the shape
-  holds: published ports).
-
-A request's user given by name (``"root"``, ``"app:app"``) is looked up in the sandbox's own
-``/etc/passwd`` and ``/etc/group`` before anything else of the call (:meth:`ChannelSession._numeric_request`),
-so every part above sees numbers.
-
-File operations (:attr:`ChannelSession.files`), published ports (:meth:`ChannelSession.publish`),
-terminals (:meth:`ChannelSession.open_pty`) and spawned processes (:meth:`ChannelSession.spawn`) come with
-the shape: every session on the agent channel reads and writes files inside its sandbox, reaches its ports
-from the host and runs live programs in it the same way (:mod:`.files`, :mod:`.ports`, :mod:`.terminal`,
-:mod:`.live`).
+:class:`ChannelSession` writes :meth:`~ChannelSession.execute` once (refuse, sync the workspace in, run
+into a capped capture, sync back, assemble the :class:`ExecResult`), plus files, ports, terminals,
+spawned programs, pause and snapshots; an engine's session supplies the hooks. The hooks and their
+defaults: docs/BACKENDS.md, "2. The session".
 """
 
 from __future__ import annotations
@@ -483,16 +453,10 @@ class ChannelSession(SandboxSession):
     def pause(self, *, keep_memory: bool = False, wait_seconds: float = 30.0) -> None:
         """Stop every process of the sandbox where it is, until :meth:`resume` or the session's next call.
 
-        By default the sandbox's memory goes to a checkpoint on the host's disk and the sandbox stops:
-        nothing of it is held but the checkpoint, and resuming restores every process as it was
-        (docs/pause.md; Docker with gVisor, on a backend made with ``checkpoints=True``). Elsewhere that is
-        refused (:class:`PolicyNotEnforceableError`), never done as something weaker.
-        ``keep_memory=True`` freezes them in place (the engine's freezer): nothing runs, every process
-        keeps its memory and its place, and resuming takes milliseconds; the memory stays held.
-        Commands and file operations that run when it is asked are waited for (at most
-        ``wait_seconds``, else :class:`InvalidRequestError` and nothing paused); frozen in place,
-        terminals and spawned programs simply stop, while a checkpoint is refused while any is open.
-        Idempotent (a paused session stays paused as it is). Starts the session.
+        By default to a checkpoint on the host's disk (Docker with gVisor and ``checkpoints=True``, the
+        microVM), refused with :class:`PolicyNotEnforceableError` elsewhere; ``keep_memory=True`` freezes them
+        in place. Running commands and file operations are waited for (at most ``wait_seconds``, else
+        :class:`InvalidRequestError`, nothing paused). Idempotent; starts the session. Depth: docs/pause.md.
         """
         self.start()
         with self._pausing():
@@ -589,17 +553,11 @@ class ChannelSession(SandboxSession):
     ) -> Snapshot:
         """The session now, kept on disk: a :class:`~adk_sandbox.executor.snapshots.Snapshot`.
 
-        ``backend.session(snapshot=...)`` starts a new session from it, any number of times. No command
-        runs while it is taken: it waits for the running ones (at most ``wait_seconds``) and holds new ones
-        back until it is done. Owned by this process (removed by a reaper once the process is gone) unless
-        ``detached``; expires after ``ttl_seconds``; over ``max_mb`` it is refused
-        (:class:`PolicyNotEnforceableError`) and nothing of it is kept. ``store``: where it is kept (the
-        backend's, else the default one). Starts the session.
-
-        A Docker session keeps its files (the workspace, ``/tmp``, HOME, the task profile's root;
-        docs/snapshots.md); ``processes=True`` keeps every process with its memory too (gVisor on a
-        ``checkpoints=True`` backend, the microVM; docs/pause.md), which is the only way a microVM is kept.
-        Elsewhere it is refused with the reason.
+        ``backend.session(snapshot=...)`` starts a new session from it, any number of times. Taken while no
+        command runs (waits at most ``wait_seconds``); owned by this process unless ``detached``; expires
+        after ``ttl_seconds``; over ``max_mb`` refused (:class:`PolicyNotEnforceableError`); kept in ``store``
+        (the backend's, else the default one). ``processes=True`` keeps every process with its memory too,
+        where the engine can. Starts the session. Depth: docs/snapshots.md; with processes: docs/pause.md.
         """
         from adk_sandbox.executor.snapshots.model import options_from  # noqa: PLC0415
 

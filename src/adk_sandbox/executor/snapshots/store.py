@@ -157,15 +157,9 @@ class SnapshotStore:
         """Build the snapshot ``snapshot_id`` with ``build(partial)`` and :meth:`commit` it; the record.
 
         ``build`` fills the fresh directory ``partial`` and returns the record; a failure leaves nothing of
-        the directory (``build``'s caller undoes what it made elsewhere: a root image). An owned snapshot
-        is removed at this process's exit, its root image by ``remove_image`` (:mod:`.owned`).
-
-        **Out of space** (decided): when the memory tier is full (``ENOSPC``/``EDQUOT`` from any write of the
-        snapshot, a copy's :class:`~adk_sandbox.executor.workspace.copies.HostCopyFullError` included) the
-        snapshot is taken again, once, on the disk tier (logged); when the tier it was written to is the disk
-        (a detached snapshot, or a store without a memory tier, or the retry), it is refused with
-        :class:`PolicyNotEnforceableError` saying where space ran out. Never a raw ``OSError``, never a
-        snapshot with files missing.
+        the directory. An owned snapshot is removed at this process's exit (:mod:`.owned`). A full memory tier
+        makes it try once more on the disk tier; a full disk tier raises :class:`PolicyNotEnforceableError`,
+        never a raw ``OSError``. Depth: docs/snapshots.md, "Lifecycle" ("Out of space").
         """
         memory = not durable and self.memory_root is not None
         try:

@@ -1,29 +1,8 @@
-r"""Fakes shipped with the library, for unit tests of code that drives a sandbox.
+"""Fakes shipped with the library, for unit tests of code that drives a sandbox.
 
-None of them runs anything. Each answers every :class:`~adk_sandbox.executor.types.ExecRequest` with a
-result you choose (a fixed :class:`~adk_sandbox.executor.types.ExecResult`, or a function of the request),
-streams that result's output to ``on_output`` as a real backend would, records every request, and can play
-broken infrastructure by raising:
-
-* :class:`FakeBackend`: a :class:`~adk_sandbox.executor.backend.SandboxBackend` (what ``SandboxTool``,
-  ``CodeTool`` or ``Workspace(sandbox=...)`` are given);
-* :class:`FakeSession`: a :class:`~adk_sandbox.executor.backend.SandboxSession` with a ``session_id``,
-  started on entry or first use, refusing every command once closed, as a Docker or Kubernetes session;
-* :class:`FakeSessionFactory`: a :class:`~adk_sandbox.executor.backend.SessionFactory` (the shape of
-  ``DockerBackend`` that ``Workspace``, ``RustExecutor`` and ``SandboxTool`` open sessions from), keeping
-  every :class:`FakeSession` it opened, and able to fail to open one or to start one.
-
-Use them to test an agent's tool handling without Docker::
-
-    from adk_sandbox.executor.testing import FakeBackend
-    from adk_sandbox.executor.tools import SandboxTool
-
-    fake = FakeBackend(stdout="hello\n")
-    assert SandboxTool(fake).run_sync({"language": "command", "code": "echo hello"})["stdout"] == "hello\n"
-    assert fake.requests[0].code == "echo hello"
-
-They report the capabilities they are given; by default those of a fully enforcing container, **which they
-do not enforce**: they are stand-ins for logic tests, never a sandbox.
+:class:`FakeBackend`, :class:`FakeSession` and :class:`FakeSessionFactory` run nothing: they answer every
+request as scripted, stream and record it, and can raise. They report capabilities they **do not
+enforce**. What each does, with an example: docs/GUIDE.md, "The workspace, the tools and the executor layer".
 """
 
 from __future__ import annotations

@@ -140,19 +140,11 @@ def _boot_tag() -> str:
 def copy_tree(source: str, dest: str, cap_bytes: int) -> list[str]:
     """Copy the host tree ``source`` into the empty host directory ``dest``; what was left out, and why.
 
-    ``session(copy_of=...)`` fills its workspace copy with this (docs/DOCKER.md, "Warm pool"). What is
-    copied is what the mirror's push would send (:func:`scan_host`: files, directories, links; special
-    files left out; refused beyond ``cap_bytes`` as :func:`check_fits` says), and ``source`` is only read:
-
-    * Every file and directory is opened by descriptor from its parent's, with ``O_NOFOLLOW``, on both
-      sides: no link in ``source`` is followed (one swapped in after the scan fails to open and is left
-      out), and no write in ``dest`` goes anywhere else. ``dest`` is this process's own fresh directory and
-      links are made only once every file is written, so nothing in it can redirect a write meanwhile.
-    * Links are made as pull-back makes them (:class:`_HostTree`): only one that resolves inside ``dest``
-      and out of any ``.git`` is kept, checked again once all are made.
-
-    Modes and file mtimes are kept (a directory gets its own mode after its contents are written); as root
-    the copy is owned by ``dest``'s owner.
+    Copies what the mirror's push would send (:func:`scan_host`; special files left out; refused beyond
+    ``cap_bytes`` as :func:`check_fits` says). ``source`` is only read: every file and directory is opened by
+    descriptor with ``O_NOFOLLOW`` on both sides, and links are made last, kept only when they resolve inside
+    ``dest`` and out of any ``.git``. Modes and mtimes are kept; as root the copy is owned by ``dest``'s
+    owner. Depth: docs/docker/pool.md, "Copies from the pool".
     """
     copier = walk_copy(source, dest, cap_bytes, _Copier)
     for reason in copier.skipped:

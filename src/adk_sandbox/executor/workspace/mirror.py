@@ -148,18 +148,11 @@ class MirrorWorkspace:
     def adopt(self, volume: str) -> list[str]:
         """Take the sandbox's copy, just filled on the host, as in sync: what a push of the whole tree leaves.
 
-        ``volume`` is the host side of the sandbox's copy (a forkable pool member's tmpfs volume, which this
-        process reads: docs/snapshots.md), filled by the same safe host copy from the same source as the
-        host tree, instead of a push through the channel. Both sides are scanned on the host (no link
-        followed): an entry is known as in sync only where they agree (kind, mode, size, mtime). A host
-        entry the copy does not hold as the host does is left out of the host's known tree, so the next
-        sync pushes it (a push's skipped file, the same); a copy entry the host lacks is left out of the
-        container's known tree, so the next pull-back brings it. The sandbox's files are known with their
-        inode and ctime as the host sees them (the same inodes: a runtime that numbers them otherwise
-        makes the first pull-back fetch and compare them, nothing worse). Racy files are handled as a push
-        does: a host file changed too recently to trust its stat gets its digest, a copy file changed in
-        the file system's current tick is fetched again by the next pull-back. Returns the paths left for
-        the next sync.
+        ``volume`` is the host side of the sandbox's copy, filled by the same safe host copy as the host tree.
+        Both sides are scanned on the host; an entry is known as in sync only where they agree (kind, mode,
+        size, mtime), so the next sync pushes or pulls back the rest, and racy files are handled as a push
+        does. Returns the paths left for the next sync. Depth: docs/snapshots.md, "The workspace of a fork, on
+        the host side too" (step 2).
         """
         scanned, keys = self._scan()
         host = {path: entry for path, key in keys.items() if (entry := _host_entry(self._tree, path, key))}

@@ -1,28 +1,8 @@
 """Which kind of engine answers on the Docker API, and what the Podman dialect changes.
 
-Podman's ``podman system service`` speaks the Docker API, and docker-py works against it, but what it
-does with some requests and what its ``inspect`` says differ (verified on Debian's podman 4.3.1 with
-runc; docs/DOCKER.md, "Podman"). The engine is recognised once per client from its version components
-(:func:`dialect_of`), and the two places that depend on it ask here: the create arguments
-(:func:`podman_host_config`) and the reading of ``inspect`` (:func:`podman_view`). The Docker dialect
-goes through neither.
-
-The Podman view turns podman's answers into the shape the Docker checks read, from evidence only, and
-says what it had to do in its deviations:
-
-* ``CapDrop`` lists the default capabilities one by one instead of ``ALL``: counted as all when libpod's
-  own inspect reports no bounding and no effective capability (a start-up probe then confirms ``CapBnd``
-  and ``CapEff`` are zero from inside).
-* ``HostConfig.Runtime`` is ``oci`` whatever was asked (``runtime="runsc"`` is silently ignored): the real
-  runtime is libpod's ``OCIRuntime``, so gVisor is refused unless it is ``runsc``.
-* The seccomp profile is a path podman reads on its own machine (a profile's JSON text, which Docker takes,
-  fails as "file name too long"): accepted when the file there holds the sandbox's profile.
-* ``MaskedPaths`` / ``ReadonlyPaths`` are not in the compat inspect: read from the OCI configuration the
-  runtime was given.
-* tmpfs options come back with ``rprivate,tmpcopyup`` added; podman adds ``/run`` and ``/var/tmp`` tmpfs
-  of its own (reported, not a violation: unsized, their pages count against the memory limit).
-* On cgroup v1 the container shares the host's cgroup namespace whatever is asked (reported).
-* ``State.OOMKilled`` is never set: nothing here reads it (OOM kills are counted in the cgroup).
+:func:`dialect_of` recognises the engine once per client; :func:`podman_host_config` adjusts the create
+arguments and :func:`podman_view` reads podman's ``inspect`` into the shape the Docker checks read,
+listing its deviations. The Docker dialect goes through neither. Depth: docs/docker/engines.md, "Podman".
 """
 
 from __future__ import annotations

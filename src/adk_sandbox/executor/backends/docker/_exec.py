@@ -1,16 +1,9 @@
 """Docker's exec API as the agent channel's way in: the stream of one exec, and the keeper's attach.
 
-Commands reach a Docker container only through its in-sandbox agent
-(:class:`~adk_sandbox.executor.channel.agent_transport.AgentTransport`). :class:`DockerExecs` opens the
-agent's stream: **one** exec with stdin attached (:meth:`DockerExecs.open_agent_stream`), read as a
-:class:`DockerAgentStream` (stdin raw one way, Docker's multiplexed stdout and stderr the other, split by
-:class:`DockerStreamSplitter`); and the keeper's stream of a checkpointable container
-(:meth:`DockerExecs.attach_keeper`).
-
-Every call to the daemon made here is bounded by an absolute deadline: :class:`DaemonSocket` speaks HTTP
-to the engine's socket itself, with a socket timeout per call, instead of docker-py (whose read timeout is
-a fixed minute per call), and reads the hijacked connection's first bytes itself (docker-py's socket mode
-may leave them in its buffered HTTP reader).
+:class:`DockerExecs` opens the agent's stream (:meth:`DockerExecs.open_agent_stream`, read as a
+:class:`DockerAgentStream` split by :class:`DockerStreamSplitter`) and a keeper's
+(:meth:`DockerExecs.attach_keeper`); :class:`DaemonSocket` bounds every daemon call by a deadline.
+Depth: docs/docker/agent-channel.md, "Transport and daemon".
 """
 
 from __future__ import annotations

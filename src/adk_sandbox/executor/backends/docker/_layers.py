@@ -1,25 +1,8 @@
 """Forks by layer: a pool member's state directories are mount points the host mounts a fork's overlays on.
 
-``PoolConfig(forkable=True, fork_by="layer")`` (docs/snapshots.md, "Forks by layer"). Each member gets, per
-state directory (the workspace at the pool's ``path``, ``/tmp``, HOME, each extra tmpfs), a host directory
-of its own, ``D``, below a 0700 root-owned run directory (:data:`RUN_ROOT`):
-
-* ``D`` is made its own **shared** bind mount (``mount --bind D D``, ``--make-private`` to leave the
-  parent's peer group, ``--make-shared``: the engine refuses ``rslave`` on a private mount), and a **base
-  tmpfs** (the directory's size cap, ``nosuid,nodev``) is mounted on it before the container starts, so
-  the member never writes to the host's disk; the container
-  binds ``D`` at the directory with ``bind-propagation=rslave``. The base tmpfs is writable (the start-up
-  probe and the agent's loader need a writable, executable ``/tmp``); it serves ``copy_of`` acquires as is.
-* **A fork mounts, it does not copy**: per directory a tmpfs of the directory's cap (``nosuid,nodev``) on
-  a sibling of ``D`` that the container never sees, holding ``upper/`` and ``work/``, then an ``overlay``
-  (``nosuid,nodev``, lowerdir = the snapshot's copy of that directory) mounted **on** ``D``: the mount
-  propagates into the running container at the directory.
-* **Checked, not assumed**: the container init's ``/proc/<pid>/mountinfo`` (the kernel's account, not the
-  sandbox's) must show each directory's top mount as the overlay (a fork) or the base tmpfs (a start),
-  ``nosuid,nodev``; else the fork is refused and nothing of it is left mounted.
-* **Teardown** unmounts (lazily, ``MNT_DETACH``, when busy) the overlays, their tmpfs, the base tmpfs and
-  the binds, and removes the directories; :func:`reap_layers` does it for owners that are gone (after a
-  SIGKILL the mounts outlive the process). The run directory's names say who made them.
+Serves ``PoolConfig(forkable=True, fork_by="layer")``: per state directory a shared bind of a host directory
+below :data:`RUN_ROOT` with a base tmpfs, a fork's overlay mounted on it and checked in the init's
+``mountinfo``; :func:`check_supported` and :func:`reap_layers`. Depth: docs/snapshots.md, "Forks by layer".
 """
 
 from __future__ import annotations

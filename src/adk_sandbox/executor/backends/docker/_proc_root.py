@@ -1,21 +1,8 @@
 """A runc container's tmpfs directories read on the host, through ``/proc/<pid>/root``.
 
-A snapshot of an ordinary session archived ``/tmp`` and HOME with ``tar`` inside the sandbox and read the
-archive through the agent channel (0.4-0.7 s for 50 MB here), because the engine's archive API cannot see a
-tmpfs. On a local engine whose runtime is runc, and as root, the host reaches the same files by the
-container's init process: ``/proc/<pid>/root`` is the container's root as its processes see it, tmpfs
-mounts included. A snapshot then copies them with the workspace's safe walk (``copy_workspace``), as it
-copies a forkable pool member's tmpfs volumes: no link followed, special files and set-id bits left out.
-
-Opened safely: the pid's ``/proc`` directory first (a descriptor that fails rather than reaching another
-process, should the pid be reused), then ``root``, then each component of the path with ``O_NOFOLLOW``
-(a sandbox cannot swap a tmpfs mount point for a link: it is busy, and the root is read-only). The result
-is given as ``/proc/self/fd/<n>`` of that directory, so the walk starts exactly there. Each directory is
-checked to be the filesystem of the size asked (``statvfs``), so a wrong target is refused, not copied.
-
-Not used (the caller archives through the sandbox instead) under gVisor (its tmpfs lives in its own
-kernel, not the host's), for another runtime, a remote engine, a process that is not root, or a
-container in a user namespace (the owners the host writes would not be the ones the sandbox sees).
+:func:`readable_runtime` says whether a container qualifies (local engine, runc, root, no user
+namespace); :func:`open_tmpfs_dirs` opens each directory safely (``O_NOFOLLOW`` per component, size
+checked with ``statvfs``) for the snapshot's copy. Depth: docs/snapshots.md, "Forks of any session".
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The task profile's root filesystem under gVisor in a snapshot: what changed, archived from inside.
 
-gVisor keeps a root filesystem's writes inside its own sandbox (its overlay), where ``docker commit`` and
-the engine's archive API see only the image. So the snapshot reads the changes from inside, over the
-session's channel, as root:
-
-* **what changed**: every path of the root filesystem whose ``ctime`` is later than the container's start
-  (``find / -xdev -newerct``; a ``ctime`` cannot be set back from user space, unlike an ``mtime``, which
-  ``tar -x`` and ``dpkg`` set to the package's), mount points left out;
-* **what was removed**: for each changed directory, the full list of its entries; a session from the
-  snapshot removes the entries of those directories that the list does not name (a deleted or renamed
-  file of the image);
-* the changed paths themselves as one ``tar`` (``--no-recursion``: each directory's own entry, its files
-  listed one by one), owners kept.
-
-A session from the snapshot starts from the same image (its id is checked), removes what was removed and
-unpacks the archive, inside its own sandbox as root. On the host the three files are bytes, never
-unpacked, parsed only as NUL-separated names to compare two lists. It needs GNU ``find``, ``xargs`` and
-``tar`` in the image (Debian and Ubuntu task images have them); without them the snapshot is refused.
+:func:`archive_root` reads, over the session's channel as root, the paths changed since the container's
+start (by ``ctime``) as one tar and the entry lists of the changed directories; :func:`restore_root`
+replays them inside a new session's sandbox. On the host they are only bytes. Depth: docs/snapshots.md,
+"What a snapshot holds" and "What is not carried yet, and why".
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """The task profile's cap on root-filesystem writes: how an engine enforces it, or a watch that does.
 
-A task container's root filesystem is writable (docs/docker/profiles.md). Its writes must never grow
-without bound on the host's disk, so before the first container the backend picks how the cap holds:
-
-* ``memory`` -- gVisor registered with ``--overlay2=root:memory`` keeps root writes in the sandbox's memory,
-  counted against its memory limit: passing it kills the sandbox (an OOM), nothing reaches the disk;
-* ``quota`` -- an overlay2 engine on XFS takes ``--storage-opt size=``: a write past it fails (ENOSPC or
-  EDQUOT) and the session goes on. Only when its data root is mounted with project quotas (``pquota``):
-  ``docker info`` does not say whether it is, so :func:`size_refusal` asks the engine by creating (never
-  starting) one container with the option; an engine that refuses it gets the watch below;
-* ``watched`` -- otherwise (overlay2 on ext4, the usual case): :class:`RootWatcher` reads the container's
-  writable layer size from the engine (``SizeRw``) every :data:`WATCH_SECONDS` and kills the container
-  once it passes the cap. The layer can overshoot by what the sandbox writes between two reads (each file
-  is also bounded by the ``fsize`` limit); the session then refuses every further call, saying why.
-
-A runsc without the memory overlay (its default, ``root:self``, writes to an uncapped file on the host) is
-refused, never used uncapped.
+:func:`root_cap_for` picks ``memory`` (gVisor's memory overlay), ``quota`` (XFS project quota, probed by
+:func:`size_refusal`) or ``watched`` (:class:`RootWatcher` kills the container past the cap); a runsc
+without the memory overlay is refused. Depth: docs/docker/profiles.md, "How the root's writes are capped".
 """
 
 from __future__ import annotations

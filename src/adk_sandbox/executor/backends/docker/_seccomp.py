@@ -1,32 +1,8 @@
 """The seccomp profile of every sandbox container: Docker's default, minus the ways to make set-id files.
 
-Why: the workspace is bind-mounted, so a file a command creates there is a file on the host. A command
-running as the workspace owner could ``chmod 4755`` a binary it wrote and leave a setuid (or setgid)
-program owned by that user on the host — or by root, when root owns the workspace. A ``nosuid`` mount
-inside the container does not help: the host honours the file's mode through its own mounts. Stripping
-the bits after each command is racy. So the kernel refuses them at the source: the profile below is
-Docker's own default profile (``seccomp/docker-default-20.10.json``, vendored unchanged from moby
-20.10.24, Apache-2.0) with these changes, applied by :func:`derive_profile`:
-
-* ``chmod``, ``fchmod``, ``fchmodat`` are allowed only when the mode has neither ``S_ISUID`` nor
-  ``S_ISGID``; the other calls that take a creation mode (``open``, ``openat``, ``creat``, ``mknod``,
-  ``mknodat``) likewise, and ``open``/``openat`` without ``O_CREAT``/``O_TMPFILE`` are allowed whatever the
-  (then unused) mode argument holds. Refused calls fail with ``EPERM``. ``fchmodat2`` (Linux 6.6; not in
-  the 20.10 allowlist) is added under the same condition, so ``chmod -h`` works with a newer libc.
-* ``openat2`` (its mode sits in a struct seccomp cannot read) fails with ``ENOSYS``, so libraries fall
-  back to ``openat``; ``io_uring_*`` (whose operations bypass seccomp) fail with ``EPERM``.
-
-The same rule as a filter each command installs on itself (gVisor does not apply the profile to exec'd
-processes) is engine-neutral: :mod:`adk_sandbox.executor.channel.setid`.
-
-The task profile (docs/docker/profiles.md) runs an evaluation's image as root with a writable root
-filesystem and never binds a host directory (its workspace travels as a copy whose pull-back drops set-id
-bits), so it keeps set-id modes — dpkg installs set-uid programs — and takes only the ``io_uring``
-refusal: :func:`derive_task_profile`, committed as ``seccomp/adk-sandbox-task.json``.
-
-The derived profile is committed as ``seccomp/adk-sandbox.json`` (compose files reference it with
-``security_opt: [seccomp=...]``); a unit test checks it equals :func:`derive_profile` of the vendored
-default, so the two cannot drift.
+:func:`derive_profile` makes the hardened profile (committed as ``seccomp/adk-sandbox.json``) from the
+vendored moby 20.10.24 default; :func:`derive_task_profile` the task profile's (``io_uring`` refused only).
+Why and what exactly: docs/docker/hardening.md, "Set-id files"; the task profile: docs/docker/profiles.md.
 """
 
 from __future__ import annotations

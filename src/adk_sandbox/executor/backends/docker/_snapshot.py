@@ -1,25 +1,8 @@
 """Snapshots of Docker sessions: taking one from a running session, and giving a new session its state.
 
-What is carried (docs/snapshots.md):
-
-* **The workspace** (a bound or mirrored one): its host directory is the truth once no command runs (a
-  mirror's last pull-back brought the container's changes back), so it is copied on the host by
-  :func:`~adk_sandbox.executor.snapshots.copy.copy_workspace` (no link followed, set-id bits dropped, links
-  leading out and special files left out). A session from the snapshot gets a copy of that copy, in a
-  directory of its own, mirrored into its container at the workspace's original path.
-* **The tmpfs directories** (``/tmp``, HOME, the backend's extra tmpfs): the engine's archive API cannot
-  see a tmpfs (it reads the container's filesystem from outside, where a tmpfs is an empty directory), so
-  ``tar`` runs inside the sandbox over the session's own channel. Its output is written to the snapshot as
-  one file per directory, never unpacked on the host; a new session unpacks it inside its own sandbox, as
-  its command user. Whatever a hostile archive holds (links out, ``..``, special files, set-id bits) lands
-  in that sandbox only, under its seccomp filter.
-* **The root layer** (the task profile's writable root): ``docker commit`` of the container (paused for
-  the commit) into an image labelled like a container (:meth:`Snapshot.engine_labels`); a session from the
-  snapshot runs that image. Under gVisor, which keeps a root's writes inside its own sandbox where a
-  commit cannot see them, an archive of what changed, read from inside (``_root_archive``).
-
-The session takes no command while the snapshot is taken and waits for the running ones to end
-(:meth:`DockerSession._quiesced`); processes started in the background go on running meanwhile.
+Carries the workspace (copied on the host), the tmpfs directories (archived inside, or read on the host)
+and the task profile's root layer (``docker commit``, or an archive from inside under gVisor), taken while
+no command runs (:meth:`DockerSession._quiesced`). Depth: docs/snapshots.md, "What a snapshot holds".
 """
 
 from __future__ import annotations

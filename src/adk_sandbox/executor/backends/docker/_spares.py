@@ -1,25 +1,8 @@
 """Fork spares: forks of any session come warm, by layer, without a pool configured for them.
 
-A fork of an ordinary session (``backend.session(workspace=DIR)`` or ``copy_of``, with or without a pool)
-started cold: a container created and started, the snapshot's workspace pushed through the channel and its
-``/tmp`` and HOME unpacked through it (2x a cold ``copy_of`` in the report that asked, 4x here under load).
-Only a pool built for forks (``PoolConfig(path=..., forkable=True, fork_by="layer")``) forked fast.
-
-So the backend keeps such a pool itself, one per (workspace path inside, command user), made the first
-time a session of that path is snapshotted (``session.snapshot()``, and ``fork()``, which snapshots): its
-member starts while the snapshot is copied, and a session from the snapshot then takes it, its state
-mounted as overlays over the snapshot's copies (docs/snapshots.md, "Forks by layer"): nothing copied,
-nothing pushed. Each taken spare is replaced after the fork's first command. The snapshot of an ordinary
-runc session reads its tmpfs directories on the host (``_proc_root``), so it is a tree the layers can use.
-
-Where a spare is made (decided): root on a local engine, runc and overlayfs (``_layers.check_supported``),
-the hardened profile, a command user known by number, and a workspace path a pool may use (not below
-``/tmp``, HOME or a kernel path, ``PoolConfig.path``; a ``copy_of`` session's copy in the copies
-directory, ``/dev/shm``, may: it is mounted there already). Elsewhere forks start cold, as before, and say so
-(``fork_method == "copy"``). ``DockerConfig(fork_spares=N)`` keeps N started per path (default 1; 0:
-none); at most :data:`MAX_PATHS` paths at once, the least recently forked one's spares closed first. A
-spare that cannot be made or filled is dropped (logged) and the fork starts cold: a spare never makes a
-fork fail that would have worked without it.
+The backend keeps a small layered pool per (workspace path inside, command user), made at the first
+snapshot of that path (``DockerConfig(fork_spares=N)``, at most :data:`MAX_PATHS` paths); where none can
+be made the fork starts cold (``fork_method == "copy"``). Depth: docs/snapshots.md, "Forks of any session".
 """
 
 from __future__ import annotations

@@ -67,15 +67,10 @@ class DockerBackend(SessionBackend[DockerSession]):
     >>> with backend.session(workspace="/path/to/repo") as session:  # doctest: +SKIP
     ...     session.execute(ExecRequest(language="command", code="pwd", timeout=10)).stdout
 
-    Containers run with network ``none``, all capabilities dropped, no-new-privileges, Docker's default
-    seccomp profile, a read-only root filesystem, size-limited tmpfs ``/tmp`` and HOME, an init process,
-    memory (= memory+swap), cpu, pids and ulimit limits, no logs, and labels naming the owning process and
-    an expiry. ``container="name"`` attaches to an existing container (e.g. a compose service) instead;
-    its hardening is verified the same way and it is never removed by this library.
-
-    Creating a backend connects to the daemon (:class:`BackendUnavailableError` with how to start one
-    when none answers) and removes this project's containers whose owner process died or whose expiry
-    passed.
+    ``container="name"`` attaches to an existing container instead (verified the same way, never removed
+    here). Creating a backend connects to the daemon (:class:`BackendUnavailableError` when none answers) and
+    reaps this project's leaked containers. What each container enforces: docs/docker/hardening.md,
+    "Honest isolation", and docs/docker/profiles.md.
     """
 
     name = "docker"
@@ -376,19 +371,13 @@ class DockerBackend(SessionBackend[DockerSession]):
 
         Without a workspace, and with ``pool=``, an already started container from the warm pool.
 
-        ``copy_of`` instead gives the session a workspace of its own holding a copy of that directory: a
-        fresh directory this library makes (``session.workspace``), mirrored into the container at that
-        same path, and removed when the session closes (read results from it before). The directory
-        given is only read (no link followed out of it, special files left out; what was left out is
-        logged), so changes land in the copy only. With ``PoolConfig(workspace="mirror")`` the session
-        comes from the warm pool, already started, the copy pushed in; without, it starts cold, a plain
-        mirrored session on the copy (docs/DOCKER.md, "Warm pool").
+        ``copy_of`` instead gives the session a fresh copy of that directory (``session.workspace``, mirrored
+        into the container at its own path, removed at close: read results before); the directory given is
+        only read. From the pool with ``PoolConfig(workspace="mirror")``, else cold (docs/docker/pool.md).
 
         ``snapshot`` (a :class:`~adk_sandbox.executor.snapshots.Snapshot`, or its id or name in
-        :attr:`snapshots`) starts a session holding the snapshot's files: its workspace at the snapshot's
-        path inside, in a host directory of its own (``session.workspace``, removed at close), its tmpfs
-        directories unpacked, the root layer's image under the task profile (docs/snapshots.md). From the
-        warm pool when its members' workspace is at that path (``PoolConfig(path=...)``), else cold.
+        :attr:`snapshots`) starts a session holding the snapshot's files, from the warm pool when its members'
+        workspace is at the snapshot's path (``PoolConfig(path=...)``), else cold (docs/snapshots.md).
         """
         check_one_source(workspace, copy_of, snapshot)
         if snapshot is not None:

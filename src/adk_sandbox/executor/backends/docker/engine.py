@@ -1,26 +1,8 @@
 """Which Docker engine a backend talks to, and the one way raw connections to it are made.
 
-An :class:`Engine` names a daemon: a Unix socket (``unix:///var/run/docker.sock``), a TCP endpoint with
-TLS (``tcp://host:2376`` plus a CA and a client certificate), or an SSH endpoint (``ssh://user@host``).
-:func:`resolve_engine` finds the one the Docker CLI would use: ``DOCKER_HOST`` (with ``DOCKER_TLS_VERIFY``
-and ``DOCKER_CERT_PATH``), else ``DOCKER_CONTEXT`` or the current context of ``~/.docker/config.json``
-(a context's metadata under ``~/.docker/contexts``), else the local default socket.
-
-Only a Unix-socket engine is :attr:`Engine.local`: it may share this machine's files, and whether it does
-is proved by the identity probe of every session with a workspace. A TCP or SSH engine may run anywhere,
-so nothing of this machine's filesystem is handed to it (see docs/DOCKER.md, "Engines").
-
-Refused, with the reason: TCP without TLS to anything but a loopback address (an unauthenticated engine
-on a network is root for whoever reaches it), TLS that does not verify the engine's certificate (a
-context's ``SkipTLSVerify``, or ``DOCKER_CERT_PATH`` without ``DOCKER_TLS_VERIFY``).
-
-:meth:`Engine.dial` is the one place raw connections are made (the transports' own HTTP and the hijacked
-exec streams of the agent channel). A TLS connection that becomes a long-lived stream is *bridged*: one
-thread owns the TLS socket and moves bytes between it and one end of a local socket pair, which is what
-the caller gets. So the callers keep working with a plain socket (non-blocking reads under ``select``,
-``MSG_DONTWAIT`` writes from several threads, half-close), and the TLS traps are handled once, here: an
-OpenSSL object is never used by two threads at once, and bytes already decrypted and waiting in
-``SSLSocket.pending()`` — which ``poll()`` never reports — are drained before the bridge waits.
+:class:`Engine` names a daemon (Unix socket, TCP with TLS, SSH); :func:`resolve_engine` picks the one the
+Docker CLI would use and refuses unsafe ones; :meth:`Engine.dial` makes every raw connection, bridging a
+long-lived TLS stream to a local socket pair. Depth: docs/docker/engines.md, "Engines" (local or remote, TLS).
 """
 
 from __future__ import annotations

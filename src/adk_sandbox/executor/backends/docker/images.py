@@ -1,23 +1,8 @@
 """The sandbox images: where they come from, whether they are current, and how they are built.
 
-This module is the ONE place that knows about the images (``scripts/setup``, ``adk-sandbox images build``
-and ``doctor`` all call it)::
-
-    adk-sandbox/debian:trixie   BOOTSTRAP_IMAGE  debootstrap + docker import (images/bootstrap), no registry
-          |   (or debian:trixie-slim from a registry, or any --base-image)
-    adk-sandbox/base:latest     BASE_IMAGE       images/base   bash, coreutils, git, python3, ps, setsid, ...
-          |
-    adk-sandbox/rust:latest     RUST_IMAGE       images/rust   rustc, cargo, serde_json rlibs (/opt/rust-deps)
-
-Each built image also gets the project version as a tag and carries the label ``io.adk-sandbox.context-hash``:
-a sha256 of its build context (every file in its directory), its build arguments and the **ID** of the
-image it is built on. An image is *current* when it exists and that label equals the hash computed now, so
-``build_images()`` rebuilds exactly what changed (a rebuilt base makes the rust image outdated) and is a
-fast no-op otherwise.
-
-Choosing the Debian base when no ``base_image`` is given: the bootstrap image if it exists, else
-``debian:trixie-slim`` if it exists locally, else a pull of ``debian:trixie-slim`` (bounded in time), else
-the bootstrap script makes the bootstrap image (needs root on Debian; no registry needed).
+The one place that knows the images (``BOOTSTRAP_IMAGE``, ``BASE_IMAGE``, ``RUST_IMAGE``);
+``scripts/setup``, ``adk-sandbox images build`` and ``doctor`` call it. ``build_images()`` rebuilds only
+what its context-hash label says changed. Depth: docs/DESIGN.md, "Images and the engine".
 """
 
 from __future__ import annotations

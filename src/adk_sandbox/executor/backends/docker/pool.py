@@ -1,44 +1,8 @@
-"""The warm pool: started, never-reused sandbox containers kept ready, so a session starts in milliseconds.
+"""The Docker warm pool: started, never-reused containers kept ready, so a session starts in milliseconds.
 
-``DockerBackend(pool=N)`` keeps ``N`` sessions *started*: container created and started, hardening
-verified from ``docker inspect``, the start-up check run from inside
-(:mod:`adk_sandbox.executor.channel.probe`), and so the in-sandbox agent of the commands' user up. A
-workspace-less ``backend.session()`` (and what is built on it: the throw-away ``backend.execute``,
-``SandboxTool``, ``CodeTool``) then pops one instead of creating a container (docs/DOCKER.md, "Warm pool"):
-
-* **Nothing per-session in a member's spec.** A member is made from the backend's settings alone (image,
-  runtime, limits, network, tmpfs, labels, user) with no workspace: every member of a
-  pool is interchangeable, described by its :class:`PoolKey`. The session id is assigned when the member
-  is created (its provider's ``io.adk-sandbox.session`` label) and the session that gets the member
-  keeps it, so :func:`~adk_sandbox.executor.backends.docker.cleanup_session` and the reaper find a handed-out
-  member like any session's container. Members also carry ``io.adk-sandbox.pool=<pool id>``.
-* **The lifecycle is every pool's** (:mod:`adk_sandbox.executor.pool`: fill, acquire with a deadline,
-  never reused, tending, close). Here the ping is the agent's PONG, a member past ``max_age_seconds``
-  or of an older image digest than the newest member is replaced, the tending thread pings idle members
-  every ``min(max_age_seconds / 4, 15)`` s, and a released or replaced member's container is removed in
-  the background by the pool's remover: creates and removes have separate limits
-  (``create_concurrency``, ``remove_concurrency``), so a backlog of removals never holds up a refill,
-  nor refills a removal. Close waits for the creates in flight and the
-  removals: no container is left; a killed owner's pool is the reaper's (owner labels are set at create).
-
-Sessions bound to a host workspace cannot come from a pool: the bind mount is fixed when the container
-is created, and so is a mirror volume's mount point (the workspace's own path), on a read-only root
-filesystem nothing else can be mounted at later. They start cold, as without a pool. What a pool can serve
-is a *copy* of a workspace, ``backend.session(copy_of=X)``, with ``PoolConfig(workspace="mirror")``:
-
-* **A workspace path chosen ahead.** Each member is created with an empty mirror volume at a directory
-  the pool made for it, ``P`` (one per member, below a root of the pool's own, mode 0700, made by this
-  process in :func:`~adk_sandbox.executor.workspace.copies.copies_dir`, ``/dev/shm`` when it is a tmpfs),
-  at the same path inside as on the host.
-  Commands run as ``P``'s owner (this process's user) unless the backend's ``user`` says otherwise, as
-  for any mirrored workspace.
-* **Acquire with a source** pops a member as above, then copies ``X`` into ``P`` on the host
-  (:func:`~adk_sandbox.executor.workspace.copies.copy_tree`: ``X`` only read, no link followed out of it,
-  special files left out) and pushes it into the member (:meth:`DockerSession.push_workspace`); from then
-  on the session is a mirrored session on ``P``. A member's ``P`` is removed with the member: when the
-  session closes (after its last pull-back), or when the pool replaces or drains it. A killed owner's are
-  removed by the next backend (:func:`~adk_sandbox.executor.workspace.copies.reap_copies`: the root's name
-  says who made it).
+:class:`SessionPool` (over :class:`~adk_sandbox.executor.pool.WarmPool`) and :class:`PoolKey` serve
+``DockerBackend(pool=N)``: workspace-less sessions, and copies of a workspace (``session(copy_of=X)``)
+with ``PoolConfig(workspace="mirror")``. Depth: docs/docker/pool.md ("Warm pool", "Copies from the pool").
 """
 
 from __future__ import annotations

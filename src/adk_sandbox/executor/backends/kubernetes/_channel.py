@@ -1,22 +1,9 @@
 """The framing of a ``pods/exec`` websocket (``v4.channel.k8s.io`` and ``v5.channel.k8s.io``), pure.
 
-Each websocket message (binary) is one byte naming a stream, then that stream's bytes::
-
-    0  stdin    client -> server
-    1  stdout   server -> client
-    2  stderr   server -> client
-    3  error    server -> client: once, when the process ended (or could not start): a metav1.Status JSON
-    4  resize   client -> server (TTYs only; never used here)
-    255 close   v5 only, either way: the message is ``[255, stream]``, "no more data on that stream"
-
-v4 made channel 3 structured (a Status object instead of text); v5 adds the close message, the one way
-to give the process end-of-file on stdin without closing the whole websocket (v4 can only close the
-connection, which also ends the output). The client offers both (``Sec-WebSocket-Protocol: v5..., v4...``)
-and the server picks one; anything else (an old server, a proxy dropping the header) is refused.
-
-A Status on channel 3: ``{"status": "Success"}`` for exit 0; a non-zero exit is ``{"status": "Failure",
-"reason": "NonZeroExitCode", "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}``; any other
-Failure (``InternalError``: the program could not be started) carries its reason in ``message``.
+Each binary message is one stream byte (0 stdin, 1 stdout, 2 stderr, 3 the final Status, 255 v5's close) then
+data. :func:`negotiated` refuses any other subprotocol; :func:`decode`, :func:`encode_stdin`,
+:func:`encode_close` and :func:`parse_status` do the rest. Depth: docs/KUBERNETES.md, "The agent over
+``pods/exec``".
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Sessions claimed from an agent-sandbox warm pool (kubernetes-sigs/agent-sandbox), pure.
 
-When the cluster has agent-sandbox's extension CRDs (``extensions.agents.x-k8s.io``: SandboxTemplate,
-SandboxWarmPool, SandboxClaim), a session asks for a started Sandbox from a named ``SandboxWarmPool``
-with a ``SandboxClaim`` (:func:`claim_object`) instead of creating a Pod. The controller binds the claim to
-a ready Sandbox of the pool (or cold-starts one when the pool is empty), copies the claim's
-``additionalPodMetadata`` labels onto its Pod, and reports it in the claim's status
-(:func:`claim_state`): ``status.sandbox.name`` and a ``Ready`` condition. The Sandbox names its Pod in
-the ``agents.x-k8s.io/pod-name`` annotation (an adopted pool Pod), else the Pod has the Sandbox's name
-(:func:`sandbox_pod_name`). Deleting the claim deletes the Sandbox and its Pod.
-
-Written against the v1beta1 API of agent-sandbox's source (``extensions/api/v1beta1``); the objects in
-tests/unit/fixtures/k8s/ are written from those types, not recorded from a running controller.
+:func:`claim_object` is the ``SandboxClaim`` a session creates, :func:`claim_state` reads its status, and
+:func:`sandbox_pod_name` names the bound Sandbox's Pod; v1beta1 only. Depth: docs/KUBERNETES.md, "Warm
+pools (agent-sandbox)".
 """
 
 from __future__ import annotations

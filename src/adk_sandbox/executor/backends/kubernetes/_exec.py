@@ -1,19 +1,9 @@
 """The agent's stream over a ``pods/exec`` websocket: :class:`ExecBridge`, the agent channel's stream.
 
-The agent channel (:class:`adk_sandbox.executor.channel.agent_transport.AgentTransport`) reads and writes
-an :class:`~adk_sandbox.executor.channel.streams.AgentStream`: stdout and stderr pieces one way, the agent's
-stdin the other. :class:`ExecBridge` is one over a websocket:
-
-* reading: each stdout/stderr message (:mod:`._channel`) is one piece, read by the channel's own reader
-  thread; the final status (channel 3) is kept in :attr:`ExecBridge.status` and, when the process failed to
-  start, its message is read as stderr so the channel's error says why; the websocket ending (or breaking:
-  :attr:`ExecBridge.failure`) ends the stream (the channel sees the agent end).
-* writing: what the channel writes goes into a socket pair (so a write is bounded by its deadline however
-  the websocket library blocks), whose other end one thread pumps out as stdin messages; when the channel
-  shuts its end (it gives the agent up), v5 sends the close of stdin (the agent then kills its commands and
-  exits), then the websocket is closed (on v4, closing the websocket is the only way to end stdin).
-
-So the frames, deadlines, restarts and file operations above are the agent channel's, as on Docker.
+:class:`ExecBridge` turns the websocket into an :class:`~adk_sandbox.executor.channel.streams.AgentStream`:
+stdout/stderr messages are read as pieces, the final Status is kept (:attr:`ExecBridge.status`), and
+giving the agent up closes its stdin (v5) and then the websocket. Depth: docs/KUBERNETES.md, "The agent
+over ``pods/exec``".
 """
 
 from __future__ import annotations

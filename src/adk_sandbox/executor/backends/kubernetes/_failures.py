@@ -1,18 +1,8 @@
 """Kubernetes failures as this library's errors, in one place (pure: status codes and API objects in).
 
-Two sources, two functions, each table-tested against recorded API responses
-(tests/unit/test_k8s_failures.py):
-
-* :func:`api_error`: an API call refused (quota exceeded, RBAC, an unknown RuntimeClass, PodSecurity
-  admission, the server unreachable);
-* :func:`pod_failure`: what a session Pod's status says went wrong (the image cannot be pulled, the
-  container cannot be created, the Pod was evicted or preempted, its ``activeDeadlineSeconds`` passed, its
-  keeper ended). :func:`pod_waiting_reason` says what a Pod still starting is waiting for (for the
-  message of a start that timed out: unschedulable, pulling, ...).
-
-``BackendUnavailableError``: nothing can run until someone changes the cluster or the config (the quota,
-the registry, RBAC). ``PolicyNotEnforceableError``: the cluster refuses the hardening asked for.
-``SandboxFailedError``: this session's sandbox broke (evicted, expired, its container died).
+:func:`api_error` maps a refused API call, :func:`pod_failure` what a session Pod's status says went
+wrong, and :func:`pod_waiting_reason` what a starting Pod waits for. The table and what each error means:
+docs/KUBERNETES.md, "Failures".
 """
 
 from __future__ import annotations

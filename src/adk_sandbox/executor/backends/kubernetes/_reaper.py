@@ -1,16 +1,8 @@
 """Leak protection for session Pods: the Docker reaper's rule applied to the Pods of a namespace.
 
-The rule is :func:`adk_sandbox.executor._owner.leak_reason`, one place for both backends.
-
-A session Pod carries the same owner labels as a container (owner pid, its start time, boot id, host and
-pid namespace, expiry). The kubelet already ends a Pod at its ``activeDeadlineSeconds``, but the Pod object
-stays (phase ``Failed``, reason ``DeadlineExceeded``) until someone deletes it, and a Pod whose owner was
-SIGKILLed runs until that deadline. So, like the Docker backend, a backend's start deletes the namespace's
-Pods of this project whose expiry passed or whose owner on this host is gone, and ``adk-sandbox cleanup
---kubernetes`` does it on demand. Only Pods this project created are deleted: selected by the project
-label, never by name, and never a Pod that another object owns (``ownerReferences``: a Pod of
-agent-sandbox's warm pool, adopted by a claim, goes with its claim, which expires by its own
-``shutdownTime``).
+:func:`find_leaked_pods` applies :func:`adk_sandbox.executor._owner.leak_reason` to the project's Pods
+(never one another object owns); :func:`reap_leaked_pods` deletes them, at a backend's start and for
+``adk-sandbox cleanup --kubernetes``. Depth: docs/KUBERNETES.md, "The Pod" ("Leaked Pods").
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """What a session Pod looks like: the objects asked of the API server, and the reading of what it made.
 
-Pure functions of data, unit-tested as tables (tests/unit/test_k8s_spec.py, test_k8s_isolation.py):
-:func:`pod_spec` and :func:`network_policy` say what is asked; :func:`pod_violations` and
-:func:`capabilities_from_pod` say what the Pod the API server stored really has (admission webhooks may
-have changed it). Isolation is reported from the second, never from the first.
-
-**Per-session fields** (:data:`PER_SESSION_FIELDS`) are the only ones that differ between two sessions of
-one config: the Pod's name and the session/owner/expiry labels. Everything else is a function of the
-config alone, so a warm pool built from ``pod_spec(config)`` (no session) matches every session; a claim
-adds the per-session labels through the claim's ``additionalPodMetadata`` instead.
+Pure, table-tested: :func:`pod_spec` and :func:`network_policy` say what is asked; :func:`pod_violations`
+and :func:`capabilities_from_pod` read the Pod as stored (isolation is reported from that, never from the
+request). Only :data:`PER_SESSION_FIELDS` differ between sessions. Depth: docs/KUBERNETES.md, "The Pod".
 """
 
 from __future__ import annotations

@@ -80,23 +80,11 @@ _PROBE_LANGUAGES = (
 class KubernetesSession(SessionNetwork, ChannelSession):
     """One Pod for the whole session: created (or claimed) at entry, reused, deleted at close.
 
-    Commands reach it through the agent channel over ``pods/exec`` (v5, else v4), as the Pod's user (an
-    exec cannot choose another: a request's ``user`` other than the Pod's is refused), with a cleared
-    environment (PATH, HOME, then the request's), in the workspace ``emptyDir`` by default. When the Pod
-    breaks (evicted, expired, its container died) the command fails with the reason the Pod's status
-    gives; the session does not replace its Pod (open a new session).
-
-    With a host ``workspace`` (a resolved directory; ``config.workspace_path`` must be it, see
-    :func:`workspace_config`) the ``emptyDir`` at that same path holds a mirror of it
-    (:class:`~adk_sandbox.executor.workspace.mirror.MirrorWorkspace`, capped at ``workspace_mb``):
-    pushed in once the Pod is verified, host changes pushed before each command, the Pod's changes pulled back
-    after each command and at close, all over the same ``pods/exec`` agent channel, as the Pod's user.
-
-    With a :class:`~adk_sandbox.executor.network.NetworkPolicy` (``config.network``) the Pod is denied as
-    with ``network=False`` and its agent serves an HTTP proxy on ``127.0.0.1``: each connection is carried
-    over the ``pods/exec`` channel to this process, which decides, resolves and connects from this host
-    (:class:`~adk_sandbox.executor.channel.egress.SessionEgress`, shared with the Docker session).
-    Commands get the proxy variables; :meth:`set_network` switches between ``False`` and a policy.
+    Commands reach it through the agent channel over ``pods/exec``, as the Pod's user (another ``user`` is
+    refused), with a cleared environment. A broken Pod fails the command with the reason its status gives; the
+    session does not replace it. A host ``workspace`` is mirrored into the Pod's ``emptyDir`` at the same path
+    (:func:`workspace_config`); a :class:`~adk_sandbox.executor.network.NetworkPolicy` is served by a proxy
+    over the same channel (:meth:`set_network` switches it). Depth: docs/KUBERNETES.md.
     """
 
     name = "kubernetes"
@@ -413,16 +401,9 @@ class KubernetesBackend(SessionBackend[KubernetesSession]):
     >>> with KubernetesBackend(config).session() as session:                    # doctest: +SKIP
     ...     session.execute(ExecRequest(language="command", code="id -u", timeout=10)).stdout
 
-    The Pod is :func:`~adk_sandbox.executor.backends.kubernetes.pod_spec` of the config; with
-    ``network=False`` (or a NetworkPolicy) the namespace gets the default-deny NetworkPolicy
-    (:func:`~adk_sandbox.executor.backends.kubernetes.network_policy`), and ``network`` is reported denied
-    only when the policy selects the Pod and an in-Pod probe finds no route. With ``warm_pool`` set and
-    agent-sandbox's CRDs installed, sessions are claimed from that pool.
-    ``session(workspace=dir)`` mirrors ``dir`` into the Pod at its own path (not with ``warm_pool``).
-
-    With ``pool=N`` that many sessions are kept started (:mod:`.pool`). Agent-sandbox's claims
-    (``warm_pool``) are created, watched and deleted through the real API, but no controller binds them
-    here (it cannot be built on these machines).
+    The Pod is :func:`~adk_sandbox.executor.backends.kubernetes.pod_spec` of the config. ``pool=N`` keeps
+    that many sessions started (:mod:`.pool`); ``warm_pool`` claims sessions from agent-sandbox's pool;
+    ``session(workspace=dir)`` mirrors ``dir`` into the Pod (not with ``warm_pool``).
     """
 
     name = "kubernetes"

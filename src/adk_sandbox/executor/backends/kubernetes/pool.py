@@ -1,17 +1,8 @@
 """The Kubernetes pool: started session Pods kept ready by this process, so a session starts in a claim.
 
-``KubernetesBackend(config, pool=N)`` (or a :class:`KubernetesPoolConfig`) keeps ``N`` sessions *started*:
-Pod created, scheduled and running, its hardening read back, its network probed, the agent up. The
-lifecycle is every pool's (:mod:`adk_sandbox.executor.pool`): an acquire pings the member's agent over
-``pods/exec`` and hands it out; a member is never reused (closing its session deletes the Pod); close
-deletes the ready members and waits for those starting. Members are ordinary session Pods, with the
-owner labels: a killed owner's are deleted by the next backend's reaper, and their
-``activeDeadlineSeconds`` bounds them anyway.
-
-This is not agent-sandbox's server-side ``SandboxWarmPool`` (``KubernetesConfig(warm_pool=...)``), which
-needs that project's controller in the cluster; this one needs nothing but the API, and its Pods belong
-to this process. A session with a host workspace does not come from it (the workspace's path is fixed in
-the Pod spec).
+:class:`KubernetesPool` (over :class:`~adk_sandbox.executor.pool.WarmPool`) and
+:class:`KubernetesPoolConfig` serve ``KubernetesBackend(config, pool=N)``; not agent-sandbox's server-side
+``SandboxWarmPool`` (``KubernetesConfig(warm_pool=...)``). Depth: docs/KUBERNETES.md, "The pool".
 """
 
 from __future__ import annotations

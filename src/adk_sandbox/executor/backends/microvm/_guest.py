@@ -1,22 +1,8 @@
 """The guest parts of a microVM, built once and cached: kernel, initramfs, root disk.
 
-* **kernel**: Debian's cloud kernel (``linux-image-cloud-amd64``'s dependency), fetched with
-  ``apt-get download`` and unpacked with ``dpkg-deb -x`` (never installed); its ``vmlinux`` is taken out of
-  the compressed ``vmlinuz`` payload (lz4, zstd, xz or gzip, whichever the package used) so QEMU boots it
-  directly (PVH, no firmware, no decompression at each boot).
-* **initramfs**: busybox (static), the virtio modules the cloud kernel has as modules (``virtio``,
-  ``virtio_ring``, ``virtio_mmio``, ``virtio_blk``, ``virtio_console``) with a ``modules.dep`` made by
-  ``depmod -b``, ``guest/init.sh`` as ``/init`` and ``guest/vminit.c`` (built static) as the guest's PID 1.
-* **root disk**: the project's image (``adk-sandbox/base``) exported (``docker export``), as a read-only
-  ext4 image (no journal), keyed by the image's id. Read-only virtio-blk rather than a virtiofs share: no
-  daemon per VM, the guest's page cache serves reads, ext4 is built into the kernel, and the disk is
-  opened ``readonly=on`` by every VM at once.
-
-Everything lives under ``<cache>/microvm`` (``$ADK_SANDBOX_CACHE``, else ``~/.cache/adk-sandbox``), each part
-in a directory named by the digest of what went into it, written to a temporary name and renamed into
-place (a half-built part is never used). ``scripts/setup`` builds them (:func:`main`); otherwise the first
-session builds what is missing (the kernel needs Debian's mirror; the root disk needs the Docker engine
-and root, to keep the image's owners).
+:func:`guest_parts` / :func:`build_guest` return a :class:`GuestParts`, building what is missing under
+:func:`microvm_cache` (each part in a directory named by its inputs' digest, renamed into place when
+complete); :func:`main` is ``scripts/setup``'s entry. Depth: docs/MICROVM.md, "How a VM is made".
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Pausing a microVM: frozen in place (QMP ``stop``), or to a file on disk by QEMU's migration.
 
-**In place** (``pause(keep_memory=True)``): the vCPUs stop; the guest's memory stays in QEMU; ``cont``
-goes on. **To disk** (``pause()``): the vCPUs stop, QEMU migrates the whole machine (memory, devices, the
-virtio-serial ports' state) to a file in the VM's run directory (``exec:cat > file``: QEMU 7.2 has no
-``file:`` migration), and QEMU is killed: the host holds the file and nothing else of the VM. A resume
-starts a new QEMU with the same command line, stopped (``-S``), loading that file (``-incoming``); the host
-connects to each running agent's port *before* the guest runs again, so the guest never sees its ports
-closed (a port closed while the guest runs ends its agent's input); then ``cont``, and each agent is
-served again over its new socket (it answers a PING).
-
-**A fork** (``fork(processes=True)``) is the same migration with the source going on after it, and a new
-QEMU started from the file in a run directory of its own. Before that copy runs, the host connects to its
-seed port too: once it runs, the guest's seed loop (``guest/vminit.c``) mixes 32 fresh bytes from the host
-into the guest kernel's pool and makes its generator rekey, and answers; the fork is handed out only then.
-Without it every copy of one file would draw the same kernel randomness (the cloud kernel has no VM
-generation id driver, and the ``microvm`` machine no ACPI device for one).
-
-Not with a workspace: virtiofs (vhost-user-fs) is a migration blocker in QEMU 7.2.
+:func:`migrate_to_file` writes the machine to a file (a pause, a fork, a snapshot with processes);
+:func:`start_from_file` starts a new QEMU from it, reconnecting each agent's port before the guest runs
+and reseeding a fork's kernel randomness. Not with a workspace (virtiofs blocks migration). Depth:
+docs/pause.md, "The microVM".
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The agent channel's byte stream into a microVM: one virtio-serial port, seen here as a Unix socket.
 
-QEMU listens on one Unix socket per port (``-chardev socket,server=on``); in the guest, ``vminit`` keeps a
-loop on each port (``guest/vminit.c``): it writes :data:`._qemu.GREETING`, reads one header naming a
-program and its user, runs it with the port as its stdin and stdout, waits for it, and greets again.
-
-Opening a stream (:class:`PortOpener`): connect to a free port's socket, discard everything before the
-greeting (the last bytes of an agent that used the port before), send the header, and hand the socket to
-the agent channel as an :class:`~adk_sandbox.executor.channel.streams.AgentStream`. Closing the socket
-ends the program's stdin in the guest (the agent then kills its commands and exits), and the loop greets
-the next connection. Ports are used round-robin, so a port's previous agent has long gone when the port
-is used again.
+:class:`PortOpener` connects to a free port, discards bytes up to the guest's greeting and sends the
+program's header (:func:`program_header`), handing back a :class:`PortStream`. Depth: docs/MICROVM.md,
+"How a VM is made" ("The channel").
 """
 
 from __future__ import annotations

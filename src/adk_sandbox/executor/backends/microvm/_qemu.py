@@ -1,15 +1,8 @@
-"""One QEMU ``-M microvm`` process: its command line, its start with a lifeline, its kill; the KVM probe.
+"""One QEMU ``-M microvm`` process: its command line, its start with a lifeline, its kill.
 
-The command line (:func:`qemu_command`) is pure: what the VM is made of is decided here and read back by
-the session's capabilities (no NIC device at all, the accelerator, the memory and vCPUs).
-
-**Nothing outlives its owner.** QEMU is started by a small ``/bin/sh`` wrapper in a process group of its
-own (:func:`start_vm`): the wrapper starts QEMU under ``setpriv --pdeathsig KILL`` (QEMU dies when the
-wrapper dies, however it dies) and then blocks reading a pipe whose only writer is this process (the
-*lifeline*, close-on-exec here, so no other child holds it). When this process exits or is killed, even
-by SIGKILL, the kernel closes the lifeline, the read returns, and the wrapper kills QEMU and exits. A
-session's close kills the whole group. The death signal is tied to the wrapper (single-threaded), never to
-a thread of this process that happens to have started the VM.
+:func:`qemu_command` is the pure command line of a :class:`QemuCommand`; :func:`start_vm` starts it under
+a wrapper that kills QEMU when this process dies, even by SIGKILL (:class:`VmProcess`). Depth:
+docs/MICROVM.md, "How a VM is made" ("Boot", "No hung VM, no leak").
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The workspace of a microVM session: which host directory is shared, at which guest path, as whom.
 
-``session(workspace=DIR)`` shares ``DIR`` over virtiofs and the guest mounts it at the same absolute path
-(as Docker binds it). Who owns what the guest creates there is decided here (:func:`plan_share`):
-
-* the **guest side** is the session's command user (``MicroVMConfig.user``): the uid and gid the guest
-  kernel puts in its requests;
-* the **host side** is the directory's owner when this process is root (as Docker's commands run as the
-  workspace's owner), else this process's own user (the only one an unprivileged user namespace can map);
-* **never root**: a workspace owned by uid or gid 0 is refused, since the VM could then make root-owned
-  files on the host (:class:`PolicyNotEnforceableError`).
-
-virtiofsd runs in a user namespace mapping only that one pair (``host/fsjail.c``): a request under any
-other id fails there, so the kernel itself keeps every file the guest creates owned by the host side.
+:func:`plan_share` maps the command user in the guest to the workspace's owner (or this process's user)
+on the host, never root; :func:`check_guest_path` refuses mount points that would hide the guest's own.
+Depth: docs/MICROVM.md, "The workspace (virtiofs)".
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """The microVM pool: booted, never-reused VMs kept ready, so a session starts without a boot.
 
-``MicroVMBackend(pool=N)`` (or a :class:`~adk_sandbox.executor.backends.microvm.config.MicroVMPoolConfig`)
-keeps ``N`` sessions *started*: VM booted, the start-up checks run from inside (set-id probe, the guest's
-kernel, no NIC, its limits), the command user's agent up. As Docker's warm pool
-(``executor/backends/docker/pool.py``), and for the same reasons:
-
-* **A workspace chosen ahead.** A VM's share is fixed at boot (the virtiofs device and its server are on
-  QEMU's command line, the mount point on the kernel's), so every member boots sharing a fresh, empty
-  directory of its own, ``D``, made by this process below the pool's directory (in
-  :func:`~adk_sandbox.executor.workspace.copies.copies_dir`, named for the reaper by
-  :func:`~adk_sandbox.executor.workspace.copies.copy_prefix`), mounted at the pool's ``path`` inside
-  (``/workspace`` by default, the same for every member). ``D`` is owned by who owns what the VM writes
-  (docs/MICROVM.md, "The workspace"): this process's user, or, when this process is root, the command
-  user (never root: such a pool is refused). The pool's directory is ``0711`` so the jailed virtiofsd,
-  running as that user, reaches ``D`` without listing its neighbours.
-* **The lifecycle is every pool's** (:mod:`adk_sandbox.executor.pool`). Here an acquire checks that QEMU
-  runs and that the agent answers a PING; with ``copy_of`` the source is copied into ``D`` on the host
-  (:func:`~adk_sandbox.executor.workspace.copies.copy_tree`'s walk: only read, no link followed out of
-  it, special files left out, capped) before the member is handed out; the guest sees it at once (the
-  share has no cache). Closing a pooled session kills its VM and removes ``D``. The tending thread checks
-  every second that each ready member's QEMU still runs. Close kills the ready members and those still
-  booting (their boot fails at once) and removes the pool's directory: no QEMU, no virtiofsd, no run
-  directory is left. A killed owner's VMs die with it (their lifelines), and the next ``MicroVMBackend()``
-  removes the run directories and the pool directory it left (``backend.reaped``).
+:class:`MicroVMPool` (over :class:`~adk_sandbox.executor.pool.WarmPool`) serves ``MicroVMBackend(pool=N)``:
+each member boots sharing a fresh, empty directory of its own at the pool's ``path`` inside, which
+``session(copy_of=X)`` fills on the host. Depth: docs/MICROVM.md, "The pool of booted VMs".
 """
 
 from __future__ import annotations
