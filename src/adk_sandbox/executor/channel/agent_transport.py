@@ -650,7 +650,7 @@ class AgentTransport:
 
         Its stream is closed on this side only: the keeper's stdin stays open, so the agent waits for the
         next stream. Returns what :meth:`reattach` needs to serve the same agent again. Its listeners
-        (the proxy endpoint, published ports) are kept here, served again when it comes back.
+        (the proxy endpoint, service links) are kept here, served again when it comes back.
         """
         described = self.describe(user)
         with self._lock:
