@@ -821,6 +821,45 @@ def test_fork_with_processes_copies_the_vm_and_each_copy_draws_its_own_randomnes
         assert sh(parent, "cat /tmp/token").stdout.strip() == token  # the parent ran on throughout
 
 
+def test_fork_of_a_running_vm_streams_it_and_a_dead_fork_leaves_the_parent_running(
+    backend: MicroVMBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running VM's fork is migrated straight into the fork's QEMU (no machine file), and reseeded.
+
+    Failure: the fork's QEMU dies while listening, just before the parent migrates into it. The fork is
+    refused, the parent goes on running with its programs, and no QEMU or run directory of the fork is
+    left.
+    """
+    from adk_sandbox.executor.backends.microvm import backend as module  # noqa: PLC0415
+
+    with backend.session() as parent:
+        token = _start_keeper(parent)
+        with parent.fork(processes=True) as fork:
+            assert not parent.paused and fork.qemu_pid not in (None, parent.qemu_pid)
+            assert sh(fork, "rm /tmp/token; sleep 0.5; cat /tmp/token").stdout.strip() == token
+            assert sh(fork, _RESEEDS).stdout == "1\n"
+            assert not list(_run_dirs(fork.session_id)[0].glob("*.state"))
+        qemus, run_dirs = set(_qemu_processes()), _my_run_dirs()
+        migrate_out = module.migrate_out
+
+        def fork_dies_first(monitor: object, uri: str, **how: bool) -> None:
+            group = int((Path(uri.removeprefix("unix:")).parent / "group").read_text())
+            for pid in qemu_pids(group):
+                os.kill(pid, signal.SIGKILL)
+            assert all(_gone(pid, 5) for pid in qemu_pids(group))
+            migrate_out(monitor, uri, **how)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(module, "migrate_out", fork_dies_first)
+        with pytest.raises(SandboxFailedError, match="migration"):
+            parent.fork(processes=True)
+        monkeypatch.undo()
+        ticks = int(sh(parent, "cat /tmp/ticks").stdout)
+        time.sleep(0.5)
+        assert int(sh(parent, "cat /tmp/ticks").stdout) > ticks  # it runs on
+        assert sh(parent, "cat /tmp/token").stdout.strip() == token
+        assert set(_qemu_processes()) == qemus and _my_run_dirs() == run_dirs
+
+
 def test_snapshot_with_processes_starts_copies_of_the_vm(backend: MicroVMBackend, tmp_path: Path) -> None:
     """``snapshot(processes=True)`` keeps the whole VM on disk; each ``session(snapshot=...)`` is a copy.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -35,7 +36,14 @@ from adk_sandbox.executor.backends.microvm._guest import (
     microvm_cache,
     virtiofsd,
 )
-from adk_sandbox.executor.backends.microvm._pause import STATE_FILE, migrate_to_file, start_from_file
+from adk_sandbox.executor.backends.microvm._pause import (
+    STATE_FILE,
+    incoming_uri,
+    migrate_out,
+    migrate_to_file,
+    start_from_file,
+    start_incoming,
+)
 from adk_sandbox.executor.backends.microvm._port import PortOpener
 from adk_sandbox.executor.backends.microvm._qemu import (
     QemuCommand,
@@ -112,6 +120,15 @@ def _link_or_copy(source: Path, target: Path) -> None:
         if exc.errno != errno.EXDEV:
             raise
         shutil.copyfile(source, target)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Copied:
+    """What a copy of a VM takes besides its machine: its agents, an agent's proxy endpoint, their ports."""
+
+    agents: list[DetachedAgent]
+    carried: KeptEndpoint | None
+    port_of: dict[str, int]
 
 
 class GuestFacts:
@@ -548,22 +565,36 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         """A new session running a copy of this VM: every process where it was, with its memory.
 
         ``processes=True`` is required: a microVM's files are in its memory (tmpfs), so a copy without its
-        processes is no cheaper. The VM is stopped, migrated to a file in the fork's run directory and goes
-        on; a new QEMU starts from the file, each agent served again over the fork's own ports, and its
-        kernel's generator takes fresh randomness from the host before the fork is handed out (the
-        parent's and the fork's draws differ). A paused session stays paused (in place or on disk), and
-        forks of it start from the very same state (pause, fork N ways, resume). Running calls are waited
-        for (at most ``wait_seconds``); refused while a spawned program, terminal or connection is open,
-        with a workspace (QEMU 7.2 cannot migrate virtiofs) and with a network policy (its proxy is not
-        carried over yet).
+        processes is no cheaper. The fork's QEMU starts first, listening; the VM is stopped, migrated
+        straight into it over a socket (no file) and goes on; each agent is served again over the fork's
+        own ports, and its kernel's generator takes fresh randomness from the host before the fork is
+        handed out (the parent's and the fork's draws differ). A paused session stays paused (in place or
+        on disk), and forks of it start from the very same state, a file (pause, fork N ways, resume).
+        Running calls are waited for (at most ``wait_seconds``); refused while a spawned program, terminal
+        or connection is open, and with a workspace (QEMU 7.2 cannot migrate virtiofs). On failure the
+        session goes on as it was, and nothing of the fork is left.
         """
         self._refuse_copy(processes, "fork", "forked")
+        self.start()
         child = MicroVMSession(self._config)
         child._egress = SessionEgress(self._egress.network)  # the network in force now, not the config's
+        purpose = "the session is forked"
         try:
-            state = child._new_run_dir() / STATE_FILE
-            agents, spec, carried = self._copy_machine(state, wait_seconds, "the session is forked")
-            child._start_copy(spec.accel, state, agents, self.ports_of_agents(), self.guest, carried=carried)
+            run_dir = child._new_run_dir()
+            if self._paused:  # its one file serves every fork (see _copy_machine)
+                state = run_dir / STATE_FILE
+                agents, spec, carried = self._copy_machine(state, wait_seconds, purpose)
+                kept = _Copied(agents, carried, self.ports_of_agents())
+                child._start_copy(spec.accel, state, lambda _uri: kept, self.guest)
+            else:  # running: streamed into the fork's QEMU, which listens before the VM stops
+
+                def stream(uri: str) -> _Copied:
+                    agents, _, carried = self._copy_machine(None, wait_seconds, purpose, stream_to=uri)
+                    return _Copied(agents, carried, self.ports_of_agents())
+
+                running = self._vm_command
+                assert running is not None  # noqa: S101 - started
+                child._start_copy(running.accel, None, stream, self.guest)
         except BaseException:
             child.close()
             raise
@@ -595,7 +626,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             )
 
     def _copy_machine(
-        self, state: Path, wait_seconds: float, purpose: str
+        self, state: Path | None, wait_seconds: float, purpose: str, *, stream_to: str | None = None
     ) -> tuple[list[DetachedAgent], QemuCommand, KeptEndpoint | None]:
         """Migrate the VM to ``state`` while it goes on: its agents, its VM and its agent's proxy endpoint.
 
@@ -603,6 +634,7 @@ class MicroVMSession(SessionNetwork, ChannelSession):
 
         QEMU migrates a stopped VM only once: the file of the first copy of a session paused in place
         (``frozen.state``) serves every later one until it resumes. Paused to disk, its own file serves.
+        ``stream_to``: a running VM's fork, migrated to the URI its new QEMU listens on (no ``state``).
         """
         self.start()
         frozen = self._paused and not self._on_disk
@@ -611,18 +643,28 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         with self._quiesced(wait_seconds, purpose):
             transport, spec, run_dir = self._transport, self._vm_command, self._run_dir
             assert transport is not None and spec is not None and run_dir is not None  # noqa: S101 - started
+            if stream_to is not None and self._paused:
+                # Paused since the fork began (by another thread): its machine is for a file now.
+                raise InvalidRequestError(
+                    "the session was paused as it was forked; nothing was copied: fork again"
+                )
             if self._on_disk:  # it stays on disk: its agents were described when it was let go
+                assert state is not None  # noqa: S101 - a paused VM is copied to a file
                 _link_or_copy(run_dir / STATE_FILE, state)
                 return list(self._detached), spec, self._carried
             users = self._users_without_streams(f"copied ({purpose}); nothing was copied. Close them first")
             agents = [transport.describe(user) for user in users]
             carried = self._egress.carried(transport)
-            if frozen:
+            if stream_to is not None:
+                migrate_out(self._monitor(), stream_to, go_on=True)
+            elif frozen:
+                assert state is not None  # noqa: S101 - a paused VM is copied to a file
                 kept = self._frozen_state()
                 if not kept.exists():
                     migrate_to_file(self._monitor(), kept, running=False)
                 _link_or_copy(kept, state)
             else:
+                assert state is not None  # noqa: S101 - a file, or a stream
                 migrate_to_file(self._monitor(), state, go_on=True)
         return agents, spec, carried
 
@@ -639,17 +681,18 @@ class MicroVMSession(SessionNetwork, ChannelSession):
     def _start_copy(
         self,
         accel: str,
-        state: Path,
-        agents: list[DetachedAgent],
-        port_of: dict[str, int],
+        state: Path | None,
+        send: Callable[[str], _Copied],
         guest: GuestFacts | None,
         *,
-        carried: KeptEndpoint | None = None,
         keep_state: bool = False,
     ) -> None:
-        """Start this new session's QEMU from ``state`` (reseeded) and serve each of ``agents`` again.
+        """Start this new session's QEMU as a copy (reseeded) and serve each of the copy's agents again.
 
-        ``keep_state``: the file is a snapshot's (read, left as it is), else this session's (removed).
+        ``state``: the machine's file; None: it is streamed to the new QEMU (a running VM's fork).
+        ``send(uri)`` is called once the QEMU listens on ``uri`` and has the machine sent there (nothing
+        to do for a file): what was copied. ``keep_state``: the file is a snapshot's (read, left as it
+        is), else this session's (removed).
         """
         with self._lock:
             if self._closed:
@@ -659,16 +702,22 @@ class MicroVMSession(SessionNetwork, ChannelSession):
             self.accel, self.guest = accel, guest
             self._vm_command = spec = _vm_spec(parts, self._config, accel, run_dir)
             self._opener = opener = PortOpener([str(spec.port_socket(n)) for n in range(1, spec.ports + 1)])
-            opener.port_of = dict(port_of)
+            uri = incoming_uri(spec, state)
+            copied: list[_Copied] = []
+
+            def sent() -> list[str]:
+                copied.append(send(uri))
+                opener.port_of = dict(copied[0].port_of)
+                return [agent.user for agent in copied[0].agents]
+
             started = time.monotonic()
-            users = [agent.user for agent in agents]
-            self._vm, self._monitor_connection, streams = start_from_file(
-                spec, state, opener, users, reseed=True
+            self._vm, self._monitor_connection, streams = start_incoming(
+                spec, uri, opener, sent, reseed=True, source=str(state or "the forked session")
             )
-            if not keep_state:
+            if state is not None and not keep_state:
                 state.unlink(missing_ok=True)
             self._transport = transport = AgentTransport(opener)
-            self._serve_agents(transport, agents, streams, carried)
+            self._serve_agents(transport, copied[0].agents, streams, copied[0].carried)
             self.boot_seconds = time.monotonic() - started
             self._watch_idle()
 
@@ -701,9 +750,8 @@ class MicroVMSession(SessionNetwork, ChannelSession):
         )
         port_of = {agent.user: agent.port for agent in record.agents}
         guest = GuestFacts(record.probe)
-        self._start_copy(
-            record.accel, state, agents, port_of, guest, carried=record.endpoint, keep_state=True
-        )
+        kept = _Copied(agents, record.endpoint, port_of)
+        self._start_copy(record.accel, state, lambda _uri: kept, guest, keep_state=True)
 
     # -- what is enforced ----------------------------------------------------------------------------
     def capabilities(self) -> Capabilities:
