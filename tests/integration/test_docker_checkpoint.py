@@ -1,10 +1,14 @@
-"""``session.pause()`` to a checkpoint on disk, every process kept (Docker + gVisor, ``checkpoints=True``).
+"""``session.pause()`` to a checkpoint on disk, every process kept (``checkpoints=True``; gVisor and runc).
+
+The tests taking the ``backend`` fixture run twice: on gVisor (runsc's own checkpoint) and on runc
+(CRIU's, as ``scripts/setup`` installs it).
 
 A background program holds a random token in its memory only and answers it on a Unix socket; beside it
 a counter ticks every 50 ms (the same program as ``test_docker_pause.py``). From the host:
 
-* paused, the container is stopped and nothing of it runs on the host (no gVisor process names it): its
-  memory is on disk, in the engine's directory, outside every mount the sandbox has;
+* paused, the container is stopped and nothing of it runs on the host (no gVisor process names it, no
+  process is in its cgroup): its memory is on disk, in the engine's directory, outside every mount the
+  sandbox has;
 * after resume the same program answers the same token, and the counter did not move meanwhile;
 * ``fork(processes=True)``: a new container restored from a checkpoint of the running session holds the
   same program with the same memory, and then the two run apart;
@@ -21,6 +25,7 @@ a counter ticks every 50 ms (the same program as ``test_docker_pause.py``). From
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -54,18 +59,24 @@ def _client() -> docker.DockerClient:
     return docker.from_env()
 
 
-@pytest.fixture(scope="module")
-def backend() -> Iterator[DockerBackend]:
+@pytest.fixture(scope="module", params=["runsc", "runc"])
+def backend(request: pytest.FixtureRequest) -> Iterator[DockerBackend]:
+    """A checkpointing backend on gVisor (runsc's checkpoint) and on runc (CRIU's): each test runs on both."""
+    runtime = request.param
     client = _client()
     try:
-        require("runsc" in (client.info().get("Runtimes") or {}), "runsc is not registered (scripts/setup)")
+        if runtime == "runsc":
+            registered = client.info().get("Runtimes") or {}
+            require("runsc" in registered, "runsc is not registered (scripts/setup)")
+        else:
+            require(shutil.which("criu") is not None, "CRIU is not installed (scripts/setup)")
         require(
             bool(client.info().get("ExperimentalBuild")),
             "dockerd runs without --experimental (scripts/setup)",
         )
     finally:
         client.close()
-    with DockerBackend(runtime="runsc", checkpoints=True, limits=ResourceLimits(memory_mb=MEMORY_MB)) as made:
+    with DockerBackend(runtime=runtime, checkpoints=True, limits=ResourceLimits(memory_mb=MEMORY_MB)) as made:
         yield made
 
 
@@ -85,7 +96,8 @@ def _state(session: DockerSession) -> dict[str, object]:
 
 
 def _host_processes_naming(container_id: str) -> list[str]:
-    """Host processes whose command line names the container (gVisor's sandbox, gofer, shim)."""
+    """Host processes of the container: gVisor's (sandbox, gofer: their command lines name it), runc's (its
+    own processes: in its cgroup)."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -96,6 +108,14 @@ def _host_processes_naming(container_id: str) -> list[str]:
         except OSError:
             continue
         if container_id in line and "runsc" in line:
+            found.append(line[:120])
+            continue
+        try:
+            with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+                in_its_cgroup = container_id in f.read()
+        except OSError:
+            continue
+        if in_its_cgroup:  # runc: the container's own processes
             found.append(line[:120])
     return found
 
@@ -121,7 +141,7 @@ def test_every_process_survives_a_checkpoint_on_disk(session: DockerSession) -> 
     kept = token(session)
     assert len(kept) == 32
     container = session.container_id
-    assert _host_processes_naming(container), "the test cannot see gVisor's processes on this host"
+    assert _host_processes_naming(container), "the test cannot see the container's processes on this host"
     before = int(out(session, "cat /tmp/ticks"))
     session.pause()
     assert session.paused
@@ -294,7 +314,7 @@ def test_an_idle_session_pauses_itself_and_a_busy_one_does_not() -> None:
 @pytest.mark.parametrize(
     ("options", "refusal"),
     [
-        ({"checkpoints": True}, "runtime='runsc'"),
+        ({"checkpoints": True, "runtime": "kata-runtime"}, "runtime='runsc'"),
         ({"checkpoints": True, "runtime": "runsc", "pool": 1}, "pool="),
         ({"checkpoints": True, "runtime": "runsc", "workspace_transport": "mirror"}, "mirror"),
         ({"checkpoints": True, "runtime": "runsc", "container": "some-service"}, "container="),
@@ -543,7 +563,7 @@ def test_a_network_policy_goes_with_the_sandbox_through_pause_fork_and_snapshot(
                 assert _fetch(closed_off, f"{allowed}/x") == "403"
             with (
                 DockerBackend(
-                    runtime="runsc",
+                    runtime=backend.runtime,
                     checkpoints=True,
                     network=policy,
                     limits=ResourceLimits(memory_mb=MEMORY_MB),

@@ -355,6 +355,7 @@ class AgentTransport:
     ) -> None:
         self._open_stream = open_stream
         self._resident = resident
+        self._keeper_bound = False
         #: The agent that is the container keeper's child (``resident``), once started.
         self._resident_agent: _Agent | None = None
         self._setid_allowed = setid_allowed
@@ -610,14 +611,19 @@ class AgentTransport:
         if stream is None:
             return self._start_launch(launch, self._open_stream(launch.argv, user, start_by), user, start_by)
         uid, _, gid = user.partition(":")
-        named = launch.preamble + struct.pack("<II", int(uid), int(gid))
+        preamble = b"" if self._keeper_bound else launch.preamble
+        named = preamble + struct.pack("<II", int(uid), int(gid))
         started = self._start_launch(AgentLaunch([], named, launch.requirement), stream, user, start_by)
         self._resident_agent = started[0]
         return started
 
-    def use_keeper(self, resident: ResidentOpener) -> None:
-        """Start the first agent of the keeper's user as the container keeper's child (see ``resident``)."""
+    def use_keeper(self, resident: ResidentOpener, *, bound: bool = False) -> None:
+        """Start the first agent of the keeper's user as the container keeper's child (see ``resident``).
+
+        ``bound``: the keeper runs the agent's bound binary, so its stdin gets the user only.
+        """
         self._resident = resident
+        self._keeper_bound = bound
 
     @property
     def resident_user(self) -> str | None:

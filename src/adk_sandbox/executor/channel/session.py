@@ -453,8 +453,8 @@ class ChannelSession(SandboxSession):
     def pause(self, *, keep_memory: bool = False, wait_seconds: float = 30.0) -> None:
         """Stop every process of the sandbox where it is, until :meth:`resume` or the session's next call.
 
-        By default to a checkpoint on the host's disk (Docker with gVisor and ``checkpoints=True``, the
-        microVM), refused with :class:`PolicyNotEnforceableError` elsewhere; ``keep_memory=True`` freezes them
+        By default to a checkpoint on the host's disk (Docker with ``checkpoints=True``, the microVM),
+        refused with :class:`PolicyNotEnforceableError` elsewhere; ``keep_memory=True`` freezes them
         in place. Running commands and file operations are waited for (at most ``wait_seconds``, else
         :class:`InvalidRequestError`, nothing paused). Idempotent; starts the session. Depth: docs/pause.md.
         """

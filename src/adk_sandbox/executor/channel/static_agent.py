@@ -22,7 +22,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from adk_sandbox.executor.channel.agent import KEEPER_WORD, SETID_ALLOWED_WORD, agent_arguments
+from adk_sandbox.executor._layout import AGENT_MOUNT
+from adk_sandbox.executor.channel.agent import AGENT_ARGV0, KEEPER_WORD, SETID_ALLOWED_WORD, agent_arguments
 from adk_sandbox.executor.channel.setid import setid_filter
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "StaticAgent",
     "StaticAgentUnavailableError",
     "agent_launch",
+    "bound_agent_directory",
     "build_static_agent",
     "cache_root",
     "filter_header",
@@ -267,16 +269,51 @@ def loader_script(loader: bytes, token: str) -> str:
     )
 
 
+def bound_agent_directory() -> str:
+    """A host directory holding the agent binary alone, to bind read-only at :data:`AGENT_MOUNT`.
+
+    For a keeper that CRIU checkpoints (runc): CRIU 4.1 restores no executable from a memfd, the
+    loader's way. Named by the binary's digest and never rewritten, so a paused container's executable is
+    there at its restore whatever agent later versions build.
+    """
+    agent = load_static_agent().agent
+    directory = cache_root() / f"bound-agent-{hashlib.sha256(agent).hexdigest()[:32]}"
+    if (directory / AGENT_ARGV0).is_file():
+        return str(directory)
+    cache_root().mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".bound-agent-", dir=cache_root()))
+    try:
+        (work / AGENT_ARGV0).write_bytes(agent)
+        (work / AGENT_ARGV0).chmod(0o555)
+        work.chmod(0o755)
+        os.rename(work, directory)
+    except OSError:  # made meanwhile by another process
+        shutil.rmtree(work, ignore_errors=True)
+        if not (directory / AGENT_ARGV0).is_file():
+            raise
+    return str(directory)
+
+
 def agent_launch(
-    protected: str | None, *, setid_allowed: bool = False, keeper_lifetime: int | None = None
+    protected: str | None,
+    *,
+    setid_allowed: bool = False,
+    keeper_lifetime: int | None = None,
+    bound: bool = False,
 ) -> AgentLaunch:
     """How to start the next agent: the loader script, then the agent's bytes on stdin.
 
     ``setid_allowed`` starts it without the set-id filter (the opt-in word on its argv); by default the
     filter is on. ``keeper_lifetime`` makes it a container's keeper (its command, living that many
     seconds at most; :data:`.agent.KEEPER_WORD`), which then reads the agent's user from stdin.
+    ``bound`` starts the binary bound at :data:`AGENT_MOUNT` instead (:func:`bound_agent_directory`).
     :class:`StaticAgentUnavailableError` when there is no binary (docs/docker/agent-channel.md, "Build").
     """
+    if bound:  # the binary bound at AGENT_MOUNT (bound_agent_directory): no loader, nothing on stdin
+        argv = [f"{AGENT_MOUNT}/{AGENT_ARGV0}"]
+        if keeper_lifetime is not None:
+            argv += [KEEPER_WORD, str(keeper_lifetime)]
+        return AgentLaunch(argv + agent_arguments(protected, setid_allowed=setid_allowed), b"")
     agent = load_static_agent()
     script = loader_script(agent.loader, secrets.token_hex(12))
     argv = ["/bin/sh", "-c", script, "adk-sandbox-agent-loader", str(len(agent.agent))]

@@ -73,6 +73,18 @@ def require_checkpoints(client: docker.DockerClient, runtime: str | None) -> Non
             "checkpoints=True needs the Docker engine's checkpoints, an experimental feature: start dockerd "
             'with --experimental (or "experimental": true in daemon.json; scripts/setup does)'
         )
+    if (runtime or info.get("DefaultRuntime") or "runc") != "runc":
+        return  # runsc: gVisor's own checkpoint; another runtime is refused by the config
+    if not engine_of(client).local:
+        raise PolicyNotEnforceableError(
+            "checkpoints=True on runc binds the agent's binary from this machine, which a remote engine "
+            "cannot see: use a local engine, or runtime='runsc'"
+        )
+    if shutil.which("criu") is None:
+        raise PolicyNotEnforceableError(
+            "checkpoints=True on runc needs CRIU where the engine runs (`criu` on its PATH; scripts/setup "
+            "installs it, docs/pause.md \"runc\"); runtime='runsc' checkpoints without it"
+        )
 
 
 class ContainerCheckpoints:
@@ -355,7 +367,7 @@ def _deleted_open(named: str) -> PolicyNotEnforceableError:
     # Checked before the checkpoint: runsc's failed checkpoint of such a file stops the container.
     return PolicyNotEnforceableError(
         f"a program of the session holds open a file of a host directory (the workspace or an allowed "
-        f"path) that was deleted ({named}), which gVisor cannot keep in a checkpoint; nothing was done, the "
+        f"path) that was deleted ({named}), which a checkpoint cannot keep; nothing was done, the "
         "session runs on. End that program (or let it close the file) first, or pause(keep_memory=True)"
     )
 

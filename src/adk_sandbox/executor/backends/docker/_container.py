@@ -20,7 +20,7 @@ from typing import Any
 import docker
 import docker.errors
 
-from adk_sandbox.executor._layout import DIRECT_MOUNT
+from adk_sandbox.executor._layout import AGENT_MOUNT, DIRECT_MOUNT
 from adk_sandbox.executor.backends.docker._daemon import (
     DEFAULT_SOCKET,
     engine_of,
@@ -190,7 +190,12 @@ class ContainerProvider:
         host_config = api.create_host_config(**arguments)
 
         if spec.checkpoints:  # the agent's keeper, reached by attaching (docs/pause.md)
-            keeper = agent_launch(None, setid_allowed=spec.task, keeper_lifetime=spec.lifetime_seconds)
+            keeper = agent_launch(
+                None,
+                setid_allowed=spec.task,
+                keeper_lifetime=spec.lifetime_seconds,
+                bound=spec.bound_agent is not None,
+            )
             entrypoint, command = keeper.argv, None
         else:
             entrypoint, command = ["sleep"], [str(spec.lifetime_seconds)]
@@ -255,6 +260,8 @@ class ContainerProvider:
                 mounts.append(os.path.join(spec.workspace, ".git"))
         if spec.direct_egress is not None and not self.attached:
             mounts.append(spec.direct_egress)
+        if spec.bound_agent is not None:
+            mounts.append(spec.bound_agent)
         mounts += [source for source, _ in spec.layer_binds]  # a layered member's (checked by _layers)
         problems = hardening_violations(
             inspect,
@@ -272,6 +279,10 @@ class ContainerProvider:
             direct = [m for m in inspect.get("Mounts") or [] if m.get("Source") == spec.direct_egress]
             if [(m.get("Destination"), bool(m.get("RW"))) for m in direct] != [(DIRECT_MOUNT, False)]:
                 problems.append(f"the egress socket directory is not bound read-only at {DIRECT_MOUNT} alone")
+        if spec.bound_agent is not None:
+            agent_binds = [m for m in inspect.get("Mounts") or [] if m.get("Source") == spec.bound_agent]
+            if [(m.get("Destination"), bool(m.get("RW"))) for m in agent_binds] != [(AGENT_MOUNT, False)]:
+                problems.append(f"the agent's directory is not bound read-only at {AGENT_MOUNT} alone")
         if problems:
             hint = ""
             if dialect is Dialect.PODMAN and any(problem.startswith("runtime is") for problem in problems):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from adk_sandbox.executor._layout import DIRECT_MOUNT, HOME_DIR, KERNEL_PATHS
+from adk_sandbox.executor._layout import AGENT_MOUNT, DIRECT_MOUNT, HOME_DIR, KERNEL_PATHS
 from adk_sandbox.executor._mountinfo import MountEntry, top_mounts
 from adk_sandbox.executor._owner import LABEL_PREFIX, PROJECT_LABEL
 from adk_sandbox.executor.backends.docker._seccomp import load_profile, profile_option, seccomp_profile_of
@@ -165,6 +165,10 @@ class ContainerSpec:
     everything it started: no init and no ``sleep``, stdin kept open for attaches, not removed when it
     stops (a checkpoint stops it), and CAP_SETUID and CAP_SETGID in its bounding set, with which the
     root keeper becomes the session's user (a command has them only when it runs as root)."""
+    bound_agent: str | None = None
+    """The host directory holding the agent binary alone (:func:`.static_agent.bound_agent_directory`),
+    bound read-only at :data:`~adk_sandbox.executor._layout.AGENT_MOUNT`, from which a runc keeper runs:
+    CRIU restores no executable from the loader's memfd. None: the loader's way (gVisor)."""
 
     @property
     def task(self) -> bool:
@@ -473,6 +477,8 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
         mounts.append(Mount(target=path, source=spec.host_path(path), type="bind", read_only=True))
     if spec.direct_egress is not None:
         mounts.append(Mount(target=DIRECT_MOUNT, source=spec.direct_egress, type="bind", read_only=True))
+    if spec.bound_agent is not None:
+        mounts.append(Mount(target=AGENT_MOUNT, source=spec.bound_agent, type="bind", read_only=True))
     limits = spec.limits
     memory = limits.memory_mb * MIB
     task: dict[str, Any] = {}

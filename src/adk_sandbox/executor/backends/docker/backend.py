@@ -37,6 +37,7 @@ from adk_sandbox.executor.backends.docker.engine import Engine, resolve_engine
 from adk_sandbox.executor.backends.docker.images import BASE_IMAGE, ExpectedImage, local_image_id
 from adk_sandbox.executor.backends.docker.pool import PoolConfig, SessionPool
 from adk_sandbox.executor.backends.docker.session import DockerSession, SessionConfig
+from adk_sandbox.executor.channel.static_agent import bound_agent_directory
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError
 from adk_sandbox.executor.network.policy import NetworkPolicy
 from adk_sandbox.executor.policy import SandboxPolicy
@@ -124,8 +125,8 @@ class DockerBackend(SessionBackend[DockerSession]):
         (docs/DOCKER.md, "Warm pool"); ``fork_spares`` keeps that many started containers per forked workspace
         path, so forks of any session come warm, by layer (docs/snapshots.md, "Forks of any session"; 0:
         none); ``checkpoints`` lets ``session.pause()`` move a session to a checkpoint on disk with every
-        process (gVisor; docs/pause.md), and ``idle_pause_seconds`` does so by itself once a session sat idle
-        that long.
+        process (gVisor or runc; docs/pause.md), and ``idle_pause_seconds`` does so by itself once a
+        session sat idle that long.
         """
         options: dict[str, object] = {
             "image": image,
@@ -571,6 +572,10 @@ class DockerBackend(SessionBackend[DockerSession]):
             root_cap=self.root_cap[0] if self.root_cap else None,
             root_size_mb=self.root_cap[1] if self.root_cap else 0,
             checkpoints=self.config.checkpoints,
+            # CRIU restores no executable from a memfd: a runc keeper runs a bound binary (docs/pause.md)
+            bound_agent=bound_agent_directory()
+            if self.config.checkpoints and self.runtime != "runsc"
+            else None,
         )
         return SessionConfig(
             spec=spec,

@@ -251,9 +251,10 @@ class DockerConfig(BaseModel):
     allows (root on a local engine, runc, a workspace outside the sandbox's own directories). 0: none."""
     checkpoints: bool = False
     """Make each session's container so that ``session.pause()`` can move it to a checkpoint on disk and
-    bring back every process (docs/pause.md): the agent's keeper is the container's command. gVisor only
-    (``runtime="runsc"``), on an engine with its experimental checkpoints; not with ``container``,
-    ``pool``, ``workspace_transport="mirror"`` or a network policy. Refused where it cannot be given."""
+    bring back every process (docs/pause.md): the agent's keeper is the container's command. On gVisor
+    (``runtime="runsc"``) or runc (CRIU where the engine runs, a local engine), with the engine's
+    experimental checkpoints; not with ``container``, ``pool`` or ``workspace_transport="mirror"``.
+    Refused where it cannot be given."""
     idle_pause_seconds: Annotated[float, Field(gt=0)] | None = None
     """Pause a session to disk once it sat idle this long: no call of it reached inside, and its processes
     used next to no CPU (docs/pause.md, "Idle pause"); the next call resumes it. Needs ``checkpoints``
@@ -423,10 +424,10 @@ class DockerConfig(BaseModel):
             raise PolicyNotEnforceableError(
                 f"checkpoints=True cannot be given with {', '.join(given)} (docs/pause.md)"
             )
-        if self.runtime != "runsc":
+        if self.runtime not in (None, "runc", "runsc"):
             raise PolicyNotEnforceableError(
-                "checkpoints=True needs runtime='runsc': gVisor's checkpoint keeps every process of the "
-                "container; runc's (CRIU) is not wired here (docs/pause.md says what stands in the way)"
+                f"checkpoints=True needs runtime='runsc' (gVisor's checkpoint) or 'runc' (CRIU's); "
+                f"{self.runtime!r} has neither here (docs/pause.md)"
             )
 
     @model_validator(mode="after")
@@ -461,8 +462,8 @@ class DockerConfig(BaseModel):
             self._checkpoint_checks()
         elif self.idle_pause_seconds is not None:
             raise PolicyNotEnforceableError(
-                "idle_pause_seconds pauses a session to disk, which needs checkpoints=True (gVisor; "
-                "docs/pause.md)"
+                "idle_pause_seconds pauses a session to disk, which needs checkpoints=True (gVisor or "
+                "runc; docs/pause.md)"
             )
         if self.pool is not None:
             if attached:

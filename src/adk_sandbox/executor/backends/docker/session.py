@@ -423,7 +423,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         adopted, self._adopting = self._adopting, None
         endpoint, self._adopting_endpoint = self._adopting_endpoint, None
         if adopted is None:
-            transport.use_keeper(keeper_opener(self._client, container_id, lambda: self._user))
+            bound = self._config.spec.bound_agent is not None
+            transport.use_keeper(keeper_opener(self._client, container_id, lambda: self._user), bound=bound)
             return
         # Restored from another session's checkpoint: a copy of its agent serves this one, and the proxy
         # endpoint it still listens on goes through this session's network (docs/pause.md).
@@ -521,7 +522,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         """Refuse what would carry this session's processes when its backend cannot (nothing is done)."""
         if not self._config.spec.checkpoints:
             raise PolicyNotEnforceableError(
-                f"{asked} needs a session of a DockerBackend made with checkpoints=True (gVisor); "
+                f"{asked} needs a session of a DockerBackend made with checkpoints=True (gVisor or runc); "
                 f"{instead} carries the files only"
             )
 

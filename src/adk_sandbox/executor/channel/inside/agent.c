@@ -937,6 +937,12 @@ static void below_self_targets(const procs_t *ps, char *mark, void *ctx) {
 }
 
 static const int DEFAULT_SIGNALS[] = {SIGTSTP, SIGTTIN, SIGTTOU, SIGHUP, SIGPIPE};
+/* Under a keeper (a checkpointed container) a command runs in its shim's session and process group, not
+ * one of its own: CRIU restores no session or group whose leader has ended (the sh that started a
+ * background program), and the shim lives as long as anything of the command. So a command's `kill 0`
+ * reaches the shim, which ignores these (its kill is SIGSTOP and SIGKILL, docs/pause.md "runc"). */
+static int kept_session;
+static const int KEPT_SIGNALS[] = {SIGTERM, SIGINT, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM};
 
 /* A command that could not start: said on its stderr, status E 127 (not found) or E 126, as a shell. */
 static void __attribute__((noreturn)) start_failed(const char *argv0, int err, const char *why, int status_w) {
@@ -975,7 +981,8 @@ static volatile int exec_errno;
 /* Set in a terminal's shim: its 0, 1 and 2 are the terminal, which the command takes as its controlling one. */
 static int pty_command;
 
-/* The command in a session of its own, with the signals the shim ignores back to their defaults. vfork: no
+/* The command in a session of its own (under a keeper: its shim's, see KEPT_SIGNALS), with the signals the
+ * shim ignores back to their defaults. vfork: no
  * copy of the shim's page tables, and the shim resumes exactly when the command has replaced the child (or
  * failed to: exec_errno). The child only makes system calls and never returns from here. */
 static pid_t __attribute__((noinline)) spawn_command(const char *path, char **argv, char **envp) {
@@ -985,7 +992,8 @@ static pid_t __attribute__((noinline)) spawn_command(const char *path, char **ar
         struct sigaction dfl = {0};
         dfl.sa_handler = SIG_DFL;
         for (size_t i = 0; i < sizeof DEFAULT_SIGNALS / sizeof *DEFAULT_SIGNALS; i++) sigaction(DEFAULT_SIGNALS[i], &dfl, NULL);
-        setsid();
+        if (kept_session) for (size_t i = 0; i < sizeof KEPT_SIGNALS / sizeof *KEPT_SIGNALS; i++) sigaction(KEPT_SIGNALS[i], &dfl, NULL);
+        if (pty_command || !kept_session) setsid();
         if (pty_command && ioctl(0, TIOCSCTTY, 0) != 0) { exec_errno = errno ? errno : ENOTTY; _exit(127); }
         execve(path, argv, envp); /* status_w is close-on-exec */
         exec_errno = errno ? errno : ENOEXEC;
@@ -1024,6 +1032,12 @@ static void shim_prepare(void) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    if (kept_session) {
+        setsid();
+        struct sigaction ign = {0};
+        ign.sa_handler = SIG_IGN;
+        for (size_t i = 0; i < sizeof KEPT_SIGNALS / sizeof *KEPT_SIGNALS; i++) sigaction(KEPT_SIGNALS[i], &ign, NULL);
+    }
 }
 
 /* The set-id filter (with no_new_privs) on the shim: 0, or the errno that start_failed reports. None when
@@ -2837,6 +2851,23 @@ static void on_sigchld(int sig) {
     errno = e;
 }
 
+/* A process is known by its pid and its start time (a reused pid is another process). A CRIU restore (runc,
+ * docs/pause.md) brings every process back with its pid but a new start time, the agent's own included:
+ * when the agent's changed, every start time it holds is read again, before any frame of the restored
+ * session is read (the host's first frames follow the restore). All of them come back at once, so none
+ * of those pids is another process yet. gVisor restores start times as they were. */
+static unsigned long long self_start;
+static void follow_a_restore(void) {
+    unsigned long long start = start_of(SELF);
+    if (!start || start == self_start) return;
+    self_start = start;
+    for (int i = 0; i < ncmds; i++) cmds[i]->shim_start = start_of(cmds[i]->shim);
+    for (int i = 0; i < ngroups; i++) groups[i]->shim_start = start_of(groups[i]->shim);
+    for (int i = 0; i < nops; i++) ops[i]->start = start_of(ops[i]->pid);
+    if (spare.pid) spare.start = start_of(spare.pid);
+    for (int i = 0; i < nprotected; i++) protected_v[i].start = start_of(protected_v[i].pid); /* gone: 0 */
+}
+
 static void loop(void) {
     size_t incap = 2 * (HDR + MAXP);
     inbuf = xrealloc(NULL, incap);
@@ -2844,6 +2875,7 @@ static void loop(void) {
     void **owner = NULL;
     int *what = NULL;
     size_t pcap = 0;
+    if (kept_session) self_start = start_of(SELF);
     for (;;) {
         double t = now();
         for (int i = 0; i < ncmds; i++)
@@ -2943,6 +2975,7 @@ static void loop(void) {
             timeout_ms = left <= 0 ? 0 : left > 3600 ? 3600000 : (int)(left * 1000) + 1;
         }
         int r = poll(pfd, (nfds_t)np, timeout_ms);
+        if (kept_session) follow_a_restore(); /* before a restored session's first frame is read */
         if (r < 0) continue; /* EINTR: SIGCHLD */
         for (int i = 0; i < np; i++) {
             if (!pfd[i].revents) continue;
@@ -3113,6 +3146,7 @@ int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); /* commands cannot open /proc/<agent>/fd or ptrace the agent */
     if (argc > 2 && strcmp(argv[1], KEEPER_WORD) == 0) {
         keep(argv[2]); /* returns in the agent only */
+        kept_session = 1;
         argv[2] = argv[0];
         argv += 2;
         argc -= 2;
