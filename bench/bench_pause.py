@@ -1,20 +1,21 @@
-"""Pause and resume: in place (``keep_memory=True``) and to disk (gVisor's checkpoint, a microVM's migration).
+"""Pause and resume: in place (``keep_memory=True``) and to disk (gVisor's, CRIU's, a microVM's migration).
 
-Run: PYTHONPATH=. .venv/bin/python bench/bench_pause.py [--quick] [--runtimes runc,runsc] [--no-disk]
-[--no-microvm]
+Run: PYTHONPATH=. .venv/bin/python bench/bench_pause.py [--quick] [--runtimes runc,runsc]
+[--disk-runtimes runsc,runc] [--no-disk] [--no-microvm]
 Prints Markdown tables for BENCHMARKS.md, with a session whose background program holds 200 MB of
 touched memory:
 
 * in place, for each runtime: ``session.resume()`` of a paused session, and the first command after it
   (what a caller waits for), against a command of the same session that was never paused (the anchor:
   what resuming adds); ``session.pause(keep_memory=True)``;
-* on disk (``DockerBackend(runtime="runsc", checkpoints=True)``, needs dockerd's experimental
-  checkpoints): ``pause()`` and ``resume()`` with the same anchor; ``fork(processes=True)``, and a session
-  started from ``snapshot(processes=True)`` (of an idle session, of one holding 200 MB), against
-  starting a new session of the same backend; the host memory the session holds
-  running and paused (the resident memory of every host process naming its container: gVisor's sandbox,
-  gofer and shim); the checkpoint's size on disk, with 200 MB held and for an idle session; 20 idle
-  sessions paused together (host memory, disk each, this process's growth) and each resumed;
+* on disk (``DockerBackend(runtime=..., checkpoints=True)``, gVisor and runc, ``--disk-runtimes``; needs
+  dockerd's experimental checkpoints, and CRIU for runc): ``pause()`` and ``resume()`` with the same
+  anchor; ``fork(processes=True)``, and a session started from ``snapshot(processes=True)`` (of an idle
+  session, of one holding 200 MB), against starting a new session of the same backend; the host memory
+  the session holds running and paused (the resident memory of the container's host processes: gVisor's
+  sandbox, gofer and shim, runc's processes); the checkpoint's size on disk, with 200 MB held and for an
+  idle session; 20 idle sessions paused together (host memory, disk each, this process's growth) and each
+  resumed;
 * the microVM (TCG, ``--no-microvm`` skips it), idle and holding 200 MB: ``pause()`` (QEMU's migration to a
   file) and ``resume()``, the first command after it against one never paused, the machine's file, and
   ``resume()`` after ``pause(keep_memory=True)``; ``fork(processes=True)`` of the running VM, and of it
@@ -123,12 +124,15 @@ def _hold(session: DockerSession) -> None:
 
 
 def _host_rss_kib(container_id: str) -> int:
-    """Resident memory of the host processes whose command line names the container (KiB)."""
+    """Resident memory of the container's host processes (KiB).
+
+    gVisor's name it on their command line (sandbox, gofer, shim); runc's own processes are in its cgroup.
+    """
     total = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if container_id.encode() not in f.read():
+            with open(f"/proc/{pid}/cmdline", "rb") as f, open(f"/proc/{pid}/cgroup", "rb") as g:
+                if container_id.encode() not in f.read() + g.read():
                     continue
             with open(f"/proc/{pid}/status") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
@@ -147,10 +151,11 @@ def _checkpoint_bytes(session: DockerSession) -> int:
     )
 
 
-def measure_disk(rounds: int) -> list[Row]:
-    """The checkpoint to disk (gVisor): pause and resume times, host memory and disk of a paused session."""
+def measure_disk(runtime: str, rounds: int) -> list[Row]:
+    """The checkpoint to disk: pause and resume times, host memory and disk of a paused session."""
     limits = ResourceLimits(memory_mb=512)
-    with DockerBackend(runtime="runsc", checkpoints=True, limits=limits) as backend:
+    name = _NAMES[runtime]
+    with DockerBackend(runtime=runtime, checkpoints=True, limits=limits) as backend:
         with backend.session() as idle:
             idle.pause()
             idle_disk = _checkpoint_bytes(idle)
@@ -187,7 +192,7 @@ def measure_disk(rounds: int) -> list[Row]:
     fork = Stats(tuple(forks))
     return [
         Row(
-            "gVisor on disk: `resume()` of a session holding 200 MB",
+            f"{name} on disk: `resume()` of a session holding 200 MB",
             f"p50 {resume.p50:.0f} / p99 {resume.p99:.0f} ms",
             "",
             "",
@@ -196,25 +201,25 @@ def measure_disk(rounds: int) -> list[Row]:
             resume.p50 <= 300,
         ),
         Row.latency(
-            "gVisor on disk: the first command after `resume()`",
+            f"{name} on disk: the first command after `resume()`",
             Stats(tuple(firsts)),
             anchor,
             Stats(tuple(plain)),
         ),
         Row(
-            "gVisor on disk: `pause()` of a session holding 200 MB",
+            f"{name} on disk: `pause()` of a session holding 200 MB",
             f"p50 {Stats(tuple(pauses)).p50:.0f} / p99 {Stats(tuple(pauses)).p99:.0f} ms",
             "",
             "",
         ),
         Row.latency(
-            "gVisor: `fork(processes=True)` of a session holding 200 MB",
+            f"{name}: `fork(processes=True)` of a session holding 200 MB",
             fork,
             "a new session of the same backend, started",
             Stats(tuple(fresh)),
         ),
         Row(
-            "gVisor: the same fork against its target",
+            f"{name}: the same fork against its target",
             f"p50 {fork.p50:.0f} ms",
             "",
             "",
@@ -223,19 +228,19 @@ def measure_disk(rounds: int) -> list[Row]:
             fork.p50 <= 300,
         ),
         Row.latency(
-            "gVisor: a session from `snapshot(processes=True)` of an idle session",
+            f"{name}: a session from `snapshot(processes=True)` of an idle session",
             Stats(tuple(idle_starts)),
             "a new session of the same backend, started",
             Stats(tuple(fresh)),
         ),
         Row.latency(
-            "gVisor: a session from `snapshot(processes=True)` of a session holding 200 MB",
+            f"{name}: a session from `snapshot(processes=True)` of a session holding 200 MB",
             Stats(tuple(held_starts)),
             "a new session of the same backend, started",
             Stats(tuple(fresh)),
         ),
         Row(
-            "gVisor on disk: host memory of the paused session",
+            f"{name} on disk: host memory of the paused session",
             f"{max(paused_rss)} KiB (running: {running_rss // 1024} MiB)",
             "",
             "",
@@ -243,9 +248,9 @@ def measure_disk(rounds: int) -> list[Row]:
             "≤ 1 MiB",
             max(paused_rss) <= 1024,
         ),
-        Row("gVisor on disk: the checkpoint, 200 MB held", f"{max(disk) / 2**20:.0f} MiB", "", ""),
+        Row(f"{name} on disk: the checkpoint, 200 MB held", f"{max(disk) / 2**20:.0f} MiB", "", ""),
         Row(
-            "gVisor on disk: the checkpoint of an idle session",
+            f"{name} on disk: the checkpoint of an idle session",
             f"{idle_disk / 2**20:.1f} MiB (host memory paused: {idle_rss} KiB)",
             "",
             "",
@@ -254,6 +259,10 @@ def measure_disk(rounds: int) -> list[Row]:
             idle_disk <= 4 * 2**20,
         ),
     ]
+
+
+#: How the tables name a runtime's checkpoint.
+_NAMES = {"runsc": "gVisor", "runc": "runc (CRIU)"}
 
 
 def _starts_from_snapshot(backend: DockerBackend, session: DockerSession, rounds: int) -> list[float]:
@@ -271,9 +280,10 @@ def _starts_from_snapshot(backend: DockerBackend, session: DockerSession, rounds
     return starts
 
 
-def measure_fleet(count: int) -> list[Row]:
+def measure_fleet(runtime: str, count: int) -> list[Row]:
     """``count`` idle sessions paused to disk together: what each costs the host, and that each resumes."""
-    with DockerBackend(runtime="runsc", checkpoints=True) as backend:
+    name = _NAMES[runtime]
+    with DockerBackend(runtime=runtime, checkpoints=True) as backend:
         sessions = [backend.session() for _ in range(count)]
         try:
             for session in sessions:
@@ -292,7 +302,7 @@ def measure_fleet(count: int) -> list[Row]:
                 session.close()
     return [
         Row(
-            f"gVisor on disk: {count} idle sessions paused together",
+            f"{name} on disk: {count} idle sessions paused together",
             f"host memory {host} KiB in all, checkpoints {disk / count / 2**20:.2f} MiB each, this "
             f"process +{own_growth} KiB",
             "",
@@ -302,7 +312,7 @@ def measure_fleet(count: int) -> list[Row]:
             host <= 1024 * count and disk / count <= 4 * 2**20,
         ),
         Row(
-            f"gVisor on disk: each of the {count} resumed by a command",
+            f"{name} on disk: each of the {count} resumed by a command",
             f"{resumed}/{count}, {per_resume:.0f} ms each",
             "",
             "",
@@ -458,7 +468,8 @@ def _forks(session: Any, rounds: int) -> tuple[Stats, Stats]:
 def main() -> None:
     args = parser(__doc__)
     args.add_argument("--runtimes", default="runc,runsc", help="comma-separated: runc, runsc")
-    args.add_argument("--no-disk", action="store_true", help="skip the checkpoint to disk (gVisor)")
+    args.add_argument("--disk-runtimes", default="runsc,runc", help="checkpoints to disk: runsc, runc")
+    args.add_argument("--no-disk", action="store_true", help="skip the checkpoint to disk")
     args.add_argument("--no-microvm", action="store_true", help="skip the microVM (QEMU, TCG)")
     options = args.parse_args()
     rounds = 10 if options.quick else 50
@@ -466,10 +477,13 @@ def main() -> None:
     for runtime in filter(None, options.runtimes.split(",")):
         rows += measure(None if runtime == "runc" else runtime, rounds)
     print_section("Pause and resume in place (issue 36)", rows, ["ratio: our p50 / the anchor's p50"])
-    if not options.no_disk:
-        disk = measure_disk(5 if options.quick else 20) + measure_fleet(5 if options.quick else 20)
+    for runtime in [] if options.no_disk else filter(None, options.disk_runtimes.split(",")):
+        disk = measure_disk(runtime, 5 if options.quick else 20)
+        disk += measure_fleet(runtime, 5 if options.quick else 20)
         print_section(
-            "Pause to disk and resume, gVisor (issue 36)", disk, ["ratio: our p50 / the anchor's p50"]
+            f"Pause to disk and resume, {_NAMES[runtime]} (issue 36)",
+            disk,
+            ["ratio: our p50 / the anchor's p50"],
         )
     if not options.no_microvm:
         vm = measure_microvm(5 if options.quick else 20)

@@ -255,6 +255,65 @@ def test_a_fork_storm_during_the_checkpoint_is_contained(session: DockerSession)
     assert out(session, "echo alive") == "alive"
 
 
+def test_a_program_runc_could_not_restore_refuses_the_checkpoint(
+    backend: DockerBackend, session: DockerSession
+) -> None:
+    """runc: a program whose session leader ended (``setsid`` and exit) is refused with nothing paused.
+
+    CRIU dumps such a tree but cannot restore it: without the refusal the pause succeeds and the resume
+    loses every process. gVisor restores it (checked on the same program).
+    """
+    kept = token(session)
+    orphaned = "setsid sh -c 'sleep 600 & exit' >/dev/null 2>&1 </dev/null"
+    started = session.execute(ExecRequest(argv=("sh", "-c", orphaned), timeout=60, background=True))
+    assert started.exit_code == 0, started
+    assert out(session, "sleep 0.3; pgrep -x sleep >/dev/null && echo up") == "up"
+    try:
+        if backend.runtime == "runc":
+            with pytest.raises(
+                PolicyNotEnforceableError, match=r"'sleep' \(pid \d+ inside\) is in a session whose"
+            ):
+                session.pause()
+            assert not session.paused and _state(session)["Running"]
+            with pytest.raises(PolicyNotEnforceableError, match="session whose leader has ended"):
+                session.fork(processes=True)
+        else:
+            session.pause()
+            session.resume()
+            assert out(session, "pgrep -x sleep >/dev/null && echo kept") == "kept"
+    finally:
+        out(session, "pkill -x sleep; echo done")
+    session.pause()
+    session.resume()
+    assert token(session) == kept
+
+
+def test_a_checkpoint_that_cannot_be_restored_loses_only_its_processes(backend: DockerBackend) -> None:
+    """A checkpoint damaged on the host (here: its files removed) fails the resume, naming the engine's
+    reason; the container and the checkpoint are removed, and the next call gets a fresh sandbox."""
+    with backend.session() as session:
+        start_keeper(session, QUIET_KEEPER)
+        out(session, "echo kept > /tmp/mark")
+        session.pause()
+        container = session.container_id
+        on_disk = _checkpoints_dir(container)
+        for parent, _, names in os.walk(on_disk):
+            for name in names:
+                if name != "config.json":
+                    os.remove(os.path.join(parent, name))
+        with pytest.raises(SandboxFailedError, match="processes are lost"):
+            session.resume()
+        assert out(session, "echo fresh") == "fresh"
+        assert session.container_id != container
+        assert out(session, "cat /tmp/mark 2>/dev/null || echo gone") == "gone"  # the old memory is not back
+        client = _client()
+        try:
+            with pytest.raises(docker.errors.NotFound):
+                client.api.inspect_container(container)
+        finally:
+            client.close()
+
+
 def test_the_keeper_outlives_the_users_kill_everything(backend: DockerBackend) -> None:
     """``kill -9 -1`` and ``kill -9 1`` as the session's user: the container lives on.
 

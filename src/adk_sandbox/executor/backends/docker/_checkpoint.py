@@ -21,6 +21,7 @@ import docker
 
 from adk_sandbox.executor.backends.docker._daemon import engine_of
 from adk_sandbox.executor.backends.docker._exec import DaemonSocket, DockerAgentStream, DockerExecs
+from adk_sandbox.executor.backends.docker._restorable import criu_refusal
 from adk_sandbox.executor.channel.agent_transport import AgentTransport, DetachedAgent
 from adk_sandbox.executor.channel.streams import AgentStream, ResidentOpener
 from adk_sandbox.executor.errors import (
@@ -101,7 +102,18 @@ class ContainerCheckpoints:
         return self._exec.attach_keeper(until)
 
     def create(self, *, stop: bool = True) -> str:
-        """Checkpoint the container, and stop it unless ``stop`` is False; the checkpoint's name."""
+        """Checkpoint the container, and stop it unless ``stop`` is False; the checkpoint's name.
+
+        On runc, a process tree CRIU could not restore is refused first (:func:`._restorable.criu_refusal`).
+        """
+        runtime, pid = self._state()
+        if runtime != "runsc" and pid is not None:
+            refusal = criu_refusal(pid)
+            if refusal is not None:
+                raise PolicyNotEnforceableError(
+                    f"{refusal}; nothing was done, the session runs on. End that program first, or "
+                    "pause(keep_memory=True)"
+                )
         name = "adk-" + secrets.token_hex(8)
         status, body = self._daemon.request(
             "POST",
@@ -183,11 +195,15 @@ class ContainerCheckpoints:
 
     def pid(self) -> int | None:
         """The host pid of the container's first process (its sandbox under gVisor), None if stopped."""
-        until = time.monotonic() + 30.0
-        status, body = self._daemon.request("GET", f"/containers/{self._id}/json", None, until)
+        return self._state()[1]
+
+    def _state(self) -> tuple[str | None, int | None]:
+        """The container's runtime and the host pid of its first process (None if stopped or unknown)."""
+        status, body = self._daemon.request("GET", f"/containers/{self._id}/json", None, _soon())
         if status != 200 or not isinstance(body, dict):
-            return None
-        return int((body.get("State") or {}).get("Pid") or 0) or None
+            return None, None
+        runtime = (body.get("HostConfig") or {}).get("Runtime")
+        return runtime, int((body.get("State") or {}).get("Pid") or 0) or None
 
     def _root(self) -> str:
         status, body = self._daemon.request("GET", "/info", None, time.monotonic() + 30.0)

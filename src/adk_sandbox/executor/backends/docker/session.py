@@ -460,7 +460,16 @@ class DockerSession(SessionNetwork, ChannelSession):
         name, detached, held = checkpoint
         missing_held_files(held)
         transport = self._keeper_transport()
-        self._sandbox_pid = restore_agent(self._client, container.id, transport, (name, detached))
+        try:
+            self._sandbox_pid = restore_agent(self._client, container.id, transport, (name, detached))
+        except SandboxFailedError as exc:  # the engine could not: nothing of the checkpoint can run again
+            self._checkpoint_of = None
+            self._discard_container(container.id)
+            self._paused = self._on_disk = False  # nothing is paused any more: there is nothing
+            raise SandboxFailedError(
+                f"{exc}. Its processes are lost: the container and its checkpoint were removed, and the "
+                "next call starts a fresh sandbox (the workspace is kept)"
+            ) from exc
         self._checkpoint_of = None
 
     def _fork_with_processes(self, wait_seconds: float | None) -> DockerSession:
