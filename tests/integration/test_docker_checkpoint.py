@@ -288,6 +288,32 @@ def test_a_program_runc_could_not_restore_refuses_the_checkpoint(
     assert token(session) == kept
 
 
+#: Calls clone3(CLONE_NEWUSER) and prints "made" or the errno's name.
+CLONE3_NEWUSER = """
+import ctypes, errno, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+args = ctypes.create_string_buffer(struct.pack("8Q", 0x10000000, 0, 0, 0, 17, 0, 0, 0))
+pid = libc.syscall(435, args, 64)
+if pid == 0:
+    os._exit(0)
+if pid > 0:
+    os.waitpid(pid, 0)
+print("made" if pid > 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_clone3_makes_no_host_namespace_in_a_keeper_container(
+    backend: DockerBackend, session: DockerSession
+) -> None:
+    """On runc the kernel answers the sandbox profile's ENOSYS for ``clone3``, whose namespace flags seccomp
+    cannot read: a command cannot make a user namespace. The keeper's profile lets ``clone3`` through only
+    under gVisor (runsc answers a refusal with EPERM, which leaves glibc without threads), where the
+    namespace is the sentry's own. Fails on runc with gVisor's keeper profile (clone3 made a host user
+    namespace)."""
+    made = out(session, f"python3 -c '{CLONE3_NEWUSER}'")
+    assert made == ("made" if backend.runtime == "runsc" else "ENOSYS")
+
+
 def test_a_checkpoint_that_cannot_be_restored_loses_only_its_processes(backend: DockerBackend) -> None:
     """A checkpoint damaged on the host (here: its files removed) fails the resume, naming the engine's
     reason; the container and the checkpoint are removed, and the next call gets a fresh sandbox."""

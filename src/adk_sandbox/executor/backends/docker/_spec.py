@@ -492,7 +492,7 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
         "network_mode": "bridge" if spec.network else "none",
         "cap_drop": ["ALL"],
         # The sandbox seccomp profile: Docker's default minus set-id modes, or the task profile's (_seccomp).
-        "security_opt": ["no-new-privileges", profile_option(task=spec.task, keeper=spec.checkpoints)],
+        "security_opt": ["no-new-privileges", profile_option(task=spec.task, keeper=_gvisor_keeper(spec))],
         # Its own cgroup namespace (the default is the host's on cgroup v1): no view of the host's tree.
         "cgroupns": "private",
         "read_only": not spec.task,
@@ -525,6 +525,16 @@ def host_config_arguments(spec: ContainerSpec) -> dict[str, Any]:
     }
 
 
+def _gvisor_keeper(spec: ContainerSpec) -> bool:
+    """Whether the container gets the keeper's seccomp profile (``clone3`` let through): gVisor's only.
+
+    runsc answers a refused ``clone3`` with EPERM, not the profile's ENOSYS, which leaves glibc without
+    threads there; on runc the kernel answers ENOSYS, and a ``clone3`` let through could make a user
+    namespace, whose flags seccomp cannot read in ``clone3``'s argument structure.
+    """
+    return spec.checkpoints and spec.runtime == GVISOR_RUNTIME
+
+
 def isolation_of(inspect: Mapping[str, Any]) -> IsolationClass:
     """The class of a running container: gVisor when its runtime is runsc, else a plain container."""
     runtime = inspect.get("HostConfig", {}).get("Runtime") or ""
@@ -546,7 +556,8 @@ def hardening_violations(  # noqa: PLR0912, PLR0915 - one check per line reads b
 ) -> list[str]:
     """What the inspected container lacks of the hardening asked for (empty when all is in force).
 
-    ``keeper``: a checkpointable container, whose keeper may have :data:`KEEPER_CAPABILITIES` too.
+    ``keeper``: a checkpointable container, whose keeper may have :data:`KEEPER_CAPABILITIES` too (and
+    under gVisor the keeper's seccomp profile).
 
     ``task``: the task profile's shape is what is asked (docs/docker/profiles.md): a writable root, the
     capabilities of :data:`TASK_CAPABILITIES` at most, and the task seccomp profile.
@@ -587,7 +598,7 @@ def hardening_violations(  # noqa: PLR0912, PLR0915 - one check per line reads b
             "the seccomp profile is Docker's default, which lets commands create setuid files on the host; "
             "use the sandbox profile (security_opt seccomp=executor/backends/docker/seccomp/adk-sandbox.json)"
         )
-    elif seccomp != load_profile(task=task, keeper=keeper):
+    elif seccomp != load_profile(task=task, keeper=keeper and runtime == GVISOR_RUNTIME):
         problems.append("the seccomp profile is not the sandbox's (a custom profile cannot be verified)")
     want("apparmor=unconfined" not in options, "the AppArmor profile is disabled")
     want("label=disable" not in options, "SELinux labelling is disabled")
