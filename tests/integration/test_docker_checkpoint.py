@@ -340,6 +340,23 @@ def test_a_checkpoint_that_cannot_be_restored_loses_only_its_processes(backend: 
             client.close()
 
 
+def test_runc_keeps_a_task_sessions_root_writes_through_a_pause_and_refuses_copies_without_them() -> None:
+    """runc's checkpoint keeps the processes and their tmpfs, not the container's layer: a pause (the same
+    container) keeps the task profile's root writes; a fork or snapshot with processes, whose copy would
+    start from the image's root, is refused with nothing done."""
+    require(shutil.which("criu") is not None, "CRIU is not installed (scripts/setup)")
+    with DockerBackend(runtime="runc", checkpoints=True, profile="task") as task, task.session() as session:
+        out(session, "echo kept > /root-write")
+        session.pause()
+        session.resume()
+        assert out(session, "cat /root-write") == "kept"
+        with pytest.raises(PolicyNotEnforceableError, match="root filesystem writes"):
+            session.fork(processes=True)
+        with pytest.raises(PolicyNotEnforceableError, match="root filesystem writes"):
+            session.snapshot(processes=True)
+        assert task.list_snapshots() == []
+
+
 def test_the_keeper_outlives_the_users_kill_everything(backend: DockerBackend) -> None:
     """``kill -9 -1`` and ``kill -9 1`` as the session's user: the container lives on.
 

@@ -52,6 +52,7 @@ from adk_sandbox.executor.backends.docker._dialect import Dialect
 from adk_sandbox.executor.backends.docker._exec import DockerExecs
 from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
+    GVISOR_RUNTIME,
     MIB,
     ContainerSpec,
     MirrorVolume,
@@ -533,6 +534,14 @@ class DockerSession(SessionNetwork, ChannelSession):
             raise PolicyNotEnforceableError(
                 f"{asked} needs a session of a DockerBackend made with checkpoints=True (gVisor or runc); "
                 f"{instead} carries the files only"
+            )
+        spec = self._config.spec
+        if spec.task and spec.runtime != GVISOR_RUNTIME:
+            raise PolicyNotEnforceableError(
+                f"{asked} would lose this session's root filesystem writes (the task profile's): runc's "
+                "checkpoint (CRIU) keeps the processes and their tmpfs, not the container's layer, which a "
+                f"copy does not have. pause() keeps them (the same container); runtime='runsc' copies them; "
+                f"{instead} carries the files"
             )
 
     def running_sandbox(self) -> tuple[str, int] | None:
