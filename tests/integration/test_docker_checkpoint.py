@@ -535,6 +535,25 @@ def test_a_host_file_held_by_a_paused_program_is_named_when_it_goes(
         assert "held.txt" in out(session, "ps -eo args | grep 'held[.]txt'")
 
 
+def test_a_held_file_resized_while_paused(backend: DockerBackend, tmp_path: Path) -> None:
+    """A workspace file a paused program holds, rewritten on the host to another size (as a file tool
+    would): gVisor resumes with the new file; runc's restore (CRIU) would refuse it and lose every
+    process, so the resume is refused by name with nothing done, and resumes once the file is back."""
+    held = tmp_path / "held.txt"
+    held.write_text("kept\n")
+    with backend.session(tmp_path) as session:
+        _hold(session, f"{session.workspace_inside}/held.txt")
+        session.pause()
+        held.write_text("a longer text, written while the session was paused\n")
+        if backend.runtime == "runc":
+            with pytest.raises(SandboxFailedError, match=r"held\.txt.*5 -> 52 bytes"):
+                session.resume()
+            assert session.paused and not _state(session)["Running"]
+            held.write_text("back\n")
+        session.resume()
+        assert "held.txt" in out(session, "ps -eo args | grep 'held[.]txt'")
+
+
 def test_a_snapshot_keeps_every_process_for_each_session_started_from_it(backend: DockerBackend) -> None:
     """``snapshot(processes=True)``: sessions from it go on where each program was, apart from each other.
 

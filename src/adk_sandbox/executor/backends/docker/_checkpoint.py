@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
@@ -44,6 +45,7 @@ __all__ = [
     "adopt_agent",
     "checkpoint_agent",
     "held_host_files",
+    "held_sizes",
     "keeper_agent",
     "keeper_opener",
     "missing_held_files",
@@ -388,8 +390,41 @@ def _deleted_open(named: str) -> PolicyNotEnforceableError:
     )
 
 
-def missing_held_files(held: dict[str, str]) -> None:
-    """Refuse a restore that would fail: a file the paused processes hold was removed from the host."""
+def held_sizes(held: dict[str, str]) -> dict[str, int]:
+    """The sizes of the held regular files (inside -> bytes), read once the checkpoint is taken.
+
+    For runc: CRIU records each held file's size and refuses to restore one whose size changed (a log
+    opened write-only for appending aside); gVisor opens the file as it is then. Read after the
+    checkpoint, when nothing of the sandbox runs, so they are the sizes CRIU saw.
+    """
+    sizes = {}
+    for inside, host in held.items():
+        with contextlib.suppress(OSError):
+            status = os.stat(host)
+            if stat.S_ISREG(status.st_mode):
+                sizes[inside] = status.st_size
+    return sizes
+
+
+def missing_held_files(held: dict[str, str], sizes: dict[str, int]) -> None:
+    """Refuse a restore that would fail: a file the paused processes hold was removed, or resized (runc).
+
+    ``sizes``: :func:`held_sizes` of the checkpoint (empty under gVisor, which opens a changed file).
+    """
+    changed = []
+    for inside, size in sorted(sizes.items()):
+        with contextlib.suppress(OSError):
+            now = os.stat(held[inside]).st_size
+            if now != size:
+                changed.append(f"{inside!r}: {size} -> {now} bytes")
+    if changed:
+        raise SandboxFailedError(
+            f"files of a host directory that the session's processes hold changed size while it was paused "
+            f"({', '.join(changed[:5])}), and runc's restore (CRIU) refuses a held file whose size changed. "
+            "Nothing was done and it stays paused: put them back as they were and call again, or close() "
+            "the session (its processes are then lost, its workspace kept); runtime='runsc' restores the "
+            "changed files"
+        )
     missing = sorted(inside for inside, host in held.items() if not os.path.lexists(host))
     if missing:
         shown = ", ".join(repr(path) for path in missing[:5]) + (" ..." if len(missing) > 5 else "")

@@ -36,6 +36,7 @@ from adk_sandbox.executor.backends.docker._checkpoint import (
     adopt_agent,
     checkpoint_agent,
     held_host_files,
+    held_sizes,
     keeper_opener,
     missing_held_files,
     restore_agent,
@@ -254,9 +255,9 @@ class DockerSession(SessionNetwork, ChannelSession):
         self._stopped: str | None = None
         #: Guards the hooks below (not the session's lock: a hook takes the pool's).
         self._hooks_lock = threading.Lock()
-        #: The checkpoint the session is paused to, its agent (let go) and the host files its processes
-        #: held then (inside -> host: a restore needs each of them) (``pause()`` on disk).
-        self._checkpoint_of: tuple[str, DetachedAgent, dict[str, str]] | None = None
+        #: The checkpoint the session is paused to, its agent (let go), the host files its processes held
+        #: then (inside -> host: a restore needs each of them) and, on runc, their sizes (``pause()``).
+        self._checkpoint_of: tuple[str, DetachedAgent, dict[str, str], dict[str, int]] | None = None
         #: The host pid of the container's first process (gVisor: its sandbox), while it runs.
         self._sandbox_pid: int | None = None
         #: Pauses the session to disk once idle (``idle_pause_seconds``), from its first start.
@@ -450,7 +451,8 @@ class DockerSession(SessionNetwork, ChannelSession):
             held = held_host_files(self, container)  # asked of its agent before it is let go
             grace = min(wait_seconds, CONNECTION_GRACE_SECONDS)
             name, detached = checkpoint_agent(self._client, container.id, transport, stop=True, grace=grace)
-            self._checkpoint_of = name, detached, held
+            sizes = held_sizes(held) if self._config.spec.runtime != GVISOR_RUNTIME else {}
+            self._checkpoint_of = name, detached, held, sizes
             self._on_disk = True
             self._paused = True
 
@@ -458,8 +460,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         """Start the container from its checkpoint and serve the same agent over a new stream."""
         checkpoint = self._checkpoint_of
         assert checkpoint is not None  # noqa: S101 - set with _on_disk
-        name, detached, held = checkpoint
-        missing_held_files(held)
+        name, detached, held, sizes = checkpoint
+        missing_held_files(held, sizes)
         transport = self._keeper_transport()
         try:
             self._sandbox_pid = restore_agent(self._client, container.id, transport, (name, detached))
