@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -88,8 +89,18 @@ def measure(runtime: str, count: int, threads: int, sample: int) -> list[Row]:
         sessions = [backend.session() for _ in range(count)]
         try:
             started = time.perf_counter()
+            made = []
             with ThreadPoolExecutor(threads) as pool:
-                made = list(pool.map(_paused, sessions))
+                for done, ms in enumerate(pool.map(_paused, sessions), 1):
+                    made.append(ms)
+                    if done % 500 == 0:  # progress, on stderr: a long run can be followed (and cut short)
+                        grown = (_engine_kib() - engine_before) / 1024
+                        typical = Stats(tuple(made)).p50
+                        print(
+                            f"{done} paused, engine +{grown:.0f} MiB, p50 so far {typical:.0f} ms",
+                            file=sys.stderr,
+                            flush=True,
+                        )
             making = time.perf_counter() - started
             assert all(session.paused for session in sessions)
             ids = {session.container_id for session in sessions}
