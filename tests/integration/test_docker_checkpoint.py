@@ -347,6 +347,7 @@ def test_runc_keeps_a_task_sessions_root_writes_through_a_pause_and_refuses_copi
     require(shutil.which("criu") is not None, "CRIU is not installed (scripts/setup)")
     with DockerBackend(runtime="runc", checkpoints=True, profile="task") as task, task.session() as session:
         out(session, "echo kept > /root-write")
+        assert session.capabilities().snapshots == ("files",)  # said beforehand
         session.pause()
         session.resume()
         assert out(session, "cat /root-write") == "kept"

@@ -537,14 +537,21 @@ class DockerSession(SessionNetwork, ChannelSession):
                 f"{asked} needs a session of a DockerBackend made with checkpoints=True (gVisor or runc); "
                 f"{instead} carries the files only"
             )
-        spec = self._config.spec
-        if spec.task and spec.runtime != GVISOR_RUNTIME:
+        if not self._copies_processes():
             raise PolicyNotEnforceableError(
                 f"{asked} would lose this session's root filesystem writes (the task profile's): runc's "
                 "checkpoint (CRIU) keeps the processes and their tmpfs, not the container's layer, which a "
                 f"copy does not have. pause() keeps them (the same container); runtime='runsc' copies them; "
                 f"{instead} carries the files"
             )
+
+    def _copies_processes(self) -> bool:
+        """Whether a copy of this session can carry its processes (what ``capabilities()`` says too).
+
+        runc's checkpoint does not carry the container's layer, which only the task profile writes.
+        """
+        spec = self._config.spec
+        return spec.checkpoints and not (spec.task and spec.runtime != GVISOR_RUNTIME)
 
     def running_sandbox(self) -> tuple[str, int] | None:
         """The running container's id and its sandbox's pid on this host; None when there is none."""
@@ -1077,7 +1084,7 @@ class DockerSession(SessionNetwork, ChannelSession):
         )
         # What take_snapshot refuses: an attached container; what carries processes: _refuse_processes.
         snapshots: tuple[Literal["files", "processes", "memory"], ...] = () if self.attached else ("files",)
-        if self._config.spec.checkpoints:
+        if self._copies_processes():
             snapshots = ("files", "processes", "memory")
         return capabilities.model_copy(
             update={
