@@ -156,6 +156,31 @@ def rss_kib() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+def pid_rss_kib(pid: int) -> int:
+    """The resident set size (VmRSS) of process ``pid``, KiB."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def containers_rss_kib(container_ids: Iterable[str]) -> int:
+    """Resident memory of every host process of these containers (KiB).
+
+    runc's own processes are in the container's cgroup; gVisor's (sandbox, gofer, shim) name it on their
+    command line.
+    """
+    wanted = [container.encode() for container in container_ids]
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cgroup", "rb") as cgroup, open(f"/proc/{pid}/cmdline", "rb") as line:
+                seen = cgroup.read() + line.read()
+            if any(container in seen for container in wanted):
+                total += pid_rss_kib(int(pid))
+        except (OSError, StopIteration):
+            continue
+    return total
+
+
 class RssSampler:
     """Samples VmRSS in a thread while a block runs; ``peak_growth_mib`` is the maximum over the baseline.
 

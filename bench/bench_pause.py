@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from _timing import Row, Stats, parser, print_section, rss_kib
+from _timing import Row, Stats, containers_rss_kib, parser, print_section, rss_kib
 
 from adk_sandbox.executor import ExecRequest
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
@@ -123,24 +123,6 @@ def _hold(session: DockerSession) -> None:
     time.sleep(3)  # the 200 MB touched
 
 
-def _host_rss_kib(container_id: str) -> int:
-    """Resident memory of the container's host processes (KiB).
-
-    gVisor's name it on their command line (sandbox, gofer, shim); runc's own processes are in its cgroup.
-    """
-    total = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f, open(f"/proc/{pid}/cgroup", "rb") as g:
-                if container_id.encode() not in f.read() + g.read():
-                    continue
-            with open(f"/proc/{pid}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        except (OSError, StopIteration):
-            continue
-    return total
-
-
 def _checkpoint_bytes(session: DockerSession) -> int:
     client = session._client
     root = os.path.join(client.info()["DockerRootDir"], "containers", session.container_id, "checkpoints")
@@ -159,16 +141,18 @@ def measure_disk(runtime: str, rounds: int) -> list[Row]:
         with backend.session() as idle:
             idle.pause()
             idle_disk = _checkpoint_bytes(idle)
-            idle_rss = _host_rss_kib(idle.container_id)
+            idle_rss = containers_rss_kib([idle.container_id])
             idle_starts = _starts_from_snapshot(backend, idle, rounds)
         with backend.session() as session:
             _hold(session)
-            running_rss = _host_rss_kib(session.container_id)
+            running_rss = containers_rss_kib([session.container_id])
             cycles, paused_rss, disk = _Cycles(), [], []
 
             def to_disk() -> None:
                 session.pause()
-                paused_rss.append(_host_rss_kib(session.container_id))  # timed too: small beside the pause
+                paused_rss.append(
+                    containers_rss_kib([session.container_id])
+                )  # timed too: small beside the pause
                 disk.append(_checkpoint_bytes(session))
 
             for _ in range(rounds):
@@ -291,7 +275,7 @@ def measure_fleet(runtime: str, count: int) -> list[Row]:
             own_before = rss_kib()
             for session in sessions:
                 session.pause()
-            host = sum(_host_rss_kib(session.container_id) for session in sessions)
+            host = containers_rss_kib(session.container_id for session in sessions)
             disk = sum(_checkpoint_bytes(session) for session in sessions)
             own_growth = rss_kib() - own_before
             started = time.perf_counter()

@@ -25,7 +25,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from _timing import Row, Stats, daemon_pid, parser, print_section, rss_kib
+from _timing import Row, Stats, containers_rss_kib, daemon_pid, parser, pid_rss_kib, print_section, rss_kib
 
 from adk_sandbox.executor import ExecRequest
 from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
@@ -33,28 +33,9 @@ from adk_sandbox.executor.backends.docker import DockerBackend, DockerSession
 TRUE = ExecRequest(argv=("true",), timeout=60)
 
 
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
-
-
 def _engine_kib() -> int:
     """The resident memory of dockerd and containerd together (KiB)."""
-    return _rss_kib(daemon_pid("dockerd")) + _rss_kib(daemon_pid("containerd"))
-
-
-def _sandbox_kib(container_ids: set[str]) -> int:
-    """Resident memory of every host process of these containers: in their cgroup, or naming them."""
-    total = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cgroup", "rb") as cgroup, open(f"/proc/{pid}/cmdline", "rb") as line:
-                seen = cgroup.read() + line.read()
-            if any(container.encode() in seen for container in container_ids):
-                total += _rss_kib(int(pid))
-        except (OSError, StopIteration):
-            continue
-    return total
+    return pid_rss_kib(daemon_pid("dockerd")) + pid_rss_kib(daemon_pid("containerd"))
 
 
 def _disk_bytes(path: str) -> int:
@@ -104,7 +85,7 @@ def measure(runtime: str, count: int, threads: int, sample: int) -> list[Row]:
             making = time.perf_counter() - started
             assert all(session.paused for session in sessions)
             ids = {session.container_id for session in sessions}
-            sandbox = _sandbox_kib(ids)
+            sandbox = containers_rss_kib(ids)
             engine_growth, own_growth = _engine_kib() - engine_before, rss_kib() - own_before
             fds = len(os.listdir("/proc/self/fd")) - fds_before
             directories = [os.path.join(root, "containers", container) for container in ids]
