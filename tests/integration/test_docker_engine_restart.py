@@ -186,6 +186,10 @@ def test_an_engine_killed_mid_command_fails_it_clearly_and_close_does_not_hang(
     # Once the engine is back, nothing of the sessions is left: without live-restore the engine kills at
     # its start what it ran before, and auto-remove removes the containers.
     on_engine.start()
+    # The engine removes them at its start, but not before it answers: wait (bounded) for that.
+    deadline = time.monotonic() + 60
+    while set(containers) & set(on_engine.containers()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for container_id in containers:
         assert container_id not in on_engine.containers()
     for mark in marks:
