@@ -16,7 +16,8 @@ a counter ticks every 50 ms (the same program as ``test_docker_pause.py``). From
   refuses the pause with nothing paused;
 * attacks: a command of the session's user kills everything it may (``kill -9 -1``, PID 1 included): the
   container lives on (the keeper is root, another uid); a program forking without pause during the
-  checkpoint does not break it; the checkpoint is no bigger than the sandbox's memory limit;
+  checkpoint does not break it; the checkpoint is no bigger than the sandbox's memory limit; a line the
+  sandbox forges in its list of held files makes the host look at no file outside the mounts;
 * ``idle_pause_seconds``: an idle session pauses itself to disk, the next call resumes it, and one whose
   program spins on the CPU stays up;
 * the settings it cannot honour are refused; a session paused on disk whose owner died is reaped.
@@ -553,6 +554,31 @@ def test_a_held_file_resized_while_paused(backend: DockerBackend, tmp_path: Path
             held.write_text("back\n")
         session.resume()
         assert "held.txt" in out(session, "ps -eo args | grep 'held[.]txt'")
+
+
+def test_the_sandboxs_list_of_held_files_makes_the_host_look_at_nothing_outside(
+    backend: DockerBackend, tmp_path: Path
+) -> None:
+    """Attack: the list of held files comes from inside, so the sandbox writes it. A held file's path with
+    a newline names a second, forged path under the workspace, through a symlink the sandbox planted there
+    to a host directory outside it. The host must not follow it: before, it checked that outside file at
+    the resume and refused the resume when it was gone ("removed while paused"), telling the caller
+    whether any host path exists (and, on runc, its size)."""
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    (outside / "target").write_text("outside\n")
+    with backend.session(workspace) as session:
+        inside = session.workspace_inside
+        assert inside is not None
+        forged = f"/tmp/x\n{inside}/link"  # read back as two lines: "/tmp/x" and "<workspace>/link/target"
+        made = f'd="$(printf \'{forged}\')"; mkdir -p "$d" && echo in >"$d/target"'
+        out(session, f"ln -s ../outside {inside}/link && {made}")
+        _hold(session, f"{forged}/target")
+        session.pause()
+        (outside / "target").unlink()  # what the forged line names on the host
+        session.resume()
+        assert "python3" in out(session, "ps -eo args | grep 'import sys[,]'")  # the holder is back
 
 
 def test_a_snapshot_keeps_every_process_for_each_session_started_from_it(backend: DockerBackend) -> None:

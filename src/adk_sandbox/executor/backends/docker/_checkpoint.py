@@ -13,7 +13,6 @@ import logging
 import os
 import secrets
 import shutil
-import stat
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
@@ -33,8 +32,6 @@ from adk_sandbox.executor.errors import (
 )
 
 if TYPE_CHECKING:
-    from adk_sandbox.executor.backends.docker._container import OpenedContainer
-    from adk_sandbox.executor.backends.docker.session import DockerSession
     from adk_sandbox.executor.channel.connections import ConnectionHandler
 
 log = logging.getLogger(__name__)
@@ -44,11 +41,8 @@ __all__ = [
     "ContainerCheckpoints",
     "adopt_agent",
     "checkpoint_agent",
-    "held_host_files",
-    "held_sizes",
     "keeper_agent",
     "keeper_opener",
-    "missing_held_files",
     "require_checkpoints",
     "restore_agent",
     "start_from_copy",
@@ -58,14 +52,6 @@ __all__ = [
 CHECKPOINT_SECONDS = 120.0
 #: The random file added to each checkpoint (see :meth:`ContainerCheckpoints._make_unique`).
 NONCE_FILE = "adk-sandbox-nonce"
-#: How the kernel (and gVisor) shows an open file's path once it was deleted.
-_DELETED = " (deleted)"
-#: Lists what every process of the command user has open, as its cwd and as its executable (one per line).
-_HELD_SCRIPT = (
-    'for l in /proc/[0-9]*/cwd /proc/[0-9]*/exe /proc/[0-9]*/fd/*; do readlink "$l"; done 2>/dev/null'
-)
-#: At most this many bytes of that list are read (the rest is not checked: a restore then names nothing).
-_HELD_BYTES = 1 << 20
 
 
 def require_checkpoints(client: docker.DockerClient, runtime: str | None) -> None:
@@ -343,97 +329,6 @@ def restore_agent(
     except ExecutorError as exc:  # it goes with the container
         log.warning("a restored checkpoint was not deleted: %s", exc)
     return checkpoints.pid()
-
-
-def held_host_files(session: DockerSession, container: OpenedContainer) -> dict[str, str]:
-    """The host files the session's processes hold (open, as their cwd or executable): inside -> host.
-
-    Only those of the container's bind mounts (the workspace, allowed paths): gVisor saves them by path and
-    opens them again at a restore, which fails, naming nothing, when one was removed meanwhile (checked:
-    a program's open file, its working directory, its executable). Everything else is in the checkpoint.
-    """
-    from adk_sandbox.executor.backends.docker._inside import run_in_sandbox  # noqa: PLC0415 - imports session
-
-    binds = sorted(
-        (
-            (str(m["Destination"]), str(m["Source"]))
-            for m in container.inspect.get("Mounts") or ()
-            if m.get("Type") == "bind"
-        ),
-        key=lambda bind: -len(bind[0]),
-    )
-    if not binds:
-        return {}
-    argv = ("/bin/sh", "-c", _HELD_SCRIPT)
-    _, listed, _, _ = run_in_sandbox(session, container, argv, None, _HELD_BYTES)
-    held: dict[str, str] = {}
-    deleted: list[str] = []
-    for line in listed.decode("utf-8", "surrogateescape").splitlines():
-        for inside, host in binds:
-            if line == inside or line.startswith(inside.rstrip("/") + "/"):
-                if line.endswith(_DELETED):
-                    deleted.append(line[: -len(_DELETED)])
-                else:
-                    held[line] = host + line[len(inside) :]
-                break
-    if deleted:
-        raise _deleted_open(", ".join(repr(path) for path in sorted(set(deleted))[:5]))
-    return held
-
-
-def _deleted_open(named: str) -> PolicyNotEnforceableError:
-    # Checked before the checkpoint: runsc's failed checkpoint of such a file stops the container.
-    return PolicyNotEnforceableError(
-        f"a program of the session holds open a file of a host directory (the workspace or an allowed "
-        f"path) that was deleted ({named}), which a checkpoint cannot keep; nothing was done, the "
-        "session runs on. End that program (or let it close the file) first, or pause(keep_memory=True)"
-    )
-
-
-def held_sizes(held: dict[str, str]) -> dict[str, int]:
-    """The sizes of the held regular files (inside -> bytes), read once the checkpoint is taken.
-
-    For runc: CRIU records each held file's size and refuses to restore one whose size changed (a log
-    opened write-only for appending aside); gVisor opens the file as it is then. Read after the
-    checkpoint, when nothing of the sandbox runs, so they are the sizes CRIU saw.
-    """
-    sizes = {}
-    for inside, host in held.items():
-        with contextlib.suppress(OSError):
-            status = os.stat(host)
-            if stat.S_ISREG(status.st_mode):
-                sizes[inside] = status.st_size
-    return sizes
-
-
-def missing_held_files(held: dict[str, str], sizes: dict[str, int]) -> None:
-    """Refuse a restore that would fail: a file the paused processes hold was removed, or resized (runc).
-
-    ``sizes``: :func:`held_sizes` of the checkpoint (empty under gVisor, which opens a changed file).
-    """
-    changed = []
-    for inside, size in sorted(sizes.items()):
-        with contextlib.suppress(OSError):
-            now = os.stat(held[inside]).st_size
-            if now != size:
-                changed.append(f"{inside!r}: {size} -> {now} bytes")
-    if changed:
-        raise SandboxFailedError(
-            f"files of a host directory that the session's processes hold changed size while it was paused "
-            f"({', '.join(changed[:5])}), and runc's restore (CRIU) refuses a held file whose size changed. "
-            "Nothing was done and it stays paused: put them back as they were and call again, or close() "
-            "the session (its processes are then lost, its workspace kept); runtime='runsc' restores the "
-            "changed files"
-        )
-    missing = sorted(inside for inside, host in held.items() if not os.path.lexists(host))
-    if missing:
-        shown = ", ".join(repr(path) for path in missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise SandboxFailedError(
-            f"the session's processes hold files of a host directory that were removed while it was paused "
-            f"({shown}: open, a working directory or a program's executable); its checkpoint cannot be "
-            "restored without them. Nothing was done and it stays paused: put them back and call again, or "
-            "close() the session (its processes are then lost, its workspace kept)"
-        )
 
 
 def start_from_copy(client: docker.DockerClient, source: str, name: str) -> Callable[[str], None]:

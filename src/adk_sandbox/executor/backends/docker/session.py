@@ -35,10 +35,7 @@ from adk_sandbox.executor.backends.docker._checkpoint import (
     ContainerCheckpoints,
     adopt_agent,
     checkpoint_agent,
-    held_host_files,
-    held_sizes,
     keeper_opener,
-    missing_held_files,
     restore_agent,
     start_from_copy,
 )
@@ -51,6 +48,12 @@ from adk_sandbox.executor.backends.docker._container import (
 from adk_sandbox.executor.backends.docker._daemon import engine_of
 from adk_sandbox.executor.backends.docker._dialect import Dialect
 from adk_sandbox.executor.backends.docker._exec import DockerExecs
+from adk_sandbox.executor.backends.docker._held import (
+    HeldFile,
+    held_host_files,
+    held_sizes,
+    missing_held_files,
+)
 from adk_sandbox.executor.backends.docker._rootcap import RootWatcher
 from adk_sandbox.executor.backends.docker._spec import (
     GVISOR_RUNTIME,
@@ -256,8 +259,8 @@ class DockerSession(SessionNetwork, ChannelSession):
         #: Guards the hooks below (not the session's lock: a hook takes the pool's).
         self._hooks_lock = threading.Lock()
         #: The checkpoint the session is paused to, its agent (let go), the host files its processes held
-        #: then (inside -> host: a restore needs each of them) and, on runc, their sizes (``pause()``).
-        self._checkpoint_of: tuple[str, DetachedAgent, dict[str, str], dict[str, int]] | None = None
+        #: then (a restore needs each of them) and, on runc, their sizes (``pause()``).
+        self._checkpoint_of: tuple[str, DetachedAgent, dict[str, HeldFile], dict[str, int]] | None = None
         #: The host pid of the container's first process (gVisor: its sandbox), while it runs.
         self._sandbox_pid: int | None = None
         #: Pauses the session to disk once idle (``idle_pause_seconds``), from its first start.
