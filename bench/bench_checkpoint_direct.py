@@ -1,0 +1,190 @@
+"""runc's checkpoint and restore through Docker's API, against runc run directly on a directory.
+
+Issue 36's target is resume and fork with processes at p50 <= 300 ms with 200 MB of process memory. Through
+Docker the runtime's own restore is about a seventh of a resume: Docker tars each checkpoint into
+containerd's content store and containerd unpacks it again (BENCHMARKS.md, "Where a resume's time goes").
+This measures what a path beside Docker's would give: the same program (the base image, a program holding
+``--mb`` MiB of random bytes) as a Docker container on runc, checkpointed and started from the checkpoint
+through the library's :class:`ContainerCheckpoints` (the engine's calls alone), and as a runc container of
+its own (a bundle of the same image's files), checkpointed to a directory and restored from it, eagerly
+and lazily (CRIU's ``lazy-pages``: pages copied in on first touch, through userfaultfd). Rounds alternate;
+each ends when the restored program answers. Needs CRIU (scripts/setup) and root.
+
+Run: .venv/bin/python bench/bench_checkpoint_direct.py [--rounds N] [--mb M]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from adk_sandbox.executor.backends.docker import BASE_IMAGE
+from adk_sandbox.executor.backends.docker._checkpoint import ContainerCheckpoints
+from adk_sandbox.executor.backends.docker._daemon import connect
+
+HOLD = "import os, time\nb = os.urandom({mb} << 20)\nopen('/tmp/ready', 'w').close()\ntime.sleep(1e9)\n"
+
+
+def _ms(started: float) -> float:
+    return (time.monotonic() - started) * 1000
+
+
+class _ThroughDocker:
+    """The program as a Docker container on runc; the engine's checkpoint and start from it."""
+
+    def __init__(self, client: Any, mb: int) -> None:
+        self.container: Any = client.containers.run(
+            BASE_IMAGE,
+            ["python3", "-c", HOLD.format(mb=mb)],
+            runtime="runc",
+            network_mode="none",
+            mem_limit=f"{mb + 384}m",
+            detach=True,
+        )
+        self.checkpoints = ContainerCheckpoints(client, str(self.container.id))
+        self.pauses: list[float] = []
+        self.resumes: list[float] = []
+        self._ready()
+
+    def _ready(self) -> None:
+        deadline = time.monotonic() + 120
+        while self.container.exec_run(["test", "-e", "/tmp/ready"]).exit_code != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the program did not get ready")
+            time.sleep(0.05)
+
+    def round(self) -> None:
+        started = time.monotonic()
+        name = self.checkpoints.create(stop=True)
+        self.pauses.append(_ms(started))
+        started = time.monotonic()
+        self.checkpoints.restore(name)
+        self._ready()
+        self.resumes.append(_ms(started))
+        self.checkpoints.delete(name)
+
+    def close(self) -> None:
+        self.container.remove(force=True)
+
+
+class _RuncDirectly:
+    """The program as a runc container of its own (a bundle from the image), checkpointed to a directory."""
+
+    def __init__(self, client: Any, mb: int, root: Path) -> None:
+        self.root, self.id = root, f"adk-sandbox-bench-{root.name}"
+        self.bundle = root / "bundle"
+        rootfs = self.bundle / "rootfs"
+        rootfs.mkdir(parents=True)
+        made = client.containers.create(BASE_IMAGE, ["true"])
+        try:
+            with tempfile.NamedTemporaryFile(suffix=".tar") as exported:
+                for chunk in made.export():
+                    exported.write(chunk)
+                exported.flush()
+                subprocess.run(["tar", "-x", "-f", exported.name, "-C", str(rootfs)], check=True)
+        finally:
+            made.remove(force=True)
+        subprocess.run(["runc", "spec", "--bundle", str(self.bundle)], check=True)
+        config_path = self.bundle / "config.json"
+        config = json.loads(config_path.read_text())
+        config["process"].update(terminal=False, args=["python3", "-c", HOLD.format(mb=mb)])
+        config["root"]["readonly"] = False
+        config_path.write_text(json.dumps(config))
+        self.pauses: list[float] = []
+        self.resumes: list[float] = []
+        self.lazy_resumes: list[float] = []
+        self._runc("run", "--detach", "--bundle", str(self.bundle), self.id)
+        self._ready()
+
+    def _runc(self, *argv: str) -> None:
+        # No pipes: a started or restored container inherits them, and reading them would never end.
+        quiet = subprocess.DEVNULL
+        subprocess.run(["runc", *argv], check=True, stdin=quiet, stdout=quiet, stderr=quiet)
+
+    def _ready(self) -> None:
+        deadline = time.monotonic() + 120
+        ready = ("exec", self.id, "test", "-e", "/tmp/ready")
+        while subprocess.run(["runc", *ready], check=False, capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the program did not get ready")
+            time.sleep(0.05)
+
+    def round(self, *, lazy: bool) -> None:
+        images, work = self.root / "images", self.root / "work"
+        for directory in (images, work):
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+        paths = ("--image-path", str(images), "--work-path", str(work))
+        started = time.monotonic()
+        self._runc("checkpoint", *paths, self.id)
+        self.pauses.append(_ms(started))
+        server = None
+        if lazy:  # CRIU's page server for the restored process's first touches, from the images
+            argv = ["criu", "lazy-pages", "--images-dir", str(images), "--work-dir", str(work)]
+            server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            socket = work / "lazy-pages.socket"
+            while not socket.exists():
+                time.sleep(0.01)
+        started = time.monotonic()
+        restore = ["restore", "--detach", *paths, "--bundle", str(self.bundle)]
+        self._runc(*restore, *(["--lazy-pages"] if lazy else []), self.id)
+        self._ready()
+        (self.lazy_resumes if lazy else self.resumes).append(_ms(started))
+        if server is not None:
+            server.wait(timeout=120)  # it ends once every page is in
+
+    def close(self) -> None:
+        subprocess.run(["runc", "delete", "--force", self.id], check=False, capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def main() -> None:
+    """Alternate the paths round by round; print each figure's median and its ratio to Docker's."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--mb", type=int, default=200)
+    args = parser.parse_args()
+    client = connect()
+    docker_path: _ThroughDocker | None = None
+    direct: _RuncDirectly | None = None
+    try:
+        docker_path = _ThroughDocker(client, args.mb)
+        direct = _RuncDirectly(client, args.mb, Path(tempfile.mkdtemp(prefix="direct-", dir="/var/tmp")))
+        for index in range(args.rounds):
+            steps = [docker_path.round, lambda: direct.round(lazy=False), lambda: direct.round(lazy=True)]
+            for step in steps if index % 2 == 0 else reversed(steps):
+                step()
+        print(f"runc, a program holding {args.mb} MiB; medians of {args.rounds} rounds, alternated\n")
+        print("| call | through Docker | runc directly | ratio | target |\n|---|---|---|---|---|")
+        docker_pause, docker_resume = (
+            statistics.median(docker_path.pauses),
+            statistics.median(docker_path.resumes),
+        )
+        for what, ours, theirs in (
+            ("checkpoint (stopped)", statistics.median(direct.pauses), docker_pause),
+            ("restore, until the program answers", statistics.median(direct.resumes), docker_resume),
+            ("the same, lazily (CRIU lazy-pages)", statistics.median(direct.lazy_resumes), docker_resume),
+        ):
+            target = (
+                ""
+                if what.startswith("checkpoint")
+                else f"p50 ≤ 300 ms: {'met' if ours <= 300 else 'not met'}"
+            )
+            print(f"| {what} | {theirs:.0f} ms | {ours:.0f} ms | {ours / theirs:.2f}x | {target} |")
+    finally:
+        if docker_path is not None:
+            docker_path.close()
+        if direct is not None:
+            direct.close()
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
