@@ -131,7 +131,7 @@ def _json_object(line: str) -> dict[str, Any] | None:
         return None
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to be one of rustc's messages
         return None
     return value if isinstance(value, dict) else None
 

@@ -73,7 +73,11 @@ RustStage = Literal["check", "build", "run"]
 
 _PIPELINE_NOTE = "adk-sandbox:"
 # "thread 'main' panicked at main.rs:2:5:\nmessage"; newer rustc adds the thread id: "'main' (1168)".
-_PANIC = re.compile(r"thread '[^']*'(?: \(\d+\))? panicked at ([^\n]*?):\n(.*?)(?:\nnote: |\Z)", re.DOTALL)
+# Only the header: the rest of the panic is found by _find_panic (see there why not by this regex).
+_PANIC_HEADER = re.compile(r"thread '[^']*'(?: \(\d+\))? panicked at ")
+_PANIC_NOTE = "\nnote: "
+# Bounded: a Rust line number fits in u32, and int() refuses over 4300 digits (ValueError) anyway.
+_SOURCE_LINE = re.compile(rf"{re.escape(SOURCE_FILE)}:(\d{{1,10}}):")
 _ALLOCATION_FAILED = re.compile(r"memory allocation of \d+ bytes failed")
 # rustc errors that mean the toolchain or serde_json is missing or broken, not that the code is wrong.
 _INFRASTRUCTURE_ERROR = re.compile(
@@ -598,7 +602,7 @@ def _run_outcome(  # noqa: PLR0911 - one return per outcome reads best
     body, separator, last = result.stdout.removesuffix("\n").rpartition("\n")
     try:
         output = json.loads(last) if separator else None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep ("[" * 100000) to be a result
         separator = ""
     if not separator:
         why = (
@@ -613,10 +617,10 @@ def _run_outcome(  # noqa: PLR0911 - one return per outcome reads best
 
 
 def _runtime_message(result: ExecResult, user_lines: int) -> str:
-    panic = _PANIC.search(result.stderr)
+    panic = _find_panic(result.stderr)
     if panic is not None:
-        location, message = panic.group(1), panic.group(2).strip()
-        line = re.match(rf"{re.escape(SOURCE_FILE)}:(\d+):", location)
+        location, message = panic[0], panic[1].strip()
+        line = _SOURCE_LINE.match(location)
         if line is not None and int(line.group(1)) > user_lines:
             location = "the harness"
         return f"panicked at {location}: {message}"
@@ -625,6 +629,31 @@ def _runtime_message(result: ExecResult, user_lines: int) -> str:
     last_line = result.stderr.strip().rsplit("\n", 1)[-1] if result.stderr.strip() else ""
     detail = f": {last_line}" if last_line else ""
     return f"the program exited with status {result.exit_code}{detail}"
+
+
+def _find_panic(stderr: str) -> tuple[str, str] | None:
+    """Location and message of the first panic in ``stderr``, or None.
+
+    A panic is a header, the rest of its line up to a final ":" (the location), then the message up to
+    the next ``note:`` line or the end. Not one regex for all of it: matching the location up to the
+    colon ending its line rescans the rest of the line for every header on a line not ending so,
+    quadratic in the program's stderr (1 MiB of "thread 'x' panicked at " without a newline took
+    minutes, holding the GIL for every session). Here a line's end is looked up once for all its
+    headers: linear.
+    """
+    position, line_end = 0, -1
+    while (header := _PANIC_HEADER.search(stderr, position)) is not None:
+        if header.end() > line_end:
+            line_end = stderr.find("\n", header.end())
+            if line_end < 0:
+                return None  # the location must end its line, and this is the last one
+        if stderr[line_end - 1] == ":":
+            message_end = stderr.find(_PANIC_NOTE, line_end + 1)
+            message = stderr[line_end + 1 : message_end if message_end >= 0 else len(stderr)]
+            return stderr[header.end() : line_end - 1], message
+        # Not this header; a later one may still match (its thread name can span lines).
+        position = header.start() + 1
+    return None
 
 
 def _timeout(stage: RustStage, **fields: Any) -> RustResult:
