@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -20,6 +21,8 @@ from adk_sandbox.executor import _owner
 __all__ = [
     "DEFAULT_MAX_MB",
     "DEFAULT_TTL_SECONDS",
+    "MAX_NOTES",
+    "MAX_NOTE_CHARS",
     "MAX_TTL_SECONDS",
     "SNAPSHOT_ID",
     "SNAPSHOT_LABEL",
@@ -27,6 +30,7 @@ __all__ = [
     "KeptProcesses",
     "Snapshot",
     "SnapshotOptions",
+    "cap_notes",
 ]
 
 #: The label that names the snapshot an engine image holds the root layer of.
@@ -45,6 +49,32 @@ DEFAULT_TTL_SECONDS = 24 * 3600
 MAX_TTL_SECONDS = 30 * 24 * 3600
 #: The default cap on a snapshot's size (workspace files + tmpfs archives + root layer), in MiB.
 DEFAULT_MAX_MB = 4096
+
+#: At most this many notes in :attr:`Snapshot.skipped` (the last of them then says how many more were left
+#: out), each at most ``MAX_NOTE_CHARS`` characters: a sandbox decides how many notes there are (one per
+#: link leading out of its workspace) and how long (a link's target, a line of its tar's complaints), and a
+#: record must stay well under what the store reads of one (docs/snapshots.md, "Lifecycle").
+MAX_NOTES = 100
+MAX_NOTE_CHARS = 300
+
+
+def cap_notes(notes: Iterable[str]) -> tuple[str, ...]:
+    """``notes`` as a snapshot records them: the first :data:`MAX_NOTES`, each cut to :data:`MAX_NOTE_CHARS`.
+
+    Past :data:`MAX_NOTES` the last kept place says how many were left out (``"… and N more"``). Capped
+    notes are their own cap (a record read back is not cut again).
+    """
+    kept: list[str] = []
+    more = 0
+    for note in notes:
+        if len(kept) < MAX_NOTES:
+            kept.append(note if len(note) <= MAX_NOTE_CHARS else note[: MAX_NOTE_CHARS - 1] + "…")
+        else:
+            more += 1
+    if more:
+        kept[-1] = f"… and {more + 1} more"
+    return tuple(kept)
+
 
 #: How the workspace was copied: by reflink (shared blocks, copy-on-write), by a plain copy, or not at all
 #: (the session had no workspace). A copy that cloned some files and copied others says ``"copy"``.
@@ -161,7 +191,8 @@ class Snapshot(BaseModel):
     size_bytes: int = 0
     """Workspace files + tmpfs archives + the root layer's size as the engine reported it."""
     skipped: tuple[str, ...] = ()
-    """What was left out of it, and why (links leading out, special files, unreadable tmpfs files)."""
+    """What was left out of it, and why (links leading out, special files, unreadable tmpfs files): at most
+    :data:`MAX_NOTES` notes of at most :data:`MAX_NOTE_CHARS` characters (:func:`cap_notes`)."""
     carries: tuple[Literal["files", "processes", "memory"], ...] = ("files",)
     """What it restores: ``("files",)``, or with :attr:`processes` every process and its memory too."""
     processes: KeptProcesses | None = None
@@ -170,6 +201,12 @@ class Snapshot(BaseModel):
     (if any). A microVM's (:attr:`backend`) describes its agents in ``checkpoint/machine.json`` instead."""
     path: str = ""
     """Its directory on disk (set when it is read from its store)."""
+
+    @field_validator("skipped")
+    @classmethod
+    def _cap_skipped(cls, skipped: tuple[str, ...]) -> tuple[str, ...]:
+        # The one place the notes are capped, whoever made them (the store validates what it writes).
+        return cap_notes(skipped)
 
     @property
     def workspace_dir(self) -> str:

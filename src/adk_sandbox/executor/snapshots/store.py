@@ -27,7 +27,7 @@ from adk_sandbox.executor._mountinfo import read_mountinfo
 from adk_sandbox.executor.channel.static_agent import cache_root
 from adk_sandbox.executor.errors import InvalidRequestError, PolicyNotEnforceableError, SandboxFailedError
 from adk_sandbox.executor.snapshots import owned
-from adk_sandbox.executor.snapshots.model import SNAPSHOT_ID, Snapshot
+from adk_sandbox.executor.snapshots.model import MAX_TTL_SECONDS, SNAPSHOT_ID, Snapshot
 from adk_sandbox.executor.workspace.copies import NO_SPACE, HostCopyFullError, _boot_tag, copies_dir
 
 __all__ = ["RECORD", "SnapshotStore", "default_memory_root", "default_root", "layered_on", "new_id"]
@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 #: The record of a snapshot in its directory.
 RECORD = "snapshot.json"
+#: The most of a record the store reads: a record is a few KiB (its notes are capped, ``cap_notes``); one
+#: longer is unreadable (and reaped by its age, :meth:`SnapshotStore.reap`).
+_RECORD_BYTES = 1 << 20
 _PARTIAL = re.compile(r"\.partial-([0-9a-f]{8})-(\d+)-(\d+)-(\d+)-(snap-[0-9a-f]{16})")
 _REMOVING = re.compile(r"\.removing-(snap-[0-9a-f]{16})-[0-9a-f]{8}")
 
@@ -126,10 +129,13 @@ class SnapshotStore:
         An owned snapshot is removed when this process exits (:mod:`.owned`), its root image by
         ``remove_image``.
         """
+        # Validated again: a model_copy(update=...) of the record (the engines' last fields) skips the
+        # model's checks, the cap on its notes among them, and a record too long to read back would leak.
+        snapshot = Snapshot.model_validate({**snapshot.model_dump(), "path": ""})
         record = os.path.join(partial, RECORD)
         fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(snapshot.model_copy(update={"path": ""}).model_dump_json(indent=1))
+            handle.write(snapshot.model_dump_json(indent=1))
         root = os.path.dirname(partial)
         if root == str(self.root) and self.memory_root is not None:
             # A detached snapshot on disk: written out before it is named, so a crash never leaves a
@@ -248,7 +254,10 @@ class SnapshotStore:
             return None
         try:
             with os.fdopen(fd, "rb") as handle:
-                snapshot = Snapshot.model_validate_json(handle.read(1 << 20))
+                data = handle.read(_RECORD_BYTES + 1)
+            if len(data) > _RECORD_BYTES:
+                raise ValueError(f"longer than {_RECORD_BYTES} bytes")
+            snapshot = Snapshot.model_validate_json(data)
         except (OSError, ValidationError, ValueError) as exc:
             log.warning("snapshot record %s is unreadable: %s", path, exc)
             return None
@@ -332,7 +341,44 @@ class SnapshotStore:
                 log.warning("could not remove snapshot %s: %s", snapshot.id, exc)
                 continue
             removed.append(f"{snapshot.id} ({snapshot.name}): {reason}")
+        removed += self._reap_unreadable(moment)
         removed += self._reap_partials()
+        return removed
+
+    def _reap_unreadable(self, now: float) -> builtins.list[str]:
+        """Snapshot directories whose record does not read (or names another id), once surely expired.
+
+        :meth:`list` skips them, so nothing else would ever remove them. Without a record there is no owner
+        or expiry to go by, only age: a snapshot expires at most :data:`MAX_TTL_SECONDS` after it was taken,
+        and its record is written after that, so one whose directory and record last changed longer ago
+        than that (``mtime`` and ``ctime``, the latest) is past any expiry. Only real directories named like
+        an id in a tier are removed (:meth:`discard`: renamed away, no link followed); a live fork's lower
+        layer is kept; a root image it may have is the engine reaper's (its labels say when it is leaked).
+        """
+        removed = []
+        for root in self._roots():
+            try:
+                names = os.listdir(root)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if not SNAPSHOT_ID.fullmatch(name) or self._read(name, root) is not None:
+                    continue
+                path = os.path.join(root, name)
+                try:
+                    info = os.lstat(path)
+                    if not stat.S_ISDIR(info.st_mode):
+                        continue
+                    written = max(info.st_mtime, info.st_ctime)
+                    with contextlib.suppress(FileNotFoundError):
+                        record = os.lstat(os.path.join(path, RECORD))
+                        written = max(written, record.st_mtime, record.st_ctime)
+                except OSError:
+                    continue
+                if now < written + MAX_TTL_SECONDS or layered_on(path):
+                    continue
+                self.discard(name, root)
+                removed.append(f"{name}: a snapshot whose record is unreadable, older than any expiry")
         return removed
 
     def _reap_partials(self) -> builtins.list[str]:
