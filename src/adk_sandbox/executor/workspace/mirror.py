@@ -31,13 +31,19 @@ from adk_sandbox.executor.workspace.tarstream import (
     tar_header,
 )
 
-__all__ = ["DEFAULT_MIRROR_MB", "MirrorWorkspace"]
+__all__ = ["DEFAULT_MIRROR_MB", "ENTRY_BYTES", "MirrorWorkspace"]
 
 log = logging.getLogger(__name__)
 
 
 #: The default size cap of a mirror volume, in MiB.
 DEFAULT_MIRROR_MB = 1024
+#: What each entry one pull-back brings counts against the copy's cap at least: one 4 KiB block, what a
+#: directory, a link or a file takes on a host file system with its inode and its name (at most 255 bytes
+#: there, in its directory's blocks). The sandbox's tmpfs counts no page for a directory, an empty file or a
+#: short link, so millions of them fit any cap there; here a pull-back brings at most the cap's worth of
+#: blocks of entries (docs/docker/workspace-transport.md, "The cap").
+ENTRY_BYTES = 4096
 
 # Lists the tree below $1 as records "<path>\0<type> <mode> <size> <mtime> <ctime> <inode>\0<link target>\0",
 # every .git (at any depth) left out: pull-back never writes one, so there is nothing to list there. First
@@ -451,7 +457,15 @@ class MirrorWorkspace:
     def _apply(  # noqa: PLR0912 - one pass over the kinds of change, in the order they must land
         self, run: Run, wanted: dict[str, Entry], gone: list[str], refused: list[str]
     ) -> None:
-        """Write the container's changes to the host copy, every write contained (hostile input)."""
+        """Write the container's changes to the host copy, every write contained (hostile input).
+
+        Bounded by the copy's cap before anything lands: more changed entries than the cap holds blocks
+        (:data:`ENTRY_BYTES`) and nothing of this pull-back is applied (:meth:`_over_the_cap`); else each
+        new directory or link takes its block from what the files may bring, and a file whose apparent
+        size passes what is left is refused, file by file.
+        """
+        if self._over_the_cap(wanted, refused):
+            return
         tree = _HostTree(self._tree, self.owner)
 
         def host_moved(path: str) -> bool:
@@ -465,7 +479,10 @@ class MirrorWorkspace:
                 tree.remove(path)
                 self._record(tree, path)
         files: dict[str, Entry] = {}
-        budget = self.cap_bytes
+        # One budget: a directory or link the host does not hold as listed takes a block of it.
+        budget = self.cap_bytes - ENTRY_BYTES * sum(
+            1 for path, entry in wanted.items() if entry.kind != "f" and not entry.same(self._host.get(path))
+        )
         for path in sorted(wanted, key=lambda p: (p.count("/"), p)):
             entry = wanted[path]
             if host_moved(path):
@@ -514,6 +531,29 @@ class MirrorWorkspace:
                 self._pulled_links.discard(path)
                 refused.append(f"{path}: a symbolic link that now leads outside the workspace (or into .git)")
 
+    def _over_the_cap(self, wanted: dict[str, Entry], refused: list[str]) -> bool:
+        """Whether the changed entries pass the cap by their number alone: then refused as a whole.
+
+        Each counts one block (:data:`ENTRY_BYTES`), whatever its kind (a directory or link the host holds
+        as listed: none, it makes nothing). The listing is the sandbox's output: a forged one, or millions of
+        real empty directories (free on its tmpfs), would make as many entries on the host. Refused as a
+        whole, before anything lands: nothing made, replaced or removed, and nothing of it taken as in sync,
+        so the next pull-back asks again (and lands once the sandbox holds few enough).
+        """
+        limit = self.cap_bytes // ENTRY_BYTES
+        count = sum(
+            1 for path, entry in wanted.items() if entry.kind == "f" or not entry.same(self._host.get(path))
+        )
+        if count <= limit:
+            return False
+        cap = self.cap_bytes // (1024 * 1024)
+        refused.append(
+            f"{count} changed entries (files, directories, links) in one pull-back, more than the copy's cap "
+            f"lets come back ({limit}: each counts at least {ENTRY_BYTES // 1024} KiB of its {cap} MiB, "
+            f"{self.cap_setting}); nothing of this pull-back came back and nothing was removed"
+        )
+        return True
+
     def _record(self, tree: _HostTree, path: str) -> None:
         """Note the host entry at ``path`` as synced (absent: forgotten), so the next push leaves it."""
         now = tree.entry(path)
@@ -527,7 +567,10 @@ class MirrorWorkspace:
 
         At most the copy's cap of data comes: the archive is cut there (plus its headers and sparse maps),
         and a file whose data passes what is left of the cap is refused. A sparse file's holes neither
-        travel nor are written: only its extents land, at their offsets, and its size is set.
+        travel nor are written: only its extents land, at their offsets, and its size is set. That size must
+        be the listed one, which :meth:`_apply` counted against the cap: a file that changed between the
+        listing and the fetch (``truncate -s 10T``), or a forged archive, is refused and nothing of it is
+        written (asked again once its listing changes).
         """
         names = b"".join(path.encode("utf-8") + b"\0" for path in files)
         # The files asked for hold at most the cap; tar adds a header (long names: three) per file and an
@@ -550,6 +593,13 @@ class MirrorWorkspace:
                         continue  # not asked for
                     if not member.isreg():
                         refused.append(f"{path}: no longer a regular file when it was copied")
+                        continue
+                    if member.size != entry.size:
+                        why = f"{member.size} bytes when copied, not the {entry.size} bytes listed"
+                        refused.append(
+                            f"{path}: {why} and counted against the copy's cap (changed meanwhile)"
+                        )
+                        self._inside[path] = entry
                         continue
                     content = member_content(result.stdout, member)
                     if content.data_bytes > budget:
