@@ -36,6 +36,7 @@ from adk_sandbox.executor.backends.microvm import (
 )
 from adk_sandbox.executor.backends.microvm._guest import fsjail, guest_parts
 from adk_sandbox.executor.backends.microvm._qemu import qemu_pids
+from adk_sandbox.executor.backends.microvm._tail import TAIL_BYTES
 from adk_sandbox.executor.backends.microvm.backend import _kvm_verdict
 from adk_sandbox.executor.errors import (
     BackendUnavailableError,
@@ -473,6 +474,46 @@ def test_attack_taken_over_server_is_still_held(area: Path) -> None:
     assert lines["name_to_handle_at"] == "refused" and lines["open_by_handle_at"] == "refused"
     assert lines["host-etc"].startswith("refused") and not Path("/etc/adk-fsjail-planted").exists()
     assert _set_id_or_foreign(root) == [], done.stdout
+
+
+#: 1 MiB of 32-byte lines: 16 times what the host keeps of the console (~2 s of the emulated UART; the old
+#: design's file grew by all of it).
+_FLOOD_LINES = 1024 * 1024 // 32
+
+
+def test_attack_guest_root_floods_the_console_and_the_host_keeps_a_bounded_tail(
+    session: MicroVMSession,
+) -> None:
+    """uid 0 in the guest owns the serial console: what it writes there must not fill a host file."""
+    last = "console-flood-ends-here-5c1e"
+    code = (
+        f"yes console-flood-line-0123456789ab | head -n {_FLOOD_LINES} > /dev/ttyS0 && "
+        f"echo {last} > /dev/console && echo written"
+    )
+    result = sh(session, code, user="0:0", timeout=600)
+    assert result.exit_code == 0 and result.stdout == "written\n", result
+    (run_dir,) = _run_dirs(session.session_id)
+    on_disk = {str(path.relative_to(run_dir)): path.stat().st_size for path in run_dir.rglob("*")}
+    assert sum(on_disk.values()) < 64 * 1024, f"the flood landed on the host's disk: {on_disk}"
+    vm = session._vm
+    assert vm is not None
+    until = time.monotonic() + 30  # the guest's tty may still be sending its last bytes
+    while last not in vm.console_tail(2) and time.monotonic() < until:
+        time.sleep(0.1)
+    assert vm.console_tail(2) == f"console-flood-line-0123456789ab\n{last}"
+    assert vm.console.tail.seen > _FLOOD_LINES * 32, "the flood did not reach the host"
+    assert len(vm.console.tail.data()) <= TAIL_BYTES
+    assert sh(session, "echo alive").stdout == "alive\n"
+
+
+def test_a_boot_that_stops_quotes_the_guests_last_lines(backend: MicroVMBackend) -> None:
+    # No init in the initramfs: the kernel panics, and panic=-1 with -no-reboot ends QEMU.
+    stopping = MicroVMSession(CONFIG.model_copy(update={"kernel_args": ("rdinit=/no-such-init",)}))
+    with pytest.raises(BackendUnavailableError, match="stopped during its boot") as raised:
+        stopping.start()
+    message = str(raised.value)
+    assert "Kernel Offset" in message or "Kernel panic" in message, message
+    stopping.close()
 
 
 def test_hung_boot_is_killed_at_its_deadline(backend: MicroVMBackend) -> None:

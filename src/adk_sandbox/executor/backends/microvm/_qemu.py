@@ -1,8 +1,9 @@
 """One QEMU ``-M microvm`` process: its command line, its start with a lifeline, its kill.
 
 :func:`qemu_command` is the pure command line of a :class:`QemuCommand`; :func:`start_vm` starts it under
-a wrapper that kills QEMU when this process dies, even by SIGKILL (:class:`VmProcess`). Depth:
-docs/MICROVM.md, "How a VM is made" ("Boot", "No hung VM, no leak").
+a wrapper that kills QEMU when this process dies, even by SIGKILL (:class:`VmProcess`). The guest's console
+and QEMU's own messages come back on pipes, of which only a bounded tail is kept (:mod:`._tail`). Depth:
+docs/MICROVM.md, "How a VM is made" ("Boot", "No hung VM, no leak", "The console").
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from adk_sandbox.executor.backends.microvm._tail import TailReader
 
 __all__ = [
     "GREETING",
@@ -39,11 +42,12 @@ QEMU = "qemu-system-x86_64"
 # come first (0: none), ``$2`` its socket; the rest is QEMU's argv. The server (fsjail, then virtiofsd) starts
 # first, under the death signal, and QEMU once the server's socket exists (QEMU connects to it at once). A
 # reader waits for the lifeline's EOF (the owner is gone or closed it) and then kills QEMU; the wrapper
-# waits for QEMU and exits with it; the server and QEMU die with the wrapper (their death signal).
+# waits for QEMU and exits with it; the server and QEMU die with the wrapper (their death signal). The
+# wrapper's stdout is the console's pipe (QEMU's ``-chardev stdio``): the server writes to stderr only.
 # (fd 3: dash takes single-digit descriptors only.)
 _WRAPPER = (
     'exec 3<&0 0</dev/null; n=$1; s=$2; shift 2; if [ "$n" -gt 0 ]; then '
-    '( exec 3<&-; i=0; for a in "$@"; do shift; [ $i -lt $n ] && set -- "$@" "$a"; i=$((i + 1)); done; '
+    '( exec 3<&- 1>&2; i=0; for a in "$@"; do shift; [ $i -lt $n ] && set -- "$@" "$a"; i=$((i + 1)); done; '
     'exec setpriv --pdeathsig KILL -- "$@" ) & f=$!; shift "$n"; '
     'while [ ! -S "$s" ]; do kill -0 $f 2>/dev/null || exit 125; sleep 0.01; done; fi; '
     'setpriv --pdeathsig KILL -- "$@" & q=$!; '
@@ -76,7 +80,7 @@ class QemuCommand:
     initramfs: Path
     rootfs: Path
     run_dir: Path
-    """Holds the ports' sockets and the console log."""
+    """Holds the ports' sockets and QEMU's monitor socket (the console is kept in memory, not here)."""
     accel: str
     """``"tcg"`` or ``"kvm"``."""
     memory_mb: int
@@ -111,11 +115,6 @@ class QemuCommand:
     def qmp_socket(self) -> Path:
         """QEMU's machine protocol (:mod:`._qmp`): stop, go on, migrate to a file. The host's alone."""
         return self.run_dir / "qmp.sock"
-
-    @property
-    def console_log(self) -> Path:
-        """The guest's serial console (kernel messages, the agents' stderr)."""
-        return self.run_dir / "console.log"
 
 
 def kernel_command_line(spec: QemuCommand) -> str:
@@ -159,7 +158,9 @@ def qemu_command(spec: QemuCommand, qemu: str | None = None) -> list[str]:
         "-qmp", f"unix:{spec.qmp_socket},server=on,wait=off",
         "-no-reboot",
         "-nic", "none",
-        "-chardev", f"file,id=console,path={spec.console_log}",
+        # The guest's serial console (kernel messages, the agents' stderr) on QEMU's stdout, a pipe whose
+        # bounded tail the host keeps (_tail.py): never a file the guest could grow without end.
+        "-chardev", "stdio,id=console,signal=off",
         "-serial", "chardev:console",
         "-kernel", str(spec.kernel),
         "-initrd", str(spec.initramfs),
@@ -226,11 +227,22 @@ def host_tsc_khz(cpuinfo: str | None = None) -> int | None:
 
 
 class VmProcess:
-    """A started VM: its wrapper's group (QEMU inside), its lifeline, and how to kill it."""
+    """A started VM: its wrapper's group (QEMU inside), its lifeline, its output's tails, how to kill it."""
 
-    def __init__(self, wrapper: subprocess.Popen[bytes], lifeline: int, spec: QemuCommand) -> None:
+    def __init__(
+        self,
+        wrapper: subprocess.Popen[bytes],
+        lifeline: int,
+        spec: QemuCommand,
+        console: TailReader,
+        messages: TailReader,
+    ) -> None:
         self._wrapper = wrapper
         self._lifeline: int | None = lifeline
+        self.console = console
+        """The guest's serial console (its last :data:`._tail.TAIL_BYTES`)."""
+        self.messages = messages
+        """What QEMU, the wrapper and the share's server wrote to stderr (its last bytes)."""
         self._kill_lock = threading.Lock()  # a pool's close may kill a VM its session is killing too
         self.spec = spec
 
@@ -259,20 +271,17 @@ class VmProcess:
 
     def qemu_log_tail(self, lines: int = 6) -> str:
         """The last lines QEMU itself wrote (its errors)."""
-        try:
-            text = (self.spec.run_dir / "qemu.log").read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
+        return "\n".join(self._settled(self.messages).tail.lines(lines))
 
     def console_tail(self, lines: int = 12) -> str:
         """The last lines of the guest's console, for error messages."""
-        try:
-            text = self.spec.console_log.read_text(errors="replace")
-        except OSError:
-            return ""
-        kept = [line for line in text.splitlines() if line.strip()][-lines:]
-        return "\n".join(kept)
+        return "\n".join(self._settled(self.console).tail.lines(lines))
+
+    def _settled(self, reader: TailReader) -> TailReader:
+        """``reader``, with what an exited QEMU wrote before its end read in (waiting up to 1 s for it)."""
+        if self.finished():
+            reader.wait(1.0)
+        return reader
 
     def kill(self) -> None:
         """Kill the whole group (wrapper and QEMU), reap the wrapper, wait for QEMU to be gone; idempotent."""
@@ -319,6 +328,8 @@ def qemu_pids(wrapper_pid: int) -> list[int]:
 def start_vm(spec: QemuCommand, argv: Sequence[str], server: Sequence[str] = ()) -> VmProcess:
     """Start QEMU as ``argv`` (after the share's ``server``, if any) under the lifeline wrapper; at once."""
     read_end, write_end = os.pipe()  # both close-on-exec; the wrapper gets the read end only
+    console_read, console_write = os.pipe()  # the wrapper's stdout: QEMU's -chardev stdio, the console
+    messages_read, messages_write = os.pipe()  # the wrapper's stderr: QEMU's and the server's messages
     words = [
         "/bin/sh",
         "-c",
@@ -330,20 +341,25 @@ def start_vm(spec: QemuCommand, argv: Sequence[str], server: Sequence[str] = ())
         *argv,
     ]
     try:
-        with open(spec.run_dir / "qemu.log", "wb") as log:
-            wrapper = subprocess.Popen(
-                words,
-                stdin=read_end,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own group: killed as one, untouched by a terminal's ^C
-                close_fds=True,
-            )
+        wrapper = subprocess.Popen(
+            words,
+            stdin=read_end,
+            stdout=console_write,
+            stderr=messages_write,
+            start_new_session=True,  # its own group: killed as one, untouched by a terminal's ^C
+            close_fds=True,
+        )
     except BaseException:
-        os.close(write_end)
+        for fd in (write_end, console_read, messages_read):
+            os.close(fd)
         raise
     finally:
-        os.close(read_end)
+        for fd in (read_end, console_write, messages_write):
+            os.close(fd)
+    # Read from now on, whatever follows: a pipe nobody reads would stop QEMU once full.
+    console = TailReader(console_read, f"adk-vm-console-{wrapper.pid}")
+    messages = TailReader(messages_read, f"adk-vm-messages-{wrapper.pid}")
+    vm = VmProcess(wrapper, write_end, spec, console, messages)
     # For the reaper (_reaper.py): the group whose virtiofsd to kill when this process is gone.
     (spec.run_dir / "group").write_text(str(wrapper.pid))
-    return VmProcess(wrapper, write_end, spec)
+    return vm

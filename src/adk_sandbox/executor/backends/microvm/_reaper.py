@@ -1,7 +1,7 @@
 """Leak protection for microVMs: run directories (and any process of them) whose owner process is gone.
 
 A VM's processes die with their owner by themselves (the lifeline and death signals of :mod:`._qemu`), but
-its run directory (sockets, console log) in the temporary directory stays when the owner is killed. Its
+its run directory (sockets, a paused VM's state) in the temporary folder stays when the owner is killed. Its
 name says who made it, as the copies directories of :mod:`adk_sandbox.executor.workspace.copies` do: boot,
 pid namespace, pid and start time of the owner. :func:`reap_vms` (run as a ``MicroVMBackend`` starts)
 removes those of owners that are gone, after killing whatever of them still runs: processes whose command
