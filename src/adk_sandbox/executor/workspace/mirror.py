@@ -27,6 +27,7 @@ from adk_sandbox.executor.workspace.tarstream import (
     MAX_FILE_DATA,
     archives,
     member_content,
+    read_gnu_archive,
     tar_file_member,
     tar_header,
 )
@@ -580,9 +581,9 @@ class MirrorWorkspace:
         _check_tools(result, "tar")
         budget = self.cap_bytes
         try:
-            archive = tarfile.open(fileobj=io.BytesIO(result.stdout), mode="r:")  # noqa: SIM115 - with below
+            archive = read_gnu_archive(io.BytesIO(result.stdout))
         except tarfile.TarError:
-            refused.append("the changed files could not be read back from the sandbox (no archive)")
+            refused.append("the changed files could not be read back from the sandbox (no GNU tar archive)")
             return
         with archive:
             try:

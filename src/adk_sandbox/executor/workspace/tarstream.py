@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tarfile
 from collections.abc import Iterable, Iterator
-from typing import cast
+from typing import BinaryIO, cast
 
 from adk_sandbox.executor.channel.transport import MAX_COMMAND_INPUT
 from adk_sandbox.executor.workspace.pullback import Content
@@ -21,6 +21,8 @@ __all__ = [
     "MAX_FILE_DATA",
     "archives",
     "member_content",
+    "pax_header_offset",
+    "read_gnu_archive",
     "tar_end",
     "tar_file_member",
     "tar_header",
@@ -36,6 +38,11 @@ MAX_FILE_DATA = MAX_COMMAND_INPUT - 1024 * 1024
 #: How names and link targets are written in a tar (what ``tarfile`` does by default here).
 _ENCODING = "utf-8"
 _BLOCK = 512
+#: The kinds of header a GNU-format archive never holds: pax extended headers (``x``, Solaris' ``X``, global
+#: ``g``). Before Python 3.11.10 / 3.12.6 ``tarfile`` parses them with regular expressions that take
+#: quadratic time on a long run of digits (CVE-2024-6232; 20 KB took a second), and whole seconds hold the
+#: GIL for every session: the sandbox writes the archives read here, so one holding these is refused unread.
+_PAX_KINDS = (b"x", b"X", b"g")
 #: Where a PAX 1.0 sparse member's header puts its file: the real name is in ``GNU.sparse.name``.
 _SPARSE_PLACEHOLDER = "GNUSparseFile.0/f"
 
@@ -127,3 +134,58 @@ def archives(members: Iterable[list[bytes | memoryview]], limit: int = ARCHIVE_B
         held += size
     if parts:
         yield tar_end(parts)
+
+
+def read_gnu_archive(stream: BinaryIO) -> tarfile.TarFile:
+    """``tarfile.open`` of a GNU-format archive a sandbox wrote (the caller closes it).
+
+    One holding a pax header was forged: refused unparsed (``tarfile.ReadError``, :func:`pax_header_offset`).
+    """
+    if pax_header_offset(stream) is not None:
+        raise tarfile.ReadError("a pax extended header, which a GNU-format archive never holds")
+    return tarfile.open(fileobj=stream, mode="r:")
+
+
+def pax_header_offset(stream: BinaryIO) -> int | None:
+    """Where the first pax extended header of the tar archive in ``stream`` is (from its position), or None.
+
+    The library's archives are GNU format (``tar --format=gnu``), which writes none: one found was forged,
+    and is refused before ``tarfile`` parses it (:data:`_PAX_KINDS`). Linear: only header blocks are read
+    (an old GNU sparse member's map blocks too), the data is skipped by seeking. A header that does not read
+    ends the walk (``tarfile`` then judges the archive). The stream's position is restored.
+    """
+    start = stream.tell()
+    offset = start
+    try:
+        while True:
+            stream.seek(offset)
+            header = stream.read(_BLOCK)
+            if len(header) < _BLOCK or header.count(0) == _BLOCK:
+                return None
+            if header[156:157] in _PAX_KINDS:
+                return offset - start
+            size = _header_number(header[124:136])
+            if size is None:
+                return None
+            offset += _BLOCK
+            if header[156:157] == tarfile.GNUTYPE_SPARSE and header[482]:  # its map goes on in more blocks
+                while True:
+                    stream.seek(offset)
+                    extension = stream.read(_BLOCK)
+                    offset += _BLOCK
+                    if len(extension) < _BLOCK or not extension[504]:
+                        break
+            offset += -(-size // _BLOCK) * _BLOCK
+    finally:
+        stream.seek(start)
+
+
+def _header_number(field: bytes) -> int | None:
+    """A tar header's number field (octal, or GNU's base-256 when its first bit is set); None if it is not."""
+    if field[0] & 0x80:
+        return None if field[0] == 0xFF else int.from_bytes(field[1:], "big")  # 0xff: negative
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        return None

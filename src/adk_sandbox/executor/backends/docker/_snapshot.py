@@ -50,6 +50,7 @@ from adk_sandbox.executor.workspace.tarstream import (
     ARCHIVE_BYTES,
     MAX_FILE_DATA,
     archives,
+    read_gnu_archive,
     tar_end,
     tar_file_member,
     tar_header,
@@ -375,7 +376,7 @@ def _archive_pieces(fd: int) -> Iterator[bytes]:
         end = 0
         with os.fdopen(os.dup(fd), "rb") as handle:
             try:
-                with tarfile.open(fileobj=handle, mode="r:") as archive:
+                with read_gnu_archive(handle) as archive:
                     starts = [member.offset for member in archive]
                     end = archive.offset  # past the last member's data: the end blocks follow
             except tarfile.TarError:
