@@ -8,7 +8,7 @@ This measures what a path beside Docker's would give: the same program (the base
 through the library's :class:`ContainerCheckpoints` (the engine's calls alone), and as a runc container of
 its own (a bundle of the same image's files), checkpointed to a directory and restored from it, eagerly
 and lazily (CRIU's ``lazy-pages``: pages copied in on first touch, through userfaultfd). Rounds alternate;
-each ends when the restored program answers. Needs CRIU (scripts/setup) and root.
+each call is timed until it returns (the restored program then answers, untimed). Needs CRIU and root.
 
 Run: .venv/bin/python bench/bench_checkpoint_direct.py [--rounds N] [--mb M]
 """
@@ -25,53 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from adk_sandbox.executor.backends.docker import BASE_IMAGE
-from adk_sandbox.executor.backends.docker._checkpoint import ContainerCheckpoints
-from adk_sandbox.executor.backends.docker._daemon import connect
+from bench_checkpoint_engines import HOLD, _Subject
 
-HOLD = "import os, time\nb = os.urandom({mb} << 20)\nopen('/tmp/ready', 'w').close()\ntime.sleep(1e9)\n"
+from adk_sandbox.executor.backends.docker import BASE_IMAGE
+from adk_sandbox.executor.backends.docker._daemon import connect
 
 
 def _ms(started: float) -> float:
     return (time.monotonic() - started) * 1000
-
-
-class _ThroughDocker:
-    """The program as a Docker container on runc; the engine's checkpoint and start from it."""
-
-    def __init__(self, client: Any, mb: int) -> None:
-        self.container: Any = client.containers.run(
-            BASE_IMAGE,
-            ["python3", "-c", HOLD.format(mb=mb)],
-            runtime="runc",
-            network_mode="none",
-            mem_limit=f"{mb + 384}m",
-            detach=True,
-        )
-        self.checkpoints = ContainerCheckpoints(client, str(self.container.id))
-        self.pauses: list[float] = []
-        self.resumes: list[float] = []
-        self._ready()
-
-    def _ready(self) -> None:
-        deadline = time.monotonic() + 120
-        while self.container.exec_run(["test", "-e", "/tmp/ready"]).exit_code != 0:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the program did not get ready")
-            time.sleep(0.05)
-
-    def round(self) -> None:
-        started = time.monotonic()
-        name = self.checkpoints.create(stop=True)
-        self.pauses.append(_ms(started))
-        started = time.monotonic()
-        self.checkpoints.restore(name)
-        self._ready()
-        self.resumes.append(_ms(started))
-        self.checkpoints.delete(name)
-
-    def close(self) -> None:
-        self.container.remove(force=True)
 
 
 class _RuncDirectly:
@@ -135,8 +96,8 @@ class _RuncDirectly:
         started = time.monotonic()
         restore = ["restore", "--detach", *paths, "--bundle", str(self.bundle)]
         self._runc(*restore, *(["--lazy-pages"] if lazy else []), self.id)
-        self._ready()
         (self.lazy_resumes if lazy else self.resumes).append(_ms(started))
+        self._ready()  # the same program, its file in the restored memory
         if server is not None:
             server.wait(timeout=120)  # it ends once every page is in
 
@@ -152,10 +113,10 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=200)
     args = parser.parse_args()
     client = connect()
-    docker_path: _ThroughDocker | None = None
+    docker_path: _Subject | None = None
     direct: _RuncDirectly | None = None
     try:
-        docker_path = _ThroughDocker(client, args.mb)
+        docker_path = _Subject("Docker", client, args.mb, runtime="runc")
         direct = _RuncDirectly(client, args.mb, Path(tempfile.mkdtemp(prefix="direct-", dir="/var/tmp")))
         for index in range(args.rounds):
             steps = [docker_path.round, lambda: direct.round(lazy=False), lambda: direct.round(lazy=True)]
@@ -169,7 +130,7 @@ def main() -> None:
         )
         for what, ours, theirs in (
             ("checkpoint (stopped)", statistics.median(direct.pauses), docker_pause),
-            ("restore, until the program answers", statistics.median(direct.resumes), docker_resume),
+            ("restore (started)", statistics.median(direct.resumes), docker_resume),
             ("the same, lazily (CRIU lazy-pages)", statistics.median(direct.lazy_resumes), docker_resume),
         ):
             target = (

@@ -50,12 +50,12 @@ class _ExperimentalEngine(ModernEngine):
 class _Subject:
     """One engine's container holding the memory, and its checkpoint timings."""
 
-    def __init__(self, name: str, client: docker.DockerClient, mb: int) -> None:
+    def __init__(self, name: str, client: docker.DockerClient, mb: int, runtime: str = "runsc") -> None:
         self.name, self.client = name, client
         self.container: Any = client.containers.run(
             BASE_IMAGE,
             ["python3", "-c", HOLD.format(mb=mb)],
-            runtime="runsc",
+            runtime=runtime,
             network_mode="none",
             mem_limit=f"{mb + 384}m",
             detach=True,

@@ -7,24 +7,12 @@ through a scripted fake backend (no rustc): compile succeeds, then the run step 
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 
-from adk_sandbox.executor import (
-    Capabilities,
-    ExecRequest,
-    ExecResult,
-    Language,
-    OutputCallback,
-    SandboxBackend,
-)
 from adk_sandbox.executor.rust import RustExecutor, RustResult
 from adk_sandbox.executor.rust.diagnostics import is_metadata_notice, parse_compiler_output
-from adk_sandbox.testing import container_capabilities
+from tests.unit.test_rust_pipeline_logic import METADATA, ScriptedContainer, _compiles, _exit
 
-METADATA = json.dumps({"$message_type": "artifact", "artifact": "./libmain.rmeta", "emit": "metadata"})
-LINK = json.dumps({"$message_type": "artifact", "artifact": "./main", "emit": "link"})
 CODE = "fn run(input: Value) -> Value {\n    let a = 1;\n    let b = 2;\n    input\n}\n"  # user lines 1-5
 NOTE = "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n"
 # Far above the linear time (well under a second); the quadratic search took minutes for 1 MiB.
@@ -33,34 +21,10 @@ DOES_NOT_HANG = 10.0
 HEADERS = "thread 'x' panicked at " * (1024 * 1024 // 23)
 
 
-class ScriptedRun(SandboxBackend):
-    """A container backend whose compile step succeeds and whose run step returns the given result."""
-
-    name = "scripted"
-
-    def __init__(self, run: ExecResult) -> None:
-        self.results = [_result(0, stderr=f"{METADATA}\n{LINK}\n"), run]
-
-    def capabilities(self) -> Capabilities:
-        return container_capabilities(Language.COMMAND)
-
-    def execute(
-        self,
-        request: ExecRequest,
-        on_output: OutputCallback | None = None,
-        *,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult:
-        # After the run come only clean-up steps; they succeed.
-        return self.results.pop(0) if self.results else _result(0)
-
-
-def _result(exit_code: int | None, stdout: str = "", stderr: str = "") -> ExecResult:
-    return ExecResult(stdout=stdout, stderr=stderr, exit_code=exit_code, duration_ms=1)
-
-
 def _run(exit_code: int | None, stdout: str = "", stderr: str = "") -> RustResult:
-    return RustExecutor(ScriptedRun(_result(exit_code, stdout, stderr))).run(CODE, None, timeout=30)
+    return RustExecutor(ScriptedContainer(_compiles(), _exit(exit_code, stdout, stderr))).run(
+        CODE, None, timeout=30
+    )
 
 
 def test_a_megabyte_of_panic_headers_without_a_newline_does_not_stall_the_host() -> None:
