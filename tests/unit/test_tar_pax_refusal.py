@@ -21,7 +21,15 @@ import pytest
 
 from adk_sandbox.executor.backends.docker._snapshot import _archive_pieces
 from adk_sandbox.executor.workspace.tarstream import pax_header_offset, read_gnu_archive
-from tests.unit.test_mirror_pullback_caps import KEPT, archive, listing, plain_member, started, tree_of
+from tests.unit.test_mirror_pullback_caps import (  # noqa: F401 - host: the fixture
+    KEPT,
+    archive,
+    host,
+    listing,
+    plain_member,
+    started,
+    tree_of,
+)
 
 #: A pax header whose digits make tarfile's parser quadratic (a few minutes of CPU on a vulnerable Python).
 DIGITS = 2_000_000
@@ -80,12 +88,7 @@ def test_a_hostile_pax_header_is_refused_unparsed_in_time() -> None:
     assert time.monotonic() - started < 10  # does not hang (tarfile: minutes on this Python)
 
 
-def test_the_pull_back_refuses_such_an_archive_and_writes_nothing(tmp_path: Path) -> None:
-    host = tmp_path / "ws"
-    host.mkdir()
-    (host / "f.txt").write_bytes(b"one\n")
-    (host / "keep").mkdir()
-    (host / "keep" / "k.txt").write_bytes(b"kept\n")
+def test_the_pull_back_refuses_such_an_archive_and_writes_nothing(host: Path) -> None:  # noqa: F811
     mirror, sandbox = started(host, 1)
     before = tree_of(host)
     sandbox.listing = listing(KEPT, touched=("f.txt",))

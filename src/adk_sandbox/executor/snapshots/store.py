@@ -17,7 +17,7 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -93,6 +93,17 @@ class SnapshotStore:
     def _roots(self) -> builtins.list[str]:
         """The tiers' directories, the disk's first."""
         return [str(self.root)] + ([str(self.memory_root)] if self.memory_root is not None else [])
+
+    def _ids(self) -> Iterator[tuple[str, str]]:
+        """``(tier, name)`` of every entry of the tiers named like a snapshot id (read or not)."""
+        for root in self._roots():
+            try:
+                names = os.listdir(root)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if SNAPSHOT_ID.fullmatch(name):
+                    yield root, name
 
     def _ensure_root(self, path: str | None = None) -> str:
         """A tier's directory, made 0700 if missing; refused unless it is a directory of this user."""
@@ -217,16 +228,10 @@ class SnapshotStore:
     def list(self) -> list[Snapshot]:
         """The complete snapshots of the store, oldest first (an unreadable record is logged and skipped)."""
         found = []
-        for root in self._roots():
-            try:
-                names = os.listdir(root)
-            except FileNotFoundError:
-                continue
-            for name in names:
-                if SNAPSHOT_ID.fullmatch(name):
-                    snapshot = self._read(name, root)
-                    if snapshot is not None:
-                        found.append(snapshot)
+        for root, name in self._ids():
+            snapshot = self._read(name, root)
+            if snapshot is not None:
+                found.append(snapshot)
         return sorted(found, key=lambda s: (s.created, s.id))
 
     def get(self, key: str) -> Snapshot:
@@ -356,29 +361,24 @@ class SnapshotStore:
         layer is kept; a root image it may have is the engine reaper's (its labels say when it is leaked).
         """
         removed = []
-        for root in self._roots():
-            try:
-                names = os.listdir(root)
-            except FileNotFoundError:
+        for root, name in self._ids():
+            if self._read(name, root) is not None:
                 continue
-            for name in names:
-                if not SNAPSHOT_ID.fullmatch(name) or self._read(name, root) is not None:
+            path = os.path.join(root, name)
+            try:
+                info = os.lstat(path)
+                if not stat.S_ISDIR(info.st_mode):
                     continue
-                path = os.path.join(root, name)
-                try:
-                    info = os.lstat(path)
-                    if not stat.S_ISDIR(info.st_mode):
-                        continue
-                    written = max(info.st_mtime, info.st_ctime)
-                    with contextlib.suppress(FileNotFoundError):
-                        record = os.lstat(os.path.join(path, RECORD))
-                        written = max(written, record.st_mtime, record.st_ctime)
-                except OSError:
-                    continue
-                if now < written + MAX_TTL_SECONDS or layered_on(path):
-                    continue
-                self.discard(name, root)
-                removed.append(f"{name}: a snapshot whose record is unreadable, older than any expiry")
+                written = max(info.st_mtime, info.st_ctime)
+                with contextlib.suppress(FileNotFoundError):
+                    record = os.lstat(os.path.join(path, RECORD))
+                    written = max(written, record.st_mtime, record.st_ctime)
+            except OSError:
+                continue
+            if now < written + MAX_TTL_SECONDS or layered_on(path):
+                continue
+            self.discard(name, root)
+            removed.append(f"{name}: a snapshot whose record is unreadable, older than any expiry")
         return removed
 
     def _reap_partials(self) -> builtins.list[str]:
