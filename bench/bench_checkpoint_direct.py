@@ -1,16 +1,17 @@
-"""runc's checkpoint and restore through Docker's API, against runc run directly on a directory.
+"""A runtime's checkpoint and restore through Docker's API, against the runtime run directly on a directory.
 
 Issue 36's target is resume and fork with processes at p50 <= 300 ms with 200 MB of process memory. Through
 Docker the runtime's own restore is about a seventh of a resume: Docker tars each checkpoint into
 containerd's content store and containerd unpacks it again (BENCHMARKS.md, "Where a resume's time goes").
 This measures what a path beside Docker's would give: the same program (the base image, a program holding
-``--mb`` MiB of random bytes) as a Docker container on runc, checkpointed and started from the checkpoint
-through the library's :class:`ContainerCheckpoints` (the engine's calls alone), and as a runc container of
-its own (a bundle of the same image's files), checkpointed to a directory and restored from it, eagerly
-and lazily (CRIU's ``lazy-pages``: pages copied in on first touch, through userfaultfd). Rounds alternate;
-each call is timed until it returns (the restored program then answers, untimed). Needs CRIU and root.
+``--mb`` MiB of random bytes) as a Docker container on ``--runtime`` (runc or runsc), checkpointed and
+started from the checkpoint through the library's :class:`ContainerCheckpoints` (the engine's calls
+alone), and as a container of the runtime's own (a bundle of the same image's files), checkpointed to a
+directory and restored from it; on runc also lazily (CRIU's ``lazy-pages``: pages copied in on first touch,
+through userfaultfd). Rounds alternate; each call is timed until it returns (the restored program then
+answers, untimed). Needs root, and CRIU for runc.
 
-Run: .venv/bin/python bench/bench_checkpoint_direct.py [--rounds N] [--mb M]
+Run: .venv/bin/python bench/bench_checkpoint_direct.py [--runtime runc|runsc] [--rounds N] [--mb M]
 """
 
 from __future__ import annotations
@@ -35,11 +36,17 @@ def _ms(started: float) -> float:
     return (time.monotonic() - started) * 1000
 
 
-class _RuncDirectly:
-    """The program as a runc container of its own (a bundle from the image), checkpointed to a directory."""
+class _Directly:
+    """The program as a container of the runtime's own (a bundle from the image), checkpointed to a directory.
 
-    def __init__(self, client: Any, mb: int, root: Path) -> None:
-        self.root, self.id = root, f"adk-sandbox-bench-{root.name}"
+    runc and runsc take the same arguments here (runsc ignores ``--work-path``); runsc restores into a
+    container created first, under the same name.
+    """
+
+    def __init__(self, runtime: str, client: Any, mb: int, root: Path) -> None:
+        self.runtime, self.root, self.id = runtime, root, f"adk-sandbox-bench-{root.name}"
+        runsc = ["runsc", "--root", str(root / "state"), "--network=none"]  # what Docker's registration gives
+        self.command = ["runc"] if runtime == "runc" else runsc
         self.bundle = root / "bundle"
         rootfs = self.bundle / "rootfs"
         rootfs.mkdir(parents=True)
@@ -61,18 +68,18 @@ class _RuncDirectly:
         self.pauses: list[float] = []
         self.resumes: list[float] = []
         self.lazy_resumes: list[float] = []
-        self._runc("run", "--detach", "--bundle", str(self.bundle), self.id)
+        self._run("run", "--detach", "--bundle", str(self.bundle), self.id)
         self._ready()
 
-    def _runc(self, *argv: str) -> None:
+    def _run(self, *argv: str, check: bool = True) -> None:
         # No pipes: a started or restored container inherits them, and reading them would never end.
         quiet = subprocess.DEVNULL
-        subprocess.run(["runc", *argv], check=True, stdin=quiet, stdout=quiet, stderr=quiet)
+        subprocess.run([*self.command, *argv], check=check, stdin=quiet, stdout=quiet, stderr=quiet)
 
     def _ready(self) -> None:
         deadline = time.monotonic() + 120
-        ready = ("exec", self.id, "test", "-e", "/tmp/ready")
-        while subprocess.run(["runc", *ready], check=False, capture_output=True).returncode != 0:
+        ready = [*self.command, "exec", self.id, "test", "-e", "/tmp/ready"]
+        while subprocess.run(ready, check=False, capture_output=True).returncode != 0:
             if time.monotonic() > deadline:
                 raise RuntimeError("the program did not get ready")
             time.sleep(0.05)
@@ -84,8 +91,10 @@ class _RuncDirectly:
             directory.mkdir()
         paths = ("--image-path", str(images), "--work-path", str(work))
         started = time.monotonic()
-        self._runc("checkpoint", *paths, self.id)
+        self._run("checkpoint", *paths, self.id)
         self.pauses.append(_ms(started))
+        if self.runtime != "runc":
+            self._run("delete", "--force", self.id)  # the stopped container: its name is restored into
         server = None
         if lazy:  # CRIU's page server for the restored process's first touches, from the images
             argv = ["criu", "lazy-pages", "--images-dir", str(images), "--work-dir", str(work)]
@@ -94,15 +103,17 @@ class _RuncDirectly:
             while not socket.exists():
                 time.sleep(0.01)
         started = time.monotonic()
+        if self.runtime != "runc":
+            self._run("create", "--bundle", str(self.bundle), self.id)
         restore = ["restore", "--detach", *paths, "--bundle", str(self.bundle)]
-        self._runc(*restore, *(["--lazy-pages"] if lazy else []), self.id)
+        self._run(*restore, *(["--lazy-pages"] if lazy else []), self.id)
         (self.lazy_resumes if lazy else self.resumes).append(_ms(started))
         self._ready()  # the same program, its file in the restored memory
         if server is not None:
             server.wait(timeout=120)  # it ends once every page is in
 
     def close(self) -> None:
-        subprocess.run(["runc", "delete", "--force", self.id], check=False, capture_output=True)
+        self._run("delete", "--force", self.id, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -111,28 +122,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--runtime", choices=("runc", "runsc"), default="runc")
     args = parser.parse_args()
     client = connect()
     docker_path: _Subject | None = None
-    direct: _RuncDirectly | None = None
+    direct: _Directly | None = None
     try:
-        docker_path = _Subject("Docker", client, args.mb, runtime="runc")
-        direct = _RuncDirectly(client, args.mb, Path(tempfile.mkdtemp(prefix="direct-", dir="/var/tmp")))
+        docker_path = _Subject("Docker", client, args.mb, runtime=args.runtime)
+        scratch = Path(tempfile.mkdtemp(prefix="direct-", dir="/var/tmp"))
+        direct = _Directly(args.runtime, client, args.mb, scratch)
         for index in range(args.rounds):
-            steps = [docker_path.round, lambda: direct.round(lazy=False), lambda: direct.round(lazy=True)]
+            steps = [docker_path.round, lambda: direct.round(lazy=False)]
+            if args.runtime == "runc":  # CRIU's lazy restore; runsc has none through its restore command
+                steps.append(lambda: direct.round(lazy=True))
             for step in steps if index % 2 == 0 else reversed(steps):
                 step()
-        print(f"runc, a program holding {args.mb} MiB; medians of {args.rounds} rounds, alternated\n")
-        print("| call | through Docker | runc directly | ratio | target |\n|---|---|---|---|---|")
+        what = f"{args.runtime}, a program holding {args.mb} MiB"
+        print(f"{what}; medians of {args.rounds} rounds, alternated\n")
+        print(f"| call | through Docker | {args.runtime} directly | ratio | target |\n|---|---|---|---|---|")
         docker_pause, docker_resume = (
             statistics.median(docker_path.pauses),
             statistics.median(docker_path.resumes),
         )
-        for what, ours, theirs in (
+        rows = [
             ("checkpoint (stopped)", statistics.median(direct.pauses), docker_pause),
             ("restore (started)", statistics.median(direct.resumes), docker_resume),
-            ("the same, lazily (CRIU lazy-pages)", statistics.median(direct.lazy_resumes), docker_resume),
-        ):
+        ]
+        if direct.lazy_resumes:  # runc's only
+            rows.append(
+                ("the same, lazily (CRIU lazy-pages)", statistics.median(direct.lazy_resumes), docker_resume)
+            )
+        for what, ours, theirs in rows:
             target = (
                 ""
                 if what.startswith("checkpoint")
